@@ -1,0 +1,110 @@
+"""The classifier step: supervised training of a Keras model on (image, label) batches."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+from loops import reduction
+from loops.loop import Loop
+
+
+def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Per-example cross entropy of integer labels against logits."""
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32))
+
+
+class ClassifierLoop(Loop):
+    """Trains a classifier whose model maps a batch of inputs to logits.
+
+    The loss a replica differentiates is the sum of its per-example losses
+    divided by the real number of examples in the step across all replicas,
+    plus the model's regularization losses scaled by the replica count, so any
+    replica count gives the single-device gradient.
+    """
+
+    name = "classifier"
+
+    def __init__(self,
+                 *,
+                 model_fn: Callable[[], keras.Model],
+                 optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+                 loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = sparse_softmax_cross_entropy,
+                 clip_norm: float | None = None,
+                 **loop_args):
+        """
+        Args:
+            model_fn: builds the model (called in the strategy's scope); it must
+                have its weights created, e.g. by starting with `keras.Input`.
+            optimizer_fn: builds the optimizer (called in the strategy's scope).
+            loss_fn: (labels, logits) -> one loss per example. A Keras `Loss`
+                must use reduction=None.
+            clip_norm: clip the summed gradient to this global norm; None: no clip.
+            **loop_args: the `Loop` arguments.
+        """
+        if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction not in (None, "none"):
+            raise ValueError(
+                f"loss_fn {loss_fn.name!r} has reduction={loss_fn.reduction!r}; build it "
+                "with reduction=None so the loop can divide by the real global batch.")
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
+        self.model_fn = model_fn
+        self.optimizer_fn = optimizer_fn
+        self.loss_fn = loss_fn
+        self.clip_norm = clip_norm
+        super().__init__(**loop_args)
+
+    def build(self) -> None:
+        self.model = self.model_fn()
+        if not self.model.built or not self.model.trainable_variables:
+            raise ValueError(
+                "model_fn returned a model without weights; start it with "
+                "keras.Input(shape) so its weights exist before training.")
+        self.optimizer = self.optimizer_fn()
+        # Built here, in scope: built lazily inside strategy.run it fails (DESIGN.md fact 1).
+        self.optimizer.build(self.model.trainable_variables)
+
+    def checkpoint_items(self):
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def _replica_train_step(self, inputs, labels):
+        count = reduction.global_count(tf.shape(labels)[0])
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            logits = self.model(inputs, training=True)
+            loss = reduction.scale_to_global_batch(self.loss_fn(labels, logits), count)
+            if self.model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
+        gradients = tape.gradient(loss, variables)
+        reduction.apply_gradients(self.optimizer, gradients, variables, clip_norm=self.clip_norm)
+        return {"loss": loss, **_correct_and_count(labels, logits)}
+
+    def train_step(self, iterator):
+        inputs, labels = next(iterator)
+        sums = reduction.sum_over_replicas(
+            self.strategy, self.strategy.run(self._replica_train_step, args=(inputs, labels)))
+        return {"loss": sums["loss"],
+                "accuracy": tf.math.divide_no_nan(sums["correct"], sums["num_examples"]),
+                "num_examples": sums["num_examples"]}
+
+    def _replica_eval_step(self, inputs, labels):
+        logits = self.model(inputs, training=False)
+        loss_sum = tf.reduce_sum(self.loss_fn(labels, logits))
+        counts = _correct_and_count(labels, logits)
+        return {"loss": loss_sum, "accuracy": counts["correct"],
+                "num_examples": counts["num_examples"]}
+
+    def eval_step(self, batch):
+        inputs, labels = batch
+        return reduction.sum_over_replicas(
+            self.strategy, self.strategy.run(self._replica_eval_step, args=(inputs, labels)))
+
+
+def _correct_and_count(labels, logits):
+    predictions = tf.argmax(logits, axis=-1, output_type=tf.int64)
+    correct = tf.cast(tf.equal(predictions, tf.cast(labels, tf.int64)), tf.float32)
+    return {"correct": tf.reduce_sum(correct),
+            "num_examples": tf.cast(tf.size(correct), tf.float32)}

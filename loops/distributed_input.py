@@ -1,0 +1,105 @@
+"""Turns a stream of global batches into per-replica batches for a strategy.
+
+Every input pipeline builds the same stream of global batches and keeps only
+its own rows of each, split into one slice per local replica. A step therefore
+sees exactly the examples a single device would see in that step, whatever the
+number of workers and replicas; a partial final batch leaves the last replicas
+with fewer rows, or none (21 examples, global batch 8, 4 replicas: the third
+step is split [2, 2, 1, 0]). Reading the whole stream on every pipeline is the
+price of that exactness; it is small next to the step for the datasets this
+framework targets, and a user with sharded files can pass their own
+`dataset_fn`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Union
+
+import tensorflow as tf
+
+DatasetSource = Union[tf.data.Dataset, Callable[[], tf.data.Dataset]]
+
+
+def _slice_rows(batch, start, stop):
+    return tf.nest.map_structure(lambda t: t[start:stop], batch)
+
+
+def split_global_batches(dataset: tf.data.Dataset,
+                         input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """Returns this pipeline's per-replica slices of each global batch, in order.
+
+    Each global batch of n rows is cut into `num_replicas_in_sync` contiguous
+    slices of ceil(n / num_replicas_in_sync) rows (the last ones shorter or
+    empty); pipeline p yields the slices of its replicas, one element each, so
+    the strategy's round-robin hands slice k to local replica k.
+    """
+    num_replicas = input_context.num_replicas_in_sync
+    num_pipelines = input_context.num_input_pipelines
+    if num_replicas % num_pipelines:
+        raise ValueError(
+            f"{num_replicas} replicas cannot be spread evenly over "
+            f"{num_pipelines} input pipelines; use the same number of "
+            "replicas on every worker.")
+    local_replicas = num_replicas // num_pipelines
+    if num_replicas == 1:
+        return dataset
+    first_replica = input_context.input_pipeline_id * local_replicas
+
+    def replica_slices(*batch):
+        batch = batch[0] if len(batch) == 1 else batch
+        rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+        per_replica = (rows + num_replicas - 1) // num_replicas
+        replica_ids = tf.data.Dataset.range(first_replica, first_replica + local_replicas)
+
+        def one_slice(replica_id):
+            start = tf.minimum(replica_id * per_replica, rows)
+            stop = tf.minimum(start + per_replica, rows)
+            return _slice_rows(batch, start, stop)
+
+        return replica_ids.map(one_slice)
+
+    return dataset.flat_map(replica_slices)
+
+
+def as_dataset_fn(source: DatasetSource) -> Callable[[], tf.data.Dataset]:
+    """Accepts a dataset or a function that builds one; returns the function."""
+    if isinstance(source, tf.data.Dataset):
+        return lambda: source
+    if callable(source):
+        return source
+    raise TypeError(
+        f"Expected a tf.data.Dataset of global batches or a function returning "
+        f"one, got {type(source).__name__}: {source!r}.")
+
+
+def distribute(strategy: tf.distribute.Strategy,
+               source: DatasetSource,
+               *,
+               skip_batches: int = 0,
+               repeat: bool = False) -> tf.distribute.DistributedDataset:
+    """Distributes a stream of global batches over `strategy`'s replicas.
+
+    Args:
+        strategy: the strategy whose replicas consume the batches.
+        source: a dataset of global batches, or a function building one (a
+            function is preferred: it is called once per input pipeline).
+        skip_batches: global batches to drop from the start, to resume
+            mid-stream after a restore.
+        repeat: repeat the stream forever (training).
+    """
+    dataset_fn = as_dataset_fn(source)
+
+    def pipeline(input_context):
+        dataset = dataset_fn()
+        if not isinstance(dataset, tf.data.Dataset):
+            raise TypeError(
+                f"The input function returned {type(dataset).__name__}, not a "
+                "tf.data.Dataset of global batches.")
+        if repeat:
+            dataset = dataset.repeat()
+        if skip_batches:
+            dataset = dataset.skip(skip_batches)
+        dataset = split_global_batches(dataset, input_context)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    return strategy.distribute_datasets_from_function(pipeline)

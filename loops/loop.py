@@ -1,0 +1,400 @@
+"""The Loop: everything about training that does not depend on the step."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from loops import distributed_input, reporting, strategies
+from loops.checkpoints import Checkpointer
+
+
+class Loop:
+    """Owns the strategy, the input, the global step and the outer training loop.
+
+    A kind of training is a subclass that creates its objects in `build` and
+    says what one step does in `train_step` (and, to evaluate on a dataset,
+    `eval_step`). The Loop runs `steps_per_loop` train steps inside one
+    `tf.function` (a `tf.range` loop), and between those inner loops it writes
+    progress lines, TensorBoard summaries, checkpoints and evaluations. A new
+    Loop restores the newest checkpoint in `model_dir`, so a restarted job
+    continues from its last saved step.
+
+    Example:
+
+        class Regression(loops.Loop):
+            def build(self):
+                self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+                self.optimizer = keras.optimizers.SGD(0.1)
+                self.optimizer.build(self.model.trainable_variables)
+
+            def checkpoint_items(self):
+                return {"model": self.model, "optimizer": self.optimizer}
+
+            def train_step(self, iterator):
+                def replica_step(x, y):
+                    count = loops.global_count(tf.shape(y)[0])
+                    with tf.GradientTape() as tape:
+                        error = tf.squeeze(self.model(x), -1) - y
+                        loss = loops.scale_to_global_batch(error ** 2, count)
+                    grads = tape.gradient(loss, self.model.trainable_variables)
+                    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+                    return {"loss": loss}
+                x, y = next(iterator)
+                return loops.sum_over_replicas(
+                    self.strategy, self.strategy.run(replica_step, args=(x, y)))
+
+    Contract of the hooks:
+        build(): runs once under `strategy.scope()`; creates every variable the
+            steps use (models, optimizers built with `optimizer.build`, counters).
+        checkpoint_items(): name -> trackable, saved and restored by the Loop.
+        train_step(iterator): cross-replica context; may call `next(iterator)`
+            `batches_per_step` times; returns a dict of scalar tensors already
+            reduced over replicas. A `num_examples` entry weights the other
+            entries when they are averaged over an inner loop.
+        eval_step(batch): cross-replica context; returns a dict of scalar SUMS
+            over replicas including `num_examples`; every other entry is summed
+            over the eval set and divided by the total `num_examples`.
+    """
+
+    name = "loop"
+    batches_per_step = 1  # global batches one train_step dequeues; sets the resume position
+
+    def __init__(self,
+                 *,
+                 strategy: tf.distribute.Strategy | None = None,
+                 # Input: datasets of GLOBAL batches, or functions that build them.
+                 train_data: distributed_input.DatasetSource | None = None,
+                 eval_data: distributed_input.DatasetSource | None = None,
+                 # Outer loop.
+                 steps_per_loop: int = 100,
+                 eval_every: int | None = None,
+                 checkpoint_every: int | None = None,
+                 # Outputs.
+                 model_dir: str | None = None,
+                 max_checkpoints: int = 3,
+                 progress: reporting.Progress | None = None,
+                 # Execution.
+                 seed: int = 0,
+                 run_eagerly: bool = False):
+        """Creates the loop's objects in the strategy's scope and restores them.
+
+        Args:
+            strategy: where the steps run; the current (default) strategy if None.
+            train_data: the training stream of global batches; repeated forever.
+            eval_data: a finite dataset of global batches for `evaluate`.
+            steps_per_loop: train steps per `tf.function` call; summaries,
+                progress and metric reads happen only between calls.
+            eval_every: evaluate every this many steps (and at the end of
+                `train`); None evaluates only at the end.
+            checkpoint_every: save every this many steps (and at the end of
+                `train`); None saves only at the end.
+            model_dir: where checkpoints, summaries and results.json go; None
+                keeps everything in memory.
+            max_checkpoints: how many recent checkpoints to keep.
+            progress: where progress lines go; stdout if None.
+            seed: the seed steps key their randomness on.
+            run_eagerly: run steps without `tf.function`, for debugging.
+
+        Raises:
+            ValueError: a bad argument, or a checkpoint in model_dir that does
+                not match this loop.
+        """
+        _check_positive("steps_per_loop", steps_per_loop)
+        _check_positive("eval_every", eval_every, optional=True)
+        _check_positive("checkpoint_every", checkpoint_every, optional=True)
+        _check_positive("max_checkpoints", max_checkpoints)
+        if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ValueError(
+                f"model_dir {model_dir!r} is a file, not a directory; pass a "
+                "directory path (it is created if missing).")
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.train_data = train_data
+        self.eval_data = eval_data
+        self.steps_per_loop = steps_per_loop
+        self.eval_every = eval_every
+        self.checkpoint_every = checkpoint_every
+        self.model_dir = model_dir
+        self.seed = seed
+        self.run_eagerly = run_eagerly
+        self.is_chief = strategies.is_chief(self.strategy)
+        self.progress = progress or reporting.Progress()
+        self.summaries = reporting.Summaries(
+            os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None)
+
+        with self.strategy.scope():
+            self.global_step = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="global_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.build()
+
+        self.checkpointer = None
+        if model_dir is not None:
+            items = dict(self.checkpoint_items())
+            if "global_step" in items:
+                raise ValueError("checkpoint_items() must not use the reserved name 'global_step'.")
+            items["global_step"] = self.global_step
+            self.checkpointer = Checkpointer(
+                strategy=self.strategy, directory=os.path.join(model_dir, "checkpoints"),
+                items=items, step_counter=self.global_step, max_to_keep=max_checkpoints)
+            restored = self.checkpointer.restore()
+            if restored:
+                self.progress.line(f"restored {restored} at step {self.step}")
+
+        self._train_iterator: Iterator | None = None
+        self._train_iterator_position = -1
+        self._eval_dataset = None
+        self.train_function = None
+        self.eval_function = None
+        self.last_train_metrics: dict[str, float] = {}
+        self.last_eval_metrics: dict[str, float] = {}
+        self.steps_per_second = 0.0
+
+    # ---- Hooks a kind of training overrides. ----
+
+    def build(self) -> None:
+        """Creates models, optimizers and other state; runs in strategy scope."""
+
+    def checkpoint_items(self) -> Mapping[str, Any]:
+        """Name -> trackable object to checkpoint (models, optimizers, counters)."""
+        return {}
+
+    def train_step(self, iterator) -> Mapping[str, tf.Tensor]:
+        """One training step in cross-replica context; see the class docstring."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must override train_step(iterator) to train.")
+
+    def eval_step(self, batch) -> Mapping[str, tf.Tensor]:
+        """Sums over one distributed eval batch; see the class docstring."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must override eval_step(batch) to evaluate "
+            "on eval_data, or override run_evaluation().")
+
+    def run_evaluation(self) -> dict[str, float]:
+        """Computes the eval metrics; by default one pass over `eval_data`."""
+        if self.eval_data is None:
+            return {}
+        if self._eval_dataset is None:
+            self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
+        iterator = iter(self._eval_dataset)
+        if self.run_eagerly:
+            sums = self._eval_pass(iterator)
+        else:
+            if self.eval_function is None:
+                self.eval_function = tf.function(self._eval_pass)
+            sums = self.eval_function(iterator)
+        return finalize_eval_sums({k: float(v) for k, v in sums.items()})
+
+    def results_extra(self) -> dict[str, Any]:
+        """Entries a kind of training adds to results.json."""
+        return {}
+
+    # ---- The outer loop. ----
+
+    @property
+    def step(self) -> int:
+        return int(self.global_step.numpy())
+
+    @property
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    def train(self, num_steps: int) -> dict[str, np.ndarray]:
+        """Trains until the global step reaches `num_steps`.
+
+        `num_steps` is a total, so a loop restored at step k trains only the
+        remaining num_steps - k steps. Evaluates and checkpoints at the end.
+
+        Returns:
+            name -> array of the per-step values `train_step` returned, one
+            entry per step trained in this call.
+        """
+        _check_positive("num_steps", num_steps)
+        if self.train_data is None:
+            raise ValueError(
+                f"{type(self).__name__} has no train_data; pass train_data= to "
+                "the constructor.")
+        start_step = self.step
+        history: dict[str, list[np.ndarray]] = {}
+        if start_step >= num_steps:
+            self.progress.line(
+                f"already at step {start_step} >= {num_steps}: nothing to train "
+                "(the model_dir holds a finished run; raise the step count to continue).")
+        iterator = self._iterator_at(start_step)
+        loop_times: list[tuple[int, float]] = []
+        step = start_step
+        while step < num_steps:
+            steps = self._next_loop_length(step, num_steps)
+            started = time.perf_counter()
+            logs = self._run_inner_loop(iterator, steps)
+            seconds = time.perf_counter() - started
+            step = self.step
+            self._train_iterator_position = step * self.batches_per_step
+            loop_times.append((steps, seconds))
+            for name, values in logs.items():
+                history.setdefault(name, []).append(values)
+            rate = steps / seconds if seconds > 0 else 0.0
+            self.last_train_metrics = aggregate_train_logs(logs)
+            self.summaries.scalars("train", step, {**self.last_train_metrics, "steps_per_second": rate})
+            self.progress.train(step, num_steps, self.last_train_metrics, rate)
+            if step < num_steps:
+                if self.checkpoint_every and step % self.checkpoint_every == 0:
+                    self.save_checkpoint()
+                if self.eval_every and step % self.eval_every == 0:
+                    self.evaluate()
+        if loop_times:
+            # The first inner loop includes tracing; leave it out when there are others.
+            timed = loop_times[1:] or loop_times
+            self.steps_per_second = sum(n for n, _ in timed) / max(sum(t for _, t in timed), 1e-9)
+            self.save_checkpoint()
+        self.evaluate()
+        self.write_results()
+        return {name: np.concatenate(parts) for name, parts in history.items()}
+
+    def evaluate(self) -> dict[str, float]:
+        """Runs `run_evaluation`, reports the metrics and returns them."""
+        metrics = self.run_evaluation()
+        if metrics:
+            self.last_eval_metrics = metrics
+            self.summaries.scalars("eval", self.step, metrics)
+            self.progress.eval(self.step, metrics)
+        return metrics
+
+    def save_checkpoint(self) -> str | None:
+        """Saves the loop's state now (every worker must call it); returns the path."""
+        if self.checkpointer is None:
+            return None
+        return self.checkpointer.save()
+
+    def write_results(self) -> dict[str, Any]:
+        """Writes model_dir/results.json (chief only) and returns its contents."""
+        results = {
+            "loop": self.name,
+            "strategy": strategies.strategy_name(self.strategy),
+            "num_replicas": self.num_replicas,
+            "global_step": self.step,
+            "train": self.last_train_metrics,
+            "eval": self.last_eval_metrics,
+            "steps_per_second": self.steps_per_second,
+            **self.results_extra(),
+        }
+        if self.model_dir and self.is_chief:
+            reporting.write_json_atomic(os.path.join(self.model_dir, "results.json"), results)
+        return results
+
+    # ---- Machinery. ----
+
+    def _next_loop_length(self, step: int, num_steps: int) -> int:
+        stop = min(step + self.steps_per_loop, num_steps)
+        for every in (self.checkpoint_every, self.eval_every):
+            if every:
+                stop = min(stop, (step // every + 1) * every)
+        return stop - step
+
+    def _iterator_at(self, step: int):
+        """The train iterator positioned after `step` steps' batches."""
+        position = step * self.batches_per_step
+        if self._train_iterator is None or self._train_iterator_position != position:
+            dataset = distributed_input.distribute(
+                self.strategy, self.train_data, skip_batches=position, repeat=True)
+            self._train_iterator = iter(dataset)
+            self._train_iterator_position = position
+        return self._train_iterator
+
+    def _run_inner_loop(self, iterator, steps: int) -> dict[str, np.ndarray]:
+        if self.run_eagerly:
+            per_step = []
+            for _ in range(steps):
+                per_step.append(self.train_step(iterator))
+                self.global_step.assign_add(1)
+            return {name: np.array([float(logs[name]) for logs in per_step])
+                    for name in per_step[0]}
+        if self.train_function is None:
+            self.train_function = self._make_train_function(iterator)
+        logs = self.train_function(iterator, tf.constant(steps, tf.int32))
+        return {name: value.numpy() for name, value in logs.items()}
+
+    def _make_train_function(self, iterator):
+        output_spec = tf.function(self.train_step).get_concrete_function(iterator).structured_outputs
+        _check_step_outputs("train_step", output_spec)
+
+        def inner_loop(iterator, steps):
+            arrays = {name: tf.TensorArray(value.dtype, size=steps, element_shape=[])
+                      for name, value in output_spec.items()}
+            for i in tf.range(steps):
+                logs = self.train_step(iterator)
+                self.global_step.assign_add(1)
+                arrays = {name: arrays[name].write(i, logs[name]) for name in arrays}
+            return {name: array.stack() for name, array in arrays.items()}
+
+        return tf.function(inner_loop)
+
+    def _eval_pass(self, iterator) -> dict[str, tf.Tensor]:
+        optional = iterator.get_next_as_optional()
+        sums = None
+        if self.run_eagerly:
+            while optional.has_value():
+                step_sums = self.eval_step(optional.get_value())
+                sums = step_sums if sums is None else _add(sums, step_sums)
+                optional = iterator.get_next_as_optional()
+            return sums or {}
+        spec = tf.function(self.eval_step).get_concrete_function(
+            iterator.element_spec).structured_outputs
+        _check_step_outputs("eval_step", spec, require=("num_examples",))
+        sums = {name: tf.zeros([], value.dtype) for name, value in spec.items()}
+        while optional.has_value():
+            sums = _add(sums, self.eval_step(optional.get_value()))
+            optional = iterator.get_next_as_optional()
+        return sums
+
+
+def aggregate_train_logs(logs: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Averages per-step values over an inner loop, weighted by `num_examples` if present."""
+    weights = logs.get("num_examples")
+    metrics = {}
+    for name, values in logs.items():
+        if name == "num_examples":
+            metrics[name] = float(np.sum(values))
+        elif weights is not None and np.sum(weights) > 0:
+            metrics[name] = float(np.sum(values * weights) / np.sum(weights))
+        else:
+            metrics[name] = float(np.mean(values))
+    return metrics
+
+
+def finalize_eval_sums(sums: Mapping[str, float]) -> dict[str, float]:
+    """Divides every summed metric by the number of examples it was summed over."""
+    count = sums["num_examples"]
+    metrics = {name: (value / count if count else float("nan"))
+               for name, value in sums.items() if name != "num_examples"}
+    metrics["num_examples"] = int(round(count))
+    return metrics
+
+
+def _add(left: Mapping[str, tf.Tensor], right: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    return {name: left[name] + right[name] for name in left}
+
+
+def _check_step_outputs(hook: str, spec, require: tuple[str, ...] = ()) -> None:
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"{hook} must return a dict of scalar tensors, got {spec!r}.")
+    for name, value in spec.items():
+        if not isinstance(value, (tf.Tensor, tf.TensorSpec)) or value.shape.rank != 0:
+            raise TypeError(
+                f"{hook} returned {name}={value!r}; every value must be a scalar "
+                "tensor reduced over replicas (use loops.sum_over_replicas).")
+    missing = [name for name in require if name not in spec]
+    if missing:
+        raise TypeError(f"{hook} must return {missing} (got {sorted(spec)}).")
+
+
+def _check_positive(name: str, value, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        hint = " (or None to turn it off)" if optional else ""
+        raise ValueError(f"{name} must be a whole number >= 1{hint}, got {value!r}.")

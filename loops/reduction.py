@@ -1,0 +1,72 @@
+"""Loss scaling to the real global batch, and reductions of replica results.
+
+A replica differentiates sum(per_example_loss) / global_count, where
+global_count is the number of examples all replicas hold in this step,
+all-reduced. Summing those scaled losses (and their gradients) over replicas
+gives exactly the single-device mean, also for a partial final batch and for a
+replica that holds no example. `tf.nn.compute_average_loss` with
+`global_batch_size` divides by the configured size instead, and without it by
+local_count * num_replicas, which differs per replica (DESIGN.md fact 3).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import tensorflow as tf
+
+
+def global_count(local_count: tf.Tensor) -> tf.Tensor:
+    """All-reduces a per-replica count (of examples, or a weight sum) to float32.
+
+    Call in replica context (inside `strategy.run`).
+    """
+    context = tf.distribute.get_replica_context()
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(local_count, tf.float32))
+
+
+def scale_to_global_batch(per_example_loss: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    """Returns sum(per_example_loss) / count, and 0 when count is 0.
+
+    Args:
+        per_example_loss: a vector, one loss per local example (reduction None).
+        count: the global number of examples in the step, from `global_count`.
+    """
+    if per_example_loss.shape.rank != 1:
+        raise ValueError(
+            "Expected one loss per example (a vector), got shape "
+            f"{per_example_loss.shape}. Build Keras losses with reduction=None; "
+            "their default reduction averages per replica (DESIGN.md fact 4).")
+    total = tf.reduce_sum(tf.cast(per_example_loss, tf.float32))
+    return tf.math.divide_no_nan(total, count)
+
+
+def sum_over_replicas(strategy: tf.distribute.Strategy,
+                      per_replica: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """SUM-reduces each scalar of a `strategy.run` result dict to the host.
+
+    SUM is the right reduction for losses already divided by the global batch
+    and for counts; MEAN would be wrong by the replica count (fact 6).
+    """
+    return {name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+            for name, value in per_replica.items()}
+
+
+def apply_gradients(optimizer, gradients, variables, *, clip_norm: float | None = None) -> None:
+    """Applies one replica's gradients; call in replica context.
+
+    The Keras 3 optimizer all-reduces (sums) the gradients itself. Clipping by
+    global norm must see the summed gradient, not one replica's share, so with
+    `clip_norm` the gradients are summed here, clipped, and handed on divided by
+    the replica count (the optimizer's own sum then restores them).
+    """
+    gradients = list(gradients)
+    if clip_norm is not None:
+        context = tf.distribute.get_replica_context()
+        present = [i for i, g in enumerate(gradients) if g is not None]
+        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [gradients[i] for i in present])
+        clipped, _ = tf.clip_by_global_norm(summed, clip_norm)
+        share = 1.0 / context.num_replicas_in_sync
+        for i, gradient in zip(present, clipped):
+            gradients[i] = gradient * share
+    optimizer.apply_gradients(zip(gradients, variables))

@@ -1,0 +1,162 @@
+"""Builds a tf.distribute strategy from a name and a replica count."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tensorflow as tf
+
+STRATEGY_NAMES = (
+        "default",
+        "one_device",
+        "mirrored",
+        "multi_worker_mirrored",
+        "parameter_server",
+        "tpu",
+)
+
+
+def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:
+    """Splits the host CPU into `count` logical devices and returns them.
+
+    Must run before TensorFlow initializes its runtime (before any op runs).
+    If the CPU is already split into at least `count` devices, nothing changes.
+
+    Raises:
+        ValueError: `count` is below 1.
+        RuntimeError: the runtime is already initialized with fewer devices.
+    """
+    if count < 1:
+        raise ValueError(f"Logical CPU count must be >= 1, got {count}.")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    existing = tf.config.get_logical_device_configuration(cpu)
+    if existing is not None and len(existing) >= count:
+        return tf.config.list_logical_devices("CPU")[:count]
+    try:
+        tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    except RuntimeError as error:
+        have = len(tf.config.list_logical_devices("CPU"))
+        raise RuntimeError(
+                f"Cannot split the CPU into {count} logical devices: TensorFlow "
+                f"already started with {have}. Call "
+                f"loops.configure_logical_cpus({count}) (or make_strategy) before "
+                "any TensorFlow op runs.") from error
+    return tf.config.list_logical_devices("CPU")[:count]
+
+
+def _mirrored(num_replicas: int) -> tf.distribute.Strategy:
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= num_replicas:
+        devices = [f"/gpu:{i}" for i in range(num_replicas)]
+    elif gpus:
+        raise ValueError(
+                f"--num_replicas={num_replicas} asks for more replicas than the "
+                f"{len(gpus)} GPUs present; pass --num_replicas<={len(gpus)}.")
+    else:
+        devices = [d.name for d in configure_logical_cpus(num_replicas)]
+    return tf.distribute.MirroredStrategy(devices)
+
+
+def _cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
+    raw = os.environ.get("TF_CONFIG", "")
+    try:
+        config = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as error:
+        raise ValueError(
+                f"TF_CONFIG is not valid JSON ({error}): {raw!r}. Set it to "
+                '{"cluster": {...}, "task": {"type": ..., "index": ...}} or unset it.'
+        ) from error
+    cluster = config.get("cluster", {})
+    if name == "parameter_server" and not (cluster.get("ps") and cluster.get("worker")):
+        raise ValueError(
+                "--strategy=parameter_server needs TF_CONFIG naming 'ps' and "
+                f"'worker' tasks, got cluster={cluster!r}. Start the job with "
+                "loops-launch --num_workers=N --num_ps=M, or set TF_CONFIG.")
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def make_strategy(name: str = "default", num_replicas: int = 1) -> tf.distribute.Strategy:
+    """Returns the strategy called `name` with `num_replicas` local replicas.
+
+    Args:
+        name: one of STRATEGY_NAMES.
+        num_replicas: replicas on this host. With `mirrored` these are GPUs when
+            enough are present, else logical devices split from the CPU (which must
+            happen before any TensorFlow op runs). Other strategies take their
+            devices from the hardware and accept only 1 here.
+
+    Raises:
+        ValueError: an unknown name or an impossible replica count.
+    """
+    if name not in STRATEGY_NAMES:
+        raise ValueError(
+                f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}.")
+    if not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a whole number >= 1, got {num_replicas!r}.")
+    if name == "mirrored":
+        return _mirrored(num_replicas)
+    if num_replicas != 1:
+        raise ValueError(
+                f"num_replicas={num_replicas} applies only to --strategy=mirrored; "
+                f"--strategy={name} takes its devices from the machine. Pass "
+                "--num_replicas=1 or use --strategy=mirrored.")
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "one_device":
+        device = "/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0"
+        return tf.distribute.OneDeviceStrategy(device)
+    if name == "multi_worker_mirrored":
+        return tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=_cluster_resolver(name))
+    if name == "parameter_server":
+        return tf.distribute.experimental.ParameterServerStrategy(_cluster_resolver(name))
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        raise ValueError(
+                f"--strategy=tpu found no reachable TPU ({error}). Run on a TPU VM "
+                "or pick --strategy=mirrored.") from error
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the one task that writes summaries, results and the checkpoint."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return task_type == "worker" and task_id == 0 and not has_chief
+
+
+def task_name(strategy: tf.distribute.Strategy) -> str:
+    """`worker_1`-style name of this task; `local` outside a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return "local"
+    return f"{resolver.task_type}_{resolver.task_id}"
+
+
+_NAMES_BY_CLASS = {
+    "MirroredStrategy": "mirrored",
+    "OneDeviceStrategy": "one_device",
+    "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
+    "CollectiveAllReduceStrategy": "multi_worker_mirrored",
+    "ParameterServerStrategy": "parameter_server",
+    "ParameterServerStrategyV2": "parameter_server",
+    "TPUStrategy": "tpu",
+    "TPUStrategyV2": "tpu",
+    "_DefaultDistributionStrategy": "default",
+}
+
+
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The --strategy name of a strategy object (its class name if unknown)."""
+    class_name = type(strategy).__name__
+    return _NAMES_BY_CLASS.get(class_name, class_name)
