@@ -46,6 +46,9 @@ def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:
     return tf.config.list_logical_devices("CPU")[:count]
 
 
+_mirrored_count = 0
+
+
 def _mirrored(num_replicas: int) -> tf.distribute.Strategy:
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) >= num_replicas:
@@ -56,6 +59,14 @@ def _mirrored(num_replicas: int) -> tf.distribute.Strategy:
                 f"{len(gpus)} GPUs present; pass --num_replicas<={len(gpus)}.")
     else:
         devices = [d.name for d in configure_logical_cpus(num_replicas)]
+    # Collective group keys start from a class-wide base, so a second
+    # MirroredStrategy in one process (a notebook, a parity test) reuses the
+    # first one's keys and its collectives abort ("joining a group with size 4,
+    # but that group has size 2"). A fresh key range per strategy avoids it;
+    # TensorFlow's own tests do the same.
+    global _mirrored_count
+    _mirrored_count += 1
+    tf.distribute.MirroredStrategy._collective_key_base = _mirrored_count * 100_000
     return tf.distribute.MirroredStrategy(devices)
 
 

@@ -30,8 +30,10 @@ def mlp(*, input_shape: Sequence[int], num_classes: int, hidden_units: Sequence[
               keras.layers.Rescaling(1.0 / 255.0, dtype="float32"),
               keras.layers.Flatten()]
     for index, units in enumerate(hidden_units):
+        # A bias before batch norm is cancelled by it (its gradient is only noise).
         layers.append(keras.layers.Dense(units, kernel_initializer=_initializer(seed, index),
-                                         kernel_regularizer=_regularizer(l2)))
+                                         kernel_regularizer=_regularizer(l2),
+                                         use_bias=not batch_norm))
         layers += _normalization(batch_norm, f"batch_norm_{index}")
         layers.append(keras.layers.ReLU())
     layers.append(keras.layers.Dense(num_classes, kernel_initializer=_initializer(seed, 99),
@@ -46,7 +48,8 @@ def cnn(*, input_shape: Sequence[int], num_classes: int, filters: Sequence[int] 
     for index, width in enumerate(filters):
         layers.append(keras.layers.Conv2D(width, 3, padding="same",
                                           kernel_initializer=_initializer(seed, index),
-                                          kernel_regularizer=_regularizer(l2)))
+                                          kernel_regularizer=_regularizer(l2),
+                                          use_bias=not batch_norm))
         layers += _normalization(batch_norm, f"batch_norm_{index}")
         layers += [keras.layers.ReLU(), keras.layers.MaxPooling2D(2, padding="same")]
     layers += [keras.layers.Flatten(),

@@ -1,0 +1,134 @@
+"""Checks that a Loop gives the same numbers on 1 and N replicas, for users' tests too.
+
+Usage (the CPU must be split before any TensorFlow op runs, e.g. in conftest.py):
+
+    loops.configure_logical_cpus(4)
+
+    def test_my_loop_parity():
+        loops.testing.assert_replica_parity(
+            lambda strategy: MyLoop(strategy=strategy, train_data=..., seed=1),
+            num_steps=5)
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from loops import reporting, strategies
+from loops.loop import Loop
+
+
+def replica_strategy(num_replicas: int) -> tf.distribute.Strategy:
+    """The default strategy for 1 replica, else mirrored over `num_replicas` devices."""
+    if num_replicas == 1:
+        return strategies.make_strategy("default")
+    return strategies.make_strategy("mirrored", num_replicas)
+
+
+def quiet_progress() -> reporting.Progress:
+    """A Progress that writes into memory (its `stream.getvalue()` holds the lines)."""
+    return reporting.Progress(stream=io.StringIO())
+
+
+def _variables(value) -> list:
+    if isinstance(value, tf.Variable):
+        return [value]
+    return list(getattr(value, "variables", []) or [])
+
+
+def loop_weights(loop: Loop, *, check_replicas_agree: bool = True) -> dict[str, np.ndarray]:
+    """Every variable the loop checkpoints, keyed `item/index/name`.
+
+    Args:
+        check_replicas_agree: also assert that every replica's copy of a
+            mirrored variable holds the same value.
+    """
+    weights = {"global_step": loop.global_step.numpy()}
+    for item_name, item in loop.checkpoint_items().items():
+        for index, variable in enumerate(_variables(item)):
+            # Keras uniquifies names per process (dense_2, sgd_1); drop the suffixes
+            # so the same variable of two loops gets the same key.
+            path = re.sub(r"_\d+(?=/|$|_)", "", getattr(variable, "path", None) or variable.name)
+            key = f"{item_name}/{index}/{path}"
+            copies = [np.asarray(v) for v in loop.strategy.experimental_local_results(
+                getattr(variable, "value", variable))]
+            if check_replicas_agree:
+                for replica, copy in enumerate(copies[1:], start=1):
+                    np.testing.assert_array_equal(
+                        copy, copies[0], err_msg=f"{key}: replica {replica} differs from replica 0")
+            weights[key] = copies[0]
+    return weights
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """||actual - expected|| / ||expected|| (the plain difference when expected is 0)."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    difference = float(np.linalg.norm((actual - expected).ravel()))
+    scale = float(np.linalg.norm(expected.ravel()))
+    return difference / scale if scale > 0 else difference
+
+
+def assert_close(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *,
+                 rtol: float, label: str) -> None:
+    """Asserts equal keys, shapes and a relative error (see above) <= rtol per entry.
+
+    The error is measured per tensor, not per element: a weight whose exact
+    gradient cancels to zero carries only rounding noise, and any two summation
+    orders (1 device or N) disagree on it element by element.
+    """
+    if sorted(actual) != sorted(expected):
+        raise AssertionError(f"{label}: different entries {sorted(actual)} vs {sorted(expected)}")
+    for key in expected:
+        want, got = np.asarray(expected[key]), np.asarray(actual[key])
+        if want.shape != got.shape:
+            raise AssertionError(f"{label}: {key} has shape {got.shape}, expected {want.shape}")
+        error = relative_error(got, want)
+        if not error <= rtol:
+            raise AssertionError(
+                f"{label}: {key} differs by {error:.3g} relative (tolerance {rtol:g}); "
+                f"got {np.array2string(got.ravel()[:4])}..., expected "
+                f"{np.array2string(want.ravel()[:4])}...")
+
+
+def assert_replica_parity(build_loop: Callable[[tf.distribute.Strategy], Loop], *,
+                          num_steps: int,
+                          replica_counts: Sequence[int] = (1, 2, 4),
+                          compare_logs: Iterable[str] | None = None,
+                          rtol: float = 1e-5) -> dict[int, dict]:
+    """Trains one loop per replica count and asserts they agree.
+
+    Args:
+        build_loop: strategy -> a fresh Loop (same seed, same data) on it.
+        num_steps: steps each loop trains.
+        replica_counts: the counts compared; the first is the reference.
+        compare_logs: per-step `train_step` outputs to compare; all if None.
+        rtol: tolerance relative to each array's largest magnitude.
+
+    Returns:
+        count -> {"logs": per-step logs, "weights": loop_weights, "eval": metrics}.
+
+    Raises:
+        AssertionError: naming the first entry that differs and by how much.
+    """
+    runs = {}
+    for count in replica_counts:
+        loop = build_loop(replica_strategy(count))
+        if loop.num_replicas != count:
+            raise AssertionError(f"build_loop ignored the strategy: {loop.num_replicas} != {count}")
+        logs = loop.train(num_steps)
+        runs[count] = {"logs": logs, "weights": loop_weights(loop), "eval": loop.last_eval_metrics}
+    reference = replica_counts[0]
+    names = list(compare_logs) if compare_logs is not None else list(runs[reference]["logs"])
+    for count in replica_counts[1:]:
+        label = f"{count} vs {reference} replicas"
+        assert_close({n: runs[count]["logs"][n] for n in names},
+                     {n: runs[reference]["logs"][n] for n in names}, rtol=rtol, label=label + " logs")
+        assert_close(runs[count]["weights"], runs[reference]["weights"], rtol=rtol,
+                     label=label + " weights")
+        assert_close(runs[count]["eval"], runs[reference]["eval"], rtol=rtol, label=label + " eval")
+    return runs

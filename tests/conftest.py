@@ -1,0 +1,59 @@
+"""Test setup: 4 logical CPUs (before any TensorFlow op) and small shared datasets."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import loops  # noqa: E402
+
+loops.configure_logical_cpus(4)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    """A TFDS data_dir holding the prepared bundled digits."""
+    import data
+    directory = str(tmp_path_factory.mktemp("tfds"))
+    data.load_builder("digits", directory)
+    return directory
+
+
+def tiny_examples(count=21, seed=0):
+    """`count` random 8x8x1 uint8 images with labels 0-9."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(count, 8, 8, 1), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=(count,), dtype=np.int64)
+    return images, labels
+
+
+def tiny_batches(global_batch_size=8, count=21, seed=0, shuffle_seed=None):
+    """A function building one epoch of global batches of `tiny_examples`."""
+    images, labels = tiny_examples(count, seed)
+
+    def make():
+        dataset = tf.data.Dataset.from_tensor_slices((images, labels))
+        if shuffle_seed is not None:
+            dataset = dataset.shuffle(count, seed=shuffle_seed, reshuffle_each_iteration=True)
+        return dataset.batch(global_batch_size)
+
+    return make
+
+
+def optimizer_factory(name, learning_rate=0.05):
+    if name == "sgd_momentum":
+        return lambda: keras.optimizers.SGD(learning_rate, momentum=0.9)
+    if name == "adam":
+        return lambda: keras.optimizers.Adam(learning_rate * 0.1)
+    if name == "adam_eps3":
+        # Batch norm makes the loss invariant to the scale of the kernel before
+        # it, so some gradient entries are zero in exact arithmetic and pure
+        # rounding noise (1e-9) in float32. Adam turns noise into an update of
+        # about lr * g / (|g| + epsilon): with epsilon 1e-7 that update differs
+        # between any two summation orders, replicas or not. 1e-3 keeps it tiny.
+        return lambda: keras.optimizers.Adam(learning_rate * 0.1, epsilon=1e-3)
+    raise ValueError(name)

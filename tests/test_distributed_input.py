@@ -1,0 +1,58 @@
+"""Splitting global batches into per-replica slices."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import loops
+from loops import distributed_input
+
+
+def slices(rows, num_replicas, num_pipelines=1, pipeline_id=0):
+    dataset = tf.data.Dataset.range(rows).batch(rows)
+    context = tf.distribute.InputContext(num_pipelines, pipeline_id, num_replicas)
+    return [s.numpy().tolist() for s in distributed_input.split_global_batches(dataset, context)]
+
+
+def test_partial_batch_leaves_last_replica_empty():
+    assert slices(5, 4) == [[0, 1], [2, 3], [4], []]
+
+
+def test_full_batch_splits_evenly():
+    assert slices(8, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_each_pipeline_keeps_only_its_replicas_rows():
+    assert slices(8, 4, num_pipelines=2, pipeline_id=0) == [[0, 1], [2, 3]]
+    assert slices(8, 4, num_pipelines=2, pipeline_id=1) == [[4, 5], [6, 7]]
+    assert slices(3, 4, num_pipelines=2, pipeline_id=1) == [[2], []]
+
+
+def test_uneven_replicas_per_pipeline_is_an_error():
+    with pytest.raises(ValueError, match="3 replicas cannot be spread evenly over 2"):
+        slices(4, 3, num_pipelines=2)
+
+
+def test_distributed_steps_hold_the_global_batch():
+    strategy = loops.testing.replica_strategy(4)
+    dataset = tf.data.Dataset.range(21).batch(8)
+    per_step = []
+    for batch in loops.distribute(strategy, dataset):
+        parts = strategy.experimental_local_results(batch)
+        per_step.append([p.numpy().tolist() for p in parts])
+    assert per_step[2] == [[16, 17], [18, 19], [20], []]
+    assert [sum(p, []) for p in per_step] == [list(range(0, 8)), list(range(8, 16)), list(range(16, 21))]
+
+
+def test_skip_resumes_the_stream_where_it_stopped():
+    strategy = loops.testing.replica_strategy(2)
+    dataset = tf.data.Dataset.range(10).batch(4)
+    iterator = iter(loops.distribute(strategy, dataset, skip_batches=4, repeat=True))
+    parts = strategy.experimental_local_results(next(iterator))
+    # 3 batches an epoch: skipping 4 lands on the second batch of epoch 2.
+    assert np.concatenate([p.numpy() for p in parts]).tolist() == [4, 5, 6, 7]
+
+
+def test_rejects_something_that_is_not_a_dataset():
+    with pytest.raises(TypeError, match="Expected a tf.data.Dataset of global batches"):
+        loops.distribute(loops.testing.replica_strategy(1), [1, 2, 3])

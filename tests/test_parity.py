@@ -1,0 +1,88 @@
+"""1 vs 2 vs 4 replicas give the same losses, weights and evaluation."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import loops
+import models
+from conftest import optimizer_factory, tiny_batches
+
+
+def classifier_builder(optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, model="mlp"):
+    def build(strategy):
+        return loops.ClassifierLoop(
+            strategy=strategy,
+            model_fn=lambda: models.build_classifier(
+                model, input_shape=(8, 8, 1), num_classes=10, l2=l2, batch_norm=batch_norm, seed=3),
+            optimizer_fn=optimizer_factory(optimizer),
+            clip_norm=clip_norm,
+            # 21 examples, global batch 8: every third step is [2, 2, 1, 0] on 4 replicas.
+            train_data=tiny_batches(8, 21, shuffle_seed=5),
+            eval_data=tiny_batches(8, 21, seed=1),
+            steps_per_loop=4,
+            progress=loops.testing.quiet_progress())
+    return build
+
+
+@pytest.mark.parametrize("optimizer, batch_norm", [
+    ("sgd_momentum", True), ("adam", False), ("adam_eps3", True)])
+def test_mlp_with_l2_and_synchronized_batch_norm(optimizer, batch_norm):
+    runs = loops.testing.assert_replica_parity(
+        classifier_builder(optimizer, batch_norm=batch_norm), num_steps=7)
+    losses = runs[1]["logs"]["loss"]
+    assert losses.shape == (7,)
+    # The partial steps really were partial: 8, 8, 5 examples per epoch.
+    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 5, 8, 8, 5, 8])
+    assert losses[-1] < losses[0]
+
+
+def test_cnn_with_gradient_clipping():
+    runs = loops.testing.assert_replica_parity(
+        classifier_builder("sgd_momentum", clip_norm=0.5, model="cnn"), num_steps=4,
+        replica_counts=(1, 4))
+    assert np.all(np.isfinite(runs[4]["logs"]["loss"]))
+
+
+def test_evaluation_counts_every_example_once():
+    runs = loops.testing.assert_replica_parity(
+        classifier_builder("adam"), num_steps=1, replica_counts=(1, 2, 4))
+    for count in (1, 2, 4):
+        assert runs[count]["eval"]["num_examples"] == 21
+
+
+def test_evaluation_matches_the_model_on_numpy():
+    from conftest import tiny_examples
+    loop = classifier_builder("adam")(loops.testing.replica_strategy(4))
+    metrics = loop.evaluate()
+    images, labels = tiny_examples(21, seed=1)
+    logits = loop.model(images, training=False).numpy()
+    expected_loss = np.mean(loops.sparse_softmax_cross_entropy(labels, logits).numpy())
+    assert metrics["num_examples"] == 21
+    assert metrics["accuracy"] == pytest.approx(np.mean(np.argmax(logits, -1) == labels), abs=1e-9)
+    assert metrics["loss"] == pytest.approx(expected_loss, rel=1e-5)
+
+
+def test_parity_check_catches_a_loss_averaged_per_replica():
+    class PerReplicaMean(loops.ClassifierLoop):
+        """The classic mistake: each replica averages over its own examples."""
+
+        def _replica_train_step(self, inputs, labels):
+            with tf.GradientTape() as tape:
+                logits = self.model(inputs, training=True)
+                loss = tf.nn.compute_average_loss(self.loss_fn(labels, logits))
+            variables = self.model.trainable_variables
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            return {"loss": loss, "correct": tf.constant(0.0),
+                    "num_examples": tf.cast(tf.shape(labels)[0], tf.float32)}
+
+    def build(strategy):
+        return PerReplicaMean(
+            strategy=strategy,
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=3),
+            optimizer_fn=lambda: keras.optimizers.SGD(0.1),
+            train_data=tiny_batches(8, 21), progress=loops.testing.quiet_progress())
+
+    with pytest.raises(AssertionError, match="4 vs 1 replicas"):
+        loops.testing.assert_replica_parity(build, num_steps=3, replica_counts=(1, 4))
