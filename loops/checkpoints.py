@@ -51,8 +51,9 @@ class Checkpointer:
             status = self.checkpoint.restore(path)
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
+            reason = str(error).splitlines()[0][:240]
             raise ValueError(
-                f"The checkpoint {path} does not match this loop ({error}). "
+                f"The checkpoint {path} does not match this loop ({reason}...). "
                 "It comes from a different model or loop: point --model_dir at "
                 "a new directory, or rebuild the loop that wrote it.") from error
         return path

@@ -1,0 +1,1 @@
+"""Command-line binaries, one per kind of loop."""

@@ -1,0 +1,83 @@
+"""Trains an image classifier with ClassifierLoop: `python -m loops.bin.classifier`."""
+
+from __future__ import annotations
+
+from absl import app, flags
+
+from loops import flags as loop_flags
+
+loop_flags.define_loop_flags(train_steps=600, global_batch_size=64, learning_rate=2e-3)
+flags.DEFINE_string("dataset", "digits",
+                    "TFDS image-classification dataset: 'digits' (bundled, offline), "
+                    "'mnist', 'cifar10', ...")
+flags.DEFINE_string("data_dir", None, "TFDS data directory (default: ~/tensorflow_datasets).")
+flags.DEFINE_string("train_split", "train", "Split to train on.")
+flags.DEFINE_string("eval_split", "test", "Split to evaluate on.")
+flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "Classifier network.")
+flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd", "momentum"],
+                  "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.")
+flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
+flags.DEFINE_bool("batch_norm", False, "Synchronized batch normalization after hidden layers.")
+flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
+flags.register_validator("clip_norm", lambda value: value is None or value > 0,
+                         message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).")
+
+FLAGS = flags.FLAGS
+
+
+def make_optimizer(name: str, learning_rate: float):
+    import keras
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate)
+    return keras.optimizers.SGD(learning_rate, momentum=0.9 if name == "momentum" else 0.0)
+
+
+def build_loop():
+    """The ClassifierLoop the flags describe; ValueError for a bad combination."""
+    import data
+    import loops
+    import models
+
+    strategy = loops.make_strategy(FLAGS.strategy, FLAGS.num_replicas)
+    loop_flags.check_batch_fits_replicas(strategy)
+    spec = data.dataset_spec(FLAGS.dataset, FLAGS.data_dir)
+    for split in (FLAGS.train_split, FLAGS.eval_split):
+        if split.split("[")[0] not in spec.split_sizes:
+            raise ValueError(f"--dataset={FLAGS.dataset} has no split {split!r}; its splits "
+                             f"are {', '.join(spec.split_sizes)}.")
+
+    def batches(split, shuffle_seed):
+        return lambda: data.global_batches(
+            FLAGS.dataset, split, global_batch_size=FLAGS.global_batch_size,
+            data_dir=FLAGS.data_dir, shuffle_seed=shuffle_seed)
+
+    return loops.ClassifierLoop(
+        model_fn=lambda: models.build_classifier(
+            FLAGS.model, input_shape=spec.input_shape, num_classes=spec.num_classes,
+            l2=FLAGS.l2, batch_norm=FLAGS.batch_norm, seed=FLAGS.seed),
+        optimizer_fn=lambda: make_optimizer(FLAGS.optimizer, FLAGS.learning_rate),
+        clip_norm=FLAGS.clip_norm,
+        train_data=batches(FLAGS.train_split, FLAGS.seed),
+        eval_data=batches(FLAGS.eval_split, None),
+        **loop_flags.loop_arguments(strategy, loop_flags.resolve_model_dir("classifier")))
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
+    loop_flags.quiet_logging()
+    try:
+        loop = build_loop()
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    loop.train(FLAGS.train_steps)
+    loop_flags.report_outputs(loop)
+
+
+def run():
+    """Console-script entry point (loops-classifier)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,156 @@
+"""The outer loop: tracing, resume, checkpoints, results and argument errors."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import loops
+import models
+from conftest import tiny_batches
+
+
+def make_loop(strategy=None, model_dir=None, *, steps_per_loop=3, model="mlp", **kwargs):
+    return loops.ClassifierLoop(
+        strategy=strategy or loops.testing.replica_strategy(2),
+        model_fn=lambda: models.build_classifier(
+            model, input_shape=(8, 8, 1), num_classes=10, l2=1e-3, seed=7),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        train_data=tiny_batches(8, 21, shuffle_seed=2),
+        eval_data=tiny_batches(8, 21, seed=1),
+        steps_per_loop=steps_per_loop, model_dir=model_dir,
+        progress=loops.testing.quiet_progress(), **kwargs)
+
+
+def test_train_step_traced_once_over_two_epochs_with_partial_batches():
+    loop = make_loop(steps_per_loop=2)
+    logs = loop.train(7)  # 3 batches an epoch (8, 8, 5): steps 3 and 6 are partial
+    np.testing.assert_array_equal(logs["num_examples"], [8, 8, 5, 8, 8, 5, 8])
+    assert loop.train_function.experimental_get_tracing_count() == 1
+    loop.evaluate()
+    assert loop.eval_function.experimental_get_tracing_count() == 1
+
+
+def test_train_counts_to_a_total_and_steps_the_global_step():
+    loop = make_loop()
+    assert loop.train(5)["loss"].shape == (5,)
+    assert loop.step == 5
+    assert loop.train(8)["loss"].shape == (3,)
+    assert loop.step == 8
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    uninterrupted = make_loop()
+    uninterrupted.train(8)
+
+    first = make_loop(model_dir=str(tmp_path))
+    first.train(4)
+    del first
+    resumed = make_loop(model_dir=str(tmp_path))
+    assert resumed.step == 4
+    logs = resumed.train(8)
+    assert resumed.step == 8
+    assert logs["loss"].shape == (4,)
+    loops.testing.assert_close(loops.testing.loop_weights(resumed),
+                               loops.testing.loop_weights(uninterrupted), rtol=1e-6,
+                               label="resumed vs uninterrupted")
+
+
+def test_checkpoint_cadence_and_results_file(tmp_path):
+    loop = make_loop(model_dir=str(tmp_path), checkpoint_every=2, eval_every=3)
+    loop.train(5)
+    kept = sorted(os.path.basename(p) for p in tf.train.get_checkpoint_state(
+        str(tmp_path / "checkpoints")).all_model_checkpoint_paths)
+    assert kept == ["ckpt-2", "ckpt-4", "ckpt-5"]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["loop"] == "classifier"
+    assert results["strategy"] == "mirrored"
+    assert results["num_replicas"] == 2
+    assert results["global_step"] == 5
+    assert results["eval"]["num_examples"] == 21
+    assert 0.0 <= results["eval"]["accuracy"] <= 1.0
+    assert results["train"]["loss"] > 0
+    assert results["steps_per_second"] > 0
+    lines = loop.progress._stream.getvalue().splitlines()
+    assert [line.split(" |")[0] for line in lines] == [
+        "step 2/5", "step 3/5", "eval at step 3", "step 4/5", "step 5/5", "eval at step 5"]
+
+
+def test_summaries_are_written_for_train_and_eval(tmp_path):
+    make_loop(model_dir=str(tmp_path)).train(3)
+    for name in ("train", "eval"):
+        events = tf.io.gfile.glob(str(tmp_path / "summaries" / name / "events.*"))
+        assert len(events) == 1, name
+        tags = {value.tag for event in tf.compat.v1.train.summary_iterator(events[0])
+                for value in event.summary.value}
+        assert "loss" in tags and "accuracy" in tags
+
+
+def test_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
+    make_loop(model_dir=str(tmp_path)).train(2)
+    before = sorted(os.listdir(tmp_path / "checkpoints"))
+    with pytest.raises(ValueError, match="does not match this loop.*new directory"):
+        make_loop(model_dir=str(tmp_path), model="cnn")
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == before
+
+
+def test_run_eagerly_gives_the_graph_numbers():
+    graph = make_loop(loops.testing.replica_strategy(1)).train(4)
+    eager = make_loop(loops.testing.replica_strategy(1), run_eagerly=True).train(4)
+    np.testing.assert_allclose(eager["loss"], graph["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("argument, value, message", [
+    ("steps_per_loop", 0, "steps_per_loop must be a whole number >= 1, got 0"),
+    ("eval_every", -5, "eval_every must be a whole number >= 1 .or None to turn it off., got -5"),
+    ("checkpoint_every", 2.5, "checkpoint_every must be a whole number >= 1"),
+])
+def test_bad_loop_arguments_name_the_value(argument, value, message):
+    with pytest.raises(ValueError, match=message):
+        make_loop(**{argument: value})
+
+
+def test_model_dir_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(ValueError, match="is a file, not a directory"):
+        make_loop(model_dir=str(path))
+    assert path.read_text() == "mine"
+
+
+def test_keras_loss_with_a_reduction_is_refused():
+    with pytest.raises(ValueError, match="reduction=None"):
+        make_loop(loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def test_step_outputs_must_be_reduced_scalars():
+    class Unreduced(loops.ClassifierLoop):
+        def train_step(self, iterator):
+            inputs, labels = next(iterator)
+            per_example = self.strategy.run(
+                lambda x: tf.reduce_sum(tf.cast(x, tf.float32), [1, 2, 3]), args=(inputs,))
+            return {"loss": per_example}
+
+    loop = Unreduced(strategy=loops.testing.replica_strategy(1),
+                     model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
+                     optimizer_fn=lambda: keras.optimizers.SGD(0.1),
+                     train_data=tiny_batches(), progress=loops.testing.quiet_progress())
+    with pytest.raises(TypeError, match="every value must be a scalar"):
+        loop.train(1)
+
+
+def test_gradient_clipping_bounds_the_update():
+    strategy = loops.testing.replica_strategy(2)
+    loop = loops.ClassifierLoop(
+        strategy=strategy,
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=1),
+        optimizer_fn=lambda: keras.optimizers.SGD(1.0), clip_norm=1e-3,
+        train_data=tiny_batches(), progress=loops.testing.quiet_progress())
+    before = [v.numpy() for v in loop.model.trainable_variables]
+    loop.train(1)
+    after = [v.numpy() for v in loop.model.trainable_variables]
+    update_norm = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(after, before)))
+    assert update_norm == pytest.approx(1e-3, rel=1e-4)
