@@ -53,7 +53,9 @@ class Loop:
             steps use (models, optimizers built with `optimizer.build`, counters).
         checkpoint_items(): name -> trackable, saved and restored by the Loop.
         train_step(iterator): cross-replica context; may call `next(iterator)`
-            `batches_per_step` times; returns a dict of scalar tensors already
+            `batches_per_step` times (iterator is None for a loop with
+            needs_train_data = False and no train_data); `self.global_step`
+            holds the index of the step being run; returns a dict of scalar tensors already
             reduced over replicas. A `num_examples` entry weights the other
             entries when they are averaged over an inner loop.
         eval_step(batch): cross-replica context; returns a dict of scalar SUMS
@@ -63,6 +65,7 @@ class Loop:
 
     name = "loop"
     batches_per_step = 1  # global batches one train_step dequeues; sets the resume position
+    needs_train_data = True  # False for steps that make their own data (RL): iterator is None
 
     def __init__(self,
                  *,
@@ -214,7 +217,7 @@ class Loop:
             entry per step trained in this call.
         """
         _check_positive("num_steps", num_steps)
-        if self.train_data is None:
+        if self.train_data is None and self.needs_train_data:
             raise ValueError(
                 f"{type(self).__name__} has no train_data; pass train_data= to "
                 "the constructor.")
@@ -296,7 +299,9 @@ class Loop:
         return stop - step
 
     def _iterator_at(self, step: int):
-        """The train iterator positioned after `step` steps' batches."""
+        """The train iterator positioned after `step` steps' batches (None without data)."""
+        if self.train_data is None:
+            return None
         position = step * self.batches_per_step
         if self._train_iterator is None or self._train_iterator_position != position:
             dataset = distributed_input.distribute(

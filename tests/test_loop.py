@@ -154,3 +154,30 @@ def test_gradient_clipping_bounds_the_update():
     after = [v.numpy() for v in loop.model.trainable_variables]
     update_norm = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(after, before)))
     assert update_norm == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_a_loop_that_makes_its_own_data_needs_no_dataset():
+    class Counting(loops.Loop):
+        needs_train_data = False
+
+        def build(self):
+            self.total = tf.Variable(0.0, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+        def checkpoint_items(self):
+            return {"total": self.total}
+
+        def train_step(self, iterator):
+            assert iterator is None
+            step = tf.cast(self.global_step, tf.float32)
+            per_replica = self.strategy.run(
+                lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+                                tf.float32) + step)
+            value = loops.sum_over_replicas(self.strategy, {"value": per_replica})["value"]
+            self.total.assign_add(value)
+            return {"value": value}
+
+    loop = Counting(strategy=loops.testing.replica_strategy(2), progress=loops.testing.quiet_progress())
+    logs = loop.train(3)
+    # Replica ids 0 + 1, plus the step index once per replica.
+    np.testing.assert_array_equal(logs["value"], [1.0, 3.0, 5.0])
+    assert loop.total.numpy() == 9.0
