@@ -24,11 +24,10 @@ class DatasetSpec:
 
 
 def load_builder(name: str, data_dir: str | None = None) -> tfds.core.DatasetBuilder:
-    """Returns the prepared TFDS builder for `name`, preparing offline ones.
+    """Returns the TFDS builder for `name`, preparing the offline ones.
 
     Raises:
-        ValueError: the dataset is unknown, is not image classification, or
-            needs a download that has not been done into `data_dir`.
+        ValueError: the dataset is unknown or is not image classification.
     """
     try:
         builder = tfds.builder(name, data_dir=data_dir)
@@ -36,16 +35,8 @@ def load_builder(name: str, data_dir: str | None = None) -> tfds.core.DatasetBui
         raise ValueError(
             f"Unknown dataset {name!r}. Use 'digits' (bundled, offline) or a TFDS "
             "image-classification dataset name such as 'mnist' or 'cifar10'.") from error
-    if not builder.is_prepared():
-        if name in OFFLINE_DATASETS:
-            builder.download_and_prepare()
-        else:
-            raise ValueError(
-                f"Dataset {name!r} is not prepared under data_dir "
-                f"{builder.data_dir_root!r}, and it needs a download (this machine may have "
-                "no network). On a machine with network run: python -c \"import "
-                f"tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='DIR')"
-                ".download_and_prepare()\", copy DIR here, and pass --data_dir=DIR.")
+    if name in OFFLINE_DATASETS and not builder.is_prepared():
+        builder.download_and_prepare()
     keys = builder.info.supervised_keys
     label = builder.info.features[keys[1]] if keys else None
     if not keys or not isinstance(label, tfds.features.ClassLabel):
@@ -55,8 +46,30 @@ def load_builder(name: str, data_dir: str | None = None) -> tfds.core.DatasetBui
     return builder
 
 
+def read_split(builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset:
+    """The (image, label) examples of `split`, in their stored order.
+
+    Raises:
+        ValueError: the split does not exist, or the dataset needs a download
+            that has not been done into the builder's data_dir.
+    """
+    name = builder.info.name
+    try:
+        return builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+    except AssertionError as error:  # TFDS's way of saying "not prepared"
+        raise ValueError(
+            f"Dataset {name!r} is not prepared under data_dir {str(builder.data_dir_root)!r} "
+            "and needs a download (this machine may have no network). On a machine with "
+            "network run: python -c \"import tensorflow_datasets as tfds; "
+            f"tfds.builder('{name}', data_dir='DIR').download_and_prepare()\", copy DIR "
+            "here, and pass --data_dir=DIR.") from error
+    except ValueError as error:
+        raise ValueError(f"Dataset {name!r}: {error} Pick one of its splits "
+                         "(--train_split / --eval_split).") from error
+
+
 def dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
-    """Input shape, class count and split sizes of dataset `name`."""
+    """Input shape, class count and split sizes (empty before preparation) of `name`."""
     info = load_builder(name, data_dir).info
     image_key, label_key = info.supervised_keys
     return DatasetSpec(
@@ -78,18 +91,12 @@ def global_batches(name: str, split: str, *, global_batch_size: int,
     stopped after k batches was.
 
     Raises:
-        ValueError: a bad batch size or split name, or see `load_builder`.
+        ValueError: a bad batch size, or see `load_builder` and `read_split`.
     """
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) \
             or global_batch_size < 1:
         raise ValueError(f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}.")
-    builder = load_builder(name, data_dir)
-    if split.split("[")[0] not in builder.info.splits:
-        raise ValueError(
-            f"Dataset {name!r} has no split {split!r}; its splits are "
-            f"{', '.join(builder.info.splits)}.")
-    dataset = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
-    dataset = dataset.cache()
+    dataset = read_split(load_builder(name, data_dir), split).cache()
     if shuffle_seed is not None:
         dataset = dataset.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=True)
     return dataset.batch(global_batch_size)

@@ -41,15 +41,15 @@ def build_loop():
     strategy = loops.make_strategy(FLAGS.strategy, FLAGS.num_replicas)
     loop_flags.check_batch_fits_replicas(strategy)
     spec = data.dataset_spec(FLAGS.dataset, FLAGS.data_dir)
-    for split in (FLAGS.train_split, FLAGS.eval_split):
-        if split.split("[")[0] not in spec.split_sizes:
-            raise ValueError(f"--dataset={FLAGS.dataset} has no split {split!r}; its splits "
-                             f"are {', '.join(spec.split_sizes)}.")
 
     def batches(split, shuffle_seed):
         return lambda: data.global_batches(
             FLAGS.dataset, split, global_batch_size=FLAGS.global_batch_size,
             data_dir=FLAGS.data_dir, shuffle_seed=shuffle_seed)
+
+    # Fail now, with the data error, rather than inside the first traced step.
+    train_data, eval_data = batches(FLAGS.train_split, FLAGS.seed), batches(FLAGS.eval_split, None)
+    train_data(), eval_data()
 
     return loops.ClassifierLoop(
         model_fn=lambda: models.build_classifier(
@@ -57,8 +57,8 @@ def build_loop():
             l2=FLAGS.l2, batch_norm=FLAGS.batch_norm, seed=FLAGS.seed),
         optimizer_fn=lambda: make_optimizer(FLAGS.optimizer, FLAGS.learning_rate),
         clip_norm=FLAGS.clip_norm,
-        train_data=batches(FLAGS.train_split, FLAGS.seed),
-        eval_data=batches(FLAGS.eval_split, None),
+        train_data=train_data,
+        eval_data=eval_data,
         **loop_flags.loop_arguments(strategy, loop_flags.resolve_model_dir("classifier")))
 
 

@@ -1,0 +1,85 @@
+"""The loops-classifier binary: end to end on digits, resume, and its flag errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import app, flags
+from absl.testing import flagsaver
+
+from loops.bin import classifier as binary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*argv):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "loops.bin.classifier", *argv],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+
+
+def test_default_flags_train_digits_on_two_replicas(tmp_path, digits_dir):
+    model_dir = str(tmp_path / "run")
+    done = run_cli(f"--model_dir={model_dir}", f"--data_dir={digits_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    assert results["strategy"] == "mirrored" and results["num_replicas"] == 2
+    assert results["global_step"] == 600
+    assert results["eval"]["num_examples"] == 360
+    assert results["eval"]["accuracy"] >= 0.95
+    assert f"outputs in {model_dir}" in done.stdout
+    assert "step 600/600" in done.stdout
+
+    resumed = run_cli(f"--model_dir={model_dir}", f"--data_dir={digits_dir}", "--train_steps=650")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "restored" in resumed.stdout and "at step 600" in resumed.stdout
+    assert json.loads(open(os.path.join(model_dir, "results.json")).read())["global_step"] == 650
+
+
+def test_a_bad_flag_exits_non_zero_with_the_reason(tmp_path):
+    done = run_cli("--strategy=mirored", f"--model_dir={tmp_path}")
+    assert done.returncode != 0
+    assert "--strategy" in done.stderr and "mirrored" in done.stderr
+    assert not os.listdir(tmp_path)
+
+
+def run_in_process(*argv):
+    with flagsaver.flagsaver():
+        flags.FLAGS.unparse_flags()
+        rest = flags.FLAGS(["loops-classifier", *argv])
+        binary.main(rest)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategy=bogus"], "value should be one of"),
+    (["--num_replicas=0"], "--num_replicas=0: 0 is not a positive integer"),
+    (["--train_steps=0"], "--train_steps=0: 0 is not a positive integer"),
+    (["--learning_rate=0"], "--learning_rate must be > 0"),
+    (["--model=resnet"], "value should be one of <mlp|cnn>"),
+    (["--clip_norm=-1"], "--clip_norm must be > 0"),
+])
+def test_flag_values_are_checked_when_parsed(argv, message):
+    with pytest.raises(flags.IllegalFlagValueError, match=message):
+        run_in_process(*argv)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset=digitz"], "Unknown dataset 'digitz'"),
+    (["--train_split=validation"], "Unknown split 'validation'"),
+    (["--global_batch_size=1"], "--global_batch_size=1 is smaller than the 2 replicas"),
+    (["--strategy=one_device", "--num_replicas=3"], "applies only to --strategy=mirrored"),
+    (["extra"], "Unexpected arguments \\['extra'\\]"),
+])
+def test_bad_combinations_are_usage_errors(argv, message, digits_dir, tmp_path):
+    with pytest.raises(app.UsageError, match=message):
+        run_in_process(f"--data_dir={digits_dir}", f"--model_dir={tmp_path}", *argv)
+
+
+def test_model_dir_that_is_a_file_is_a_usage_error(digits_dir, tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("keep me")
+    with pytest.raises(app.UsageError, match="is a file, not a directory"):
+        run_in_process(f"--data_dir={digits_dir}", f"--model_dir={path}")
+    assert path.read_text() == "keep me"

@@ -1,0 +1,77 @@
+"""The bundled digits dataset and the TFDS input path."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+import data
+
+
+def test_digits_has_a_fixed_split_of_the_bundled_images(digits_dir):
+    from sklearn.datasets import load_digits
+
+    spec = data.dataset_spec("digits", digits_dir)
+    assert spec.input_shape == (8, 8, 1)
+    assert spec.num_classes == 10
+    assert spec.split_sizes == {"train": 1437, "test": 360}
+    images, labels = next(iter(data.read_split(data.load_builder("digits", digits_dir), "test")
+                               .batch(360)))
+    reference = load_digits()
+    assert images.dtype == tf.uint8 and int(tf.reduce_max(images)) == 255
+    # The test split is exactly every 5th bundled example (TFDS stores them in its own order).
+    expected = np.round(reference.images[::5] * 255 / 16).astype(np.uint8).reshape(360, 64)
+    got = images.numpy().reshape(360, 64)
+    by_pixels = lambda rows: rows[np.lexsort(rows.T[::-1])]
+    np.testing.assert_array_equal(by_pixels(got), by_pixels(expected))
+    assert sorted(labels.numpy().tolist()) == sorted(reference.target[::5].tolist())
+
+
+def test_global_batches_end_each_epoch_with_a_partial_batch(digits_dir):
+    sizes = [int(images.shape[0]) for images, _ in
+             data.global_batches("digits", "train", global_batch_size=64, data_dir=digits_dir)]
+    assert sizes == [64] * 22 + [29]
+
+
+def test_shuffling_repeats_for_a_seed_and_changes_per_epoch(digits_dir):
+    def first_labels(seed, epochs=2):
+        dataset = data.global_batches("digits", "train", global_batch_size=1437,
+                                      data_dir=digits_dir, shuffle_seed=seed).repeat(epochs)
+        return [labels.numpy()[:20].tolist() for _, labels in dataset]
+
+    epoch_one, epoch_two = first_labels(3)
+    assert first_labels(3) == [epoch_one, epoch_two]
+    assert epoch_one != epoch_two
+    assert first_labels(4)[0] != epoch_one
+
+
+def test_a_tfds_dataset_by_name_through_the_same_path():
+    with tfds.testing.mock_data(num_examples=20):
+        spec = data.dataset_spec("mnist")
+        batches = list(data.global_batches("mnist", "train", global_batch_size=8))
+    assert spec.input_shape == (28, 28, 1) and spec.num_classes == 10
+    assert [int(images.shape[0]) for images, _ in batches] == [8, 8, 4]
+    assert batches[0][0].dtype == tf.uint8 and batches[0][1].shape == (8,)
+
+
+def test_a_dataset_that_needs_a_download_names_data_dir(tmp_path):
+    with pytest.raises(ValueError, match="'mnist' is not prepared.*--data_dir=DIR"):
+        data.global_batches("mnist", "train", global_batch_size=8, data_dir=str(tmp_path))
+
+
+def test_unknown_dataset_and_split_are_named(digits_dir):
+    with pytest.raises(ValueError, match="Unknown dataset 'digitz'"):
+        data.dataset_spec("digitz")
+    with pytest.raises(ValueError, match="Unknown split 'validation'.*--eval_split"):
+        data.global_batches("digits", "validation", global_batch_size=8, data_dir=digits_dir)
+
+
+def test_a_dataset_that_is_not_classification_is_refused():
+    with pytest.raises(ValueError, match="is not image classification"):
+        data.dataset_spec("glue/cola")
+
+
+@pytest.mark.parametrize("size", [0, -3, 2.5])
+def test_bad_batch_size(size, digits_dir):
+    with pytest.raises(ValueError, match=f"global_batch_size must be a whole number >= 1, got {size}"):
+        data.global_batches("digits", "train", global_batch_size=size, data_dir=digits_dir)
