@@ -116,6 +116,11 @@ class Loop:
                 f"model_dir {model_dir!r} is a file, not a directory; pass a "
                 "directory path (it is created if missing).")
         self.strategy = strategy or tf.distribute.get_strategy()
+        if strategies.strategy_name(self.strategy) == "parameter_server":
+            raise ValueError(
+                "Loop runs synchronous steps with strategy.run, which "
+                "ParameterServerStrategy does not offer (it schedules steps through a "
+                "ClusterCoordinator). Use --strategy=multi_worker_mirrored or mirrored.")
         self.train_data = train_data
         self.eval_data = eval_data
         self.steps_per_loop = steps_per_loop

@@ -83,8 +83,8 @@ def _cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigClust
     if name == "parameter_server" and not (cluster.get("ps") and cluster.get("worker")):
         raise ValueError(
                 "--strategy=parameter_server needs TF_CONFIG naming 'ps' and "
-                f"'worker' tasks, got cluster={cluster!r}. Start the job with "
-                "loops-launch --num_workers=N --num_ps=M, or set TF_CONFIG.")
+                f"'worker' tasks, got cluster={cluster!r}. Set TF_CONFIG on every task "
+                "(see BUILD.md, 'Several machines').")
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 

@@ -83,3 +83,14 @@ def test_model_dir_that_is_a_file_is_a_usage_error(digits_dir, tmp_path):
     with pytest.raises(app.UsageError, match="is a file, not a directory"):
         run_in_process(f"--data_dir={digits_dir}", f"--model_dir={path}")
     assert path.read_text() == "keep me"
+
+
+def test_multi_worker_mirrored_runs_as_a_single_worker_without_tf_config(tmp_path, digits_dir):
+    model_dir = str(tmp_path / "mwms")
+    done = run_cli("--strategy=multi_worker_mirrored", "--num_replicas=1", "--train_steps=60",
+                   "--steps_per_loop=30", f"--model_dir={model_dir}", f"--data_dir={digits_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    assert results["strategy"] == "multi_worker_mirrored" and results["global_step"] == 60
+    assert results["eval"]["num_examples"] == 360
+    assert os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-60.index"))

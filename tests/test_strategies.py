@@ -42,7 +42,7 @@ def test_replicas_apply_only_to_mirrored():
 
 def test_parameter_server_needs_a_cluster(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    with pytest.raises(ValueError, match="needs TF_CONFIG naming 'ps' and 'worker'.*loops-launch"):
+    with pytest.raises(ValueError, match="needs TF_CONFIG naming 'ps' and 'worker'.*Set TF_CONFIG"):
         loops.make_strategy("parameter_server")
 
 

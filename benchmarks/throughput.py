@@ -1,0 +1,227 @@
+"""Side-by-side training throughput: loops vs Keras fit vs the tutorial loop vs the compute bound.
+
+    python -m benchmarks.throughput                     # mlp and cnn, 1 and 2 replicas
+    python -m benchmarks.throughput --models=mlp --replicas=1 --steps=50 --rounds=1
+
+Every mode trains the same model (same initial weights) with the same Adam
+optimizer on the same digits batches under the same strategy, in one process;
+rounds are interleaved across modes and each mode's median is reported, in
+steps/s and as a ratio of the compute bound:
+
+- compute_bound: the loops classifier's replica step repeated in one
+  tf.function on one fixed batch: no input pipeline, no host reads.
+- loops: `ClassifierLoop.train`, end to end (input, inner loop, metrics).
+- keras_fit: `Model.fit` with steps_per_execution=1 (its default).
+- keras_fit_spe: `Model.fit` with steps_per_execution=steps_per_loop.
+- tutorial: one `strategy.run` step per Python call (the TF tutorial loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+MODES = ("compute_bound", "loops", "keras_fit", "keras_fit_spe", "tutorial")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
+    parser.add_argument("--replicas", default="1,2", help="comma-separated replica counts")
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per mode per round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
+    parser.add_argument("--global_batch_size", type=int, default=64)
+    parser.add_argument("--steps_per_loop", type=int, default=50)
+    parser.add_argument("--output", default=os.path.join("benchmarks", "results", "throughput.json"))
+    args = parser.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    args.replicas = [int(r) for r in args.replicas.split(",") if r]
+    for name in args.models:
+        if name not in ("mlp", "cnn"):
+            parser.error(f"--models: unknown model {name!r}; use mlp and/or cnn")
+    if any(r < 1 for r in args.replicas):
+        parser.error(f"--replicas must be >= 1, got {args.replicas}")
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be >= 1")
+    return args
+
+
+class Setup:
+    """One (model, replica count) configuration, shared by every mode."""
+
+    def __init__(self, model_name: str, replicas: int, args):
+        import data
+        import loops
+        import models
+
+        self.args = args
+        self.strategy = loops.testing.replica_strategy(replicas)
+        self.batch = args.global_batch_size
+        self.model_fn = lambda: models.build_classifier(
+            model_name, input_shape=(8, 8, 1), num_classes=10, seed=0)
+        self.data_fn = lambda: data.global_batches("digits", "train", global_batch_size=self.batch,
+                                                   shuffle_seed=0)
+
+
+def compute_bound(setup: Setup):
+    import keras
+    import loops
+    import tensorflow as tf
+
+    loop = loops.ClassifierLoop(strategy=setup.strategy, model_fn=setup.model_fn,
+                                optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+                                train_data=setup.data_fn, progress=loops.testing.quiet_progress())
+    batch = next(iter(loops.distribute(setup.strategy, setup.data_fn, repeat=True)))
+
+    @tf.function
+    def repeat(steps):
+        for _ in tf.range(steps):
+            setup.strategy.run(loop._replica_train_step, args=batch)
+
+    def run(steps):
+        repeat(tf.constant(steps))
+        loop.optimizer.iterations.numpy()  # wait for the last update
+    return run
+
+
+def loops_mode(setup: Setup):
+    import keras
+    import loops
+
+    loop = loops.ClassifierLoop(strategy=setup.strategy, model_fn=setup.model_fn,
+                                optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+                                train_data=setup.data_fn, steps_per_loop=setup.args.steps_per_loop,
+                                progress=loops.testing.quiet_progress())
+    return lambda steps: loop.train(loop.step + steps)
+
+
+def keras_fit(setup: Setup, steps_per_execution: int):
+    import keras
+
+    with setup.strategy.scope():
+        model = setup.model_fn()
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    dataset = setup.data_fn().repeat()
+    return lambda steps: model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+
+
+def tutorial(setup: Setup):
+    import keras
+    import tensorflow as tf
+
+    strategy = setup.strategy
+    with strategy.scope():
+        model = setup.model_fn()
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)
+    iterator = iter(strategy.experimental_distribute_dataset(setup.data_fn().repeat()))
+
+    def replica_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=setup.batch)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(batch):
+        losses = strategy.run(replica_step, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    def run(steps):
+        for _ in range(steps):
+            loss = step(next(iterator))
+        float(loss)
+    return run
+
+
+def build_modes(setup: Setup) -> dict:
+    builders = {
+        "compute_bound": lambda: compute_bound(setup),
+        "loops": lambda: loops_mode(setup),
+        "keras_fit": lambda: keras_fit(setup, 1),
+        "keras_fit_spe": lambda: keras_fit(setup, setup.args.steps_per_loop),
+        "tutorial": lambda: tutorial(setup),
+    }
+    runners = {}
+    for name, build in builders.items():
+        try:
+            runner = build()
+            runner(min(setup.args.steps, setup.args.steps_per_loop))  # trace and warm up
+            runners[name] = runner
+        except Exception as error:  # a mode that cannot run here is reported, not fatal
+            runners[name] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    return runners
+
+
+def measure(args) -> list[dict]:
+    rows = []
+    for model_name in args.models:
+        for replicas in args.replicas:
+            setup = Setup(model_name, replicas, args)
+            runners = build_modes(setup)
+            samples = {name: [] for name, runner in runners.items() if callable(runner)}
+            for _ in range(args.rounds):
+                for name in samples:
+                    started = time.perf_counter()
+                    runners[name](args.steps)
+                    samples[name].append(args.steps / (time.perf_counter() - started))
+            bound = statistics.median(samples["compute_bound"]) if "compute_bound" in samples else None
+            for name in MODES:
+                row = {"model": model_name, "replicas": replicas, "mode": name}
+                if name in samples:
+                    rate = statistics.median(samples[name])
+                    row.update(steps_per_second=rate, ratio_to_bound=rate / bound if bound else None,
+                               samples=samples[name])
+                else:
+                    row["error"] = runners[name]
+                rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'model':6} {'replicas':>8} {'mode':14} {'steps/s':>10} {'x bound':>8} {'x fit':>7}"]
+    fit = {(r["model"], r["replicas"]): r.get("steps_per_second") for r in rows
+           if r["mode"] == "keras_fit"}
+    for row in rows:
+        if "error" in row:
+            lines.append(f"{row['model']:6} {row['replicas']:>8} {row['mode']:14} {row['error']}")
+            continue
+        base = fit.get((row["model"], row["replicas"]))
+        versus_fit = f"{row['steps_per_second'] / base:7.2f}" if base else f"{'-':>7}"
+        lines.append(f"{row['model']:6} {row['replicas']:>8} {row['mode']:14} "
+                     f"{row['steps_per_second']:10.1f} {row['ratio_to_bound']:8.2f} {versus_fit}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import loops
+
+    loops.configure_logical_cpus(max(args.replicas))
+    rows = measure(args)
+    import tensorflow as tf
+
+    report = {"machine": {"cpus": os.cpu_count(), "tensorflow": tf.__version__,
+                          "gpus": len(tf.config.list_physical_devices("GPU"))},
+              "config": {k: v for k, v in vars(args).items() if k != "output"},
+              "rows": rows}
+    print(format_table(rows))
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as stream:
+        json.dump(report, stream, indent=2)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
