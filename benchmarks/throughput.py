@@ -8,7 +8,7 @@ optimizer on the same digits batches under the same strategy, in one process;
 rounds are interleaved across modes and each mode's median is reported, in
 steps/s and as a ratio of the compute bound:
 
-- compute_bound: the loops classifier's replica step repeated in one
+- compute_bound: the loops classifier's train step repeated in one
   tf.function on one fixed batch: no input pipeline, no host reads.
 - loops: `ClassifierLoop.train`, end to end (input, inner loop, metrics).
 - keras_fit: `Model.fit` with steps_per_execution=1 (its default).
@@ -77,10 +77,16 @@ def compute_bound(setup: Setup):
                                 train_data=setup.data_fn, progress=loops.testing.quiet_progress())
     batch = next(iter(loops.distribute(setup.strategy, setup.data_fn, repeat=True)))
 
+    class FixedBatch:
+        """Stands in for the input iterator: every step gets the same batch."""
+
+        def __next__(self):
+            return batch
+
     @tf.function
     def repeat(steps):
         for _ in tf.range(steps):
-            setup.strategy.run(loop._replica_train_step, args=batch)
+            loop.train_step(FixedBatch())
 
     def run(steps):
         repeat(tf.constant(steps))

@@ -23,7 +23,9 @@ class ClassifierLoop(Loop):
     The loss a replica differentiates is the sum of its per-example losses
     divided by the real number of examples in the step across all replicas,
     plus the model's regularization losses scaled by the replica count, so any
-    replica count gives the single-device gradient.
+    replica count gives the single-device gradient. A step whose loss or
+    gradients are not finite on any replica changes nothing and reports
+    `nonfinite` = 1; the Loop's `on_nonfinite` policy decides what follows.
     """
 
     name = "classifier"
@@ -70,7 +72,7 @@ class ClassifierLoop(Loop):
     def checkpoint_items(self):
         return {"model": self.model, "optimizer": self.optimizer}
 
-    def _replica_train_step(self, inputs, labels):
+    def _replica_gradients(self, inputs, labels):
         count = reduction.global_count(tf.shape(labels)[0])
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
@@ -79,16 +81,22 @@ class ClassifierLoop(Loop):
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
         gradients = tape.gradient(loss, variables)
-        reduction.apply_gradients(self.optimizer, gradients, variables, clip_norm=self.clip_norm)
-        return {"loss": loss, **_correct_and_count(labels, logits)}
+        finite = reduction.all_finite([loss, *gradients])
+        return {"loss": loss, **_correct_and_count(labels, logits)}, gradients, finite
+
+    def _replica_apply(self, gradients):
+        reduction.apply_gradients(self.optimizer, gradients, self.model.trainable_variables,
+                                  clip_norm=self.clip_norm)
 
     def train_step(self, iterator):
         inputs, labels = next(iterator)
-        sums = reduction.sum_over_replicas(
-            self.strategy, self.strategy.run(self._replica_train_step, args=(inputs, labels)))
+        logs, gradients, finite = self.strategy.run(self._replica_gradients, args=(inputs, labels))
+        skipped = reduction.apply_if_finite(self.strategy, finite, self._replica_apply, gradients)
+        sums = reduction.sum_over_replicas(self.strategy, logs)
         return {"loss": sums["loss"],
                 "accuracy": tf.math.divide_no_nan(sums["correct"], sums["num_examples"]),
-                "num_examples": sums["num_examples"]}
+                "num_examples": sums["num_examples"],
+                "nonfinite": skipped}
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)

@@ -11,9 +11,13 @@ from absl import flags
 from loops import strategies
 
 
-def define_loop_flags(*, train_steps: int, global_batch_size: int, learning_rate: float,
-                      steps_per_loop: int = 100) -> None:
-    """Defines the shared flags with this binary's defaults."""
+def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
+                      learning_rate: float, steps_per_loop: int | None = 100) -> None:
+    """Defines the shared flags with this binary's defaults.
+
+    A binary whose defaults depend on another flag (the RL algorithm) passes
+    None and fills them in after parsing.
+    """
     flags.DEFINE_enum("strategy", "mirrored", list(strategies.STRATEGY_NAMES),
                       "tf.distribute strategy to train with.")
     flags.DEFINE_integer("num_replicas", 2,
@@ -38,6 +42,9 @@ def define_loop_flags(*, train_steps: int, global_batch_size: int, learning_rate
     flags.DEFINE_float("learning_rate", learning_rate, "Optimizer learning rate (> 0).")
     flags.DEFINE_integer("seed", 0, "Seed for initial weights, shuffling and noise.")
     flags.DEFINE_bool("run_eagerly", False, "Run steps eagerly (no tf.function), for debugging.")
+    flags.DEFINE_enum("on_nonfinite", "stop", ["stop", "skip"],
+                      "After a step whose loss or gradients are not finite on any replica "
+                      "(its update is skipped): stop with an error, or skip it and go on.")
     flags.register_validator("learning_rate", lambda value: value > 0,
                              message="--learning_rate must be > 0, e.g. --learning_rate=0.001.")
 
@@ -77,7 +84,8 @@ def loop_arguments(strategy, model_dir: str) -> dict:
     values = flags.FLAGS
     return {"strategy": strategy, "model_dir": model_dir, "steps_per_loop": values.steps_per_loop,
             "eval_every": values.eval_every, "checkpoint_every": values.checkpoint_every,
-            "seed": values.seed, "run_eagerly": values.run_eagerly}
+            "seed": values.seed, "run_eagerly": values.run_eagerly,
+            "on_nonfinite": values.on_nonfinite}
 
 
 def report_outputs(loop) -> None:

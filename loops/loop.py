@@ -83,7 +83,8 @@ class Loop:
                  progress: reporting.Progress | None = None,
                  # Execution.
                  seed: int = 0,
-                 run_eagerly: bool = False):
+                 run_eagerly: bool = False,
+                 on_nonfinite: str = "stop"):
         """Creates the loop's objects in the strategy's scope and restores them.
 
         Args:
@@ -102,6 +103,10 @@ class Loop:
             progress: where progress lines go; stdout if None.
             seed: the seed steps key their randomness on.
             run_eagerly: run steps without `tf.function`, for debugging.
+            on_nonfinite: what follows a step whose `nonfinite` output is set
+                (its update was skipped on every replica): "stop" ends the
+                inner loop there and raises NonFiniteError, saving nothing;
+                "skip" goes on with the next batch.
 
         Raises:
             ValueError: a bad argument, or a checkpoint in model_dir that does
@@ -111,6 +116,8 @@ class Loop:
         _check_positive("eval_every", eval_every, optional=True)
         _check_positive("checkpoint_every", checkpoint_every, optional=True)
         _check_positive("max_checkpoints", max_checkpoints)
+        if on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {on_nonfinite!r}.")
         if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
             raise ValueError(
                 f"model_dir {model_dir!r} is a file, not a directory; pass a "
@@ -129,6 +136,7 @@ class Loop:
         self.model_dir = model_dir
         self.seed = seed
         self.run_eagerly = run_eagerly
+        self.on_nonfinite = on_nonfinite
         self.is_chief = strategies.is_chief(self.strategy)
         self.progress = progress or reporting.Progress()
         self.summaries = reporting.Summaries(
@@ -161,6 +169,7 @@ class Loop:
         self.last_train_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
         self.steps_per_second = 0.0
+        self.skipped_steps = 0
 
     # ---- Hooks a kind of training overrides. ----
 
@@ -240,12 +249,14 @@ class Loop:
             started = time.perf_counter()
             logs = self._run_inner_loop(iterator, steps)
             seconds = time.perf_counter() - started
-            step = self.step
+            done, step = self.step - step, self.step
+            logs = {name: values[:done] for name, values in logs.items()}
+            self._check_nonfinite(logs, step - done)
             self._train_iterator_position = step * self.batches_per_step
-            loop_times.append((steps, seconds))
+            loop_times.append((done, seconds))
             for name, values in logs.items():
                 history.setdefault(name, []).append(values)
-            rate = steps / seconds if seconds > 0 else 0.0
+            rate = done / seconds if seconds > 0 else 0.0
             self.last_train_metrics = aggregate_train_logs(logs)
             self.summaries.scalars("train", step, {**self.last_train_metrics, "steps_per_second": rate})
             self.progress.train(step, num_steps, self.last_train_metrics, rate)
@@ -288,6 +299,7 @@ class Loop:
             "train": self.last_train_metrics,
             "eval": self.last_eval_metrics,
             "steps_per_second": self.steps_per_second,
+            "skipped_steps": self.skipped_steps,
             **self.results_extra(),
         }
         if self.model_dir and self.is_chief:
@@ -295,6 +307,20 @@ class Loop:
         return results
 
     # ---- Machinery. ----
+
+    def _check_nonfinite(self, logs: Mapping[str, np.ndarray], first_step: int) -> None:
+        """Counts skipped steps; under "stop", raises at the first one."""
+        flags = logs.get("nonfinite")
+        if flags is None or not np.any(flags > 0):
+            return
+        self.skipped_steps += int(np.sum(flags > 0))
+        if self.on_nonfinite == "stop":
+            bad_step = first_step + int(np.argmax(flags > 0)) + 1
+            raise NonFiniteError(
+                f"Step {bad_step}: the loss or the gradients were not finite on at least one "
+                "replica. The update was skipped and nothing was saved; the last checkpoint "
+                "holds finite weights. Lower the learning rate, clip gradients, check the "
+                "input, or pass on_nonfinite='skip' (--on_nonfinite=skip) to go on.")
 
     def _next_loop_length(self, step: int, num_steps: int) -> int:
         stop = min(step + self.steps_per_loop, num_steps)
@@ -316,11 +342,14 @@ class Loop:
         return self._train_iterator
 
     def _run_inner_loop(self, iterator, steps: int) -> dict[str, np.ndarray]:
+        stop_on_nonfinite = self.on_nonfinite == "stop"
         if self.run_eagerly:
             per_step = []
             for _ in range(steps):
                 per_step.append(self.train_step(iterator))
                 self.global_step.assign_add(1)
+                if stop_on_nonfinite and float(per_step[-1].get("nonfinite", 0.0)) > 0:
+                    break
             return {name: np.array([float(logs[name]) for logs in per_step])
                     for name in per_step[0]}
         if self.train_function is None:
@@ -332,6 +361,8 @@ class Loop:
         output_spec = tf.function(self.train_step).get_concrete_function(iterator).structured_outputs
         _check_step_outputs("train_step", output_spec)
 
+        stop_on_nonfinite = self.on_nonfinite == "stop" and "nonfinite" in output_spec
+
         def inner_loop(iterator, steps):
             arrays = {name: tf.TensorArray(value.dtype, size=steps, element_shape=[])
                       for name, value in output_spec.items()}
@@ -339,6 +370,9 @@ class Loop:
                 logs = self.train_step(iterator)
                 self.global_step.assign_add(1)
                 arrays = {name: arrays[name].write(i, logs[name]) for name in arrays}
+                if stop_on_nonfinite and logs["nonfinite"] > 0:
+                    break
+            # Entries after an early stop are never written; the host drops them.
             return {name: array.stack() for name, array in arrays.items()}
 
         return tf.function(inner_loop)
@@ -362,15 +396,37 @@ class Loop:
         return sums
 
 
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+class NonFiniteError(RuntimeError):
+    """A step's loss or gradients were not finite and the policy is "stop"."""
+
+
+COUNT_LOGS = ("num_examples", "nonfinite")  # summed over an inner loop, not averaged
+
+
 def aggregate_train_logs(logs: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Averages per-step values over an inner loop, weighted by `num_examples` if present."""
+    """Sums counts and averages other per-step values over an inner loop.
+
+    Averages are weighted by `num_examples` if present and leave out steps
+    flagged `nonfinite` (their loss is NaN or inf and their update was skipped).
+    """
+    kept = np.ones_like(next(iter(logs.values())), dtype=bool) if logs else None
+    if "nonfinite" in logs:
+        kept = logs["nonfinite"] == 0
     weights = logs.get("num_examples")
     metrics = {}
     for name, values in logs.items():
-        if name == "num_examples":
+        if name in COUNT_LOGS:
             metrics[name] = float(np.sum(values))
-        elif weights is not None and np.sum(weights) > 0:
-            metrics[name] = float(np.sum(values * weights) / np.sum(weights))
+            continue
+        values = values[kept]
+        step_weights = weights[kept] if weights is not None else None
+        if not values.size:
+            metrics[name] = float("nan")
+        elif step_weights is not None and np.sum(step_weights) > 0:
+            metrics[name] = float(np.sum(values * step_weights) / np.sum(step_weights))
         else:
             metrics[name] = float(np.mean(values))
     return metrics

@@ -26,7 +26,8 @@ class Progress:
               steps_per_second: float) -> None:
         remaining = max(total - step, 0) / steps_per_second if steps_per_second > 0 else 0.0
         eta = datetime.timedelta(seconds=round(remaining))
-        shown = {name: value for name, value in metrics.items() if name != "num_examples"}
+        shown = {name: value for name, value in metrics.items()
+                 if name != "num_examples" and not (name == "nonfinite" and value == 0)}
         self.line(f"step {step}/{total} | {format_metrics(shown)} | "
                   f"{steps_per_second:.1f} steps/s | ETA {eta}")
 

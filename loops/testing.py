@@ -55,8 +55,10 @@ def loop_weights(loop: Loop, *, check_replicas_agree: bool = True) -> dict[str, 
             # so the same variable of two loops gets the same key.
             path = re.sub(r"_\d+(?=/|$|_)", "", getattr(variable, "path", None) or variable.name)
             key = f"{item_name}/{index}/{path}"
-            copies = [np.asarray(v) for v in loop.strategy.experimental_local_results(
-                getattr(variable, "value", variable))]
+            # A Keras variable wraps its tf.Variable in `.value`; on a tf.Variable
+            # `.value` is a method.
+            tensor = variable if isinstance(variable, tf.Variable) else variable.value
+            copies = [np.asarray(v) for v in loop.strategy.experimental_local_results(tensor)]
             if check_replicas_agree:
                 for replica, copy in enumerate(copies[1:], start=1):
                     np.testing.assert_array_equal(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 from absl import app, flags
 
 from loops import flags as loop_flags
+from loops.loop import NonFiniteError
 
 loop_flags.define_loop_flags(train_steps=600, global_batch_size=64, learning_rate=2e-3)
 flags.DEFINE_string("dataset", "digits",
@@ -70,7 +73,10 @@ def main(argv):
         loop = build_loop()
     except ValueError as error:
         raise app.UsageError(str(error)) from error
-    loop.train(FLAGS.train_steps)
+    try:
+        loop.train(FLAGS.train_steps)
+    except NonFiniteError as error:
+        sys.exit(f"error: {error}")
     loop_flags.report_outputs(loop)
 
 
