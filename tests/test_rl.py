@@ -1,0 +1,329 @@
+"""RL: in-graph CartPole, returns and advantages, target networks, replica parity, learning."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import loops
+from data import cartpole
+from loops import rl, target_networks
+from models import rl as rl_models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- The environment. ----
+
+def reference_dynamics(state, action):
+    """Gymnasium CartPole-v1's step equations, in float64 NumPy."""
+    x, x_dot, theta, theta_dot = state
+    force = 10.0 if action == 1 else -10.0
+    cos, sin = math.cos(theta), math.sin(theta)
+    temp = (force + 0.05 * theta_dot ** 2 * sin) / 1.1
+    theta_acc = (9.8 * sin - cos * temp) / (0.5 * (4.0 / 3.0 - 0.1 * cos ** 2 / 1.1))
+    x_acc = temp - 0.05 * theta_acc * cos / 1.1
+    return [x + 0.02 * x_dot, x_dot + 0.02 * x_acc, theta + 0.02 * theta_dot,
+            theta_dot + 0.02 * theta_acc]
+
+
+def test_cartpole_dynamics_from_rest_match_the_hand_computed_step():
+    # Pushing right from rest: temp = 10 / 1.1, theta_acc = -temp / (0.5 * (4/3 - 0.1/1.1))
+    # = -14.6341, x_acc = temp - 0.05 * theta_acc / 1.1 = 9.7561; times 0.02 for the velocities.
+    right = cartpole.dynamics(tf.zeros([1, 4]), tf.constant([1])).numpy()[0]
+    np.testing.assert_allclose(right, [0.0, 0.195122, 0.0, -0.292683], atol=1e-6)
+    left = cartpole.dynamics(tf.zeros([1, 4]), tf.constant([0])).numpy()[0]
+    np.testing.assert_allclose(left, [0.0, -0.195122, 0.0, 0.292683], atol=1e-6)
+
+
+def test_cartpole_dynamics_match_the_equations_on_moving_states():
+    states = np.array([[0.1, -0.5, 0.15, 1.2], [-2.0, 1.5, -0.18, -2.0],
+                       [0.03, 0.2, -0.01, 0.05], [1.0, 0.0, 0.2, 0.0]], np.float32)
+    actions = np.array([0, 1, 1, 0])
+    got = cartpole.dynamics(states, actions).numpy()
+    want = [reference_dynamics(s.astype(np.float64), a) for s, a in zip(states, actions)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_cartpole_flags_termination_apart_from_truncation_and_resets():
+    observation = tf.constant([
+        [0.0, 0.0, 0.2, 1.0],     # pole passes 12 degrees: terminated
+        [2.39, 1.0, 0.0, 0.0],    # cart passes x = 2.4: terminated
+        [0.0, 0.0, 0.0, 0.0],     # 500th step of a balanced pole: truncated only
+        [0.0, 0.0, 0.0, 0.0],     # 499th step: neither
+        [0.0, 0.0, -0.2, -1.0],   # falls on the 500th step: both flags
+    ])
+    elapsed = tf.constant([10, 10, 499, 498, 499])
+    noise = tf.fill([5, 4], 0.75)  # resets to 0.025 = (2 * 0.75 - 1) * 0.05
+    state, transition = cartpole.step(cartpole.State(observation, elapsed),
+                                      tf.constant([1, 1, 1, 1, 1]), noise)
+    np.testing.assert_array_equal(transition.terminated.numpy(), [True, True, False, False, True])
+    np.testing.assert_array_equal(transition.truncated.numpy(), [False, False, True, False, True])
+    np.testing.assert_array_equal(transition.reward.numpy(), [1, 1, 1, 1, 1])
+    final = cartpole.dynamics(observation, tf.constant([1, 1, 1, 1, 1])).numpy()
+    np.testing.assert_array_equal(transition.final_observation.numpy(), final)
+    # Ended episodes restart from the reset noise with a zero step count; the other continues.
+    np.testing.assert_allclose(state.observation.numpy()[[0, 1, 2, 4]], np.full([4, 4], 0.025))
+    np.testing.assert_array_equal(state.observation.numpy()[3], final[3])
+    np.testing.assert_array_equal(state.elapsed_steps.numpy(), [0, 0, 0, 499, 0])
+
+
+def test_cartpole_episode_lasts_exactly_500_steps_when_balanced():
+    # Pushing towards where the pole is falling keeps it up; the 500th step truncates.
+    @tf.function
+    def balance(state):
+        theta, theta_dot = state.observation[:, 2], state.observation[:, 3]
+        action = tf.cast(theta + 0.5 * theta_dot > 0, tf.int32)
+        return cartpole.step(state, action, tf.fill([1, 4], 0.5))
+
+    state = cartpole.reset(tf.fill([1, 4], 0.5))
+    ends = []
+    for _ in range(501):
+        state, transition = balance(state)
+        ends.append((bool(transition.terminated[0]), bool(transition.truncated[0])))
+    assert ends[:499] == [(False, False)] * 499
+    assert ends[499] == (False, True)
+    # The auto-reset started a new episode with a fresh step count.
+    assert ends[500] == (False, False) and int(state.elapsed_steps[0]) == 1
+
+
+# ---- Returns and advantages. ----
+
+# One environment, gamma 0.9: step 1 is truncated (bootstrap from V(final) = 10),
+# step 3 terminated (no bootstrap: its next value 99 must be ignored), step 4
+# is cut by the end of the rollout (bootstrap from 5).
+TRAJECTORY = dict(rewards=[[1.0]] * 5, values=[[0.5], [1.0], [2.0], [3.0], [4.0]],
+                  next_values=[[1.0], [10.0], [3.0], [99.0], [5.0]],
+                  terminated=[[0], [0], [0], [1], [0]], truncated=[[0], [1], [0], [0], [0]])
+
+
+def test_gae_on_a_trajectory_with_a_truncation_and_a_termination():
+    # TD errors: 1 + .9*1 - .5 = 1.4; 1 + .9*10 - 1 = 9; 1 + .9*3 - 2 = 1.7; 1 - 3 = -2;
+    # 1 + .9*5 - 4 = 1.5. With gamma * lambda = 0.45, not crossing episode ends:
+    # A4 = 1.5, A3 = -2, A2 = 1.7 + .45 * -2 = 0.8, A1 = 9, A0 = 1.4 + .45 * 9 = 5.45.
+    advantages, returns = rl.advantages_and_returns(**TRAJECTORY, gamma=0.9, lambda_=0.5)
+    np.testing.assert_allclose(advantages.numpy()[:, 0], [5.45, 9.0, 0.8, -2.0, 1.5], rtol=1e-6)
+    np.testing.assert_allclose(returns.numpy()[:, 0], [5.95, 10.0, 2.8, 1.0, 5.5], rtol=1e-6)
+
+
+def test_lambda_one_gives_the_bootstrapped_discounted_returns():
+    # G0 = 1 + .9 * (1 + .9 * 10) = 10; G1 = 1 + .9 * 10 = 10; G2 = 1 + .9 * 1 = 1.9;
+    # G3 = 1 (terminated); G4 = 1 + .9 * 5 = 5.5.
+    _, returns = rl.advantages_and_returns(**TRAJECTORY, gamma=0.9, lambda_=1.0)
+    np.testing.assert_allclose(returns.numpy()[:, 0], [10.0, 10.0, 1.9, 1.0, 5.5], rtol=1e-6)
+
+
+# ---- Target networks. ----
+
+def small_q_network(seed):
+    return rl_models.q_network(observation_size=4, num_actions=2, hidden_units=(8,), seed=seed)
+
+
+def replica_copies(model):
+    """[replica][variable] arrays of a model built under a strategy."""
+    per_variable = [[np.array(copy) for copy in
+                     tf.distribute.get_strategy().experimental_local_results(variable.value)]
+                    for variable in model.variables]
+    return list(zip(*per_variable))
+
+
+def test_copy_every_k_changes_the_target_exactly_at_multiples_of_k():
+    strategy = loops.testing.replica_strategy(2)
+    with strategy.scope():
+        online, target = small_q_network(1), small_q_network(2)
+
+    @tf.function
+    def update(step):
+        for variable in online.trainable_variables:
+            variable.assign_add(tf.ones_like(variable))
+        return target_networks.copy_every(target, online, step=step, every=3)
+
+    with strategy.scope():
+        before = replica_copies(target)
+        copied_at = []
+        for step in range(1, 10):
+            copied = bool(update(tf.constant(step, tf.int64)))
+            after = replica_copies(target)
+            changed = any(not np.array_equal(a, b) for a, b in zip(after[0], before[0]))
+            assert changed == copied, f"step {step}: copied={copied} but changed={changed}"
+            if copied:
+                copied_at.append(step)
+                for replica in after:
+                    for got, want in zip(replica, online.get_weights()):
+                        np.testing.assert_array_equal(got, want)
+            before = after
+    assert copied_at == [3, 6, 9]
+
+
+def test_soft_update_moves_the_target_by_tau_and_leaves_the_online_net():
+    strategy = loops.testing.replica_strategy(2)
+    with strategy.scope():
+        online, target = small_q_network(1), small_q_network(2)
+    online_before, target_before = online.get_weights(), target.get_weights()
+    with strategy.scope():
+        tf.function(lambda: target_networks.soft_update(target, online, tau=0.25))()
+        for replica in replica_copies(target):
+            for got, new, old in zip(replica, online_before, target_before):
+                np.testing.assert_allclose(got, 0.25 * new + 0.75 * old, rtol=1e-6)
+        for replica in replica_copies(online):
+            for got, want in zip(replica, online_before):
+                np.testing.assert_array_equal(got, want)
+
+
+def test_target_helpers_reject_mismatched_networks_and_bad_settings():
+    with pytest.raises(ValueError, match="same architecture"):
+        target_networks.copy(small_q_network(1), rl_models.q_network(
+            observation_size=4, num_actions=2, hidden_units=(8, 8)))
+    with pytest.raises(ValueError, match="every must be a whole number >= 1, got 0"):
+        target_networks.copy_every(small_q_network(1), small_q_network(2), step=1, every=0)
+    with pytest.raises(ValueError, match=r"tau must be in \(0, 1\], got 1.5"):
+        target_networks.soft_update(small_q_network(1), small_q_network(2), tau=1.5)
+
+
+def test_dqn_loop_copies_its_target_network_every_k_steps():
+    loop = rl.DQNLoop(num_envs=2, rollout_length=4, global_batch_size=4, buffer_capacity=32,
+                      learning_starts=8, target_update_every=2, steps_per_loop=1, seed=1,
+                      progress=loops.testing.quiet_progress())
+    changed_at = []
+    for step in range(1, 7):
+        before = loop.target.get_weights()
+        loop.train(step)
+        after = loop.target.get_weights()
+        if any(not np.array_equal(a, b) for a, b in zip(after, before)):
+            changed_at.append(step)
+            for got, want in zip(after, loop.model.get_weights()):
+                np.testing.assert_array_equal(got, want)
+    # Updates start at step 1 (8 transitions stored), so every copy changes the target.
+    assert changed_at == [2, 4, 6]
+
+
+# ---- 1 vs 2 replicas. ----
+
+def quiet(**args):
+    return dict(progress=loops.testing.quiet_progress(), seed=3, **args)
+
+
+def test_ppo_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas():
+    runs = loops.testing.assert_replica_parity(
+        lambda strategy: rl.ActorCriticLoop(
+            strategy=strategy, num_envs=4, rollout_length=32, global_batch_size=32, epochs=2,
+            **quiet(steps_per_loop=3)),
+        num_steps=6, replica_counts=(1, 2),
+        # The policy loss averages advantages normalized to mean 0: a sum that
+        # cancels to ~1e-3 of its terms, so rounding dominates its relative
+        # error; it is compared with an absolute tolerance below.
+        compare_logs=["value_loss", "entropy", "mean_return_100", "episodes_finished"])
+    np.testing.assert_allclose(runs[2]["logs"]["policy_loss"], runs[1]["logs"]["policy_loss"],
+                               rtol=0, atol=1e-6)
+    # The compared weights include every environment's state and the episode
+    # statistics, so equal weights mean equal trajectories.
+    assert runs[1]["logs"]["episodes_finished"].sum() > 10
+    assert "environments/0/environments/observation" in runs[2]["weights"]
+
+
+def test_dqn_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas():
+    runs = loops.testing.assert_replica_parity(
+        lambda strategy: rl.DQNLoop(
+            strategy=strategy, num_envs=4, rollout_length=8, global_batch_size=8,
+            buffer_capacity=128, learning_starts=64, target_update_every=2,
+            **quiet(steps_per_loop=3)),
+        num_steps=6, replica_counts=(1, 2))
+    # Learning starts at the second step (64 transitions), the buffer wraps
+    # around at the fifth, and the replay buffer and the target network are
+    # among the compared weights.
+    assert runs[1]["logs"]["loss"][0] == 0 and np.all(runs[1]["logs"]["loss"][1:] > 0)
+    assert "replay_buffer/0/replay_buffer/observation" in runs[2]["weights"]
+    assert "target/0/hidden/kernel" in runs[2]["weights"]
+
+
+def test_a_resumed_dqn_run_continues_exactly(tmp_path):
+    def build(model_dir=None):
+        return rl.DQNLoop(num_envs=2, rollout_length=4, global_batch_size=4, buffer_capacity=32,
+                          learning_starts=8, target_update_every=3, model_dir=model_dir,
+                          **quiet(steps_per_loop=2))
+
+    straight = build()
+    straight.train(6)
+    first = build(str(tmp_path))
+    first.train(4)
+    resumed = build(str(tmp_path))
+    assert resumed.step == 4
+    resumed.train(6)
+    # Environments mid-episode, episode statistics, replay buffer, target
+    # network and optimizer all came back from the checkpoint.
+    loops.testing.assert_close(loops.testing.loop_weights(resumed),
+                               loops.testing.loop_weights(straight), rtol=0, label="resumed")
+
+
+def test_rl_loops_reject_bad_settings_with_the_fix():
+    two = loops.testing.replica_strategy(2)
+    with pytest.raises(ValueError,
+                       match="num_envs=3 is not divisible by the 2 replicas.*num_envs=4"):
+        rl.ActorCriticLoop(strategy=two, num_envs=3, global_batch_size=64)
+    with pytest.raises(ValueError, match="global_batch_size=100 does not divide the 1024"):
+        rl.ActorCriticLoop(global_batch_size=100)
+    with pytest.raises(ValueError, match="one of target_update_every .* not both"):
+        rl.DQNLoop(target_update_every=10, target_tau=0.01)
+    with pytest.raises(ValueError, match="makes its own data"):
+        rl.DQNLoop(train_data=lambda: tf.data.Dataset.range(3))
+
+
+# ---- Learning. ----
+
+def run_cli(*argv):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "loops.bin.rl", *argv],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+
+
+def test_default_loops_rl_learns_cartpole_on_two_replicas(tmp_path):
+    model_dir = str(tmp_path / "run")
+    done = run_cli(f"--model_dir={model_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    assert results["algorithm"] == "ppo"
+    assert results["strategy"] == "mirrored" and results["num_replicas"] == 2
+    assert results["env_steps"] == 250 * 16 * 64
+    assert results["episodes"] > 100
+    # A random policy scores about 22; CartPole-v0 counted 195 as solved.
+    assert results["mean_return_100"] >= 195
+    assert f"outputs in {model_dir}" in done.stdout
+
+
+def test_dqn_binary_writes_results_and_resumes(tmp_path):
+    model_dir = str(tmp_path / "dqn")
+    small = ["--algorithm=dqn", f"--model_dir={model_dir}", "--strategy=default",
+             "--num_replicas=1", "--num_envs=2",
+             "--rollout_length=4", "--global_batch_size=8", "--learning_starts=16",
+             "--steps_per_loop=5"]
+    done = run_cli(*small, "--train_steps=10")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    assert results["algorithm"] == "dqn" and results["env_steps"] == 80
+    assert {"episodes", "mean_return_100", "env_steps_per_second"} <= set(results)
+    resumed = run_cli(*small, "--train_steps=15")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "restored" in resumed.stdout and "at step 10" in resumed.stdout
+    assert json.loads(open(os.path.join(model_dir, "results.json")).read())["env_steps"] == 120
+
+
+def test_a_bad_flag_combination_exits_with_the_fix(tmp_path):
+    done = run_cli("--num_envs=3", f"--model_dir={tmp_path}")
+    assert done.returncode != 0
+    assert "num_envs=3 is not divisible by the 2 replicas" in done.stderr
+    assert not os.listdir(tmp_path)
+
+
+def test_dqn_clearly_beats_a_random_policy():
+    loop = rl.DQNLoop(progress=loops.testing.quiet_progress(), steps_per_loop=200)
+    loop.train(800)
+    results = loop.results_extra()
+    assert results["env_steps"] == 800 * 8 * 4
+    # A random policy scores about 22.
+    assert results["mean_return_100"] >= 100, results
