@@ -9,8 +9,9 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import tensorflow as tf
 
-from loops import distributed_input, reporting, strategies
+from loops import distributed_input, model_dir_lock, reporting, strategies
 from loops.checkpoints import Checkpointer
+from loops.preemption import PreemptionWatcher
 
 
 class Loop:
@@ -149,7 +150,10 @@ class Loop:
             self.build()
 
         self.checkpointer = None
+        self._lock = None
         if model_dir is not None:
+            if self.is_chief:
+                self._lock = model_dir_lock.acquire(model_dir)
             items = dict(self.checkpoint_items())
             if "global_step" in items:
                 raise ValueError("checkpoint_items() must not use the reserved name 'global_step'.")
@@ -157,7 +161,11 @@ class Loop:
             self.checkpointer = Checkpointer(
                 strategy=self.strategy, directory=os.path.join(model_dir, "checkpoints"),
                 items=items, step_counter=self.global_step, max_to_keep=max_checkpoints)
-            restored = self.checkpointer.restore()
+            try:
+                restored = self.checkpointer.restore()
+            except ValueError:
+                self.close()
+                raise
             if restored:
                 self.progress.line(f"restored {restored} at step {self.step}")
 
@@ -170,6 +178,7 @@ class Loop:
         self.last_eval_metrics: dict[str, float] = {}
         self.steps_per_second = 0.0
         self.skipped_steps = 0
+        self.preempted = False
 
     # ---- Hooks a kind of training overrides. ----
 
@@ -244,6 +253,24 @@ class Loop:
         iterator = self._iterator_at(start_step)
         loop_times: list[tuple[int, float]] = []
         step = start_step
+        with PreemptionWatcher(self.strategy) as preemption:
+            step = self._train_loops(iterator, step, num_steps, history, loop_times, preemption)
+        if loop_times:
+            # The first inner loop includes tracing; leave it out when there are others.
+            timed = loop_times[1:] or loop_times
+            self.steps_per_second = sum(n for n, _ in timed) / max(sum(t for _, t in timed), 1e-9)
+            self.save_checkpoint()
+        if self.preempted:
+            self.progress.line(f"preempted (SIGTERM) at step {step}: checkpoint saved; run the "
+                               "same command again to continue from it")
+        else:
+            self.evaluate()
+        self.write_results()
+        return {name: np.concatenate(parts) for name, parts in history.items()}
+
+    def _train_loops(self, iterator, step: int, num_steps: int, history: dict,
+                     loop_times: list, preemption: PreemptionWatcher) -> int:
+        """Runs inner loops, with what happens between them, up to `num_steps`."""
         while step < num_steps:
             steps = self._next_loop_length(step, num_steps)
             started = time.perf_counter()
@@ -260,19 +287,15 @@ class Loop:
             self.last_train_metrics = aggregate_train_logs(logs)
             self.summaries.scalars("train", step, {**self.last_train_metrics, "steps_per_second": rate})
             self.progress.train(step, num_steps, self.last_train_metrics, rate)
+            if preemption.should_stop():
+                self.preempted = True
+                break
             if step < num_steps:
                 if self.checkpoint_every and step % self.checkpoint_every == 0:
                     self.save_checkpoint()
                 if self.eval_every and step % self.eval_every == 0:
                     self.evaluate()
-        if loop_times:
-            # The first inner loop includes tracing; leave it out when there are others.
-            timed = loop_times[1:] or loop_times
-            self.steps_per_second = sum(n for n, _ in timed) / max(sum(t for _, t in timed), 1e-9)
-            self.save_checkpoint()
-        self.evaluate()
-        self.write_results()
-        return {name: np.concatenate(parts) for name, parts in history.items()}
+        return step
 
     def evaluate(self) -> dict[str, float]:
         """Runs `run_evaluation`, reports the metrics and returns them."""
@@ -282,6 +305,12 @@ class Loop:
             self.summaries.scalars("eval", self.step, metrics)
             self.progress.eval(self.step, metrics)
         return metrics
+
+    def close(self) -> None:
+        """Releases the model_dir lock (also released when the process ends)."""
+        if self._lock is not None:
+            model_dir_lock.release(self._lock)
+            self._lock = None
 
     def save_checkpoint(self) -> str | None:
         """Saves the loop's state now (every worker must call it); returns the path."""
@@ -300,6 +329,7 @@ class Loop:
             "eval": self.last_eval_metrics,
             "steps_per_second": self.steps_per_second,
             "skipped_steps": self.skipped_steps,
+            "preempted": self.preempted,
             **self.results_extra(),
         }
         if self.model_dir and self.is_chief:
@@ -358,7 +388,11 @@ class Loop:
         return {name: value.numpy() for name, value in logs.items()}
 
     def _make_train_function(self, iterator):
-        output_spec = tf.function(self.train_step).get_concrete_function(iterator).structured_outputs
+        # Traced once on its own to learn the outputs' names and dtypes (the
+        # TensorArrays must exist before the loop); the loop then calls this
+        # same trace instead of tracing the step a second time.
+        step_function = tf.function(self.train_step).get_concrete_function(iterator)
+        output_spec = step_function.structured_outputs
         _check_step_outputs("train_step", output_spec)
 
         stop_on_nonfinite = self.on_nonfinite == "stop" and "nonfinite" in output_spec
@@ -367,7 +401,7 @@ class Loop:
             arrays = {name: tf.TensorArray(value.dtype, size=steps, element_shape=[])
                       for name, value in output_spec.items()}
             for i in tf.range(steps):
-                logs = self.train_step(iterator)
+                logs = step_function(iterator)
                 self.global_step.assign_add(1)
                 arrays = {name: arrays[name].write(i, logs[name]) for name in arrays}
                 if stop_on_nonfinite and logs["nonfinite"] > 0:
@@ -386,12 +420,12 @@ class Loop:
                 sums = step_sums if sums is None else _add(sums, step_sums)
                 optional = iterator.get_next_as_optional()
             return sums or {}
-        spec = tf.function(self.eval_step).get_concrete_function(
-            iterator.element_spec).structured_outputs
+        step_function = tf.function(self.eval_step).get_concrete_function(iterator.element_spec)
+        spec = step_function.structured_outputs
         _check_step_outputs("eval_step", spec, require=("num_examples",))
         sums = {name: tf.zeros([], value.dtype) for name, value in spec.items()}
         while optional.has_value():
-            sums = _add(sums, self.eval_step(optional.get_value()))
+            sums = _add(sums, step_function(optional.get_value()))
             optional = iterator.get_next_as_optional()
         return sums
 

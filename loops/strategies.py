@@ -146,6 +146,13 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return task_type == "worker" and task_id == 0 and not has_chief
 
 
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    """Worker (and chief) tasks in the strategy's cluster; 1 outside a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
+
+
 def task_name(strategy: tf.distribute.Strategy) -> str:
     """`worker_1`-style name of this task; `local` outside a cluster."""
     resolver = getattr(strategy, "cluster_resolver", None)

@@ -1,0 +1,108 @@
+"""Preemption, kill -9 and concurrent use of a model_dir lose nothing a user wrote."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def classifier(model_dir, digits_dir, *extra):
+    return [sys.executable, "-m", "loops.bin.classifier", f"--model_dir={model_dir}",
+            f"--data_dir={digits_dir}", "--train_steps=400", "--steps_per_loop=20",
+            "--num_replicas=2", *extra]
+
+
+def finish(command):
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def start_and_wait_for(command, text):
+    """Starts `command` and returns it once a stdout line contains `text`."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True, env=ENV, cwd=ROOT)
+    deadline = time.time() + 300
+    for line in process.stdout:
+        if text in line:
+            return process
+        assert time.time() < deadline, f"no line with {text!r} in time"
+    raise AssertionError(f"the run ended (code {process.wait()}) before printing {text!r}")
+
+
+def weights(model_dir):
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name}
+
+
+def assert_same_weights(model_dir, reference_dir):
+    got, expected = weights(model_dir), weights(reference_dir)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, digits_dir):
+    model_dir = str(tmp_path_factory.mktemp("uninterrupted"))
+    finish(classifier(model_dir, digits_dir))
+    return model_dir
+
+
+def test_sigterm_saves_at_the_next_boundary_and_a_rerun_finishes_the_same(
+        tmp_path, digits_dir, uninterrupted):
+    model_dir = str(tmp_path)
+    process = start_and_wait_for(classifier(model_dir, digits_dir), "step 100/400")
+    process.send_signal(signal.SIGTERM)
+    output = process.stdout.read()
+    assert process.wait(timeout=120) == 0
+    assert "preempted (SIGTERM) at step" in output
+    stopped_at = int(output.split("preempted (SIGTERM) at step ")[1].split(":")[0])
+    assert 100 <= stopped_at < 400 and stopped_at % 20 == 0
+    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    assert results["preempted"] is True and results["global_step"] == stopped_at
+    assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith(
+        f"ckpt-{stopped_at}")
+
+    rerun = finish(classifier(model_dir, digits_dir))
+    assert f"at step {stopped_at}" in rerun.stdout
+    assert json.loads(open(os.path.join(model_dir, "results.json")).read())["global_step"] == 400
+    assert_same_weights(model_dir, uninterrupted)
+
+
+def test_kill_9_mid_run_restarts_from_the_newest_complete_checkpoint(
+        tmp_path, digits_dir, uninterrupted):
+    model_dir = str(tmp_path)
+    command = classifier(model_dir, digits_dir, "--checkpoint_every=20")
+    process = start_and_wait_for(command, "step 160/400")
+    process.kill()
+    process.wait(timeout=60)
+    rerun = finish(command)
+    assert "restored" in rerun.stdout
+    assert_same_weights(model_dir, uninterrupted)
+
+
+def test_a_second_run_on_a_live_model_dir_is_refused(tmp_path, digits_dir):
+    model_dir = str(tmp_path)
+    first = start_and_wait_for(classifier(model_dir, digits_dir, "--train_steps=100000"),
+                               "step 20/")
+    try:
+        second = subprocess.run(classifier(model_dir, digits_dir), capture_output=True, text=True,
+                                env=ENV, timeout=300, cwd=ROOT)
+        assert second.returncode != 0
+        assert f"is in use by another live run (pid {first.pid}" in second.stderr
+    finally:
+        first.kill()
+        first.wait(timeout=60)
+    # The kernel released the lock with the killed process: the directory is usable again.
+    finish(classifier(model_dir, digits_dir, "--train_steps=40"))
