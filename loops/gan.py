@@ -1,0 +1,458 @@
+"""The GAN step on the Loop: n_critic critic updates, then one generator update, per train step."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Mapping, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from loops import reduction
+from loops.loop import Loop
+
+GAN_LOSSES = ("non_saturating", "wgan_gp")
+
+# Independent random streams drawn from one (seed, step, substep) key.
+_NOISE_STREAM = 0
+_ALPHA_STREAM = 1
+# The evaluation noise is keyed on a step no training step reaches, so it is fixed.
+_EVAL_STEP = -1
+
+
+# ---- Losses: one value per example, scaled to the global batch by the caller. ----
+
+def non_saturating_discriminator_loss(real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
+    """-log D(real) - log(1 - D(fake)) per example, from logits (DCGAN)."""
+    return tf.nn.softplus(-real_logits) + tf.nn.softplus(fake_logits)
+
+
+def non_saturating_generator_loss(fake_logits: tf.Tensor) -> tf.Tensor:
+    """-log D(G(z)) per example: strong gradients while the critic rejects the fakes."""
+    return tf.nn.softplus(-fake_logits)
+
+
+def wasserstein_critic_loss(real_scores: tf.Tensor, fake_scores: tf.Tensor) -> tf.Tensor:
+    """critic(fake) - critic(real) per example (WGAN); the penalty is added separately."""
+    return fake_scores - real_scores
+
+
+def wasserstein_generator_loss(fake_scores: tf.Tensor) -> tf.Tensor:
+    """-critic(G(z)) per example (WGAN)."""
+    return -fake_scores
+
+
+def gradient_penalty(critic: Callable[[tf.Tensor], tf.Tensor], real: tf.Tensor, fake: tf.Tensor,
+                     alpha: tf.Tensor) -> tf.Tensor:
+    """(|grad critic(x)| - 1)^2 per example at x = alpha * real + (1 - alpha) * fake (WGAN-GP).
+
+    Args:
+        critic: maps a batch to one score per example; examples must not
+            interact (no batch normalization), so the gradient of the summed
+            scores holds each example's own input gradient.
+        real, fake: batches of the same shape.
+        alpha: one mixing weight per example, drawn from U[0, 1].
+
+    Returns:
+        A vector with one penalty per example. Differentiable with respect to
+        the critic's weights (an outer tape sees the inner gradient).
+    """
+    alpha = tf.reshape(tf.cast(alpha, real.dtype), [-1] + [1] * (real.shape.rank - 1))
+    interpolates = alpha * real + (1.0 - alpha) * fake
+    with tf.GradientTape() as tape:
+        tape.watch(interpolates)
+        scores = critic(interpolates)
+    # The gradient of a vector is that of its sum: each example's own input gradient.
+    gradients = tape.gradient(scores, interpolates)
+    squares = tf.reduce_sum(tf.square(gradients), axis=tf.range(1, tf.rank(gradients)))
+    # The epsilon keeps the norm's gradient finite where the input gradient is 0.
+    return tf.square(tf.sqrt(squares + 1e-12) - 1.0)
+
+
+# ---- Randomness keyed on the step and the global example index. ----
+
+def step_seed(seed: int, step: tf.Tensor, substep: int, stream: int) -> tf.Tensor:
+    """The stateless seed of one random stream of one substep of one training step."""
+    key = tf.stack([tf.constant(seed, tf.int64), tf.cast(step, tf.int64)])
+    key = tf.random.experimental.stateless_fold_in(key, substep)
+    return tf.random.experimental.stateless_fold_in(key, stream)
+
+
+def replica_rows(draw: Callable[..., tf.Tensor], seed: tf.Tensor, *, local_rows: tf.Tensor,
+                 global_rows: tf.Tensor, row_shape: Sequence[int]) -> tf.Tensor:
+    """This replica's rows of one random tensor drawn for the whole global batch.
+
+    Every replica draws `draw([global_rows, *row_shape], seed=seed)` and keeps
+    the rows its data slice holds (the Loop's split: ceil(n / replicas) rows
+    per replica, in replica order). Row i is therefore the same for 1 or N
+    replicas, and different rows, on any replicas, are independent; a stateful
+    or seeded generator would repeat the same rows on every replica (DESIGN.md
+    fact 7). Call in replica context.
+
+    Args:
+        draw: a stateless sampler, e.g. tf.random.stateless_normal.
+        seed: its [2] seed, e.g. from `step_seed`.
+        local_rows: rows this replica holds.
+        global_rows: rows all replicas hold (from `reduction.global_count`).
+        row_shape: the shape of one row.
+    """
+    context = tf.distribute.get_replica_context()
+    global_rows = tf.cast(global_rows, tf.int32)
+    values = draw(tf.concat([[global_rows], tf.constant(row_shape, tf.int32)], 0), seed=seed)
+    num_replicas = context.num_replicas_in_sync
+    per_replica = (global_rows + num_replicas - 1) // num_replicas
+    start = tf.minimum(tf.cast(context.replica_id_in_sync_group, tf.int32) * per_replica,
+                       global_rows)
+    return values[start:start + tf.cast(local_rows, tf.int32)]
+
+
+# ---- Sample grids. ----
+
+def image_grid(images: np.ndarray, rows: int, columns: int) -> np.ndarray:
+    """Tiles rows * columns images in [-1, 1] (n, h, w, c) into one uint8 image.
+
+    The tiles are separated and framed by 1-pixel mid-gray lines, so samples
+    with a black or white background stay apart.
+
+    Returns:
+        An array of shape (rows * (h + 1) + 1, columns * (w + 1) + 1, c), values 0-255.
+    """
+    count, height, width, channels = images.shape
+    if count < rows * columns:
+        raise ValueError(f"A {rows}x{columns} grid needs {rows * columns} images, got {count}.")
+    pixels = np.clip(np.round((np.asarray(images) + 1.0) * 127.5), 0, 255).astype(np.uint8)
+    grid = np.full((rows * (height + 1) + 1, columns * (width + 1) + 1, channels), 128, np.uint8)
+    for index in range(rows * columns):
+        top = 1 + (index // columns) * (height + 1)
+        left = 1 + (index % columns) * (width + 1)
+        grid[top:top + height, left:left + width] = pixels[index]
+    return grid
+
+
+class GANLoop(Loop):
+    """Trains a generator against a critic: n_critic critic updates, then one generator update.
+
+    One train step dequeues `n_critic` global batches of real examples. Each
+    critic (discriminator) update uses one of them with fresh noise and reads
+    the weights the previous update wrote; the generator update then uses fresh
+    noise for as many examples as the last real batch held. Every loss is a
+    per-example loss summed and divided by the real global number of examples,
+    and noise and interpolation weights are keyed on (seed, step, substep,
+    global example index), so 1 and N replicas compute the same numbers. The
+    global step counts generator updates; `d_steps` and `g_steps` count the
+    updates of each network. With `ema_decay`, an exponential moving average of
+    the generator's weights (`ema_generator`) is kept after every generator
+    update and checkpointed. An update whose loss or gradients are not finite
+    on some replica is skipped on every replica and reported as `nonfinite`;
+    the Loop's `on_nonfinite` decides what follows.
+
+    Each evaluation draws `num_eval_samples` samples from fixed noise, from the
+    generator to use: the average when there is one (the trained generator's
+    results are then prefixed `raw_`), else the trained generator.
+    `sample_metrics` turns them into metrics, and with `sample_grid` a grid of
+    image samples is written as a PNG into model_dir and as a TensorBoard image
+    summary.
+
+    Example:
+
+        ring = data.ring.Ring()
+        loop = GANLoop(
+            generator_fn=lambda: models.gan.ring_generator(seed=0),
+            discriminator_fn=lambda: models.gan.ring_discriminator(seed=0),
+            generator_optimizer_fn=lambda: keras.optimizers.Adam(2e-3, beta_1=0.5),
+            discriminator_optimizer_fn=lambda: keras.optimizers.Adam(2e-3, beta_1=0.5),
+            ema_decay=0.999,
+            train_data=lambda: ring.global_batches(512, seed=0),
+            sample_metrics=ring.quality)
+        loop.train(8000)  # loop.last_eval_metrics["modes_covered"] == 8
+    """
+
+    name = "gan"
+
+    def __init__(self,
+                 *,
+                 # Networks and their optimizers, built in the strategy's scope.
+                 generator_fn: Callable[[], keras.Model],
+                 discriminator_fn: Callable[[], keras.Model],
+                 generator_optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+                 discriminator_optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+                 # The game.
+                 gan_loss: str = "non_saturating",
+                 n_critic: int = 1,
+                 gp_weight: float = 10.0,
+                 ema_decay: float | None = None,
+                 # Evaluation.
+                 sample_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
+                 num_eval_samples: int = 2500,
+                 sample_grid: tuple[int, int] | None = None,
+                 **loop_args):
+        """
+        Args:
+            generator_fn: builds the generator, a model from noise (its input
+                shape, without the batch) to samples shaped like the real data.
+            discriminator_fn: builds the critic, a model from a batch to one
+                logit or score per example (shape [n] or [n, 1]); its examples
+                must not interact (no unsynchronized batch statistics).
+            generator_optimizer_fn, discriminator_optimizer_fn: build each
+                network's optimizer.
+            gan_loss: "non_saturating" (DCGAN) or "wgan_gp" (Wasserstein loss
+                with a gradient penalty on interpolates).
+            n_critic: critic updates per generator update, each on its own batch.
+            gp_weight: weight of the gradient penalty (wgan_gp only).
+            ema_decay: keep a moving average of the generator's weights with
+                this decay in (0, 1); None: no average.
+            sample_metrics: samples (numpy) -> metrics, run at each evaluation.
+            num_eval_samples: samples drawn at each evaluation.
+            sample_grid: (rows, columns) of image samples written at each
+                evaluation; None writes no images.
+            **loop_args: the `Loop` arguments.
+
+        Raises:
+            ValueError: a bad argument, with the fix.
+        """
+        if gan_loss not in GAN_LOSSES:
+            raise ValueError(
+                f"Unknown gan_loss {gan_loss!r}; choose one of {', '.join(GAN_LOSSES)}.")
+        if isinstance(n_critic, bool) or not isinstance(n_critic, int) or n_critic < 1:
+            raise ValueError(f"n_critic must be a whole number >= 1, got {n_critic!r}.")
+        if not gp_weight >= 0:
+            raise ValueError(f"gp_weight must be >= 0, got {gp_weight!r}.")
+        if ema_decay is not None and not 0 < ema_decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1), e.g. 0.999, or None for no "
+                             f"average; got {ema_decay!r}.")
+        if isinstance(num_eval_samples, bool) or not isinstance(num_eval_samples, int) \
+                or num_eval_samples < 1:
+            raise ValueError(
+                f"num_eval_samples must be a whole number >= 1, got {num_eval_samples!r}.")
+        if sample_grid is not None:
+            rows, columns = sample_grid
+            if rows < 1 or columns < 1 or rows * columns > num_eval_samples:
+                raise ValueError(
+                    f"sample_grid {sample_grid!r} needs 1 <= rows * columns <= "
+                    f"num_eval_samples ({num_eval_samples}).")
+        self.generator_fn = generator_fn
+        self.discriminator_fn = discriminator_fn
+        self.generator_optimizer_fn = generator_optimizer_fn
+        self.discriminator_optimizer_fn = discriminator_optimizer_fn
+        self.gan_loss = gan_loss
+        self.n_critic = n_critic
+        self.gp_weight = float(gp_weight)
+        self.ema_decay = ema_decay
+        self.sample_metrics = sample_metrics
+        self.num_eval_samples = num_eval_samples
+        self.sample_grid = sample_grid
+        # Each critic update dequeues a batch; the generator update reuses the
+        # last one's size. The Loop resumes the input at step * batches_per_step.
+        self.batches_per_step = n_critic
+        self.sample_files: list[str] = []
+        super().__init__(**loop_args)
+
+    # ---- Loop hooks. ----
+
+    def build(self) -> None:
+        self.generator = _built(self.generator_fn(), "generator_fn")
+        self.discriminator = _built(self.discriminator_fn(), "discriminator_fn")
+        self.noise_shape = tuple(self.generator.inputs[0].shape[1:])
+        if self.sample_grid is not None and len(self.generator.outputs[0].shape) != 4:
+            raise ValueError(
+                f"sample_grid needs a generator of images (batch, height, width, channels); "
+                f"this one gives shape {tuple(self.generator.outputs[0].shape)}. Pass "
+                "sample_grid=None for data that is not images.")
+        self.generator_optimizer = self.generator_optimizer_fn()
+        self.discriminator_optimizer = self.discriminator_optimizer_fn()
+        if self.generator_optimizer is self.discriminator_optimizer:
+            raise ValueError(
+                "generator_optimizer_fn and discriminator_optimizer_fn returned the same "
+                "optimizer; each network needs its own (return a new one from each call).")
+        # Built here, in scope: built lazily inside strategy.run they fail (DESIGN.md fact 1).
+        self.generator_optimizer.build(self.generator.trainable_variables)
+        self.discriminator_optimizer.build(self.discriminator.trainable_variables)
+        self.d_steps = _counter("d_steps")
+        self.g_steps = _counter("g_steps")
+        self.ema_generator = None
+        if self.ema_decay is not None:
+            self.ema_generator = keras.models.clone_model(self.generator)
+            self.ema_generator.trainable = False
+            for average, weight in zip(self.ema_generator.weights, self.generator.weights):
+                average.assign(weight)
+
+    def checkpoint_items(self):
+        items = {"generator": self.generator, "discriminator": self.discriminator,
+                 "generator_optimizer": self.generator_optimizer,
+                 "discriminator_optimizer": self.discriminator_optimizer,
+                 "d_steps": self.d_steps, "g_steps": self.g_steps}
+        if self.ema_generator is not None:
+            items["ema_generator"] = self.ema_generator
+        return items
+
+    def train_step(self, iterator):
+        step = self.global_step.read_value()
+        critic_logs = []
+        for substep in range(self.n_critic):
+            real = next(iterator)
+            critic_logs.append(self.discriminator_step(real, step, substep))
+        logs = self.generator_step(real, step)
+        averaged = {name: tf.add_n([entry[name] for entry in critic_logs]) / self.n_critic
+                    for name in critic_logs[0] if name != "nonfinite"}
+        # Set when any of the step's updates was skipped for a non-finite value.
+        skipped = tf.reduce_max(tf.stack([entry["nonfinite"] for entry in critic_logs]
+                                         + [logs["nonfinite"]]))
+        return {**averaged, **logs, "nonfinite": skipped}
+
+    def discriminator_step(self, real, step: tf.Tensor, substep: int) -> dict[str, tf.Tensor]:
+        """One critic update on a distributed batch of real examples; cross-replica context.
+
+        The update is skipped on every replica when the loss or a gradient is
+        not finite on any replica; `d_steps` counts the updates applied.
+
+        Returns:
+            "d_loss" (and "gradient_penalty" for wgan_gp) reduced over replicas,
+            and "nonfinite": 1.0 when the update was skipped.
+        """
+        logs, gradients, finite = self.strategy.run(
+            self._replica_discriminator_gradients, args=(real, step, substep))
+        skipped = reduction.apply_if_finite(
+            self.strategy, finite, self._replica_apply_discriminator, gradients)
+        self.d_steps.assign_add(1 - tf.cast(skipped, tf.int64))
+        return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": skipped}
+
+    def generator_step(self, real, step: tf.Tensor) -> dict[str, tf.Tensor]:
+        """One generator update with as many fakes as `real` holds per replica, then the EMA.
+
+        Skipped like a critic update when not finite; `g_steps` counts the
+        updates applied.
+
+        Returns:
+            "g_loss" reduced over replicas, and "nonfinite": 1.0 when skipped.
+        """
+        logs, gradients, finite = self.strategy.run(
+            self._replica_generator_gradients, args=(real, step))
+        skipped = reduction.apply_if_finite(
+            self.strategy, finite, self._replica_apply_generator, gradients)
+        self.g_steps.assign_add(1 - tf.cast(skipped, tf.int64))
+        if self.ema_generator is not None:
+            # Cross-replica context: every replica's copy gets the same average.
+            for average, weight in zip(self.ema_generator.weights, self.generator.weights):
+                average.assign(self.ema_decay * average + (1.0 - self.ema_decay) * weight)
+        return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": skipped}
+
+    def run_evaluation(self) -> dict[str, float]:
+        metrics = {}
+        if self.ema_generator is None:
+            generators = {"": self.generator}
+        else:
+            generators = {"": self.ema_generator, "raw_": self.generator}
+        for prefix, generator in generators.items():
+            samples = self.sample(self.num_eval_samples, generator=generator)
+            if self.sample_metrics is not None:
+                metrics.update({prefix + name: value
+                                for name, value in self.sample_metrics(samples).items()})
+            if self.sample_grid is not None:
+                self._write_grid(samples, prefix)
+        return metrics
+
+    def results_extra(self):
+        train = self.last_train_metrics
+        return {"d_loss": train.get("d_loss"), "g_loss": train.get("g_loss"),
+                "d_steps": int(self.d_steps.numpy()), "g_steps": int(self.g_steps.numpy()),
+                **self.last_eval_metrics, "sample_files": self.sample_files}
+
+    # ---- Sampling. ----
+
+    def sample(self, count: int, *, generator: keras.Model | None = None) -> np.ndarray:
+        """`count` samples of `generator` (default: the trained one) from fixed, seeded noise."""
+        noise = tf.random.stateless_normal(
+            (count,) + self.noise_shape, seed=step_seed(self.seed, _EVAL_STEP, 0, _NOISE_STREAM))
+        return np.asarray((generator or self.generator)(noise, training=False))
+
+    # ---- Replica steps. ----
+
+    def _replica_noise(self, step, substep, local_rows, global_rows):
+        return replica_rows(tf.random.stateless_normal,
+                            step_seed(self.seed, step, substep, _NOISE_STREAM),
+                            local_rows=local_rows, global_rows=global_rows,
+                            row_shape=self.noise_shape)
+
+    def _scores(self, model, inputs):
+        scores = tf.cast(model(inputs, training=True), tf.float32)
+        return tf.reshape(scores, [-1])
+
+    def _replica_discriminator_gradients(self, real, step, substep):
+        real = tf.cast(real, tf.float32)
+        local_rows = tf.shape(real)[0]
+        count = reduction.global_count(local_rows)
+        fake = self.generator(self._replica_noise(step, substep, local_rows, count), training=True)
+        variables = self.discriminator.trainable_variables
+        logs = {}
+        with tf.GradientTape() as tape:
+            real_scores = self._scores(self.discriminator, real)
+            fake_scores = self._scores(self.discriminator, fake)
+            if self.gan_loss == "wgan_gp":
+                alpha = replica_rows(tf.random.stateless_uniform,
+                                     step_seed(self.seed, step, substep, _ALPHA_STREAM),
+                                     local_rows=local_rows, global_rows=count, row_shape=())
+                penalty = gradient_penalty(
+                    lambda inputs: self._scores(self.discriminator, inputs), real, fake, alpha)
+                per_example = (wasserstein_critic_loss(real_scores, fake_scores)
+                               + self.gp_weight * penalty)
+                logs["gradient_penalty"] = reduction.scale_to_global_batch(penalty, count)
+            else:
+                per_example = non_saturating_discriminator_loss(real_scores, fake_scores)
+            loss = reduction.scale_to_global_batch(per_example, count)
+        gradients = tape.gradient(loss, variables)
+        return {"d_loss": loss, **logs}, gradients, reduction.all_finite([loss, *gradients])
+
+    def _replica_apply_discriminator(self, gradients):
+        reduction.apply_gradients(self.discriminator_optimizer, gradients,
+                                  self.discriminator.trainable_variables)
+
+    def _replica_generator_gradients(self, real, step):
+        local_rows = tf.shape(real)[0]
+        count = reduction.global_count(local_rows)
+        noise = self._replica_noise(step, self.n_critic, local_rows, count)
+        variables = self.generator.trainable_variables
+        with tf.GradientTape() as tape:
+            fake_scores = self._scores(self.discriminator, self.generator(noise, training=True))
+            if self.gan_loss == "wgan_gp":
+                per_example = wasserstein_generator_loss(fake_scores)
+            else:
+                per_example = non_saturating_generator_loss(fake_scores)
+            loss = reduction.scale_to_global_batch(per_example, count)
+        gradients = tape.gradient(loss, variables)
+        return {"g_loss": loss}, gradients, reduction.all_finite([loss, *gradients])
+
+    def _replica_apply_generator(self, gradients):
+        reduction.apply_gradients(self.generator_optimizer, gradients,
+                                  self.generator.trainable_variables)
+
+    def _write_grid(self, samples: np.ndarray, prefix: str) -> None:
+        grid = image_grid(samples, *self.sample_grid)
+        writer = self.summaries.writer("eval")
+        if writer is not None:
+            with writer.as_default(step=self.step):
+                tf.summary.image(prefix + "samples", grid[None])
+            writer.flush()
+        if self.model_dir and self.is_chief:
+            path = os.path.join(self.model_dir, f"{prefix}samples-{self.step:06d}.png")
+            os.makedirs(self.model_dir, exist_ok=True)
+            tf.io.write_file(path, tf.io.encode_png(grid))
+            self.sample_files.append(path)
+            self.progress.line(f"samples at step {self.step} in {path}")
+
+
+def _built(model: keras.Model, source: str) -> keras.Model:
+    if not isinstance(model, keras.Model) or not model.built or not model.trainable_variables \
+            or not model.inputs:
+        raise ValueError(
+            f"{source} returned {model!r}, not a Keras model with weights; build it "
+            "starting with keras.Input(shape) so its weights exist before training.")
+    return model
+
+
+def _counter(name: str) -> keras.Variable:
+    # Updated in cross-replica context; ONLY_FIRST_REPLICA keeps one value per
+    # step. A Keras variable like every other weight here, so helpers that read
+    # `variable.value` as a tensor (loops.testing.loop_weights) see its value.
+    return keras.Variable(0, dtype="int64", trainable=False, name=name,
+                          aggregation="only_first_replica")
