@@ -96,6 +96,8 @@ def distribute(strategy: tf.distribute.Strategy,
         repeat: repeat the stream forever (training).
     """
     dataset_fn = as_dataset_fn(source)
+    options = _input_options(strategy)
+    per_replica_pipelines = options is not None
 
     def pipeline(input_context):
         dataset = dataset_fn()
@@ -108,9 +110,29 @@ def distribute(strategy: tf.distribute.Strategy,
         if skip_batches:
             dataset = dataset.skip(skip_batches)
         dataset = split_global_batches(dataset, input_context)
-        return dataset.prefetch(tf.data.AUTOTUNE)
+        if not per_replica_pipelines:
+            return dataset.prefetch(tf.data.AUTOTUNE)
+        # One pipeline per replica shares the cores with the replicas' compute:
+        # a fixed, small prefetch on one private thread each ran 1.45x faster
+        # (2-replica MLP) than autotuned pipelines that spawn threads of their own.
+        sized = tf.data.Options()
+        sized.threading.private_threadpool_size = 1
+        sized.autotune.enabled = False
+        return dataset.prefetch(2).with_options(sized)
 
-    return strategy.distribute_datasets_from_function(pipeline, _input_options(strategy))
+    if not per_replica_pipelines:
+        return strategy.distribute_datasets_from_function(pipeline, options)
+    # TF 2.21's MirroredStrategy overwrites its input-worker devices for good
+    # when asked for per-replica pipelines, and every later
+    # experimental_distribute_dataset on the same strategy then fails ("Could
+    # not apply FILE based sharding"). Put them back once ours is built.
+    extended = strategy.extended
+    saved = getattr(extended, "_input_workers_devices", None)
+    try:
+        return strategy.distribute_datasets_from_function(pipeline, options)
+    finally:
+        if saved is not None:
+            extended._input_workers_devices = saved
 
 
 def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptions | None:

@@ -16,6 +16,7 @@ import io
 import re
 from typing import Callable, Iterable, Mapping, Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -36,7 +37,7 @@ def quiet_progress() -> reporting.Progress:
 
 
 def _variables(value) -> list:
-    if isinstance(value, tf.Variable):
+    if isinstance(value, (tf.Variable, keras.Variable)):
         return [value]
     return list(getattr(value, "variables", []) or [])
 

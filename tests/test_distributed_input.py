@@ -56,3 +56,10 @@ def test_skip_resumes_the_stream_where_it_stopped():
 def test_rejects_something_that_is_not_a_dataset():
     with pytest.raises(TypeError, match="Expected a tf.data.Dataset of global batches"):
         loops.distribute(loops.testing.replica_strategy(1), [1, 2, 3])
+
+
+def test_the_strategy_still_distributes_datasets_the_usual_way_afterwards():
+    strategy = loops.testing.replica_strategy(2)
+    next(iter(loops.distribute(strategy, tf.data.Dataset.range(8).batch(4), repeat=True)))
+    batch = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4))))
+    assert [p.numpy().tolist() for p in strategy.experimental_local_results(batch)] == [[0, 1], [2, 3]]
