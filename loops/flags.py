@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import tempfile
+from typing import Callable
 
-from absl import flags
+from absl import app, flags
 
 from loops import strategies
+from loops.loop import NonFiniteError
 
 
 def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
@@ -86,6 +89,32 @@ def loop_arguments(strategy, model_dir: str) -> dict:
             "eval_every": values.eval_every, "checkpoint_every": values.checkpoint_every,
             "seed": values.seed, "run_eagerly": values.run_eagerly,
             "on_nonfinite": values.on_nonfinite}
+
+
+def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
+               summary: Callable | None = None) -> None:
+    """The body of every binary's main: build the loop, train, say where outputs went.
+
+    Args:
+        argv: what absl left after parsing flags; anything there is an error.
+        build_loop: () -> Loop from the flags; ValueError for a bad combination.
+        train_steps: () -> the total steps to train to (read after building).
+        summary: loop -> one line to print after training, or None.
+    """
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
+    quiet_logging()
+    try:
+        loop = build_loop()
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    try:
+        loop.train(train_steps())
+    except NonFiniteError as error:
+        sys.exit(f"error: {error}")
+    if summary is not None:
+        loop.progress.line(summary(loop))
+    report_outputs(loop)
 
 
 def report_outputs(loop) -> None:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags
 
 from loops import flags as loop_flags
-from loops.loop import NonFiniteError
 
 loop_flags.define_loop_flags(train_steps=600, global_batch_size=64, learning_rate=2e-3)
 flags.DEFINE_string("dataset", "digits",
@@ -66,18 +63,7 @@ def build_loop():
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
-    loop_flags.quiet_logging()
-    try:
-        loop = build_loop()
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
-    try:
-        loop.train(FLAGS.train_steps)
-    except NonFiniteError as error:
-        sys.exit(f"error: {error}")
-    loop_flags.report_outputs(loop)
+    loop_flags.run_binary(argv, build_loop, train_steps=lambda: FLAGS.train_steps)
 
 
 def run():

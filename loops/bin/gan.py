@@ -82,24 +82,20 @@ def build_loop():
         **loop_flags.loop_arguments(strategy, loop_flags.resolve_model_dir(f"gan-{FLAGS.dataset}")))
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
+def summarize(loop) -> str:
     from data.ring import Ring
 
-    loop_flags.quiet_logging()
-    try:
-        loop = build_loop()
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
-    loop.train(FLAGS.train_steps)
     results = loop.results_extra()
     summary = f"trained {results['g_steps']} generator and {results['d_steps']} discriminator steps"
     if "modes_covered" in results:
         summary += (f"; modes covered {results['modes_covered']} of {Ring().num_modes}, "
                     f"high-quality fraction {results['high_quality_fraction']:.3f}")
-    loop.progress.line(summary)
-    loop_flags.report_outputs(loop)
+    return summary
+
+
+def main(argv):
+    loop_flags.run_binary(argv, build_loop, train_steps=lambda: FLAGS.train_steps,
+                          summary=summarize)
 
 
 def run():

@@ -103,24 +103,21 @@ def build_loop():
         target_update_every=FLAGS.target_update_every, target_tau=FLAGS.target_tau, **common)
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
-    loop_flags.quiet_logging()
-    try:
-        loop = build_loop()
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
-    loop.train(FLAGS.train_steps or ALGORITHM_DEFAULTS[FLAGS.algorithm]["train_steps"])
+def summarize(loop) -> str:
     results = loop.results_extra()
     mean_return = results["mean_return_100"]
     verdict = ("solved (>= 475)" if mean_return >= SOLVED_RETURN else
                "learned (>= 195)" if mean_return >= LEARNED_RETURN else "below 195")
-    loop.progress.line(
-        f"{results['algorithm']}: mean return of the last 100 episodes {mean_return:.1f}, "
-        f"{verdict}; {results['episodes']} episodes, {results['env_steps']} environment "
-        f"steps at {results['env_steps_per_second']:.0f} per second")
-    loop_flags.report_outputs(loop)
+    return (f"{results['algorithm']}: mean return of the last 100 episodes {mean_return:.1f}, "
+            f"{verdict}; {results['episodes']} episodes, {results['env_steps']} environment "
+            f"steps at {results['env_steps_per_second']:.0f} per second")
+
+
+def main(argv):
+    loop_flags.run_binary(
+        argv, build_loop,
+        train_steps=lambda: FLAGS.train_steps or ALGORITHM_DEFAULTS[FLAGS.algorithm]["train_steps"],
+        summary=summarize)
 
 
 def run():
