@@ -13,7 +13,6 @@ functions. Writes benchmarks/results/memory.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -72,9 +71,7 @@ def main(argv=None) -> int:
     print(f"resident memory: {baseline / 2**20:.1f} MiB at step {args.baseline_step}, "
           f"{final / 2**20:.1f} MiB at step {max(samples)}: growth {report['growth']:+.2%}; "
           f"traces: train {traces['train']}, eval {traces['eval']}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w") as stream:
-        json.dump(report, stream, indent=2)
+    loops.reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return 0
 

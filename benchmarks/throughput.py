@@ -20,7 +20,6 @@ steps/s and as a ratio of the compute bound:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -227,9 +226,7 @@ def main(argv=None) -> int:
               "config": {k: v for k, v in vars(args).items() if k != "output"},
               "rows": rows}
     print(format_table(rows))
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w") as stream:
-        json.dump(report, stream, indent=2)
+    loops.reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return 0
 

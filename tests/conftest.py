@@ -1,6 +1,9 @@
 """Test setup: 4 logical CPUs (before any TensorFlow op) and small shared datasets."""
 
+import json
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -57,3 +60,19 @@ def optimizer_factory(name, learning_rate=0.05):
         # between any two summation orders, replicas or not. 1e-3 keeps it tiny.
         return lambda: keras.optimizers.Adam(learning_rate * 0.1, epsilon=1e-3)
     raise ValueError(name)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def run_module(module, *argv, timeout=900):
+    """Runs `python -m module argv...` from the repository root; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
+                          env=SUBPROCESS_ENV, timeout=timeout, cwd=ROOT)
+
+
+def read_results(model_dir):
+    """The results.json a run wrote into model_dir."""
+    with open(os.path.join(model_dir, "results.json")) as stream:
+        return json.load(stream)

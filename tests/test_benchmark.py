@@ -2,20 +2,18 @@
 
 import json
 import math
-import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, SUBPROCESS_ENV
 
 
 def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
     output = tmp_path / "throughput.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.throughput", "--models=mlp", "--replicas=1,2",
          "--steps=6", "--rounds=2", "--steps_per_loop=3", f"--output={output}"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+        capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["machine"]["cpus"] >= 1 and report["config"]["rounds"] == 2

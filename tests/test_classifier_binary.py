@@ -1,30 +1,25 @@
 """The loops-classifier binary: end to end on digits, resume, and its flag errors."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 from absl import app, flags
 from absl.testing import flagsaver
 
 from loops.bin import classifier as binary
+from conftest import read_results, run_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_cli(*argv):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "loops.bin.classifier", *argv],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    return run_module("loops.bin.classifier", *argv)
 
 
 def test_default_flags_train_digits_on_two_replicas(tmp_path, digits_dir):
     model_dir = str(tmp_path / "run")
     done = run_cli(f"--model_dir={model_dir}", f"--data_dir={digits_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    results = read_results(model_dir)
     assert results["strategy"] == "mirrored" and results["num_replicas"] == 2
     assert results["global_step"] == 600
     assert results["eval"]["num_examples"] == 360
@@ -35,7 +30,7 @@ def test_default_flags_train_digits_on_two_replicas(tmp_path, digits_dir):
     resumed = run_cli(f"--model_dir={model_dir}", f"--data_dir={digits_dir}", "--train_steps=650")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restored" in resumed.stdout and "at step 600" in resumed.stdout
-    assert json.loads(open(os.path.join(model_dir, "results.json")).read())["global_step"] == 650
+    assert read_results(model_dir)["global_step"] == 650
 
 
 def test_a_bad_flag_exits_non_zero_with_the_reason(tmp_path):
@@ -90,7 +85,7 @@ def test_multi_worker_mirrored_runs_as_a_single_worker_without_tf_config(tmp_pat
     done = run_cli("--strategy=multi_worker_mirrored", "--num_replicas=1", "--train_steps=60",
                    "--steps_per_loop=30", f"--model_dir={model_dir}", f"--data_dir={digits_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    results = read_results(model_dir)
     assert results["strategy"] == "multi_worker_mirrored" and results["global_step"] == 60
     assert results["eval"]["num_examples"] == 360
     assert os.path.exists(os.path.join(model_dir, "checkpoints", "ckpt-60.index"))

@@ -1,6 +1,5 @@
 """Preemption, kill -9 and concurrent use of a model_dir lose nothing a user wrote."""
 
-import json
 import os
 import signal
 import subprocess
@@ -11,8 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+from conftest import ROOT, SUBPROCESS_ENV as ENV, read_results
 
 
 def classifier(model_dir, digits_dir, *extra):
@@ -69,14 +67,14 @@ def test_sigterm_saves_at_the_next_boundary_and_a_rerun_finishes_the_same(
     assert "preempted (SIGTERM) at step" in output
     stopped_at = int(output.split("preempted (SIGTERM) at step ")[1].split(":")[0])
     assert 100 <= stopped_at < 400 and stopped_at % 20 == 0
-    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    results = read_results(model_dir)
     assert results["preempted"] is True and results["global_step"] == stopped_at
     assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith(
         f"ckpt-{stopped_at}")
 
     rerun = finish(classifier(model_dir, digits_dir))
     assert f"at step {stopped_at}" in rerun.stdout
-    assert json.loads(open(os.path.join(model_dir, "results.json")).read())["global_step"] == 400
+    assert read_results(model_dir)["global_step"] == 400
     assert_same_weights(model_dir, uninterrupted)
 
 

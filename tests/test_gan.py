@@ -1,10 +1,7 @@
 """GANLoop: update counts and order, replica parity, the gradient penalty, noise, and the binary."""
 
 import glob
-import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -15,8 +12,8 @@ import loops
 from data.ring import Ring
 from loops import gan
 from models import gan as gan_models
+from conftest import read_results, run_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ring_points(count, seed=3):
@@ -292,16 +289,14 @@ def test_bad_arguments_name_the_value(arguments, message):
 # ---- The binary. ----
 
 def run_cli(*argv):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "loops.bin.gan", *argv],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    return run_module("loops.bin.gan", *argv)
 
 
 def test_default_flags_cover_the_ring(tmp_path):
     model_dir = str(tmp_path / "ring")
     done = run_cli(f"--model_dir={model_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    results = read_results(model_dir)
     assert results["num_replicas"] == 2 and results["global_step"] == 8000
     assert results["g_steps"] == results["d_steps"] == 8000
     assert results["modes_covered"] >= 7, results
@@ -316,7 +311,7 @@ def test_digits_writes_sample_grids(tmp_path, digits_dir):
                    "--train_steps=6", "--steps_per_loop=3", "--eval_every=3", "--n_critic=2",
                    "--global_batch_size=30", "--gan_loss=wgan_gp")
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    results = read_results(model_dir)
     assert (results["g_steps"], results["d_steps"]) == (6, 12)
     # At step 3 and at the end, from the average (the default) and the trained generator.
     expected = [os.path.join(model_dir, f"{prefix}samples-{step:06d}.png")

@@ -1,10 +1,7 @@
 """RL: in-graph CartPole, returns and advantages, target networks, replica parity, learning."""
 
-import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,8 +11,8 @@ import loops
 from data import cartpole
 from loops import rl, target_networks
 from models import rl as rl_models
+from conftest import read_results, run_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- The environment. ----
@@ -276,16 +273,14 @@ def test_rl_loops_reject_bad_settings_with_the_fix():
 # ---- Learning. ----
 
 def run_cli(*argv):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "loops.bin.rl", *argv],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    return run_module("loops.bin.rl", *argv)
 
 
 def test_default_loops_rl_learns_cartpole_on_two_replicas(tmp_path):
     model_dir = str(tmp_path / "run")
     done = run_cli(f"--model_dir={model_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    results = read_results(model_dir)
     assert results["algorithm"] == "ppo"
     assert results["strategy"] == "mirrored" and results["num_replicas"] == 2
     assert results["env_steps"] == 250 * 16 * 64
@@ -303,13 +298,13 @@ def test_dqn_binary_writes_results_and_resumes(tmp_path):
              "--steps_per_loop=5"]
     done = run_cli(*small, "--train_steps=10")
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(open(os.path.join(model_dir, "results.json")).read())
+    results = read_results(model_dir)
     assert results["algorithm"] == "dqn" and results["env_steps"] == 80
     assert {"episodes", "mean_return_100", "env_steps_per_second"} <= set(results)
     resumed = run_cli(*small, "--train_steps=15")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restored" in resumed.stdout and "at step 10" in resumed.stdout
-    assert json.loads(open(os.path.join(model_dir, "results.json")).read())["env_steps"] == 120
+    assert read_results(model_dir)["env_steps"] == 120
 
 
 def test_a_bad_flag_combination_exits_with_the_fix(tmp_path):
