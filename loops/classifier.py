@@ -89,6 +89,8 @@ class ClassifierLoop(Loop):
                                   clip_norm=self.clip_norm)
 
     def train_step(self, iterator):
+        # Read before the update: the rate this step uses (a schedule moves with iterations).
+        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
         inputs, labels = next(iterator)
         logs, gradients, finite = self.strategy.run(self._replica_gradients, args=(inputs, labels))
         skipped = reduction.apply_if_finite(self.strategy, finite, self._replica_apply, gradients)
@@ -96,7 +98,8 @@ class ClassifierLoop(Loop):
         return {"loss": sums["loss"],
                 "accuracy": tf.math.divide_no_nan(sums["correct"], sums["num_examples"]),
                 "num_examples": sums["num_examples"],
-                "nonfinite": skipped}
+                "nonfinite": skipped,
+                "learning_rate": learning_rate}
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)

@@ -438,10 +438,11 @@ class NonFiniteError(RuntimeError):
 
 
 COUNT_LOGS = ("num_examples", "nonfinite")  # summed over an inner loop, not averaged
+LAST_LOGS = ("learning_rate",)  # the value at the loop's last step
 
 
 def aggregate_train_logs(logs: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Sums counts and averages other per-step values over an inner loop.
+    """Sums counts, keeps the last learning rate, averages the rest over an inner loop.
 
     Averages are weighted by `num_examples` if present and leave out steps
     flagged `nonfinite` (their loss is NaN or inf and their update was skipped).
@@ -454,6 +455,9 @@ def aggregate_train_logs(logs: Mapping[str, np.ndarray]) -> dict[str, float]:
     for name, values in logs.items():
         if name in COUNT_LOGS:
             metrics[name] = float(np.sum(values))
+            continue
+        if name in LAST_LOGS:
+            metrics[name] = float(values[-1])
             continue
         values = values[kept]
         step_weights = weights[kept] if weights is not None else None

@@ -54,6 +54,7 @@ def run_in_process(*argv):
     (["--learning_rate=0"], "--learning_rate must be > 0"),
     (["--model=resnet"], "value should be one of <mlp|cnn>"),
     (["--clip_norm=-1"], "--clip_norm must be > 0"),
+    (["--lr_schedule=linear"], "value should be one of <constant|step|cosine|warmup_cosine>"),
 ])
 def test_flag_values_are_checked_when_parsed(argv, message):
     with pytest.raises(flags.IllegalFlagValueError, match=message):
@@ -66,6 +67,9 @@ def test_flag_values_are_checked_when_parsed(argv, message):
     (["--global_batch_size=1"], "--global_batch_size=1 is smaller than the 2 replicas"),
     (["--strategy=one_device", "--num_replicas=3"], "applies only to --strategy=mirrored"),
     (["extra"], "Unexpected arguments \\['extra'\\]"),
+    (["--lr_schedule=warmup_cosine", "--lr_warmup_steps=600"],
+     "warmup_steps must lie in \\[0, total_steps=600\\)"),
+    (["--lr_schedule=step", "--lr_step_factor=1.5"], "0 < step_factor <= 1"),
 ])
 def test_bad_combinations_are_usage_errors(argv, message, digits_dir, tmp_path):
     with pytest.raises(app.UsageError, match=message):

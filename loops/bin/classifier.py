@@ -19,13 +19,21 @@ flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd", "momentum"],
 flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
 flags.DEFINE_bool("batch_norm", False, "Synchronized batch normalization after hidden layers.")
 flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
+flags.DEFINE_enum("lr_schedule", "constant", ["constant", "step", "cosine", "warmup_cosine"],
+                  "Learning-rate schedule over the run (peak: --learning_rate).")
+flags.DEFINE_integer("lr_warmup_steps", 0, "warmup_cosine: linear warm-up steps.", lower_bound=0)
+flags.DEFINE_integer("lr_step_size", 1000, "step: steps between rate drops.", lower_bound=1)
+flags.DEFINE_float("lr_step_factor", 0.1, "step: factor of each drop, in (0, 1].")
+flags.DEFINE_float("lr_final_fraction", 0.0,
+                   "cosine, warmup_cosine: final rate as a fraction of --learning_rate.")
 flags.register_validator("clip_norm", lambda value: value is None or value > 0,
                          message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).")
 
 FLAGS = flags.FLAGS
 
 
-def make_optimizer(name: str, learning_rate: float):
+def make_optimizer(name: str, learning_rate):
+    """Adam, SGD or SGD with momentum at `learning_rate` (a float or a schedule)."""
     import keras
     if name == "adam":
         return keras.optimizers.Adam(learning_rate)
@@ -37,7 +45,12 @@ def build_loop():
     import data
     import loops
     import models
+    from loops import schedules
 
+    learning_rate = schedules.make_schedule(
+        FLAGS.lr_schedule, learning_rate=FLAGS.learning_rate, total_steps=FLAGS.train_steps,
+        warmup_steps=FLAGS.lr_warmup_steps, step_size=FLAGS.lr_step_size,
+        step_factor=FLAGS.lr_step_factor, final_fraction=FLAGS.lr_final_fraction)
     strategy = loops.make_strategy(FLAGS.strategy, FLAGS.num_replicas)
     loop_flags.check_batch_fits_replicas(strategy)
     spec = data.dataset_spec(FLAGS.dataset, FLAGS.data_dir)
@@ -55,7 +68,7 @@ def build_loop():
         model_fn=lambda: models.build_classifier(
             FLAGS.model, input_shape=spec.input_shape, num_classes=spec.num_classes,
             l2=FLAGS.l2, batch_norm=FLAGS.batch_norm, seed=FLAGS.seed),
-        optimizer_fn=lambda: make_optimizer(FLAGS.optimizer, FLAGS.learning_rate),
+        optimizer_fn=lambda: make_optimizer(FLAGS.optimizer, learning_rate),
         clip_norm=FLAGS.clip_norm,
         train_data=train_data,
         eval_data=eval_data,
