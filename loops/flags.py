@@ -92,7 +92,7 @@ def loop_arguments(strategy, model_dir: str) -> dict:
 
 
 def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
-               summary: Callable | None = None) -> None:
+               summary: Callable | None = None, after_training: Callable | None = None) -> None:
     """The body of every binary's main: build the loop, train, say where outputs went.
 
     Args:
@@ -100,6 +100,7 @@ def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
         build_loop: () -> Loop from the flags; ValueError for a bad combination.
         train_steps: () -> the total steps to train to (read after building).
         summary: loop -> one line to print after training, or None.
+        after_training: loop -> None, run after training (exports), or None.
     """
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
@@ -112,6 +113,8 @@ def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
         loop.train(train_steps())
     except NonFiniteError as error:
         sys.exit(f"error: {error}")
+    if after_training is not None:
+        after_training(loop)
     if summary is not None:
         loop.progress.line(summary(loop))
     report_outputs(loop)

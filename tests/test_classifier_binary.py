@@ -2,7 +2,9 @@
 
 import os
 
+import numpy as np
 import pytest
+import tensorflow as tf
 from absl import app, flags
 from absl.testing import flagsaver
 
@@ -26,6 +28,12 @@ def test_default_flags_train_digits_on_two_replicas(tmp_path, digits_dir):
     assert results["eval"]["accuracy"] >= 0.95
     assert f"outputs in {model_dir}" in done.stdout
     assert "step 600/600" in done.stdout
+    export = os.path.join(model_dir, "export")
+    assert f"exported SavedModel to {export}" in done.stdout
+    served = tf.saved_model.load(export).signatures["serving_default"](
+        images=tf.zeros([3, 8, 8, 1], tf.uint8))
+    assert served["probabilities"].shape == (3, 10)
+    np.testing.assert_allclose(np.sum(served["probabilities"].numpy(), axis=1), 1.0, rtol=1e-6)
 
     resumed = run_cli(f"--model_dir={model_dir}", f"--data_dir={digits_dir}", "--train_steps=650")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from absl import app, flags
 
 from loops import flags as loop_flags
@@ -19,6 +21,9 @@ flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd", "momentum"],
 flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
 flags.DEFINE_bool("batch_norm", False, "Synchronized batch normalization after hidden layers.")
 flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
+flags.DEFINE_string("export_dir", None,
+                    "Where to export the trained classifier as a SavedModel (raw images in, "
+                    "logits and probabilities out). Default: MODEL_DIR/export.")
 flags.DEFINE_enum("lr_schedule", "constant", ["constant", "step", "cosine", "warmup_cosine"],
                   "Learning-rate schedule over the run (peak: --learning_rate).")
 flags.DEFINE_integer("lr_warmup_steps", 0, "warmup_cosine: linear warm-up steps.", lower_bound=0)
@@ -75,8 +80,19 @@ def build_loop():
         **loop_flags.loop_arguments(strategy, loop_flags.resolve_model_dir("classifier")))
 
 
+def export(loop) -> None:
+    """Exports the trained model (the chief only); says where it went."""
+    from loops.export import export_classifier
+
+    if loop.is_chief and not loop.preempted:
+        path = export_classifier(loop.model, FLAGS.export_dir or os.path.join(loop.model_dir, "export"))
+        loop.progress.line(f"exported SavedModel to {path} (signature serving_default: images -> "
+                           "logits, probabilities)")
+
+
 def main(argv):
-    loop_flags.run_binary(argv, build_loop, train_steps=lambda: FLAGS.train_steps)
+    loop_flags.run_binary(argv, build_loop, train_steps=lambda: FLAGS.train_steps,
+                          after_training=export)
 
 
 def run():
