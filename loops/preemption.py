@@ -46,4 +46,5 @@ class PreemptionWatcher:
             return self._requested
         flag = tf.constant(1.0 if self._requested else 0.0)
         per_replica = self._strategy.run(lambda: tf.identity(flag))
-        return float(self._strategy.reduce(tf.distribute.ReduceOp.MAX, per_replica, axis=None)) > 0
+        # ReduceOp has only SUM and MEAN: a sum above 0 means some worker was signalled.
+        return float(self._strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0

@@ -1,0 +1,386 @@
+"""Runs a command as a local tf.distribute cluster, one process per task: `python -m loops.launch`.
+
+    python -m loops.launch --num_workers=2 -- loops.bin.classifier \\
+        --strategy=multi_worker_mirrored --num_replicas=1 --model_dir=/tmp/run1
+
+Every task gets a TF_CONFIG naming the whole cluster (free 127.0.0.1 ports) and
+its own task, and every line it prints comes out prefixed with its name
+(`[worker_0] ...`). The launcher exits 0 once every worker has exited 0 (then
+stops the parameter servers, which never exit on their own); as soon as one
+task exits non-zero it stops the others and exits 1 naming that task. SIGINT
+and SIGTERM it receives are forwarded to every task (a loops binary saves a
+checkpoint on SIGTERM); a second one kills them.
+
+The tasks are plain subprocesses watched by threads, not TensorFlow's
+multi-process test runner (DESIGN.md fact 15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Sequence, TextIO
+
+HOST = "127.0.0.1"
+EXAMPLE = ("python -m loops.launch --num_workers=2 -- loops.bin.classifier "
+           "--strategy=multi_worker_mirrored --num_replicas=1")
+# A dotted Python module path such as `loops.bin.classifier`.
+_MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_POLL_SECONDS = 0.05
+
+
+@dataclasses.dataclass
+class Task:
+    """One process of the cluster."""
+
+    type: str  # "worker" or "ps"
+    index: int
+    address: str  # host:port this task serves on
+    process: subprocess.Popen | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}_{self.index}"
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class UsageError(ValueError):
+    """A launcher flag or the command is wrong; the message says how to fix it."""
+
+
+def free_ports(count: int, host: str = HOST) -> list[int]:
+    """Returns `count` distinct ports that were free on `host` a moment ago.
+
+    All sockets stay bound until every port is read back, so the kernel
+    cannot hand out the same port twice. Another process could still take one
+    before the task binds it; a collision then fails that task loudly.
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            bound = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            bound.bind((host, 0))
+            sockets.append(bound)
+        return [bound.getsockname()[1] for bound in sockets]
+    finally:
+        for bound in sockets:
+            bound.close()
+
+
+def plan_cluster(num_workers: int, num_ps: int = 0, host: str = HOST) -> list[Task]:
+    """The tasks of a local cluster with `num_workers` workers and `num_ps` parameter servers.
+
+    Raises:
+        UsageError: num_workers < 1 or num_ps < 0.
+    """
+    if num_workers < 1:
+        raise UsageError(
+            f"--num_workers={num_workers}: a cluster needs at least one worker; pass "
+            "--num_workers=2 (or more) for a multi-worker run.")
+    if num_ps < 0:
+        raise UsageError(f"--num_ps={num_ps} is negative; pass --num_ps=0 (the default) or more.")
+    ports = free_ports(num_workers + num_ps, host)
+    workers = [Task("worker", i, f"{host}:{port}") for i, port in enumerate(ports[:num_workers])]
+    servers = [Task("ps", i, f"{host}:{port}") for i, port in enumerate(ports[num_workers:])]
+    return workers + servers
+
+
+def tf_config(tasks: Sequence[Task], task: Task) -> str:
+    """The TF_CONFIG JSON for `task` in the cluster `tasks`."""
+    cluster: dict[str, list[str]] = {}
+    for member in tasks:
+        cluster.setdefault(member.type, []).append(member.address)
+    return json.dumps({"cluster": cluster, "task": {"type": task.type, "index": task.index}})
+
+
+def resolve_command(words: Sequence[str]) -> list[str]:
+    """The argv to run: `words` as given if it names a program, else `python -m words...`.
+
+    The first word is a program when it is a path (holds a `/`) or is found on
+    PATH; otherwise it must be a dotted module path such as
+    `loops.bin.classifier`, run with this Python.
+
+    Raises:
+        UsageError: no words, or a first word that is neither.
+    """
+    if not words:
+        raise UsageError(f"No command after `--`; put the module or command there, e.g. {EXAMPLE}")
+    first = words[0]
+    if os.sep in first or shutil.which(first):
+        return list(words)
+    if first.endswith(".py"):
+        raise UsageError(
+            f"{first!r} looks like a script file; pass `python {first}` to run it as a "
+            f"command, or its module path ({first[:-3].replace(os.sep, '.')}) to run it with -m.")
+    if not _MODULE_PATH.fullmatch(first):
+        raise UsageError(
+            f"{first!r} is neither a program on PATH nor a Python module path like "
+            "loops.bin.classifier; pass one of those after `--`.")
+    return [sys.executable, "-m", *words]
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+try:
+    import ctypes
+
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (ImportError, OSError, AttributeError):
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the launcher dies (Linux only).
+
+    Without it a launcher killed with SIGKILL leaves its workers running,
+    still holding their ports and the model_dir lock.
+    """
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Launcher:
+    """Starts a cluster's tasks, prefixes their output, and supervises them.
+
+    Args:
+        command: the argv every task runs (see `resolve_command`).
+        tasks: the cluster (see `plan_cluster`).
+        grace_period: seconds a task has to exit after SIGTERM before SIGKILL.
+        stdout, stderr: where the tasks' prefixed lines go; the launcher's own
+            lines (`[launch] ...`) go to stderr.
+        env: the tasks' environment (this process's if None), plus TF_CONFIG.
+    """
+
+    def __init__(self, command: Sequence[str], tasks: Sequence[Task], *,
+                 grace_period: float = 10.0, stdout: TextIO | None = None,
+                 stderr: TextIO | None = None, env: dict[str, str] | None = None):
+        if not grace_period > 0:
+            raise UsageError(f"--grace_period={grace_period} must be > 0 seconds, e.g. 10.")
+        self.command = list(command)
+        self.tasks = list(tasks)
+        self.grace_period = grace_period
+        self._stdout = stdout or sys.stdout
+        self._stderr = stderr or sys.stderr
+        self._env = dict(os.environ if env is None else env)
+        self._write_lock = threading.Lock()
+        self._pumps: list[threading.Thread] = []
+        self._signals: list[int] = []  # received, in order
+        self._signals_told = 0  # how many of them `say` has reported
+
+    def run(self) -> int:
+        """Runs the tasks to the end; returns the launcher's exit code."""
+        previous = self._forward_signals()
+        try:
+            self._start()
+            return self._supervise()
+        finally:
+            # Whatever ended the wait (an error in the launcher included), no task outlives it.
+            self._stop([task for task in self.tasks if task.running()])
+            for pump in self._pumps:
+                pump.join(timeout=5)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def say(self, text: str) -> None:
+        """Writes one launcher line to stderr."""
+        self._write(self._stderr, f"[launch] {text}\n")
+
+    # ---- Starting. ----
+
+    def _start(self) -> None:
+        self.say(f"starting {len(self.tasks)} tasks: {shlex.join(self.command)}")
+        for task in self.tasks:
+            env = dict(self._env, TF_CONFIG=tf_config(self.tasks, task), PYTHONUNBUFFERED="1")
+            try:
+                task.process = subprocess.Popen(
+                    self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    # Its own session: a terminal's Ctrl-C reaches the tasks only
+                    # through the launcher, once, instead of twice.
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if _prctl is not None else None)
+            except OSError as error:
+                raise UsageError(
+                    f"Cannot start {self.command[0]!r} for {task.name} ({error}); check that "
+                    "the path exists and is executable.") from error
+            self.say(f"{task.name} pid {task.process.pid} at {task.address}")
+        # The readers start only after every fork: a fork while other threads run
+        # could copy a lock they hold into the child before exec.
+        for task in self.tasks:
+            for source, sink in ((task.process.stdout, self._stdout),
+                                 (task.process.stderr, self._stderr)):
+                pump = threading.Thread(target=self._pump, args=(source, sink, f"[{task.name}] "),
+                                        name=f"launch-{task.name}", daemon=True)
+                pump.start()
+                self._pumps.append(pump)
+
+    def _pump(self, source, sink: TextIO, prefix: str) -> None:
+        with source:
+            for raw in iter(source.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                self._write(sink, f"{prefix}{line}\n")
+
+    def _write(self, sink: TextIO, text: str) -> None:
+        with self._write_lock:
+            sink.write(text)
+            sink.flush()
+
+    # ---- Supervising. ----
+
+    def _supervise(self) -> int:
+        workers = [task for task in self.tasks if task.type == "worker"]
+        reported: set[str] = set()
+        while True:
+            self._tell_signals()
+            for task in self.tasks:
+                code = task.process.poll()
+                if code is None or task.name in reported:
+                    continue
+                reported.add(task.name)
+                if code != 0:
+                    return self._fail(task, code)
+                self.say(f"{task.name} finished")
+            if all(worker.name in reported for worker in workers):
+                servers = [task for task in self.tasks if task.running()]
+                if servers:
+                    self.say("every worker finished; stopping "
+                             + ", ".join(task.name for task in servers))
+                    self._stop(servers)
+                if self._signals:
+                    self.say(f"every worker finished after {self._signal_names()}")
+                return 0
+            time.sleep(_POLL_SECONDS)
+
+    def _fail(self, task: Task, code: int) -> int:
+        self._tell_signals()
+        reason = f"{task.name} {_describe_exit(code)}"
+        after = f" after {self._signal_names()}" if self._signals else ""
+        others = [other for other in self.tasks if other.running()]
+        if others:
+            self.say(f"{reason}{after}; stopping {', '.join(o.name for o in others)} "
+                     f"(SIGTERM, then SIGKILL after {self.grace_period:g} s)")
+            self._stop(others)
+        self.say(f"FAILED: {reason}{after}")
+        return 128 + self._signals[0] if self._signals else 1
+
+    def _stop(self, tasks: Sequence[Task]) -> None:
+        """SIGTERM to `tasks`, SIGKILL to those still running after the grace period."""
+        for task in tasks:
+            self._send(task, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_period
+        while any(task.running() for task in tasks) and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+        for task in tasks:
+            if task.running():
+                self.say(f"{task.name} still running {self.grace_period:g} s after SIGTERM; "
+                         "sending SIGKILL")
+                self._send(task, signal.SIGKILL)
+                task.process.wait()
+
+    @staticmethod
+    def _send(task: Task, signum: int) -> None:
+        try:
+            task.process.send_signal(signum)
+        except ProcessLookupError:
+            pass  # it exited between the check and the signal
+
+    def _forward_signals(self) -> dict[int, object]:
+        """Installs SIGINT/SIGTERM forwarding; returns the handlers it replaced."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # only the main thread may install handlers
+        return {signum: signal.signal(signum, self._on_signal)
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on_signal(self, signum: int, frame) -> None:
+        # No output here: the handler can interrupt a write to the same stream,
+        # which Python refuses ("reentrant call"). The supervising loop reports it.
+        del frame
+        self._signals.append(signum)
+        for task in self.tasks:
+            if task.running():
+                self._send(task, self._forwarded(len(self._signals) - 1))
+
+    def _forwarded(self, index: int) -> int:
+        # A second signal means the user will not wait for a clean stop.
+        return self._signals[index] if index == 0 else signal.SIGKILL
+
+    def _tell_signals(self) -> None:
+        while self._signals_told < len(self._signals):
+            index = self._signals_told
+            self._signals_told += 1
+            self.say(f"received {signal.Signals(self._signals[index]).name}; sent "
+                     f"{signal.Signals(self._forwarded(index)).name} to every task")
+
+    def _signal_names(self) -> str:
+        return " and ".join(signal.Signals(signum).name for signum in self._signals)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loops.launch", allow_abbrev=False,
+        usage="%(prog)s --num_workers=N [--num_ps=M] [--grace_period=S] "
+              "-- <module or command> [its flags]",
+        description="Runs a command as a local tf.distribute cluster: one process per task, "
+                    "each with TF_CONFIG set, output lines prefixed with the task name.",
+        epilog=f"example: {EXAMPLE} --model_dir=/tmp/run1")
+    # Checked in main, after unknown flags, so a misspelled --num_workers is named as such.
+    parser.add_argument("--num_workers", type=int,
+                        help="worker processes, >= 1 (worker_0 is the chief); required")
+    parser.add_argument("--num_ps", type=int, default=0,
+                        help="parameter-server processes (default 0)")
+    parser.add_argument("--grace_period", type=float, default=10.0,
+                        help="seconds a task has to exit after SIGTERM before SIGKILL (default 10)")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Parses `argv` (without the program name), runs the cluster, returns the exit code."""
+    argv = list(argv)
+    parser = _parser()
+    split = argv.index("--") if "--" in argv else len(argv)
+    own, words = argv[:split], argv[split + 1:]
+    options, unknown = parser.parse_known_args(own)
+    if unknown:
+        parser.error(f"unexpected {' '.join(unknown)}; the launcher takes --num_workers, "
+                     "--num_ps and --grace_period, and the command goes after `--`, "
+                     f"e.g. {EXAMPLE}")
+    if options.num_workers is None:
+        parser.error("--num_workers is required: how many worker processes to start, "
+                     f"e.g. {EXAMPLE}")
+    if split == len(argv):
+        parser.error(f"no `--` and no command after it; e.g. {EXAMPLE}")
+    try:
+        command = resolve_command(words)
+        launcher = Launcher(command, plan_cluster(options.num_workers, options.num_ps),
+                            grace_period=options.grace_period)
+        return launcher.run()
+    except UsageError as error:
+        parser.error(str(error))
+
+
+def run() -> None:
+    """Console-script entry point (loops-launch)."""
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    run()

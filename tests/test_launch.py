@@ -1,0 +1,368 @@
+"""The local launcher, and multi-worker training through it, which must match one machine."""
+
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from loops import launch
+from loops.testing import relative_error
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
+ENV["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+TRAIN_STEPS = 400
+RTOL = 1e-5
+
+
+def classifier_flags(model_dir, digits_dir, *extra):
+    return [f"--model_dir={model_dir}", f"--data_dir={digits_dir}",
+            f"--train_steps={TRAIN_STEPS}", "--steps_per_loop=20", "--global_batch_size=64",
+            *extra]
+
+
+def one_process(strategy, num_replicas, model_dir, digits_dir):
+    return [sys.executable, "-m", "loops.bin.classifier", f"--strategy={strategy}",
+            f"--num_replicas={num_replicas}", *classifier_flags(model_dir, digits_dir)]
+
+
+def two_workers(model_dir, digits_dir, *extra):
+    return [sys.executable, "-m", "loops.launch", "--num_workers=2", "--grace_period=5", "--",
+            "loops.bin.classifier", "--strategy=multi_worker_mirrored", "--num_replicas=1",
+            *classifier_flags(model_dir, digits_dir, *extra)]
+
+
+class Run:
+    """A subprocess whose merged output lines are collected by a thread as they come."""
+
+    def __init__(self, command):
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, env=ENV, cwd=ROOT)
+        self.lines = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def output(self):
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern, timeout=120):
+        """Returns the match of the first output line matching `pattern`."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    match = re.search(pattern, line)
+                    if match:
+                        return match
+                assert self._reader.is_alive(), (
+                    f"the run ended (exit code {self.process.poll()}) with no line matching "
+                    f"{pattern!r}:\n{self.output[-3000:]}")
+                left = deadline - time.monotonic()
+                assert left > 0, (
+                    f"no line matching {pattern!r} in {timeout} s:\n{self.output[-3000:]}")
+                self._changed.wait(min(left, 1.0))
+
+    def finish(self, timeout=180):
+        """Waits for the end; returns the exit code."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        self._reader.join(timeout=10)
+        return code
+
+    def succeed(self, timeout=180):
+        code = self.finish(timeout)
+        assert code == 0, f"exit code {code}:\n{self.output[-4000:]}"
+        return self
+
+
+def weights(model_dir):
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name}
+
+
+def largest_weight_difference(model_dir, reference_dir):
+    """The largest per-tensor relative difference of the two runs' final checkpoints."""
+    got, expected = weights(model_dir), weights(reference_dir)
+    assert sorted(got) == sorted(expected)
+    assert len(expected) >= 10  # model kernels and biases, Adam's slots, the step
+    return max(relative_error(got[name], expected[name]) for name in expected)
+
+
+def results(model_dir):
+    with open(os.path.join(model_dir, "results.json")) as stream:
+        return json.load(stream)
+
+
+@pytest.fixture(scope="module")
+def one_machine(tmp_path_factory, digits_dir):
+    """model_dirs of the same training on 1 replica and on 2 mirrored replicas."""
+    model_dirs = {replicas: str(tmp_path_factory.mktemp(f"replicas{replicas}"))
+                  for replicas in (1, 2)}
+    # Both at once: each process spends most of its time importing TensorFlow.
+    runs = [Run(one_process("default", 1, model_dirs[1], digits_dir)),
+            Run(one_process("mirrored", 2, model_dirs[2], digits_dir))]
+    for run in runs:
+        run.succeed()
+    return model_dirs
+
+
+def test_two_workers_give_one_machines_weights_and_loss(tmp_path, digits_dir, one_machine):
+    model_dir = str(tmp_path)
+    run = Run(two_workers(model_dir, digits_dir)).succeed()
+
+    # Both workers trained: each printed its own progress to the end.
+    for worker in ("worker_0", "worker_1"):
+        assert f"[{worker}] step {TRAIN_STEPS}/{TRAIN_STEPS} | loss" in run.output
+        assert f"[launch] {worker} finished" in run.output
+    ports = re.findall(r"\[launch\] worker_\d pid \d+ at 127\.0\.0\.1:(\d+)", run.output)
+    assert len(set(ports)) == 2
+    # Only the chief writes: outputs, results, summaries, checkpoints (no scratch left).
+    assert "[worker_0] outputs in" in run.output and "[worker_1] outputs in" not in run.output
+    chief_pid = re.search(r"\[launch\] worker_0 pid (\d+)", run.output).group(1)
+    events = glob.glob(os.path.join(model_dir, "summaries", "*", "events.out.tfevents.*"))
+    assert events and all(f".{chief_pid}." in os.path.basename(path) for path in events)
+    checkpoint_files = sorted(os.listdir(os.path.join(model_dir, "checkpoints")))
+    assert checkpoint_files == ["checkpoint", f"ckpt-{TRAIN_STEPS}.data-00000-of-00001",
+                                f"ckpt-{TRAIN_STEPS}.index"]
+    assert not glob.glob(os.path.join(model_dir, "**", ".scratch_*"), recursive=True)
+
+    got = results(model_dir)
+    assert got["strategy"] == "multi_worker_mirrored" and got["num_replicas"] == 2
+    assert got["global_step"] == TRAIN_STEPS and got["preempted"] is False
+    for replicas, reference_dir in one_machine.items():
+        expected = results(reference_dir)
+        assert expected["num_replicas"] == replicas
+        assert got["train"]["num_examples"] == expected["train"]["num_examples"]
+        assert got["train"]["loss"] == pytest.approx(expected["train"]["loss"], rel=RTOL)
+        assert got["eval"]["loss"] == pytest.approx(expected["eval"]["loss"], rel=RTOL)
+        assert got["eval"]["accuracy"] == expected["eval"]["accuracy"]
+        difference = largest_weight_difference(model_dir, reference_dir)
+        print(f"2 workers vs {replicas} replica(s): train loss {got['train']['loss']!r} vs "
+              f"{expected['train']['loss']!r}, largest relative weight difference {difference:.2g}")
+        assert difference <= RTOL
+    assert results(one_machine[1])["eval"]["accuracy"] >= 0.9  # it really learned
+
+
+def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weights(
+        tmp_path, digits_dir, one_machine):
+    model_dir = str(tmp_path)
+    command = two_workers(model_dir, digits_dir, "--checkpoint_every=100")
+
+    # SIGTERM to one worker: both stop at the same boundary, save, and exit 0.
+    run = Run(command)
+    worker_1 = int(run.wait_for(r"\[launch\] worker_1 pid (\d+)").group(1))
+    run.wait_for(r"\[worker_1\] step 60/")
+    os.kill(worker_1, signal.SIGTERM)
+    assert run.finish() == 0, run.output[-4000:]
+    stopped = {int(run.wait_for(rf"\[{worker}\] preempted \(SIGTERM\) at step (\d+)").group(1))
+               for worker in ("worker_0", "worker_1")}
+    assert len(stopped) == 1
+    preempted_at = stopped.pop()
+    assert 60 <= preempted_at < TRAIN_STEPS and preempted_at % 20 == 0
+    assert results(model_dir)["preempted"] is True
+    assert results(model_dir)["global_step"] == preempted_at
+
+    # SIGKILL to one worker: the launcher names it, stops the other and fails, in bounded time.
+    run = Run(command)
+    run.wait_for(rf"\[worker_0\] restored \S+ckpt-{preempted_at} at step {preempted_at}")
+    worker_1 = int(run.wait_for(r"\[launch\] worker_1 pid (\d+)").group(1))
+    run.wait_for(r"\[worker_1\] step 2[0-9]0/")
+    os.kill(worker_1, signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = run.finish(timeout=120)
+    stop_seconds = time.monotonic() - killed_at
+    print(f"launcher exited {stop_seconds:.1f} s after the SIGKILL")
+    assert code == 1
+    assert "[launch] FAILED: worker_1 was killed by SIGKILL" in run.output
+    assert stop_seconds < 30  # the grace period is 5 s
+    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    resume_step = int(latest.rsplit("-", 1)[1])
+    # The kill came after the step-2x0 progress line, before or after the save at step 200.
+    assert resume_step in (100, 200)
+
+    # The same command again resumes there and finishes with the uninterrupted numbers.
+    run = Run(command).succeed()
+    for worker in ("worker_0", "worker_1"):
+        assert f"[{worker}] restored {latest} at step {resume_step}" in run.output
+        assert f"[{worker}] step {TRAIN_STEPS}/{TRAIN_STEPS}" in run.output
+    assert results(model_dir)["global_step"] == TRAIN_STEPS
+    assert not glob.glob(os.path.join(model_dir, "**", ".scratch_*"), recursive=True)
+    difference = largest_weight_difference(model_dir, one_machine[1])
+    print(f"preempted at {preempted_at}, resumed from {resume_step} after the SIGKILL: "
+          f"largest relative weight difference to 1 replica {difference:.2g}")
+    assert difference <= RTOL
+
+
+# ---- The launcher on its own, with small Python commands (no TensorFlow in the tasks). ----
+
+# Prints its task from TF_CONFIG, then acts as the environment variable ROLE_<task> says:
+# exit<code> once every task is ready (a file each in READY_DIR), so no task is stopped
+# before it printed and set its handlers; the other roles wait to be stopped.
+TASK_SCRIPT = """
+import json, os, signal, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = f"{config['task']['type']}_{config['task']['index']}"
+print("task", json.dumps(config), flush=True)
+print("a line on stderr", file=sys.stderr, flush=True)
+role = os.environ.get("ROLE_" + task, "exit0")
+if role == "ignore_signals":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+if role == "graceful":
+    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(0)))
+print("ready", flush=True)
+open(os.path.join(os.environ["READY_DIR"], task), "w").close()
+if role.startswith("exit"):
+    tasks = sum(len(addresses) for addresses in config["cluster"].values())
+    deadline = time.monotonic() + 60
+    while len(os.listdir(os.environ["READY_DIR"])) < tasks and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sys.exit(int(role[4:]))
+time.sleep(60)
+"""
+
+
+def launch_in_process(num_workers, num_ps=0, roles=None, grace_period=1.0, after_ready=None):
+    """Runs TASK_SCRIPT as a cluster; returns (exit code, stdout, stderr, seconds)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    ready_dir = tempfile.mkdtemp()
+    env = dict(ENV, READY_DIR=ready_dir,
+               **{f"ROLE_{task}": role for task, role in (roles or {}).items()})
+    launcher = launch.Launcher([sys.executable, "-c", TASK_SCRIPT],
+                               launch.plan_cluster(num_workers, num_ps),
+                               grace_period=grace_period, stdout=stdout, stderr=stderr, env=env)
+    finished = threading.Event()
+    if after_ready is not None:
+        # The signals go to this process; only its main thread can hand them to the launcher.
+        assert threading.current_thread() is threading.main_thread()
+        def when_ready():
+            # Never signal once the launcher is done: the signal would reach pytest itself.
+            while stdout.getvalue().count("ready") < num_workers + num_ps:
+                if finished.wait(0.02):
+                    return
+            after_ready()
+        threading.Thread(target=when_ready, daemon=True).start()
+    started = time.monotonic()
+    try:
+        code = launcher.run()
+    finally:
+        finished.set()
+        shutil.rmtree(ready_dir)
+    return code, stdout.getvalue(), stderr.getvalue(), time.monotonic() - started
+
+
+def test_every_task_gets_its_tf_config_and_prefixed_output_and_servers_are_stopped():
+    code, stdout, stderr, seconds = launch_in_process(2, num_ps=1, roles={"ps_0": "serve"})
+    assert code == 0, stderr
+    configs = {}
+    for name in ("worker_0", "worker_1", "ps_0"):
+        line = re.search(rf"^\[{name}\] task (.*)$", stdout, re.MULTILINE).group(1)
+        configs[name] = json.loads(line)
+        assert f"[{name}] a line on stderr" in stderr
+    cluster = configs["worker_0"]["cluster"]
+    assert all(config["cluster"] == cluster for config in configs.values())
+    assert [config["task"] for config in configs.values()] == [
+        {"type": "worker", "index": 0}, {"type": "worker", "index": 1}, {"type": "ps", "index": 0}]
+    addresses = cluster["worker"] + cluster["ps"]
+    assert len(addresses) == 3 and len(set(addresses)) == 3
+    assert all(re.fullmatch(r"127\.0\.0\.1:\d+", address) for address in addresses)
+    # The parameter server never exits on its own; the launcher stops it once the workers are done.
+    assert "every worker finished; stopping ps_0" in stderr
+    assert seconds < 15
+
+
+def test_a_failing_task_is_named_and_the_others_are_stopped_even_one_that_ignores_sigterm():
+    code, stdout, stderr, seconds = launch_in_process(
+        3, roles={"worker_0": "ignore_signals", "worker_1": "exit3", "worker_2": "graceful"},
+        grace_period=1.0)
+    assert code == 1
+    assert "[launch] FAILED: worker_1 exited with code 3" in stderr
+    assert "worker_1 exited with code 3; stopping worker_0, worker_2" in stderr
+    assert "[worker_2] got SIGTERM" in stdout
+    assert "worker_0 still running 1 s after SIGTERM; sending SIGKILL" in stderr
+    assert seconds < 15
+
+
+def test_sigterm_to_the_launcher_is_forwarded_to_every_task():
+    code, stdout, stderr, _ = launch_in_process(
+        2, roles={"worker_0": "graceful", "worker_1": "graceful"},
+        after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert code == 0, stderr
+    assert "[launch] received SIGTERM; sent SIGTERM to every task" in stderr
+    assert "[worker_0] got SIGTERM" in stdout and "[worker_1] got SIGTERM" in stdout
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is given back
+
+
+def test_a_second_signal_kills_tasks_that_do_not_stop():
+    def signal_twice():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the tasks ignore SIGINT, so the launcher is still waiting
+        os.kill(os.getpid(), signal.SIGINT)
+
+    code, _, stderr, seconds = launch_in_process(
+        2, roles={"worker_0": "ignore_signals", "worker_1": "ignore_signals"},
+        grace_period=30.0, after_ready=signal_twice)
+    assert code == 128 + signal.SIGINT, stderr
+    assert "[launch] received SIGINT; sent SIGINT to every task" in stderr
+    assert "[launch] received SIGINT; sent SIGKILL to every task" in stderr
+    assert "[launch] FAILED: worker_0 was killed by SIGKILL after SIGINT and SIGINT" in stderr
+    assert seconds < 10  # not the 30 s grace period
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num_workers=0", "--", "loops.bin.classifier"],
+     "--num_workers=0: a cluster needs at least one worker; pass --num_workers=2"),
+    (["--num_workers=2", "--num_ps=-1", "--", "loops.bin.classifier"], "--num_ps=-1 is negative"),
+    (["--num_workers=2", "--grace_period=0", "--", "loops.bin.classifier"],
+     "--grace_period=0.0 must be > 0 seconds"),
+    (["--num_workers=2"], "no `--` and no command after it; e.g. python -m loops.launch"),
+    (["--num_workers=2", "--"], "No command after `--`"),
+    (["--num_workers=2", "loops.bin.classifier"],
+     "unexpected loops.bin.classifier; the launcher takes --num_workers"),
+    (["--num_worker=2", "--", "loops.bin.classifier"], "unexpected --num_worker=2"),
+    (["--", "loops.bin.classifier"], "--num_workers is required: how many worker processes"),
+    (["--num_workers=two", "--", "x"], "argument --num_workers: invalid int value: 'two'"),
+    (["--num_workers=2", "--", "train.py"],
+     "'train.py' looks like a script file; pass `python train.py`"),
+    (["--num_workers=2", "--", "no such thing"],
+     "is neither a program on PATH nor a Python module"),
+    (["--num_workers=1", "--", "/no/such/program"],
+     "Cannot start '/no/such/program' for worker_0 ([Errno 2] No such file or directory"),
+])
+def test_argument_errors_say_what_to_do(capsys, argv, message):
+    with pytest.raises(SystemExit) as raised:
+        launch.main(argv)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_module_runs_with_this_python_and_a_program_as_given():
+    assert launch.resolve_command(["loops.bin.classifier", "--x=1"]) == [
+        sys.executable, "-m", "loops.bin.classifier", "--x=1"]
+    assert launch.resolve_command([sys.executable, "-c", "pass"]) == [sys.executable, "-c", "pass"]
+    assert launch.resolve_command(["env", "A=1"]) == ["env", "A=1"]
