@@ -76,3 +76,10 @@ def read_results(model_dir):
     """The results.json a run wrote into model_dir."""
     with open(os.path.join(model_dir, "results.json")) as stream:
         return json.load(stream)
+
+
+def checkpoint_weights(model_dir):
+    """Every variable value in the newest checkpoint of a run's model_dir, by checkpoint key."""
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name}

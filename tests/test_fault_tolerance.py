@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, SUBPROCESS_ENV as ENV, read_results
+from conftest import ROOT, SUBPROCESS_ENV as ENV, checkpoint_weights, read_results
 
 
 def classifier(model_dir, digits_dir, *extra):
@@ -37,14 +37,8 @@ def start_and_wait_for(command, text):
     raise AssertionError(f"the run ended (code {process.wait()}) before printing {text!r}")
 
 
-def weights(model_dir):
-    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name}
-
-
 def assert_same_weights(model_dir, reference_dir):
-    got, expected = weights(model_dir), weights(reference_dir)
+    got, expected = checkpoint_weights(model_dir), checkpoint_weights(reference_dir)
     assert sorted(got) == sorted(expected)
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from loops import launch
+from conftest import checkpoint_weights
 from loops.testing import relative_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,15 +100,9 @@ class Run:
         return self
 
 
-def weights(model_dir):
-    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name}
-
-
 def largest_weight_difference(model_dir, reference_dir):
     """The largest per-tensor relative difference of the two runs' final checkpoints."""
-    got, expected = weights(model_dir), weights(reference_dir)
+    got, expected = checkpoint_weights(model_dir), checkpoint_weights(reference_dir)
     assert sorted(got) == sorted(expected)
     assert len(expected) >= 10  # model kernels and biases, Adam's slots, the step
     return max(relative_error(got[name], expected[name]) for name in expected)
