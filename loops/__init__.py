@@ -1,5 +1,11 @@
-"""loops: custom training loops on tf.distribute that give the same numbers on any replica count."""
+"""loops: custom training loops on tf.distribute that give the same numbers on any replica count.
 
+The public names load their modules (and TensorFlow) on first use, so tools
+that need none of them, such as the launcher (`python -m loops.launch`),
+start without importing TensorFlow.
+"""
+
+import importlib
 import os
 
 # TF 2.21's oneDNN CPU kernels give a replica that holds no example (a partial
@@ -9,30 +15,39 @@ import os
 # TensorFlow initializes; export TF_ENABLE_ONEDNN_OPTS=1 to choose otherwise.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
-from loops.classifier import ClassifierLoop, sparse_softmax_cross_entropy
-from loops.distributed_input import distribute, split_global_batches
-from loops.loop import Loop
-from loops import reduction
-from loops.reduction import (all_finite, apply_gradients, apply_if_finite, global_count,
-                             scale_to_global_batch, sum_over_replicas)
-from loops.strategies import STRATEGY_NAMES, configure_logical_cpus, make_strategy
-from loops import testing
+# Public name -> the module that defines it (a module itself when the names match).
+_EXPORTS = {
+    "ClassifierLoop": "loops.classifier",
+    "sparse_softmax_cross_entropy": "loops.classifier",
+    "distribute": "loops.distributed_input",
+    "split_global_batches": "loops.distributed_input",
+    "Loop": "loops.loop",
+    "NonFiniteError": "loops.loop",
+    "reduction": "loops.reduction",
+    "all_finite": "loops.reduction",
+    "apply_gradients": "loops.reduction",
+    "apply_if_finite": "loops.reduction",
+    "global_count": "loops.reduction",
+    "scale_to_global_batch": "loops.reduction",
+    "sum_over_replicas": "loops.reduction",
+    "STRATEGY_NAMES": "loops.strategies",
+    "configure_logical_cpus": "loops.strategies",
+    "make_strategy": "loops.strategies",
+    "testing": "loops.testing",
+}
 
-__all__ = [
-    "ClassifierLoop",
-    "all_finite",
-    "apply_if_finite",
-    "Loop",
-    "STRATEGY_NAMES",
-    "apply_gradients",
-    "configure_logical_cpus",
-    "distribute",
-    "global_count",
-    "make_strategy",
-    "reduction",
-    "scale_to_global_batch",
-    "sparse_softmax_cross_entropy",
-    "split_global_batches",
-    "sum_over_replicas",
-    "testing",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'loops' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"loops.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -361,3 +361,13 @@ def test_a_module_runs_with_this_python_and_a_program_as_given():
         sys.executable, "-m", "loops.bin.classifier", "--x=1"]
     assert launch.resolve_command([sys.executable, "-c", "pass"]) == [sys.executable, "-c", "pass"]
     assert launch.resolve_command(["env", "A=1"]) == ["env", "A=1"]
+
+
+def test_the_launcher_starts_without_importing_tensorflow():
+    check = ("import sys, loops, loops.launch; "
+             "assert 'tensorflow' not in sys.modules, sorted(m for m in sys.modules if 'tensorflow' in m)[:3]; "
+             "loops.Loop; assert 'tensorflow' in sys.modules; print('lazy')")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                            env=ENV, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "lazy"
