@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -211,6 +212,79 @@ def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weight
     print(f"preempted at {preempted_at}, resumed from {resume_step} after the SIGKILL: "
           f"largest relative weight difference to 1 replica {difference:.2g}")
     assert difference <= RTOL
+
+
+# ---- GAN and RL: 2 worker processes against 1 process. ----
+
+def train_scalars(model_dir):
+    """tag -> {step: value} of the train summaries a run wrote (one point per inner loop)."""
+    scalars = {}
+    for path in glob.glob(os.path.join(model_dir, "summaries", "train", "events.out.tfevents.*")):
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                if value.tag != "steps_per_second":
+                    number = float(tf.make_ndarray(value.tensor))
+                    scalars.setdefault(value.tag, {})[event.step] = number
+    return scalars
+
+
+LOOP_RUNS = {
+    # The critic takes 2 batches a step, with the gradient penalty and the EMA generator.
+    "gan": ("loops.bin.gan", ["--gan_loss=wgan_gp", "--n_critic=2", "--train_steps=12",
+                              "--global_batch_size=64"]),
+    "ppo": ("loops.bin.rl", ["--algorithm=ppo", "--train_steps=6", "--num_envs=8",
+                             "--rollout_length=32", "--global_batch_size=64", "--ppo_epochs=2"]),
+    # Updates start at the third step and the 256-transition buffer wraps at the fifth.
+    "dqn": ("loops.bin.rl", ["--algorithm=dqn", "--train_steps=8", "--num_envs=8",
+                             "--rollout_length=8", "--global_batch_size=16",
+                             "--buffer_capacity=256", "--learning_starts=128",
+                             "--target_update_every=3"]),
+}
+
+
+@pytest.mark.parametrize("loop", sorted(LOOP_RUNS))
+def test_gan_and_rl_on_two_workers_give_one_machines_step_losses_and_weights(tmp_path, loop):
+    binary, loop_flags = LOOP_RUNS[loop]
+    # One inner loop a step, so the summaries hold every step's losses.
+    loop_flags = [*loop_flags, "--steps_per_loop=1", "--seed=3"]
+    model_dirs = {name: str(tmp_path / name) for name in ("workers2", "replicas1", "replicas2")}
+    runs = {
+        "workers2": Run([sys.executable, "-m", "loops.launch", "--num_workers=2", "--",
+                         binary, "--strategy=multi_worker_mirrored", "--num_replicas=1",
+                         f"--model_dir={model_dirs['workers2']}", *loop_flags]),
+        "replicas1": Run([sys.executable, "-m", binary, "--strategy=default", "--num_replicas=1",
+                          f"--model_dir={model_dirs['replicas1']}", *loop_flags]),
+        "replicas2": Run([sys.executable, "-m", binary, "--strategy=mirrored", "--num_replicas=2",
+                          f"--model_dir={model_dirs['replicas2']}", *loop_flags]),
+    }
+    for run in runs.values():
+        run.succeed(timeout=300)
+    train_steps = int(re.search(r"--train_steps=(\d+)", " ".join(loop_flags)).group(1))
+    for worker in ("worker_0", "worker_1"):
+        assert re.search(rf"\[{worker}\] step {train_steps}/{train_steps} \|", runs["workers2"].output)
+    got = results(model_dirs["workers2"])
+    assert got["strategy"] == "multi_worker_mirrored" and got["num_replicas"] == 2
+    assert got["global_step"] == train_steps
+
+    losses = train_scalars(model_dirs["workers2"])
+    assert losses and all(sorted(steps) == list(range(1, train_steps + 1))
+                          for steps in losses.values())
+    for reference in ("replicas1", "replicas2"):
+        expected = train_scalars(model_dirs[reference])
+        assert sorted(expected) == sorted(losses)
+        for tag, by_step in expected.items():
+            got_values = np.array([losses[tag][step] for step in sorted(by_step)])
+            want = np.array([by_step[step] for step in sorted(by_step)])
+            # PPO's policy loss averages advantages normalized to mean 0: a sum that
+            # cancels, so rounding sets its error; it gets an absolute tolerance.
+            rtol, atol = (0, 1e-6) if tag == "policy_loss" else (RTOL, 1e-7)
+            np.testing.assert_allclose(got_values, want, rtol=rtol, atol=atol,
+                                       err_msg=f"{loop} {tag}: 2 workers vs {reference}")
+        difference = largest_weight_difference(model_dirs["workers2"], model_dirs[reference])
+        print(f"{loop}: 2 workers vs {reference}: largest relative weight difference "
+              f"{difference:.2g} over {len(losses)} logged values x {train_steps} steps")
+        assert difference <= RTOL
 
 
 # ---- The launcher on its own, with small Python commands (no TensorFlow in the tasks). ----
