@@ -1,4 +1,4 @@
-"""Mixed precision: the Keras dtype policy a model is built under, and an all-reduced dynamic loss scale."""
+"""Mixed precision: the dtype policy a model is built under, and an all-reduced loss scale."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ class DynamicLossScale(tf.Module):
     The replica multiplies its loss by `scale` before differentiating and
     divides the gradients by it, so small float16 gradients do not flush to
     zero. After each step, in cross-replica context, `update` halves the scale
-    (never below 1) when the step was not finite on any replica, and doubles
-    it after `growth_steps` finite steps in a row. The finiteness flag must be
+    (never below 1) when the step was skipped as not finite on some replica,
+    and doubles it after `growth_steps` finite steps in a row. The flag must be
     all-reduced (`loops.all_finite`): Keras' LossScaleOptimizer reads replica
     0's gradients only, so an overflow on another replica reached the weights
     (DESIGN.md fact 8).
@@ -69,7 +69,8 @@ class DynamicLossScale(tf.Module):
 
     MIN_SCALE = 1.0
 
-    def __init__(self, *, initial_scale: float = 2.0 ** 15, growth_steps: int = DEFAULT_GROWTH_STEPS):
+    def __init__(self, *, initial_scale: float = 2.0 ** 15,
+                 growth_steps: int = DEFAULT_GROWTH_STEPS):
         """
         Args:
             initial_scale: the scale of the first step (>= 1).
@@ -80,15 +81,17 @@ class DynamicLossScale(tf.Module):
         """
         super().__init__(name="loss_scale")
         if not initial_scale >= self.MIN_SCALE:
-            raise ValueError(f"initial_scale must be >= 1, got {initial_scale!r}.")
+            raise ValueError(f"initial_scale must be >= 1 (2**15 is the usual start), "
+                             f"got {initial_scale!r}.")
         if isinstance(growth_steps, bool) or not isinstance(growth_steps, int) or growth_steps < 1:
             raise ValueError(
                 f"growth_steps must be a whole number >= 1 (finite steps before the loss "
                 f"scale doubles), got {growth_steps!r}.")
         self.growth_steps = growth_steps
         # Written once per step in cross-replica context; every replica reads its own copy.
-        self.scale = tf.Variable(float(initial_scale), dtype=tf.float32, trainable=False,
-                                 name="scale", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.scale = tf.Variable(
+            float(initial_scale), dtype=tf.float32, trainable=False, name="scale",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self.finite_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="finite_steps",
                                         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 

@@ -36,7 +36,8 @@ def mlp(*, input_shape: Sequence[int], num_classes: int, hidden_units: Sequence[
                                          use_bias=not batch_norm))
         layers += _normalization(batch_norm, f"batch_norm_{index}")
         layers.append(keras.layers.ReLU())
-    # Logits stay float32 under a mixed dtype policy (loops.mixed_precision): softmax needs the range.
+    # Logits stay float32 under a mixed dtype policy (loops.mixed_precision): the
+    # softmax needs float32 range and digits.
     layers.append(keras.layers.Dense(num_classes, kernel_initializer=_initializer(seed, 99),
                                      kernel_regularizer=_regularizer(l2), name="logits",
                                      dtype="float32"))
