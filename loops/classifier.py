@@ -7,6 +7,7 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
+from loops import mixed_precision as mixed_precision_lib
 from loops import reduction
 from loops.loop import Loop
 
@@ -26,6 +27,15 @@ class ClassifierLoop(Loop):
     replica count gives the single-device gradient. A step whose loss or
     gradients are not finite on any replica changes nothing and reports
     `nonfinite` = 1; the Loop's `on_nonfinite` policy decides what follows.
+
+    With `mixed_precision` the model is built under that Keras dtype policy
+    (float16 or bfloat16 compute, float32 variables). Under "mixed_float16"
+    the loss is multiplied by a dynamic loss scale before differentiating and
+    the gradients divided by it; the scale halves after a step that is not
+    finite on any replica and doubles after `loss_scale_growth_steps` finite
+    ones. A step skipped only because the scaled gradients overflowed is
+    logged as `overflow`, not `nonfinite`, so it never stops the run; the
+    scale used is logged as `loss_scale` and checkpointed.
     """
 
     name = "classifier"
@@ -36,6 +46,8 @@ class ClassifierLoop(Loop):
                  optimizer_fn: Callable[[], keras.optimizers.Optimizer],
                  loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = sparse_softmax_cross_entropy,
                  clip_norm: float | None = None,
+                 mixed_precision: str = "none",
+                 loss_scale_growth_steps: int | None = None,
                  **loop_args):
         """
         Args:
@@ -45,6 +57,12 @@ class ClassifierLoop(Loop):
             loss_fn: (labels, logits) -> one loss per example. A Keras `Loss`
                 must use reduction=None.
             clip_norm: clip the summed gradient to this global norm; None: no clip.
+            mixed_precision: "none" (float32), "mixed_bfloat16" or
+                "mixed_float16": the Keras dtype policy `model_fn` runs under.
+                Layers given an explicit dtype keep it; the loss is computed
+                in float32 either way.
+            loss_scale_growth_steps: under "mixed_float16", finite steps in a
+                row after which the loss scale doubles (default 2000).
             **loop_args: the `Loop` arguments.
         """
         if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction not in (None, "none"):
@@ -53,6 +71,16 @@ class ClassifierLoop(Loop):
                 "with reduction=None so the loop can divide by the real global batch.")
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
+        if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
+                mixed_precision):
+            raise ValueError(
+                f"loss_scale_growth_steps={loss_scale_growth_steps!r} applies only to "
+                f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
+                "switch to float16.")
+        self.mixed_precision = mixed_precision_lib.check_policy(mixed_precision)
+        self.loss_scale_growth_steps = (mixed_precision_lib.DEFAULT_GROWTH_STEPS
+                                        if loss_scale_growth_steps is None
+                                        else loss_scale_growth_steps)
         self.model_fn = model_fn
         self.optimizer_fn = optimizer_fn
         self.loss_fn = loss_fn
@@ -60,7 +88,8 @@ class ClassifierLoop(Loop):
         super().__init__(**loop_args)
 
     def build(self) -> None:
-        self.model = self.model_fn()
+        with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
+            self.model = self.model_fn()
         if not self.model.built or not self.model.trainable_variables:
             raise ValueError(
                 "model_fn returned a model without weights; start it with "
@@ -68,9 +97,16 @@ class ClassifierLoop(Loop):
         self.optimizer = self.optimizer_fn()
         # Built here, in scope: built lazily inside strategy.run it fails (DESIGN.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
+        self.loss_scale = None
+        if mixed_precision_lib.needs_loss_scale(self.mixed_precision):
+            self.loss_scale = mixed_precision_lib.DynamicLossScale(
+                growth_steps=self.loss_scale_growth_steps)
 
     def checkpoint_items(self):
-        return {"model": self.model, "optimizer": self.optimizer}
+        items = {"model": self.model, "optimizer": self.optimizer}
+        if self.loss_scale is not None:
+            items["loss_scale"] = self.loss_scale
+        return items
 
     def _replica_gradients(self, inputs, labels):
         count = reduction.global_count(tf.shape(labels)[0])
@@ -80,7 +116,11 @@ class ClassifierLoop(Loop):
             loss = reduction.scale_to_global_batch(self.loss_fn(labels, logits), count)
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
-        gradients = tape.gradient(loss, variables)
+            # Scaling up keeps small float16 gradients from flushing to zero.
+            target = loss if self.loss_scale is None else self.loss_scale.scale_loss(loss)
+        gradients = tape.gradient(target, variables)
+        if self.loss_scale is not None:
+            gradients = self.loss_scale.unscale(gradients)
         finite = reduction.all_finite([loss, *gradients])
         return {"loss": loss, **_correct_and_count(labels, logits)}, gradients, finite
 
@@ -95,11 +135,14 @@ class ClassifierLoop(Loop):
         logs, gradients, finite = self.strategy.run(self._replica_gradients, args=(inputs, labels))
         skipped = reduction.apply_if_finite(self.strategy, finite, self._replica_apply, gradients)
         sums = reduction.sum_over_replicas(self.strategy, logs)
-        return {"loss": sums["loss"],
-                "accuracy": tf.math.divide_no_nan(sums["correct"], sums["num_examples"]),
-                "num_examples": sums["num_examples"],
-                "nonfinite": skipped,
-                "learning_rate": learning_rate}
+        step_logs = {"loss": sums["loss"],
+                     "accuracy": tf.math.divide_no_nan(sums["correct"], sums["num_examples"]),
+                     "num_examples": sums["num_examples"],
+                     "nonfinite": skipped,
+                     "learning_rate": learning_rate}
+        if self.loss_scale is not None:
+            step_logs.update(self.loss_scale.update(skipped=skipped, loss=sums["loss"]))
+        return step_logs
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)

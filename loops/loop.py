@@ -437,12 +437,12 @@ class NonFiniteError(RuntimeError):
     """A step's loss or gradients were not finite and the policy is "stop"."""
 
 
-COUNT_LOGS = ("num_examples", "nonfinite")  # summed over an inner loop, not averaged
-LAST_LOGS = ("learning_rate",)  # the value at the loop's last step
+COUNT_LOGS = ("num_examples", "nonfinite", "overflow")  # summed over an inner loop, not averaged
+LAST_LOGS = ("learning_rate", "loss_scale")  # the value at the loop's last step
 
 
 def aggregate_train_logs(logs: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Sums counts, keeps the last learning rate, averages the rest over an inner loop.
+    """Sums counts, keeps the last learning rate and loss scale, averages the rest over an inner loop.
 
     Averages are weighted by `num_examples` if present and leave out steps
     flagged `nonfinite` (their loss is NaN or inf and their update was skipped).

@@ -36,8 +36,11 @@ def mlp(*, input_shape: Sequence[int], num_classes: int, hidden_units: Sequence[
                                          use_bias=not batch_norm))
         layers += _normalization(batch_norm, f"batch_norm_{index}")
         layers.append(keras.layers.ReLU())
+    # Logits stay float32 under a mixed dtype policy (loops.mixed_precision): the
+    # softmax needs float32 range and digits.
     layers.append(keras.layers.Dense(num_classes, kernel_initializer=_initializer(seed, 99),
-                                     kernel_regularizer=_regularizer(l2), name="logits"))
+                                     kernel_regularizer=_regularizer(l2), name="logits",
+                                     dtype="float32"))
     return keras.Sequential(layers, name="mlp")
 
 
@@ -52,9 +55,11 @@ def cnn(*, input_shape: Sequence[int], num_classes: int, filters: Sequence[int] 
                                           use_bias=not batch_norm))
         layers += _normalization(batch_norm, f"batch_norm_{index}")
         layers += [keras.layers.ReLU(), keras.layers.MaxPooling2D(2, padding="same")]
+    # Logits stay float32 under a mixed dtype policy, as in `mlp`.
     layers += [keras.layers.Flatten(),
                keras.layers.Dense(num_classes, kernel_initializer=_initializer(seed, 99),
-                                  kernel_regularizer=_regularizer(l2), name="logits")]
+                                  kernel_regularizer=_regularizer(l2), name="logits",
+                                  dtype="float32")]
     return keras.Sequential(layers, name="cnn")
 
 

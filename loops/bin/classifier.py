@@ -7,6 +7,7 @@ import os
 from absl import app, flags
 
 from loops import flags as loop_flags
+from loops.mixed_precision import POLICIES
 
 loop_flags.define_loop_flags(train_steps=600, global_batch_size=64, learning_rate=2e-3)
 flags.DEFINE_string("dataset", "digits",
@@ -31,6 +32,9 @@ flags.DEFINE_integer("lr_step_size", 1000, "step: steps between rate drops.", lo
 flags.DEFINE_float("lr_step_factor", 0.1, "step: factor of each drop, in (0, 1].")
 flags.DEFINE_float("lr_final_fraction", 0.0,
                    "cosine, warmup_cosine: final rate as a fraction of --learning_rate.")
+flags.DEFINE_enum("mixed_precision", "none", list(POLICIES),
+                  "Compute in 16 bits with float32 variables: mixed_bfloat16, or mixed_float16 "
+                  "with a dynamic loss scale agreed on by all replicas; none: float32.")
 flags.register_validator("clip_norm", lambda value: value is None or value > 0,
                          message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).")
 
@@ -75,6 +79,7 @@ def build_loop():
             l2=FLAGS.l2, batch_norm=FLAGS.batch_norm, seed=FLAGS.seed),
         optimizer_fn=lambda: make_optimizer(FLAGS.optimizer, learning_rate),
         clip_norm=FLAGS.clip_norm,
+        mixed_precision=FLAGS.mixed_precision,
         train_data=train_data,
         eval_data=eval_data,
         **loop_flags.loop_arguments(strategy, loop_flags.resolve_model_dir("classifier")))
