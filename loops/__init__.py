@@ -23,6 +23,7 @@ _EXPORTS = {
     "split_global_batches": "loops.distributed_input",
     "Loop": "loops.loop",
     "NonFiniteError": "loops.loop",
+    "mixed_precision": "loops.mixed_precision",
     "reduction": "loops.reduction",
     "all_finite": "loops.reduction",
     "apply_gradients": "loops.reduction",
