@@ -9,6 +9,7 @@ import os
 # TensorFlow initializes; export TF_ENABLE_ONEDNN_OPTS=1 to choose otherwise.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
+from loops.actions import Action, EarlyStopping, ExportOnEnd, KeepBest
 from loops.classifier import ClassifierLoop, sparse_softmax_cross_entropy
 from loops.distributed_input import distribute, split_global_batches
 from loops.loop import Loop
@@ -19,7 +20,11 @@ from loops.strategies import STRATEGY_NAMES, configure_logical_cpus, make_strate
 from loops import testing
 
 __all__ = [
+    "Action",
     "ClassifierLoop",
+    "EarlyStopping",
+    "ExportOnEnd",
+    "KeepBest",
     "all_finite",
     "apply_if_finite",
     "Loop",
