@@ -201,9 +201,11 @@ class EarlyStopping(_WatchesMetric):
         return int(self.evaluations_without_improvement.numpy()) >= self.patience
 
     def _reason(self) -> str:
-        return (f"early stopping: eval {self.metric} has not improved on its best "
-                f"{self.best_value():.6g} for {int(self.evaluations_without_improvement.numpy())} "
-                f"evaluations (patience {self.patience})")
+        best = self.best_value()
+        since = "had no finite value" if best is None else f"not improved on its best {best:.6g}"
+        return (f"early stopping: eval {self.metric} has {since} for "
+                f"{int(self.evaluations_without_improvement.numpy())} evaluations "
+                f"(patience {self.patience})")
 
 
 class KeepBest(_WatchesMetric):

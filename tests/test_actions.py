@@ -1,5 +1,6 @@
 """Actions: early stopping, the best checkpoint, custom actions, resume, errors, the flags."""
 
+import glob
 import json
 import os
 import re
@@ -82,6 +83,17 @@ def test_min_delta_and_mode_decide_what_counts_as_an_improvement():
     assert [lower.improves(v) for v in (3.4, 3.5, 3.6, float("nan"))] == [True, False, False, False]
     higher.best.assign(0.9)
     assert [higher.improves(v) for v in (0.91, 0.9, 0.5)] == [True, False, False]
+
+
+def test_a_metric_that_is_never_finite_stops_training_with_that_reason():
+    reasons = []
+    fake_loop = types.SimpleNamespace(eval_every=1, request_stop=reasons.append)
+    action = loops.EarlyStopping("loss", patience=2)
+    action.build(fake_loop)
+    for step in (1, 2):
+        action.after_eval(fake_loop, step, {"loss": float("nan")})
+    assert reasons == ["early stopping: eval loss has had no finite value for 2 evaluations "
+                       "(patience 2)"]
 
 
 def test_resume_keeps_the_wait_count_and_a_rerun_after_a_stop_stops_at_once(tmp_path):
@@ -341,3 +353,29 @@ def test_classifier_flags_stop_early_keep_the_best_and_still_export(tmp_path, di
 def test_action_flag_errors_say_what_to_do(argv, error, message, digits_dir, tmp_path):
     with pytest.raises(error, match=message):
         run_classifier(f"--data_dir={digits_dir}", f"--model_dir={tmp_path}", *argv)
+
+
+def test_two_workers_stop_at_the_same_step_and_only_the_chief_writes(tmp_path, digits_dir):
+    from test_launch import Run, two_workers
+
+    model_dir = str(tmp_path)
+    run = Run(two_workers(model_dir, digits_dir, "--eval_every=20", "--keep_best_metric=loss",
+                          "--early_stopping_metric=accuracy", "--early_stopping_mode=max",
+                          "--early_stopping_patience=1")).succeed()
+    stops = {worker: re.findall(rf"\[{worker}\] stopping at step (\d+): early stopping", run.output)
+             for worker in ("worker_0", "worker_1")}
+    assert stops["worker_0"] == stops["worker_1"] and len(stops["worker_0"]) == 1, run.output
+    stop = int(stops["worker_0"][0])
+    results = read_results(model_dir)
+    assert results["global_step"] == stop < 400 and results["stop_reason"].startswith("early")
+    # Both workers saved every best checkpoint together; the chief alone kept them and wrote.
+    assert "[worker_0] best loss so far" in run.output
+    assert "[worker_1] best loss so far" not in run.output
+    record = json.loads(open(os.path.join(model_dir, "best", "best.json")).read())
+    assert sorted(os.listdir(os.path.join(model_dir, "best"))) == [
+        "best.json", "checkpoint", f"ckpt-{record['step']}.data-00000-of-00001",
+        f"ckpt-{record['step']}.index"]
+    assert not glob.glob(os.path.join(model_dir, "**", ".scratch_*"), recursive=True)
+    assert "[worker_0] exported SavedModel" in run.output
+    assert "[worker_1] exported SavedModel" not in run.output
+    assert tf.saved_model.contains_saved_model(os.path.join(model_dir, "export"))
