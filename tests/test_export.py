@@ -49,8 +49,15 @@ def assert_serves_the_generator(path, generator, noise):
     outside = tf.saved_model.load(path)
     served = outside.signatures["serving_default"](noise=tf.constant(noise))["samples"].numpy()
     np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
-    with loops.testing.replica_strategy(2).scope():
+    strategy = loops.testing.replica_strategy(2)
+    with strategy.scope():
         inside = tf.saved_model.load(path)
+        # In the scope a loaded function runs in replica context only: called
+        # directly (cross-replica context) it fails with "Trying to access a
+        # placeholder that is not supposed to be executed".
+        per_replica = strategy.run(inside.serve, args=(tf.constant(noise),))["samples"]
+    for served in strategy.experimental_local_results(per_replica):
+        np.testing.assert_allclose(served.numpy(), expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(inside.serve(tf.constant(noise))["samples"].numpy(), expected,
                                rtol=1e-6, atol=1e-6)
 
