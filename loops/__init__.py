@@ -17,6 +17,11 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 # Public name -> the module that defines it (a module itself when the names match).
 _EXPORTS = {
+    "Action": "loops.actions",
+    "EarlyStopping": "loops.actions",
+    "ExportOnEnd": "loops.actions",
+    "KeepBest": "loops.actions",
+    "UnknownMetricError": "loops.actions",
     "ClassifierLoop": "loops.classifier",
     "sparse_softmax_cross_entropy": "loops.classifier",
     "distribute": "loops.distributed_input",

@@ -17,18 +17,25 @@ class Checkpointer:
     Under MultiWorkerMirroredStrategy every worker must take part in the
     collectives of a save (DESIGN.md fact 11), so non-chief workers save too,
     into a scratch directory that is removed right after.
+
+    `optional_items` are saved like `items` but restored only when the
+    checkpoint holds them, so state added to a run later (an action's, such
+    as an early-stopping wait count) starts fresh instead of failing the
+    restore.
     """
 
     def __init__(self, *, strategy: tf.distribute.Strategy, directory: str,
                  items: Mapping[str, object], step_counter: tf.Variable,
-                 max_to_keep: int):
+                 max_to_keep: int, optional_items: Mapping[str, object] | None = None):
         self._is_chief = strategies.is_chief(strategy)
         self._chief_directory = directory
         self.directory = directory
         if not self._is_chief:
             self.directory = os.path.join(
                 directory, f".scratch_{strategies.task_name(strategy)}")
-        self.checkpoint = tf.train.Checkpoint(**items)
+        self.items = dict(items)
+        self.optional_items = dict(optional_items or {})
+        self.checkpoint = tf.train.Checkpoint(**self.items, **self.optional_items)
         self._manager = tf.train.CheckpointManager(
             self.checkpoint, self.directory, max_to_keep=max_to_keep,
             step_counter=step_counter)
@@ -48,7 +55,9 @@ class Checkpointer:
         if path is None:
             return None
         try:
-            status = self.checkpoint.restore(path)
+            saved = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+            present = {name: item for name, item in self.optional_items.items() if name in saved}
+            status = tf.train.Checkpoint(**self.items, **present).restore(path)
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             reason = str(error).splitlines()[0][:240]

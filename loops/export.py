@@ -1,24 +1,23 @@
-"""Exports a trained classifier as a SavedModel that serves raw images."""
+"""Exports trained models as SavedModels: a classifier serving raw images, a GAN generator."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from typing import Callable
 
 import keras
 import tensorflow as tf
 
 
-class _ClassifierServer(tf.Module):
-    def __init__(self, model: keras.Model, input_signature: tf.TensorSpec):
+class _Server(tf.Module):
+    """Holds a model (so its variables are saved) and one traced serving function."""
+
+    def __init__(self, model: keras.Model, serve: Callable, input_signature: tf.TensorSpec):
         super().__init__()
         self.model = model
-        self.serve = tf.function(self._serve, input_signature=[input_signature])
-
-    def _serve(self, images):
-        logits = tf.cast(self.model(images, training=False), tf.float32)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+        self.serve = tf.function(serve, input_signature=[input_signature])
 
 
 def export_classifier(model: keras.Model, export_dir: str, *, input_dtype=tf.uint8) -> str:
@@ -26,8 +25,6 @@ def export_classifier(model: keras.Model, export_dir: str, *, input_dtype=tf.uin
 
     The preprocessing lives in the model (the classifiers scale pixels
     themselves), so a client sends images as they come, of `input_dtype`.
-    The SavedModel is written next to `export_dir` and renamed into place, so
-    a crash never leaves a half-written export where the old one was.
 
     Returns:
         export_dir.
@@ -35,12 +32,40 @@ def export_classifier(model: keras.Model, export_dir: str, *, input_dtype=tf.uin
     Raises:
         ValueError: export_dir exists and is not a SavedModel directory.
     """
+    def serve(images):
+        logits = tf.cast(model(images, training=False), tf.float32)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+    signature = tf.TensorSpec([None, *model.input_shape[1:]], input_dtype, name="images")
+    return _save(_Server(model, serve, signature), export_dir)
+
+
+def export_generator(generator: keras.Model, export_dir: str) -> str:
+    """Saves a GAN generator with a `serve` signature: noise in, samples out.
+
+    A client draws the noise itself (float32, shaped like the generator's
+    input, e.g. from a standard normal as in training), so the same noise
+    gives the same samples.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists and is not a SavedModel directory.
+    """
+    def serve(noise):
+        return {"samples": tf.cast(generator(noise, training=False), tf.float32)}
+
+    signature = tf.TensorSpec([None, *generator.input_shape[1:]], tf.float32, name="noise")
+    return _save(_Server(generator, serve, signature), export_dir)
+
+
+def _save(server: _Server, export_dir: str) -> str:
+    """Saves next to `export_dir`, then renames: a crash never leaves half an export."""
     if os.path.exists(export_dir) and not tf.saved_model.contains_saved_model(export_dir):
         raise ValueError(
             f"export_dir {export_dir!r} exists and holds no SavedModel; refusing to replace "
             "it. Pass a new directory or remove it.")
-    signature = tf.TensorSpec([None, *model.input_shape[1:]], input_dtype, name="images")
-    server = _ClassifierServer(model, signature)
     parent = os.path.dirname(os.path.abspath(export_dir))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(dir=parent, prefix=".export-")

@@ -6,11 +6,12 @@ import datetime
 import os
 import sys
 import tempfile
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import app, flags
 
 from loops import strategies
+from loops.actions import MODES, Action, EarlyStopping, KeepBest, UnknownMetricError
 from loops.loop import NonFiniteError
 
 
@@ -50,6 +51,34 @@ def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
                       "(its update is skipped): stop with an error, or skip it and go on.")
     flags.register_validator("learning_rate", lambda value: value > 0,
                              message="--learning_rate must be > 0, e.g. --learning_rate=0.001.")
+    flags.DEFINE_string("early_stopping_metric", None,
+                        "Stop training once this eval metric (e.g. loss, accuracy) has not "
+                        "improved for --early_stopping_patience evaluations in a row; needs "
+                        "--eval_every. A rerun of a stopped run stops again at once.")
+    flags.DEFINE_enum("early_stopping_mode", "min", list(MODES),
+                      "min: lower --early_stopping_metric is better (loss); max: higher is "
+                      "better (accuracy).")
+    flags.DEFINE_integer("early_stopping_patience", 3,
+                         "Evaluations in a row without improvement before stopping.",
+                         lower_bound=1)
+    flags.DEFINE_string("keep_best_metric", None,
+                        "Keep a checkpoint of the best evaluation by this eval metric in "
+                        "MODEL_DIR/best (with best.json: its step and value).")
+    flags.DEFINE_enum("keep_best_mode", "min", list(MODES),
+                      "min: lower --keep_best_metric is better (loss); max: higher is better "
+                      "(accuracy).")
+
+
+def define_export_dir_flag(what: str) -> None:
+    """Defines --export_dir for a binary that exports `what` at the end of training."""
+    flags.DEFINE_string("export_dir", None,
+                        f"Where to export {what} as a SavedModel at the end of training. "
+                        "Default: MODEL_DIR/export.")
+
+
+def resolve_export_dir(loop) -> str:
+    """--export_dir, or model_dir/export."""
+    return flags.FLAGS.export_dir or os.path.join(loop.model_dir, "export")
 
 
 def quiet_logging() -> None:
@@ -82,17 +111,30 @@ def check_batch_fits_replicas(strategy) -> None:
             f"replicas would never get an example; pass --global_batch_size>={replicas}.")
 
 
-def loop_arguments(strategy, model_dir: str) -> dict:
-    """The `Loop` keyword arguments the shared flags set."""
+def flag_actions() -> list[Action]:
+    """The actions the shared flags ask for (early stopping, keeping the best checkpoint)."""
+    values = flags.FLAGS
+    actions: list[Action] = []
+    if values.early_stopping_metric:
+        actions.append(EarlyStopping(values.early_stopping_metric,
+                                     mode=values.early_stopping_mode,
+                                     patience=values.early_stopping_patience))
+    if values.keep_best_metric:
+        actions.append(KeepBest(values.keep_best_metric, mode=values.keep_best_mode))
+    return actions
+
+
+def loop_arguments(strategy, model_dir: str, *, actions: Sequence[Action] = ()) -> dict:
+    """The `Loop` keyword arguments the shared flags set, with the binary's own `actions`."""
     values = flags.FLAGS
     return {"strategy": strategy, "model_dir": model_dir, "steps_per_loop": values.steps_per_loop,
             "eval_every": values.eval_every, "checkpoint_every": values.checkpoint_every,
             "seed": values.seed, "run_eagerly": values.run_eagerly,
-            "on_nonfinite": values.on_nonfinite}
+            "on_nonfinite": values.on_nonfinite, "actions": [*flag_actions(), *actions]}
 
 
 def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
-               summary: Callable | None = None, after_training: Callable | None = None) -> None:
+               summary: Callable | None = None) -> None:
     """The body of every binary's main: build the loop, train, say where outputs went.
 
     Args:
@@ -100,7 +142,6 @@ def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
         build_loop: () -> Loop from the flags; ValueError for a bad combination.
         train_steps: () -> the total steps to train to (read after building).
         summary: loop -> one line to print after training, or None.
-        after_training: loop -> None, run after training (exports), or None.
     """
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
@@ -111,10 +152,8 @@ def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
         raise app.UsageError(str(error)) from error
     try:
         loop.train(train_steps())
-    except NonFiniteError as error:
+    except (NonFiniteError, UnknownMetricError) as error:
         sys.exit(f"error: {error}")
-    if after_training is not None:
-        after_training(loop)
     if summary is not None:
         loop.progress.line(summary(loop))
     report_outputs(loop)

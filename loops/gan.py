@@ -337,12 +337,16 @@ class GANLoop(Loop):
                 average.assign(self.ema_decay * average + (1.0 - self.ema_decay) * weight)
         return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": skipped}
 
+    @property
+    def sample_generator(self) -> keras.Model:
+        """The generator evaluation samples from and exports serve: the average if kept."""
+        return self.generator if self.ema_generator is None else self.ema_generator
+
     def run_evaluation(self) -> dict[str, float]:
         metrics = {}
-        if self.ema_generator is None:
-            generators = {"": self.generator}
-        else:
-            generators = {"": self.ema_generator, "raw_": self.generator}
+        generators = {"": self.sample_generator}
+        if self.ema_generator is not None:
+            generators["raw_"] = self.generator
         for prefix, generator in generators.items():
             samples = self.sample(self.num_eval_samples, generator=generator)
             if self.sample_metrics is not None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from loops import distributed_input, model_dir_lock, reporting, strategies
+from loops.actions import Action
 from loops.checkpoints import Checkpointer
 from loops.preemption import PreemptionWatcher
 
@@ -21,9 +22,10 @@ class Loop:
     says what one step does in `train_step` (and, to evaluate on a dataset,
     `eval_step`). The Loop runs `steps_per_loop` train steps inside one
     `tf.function` (a `tf.range` loop), and between those inner loops it writes
-    progress lines, TensorBoard summaries, checkpoints and evaluations. A new
-    Loop restores the newest checkpoint in `model_dir`, so a restarted job
-    continues from its last saved step.
+    progress lines, TensorBoard summaries, checkpoints and evaluations, and
+    runs its `actions` (early stopping, keeping the best checkpoint, exports,
+    or a user's own `loops.Action`). A new Loop restores the newest checkpoint
+    in `model_dir`, so a restarted job continues from its last saved step.
 
     Example:
 
@@ -62,6 +64,15 @@ class Loop:
         eval_step(batch): cross-replica context; returns a dict of scalar SUMS
             over replicas including `num_examples`; every other entry is summed
             over the eval set and divided by the total `num_examples`.
+
+    Actions run on the host on every worker: `before_train`, then
+    `after_loop` after inner loops, `after_eval` after each evaluation, and
+    `after_train` at the end (not when preempted). An action may call
+    `request_stop(reason)`: the inner loop in progress is the last, then the
+    Loop evaluates (unless it just did), saves, writes results.json with the
+    `stop_reason`, and `train` returns. Between inner loops the Loop
+    evaluates before it saves, so a checkpoint holds what the actions
+    concluded from the evaluation at its step.
     """
 
     name = "loop"
@@ -85,7 +96,9 @@ class Loop:
                  # Execution.
                  seed: int = 0,
                  run_eagerly: bool = False,
-                 on_nonfinite: str = "stop"):
+                 on_nonfinite: str = "stop",
+                 # Host-side callbacks.
+                 actions: Sequence[Action] = ()):
         """Creates the loop's objects in the strategy's scope and restores them.
 
         Args:
@@ -108,6 +121,9 @@ class Loop:
                 (its update was skipped on every replica): "stop" ends the
                 inner loop there and raises NonFiniteError, saving nothing;
                 "skip" goes on with the next batch.
+            actions: `loops.Action`s run between inner loops, after
+                evaluations and at the ends of `train`; their state is saved
+                with the checkpoints.
 
         Raises:
             ValueError: a bad argument, or a checkpoint in model_dir that does
@@ -142,12 +158,19 @@ class Loop:
         self.progress = progress or reporting.Progress()
         self.summaries = reporting.Summaries(
             os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None)
+        self.actions = _checked_actions(actions)
+        self.stop_reason: str | None = None
+        self._evaluated_step: int | None = None
+        self._saved_step: int | None = None
 
         with self.strategy.scope():
             self.global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             self.build()
+            for action in self.actions:
+                action.build(self)
+        action_state = _action_state(self.actions)
 
         self.checkpointer = None
         self._lock = None
@@ -160,7 +183,8 @@ class Loop:
             items["global_step"] = self.global_step
             self.checkpointer = Checkpointer(
                 strategy=self.strategy, directory=os.path.join(model_dir, "checkpoints"),
-                items=items, step_counter=self.global_step, max_to_keep=max_checkpoints)
+                items=items, step_counter=self.global_step, max_to_keep=max_checkpoints,
+                optional_items=action_state)
             try:
                 restored = self.checkpointer.restore()
             except ValueError:
@@ -233,7 +257,8 @@ class Loop:
         """Trains until the global step reaches `num_steps`.
 
         `num_steps` is a total, so a loop restored at step k trains only the
-        remaining num_steps - k steps. Evaluates and checkpoints at the end.
+        remaining num_steps - k steps. Evaluates and checkpoints at the end;
+        an action's `request_stop` ends it earlier, the same way.
 
         Returns:
             name -> array of the per-step values `train_step` returned, one
@@ -246,6 +271,9 @@ class Loop:
                 "the constructor.")
         start_step = self.step
         history: dict[str, list[np.ndarray]] = {}
+        self.stop_reason = None
+        for action in self.actions:
+            action.before_train(self)
         if start_step >= num_steps:
             self.progress.line(
                 f"already at step {start_step} >= {num_steps}: nothing to train "
@@ -259,19 +287,25 @@ class Loop:
             # The first inner loop includes tracing; leave it out when there are others.
             timed = loop_times[1:] or loop_times
             self.steps_per_second = sum(n for n, _ in timed) / max(sum(t for _, t in timed), 1e-9)
-            self.save_checkpoint()
         if self.preempted:
+            self.save_checkpoint()
             self.progress.line(f"preempted (SIGTERM) at step {step}: checkpoint saved; run the "
                                "same command again to continue from it")
         else:
-            self.evaluate()
+            if self._evaluated_step != self.step:
+                self.evaluate()
+            if loop_times and self._saved_step != self.step:
+                self.save_checkpoint()
         self.write_results()
+        if not self.preempted:
+            for action in self.actions:
+                action.after_train(self)
         return {name: np.concatenate(parts) for name, parts in history.items()}
 
     def _train_loops(self, iterator, step: int, num_steps: int, history: dict,
                      loop_times: list, preemption: PreemptionWatcher) -> int:
         """Runs inner loops, with what happens between them, up to `num_steps`."""
-        while step < num_steps:
+        while step < num_steps and self.stop_reason is None:
             steps = self._next_loop_length(step, num_steps)
             started = time.perf_counter()
             logs = self._run_inner_loop(iterator, steps)
@@ -290,21 +324,38 @@ class Loop:
             if preemption.should_stop():
                 self.preempted = True
                 break
-            if step < num_steps:
-                if self.checkpoint_every and step % self.checkpoint_every == 0:
-                    self.save_checkpoint()
+            for action in self.actions:
+                if not action.every or step % action.every == 0:
+                    action.after_loop(self, step, self.last_train_metrics)
+            # At the last step or a stop, `train` evaluates and saves.
+            if step < num_steps and self.stop_reason is None:
                 if self.eval_every and step % self.eval_every == 0:
                     self.evaluate()
+                if self.checkpoint_every and step % self.checkpoint_every == 0:
+                    self.save_checkpoint()
         return step
 
     def evaluate(self) -> dict[str, float]:
-        """Runs `run_evaluation`, reports the metrics and returns them."""
+        """Runs `run_evaluation`, reports the metrics, calls the actions' `after_eval`."""
         metrics = self.run_evaluation()
+        self._evaluated_step = self.step
         if metrics:
             self.last_eval_metrics = metrics
             self.summaries.scalars("eval", self.step, metrics)
             self.progress.eval(self.step, metrics)
+        for action in self.actions:
+            action.after_eval(self, self.step, metrics)
         return metrics
+
+    def request_stop(self, reason: str) -> None:
+        """Ends `train` after the inner loop in progress; see the class docstring.
+
+        Every worker must request it at the same step: decide from the
+        metrics the action hooks get, which are the same on every worker.
+        """
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self.progress.line(f"stopping at step {self.step}: {reason}")
 
     def close(self) -> None:
         """Releases the model_dir lock (also released when the process ends)."""
@@ -316,6 +367,7 @@ class Loop:
         """Saves the loop's state now (every worker must call it); returns the path."""
         if self.checkpointer is None:
             return None
+        self._saved_step = self.step
         return self.checkpointer.save()
 
     def write_results(self) -> dict[str, Any]:
@@ -330,6 +382,7 @@ class Loop:
             "steps_per_second": self.steps_per_second,
             "skipped_steps": self.skipped_steps,
             "preempted": self.preempted,
+            "stop_reason": self.stop_reason,
             **self.results_extra(),
         }
         if self.model_dir and self.is_chief:
@@ -354,7 +407,8 @@ class Loop:
 
     def _next_loop_length(self, step: int, num_steps: int) -> int:
         stop = min(step + self.steps_per_loop, num_steps)
-        for every in (self.checkpoint_every, self.eval_every):
+        for every in (self.checkpoint_every, self.eval_every,
+                      *(action.every for action in self.actions)):
             if every:
                 stop = min(stop, (step // every + 1) * every)
         return stop - step
@@ -494,6 +548,32 @@ def _check_step_outputs(hook: str, spec, require: tuple[str, ...] = ()) -> None:
     missing = [name for name in require if name not in spec]
     if missing:
         raise TypeError(f"{hook} must return {missing} (got {sorted(spec)}).")
+
+
+def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
+    actions = tuple(actions)
+    for action in actions:
+        if not isinstance(action, Action):
+            raise TypeError(f"actions must be loops.Action objects, got {action!r}; subclass "
+                            "loops.Action and override its hooks.")
+        _check_positive(f"{type(action).__name__}.every", action.every, optional=True)
+    return actions
+
+
+def _action_state(actions: Sequence[Action]) -> dict[str, dict]:
+    """Checkpoint name -> variables of every action that has state."""
+    state = {}
+    for action in actions:
+        variables = dict(action.checkpoint_items())
+        if not variables:
+            continue
+        key = f"action_{action.name}"
+        if key in state:
+            raise ValueError(f"Two actions with state are named {action.name!r}; each needs its "
+                             "own name in the checkpoint: set `name` on one of them, e.g. "
+                             f"action.name = '{action.name}_2'.")
+        state[key] = variables
+    return state
 
 
 def _check_positive(name: str, value, *, optional: bool = False) -> None:

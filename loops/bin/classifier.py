@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from absl import app, flags
 
 from loops import flags as loop_flags
@@ -22,9 +20,8 @@ flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd", "momentum"],
 flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
 flags.DEFINE_bool("batch_norm", False, "Synchronized batch normalization after hidden layers.")
 flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
-flags.DEFINE_string("export_dir", None,
-                    "Where to export the trained classifier as a SavedModel (raw images in, "
-                    "logits and probabilities out). Default: MODEL_DIR/export.")
+loop_flags.define_export_dir_flag("the trained classifier (raw images in, logits and "
+                                  "probabilities out)")
 flags.DEFINE_enum("lr_schedule", "constant", ["constant", "step", "cosine", "warmup_cosine"],
                   "Learning-rate schedule over the run (peak: --learning_rate).")
 flags.DEFINE_integer("lr_warmup_steps", 0, "warmup_cosine: linear warm-up steps.", lower_bound=0)
@@ -82,22 +79,21 @@ def build_loop():
         mixed_precision=FLAGS.mixed_precision,
         train_data=train_data,
         eval_data=eval_data,
-        **loop_flags.loop_arguments(strategy, loop_flags.resolve_model_dir("classifier")))
+        **loop_flags.loop_arguments(
+            strategy, loop_flags.resolve_model_dir("classifier"),
+            actions=[loops.ExportOnEnd(export, description="signature serving_default: "
+                                       "images -> logits, probabilities")]))
 
 
-def export(loop) -> None:
-    """Exports the trained model (the chief only); says where it went."""
+def export(loop) -> str:
+    """Exports the trained model to --export_dir; returns the path."""
     from loops.export import export_classifier
 
-    if loop.is_chief and not loop.preempted:
-        path = export_classifier(loop.model, FLAGS.export_dir or os.path.join(loop.model_dir, "export"))
-        loop.progress.line(f"exported SavedModel to {path} (signature serving_default: images -> "
-                           "logits, probabilities)")
+    return export_classifier(loop.model, loop_flags.resolve_export_dir(loop))
 
 
 def main(argv):
-    loop_flags.run_binary(argv, build_loop, train_steps=lambda: FLAGS.train_steps,
-                          after_training=export)
+    loop_flags.run_binary(argv, build_loop, train_steps=lambda: FLAGS.train_steps)
 
 
 def run():

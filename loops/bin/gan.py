@@ -24,6 +24,8 @@ flags.DEFINE_float("gp_weight", 10.0, "Gradient penalty weight for --gan_loss=wg
                    lower_bound=0.0)
 flags.DEFINE_float("ema_decay", 0.999, "Decay of the moving average of the generator's weights "
                    "that evaluation samples from; 0 turns the average off.")
+loop_flags.define_export_dir_flag("the generator (noise in, samples out; the moving average "
+                                  "when --ema_decay > 0)")
 flags.DEFINE_float("beta_1", 0.5, "Adam's first-moment decay for both optimizers.")
 flags.register_validator("ema_decay", lambda value: 0 <= value < 1,
                          message="--ema_decay must be in [0, 1), e.g. 0.999 (0: no average).")
@@ -79,7 +81,17 @@ def build_loop():
         generator_optimizer_fn=optimizer, discriminator_optimizer_fn=optimizer,
         gan_loss=FLAGS.gan_loss, n_critic=FLAGS.n_critic, gp_weight=FLAGS.gp_weight,
         ema_decay=FLAGS.ema_decay or None, **models_and_data,
-        **loop_flags.loop_arguments(strategy, loop_flags.resolve_model_dir(f"gan-{FLAGS.dataset}")))
+        **loop_flags.loop_arguments(
+            strategy, loop_flags.resolve_model_dir(f"gan-{FLAGS.dataset}"),
+            actions=[loops.ExportOnEnd(export, description="signature serving_default: "
+                                       "noise -> samples")]))
+
+
+def export(loop) -> str:
+    """Exports the generator evaluation samples from to --export_dir; returns the path."""
+    from loops.export import export_generator
+
+    return export_generator(loop.sample_generator, loop_flags.resolve_export_dir(loop))
 
 
 def summarize(loop) -> str:
