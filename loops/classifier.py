@@ -7,7 +7,7 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from loops import reduction
+from loops import reduction, replica_random
 from loops.loop import Loop
 
 
@@ -75,7 +75,9 @@ class ClassifierLoop(Loop):
     def _replica_gradients(self, inputs, labels):
         count = reduction.global_count(tf.shape(labels)[0])
         variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
+        # Random layers (StatelessDropout) draw per example, keyed on the step.
+        with tf.GradientTape() as tape, replica_random.keyed_on(step=self.global_step,
+                                                                global_rows=count):
             logits = self.model(inputs, training=True)
             loss = reduction.scale_to_global_batch(self.loss_fn(labels, logits), count)
             if self.model.losses:
