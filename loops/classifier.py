@@ -7,8 +7,9 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from loops import reduction, replica_random
+from loops import reduction
 from loops.loop import Loop
+from loops.replica_random import keyed_on
 
 
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -76,8 +77,7 @@ class ClassifierLoop(Loop):
         count = reduction.global_count(tf.shape(labels)[0])
         variables = self.model.trainable_variables
         # Random layers (StatelessDropout) draw per example, keyed on the step.
-        with tf.GradientTape() as tape, replica_random.keyed_on(step=self.global_step,
-                                                                global_rows=count):
+        with tf.GradientTape() as tape, keyed_on(step=self.global_step, global_rows=count):
             logits = self.model(inputs, training=True)
             loss = reduction.scale_to_global_batch(self.loss_fn(labels, logits), count)
             if self.model.losses:

@@ -23,6 +23,8 @@ flags.DEFINE_bool("batch_norm", False, "Synchronized batch normalization after h
 flags.DEFINE_float("dropout", 0.0,
                    "Dropout rate in [0, 1) after the hidden layers (mlp) or before the head "
                    "(cnn); masks differ per replica and per step, and match for any replica count.")
+flags.register_validator("dropout", lambda value: 0.0 <= value < 1.0,
+                         message="--dropout must lie in [0, 1), e.g. --dropout=0.2.")
 flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
 flags.DEFINE_string("export_dir", None,
                     "Where to export the trained classifier as a SavedModel (raw images in, "
@@ -34,8 +36,6 @@ flags.DEFINE_integer("lr_step_size", 1000, "step: steps between rate drops.", lo
 flags.DEFINE_float("lr_step_factor", 0.1, "step: factor of each drop, in (0, 1].")
 flags.DEFINE_float("lr_final_fraction", 0.0,
                    "cosine, warmup_cosine: final rate as a fraction of --learning_rate.")
-flags.register_validator("dropout", lambda value: 0.0 <= value < 1.0,
-                         message="--dropout must lie in [0, 1), e.g. --dropout=0.2.")
 flags.register_validator("clip_norm", lambda value: value is None or value > 0,
                          message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).")
 
