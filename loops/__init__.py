@@ -12,7 +12,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 from loops.classifier import ClassifierLoop, sparse_softmax_cross_entropy
 from loops.distributed_input import distribute, split_global_batches
 from loops.loop import Loop
-from loops import reduction, replica_random
+from loops import reduction
 from loops.reduction import (all_finite, apply_gradients, apply_if_finite, global_count,
                              scale_to_global_batch, sum_over_replicas)
 from loops.strategies import STRATEGY_NAMES, configure_logical_cpus, make_strategy
@@ -30,7 +30,6 @@ __all__ = [
     "global_count",
     "make_strategy",
     "reduction",
-    "replica_random",
     "scale_to_global_batch",
     "sparse_softmax_cross_entropy",
     "split_global_batches",
