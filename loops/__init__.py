@@ -30,6 +30,7 @@ _EXPORTS = {
     "NonFiniteError": "loops.loop",
     "mixed_precision": "loops.mixed_precision",
     "reduction": "loops.reduction",
+    "replica_random": "loops.replica_random",
     "all_finite": "loops.reduction",
     "apply_gradients": "loops.reduction",
     "apply_if_finite": "loops.reduction",

@@ -10,6 +10,7 @@ import tensorflow as tf
 from loops import mixed_precision as mixed_precision_lib
 from loops import reduction
 from loops.loop import Loop
+from loops.replica_random import keyed_on
 
 
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -111,7 +112,8 @@ class ClassifierLoop(Loop):
     def _replica_gradients(self, inputs, labels):
         count = reduction.global_count(tf.shape(labels)[0])
         variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
+        # Random layers (StatelessDropout) draw per example, keyed on the step.
+        with tf.GradientTape() as tape, keyed_on(step=self.global_step, global_rows=count):
             logits = self.model(inputs, training=True)
             loss = reduction.scale_to_global_batch(self.loss_fn(labels, logits), count)
             if self.model.losses:

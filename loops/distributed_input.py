@@ -142,9 +142,12 @@ def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptio
     slice) delivers a step's input 2.3x faster than one pipeline feeding all
     replicas through a multi-device iterator, which copies what needs no copy.
     Devices with their own memory (GPUs) keep the default: one pipeline per
-    worker that prefetches to the devices.
+    worker that prefetches to the devices. So does every strategy but
+    MirroredStrategy: CentralStorageStrategy accepts PER_REPLICA but builds
+    a single pipeline for all its replicas, and its steps then fail with an
+    IndexError when `strategy.run` looks for replica 1's input.
     """
-    if strategy.num_replicas_in_sync < 2 or strategies.num_workers(strategy) > 1:
+    if strategies.strategy_name(strategy) != "mirrored" or strategy.num_replicas_in_sync < 2:
         return None
     devices = strategy.extended.worker_devices
     if len(devices) < 2:

@@ -23,10 +23,13 @@ def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
     None and fills them in after parsing.
     """
     flags.DEFINE_enum("strategy", "mirrored", list(strategies.STRATEGY_NAMES),
-                      "tf.distribute strategy to train with.")
+                      "tf.distribute strategy to train with. central_storage keeps the "
+                      "variables on one device (the CPU) and computes on --num_replicas "
+                      "devices.")
     flags.DEFINE_integer("num_replicas", 2,
-                         "Replicas for --strategy=mirrored: that many GPUs when present, "
-                         "else the CPU split into that many logical devices.", lower_bound=1)
+                         "Replicas for --strategy=mirrored or central_storage: that many GPUs "
+                         "when present, else the CPU split into that many logical devices.",
+                         lower_bound=1)
     flags.DEFINE_string("model_dir", None,
                         "Directory for checkpoints, summaries and results.json. A run "
                         "pointed at a directory with a checkpoint resumes from it. "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import keras
 import numpy as np
@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from loops import reduction
 from loops.loop import Loop
+from loops.replica_random import replica_rows, step_seed
 
 GAN_LOSSES = ("non_saturating", "wgan_gp")
 
@@ -68,43 +69,6 @@ def gradient_penalty(critic: Callable[[tf.Tensor], tf.Tensor], real: tf.Tensor, 
     squares = tf.reduce_sum(tf.square(gradients), axis=tf.range(1, tf.rank(gradients)))
     # The epsilon keeps the norm's gradient finite where the input gradient is 0.
     return tf.square(tf.sqrt(squares + 1e-12) - 1.0)
-
-
-# ---- Randomness keyed on the step and the global example index. ----
-
-def step_seed(seed: int, step: tf.Tensor, substep: int, stream: int) -> tf.Tensor:
-    """The stateless seed of one random stream of one substep of one training step."""
-    key = tf.stack([tf.constant(seed, tf.int64), tf.cast(step, tf.int64)])
-    key = tf.random.experimental.stateless_fold_in(key, substep)
-    return tf.random.experimental.stateless_fold_in(key, stream)
-
-
-def replica_rows(draw: Callable[..., tf.Tensor], seed: tf.Tensor, *, local_rows: tf.Tensor,
-                 global_rows: tf.Tensor, row_shape: Sequence[int]) -> tf.Tensor:
-    """This replica's rows of one random tensor drawn for the whole global batch.
-
-    Every replica draws `draw([global_rows, *row_shape], seed=seed)` and keeps
-    the rows its data slice holds (the Loop's split: ceil(n / replicas) rows
-    per replica, in replica order). Row i is therefore the same for 1 or N
-    replicas, and different rows, on any replicas, are independent; a stateful
-    or seeded generator would repeat the same rows on every replica (DESIGN.md
-    fact 7). Call in replica context.
-
-    Args:
-        draw: a stateless sampler, e.g. tf.random.stateless_normal.
-        seed: its [2] seed, e.g. from `step_seed`.
-        local_rows: rows this replica holds.
-        global_rows: rows all replicas hold (from `reduction.global_count`).
-        row_shape: the shape of one row.
-    """
-    context = tf.distribute.get_replica_context()
-    global_rows = tf.cast(global_rows, tf.int32)
-    values = draw(tf.concat([[global_rows], tf.constant(row_shape, tf.int32)], 0), seed=seed)
-    num_replicas = context.num_replicas_in_sync
-    per_replica = (global_rows + num_replicas - 1) // num_replicas
-    start = tf.minimum(tf.cast(context.replica_id_in_sync_group, tf.int32) * per_replica,
-                       global_rows)
-    return values[start:start + tf.cast(local_rows, tf.int32)]
 
 
 # ---- Sample grids. ----

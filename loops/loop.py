@@ -52,8 +52,9 @@ class Loop:
                     self.strategy, self.strategy.run(replica_step, args=(x, y)))
 
     Contract of the hooks:
-        build(): runs once under `strategy.scope()`; creates every variable the
-            steps use (models, optimizers built with `optimizer.build`, counters).
+        build(): runs once in the strategy's scope (`strategies.variable_scope`);
+            creates every variable the steps use (models, optimizers built with
+            `optimizer.build`, counters).
         checkpoint_items(): name -> trackable, saved and restored by the Loop.
         train_step(iterator): cross-replica context; may call `next(iterator)`
             `batches_per_step` times (iterator is None for a loop with
@@ -163,7 +164,7 @@ class Loop:
         self._evaluated_step: int | None = None
         self._saved_step: int | None = None
 
-        with self.strategy.scope():
+        with strategies.variable_scope(self.strategy):
             self.global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)

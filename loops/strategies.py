@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from typing import Iterator
 
 import tensorflow as tf
 
@@ -11,6 +13,7 @@ STRATEGY_NAMES = (
         "default",
         "one_device",
         "mirrored",
+        "central_storage",
         "multi_worker_mirrored",
         "parameter_server",
         "tpu",
@@ -46,19 +49,22 @@ def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:
     return tf.config.list_logical_devices("CPU")[:count]
 
 
-_mirrored_count = 0
-
-
-def _mirrored(num_replicas: int) -> tf.distribute.Strategy:
+def _local_devices(num_replicas: int) -> list[str]:
+    """`num_replicas` GPUs when present, else as many logical CPUs."""
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) >= num_replicas:
-        devices = [f"/gpu:{i}" for i in range(num_replicas)]
-    elif gpus:
+        return [f"/gpu:{i}" for i in range(num_replicas)]
+    if gpus:
         raise ValueError(
                 f"--num_replicas={num_replicas} asks for more replicas than the "
                 f"{len(gpus)} GPUs present; pass --num_replicas<={len(gpus)}.")
-    else:
-        devices = [d.name for d in configure_logical_cpus(num_replicas)]
+    return [d.name for d in configure_logical_cpus(num_replicas)]
+
+
+_mirrored_count = 0
+
+
+def _mirrored(devices: list[str]) -> tf.distribute.Strategy:
     # Collective group keys start from a class-wide base, so a second
     # MirroredStrategy in one process (a notebook, a parity test) reuses the
     # first one's keys and its collectives abort ("joining a group with size 4,
@@ -93,10 +99,11 @@ def make_strategy(name: str = "default", num_replicas: int = 1) -> tf.distribute
 
     Args:
         name: one of STRATEGY_NAMES.
-        num_replicas: replicas on this host. With `mirrored` these are GPUs when
-            enough are present, else logical devices split from the CPU (which must
-            happen before any TensorFlow op runs). Other strategies take their
-            devices from the hardware and accept only 1 here.
+        num_replicas: replicas on this host. With `mirrored` and
+            `central_storage` these are GPUs when enough are present, else
+            logical devices split from the CPU (which must happen before any
+            TensorFlow op runs). Other strategies take their devices from the
+            hardware and accept only 1 here.
 
     Raises:
         ValueError: an unknown name or an impossible replica count.
@@ -107,12 +114,17 @@ def make_strategy(name: str = "default", num_replicas: int = 1) -> tf.distribute
     if not isinstance(num_replicas, int) or num_replicas < 1:
         raise ValueError(f"num_replicas must be a whole number >= 1, got {num_replicas!r}.")
     if name == "mirrored":
-        return _mirrored(num_replicas)
+        return _mirrored(_local_devices(num_replicas))
+    if name == "central_storage":
+        # Variables live on one device (the CPU when there are several replicas),
+        # each replica computes on its own device and the gradients are summed there.
+        return tf.distribute.experimental.CentralStorageStrategy(
+                compute_devices=_local_devices(num_replicas))
     if num_replicas != 1:
         raise ValueError(
-                f"num_replicas={num_replicas} applies only to --strategy=mirrored; "
-                f"--strategy={name} takes its devices from the machine. Pass "
-                "--num_replicas=1 or use --strategy=mirrored.")
+                f"num_replicas={num_replicas} applies only to --strategy=mirrored or "
+                f"central_storage; --strategy={name} takes its devices from the machine. "
+                "Pass --num_replicas=1 or use --strategy=mirrored.")
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "one_device":
@@ -132,6 +144,34 @@ def make_strategy(name: str = "default", num_replicas: int = 1) -> tf.distribute
                 f"--strategy=tpu found no reachable TPU ({error}). Run on a TPU VM "
                 "or pick --strategy=mirrored.") from error
     return tf.distribute.TPUStrategy(resolver)
+
+
+@contextlib.contextmanager
+def variable_scope(strategy: tf.distribute.Strategy) -> Iterator[None]:
+    """`strategy.scope()`, adjusted so state a replica writes works under every strategy.
+
+    CentralStorageStrategy holds one copy of each variable and refuses an
+    assignment in replica context unless the variable has an aggregation;
+    Keras 3 creates batch-norm moving statistics with none and assigns them
+    there. In this scope such variables (not trainable, aggregation NONE) get
+    ONLY_FIRST_REPLICA: synchronized statistics are equal on every replica, and
+    a mirrored strategy saves replica 0's copy too. Trainable variables change
+    only through the optimizer, in cross-replica context, and keep theirs.
+    """
+    with strategy.scope():
+        if strategy_name(strategy) != "central_storage":
+            yield
+            return
+
+        def first_replica_writes(next_creator, **kwargs):
+            # trainable=None (tf.Variable's default) means trainable.
+            if (kwargs.get("trainable") is False
+                    and kwargs.get("aggregation") in (None, tf.VariableAggregation.NONE)):
+                kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+            return next_creator(**kwargs)
+
+        with tf.variable_creator_scope(first_replica_writes):
+            yield
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
@@ -163,6 +203,7 @@ def task_name(strategy: tf.distribute.Strategy) -> str:
 
 _NAMES_BY_CLASS = {
     "MirroredStrategy": "mirrored",
+    "CentralStorageStrategy": "central_storage",
     "OneDeviceStrategy": "one_device",
     "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
     "CollectiveAllReduceStrategy": "multi_worker_mirrored",

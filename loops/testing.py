@@ -24,11 +24,17 @@ from loops import reporting, strategies
 from loops.loop import Loop
 
 
-def replica_strategy(num_replicas: int) -> tf.distribute.Strategy:
-    """The default strategy for 1 replica, else mirrored over `num_replicas` devices."""
+def replica_strategy(num_replicas: int, name: str = "mirrored") -> tf.distribute.Strategy:
+    """The default strategy for 1 replica, else strategy `name` over `num_replicas` devices.
+
+    Args:
+        num_replicas: local replicas.
+        name: `mirrored` or `central_storage` (the strategies `make_strategy`
+            sizes with a replica count).
+    """
     if num_replicas == 1:
         return strategies.make_strategy("default")
-    return strategies.make_strategy("mirrored", num_replicas)
+    return strategies.make_strategy(name, num_replicas)
 
 
 def quiet_progress() -> reporting.Progress:
@@ -98,11 +104,38 @@ def assert_close(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.nda
                 f"{np.array2string(want.ravel()[:4])}...")
 
 
+def train_run(build_loop: Callable[[tf.distribute.Strategy], Loop],
+              strategy: tf.distribute.Strategy, *, num_steps: int) -> dict:
+    """Trains a fresh loop on `strategy`; returns {"logs", "weights", "eval"} to compare."""
+    loop = build_loop(strategy)
+    if loop.strategy is not strategy:
+        raise AssertionError(f"build_loop ignored the strategy it was given: {strategy!r}.")
+    logs = loop.train(num_steps)
+    return {"logs": logs, "weights": loop_weights(loop), "eval": loop.last_eval_metrics}
+
+
+def assert_runs_agree(run: Mapping[str, Mapping], reference: Mapping[str, Mapping], *,
+                      rtol: float = 1e-5, label: str,
+                      compare_logs: Iterable[str] | None = None) -> None:
+    """Asserts two `train_run` results agree: per-step logs, every weight, eval metrics.
+
+    Args:
+        compare_logs: per-step `train_step` outputs to compare; all if None.
+        rtol: tolerance on each tensor's relative error (see `assert_close`).
+    """
+    names = list(compare_logs) if compare_logs is not None else list(reference["logs"])
+    assert_close({n: run["logs"][n] for n in names}, {n: reference["logs"][n] for n in names},
+                 rtol=rtol, label=label + " logs")
+    assert_close(run["weights"], reference["weights"], rtol=rtol, label=label + " weights")
+    assert_close(run["eval"], reference["eval"], rtol=rtol, label=label + " eval")
+
+
 def assert_replica_parity(build_loop: Callable[[tf.distribute.Strategy], Loop], *,
                           num_steps: int,
                           replica_counts: Sequence[int] = (1, 2, 4),
                           compare_logs: Iterable[str] | None = None,
-                          rtol: float = 1e-5) -> dict[int, dict]:
+                          rtol: float = 1e-5,
+                          strategy_name: str = "mirrored") -> dict[int, dict]:
     """Trains one loop per replica count and asserts they agree.
 
     Args:
@@ -111,6 +144,7 @@ def assert_replica_parity(build_loop: Callable[[tf.distribute.Strategy], Loop], 
         replica_counts: the counts compared; the first is the reference.
         compare_logs: per-step `train_step` outputs to compare; all if None.
         rtol: tolerance relative to each array's largest magnitude.
+        strategy_name: the strategy of the counts above 1 (see `replica_strategy`).
 
     Returns:
         count -> {"logs": per-step logs, "weights": loop_weights, "eval": metrics}.
@@ -118,20 +152,11 @@ def assert_replica_parity(build_loop: Callable[[tf.distribute.Strategy], Loop], 
     Raises:
         AssertionError: naming the first entry that differs and by how much.
     """
-    runs = {}
-    for count in replica_counts:
-        loop = build_loop(replica_strategy(count))
-        if loop.num_replicas != count:
-            raise AssertionError(f"build_loop ignored the strategy: {loop.num_replicas} != {count}")
-        logs = loop.train(num_steps)
-        runs[count] = {"logs": logs, "weights": loop_weights(loop), "eval": loop.last_eval_metrics}
+    runs = {count: train_run(build_loop, replica_strategy(count, strategy_name),
+                             num_steps=num_steps)
+            for count in replica_counts}
     reference = replica_counts[0]
-    names = list(compare_logs) if compare_logs is not None else list(runs[reference]["logs"])
     for count in replica_counts[1:]:
-        label = f"{count} vs {reference} replicas"
-        assert_close({n: runs[count]["logs"][n] for n in names},
-                     {n: runs[reference]["logs"][n] for n in names}, rtol=rtol, label=label + " logs")
-        assert_close(runs[count]["weights"], runs[reference]["weights"], rtol=rtol,
-                     label=label + " weights")
-        assert_close(runs[count]["eval"], runs[reference]["eval"], rtol=rtol, label=label + " eval")
+        assert_runs_agree(runs[count], runs[reference], rtol=rtol, compare_logs=compare_logs,
+                          label=f"{count} vs {reference} replicas")
     return runs

@@ -10,12 +10,14 @@ import models
 from conftest import optimizer_factory, tiny_batches
 
 
-def classifier_builder(optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, model="mlp"):
+def classifier_builder(optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, model="mlp",
+                       dropout=0.0):
     def build(strategy):
         return loops.ClassifierLoop(
             strategy=strategy,
             model_fn=lambda: models.build_classifier(
-                model, input_shape=(8, 8, 1), num_classes=10, l2=l2, batch_norm=batch_norm, seed=3),
+                model, input_shape=(8, 8, 1), num_classes=10, l2=l2, batch_norm=batch_norm,
+                dropout=dropout, seed=3),
             optimizer_fn=optimizer_factory(optimizer),
             clip_norm=clip_norm,
             # 21 examples, global batch 8: every third step is [2, 2, 1, 0] on 4 replicas.
@@ -43,6 +45,16 @@ def test_cnn_with_gradient_clipping():
         classifier_builder("sgd_momentum", clip_norm=0.5, model="cnn"), num_steps=4,
         replica_counts=(1, 4))
     assert np.all(np.isfinite(runs[4]["logs"]["loss"]))
+
+
+def test_dropout_keyed_on_the_example_keeps_parity():
+    runs = loops.testing.assert_replica_parity(
+        classifier_builder("sgd_momentum", dropout=0.3), num_steps=7)
+    # The masks really act: the same run without dropout has other losses.
+    plain = loops.testing.train_run(classifier_builder("sgd_momentum"),
+                                    loops.testing.replica_strategy(1), num_steps=7)
+    assert np.min(np.abs(runs[1]["logs"]["loss"] - plain["logs"]["loss"])) > 1e-3
+    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 5, 8, 8, 5, 8])
 
 
 def test_evaluation_counts_every_example_once():
@@ -86,3 +98,17 @@ def test_parity_check_catches_a_loss_averaged_per_replica():
 
     with pytest.raises(AssertionError, match="4 vs 1 replicas"):
         loops.testing.assert_replica_parity(build, num_steps=3, replica_counts=(1, 4))
+
+
+def test_central_storage_matches_mirrored_and_one_replica():
+    # Synchronized batch norm assigns its moving statistics in replica context,
+    # which CentralStorageStrategy refuses for Keras' aggregation NONE; the Loop's
+    # variable scope makes it work (strategies.variable_scope).
+    build = classifier_builder("sgd_momentum")
+    runs = loops.testing.assert_replica_parity(build, num_steps=7, replica_counts=(1, 4),
+                                               strategy_name="central_storage")
+    mirrored = loops.testing.train_run(build, loops.testing.replica_strategy(4), num_steps=7)
+    loops.testing.assert_runs_agree(runs[4], mirrored, rtol=1e-5,
+                                    label="central_storage vs mirrored, 4 replicas")
+    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 5, 8, 8, 5, 8])
+    assert runs[4]["logs"]["loss"][-1] < runs[4]["logs"]["loss"][0]

@@ -14,6 +14,29 @@ def test_mirrored_splits_the_cpu_into_replicas():
     assert loops.strategies.strategy_name(strategy) == "mirrored"
 
 
+def test_central_storage_computes_on_the_cpu_split_and_keeps_one_copy_of_each_variable():
+    strategy = loops.make_strategy("central_storage", 4)
+    assert strategy.num_replicas_in_sync == 4
+    assert loops.strategies.strategy_name(strategy) == "central_storage"
+    assert [d.rsplit(":", 1)[-1] for d in strategy.extended.worker_devices] == ["0", "1", "2", "3"]
+    with loops.strategies.variable_scope(strategy):
+        statistic = tf.Variable(0.0, trainable=False)
+        weight = tf.Variable(0.0)
+
+    @tf.function
+    def step():
+        # A replica writes non-trainable state (as batch norm does); each adds its id.
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            statistic.assign(tf.cast(context.replica_id_in_sync_group, tf.float32) + 1.0)
+        strategy.run(replica_fn)
+
+    step()
+    assert statistic.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA
+    assert weight.aggregation == tf.VariableAggregation.NONE
+    assert float(statistic.numpy()) == 1.0  # replica 0's value
+
+
 @pytest.mark.parametrize("name", ["default", "one_device"])
 def test_single_replica_strategies(name):
     strategy = loops.make_strategy(name)

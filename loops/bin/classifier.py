@@ -19,6 +19,11 @@ flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd", "momentum"],
                   "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.")
 flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
 flags.DEFINE_bool("batch_norm", False, "Synchronized batch normalization after hidden layers.")
+flags.DEFINE_float("dropout", 0.0,
+                   "Dropout rate in [0, 1) after the hidden layers (mlp) or before the head "
+                   "(cnn); masks differ per replica and per step, and match for any replica count.")
+flags.register_validator("dropout", lambda value: 0.0 <= value < 1.0,
+                         message="--dropout must lie in [0, 1), e.g. --dropout=0.2.")
 flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
 loop_flags.define_export_dir_flag("the trained classifier (raw images in, logits and "
                                   "probabilities out)")
@@ -73,7 +78,7 @@ def build_loop():
     return loops.ClassifierLoop(
         model_fn=lambda: models.build_classifier(
             FLAGS.model, input_shape=spec.input_shape, num_classes=spec.num_classes,
-            l2=FLAGS.l2, batch_norm=FLAGS.batch_norm, seed=FLAGS.seed),
+            l2=FLAGS.l2, batch_norm=FLAGS.batch_norm, dropout=FLAGS.dropout, seed=FLAGS.seed),
         optimizer_fn=lambda: make_optimizer(FLAGS.optimizer, learning_rate),
         clip_norm=FLAGS.clip_norm,
         mixed_precision=FLAGS.mixed_precision,
