@@ -40,6 +40,7 @@ class ClassifierLoop(Loop):
     """
 
     name = "classifier"
+    supports_parameter_server = True
 
     def __init__(self,
                  *,

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 from absl import app, flags
 
-from loops import strategies
+from loops import parameter_server, strategies
 from loops.actions import MODES, Action, EarlyStopping, KeepBest, UnknownMetricError
 from loops.loop import NonFiniteError
 
@@ -149,6 +149,11 @@ def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
     quiet_logging()
+    if flags.FLAGS.strategy == "parameter_server":
+        try:
+            parameter_server.serve_unless_chief()  # a worker or ps task never returns
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
     try:
         loop = build_loop()
     except ValueError as error:

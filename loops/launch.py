@@ -2,12 +2,17 @@
 
     python -m loops.launch --num_workers=2 -- loops.bin.classifier \\
         --strategy=multi_worker_mirrored --num_replicas=1 --model_dir=/tmp/run1
+    python -m loops.launch --num_workers=2 --num_ps=1 -- loops.bin.classifier \\
+        --strategy=parameter_server --num_replicas=1 --model_dir=/tmp/run2
 
 Every task gets a TF_CONFIG naming the whole cluster (free 127.0.0.1 ports) and
 its own task, and every line it prints comes out prefixed with its name
-(`[worker_0] ...`). The launcher exits 0 once every worker has exited 0 (then
-stops the parameter servers, which never exit on their own); as soon as one
-task exits non-zero it stops the others and exits 1 naming that task. SIGINT
+(`[worker_0] ...`). With --num_ps the cluster also has a `chief` task (the
+coordinator of ParameterServerStrategy). The launcher exits 0 once the chief,
+or without one every worker, has exited 0, and then stops the tasks still
+running (parameter servers, and the workers of a chief, never exit on their
+own); as soon as one task exits non-zero it stops the others and exits 1
+naming that task. SIGINT
 and SIGTERM it receives are forwarded to every task (a loops binary saves a
 checkpoint on SIGTERM); a second one kills them.
 
@@ -44,7 +49,7 @@ _POLL_SECONDS = 0.05
 class Task:
     """One process of the cluster."""
 
-    type: str  # "worker" or "ps"
+    type: str  # "chief", "worker" or "ps"
     index: int
     address: str  # host:port this task serves on
     process: subprocess.Popen | None = None
@@ -83,6 +88,10 @@ def free_ports(count: int, host: str = HOST) -> list[int]:
 def plan_cluster(num_workers: int, num_ps: int = 0, host: str = HOST) -> list[Task]:
     """The tasks of a local cluster with `num_workers` workers and `num_ps` parameter servers.
 
+    With parameter servers the cluster also gets a `chief` task, the
+    coordinator that ParameterServerStrategy needs (the workers and parameter
+    servers only serve it). Without, worker_0 is the chief.
+
     Raises:
         UsageError: num_workers < 1 or num_ps < 0.
     """
@@ -92,10 +101,10 @@ def plan_cluster(num_workers: int, num_ps: int = 0, host: str = HOST) -> list[Ta
             "--num_workers=2 (or more) for a multi-worker run.")
     if num_ps < 0:
         raise UsageError(f"--num_ps={num_ps} is negative; pass --num_ps=0 (the default) or more.")
-    ports = free_ports(num_workers + num_ps, host)
-    workers = [Task("worker", i, f"{host}:{port}") for i, port in enumerate(ports[:num_workers])]
-    servers = [Task("ps", i, f"{host}:{port}") for i, port in enumerate(ports[num_workers:])]
-    return workers + servers
+    counts = {"chief": 1 if num_ps else 0, "worker": num_workers, "ps": num_ps}
+    ports = iter(free_ports(sum(counts.values()), host))
+    return [Task(task_type, index, f"{host}:{next(ports)}")
+            for task_type, count in counts.items() for index in range(count)]
 
 
 def tf_config(tasks: Sequence[Task], task: Task) -> str:
@@ -247,7 +256,10 @@ class Launcher:
     # ---- Supervising. ----
 
     def _supervise(self) -> int:
-        workers = [task for task in self.tasks if task.type == "worker"]
+        # The run ends with the chief if there is one, else with the last worker.
+        leaders = [task for task in self.tasks if task.type == "chief"]
+        ended = "the chief finished" if leaders else "every worker finished"
+        leaders = leaders or [task for task in self.tasks if task.type == "worker"]
         reported: set[str] = set()
         while True:
             self._tell_signals()
@@ -259,14 +271,13 @@ class Launcher:
                 if code != 0:
                     return self._fail(task, code)
                 self.say(f"{task.name} finished")
-            if all(worker.name in reported for worker in workers):
+            if all(leader.name in reported for leader in leaders):
                 servers = [task for task in self.tasks if task.running()]
                 if servers:
-                    self.say("every worker finished; stopping "
-                             + ", ".join(task.name for task in servers))
+                    self.say(f"{ended}; stopping " + ", ".join(task.name for task in servers))
                     self._stop(servers)
                 if self._signals:
-                    self.say(f"every worker finished after {self._signal_names()}")
+                    self.say(f"{ended} after {self._signal_names()}")
                 return 0
             time.sleep(_POLL_SECONDS)
 
@@ -344,9 +355,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"example: {EXAMPLE} --model_dir=/tmp/run1")
     # Checked in main, after unknown flags, so a misspelled --num_workers is named as such.
     parser.add_argument("--num_workers", type=int,
-                        help="worker processes, >= 1 (worker_0 is the chief); required")
+                        help="worker processes, >= 1 (worker_0 is the chief unless --num_ps "
+                             "adds one); required")
     parser.add_argument("--num_ps", type=int, default=0,
-                        help="parameter-server processes (default 0)")
+                        help="parameter-server processes (default 0); with any, a chief task "
+                             "(the coordinator of --strategy=parameter_server) starts too")
     parser.add_argument("--grace_period", type=float, default=10.0,
                         help="seconds a task has to exit after SIGTERM before SIGKILL (default 10)")
     return parser

@@ -9,7 +9,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from loops import distributed_input, model_dir_lock, reporting, strategies
+from loops import distributed_input, model_dir_lock, parameter_server, reporting, strategies
 from loops.actions import Action
 from loops.checkpoints import Checkpointer
 from loops.preemption import PreemptionWatcher
@@ -79,6 +79,7 @@ class Loop:
     name = "loop"
     batches_per_step = 1  # global batches one train_step dequeues; sets the resume position
     needs_train_data = True  # False for steps that make their own data (RL): iterator is None
+    supports_parameter_server = False  # True when train_step is right for asynchronous workers
 
     def __init__(self,
                  *,
@@ -141,11 +142,17 @@ class Loop:
                 f"model_dir {model_dir!r} is a file, not a directory; pass a "
                 "directory path (it is created if missing).")
         self.strategy = strategy or tf.distribute.get_strategy()
+        # Under ParameterServerStrategy this process is the coordinator and the
+        # steps run asynchronously on the workers (loops/parameter_server.py).
+        self._scheduler = None
         if strategies.strategy_name(self.strategy) == "parameter_server":
-            raise ValueError(
-                "Loop runs synchronous steps with strategy.run, which "
-                "ParameterServerStrategy does not offer (it schedules steps through a "
-                "ClusterCoordinator). Use --strategy=multi_worker_mirrored or mirrored.")
+            if not self.supports_parameter_server:
+                raise ValueError(
+                    f"{type(self).__name__} does not train under ParameterServerStrategy "
+                    "(its steps need synchronous replicas). Use "
+                    "--strategy=multi_worker_mirrored or mirrored.")
+            self._scheduler = parameter_server.StepScheduler(
+                self.strategy, check_outputs=lambda spec: _check_step_outputs("train_step", spec))
         self.train_data = train_data
         self.eval_data = eval_data
         self.steps_per_loop = steps_per_loop
@@ -229,7 +236,10 @@ class Loop:
         """Computes the eval metrics; by default one pass over `eval_data`."""
         if self.eval_data is None:
             return {}
-        if self._eval_dataset is None:
+        if self._eval_dataset is None and self._scheduler is not None:
+            # The coordinator evaluates by itself, reading the weights from the ps.
+            self._eval_dataset = distributed_input.as_dataset_fn(self.eval_data)()
+        elif self._eval_dataset is None:
             self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
         iterator = iter(self._eval_dataset)
         if self.run_eagerly:
@@ -418,6 +428,11 @@ class Loop:
         """The train iterator positioned after `step` steps' batches (None without data)."""
         if self.train_data is None:
             return None
+        if self._scheduler is not None:
+            # Asynchronous workers read their own streams: there is no position to resume at.
+            if self._train_iterator is None:
+                self._train_iterator = self._scheduler.iterator(self.train_data)
+            return self._train_iterator
         position = step * self.batches_per_step
         if self._train_iterator is None or self._train_iterator_position != position:
             dataset = distributed_input.distribute(
@@ -427,6 +442,8 @@ class Loop:
         return self._train_iterator
 
     def _run_inner_loop(self, iterator, steps: int) -> dict[str, np.ndarray]:
+        if self._scheduler is not None:
+            return self._scheduler.run_steps(self.train_step, self.global_step, iterator, steps)
         stop_on_nonfinite = self.on_nonfinite == "stop"
         if self.run_eagerly:
             per_step = []

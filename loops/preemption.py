@@ -23,7 +23,9 @@ class PreemptionWatcher:
         self._strategy = strategy
         self._requested = False
         self._previous = None
-        self._multi_worker = strategies.num_workers(strategy) > 1
+        # Under ParameterServerStrategy only the coordinator runs the Loop: its own flag decides.
+        self._multi_worker = (strategies.num_workers(strategy) > 1
+                              and strategies.strategy_name(strategy) != "parameter_server")
 
     def __enter__(self) -> "PreemptionWatcher":
         # Signal handlers can only be installed from the main thread.

@@ -76,7 +76,13 @@ def _mirrored(devices: list[str]) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy(devices)
 
 
-def _cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
+def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
+    """The TF_CONFIG cluster for --strategy=`name`, checked for what that strategy needs.
+
+    Raises:
+        ValueError: TF_CONFIG is not JSON, or (parameter_server) lacks a ps,
+            a worker or exactly one chief task.
+    """
     raw = os.environ.get("TF_CONFIG", "")
     try:
         config = json.loads(raw) if raw else {}
@@ -89,8 +95,15 @@ def _cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigClust
     if name == "parameter_server" and not (cluster.get("ps") and cluster.get("worker")):
         raise ValueError(
                 "--strategy=parameter_server needs TF_CONFIG naming 'ps' and "
-                f"'worker' tasks, got cluster={cluster!r}. Set TF_CONFIG on every task "
-                "(see BUILD.md, 'Several machines').")
+                f"'worker' tasks (and one 'chief'), got cluster={cluster!r}. Set TF_CONFIG "
+                "on every task (see BUILD.md, 'Several machines'), or start the run with "
+                "python -m loops.launch --num_workers=N --num_ps=M.")
+    if name == "parameter_server" and len(cluster.get("chief", [])) != 1:
+        raise ValueError(
+                "--strategy=parameter_server needs exactly one 'chief' task in TF_CONFIG "
+                "(the coordinator that runs the training loop), got "
+                f"chief={cluster.get('chief', [])!r}. Pass --num_ps to loops-launch, which "
+                "adds one, or add a chief task to TF_CONFIG on every task.")
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
@@ -132,9 +145,9 @@ def make_strategy(name: str = "default", num_replicas: int = 1) -> tf.distribute
         return tf.distribute.OneDeviceStrategy(device)
     if name == "multi_worker_mirrored":
         return tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=_cluster_resolver(name))
+                cluster_resolver=cluster_resolver(name))
     if name == "parameter_server":
-        return tf.distribute.experimental.ParameterServerStrategy(_cluster_resolver(name))
+        return tf.distribute.experimental.ParameterServerStrategy(cluster_resolver(name))
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
         tf.config.experimental_connect_to_cluster(resolver)

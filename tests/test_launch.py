@@ -349,19 +349,20 @@ def test_every_task_gets_its_tf_config_and_prefixed_output_and_servers_are_stopp
     code, stdout, stderr, seconds = launch_in_process(2, num_ps=1, roles={"ps_0": "serve"})
     assert code == 0, stderr
     configs = {}
-    for name in ("worker_0", "worker_1", "ps_0"):
+    for name in ("chief_0", "worker_0", "worker_1", "ps_0"):
         line = re.search(rf"^\[{name}\] task (.*)$", stdout, re.MULTILINE).group(1)
         configs[name] = json.loads(line)
         assert f"[{name}] a line on stderr" in stderr
     cluster = configs["worker_0"]["cluster"]
     assert all(config["cluster"] == cluster for config in configs.values())
     assert [config["task"] for config in configs.values()] == [
-        {"type": "worker", "index": 0}, {"type": "worker", "index": 1}, {"type": "ps", "index": 0}]
-    addresses = cluster["worker"] + cluster["ps"]
-    assert len(addresses) == 3 and len(set(addresses)) == 3
+        {"type": "chief", "index": 0}, {"type": "worker", "index": 0},
+        {"type": "worker", "index": 1}, {"type": "ps", "index": 0}]
+    addresses = cluster["chief"] + cluster["worker"] + cluster["ps"]
+    assert len(addresses) == 4 and len(set(addresses)) == 4
     assert all(re.fullmatch(r"127\.0\.0\.1:\d+", address) for address in addresses)
-    # The parameter server never exits on its own; the launcher stops it once the workers are done.
-    assert "every worker finished; stopping ps_0" in stderr
+    # The parameter server never exits on its own; the launcher stops it once the chief is done.
+    assert re.search(r"the chief finished; stopping (worker_\d, )*ps_0", stderr)
     assert seconds < 15
 
 
