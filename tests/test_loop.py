@@ -181,3 +181,28 @@ def test_a_loop_that_makes_its_own_data_needs_no_dataset():
     # Replica ids 0 + 1, plus the step index once per replica.
     np.testing.assert_array_equal(logs["value"], [1.0, 3.0, 5.0])
     assert loop.total.numpy() == 9.0
+
+
+class TwoBatchesDeclaredOneTaken(loops.ClassifierLoop):
+    batches_per_step = 2
+
+
+class OneBatchDeclaredTwoTaken(loops.ClassifierLoop):
+    def train_step(self, iterator):
+        next(iterator)
+        return super().train_step(iterator)
+
+
+@pytest.mark.parametrize("loop_class, message", [
+    (TwoBatchesDeclaredOneTaken, "took 1 batches but batches_per_step = 2"),
+    (OneBatchDeclaredTwoTaken, "more than batches_per_step = 1 times"),
+])
+def test_a_step_must_take_exactly_batches_per_step_batches(loop_class, message):
+    loop = loop_class(
+        strategy=loops.testing.replica_strategy(1),
+        model_fn=lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10),
+        optimizer_fn=lambda: keras.optimizers.SGD(0.1), train_data=tiny_batches(8, 21),
+        progress=loops.testing.quiet_progress())
+    with pytest.raises(ValueError, match=message):
+        loop.train(2)
+    assert loop.step == 0
