@@ -20,6 +20,7 @@ steps/s and as a ratio of the compute bound:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -32,7 +33,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
     parser.add_argument("--replicas", default="1,2", help="comma-separated replica counts")
-    parser.add_argument("--steps", type=int, default=300, help="timed steps per mode per round")
+    parser.add_argument("--steps", type=int, default=300,
+                        help="timed steps per mode per round, at least (see --min_seconds)")
+    parser.add_argument("--min_seconds", type=float, default=2.0,
+                        help="raise the steps per round so the compute bound takes about this "
+                             "long: short timings of fast models are mostly noise")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
     parser.add_argument("--global_batch_size", type=int, default=64)
     parser.add_argument("--steps_per_loop", type=int, default=50)
@@ -47,6 +52,8 @@ def parse_args(argv=None):
         parser.error(f"--replicas must be >= 1, got {args.replicas}")
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be >= 1")
+    if args.min_seconds < 0:
+        parser.error(f"--min_seconds must be >= 0, got {args.min_seconds}")
     return args
 
 
@@ -172,21 +179,34 @@ def build_modes(setup: Setup) -> dict:
     return runners
 
 
+def timed_steps(runners: dict, args) -> int:
+    """Steps per round: args.steps, raised so the compute bound runs about min_seconds."""
+    bound = runners.get("compute_bound")
+    if not callable(bound) or args.min_seconds == 0:
+        return args.steps
+    started = time.perf_counter()
+    bound(args.steps)
+    rate = args.steps / (time.perf_counter() - started)
+    loops_per_round = math.ceil(rate * args.min_seconds / args.steps_per_loop)
+    return max(args.steps, loops_per_round * args.steps_per_loop)
+
+
 def measure(args) -> list[dict]:
     rows = []
     for model_name in args.models:
         for replicas in args.replicas:
             setup = Setup(model_name, replicas, args)
             runners = build_modes(setup)
+            steps = timed_steps(runners, args)
             samples = {name: [] for name, runner in runners.items() if callable(runner)}
             for _ in range(args.rounds):
                 for name in samples:
                     started = time.perf_counter()
-                    runners[name](args.steps)
-                    samples[name].append(args.steps / (time.perf_counter() - started))
+                    runners[name](steps)
+                    samples[name].append(steps / (time.perf_counter() - started))
             bound = statistics.median(samples["compute_bound"]) if "compute_bound" in samples else None
             for name in MODES:
-                row = {"model": model_name, "replicas": replicas, "mode": name}
+                row = {"model": model_name, "replicas": replicas, "mode": name, "steps": steps}
                 if name in samples:
                     rate = statistics.median(samples[name])
                     row.update(steps_per_second=rate, ratio_to_bound=rate / bound if bound else None,
