@@ -56,8 +56,9 @@ class Loop:
             creates every variable the steps use (models, optimizers built with
             `optimizer.build`, counters).
         checkpoint_items(): name -> trackable, saved and restored by the Loop.
-        train_step(iterator): cross-replica context; may call `next(iterator)`
-            `batches_per_step` times (iterator is None for a loop with
+        train_step(iterator): cross-replica context; calls `next(iterator)`
+            exactly `batches_per_step` times (the Loop dequeues those batches
+            while the previous step computes; iterator is None for a loop with
             needs_train_data = False and no train_data); `self.global_step`
             holds the index of the step being run; returns a dict of scalar tensors already
             reduced over replicas. A `num_examples` entry weights the other
