@@ -206,6 +206,7 @@ class Loop:
         self._train_iterator_position = -1
         self._eval_dataset = None
         self.train_function = None
+        self._train_call = None
         self.eval_function = None
         self.last_train_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
@@ -320,9 +321,8 @@ class Loop:
         while step < num_steps and self.stop_reason is None:
             steps = self._next_loop_length(step, num_steps)
             started = time.perf_counter()
-            logs = self._run_inner_loop(iterator, steps)
+            logs, reached = self._run_inner_loop(iterator, steps)
             seconds = time.perf_counter() - started
-            reached = self.step  # one read of the variable: it syncs with the device
             done, step = reached - step, reached
             logs = {name: values[:done] for name, values in logs.items()}
             if done < steps:
@@ -446,9 +446,11 @@ class Loop:
             self._train_iterator_position = position
         return self._train_iterator
 
-    def _run_inner_loop(self, iterator, steps: int) -> dict[str, np.ndarray]:
+    def _run_inner_loop(self, iterator, steps: int) -> tuple[dict[str, np.ndarray], int]:
+        """Runs up to `steps` steps; returns their logs and the global step reached."""
         if self._scheduler is not None:
-            return self._scheduler.run_steps(self.train_step, self.global_step, iterator, steps)
+            logs = self._scheduler.run_steps(self.train_step, self.global_step, iterator, steps)
+            return logs, self.step
         stop_on_nonfinite = self.on_nonfinite == "stop"
         if self.run_eagerly:
             per_step = []
@@ -458,11 +460,15 @@ class Loop:
                 if stop_on_nonfinite and float(per_step[-1].get("nonfinite", 0.0)) > 0:
                     break
             return {name: np.array([float(logs[name]) for logs in per_step])
-                    for name in per_step[0]}
+                    for name in per_step[0]}, self.step
         if self.train_function is None:
             self.train_function = self._make_train_function(iterator)
-        logs = self.train_function(iterator, tf.constant(steps, tf.int32))
-        return {name: value.numpy() for name, value in logs.items()}
+            # Calling the traced function itself skips tf.function's argument
+            # matching, about 1 ms a call (5% of a 50-step MLP inner loop).
+            self._train_call = self.train_function.get_concrete_function(
+                iterator, tf.TensorSpec([], tf.int32))
+        logs, reached = self._train_call(iterator, tf.constant(steps, tf.int32))
+        return {name: value.numpy() for name, value in logs.items()}, int(reached)
 
     def _make_train_function(self, iterator):
         # The step is traced once on its own to learn the outputs' names and
@@ -502,7 +508,10 @@ class Loop:
                     break
                 inputs = following
             # Entries after an early stop are never written; the host drops them.
-            return {name: array.stack() for name, array in arrays.items()}
+            # The step reached comes back with the logs: a separate read of the
+            # variable from the host costs a device sync of its own.
+            return ({name: array.stack() for name, array in arrays.items()},
+                    self.global_step.read_value())
 
         return tf.function(inner_loop)
 
