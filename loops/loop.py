@@ -475,7 +475,7 @@ class Loop:
         # dtypes (the TensorArrays must exist before the loop); the loop then
         # calls this same trace instead of tracing the step a second time.
         if iterator is None:
-            step_function = tf.function(self.train_step).get_concrete_function(None)
+            step_function = tf.function(lambda: self.train_step(None)).get_concrete_function()
 
             def next_inputs(_):
                 return ()

@@ -76,9 +76,11 @@ class StepScheduler:
         self.coordinator.join()
         per_step = [self.coordinator.fetch(logs) for logs in remote_logs]
         first = per_step[0]
-        self._check_outputs(
-            {name: tf.TensorSpec(np.shape(value), tf.as_dtype(np.asarray(value).dtype))
-             for name, value in first.items()} if isinstance(first, Mapping) else first)
+        if self._check_outputs is not None:
+            self._check_outputs(
+                {name: tf.TensorSpec(np.shape(value), tf.as_dtype(np.asarray(value).dtype))
+                 for name, value in first.items()} if isinstance(first, Mapping) else first)
+            self._check_outputs = None  # the step's outputs keep their structure
         return {name: np.array([logs[name] for logs in per_step]) for name in first}
 
 

@@ -18,10 +18,9 @@ import pytest
 import tensorflow as tf
 
 from loops import launch
-from conftest import checkpoint_weights
+from conftest import ROOT, checkpoint_weights, read_results as results
 from loops.testing import relative_error
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
 ENV["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
 TRAIN_STEPS = 400
@@ -107,11 +106,6 @@ def largest_weight_difference(model_dir, reference_dir):
     assert sorted(got) == sorted(expected)
     assert len(expected) >= 10  # model kernels and biases, Adam's slots, the step
     return max(relative_error(got[name], expected[name]) for name in expected)
-
-
-def results(model_dir):
-    with open(os.path.join(model_dir, "results.json")) as stream:
-        return json.load(stream)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pytest
 
 import loops
 from loops import launch, parameter_server, strategies
-from test_launch import Run, launch_in_process, results
+from conftest import read_results as results
+from test_launch import Run, launch_in_process
 
 TRAIN_STEPS = 300
 MORE_STEPS = 360
