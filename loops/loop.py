@@ -440,9 +440,8 @@ class Loop:
             return self._train_iterator
         position = step * self.batches_per_step
         if self._train_iterator is None or self._train_iterator_position != position:
-            dataset = distributed_input.distribute(
-                self.strategy, self.train_data, skip_batches=position, repeat=True)
-            self._train_iterator = iter(dataset)
+            self._train_iterator = distributed_input.train_iterator(
+                self.strategy, self.train_data, skip_batches=position)
             self._train_iterator_position = position
         return self._train_iterator
 
@@ -454,8 +453,9 @@ class Loop:
         stop_on_nonfinite = self.on_nonfinite == "stop"
         if self.run_eagerly:
             per_step = []
+            batches = _EagerBatches(iterator, self.strategy)
             for _ in range(steps):
-                per_step.append(self.train_step(iterator))
+                per_step.append(self.train_step(batches))
                 self.global_step.assign_add(1)
                 if stop_on_nonfinite and float(per_step[-1].get("nonfinite", 0.0)) > 0:
                     break
@@ -484,11 +484,12 @@ class Loop:
             # dequeue step i + 1's while step i computes: nothing orders the
             # iterator after the step's variables. At 2 replicas on the MLP that
             # hid most of the input's 0.25 ms per step.
-            step_function = tf.function(self._step_on_batches).get_concrete_function(
-                *[iterator.element_spec] * self.batches_per_step)
-
             def next_inputs(iterator):
-                return tuple(next(iterator) for _ in range(self.batches_per_step))
+                return tuple(distributed_input.next_batch(iterator, self.strategy)
+                             for _ in range(self.batches_per_step))
+
+            step_function = tf.function(self._step_on_batches).get_concrete_function(
+                *_input_specs(next_inputs, iterator))
         output_spec = step_function.structured_outputs
         _check_step_outputs("train_step", output_spec)
 
@@ -539,6 +540,36 @@ class Loop:
             sums = _add(sums, step_function(optional.get_value()))
             optional = iterator.get_next_as_optional()
         return sums
+
+
+def _input_specs(next_inputs, iterator) -> tuple:
+    """The type specs of what `next_inputs(iterator)` returns in a tf.function (traced, not run)."""
+    specs = []
+
+    def probe(iterator):
+        specs.extend(tf.nest.map_structure(tf.type_spec_from_value, batch)
+                     for batch in next_inputs(iterator))
+        return tf.constant(0)
+
+    tf.function(probe).get_concrete_function(iterator)
+    return tuple(specs)
+
+
+class _EagerBatches:
+    """The train iterator as `run_eagerly` steps see it: `next` gives a step's input."""
+
+    def __init__(self, iterator, strategy: tf.distribute.Strategy):
+        self._iterator = iterator
+        self._strategy = strategy
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return distributed_input.next_batch(self._iterator, self._strategy)
+
+    def get_next(self):
+        return next(self)
 
 
 class _DequeuedBatches:
