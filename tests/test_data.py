@@ -75,3 +75,38 @@ def test_a_dataset_that_is_not_classification_is_refused():
 def test_bad_batch_size(size, digits_dir):
     with pytest.raises(ValueError, match=f"global_batch_size must be a whole number >= 1, got {size}"):
         data.global_batches("digits", "train", global_batch_size=size, data_dir=digits_dir)
+
+
+def test_in_memory_batches_take_a_new_full_permutation_each_pass():
+    from data.image_classification import batches_in_memory
+
+    rows = np.arange(50)
+    dataset = batches_in_memory((rows, rows * 10), 8, shuffle_seed=7).repeat(3)
+    batches = [(a.numpy(), b.numpy()) for a, b in dataset]
+    assert [len(a) for a, _ in batches] == ([8] * 6 + [2]) * 3
+    assert all(np.array_equal(a * 10, b) for a, b in batches)  # rows stay whole
+    epochs = [np.concatenate([a for a, _ in batches[i * 7:(i + 1) * 7]]) for i in range(3)]
+    for epoch in epochs:
+        assert sorted(epoch.tolist()) == list(range(50))
+    assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+    again = [a.numpy() for a, _ in batches_in_memory((rows, rows * 10), 8, shuffle_seed=7).repeat(3)]
+    assert all(np.array_equal(a, b) for a, b in zip(again, (a for a, _ in batches)))
+    # Skipping k batches of the repeated stream lands where a run that stopped after k was.
+    resumed = batches_in_memory((rows, rows * 10), 8, shuffle_seed=7).repeat().skip(10)
+    assert np.array_equal(next(iter(resumed))[0].numpy(), batches[10][0])
+    unshuffled = [a.numpy().tolist() for a, _ in batches_in_memory((rows, rows), 16)]
+    assert unshuffled == [list(range(0, 16)), list(range(16, 32)), list(range(32, 48)), [48, 49]]
+
+
+def test_a_split_too_large_for_memory_streams_through_a_shuffle_buffer(digits_dir, monkeypatch):
+    from data import image_classification
+
+    monkeypatch.setattr(image_classification, "IN_MEMORY_BYTES", 0)
+    dataset = data.global_batches("digits", "train", global_batch_size=64, data_dir=digits_dir,
+                                  shuffle_seed=1)
+    labels = np.concatenate([labels.numpy() for _, labels in dataset])
+    monkeypatch.undo()
+    in_memory = data.global_batches("digits", "train", global_batch_size=64, data_dir=digits_dir)
+    expected = np.concatenate([labels.numpy() for _, labels in in_memory])
+    assert len(labels) == 1437 and sorted(labels.tolist()) == sorted(expected.tolist())
+    assert not np.array_equal(labels, expected)  # shuffled

@@ -206,3 +206,35 @@ def test_a_step_must_take_exactly_batches_per_step_batches(loop_class, message):
     with pytest.raises(ValueError, match=message):
         loop.train(2)
     assert loop.step == 0
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2])
+def test_logs_of_every_dtype_come_back_step_by_step(num_replicas):
+    # The inner loop keeps one TensorArray per dtype and runs its last step
+    # after the tf.range loop: loops of 3, 3 and 1 steps cover both paths.
+    class Summing(loops.Loop):
+        def build(self):
+            self.total = tf.Variable(0, dtype=tf.int64,
+                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+        def checkpoint_items(self):
+            return {"total": self.total}
+
+        def train_step(self, iterator):
+            rows = self.strategy.run(tf.reduce_sum, args=(next(iterator),))
+            value = self.strategy.reduce(tf.distribute.ReduceOp.SUM, rows, axis=None)
+            self.total.assign_add(value)
+            return {"value": value, "total": self.total.read_value(),
+                    "half": tf.cast(value, tf.float32) / 2,
+                    "step": tf.cast(self.global_step, tf.float64)}
+
+    loop = Summing(strategy=loops.testing.replica_strategy(num_replicas),
+                   train_data=lambda: tf.data.Dataset.range(10).batch(4),
+                   steps_per_loop=3, progress=loops.testing.quiet_progress())
+    logs = loop.train(7)
+    values = [6, 22, 17, 6, 22, 17, 6]  # batches [0..3], [4..7], [8, 9], repeated
+    assert logs["value"].dtype == np.int64 and logs["value"].tolist() == values
+    assert logs["total"].tolist() == np.cumsum(values).tolist()
+    assert logs["half"].dtype == np.float32 and logs["half"].tolist() == [v / 2 for v in values]
+    assert logs["step"].dtype == np.float64 and logs["step"].tolist() == list(range(7))
+    assert loop.step == 7 and int(loop.total.numpy()) == 96
