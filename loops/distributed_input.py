@@ -100,11 +100,7 @@ def distribute(strategy: tf.distribute.Strategy,
     per_replica_pipelines = options is not None
 
     def pipeline(input_context):
-        dataset = dataset_fn()
-        if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(
-                f"The input function returned {type(dataset).__name__}, not a "
-                "tf.data.Dataset of global batches.")
+        dataset = _built(dataset_fn)
         if repeat:
             dataset = dataset.repeat()
         if skip_batches:
@@ -135,6 +131,15 @@ def distribute(strategy: tf.distribute.Strategy,
             extended._input_workers_devices = saved
 
 
+def _built(dataset_fn: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
+    dataset = dataset_fn()
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"The input function returned {type(dataset).__name__}, not a "
+            "tf.data.Dataset of global batches.")
+    return dataset
+
+
 def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptions | None:
     """Per-replica pipelines when the replicas are logical CPUs of one host.
 
@@ -159,30 +164,27 @@ def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptio
         experimental_fetch_to_device=False)
 
 
-
 def train_iterator(strategy: tf.distribute.Strategy, source: DatasetSource, *,
                    skip_batches: int = 0):
     """An endless iterator over `source`'s batches for the train loop, `skip_batches` in.
 
     Read it with `next_batch`. When the replicas share the host's memory (one
-    replica, or MirroredStrategy over the CPUs of one machine) it is a plain
-    tf.data iterator of global batches that `next_batch` reads with one
-    synchronous kernel and cuts into the replicas' slices inside the step;
-    otherwise it is the strategy's own distributed iterator.
+    replica, or MirroredStrategy over the CPUs of one machine) and batches are
+    dense tensors, it is a plain tf.data iterator of global batches that
+    `next_batch` reads with one synchronous kernel and cuts into the replicas'
+    slices inside the step; otherwise it is the strategy's own distributed
+    iterator.
     """
     if not _shares_host_memory(strategy):
         return iter(distribute(strategy, source, skip_batches=skip_batches, repeat=True))
-    dataset = as_dataset_fn(source)()
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(f"The input function returned {type(dataset).__name__}, not a "
-                        "tf.data.Dataset of global batches.")
+    dataset = _built(as_dataset_fn(source))
+    if not _dense(dataset.element_spec):
+        # The dataset already built is handed on, not built a second time.
+        return iter(distribute(strategy, dataset, skip_batches=skip_batches, repeat=True))
     dataset = dataset.repeat()
     if skip_batches:
         dataset = dataset.skip(skip_batches)
-    if not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(dataset.element_spec)):
-        return iter(distribute(strategy, source, skip_batches=skip_batches, repeat=True))
-    with tf.device(strategy.extended.worker_devices[0] if strategy.num_replicas_in_sync > 1
-                   else "/cpu:0"):
+    with tf.device("/cpu:0"):  # where every replica reads it (they are all host CPUs)
         return iter(dataset)
 
 
@@ -195,7 +197,8 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
     their slice with tf.data functions (about 100 us of CPU a step at 2
     replicas). Slices follow `split_global_batches`.
     """
-    if not isinstance(iterator, tf.data.Iterator) or not hasattr(iterator, "_iterator_resource"):
+    if (not isinstance(iterator, tf.data.Iterator) or not hasattr(iterator, "_iterator_resource")
+            or not _dense(iterator.element_spec)):
         return next(iterator)
     specs = tf.nest.flatten(iterator.element_spec)
     flat = tf.raw_ops.IteratorGetNextSync(
@@ -217,6 +220,11 @@ def replica_slice(batch, replica_id, num_replicas: int):
     start = tf.minimum(replica_id * per_replica, rows)
     end = tf.minimum(start + per_replica, rows)
     return tf.nest.pack_sequence_as(batch, [part[start:end] for part in parts])
+
+
+def _dense(element_spec) -> bool:
+    """Every component is a dense tensor (what the synchronous kernel's outputs can describe)."""
+    return all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(element_spec))
 
 
 def _shares_host_memory(strategy: tf.distribute.Strategy) -> bool:

@@ -526,7 +526,7 @@ class Loop:
                 inputs = following
             # Once more unless stopped. A loop of 0 or 1 rounds, not an `if`:
             # under MirroredStrategy the step in a tf.cond branch failed at run
-            # time ("You must feed a value for placeholder", BUILD.md fact 29).
+            # time ("You must feed a value for placeholder", BUILD.md fact 30).
             for _ in tf.range(1 - tf.cast(stopped, tf.int32)):
                 arrays = run_step(steps - 1, inputs, arrays)[1]
             # Rows after an early stop are never written; the host drops them.

@@ -84,6 +84,7 @@ def test_in_memory_batches_take_a_new_full_permutation_each_pass():
     dataset = batches_in_memory((rows, rows * 10), 8, shuffle_seed=7).repeat(3)
     batches = [(a.numpy(), b.numpy()) for a, b in dataset]
     assert [len(a) for a, _ in batches] == ([8] * 6 + [2]) * 3
+    assert dataset.options().autotune.enabled is False  # nothing to tune (BUILD.md fact 29)
     assert all(np.array_equal(a * 10, b) for a, b in batches)  # rows stay whole
     epochs = [np.concatenate([a for a, _ in batches[i * 7:(i + 1) * 7]]) for i in range(3)]
     for epoch in epochs:

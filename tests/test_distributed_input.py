@@ -116,3 +116,16 @@ def test_replica_slice_cuts_ceil_rows_and_leaves_the_last_replicas_short():
         [0, 1], [2, 3], [4], []]
     assert [distributed_input.replica_slice(batch, r, 2).numpy().tolist() for r in range(2)] == [
         [0, 1, 2], [3, 4]]
+
+
+def test_ragged_batches_take_the_distributed_iterator_and_arrive_whole():
+    strategy = loops.testing.replica_strategy(1)
+    ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3], [4, 5, 6]])).batch(2)
+    iterator = distributed_input.train_iterator(strategy, ragged, skip_batches=1)
+
+    @tf.function
+    def step(iterator):
+        return distributed_input.next_batch(iterator, strategy)
+
+    assert step(iterator).to_list() == [[4, 5, 6]]
+    assert step(iterator).to_list() == [[1], [2, 3]]
