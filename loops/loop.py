@@ -514,16 +514,23 @@ class Loop:
                       for dtype, names in groups.items()}
             stopped = tf.constant(False)
             inputs = next_inputs(iterator)
-            # The last step runs after the loop, so every step in it can dequeue
-            # the next one's batches unconditionally and the iterator still ends
-            # where the step count does.
-            for i in tf.range(steps - 1):
+
+            def body(i, inputs, arrays, stopped):
                 following = next_inputs(iterator)
                 logs, arrays = run_step(i, inputs, arrays)
-                if stop_on_nonfinite and logs["nonfinite"] > 0:
-                    stopped = tf.constant(True)
-                    break
-                inputs = following
+                if stop_on_nonfinite:
+                    stopped = logs["nonfinite"] > 0
+                return i + 1, following, arrays, stopped
+
+            # The last step runs after the loop, so every step in it can dequeue
+            # the next one's batches unconditionally and the iterator still ends
+            # where the step count does. The stop is part of the loop's
+            # condition: a Python `break` here becomes conds around the rest
+            # of the body that cost about 20 us a step (MLP, 1 replica).
+            _, inputs, arrays, stopped = tf.while_loop(
+                lambda i, inputs, arrays, stopped: tf.logical_and(i < steps - 1,
+                                                                  tf.logical_not(stopped)),
+                body, (tf.constant(0), inputs, arrays, stopped))
             # Once more unless stopped. A loop of 0 or 1 rounds, not an `if`:
             # under MirroredStrategy the step in a tf.cond branch failed at run
             # time ("You must feed a value for placeholder", BUILD.md fact 30).
