@@ -332,11 +332,9 @@ class Loop:
             seconds = time.perf_counter() - started
             done, step = reached - step, reached
             logs = {name: values[:done] for name, values in logs.items()}
-            if done < steps:
-                # Stopped early, possibly after dequeuing the next step's batches.
-                self._train_iterator_position = -1
+            # Stopped early, the iterator may have dequeued the next step's batches.
+            self._train_iterator_position = step * self.batches_per_step if done == steps else -1
             self._check_nonfinite(logs, step - done)
-            self._train_iterator_position = step * self.batches_per_step
             loop_times.append((done, seconds))
             for name, values in logs.items():
                 history.setdefault(name, []).append(values)
@@ -460,6 +458,7 @@ class Loop:
         if self.skips_nonfinite:
             state = "Its update was skipped and nothing was saved after it."
         elif self.checkpointer is not None and self.checkpointer.restore() is not None:
+            self._train_iterator_position = -1  # the stream resumes at the checkpoint's step
             state = (f"Nothing was saved after it; the loop is back at its last checkpoint "
                      f"(step {self.step}), where a rerun also resumes.")
         else:

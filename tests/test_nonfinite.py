@@ -54,6 +54,10 @@ def test_stop_names_the_step_saves_nothing_after_it_and_goes_back_to_the_checkpo
                              "\\(step 1\\)"):
         loop.train(4)
     assert loop.step == 1
+    # Training again reads the stream from the checkpoint's position: the same bad batch.
+    with pytest.raises(loops.loop.NonFiniteError, match="Step 2: .* back at its last checkpoint"):
+        loop.train(4)
+    assert loop.step == 1
     kept = sorted(os.path.basename(p) for p in tf.train.get_checkpoint_state(
         str(tmp_path / "checkpoints")).all_model_checkpoint_paths)
     assert kept == ["ckpt-1"]
