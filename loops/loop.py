@@ -435,7 +435,7 @@ class Loop:
 
         When `skips_nonfinite`, the update runs only when `finite` holds
         (`loops.apply_if_finite`), so it waits for every gradient and the
-        check: 20% of a step of the digits MLP (BUILD.md). Otherwise ("stop")
+        check: 10-20% of a step of the digits MLP (BUILD.md). Otherwise ("stop")
         each variable's update starts as soon as its gradient is ready, and
         the Loop ends the inner loop right after a non-finite step and goes
         back to the last checkpoint.

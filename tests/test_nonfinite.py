@@ -75,7 +75,7 @@ def test_unknown_policy_is_named():
 
 
 def test_stop_applies_updates_without_waiting_for_the_check():
-    # Under "stop" nothing waits for the finiteness check (20% of a small step):
+    # Under "stop" nothing waits for the finiteness check (10-20% of a small step):
     # the bad update reaches the weights, and with no checkpoint to go back to
     # the error says so.
     loop = make_loop("stop")
