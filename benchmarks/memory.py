@@ -48,14 +48,14 @@ def main(argv=None) -> int:
         def train(self, step, total, metrics, steps_per_second):
             samples[step] = resident_bytes()
 
-    batches = lambda split, seed: lambda: data.global_batches(  # noqa: E731
-        "digits", split, global_batch_size=64, shuffle_seed=seed)
+    batches = lambda split, seed, repeat: lambda: data.global_batches(  # noqa: E731
+        "digits", split, global_batch_size=64, shuffle_seed=seed, repeat=repeat)
     with tempfile.TemporaryDirectory() as model_dir:
         loop = loops.ClassifierLoop(
             strategy=strategy,
             model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
             optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
-            train_data=batches("train", 0), eval_data=batches("test", None),
+            train_data=batches("train", 0, True), eval_data=batches("test", None, False),
             steps_per_loop=args.steps_per_loop, checkpoint_every=args.checkpoint_every,
             eval_every=args.checkpoint_every, model_dir=model_dir, progress=Sampling())
         loop.train(args.steps)

@@ -71,7 +71,7 @@ class Setup:
         self.model_fn = lambda: models.build_classifier(
             model_name, input_shape=(8, 8, 1), num_classes=10, seed=0)
         self.data_fn = lambda: data.global_batches("digits", "train", global_batch_size=self.batch,
-                                                   shuffle_seed=0)
+                                                   shuffle_seed=0, repeat=True)
 
 
 def compute_bound(setup: Setup):
@@ -124,7 +124,7 @@ def keras_fit(setup: Setup, steps_per_execution: int):
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"], steps_per_execution=steps_per_execution)
-    dataset = setup.data_fn().repeat()
+    dataset = setup.data_fn()
     return lambda steps: model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
 
 
@@ -137,7 +137,7 @@ def tutorial(setup: Setup):
         model = setup.model_fn()
         optimizer = keras.optimizers.Adam(1e-3)
         optimizer.build(model.trainable_variables)
-    iterator = iter(strategy.experimental_distribute_dataset(setup.data_fn().repeat()))
+    iterator = iter(strategy.experimental_distribute_dataset(setup.data_fn()))
 
     def replica_step(images, labels):
         with tf.GradientTape() as tape:

@@ -87,8 +87,15 @@ IN_MEMORY_BYTES = 1 << 30
 
 def global_batches(name: str, split: str, *, global_batch_size: int,
                    data_dir: str | None = None, shuffle_seed: int | None = None,
-                   shuffle_buffer: int = 10_000) -> tf.data.Dataset:
-    """One epoch of (image, label) global batches; the last may be partial.
+                   shuffle_buffer: int = 10_000, repeat: bool = False) -> tf.data.Dataset:
+    """(image, label) global batches: one epoch, the last maybe partial, or endless full ones.
+
+    With `repeat` (training streams) the passes over the split follow each
+    other with no partial batch between them (a batch may end one pass and
+    start the next), so every batch is full and its batch dimension is
+    static: the train step is traced for exactly that shape, about 13% less
+    time a step on the digits MLP than for a batch dimension of None
+    (BUILD.md).
 
     Images stay uint8 (a quarter of float32's bytes through the pipeline); the
     model scales them. With `shuffle_seed`, each pass over the dataset (each
@@ -112,10 +119,15 @@ def global_batches(name: str, split: str, *, global_batch_size: int,
     examples = read_split(builder, split)
     count = _split_count(builder, split, examples)
     if _split_bytes(builder, count) <= IN_MEMORY_BYTES:
-        return batches_in_memory(_read_all(examples, count), global_batch_size, shuffle_seed)
+        arrays = _read_all(examples, count)
+        if repeat:
+            return endless_batches_in_memory(arrays, global_batch_size, shuffle_seed)
+        return batches_in_memory(arrays, global_batch_size, shuffle_seed)
     dataset = examples.cache()
     if shuffle_seed is not None:
         dataset = dataset.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=True)
+    if repeat:
+        return dataset.repeat().batch(global_batch_size, drop_remainder=True)
     return dataset.batch(global_batch_size)
 
 
@@ -155,6 +167,59 @@ def batches_in_memory(arrays, batch_size: int, shuffle_seed: int | None = None) 
     # numbers is fixed by the seed, and a new pass draws the next one.
     return tf.data.Dataset.random(seed=shuffle_seed, rerandomize_each_iteration=True) \
         .take(1).flat_map(permuted).with_options(untuned)
+
+
+# What `endless_batches_in_memory` draws at a time, at most (but one pass at
+# least): whole passes of a small split at once, so the per-pass work is
+# spread over many batches.
+ROWS_PER_DRAW = 1 << 16
+BYTES_PER_DRAW = 64 << 20
+
+
+def endless_batches_in_memory(arrays, batch_size: int,
+                              shuffle_seed: int | None = None) -> tf.data.Dataset:
+    """Endless full batches of `arrays` (a nest of tensors with the same first dimension).
+
+    Passes over the rows follow each other, each a new permutation with a
+    seed (the same sequence every run, so `skip(k)` resumes exactly), in
+    order without one; the rows a pass leaves over start the next pass's
+    first batch. Passes are drawn as many at a time as fit in
+    `ROWS_PER_DRAW` rows and `BYTES_PER_DRAW` bytes, and gathered with one
+    gather.
+
+    Raises:
+        ValueError: `arrays` has no rows.
+    """
+    arrays = tf.nest.map_structure(tf.convert_to_tensor, arrays)
+    rows = int(tf.nest.flatten(arrays)[0].shape[0])
+    if rows == 0:
+        raise ValueError("No rows to batch: an endless stream of an empty split would never "
+                         "yield a batch. Train on a split that holds examples.")
+    row_bytes = sum(int(np.prod(part.shape[1:])) * part.dtype.size for part in tf.nest.flatten(arrays))
+    passes = max(1, min(ROWS_PER_DRAW // rows, BYTES_PER_DRAW // max(row_bytes * rows, 1)))
+
+    def draw(draw_seed):
+        if shuffle_seed is None:
+            return tf.tile(tf.range(rows, dtype=tf.int64), [passes])
+        keys = tf.random.stateless_uniform(
+            [passes, rows], seed=tf.stack([draw_seed, tf.constant(shuffle_seed, tf.int64)]),
+            minval=None, maxval=None, dtype=tf.int64)
+        return tf.reshape(tf.argsort(keys, axis=1, stable=True), [-1])
+
+    def cut(left_over, draw_seed):
+        order = tf.concat([left_over, tf.cast(draw(draw_seed), tf.int64)], 0)
+        used = tf.size(order, out_type=tf.int64) // batch_size * batch_size
+        return order[used:], tf.reshape(order[:used], [-1, batch_size])
+
+    def gathered(indices):
+        return tf.data.Dataset.from_tensor_slices(
+            tf.nest.map_structure(lambda part: tf.gather(part, indices), arrays))
+
+    seeds = (tf.data.Dataset.random(seed=shuffle_seed) if shuffle_seed is not None
+             else tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat())
+    untuned = tf.data.Options()
+    untuned.autotune.enabled = False
+    return seeds.scan(tf.zeros([0], tf.int64), cut).flat_map(gathered).with_options(untuned)
 
 
 def _split_count(builder: tfds.core.DatasetBuilder, split: str, examples: tf.data.Dataset) -> int | None:

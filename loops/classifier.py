@@ -26,8 +26,8 @@ class ClassifierLoop(Loop):
     divided by the real number of examples in the step across all replicas,
     plus the model's regularization losses scaled by the replica count, so any
     replica count gives the single-device gradient. A step whose loss or
-    gradients are not finite on any replica changes nothing and reports
-    `nonfinite` = 1; the Loop's `on_nonfinite` policy decides what follows.
+    gradients are not finite on any replica reports `nonfinite` = 1; the
+    Loop's `on_nonfinite` policy decides what follows (`Loop.apply_update`).
 
     With `mixed_precision` the model is built under that Keras dtype policy
     (float16 or bfloat16 compute, float32 variables). Under "mixed_float16"
@@ -104,6 +104,11 @@ class ClassifierLoop(Loop):
             self.loss_scale = mixed_precision_lib.DynamicLossScale(
                 growth_steps=self.loss_scale_growth_steps)
 
+    @property
+    def skips_nonfinite(self) -> bool:
+        # An overflow is routine under a loss scale: its update is always left out.
+        return super().skips_nonfinite or self.loss_scale is not None
+
     def checkpoint_items(self):
         items = {"model": self.model, "optimizer": self.optimizer}
         if self.loss_scale is not None:
@@ -136,15 +141,15 @@ class ClassifierLoop(Loop):
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
         inputs, labels = next(iterator)
         logs, gradients, finite = self.strategy.run(self._replica_gradients, args=(inputs, labels))
-        skipped = reduction.apply_if_finite(self.strategy, finite, self._replica_apply, gradients)
+        nonfinite = self.apply_update(finite, self._replica_apply, gradients)
         sums = reduction.sum_over_replicas(self.strategy, logs)
         step_logs = {"loss": sums["loss"],
                      "accuracy": tf.math.divide_no_nan(sums["correct"], sums["num_examples"]),
                      "num_examples": sums["num_examples"],
-                     "nonfinite": skipped,
+                     "nonfinite": nonfinite,
                      "learning_rate": learning_rate}
         if self.loss_scale is not None:
-            step_logs.update(self.loss_scale.update(skipped=skipped, loss=sums["loss"]))
+            step_logs.update(self.loss_scale.update(skipped=nonfinite, loss=sums["loss"]))
         return step_logs
 
     def _replica_eval_step(self, inputs, labels):

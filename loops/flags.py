@@ -50,8 +50,9 @@ def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
     flags.DEFINE_integer("seed", 0, "Seed for initial weights, shuffling and noise.")
     flags.DEFINE_bool("run_eagerly", False, "Run steps eagerly (no tf.function), for debugging.")
     flags.DEFINE_enum("on_nonfinite", "stop", ["stop", "skip"],
-                      "After a step whose loss or gradients are not finite on any replica "
-                      "(its update is skipped): stop with an error, or skip it and go on.")
+                      "After a step whose loss or gradients are not finite on any replica: "
+                      "stop with an error (nothing saved after it; back to the last "
+                      "checkpoint), or skip its update everywhere and go on.")
     flags.register_validator("learning_rate", lambda value: value > 0,
                              message="--learning_rate must be > 0, e.g. --learning_rate=0.001.")
     flags.DEFINE_string("early_stopping_metric", None,

@@ -108,8 +108,8 @@ class GANLoop(Loop):
     updates of each network. With `ema_decay`, an exponential moving average of
     the generator's weights (`ema_generator`) is kept after every generator
     update and checkpointed. An update whose loss or gradients are not finite
-    on some replica is skipped on every replica and reported as `nonfinite`;
-    the Loop's `on_nonfinite` decides what follows.
+    on some replica is reported as `nonfinite` and applied or skipped as the
+    Loop's `on_nonfinite` says (`Loop.apply_update`).
 
     Each evaluation draws `num_eval_samples` samples from fixed noise, from the
     generator to use: the average when there is one (the trained generator's
@@ -259,47 +259,44 @@ class GANLoop(Loop):
         logs = self.generator_step(real, step)
         averaged = {name: tf.add_n([entry[name] for entry in critic_logs]) / self.n_critic
                     for name in critic_logs[0] if name != "nonfinite"}
-        # Set when any of the step's updates was skipped for a non-finite value.
-        skipped = tf.reduce_max(tf.stack([entry["nonfinite"] for entry in critic_logs]
-                                         + [logs["nonfinite"]]))
-        return {**averaged, **logs, "nonfinite": skipped}
+        # Set when any of the step's updates was not finite.
+        nonfinite = tf.reduce_max(tf.stack([entry["nonfinite"] for entry in critic_logs]
+                                           + [logs["nonfinite"]]))
+        return {**averaged, **logs, "nonfinite": nonfinite}
 
     def discriminator_step(self, real, step: tf.Tensor, substep: int) -> dict[str, tf.Tensor]:
         """One critic update on a distributed batch of real examples; cross-replica context.
 
-        The update is skipped on every replica when the loss or a gradient is
-        not finite on any replica; `d_steps` counts the updates applied.
+        `d_steps` counts the finite updates; a non-finite one (the loss or a
+        gradient on any replica) goes to `apply_update`.
 
         Returns:
             "d_loss" (and "gradient_penalty" for wgan_gp) reduced over replicas,
-            and "nonfinite": 1.0 when the update was skipped.
+            and "nonfinite": 1.0 when the update was not finite.
         """
         logs, gradients, finite = self.strategy.run(
             self._replica_discriminator_gradients, args=(real, step, substep))
-        skipped = reduction.apply_if_finite(
-            self.strategy, finite, self._replica_apply_discriminator, gradients)
-        self.d_steps.assign_add(1 - tf.cast(skipped, tf.int64))
-        return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": skipped}
+        nonfinite = self.apply_update(finite, self._replica_apply_discriminator, gradients)
+        self.d_steps.assign_add(1 - tf.cast(nonfinite, tf.int64))
+        return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": nonfinite}
 
     def generator_step(self, real, step: tf.Tensor) -> dict[str, tf.Tensor]:
         """One generator update with as many fakes as `real` holds per replica, then the EMA.
 
-        Skipped like a critic update when not finite; `g_steps` counts the
-        updates applied.
+        Checked like a critic update; `g_steps` counts the finite updates.
 
         Returns:
-            "g_loss" reduced over replicas, and "nonfinite": 1.0 when skipped.
+            "g_loss" reduced over replicas, and "nonfinite": 1.0 when not finite.
         """
         logs, gradients, finite = self.strategy.run(
             self._replica_generator_gradients, args=(real, step))
-        skipped = reduction.apply_if_finite(
-            self.strategy, finite, self._replica_apply_generator, gradients)
-        self.g_steps.assign_add(1 - tf.cast(skipped, tf.int64))
+        nonfinite = self.apply_update(finite, self._replica_apply_generator, gradients)
+        self.g_steps.assign_add(1 - tf.cast(nonfinite, tf.int64))
         if self.ema_generator is not None:
             # Cross-replica context: every replica's copy gets the same average.
             for average, weight in zip(self.ema_generator.weights, self.generator.weights):
                 average.assign(self.ema_decay * average + (1.0 - self.ema_decay) * weight)
-        return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": skipped}
+        return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": nonfinite}
 
     @property
     def sample_generator(self) -> keras.Model:

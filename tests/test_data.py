@@ -99,6 +99,50 @@ def test_in_memory_batches_take_a_new_full_permutation_each_pass():
     assert unshuffled == [list(range(0, 16)), list(range(16, 32)), list(range(32, 48)), [48, 49]]
 
 
+def test_endless_batches_are_full_static_and_a_new_permutation_each_pass(monkeypatch):
+    from data import image_classification
+    from data.image_classification import endless_batches_in_memory
+
+    rows = np.arange(50)
+    monkeypatch.setattr(image_classification, "ROWS_PER_DRAW", 120)  # two passes a draw
+    dataset = endless_batches_in_memory((rows, rows * 10), 8, shuffle_seed=7)
+    assert [spec.shape.as_list() for spec in dataset.element_spec] == [[8], [8]]
+    assert dataset.options().autotune.enabled is False
+    batches = [(a.numpy(), b.numpy()) for a, b in dataset.take(25)]  # 200 rows: 4 passes
+    assert all(np.array_equal(a * 10, b) for a, b in batches)  # rows stay whole
+    flat = np.concatenate([a for a, _ in batches])
+    passes = [flat[i * 50:(i + 1) * 50] for i in range(4)]
+    for one_pass in passes:
+        assert sorted(one_pass.tolist()) == list(range(50))
+    assert len({tuple(one_pass) for one_pass in passes}) == 4
+    # The same sequence every run, and skipping k batches resumes exactly.
+    again = endless_batches_in_memory((rows, rows * 10), 8, shuffle_seed=7)
+    assert np.array_equal(np.concatenate([a.numpy() for a, _ in again.take(25)]), flat)
+    resumed = next(iter(again.skip(13)))[0].numpy()
+    assert np.array_equal(resumed, batches[13][0])
+    unshuffled = [a.numpy().tolist() for a, _ in endless_batches_in_memory((rows, rows), 16).take(4)]
+    assert unshuffled[3] == [48, 49, *range(14)]
+    with pytest.raises(ValueError, match="No rows to batch"):
+        endless_batches_in_memory((rows[:0],), 8)
+
+
+def test_repeated_splits_give_full_batches_in_memory_and_streaming(digits_dir, monkeypatch):
+    from data import image_classification
+
+    def labels_of(dataset, count):
+        assert dataset.element_spec[0].shape.as_list() == [64, 8, 8, 1]
+        return np.concatenate([labels.numpy() for _, labels in dataset.take(count)])
+
+    in_memory = labels_of(data.global_batches("digits", "train", global_batch_size=64,
+                                              data_dir=digits_dir, shuffle_seed=1, repeat=True), 45)
+    monkeypatch.setattr(image_classification, "IN_MEMORY_BYTES", 0)
+    streamed = labels_of(data.global_batches("digits", "train", global_batch_size=64,
+                                             data_dir=digits_dir, shuffle_seed=1, repeat=True), 45)
+    # 45 batches are 2880 rows: two whole passes of the 1437 and 6 rows of a third.
+    for labels in (in_memory, streamed):
+        assert np.array_equal(np.sort(labels[:1437]), np.sort(labels[1437:2874]))
+
+
 def test_a_split_too_large_for_memory_streams_through_a_shuffle_buffer(digits_dir, monkeypatch):
     from data import image_classification
 

@@ -118,6 +118,22 @@ def test_replica_slice_cuts_ceil_rows_and_leaves_the_last_replicas_short():
         [0, 1, 2], [3, 4]]
 
 
+def test_replica_slice_of_a_full_batch_keeps_a_static_shape():
+    def slice_shapes(spec):
+        shapes = []
+
+        def trace(batch):
+            shapes.extend(distributed_input.replica_slice(batch, r, 2).shape.as_list()
+                          for r in range(2))
+            return batch
+
+        tf.function(trace).get_concrete_function(spec)
+        return shapes
+
+    assert slice_shapes(tf.TensorSpec([64, 3])) == [[32, 3], [32, 3]]
+    assert slice_shapes(tf.TensorSpec([None, 3])) == [[None, 3], [None, 3]]
+
+
 def test_ragged_batches_take_the_distributed_iterator_and_arrive_whole():
     strategy = loops.testing.replica_strategy(1)
     ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3], [4, 5, 6]])).batch(2)

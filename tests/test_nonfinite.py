@@ -47,11 +47,17 @@ def test_skip_leaves_weights_and_optimizer_untouched_by_the_bad_step():
     assert loop.write_results()["skipped_steps"] == 1
 
 
-def test_stop_names_the_step_and_saves_nothing_after_it(tmp_path):
+def test_stop_names_the_step_saves_nothing_after_it_and_goes_back_to_the_checkpoint(tmp_path):
     loop = make_loop("stop", model_dir=str(tmp_path), checkpoint_every=1)
-    with pytest.raises(loops.loop.NonFiniteError, match="Step 2: the loss or the gradients"):
+    with pytest.raises(loops.loop.NonFiniteError,
+                       match="Step 2: the loss or the gradients .* back at its last checkpoint "
+                             "\\(step 1\\)"):
         loop.train(4)
-    assert loop.step == 2  # the inner loop stopped right after the bad step
+    assert loop.step == 1
+    # Training again reads the stream from the checkpoint's position: the same bad batch.
+    with pytest.raises(loops.loop.NonFiniteError, match="Step 2: .* back at its last checkpoint"):
+        loop.train(4)
+    assert loop.step == 1
     kept = sorted(os.path.basename(p) for p in tf.train.get_checkpoint_state(
         str(tmp_path / "checkpoints")).all_model_checkpoint_paths)
     assert kept == ["ckpt-1"]
@@ -66,3 +72,21 @@ def test_stop_names_the_step_and_saves_nothing_after_it(tmp_path):
 def test_unknown_policy_is_named():
     with pytest.raises(ValueError, match="on_nonfinite must be one of \\('stop', 'skip'\\), got 'ignore'"):
         make_loop("ignore")
+
+
+def test_stop_applies_updates_without_waiting_for_the_check():
+    # Under "stop" nothing waits for the finiteness check (10-20% of a small step):
+    # the bad update reaches the weights, and with no checkpoint to go back to
+    # the error says so.
+    loop = make_loop("stop")
+    assert not loop.skips_nonfinite
+    with pytest.raises(loops.loop.NonFiniteError,
+                       match="Step 2: .* no checkpoint to go back to: the weights in memory are "
+                             "those the step left, not finite"):
+        loop.train(4)
+    assert loop.step == 2
+    assert loop.skipped_steps == 0
+    assert not all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
+    # Training again starts with the next batch and stops at once: its weights are not finite.
+    with pytest.raises(loops.loop.NonFiniteError, match="Step 3: "):
+        loop.train(4)

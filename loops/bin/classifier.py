@@ -66,13 +66,14 @@ def build_loop():
     loop_flags.check_batch_fits_replicas(strategy)
     spec = data.dataset_spec(FLAGS.dataset, FLAGS.data_dir)
 
-    def batches(split, shuffle_seed):
+    def batches(split, shuffle_seed, repeat):
         return lambda: data.global_batches(
             FLAGS.dataset, split, global_batch_size=FLAGS.global_batch_size,
-            data_dir=FLAGS.data_dir, shuffle_seed=shuffle_seed)
+            data_dir=FLAGS.data_dir, shuffle_seed=shuffle_seed, repeat=repeat)
 
     # Fail now, with the data error, rather than inside the first traced step.
-    train_data, eval_data = batches(FLAGS.train_split, FLAGS.seed), batches(FLAGS.eval_split, None)
+    train_data = batches(FLAGS.train_split, FLAGS.seed, repeat=True)
+    eval_data = batches(FLAGS.eval_split, None, repeat=False)
     train_data(), eval_data()
 
     return loops.ClassifierLoop(

@@ -44,7 +44,7 @@ def digits_images(global_batch_size: int, *, seed: int, data_dir: str | None = N
 
     import data
     return data.global_batches("digits", "train", global_batch_size=global_batch_size,
-                               data_dir=data_dir, shuffle_seed=seed).map(
+                               data_dir=data_dir, shuffle_seed=seed, repeat=True).map(
         lambda images, labels: tf.cast(images, tf.float32) / 127.5 - 1.0)
 
 
