@@ -21,7 +21,7 @@ class Loop:
     A kind of training is a subclass that creates its objects in `build` and
     says what one step does in `train_step` (and, to evaluate on a dataset,
     `eval_step`). The Loop runs `steps_per_loop` train steps inside one
-    `tf.function` (a `tf.range` loop), and between those inner loops it writes
+    `tf.function` (a `tf.while_loop`), and between those inner loops it writes
     progress lines, TensorBoard summaries, checkpoints and evaluations, and
     runs its `actions` (early stopping, keeping the best checkpoint, exports,
     or a user's own `loops.Action`). A new Loop restores the newest checkpoint
