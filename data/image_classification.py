@@ -151,12 +151,8 @@ def batches_in_memory(arrays, batch_size: int, shuffle_seed: int | None = None) 
                 tf.nest.map_structure(lambda part: part[full * batch_size:], parts)))
         return batches
 
-    # Nothing here runs in parallel or buffers, so there is nothing to tune:
-    # autotuning's bookkeeping alone cost about 60 us of CPU a batch.
-    untuned = tf.data.Options()
-    untuned.autotune.enabled = False
     if shuffle_seed is None:
-        return cut(arrays).with_options(untuned)
+        return _untuned(cut(arrays))
 
     def permuted(epoch_seed):
         order = tf.random.experimental.stateless_shuffle(
@@ -165,8 +161,8 @@ def batches_in_memory(arrays, batch_size: int, shuffle_seed: int | None = None) 
 
     # One random number per pass picks the pass's permutation; the sequence of
     # numbers is fixed by the seed, and a new pass draws the next one.
-    return tf.data.Dataset.random(seed=shuffle_seed, rerandomize_each_iteration=True) \
-        .take(1).flat_map(permuted).with_options(untuned)
+    return _untuned(tf.data.Dataset.random(seed=shuffle_seed, rerandomize_each_iteration=True)
+                    .take(1).flat_map(permuted))
 
 
 # What `endless_batches_in_memory` draws at a time, at most (but one pass at
@@ -217,9 +213,16 @@ def endless_batches_in_memory(arrays, batch_size: int,
 
     seeds = (tf.data.Dataset.random(seed=shuffle_seed) if shuffle_seed is not None
              else tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat())
-    untuned = tf.data.Options()
-    untuned.autotune.enabled = False
-    return seeds.scan(tf.zeros([0], tf.int64), cut).flat_map(gathered).with_options(untuned)
+    return _untuned(seeds.scan(tf.zeros([0], tf.int64), cut).flat_map(gathered))
+
+
+def _untuned(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    # Batching from memory runs nothing in parallel and buffers nothing, so
+    # there is nothing to tune: autotuning's bookkeeping alone cost about
+    # 60 us of CPU a batch.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def _split_count(builder: tfds.core.DatasetBuilder, split: str, examples: tf.data.Dataset) -> int | None:

@@ -215,15 +215,14 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
 def replica_slice(batch, replica_id, num_replicas: int):
     """Replica `replica_id`'s rows of a global batch: ceil(n / num_replicas) of them, fewer at the end.
 
-    A batch of known size sliced for a known replica keeps a static shape.
+    A batch of static size keeps a static shape: TensorFlow folds the shape
+    arithmetic when the graph is built (tested).
     """
     parts = tf.nest.flatten(batch)
-    rows, minimum = parts[0].shape[0], min
-    if rows is None or not isinstance(replica_id, int):
-        rows, minimum = tf.shape(parts[0])[0], tf.minimum
+    rows = tf.shape(parts[0])[0]
     per_replica = (rows + num_replicas - 1) // num_replicas
-    start = minimum(replica_id * per_replica, rows)
-    end = minimum(start + per_replica, rows)
+    start = tf.minimum(replica_id * per_replica, rows)
+    end = tf.minimum(start + per_replica, rows)
     return tf.nest.pack_sequence_as(batch, [part[start:end] for part in parts])
 
 

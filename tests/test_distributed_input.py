@@ -134,6 +134,24 @@ def test_replica_slice_of_a_full_batch_keeps_a_static_shape():
     assert slice_shapes(tf.TensorSpec([None, 3])) == [[None, 3], [None, 3]]
 
 
+@pytest.mark.parametrize("num_replicas", [1, 2])
+def test_a_stream_of_full_batches_reaches_the_step_with_a_static_shape(num_replicas):
+    # What the train step is traced for: a stream of full batches keeps its batch
+    # dimension through train_iterator and next_batch (BUILD.md, full batches).
+    strategy = loops.testing.replica_strategy(num_replicas)
+    stream = tf.data.Dataset.range(64).batch(8, drop_remainder=True)
+    iterator = distributed_input.train_iterator(strategy, stream)
+    shapes = []
+
+    def trace(iterator):
+        batch = distributed_input.next_batch(iterator, strategy)
+        shapes.extend(part.shape.as_list() for part in strategy.experimental_local_results(batch))
+        return tf.constant(0)
+
+    tf.function(trace).get_concrete_function(iterator)
+    assert shapes == [[8 // num_replicas]] * num_replicas
+
+
 def test_ragged_batches_take_the_distributed_iterator_and_arrive_whole():
     strategy = loops.testing.replica_strategy(1)
     ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3], [4, 5, 6]])).batch(2)
