@@ -3,9 +3,11 @@
 Every input pipeline builds the same stream of global batches and keeps only
 its own rows of each, split into one slice per local replica. A step therefore
 sees exactly the examples a single device would see in that step, whatever the
-number of workers and replicas; a partial final batch leaves the last replicas
-with fewer rows, or none (21 examples, global batch 8, 4 replicas: the third
-step is split [2, 2, 1, 0]). Reading the whole stream on every pipeline is the
+number of workers and replicas. Slices are balanced: a partial final batch
+gives the first replicas one row more than the rest (21 examples, global
+batch 8, 4 replicas: the third step is split [2, 1, 1, 1]), so a replica is
+left without rows only when a batch has fewer rows than there are replicas
+(BUILD.md fact 17). Reading the whole stream on every pipeline is the
 price of that exactness; it is small next to the step for the datasets this
 framework targets, and a user with sharded files can pass their own
 `dataset_fn`.
@@ -26,10 +28,9 @@ def split_global_batches(dataset: tf.data.Dataset,
                          input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     """Returns this pipeline's per-replica slices of each global batch, in order.
 
-    Each global batch of n rows is cut into `num_replicas_in_sync` contiguous
-    slices of ceil(n / num_replicas_in_sync) rows (the last ones shorter or
-    empty); pipeline p yields the slices of its replicas, one element each, so
-    the strategy's round-robin hands slice k to local replica k.
+    Each global batch is cut into `num_replicas_in_sync` contiguous slices
+    (`replica_bounds`); pipeline p yields the slices of its replicas, one
+    element each, so the strategy's round-robin hands slice k to local replica k.
     """
     num_replicas = input_context.num_replicas_in_sync
     num_pipelines = input_context.num_input_pipelines
@@ -43,24 +44,19 @@ def split_global_batches(dataset: tf.data.Dataset,
         return dataset
     first_replica = input_context.input_pipeline_id * local_replicas
 
-    # Pad each global batch to num_replicas equal slices, keep this pipeline's,
-    # unbatch them with their true row counts, then cut the padding off. This
-    # costs a third less per step than a flat_map over slice datasets.
+    # Gather each global batch into this pipeline's slices padded to the
+    # longest, unbatch them with their true row counts, then cut the padding
+    # off. This costs a third less per step than a flat_map over slice datasets.
     def to_padded_slices(*batch):
         batch = batch[0] if len(batch) == 1 else batch
         parts = tf.nest.flatten(batch)
         rows = tf.shape(parts[0])[0]
-        per_replica = (rows + num_replicas - 1) // num_replicas
-        replica_ids = tf.range(first_replica, first_replica + local_replicas)
-        counts = tf.clip_by_value(rows - replica_ids * per_replica, 0, per_replica)
-
-        def padded(part):
-            part = tf.pad(part, [[0, per_replica * num_replicas - rows]] +
-                          [[0, 0]] * (part.shape.rank - 1))
-            part = tf.reshape(part, tf.concat([[num_replicas, per_replica], tf.shape(part)[1:]], 0))
-            return part[first_replica:first_replica + local_replicas]
-
-        return tuple(padded(part) for part in parts), counts
+        longest = (rows + num_replicas - 1) // num_replicas
+        starts, ends = replica_bounds(rows, tf.range(first_replica, first_replica + local_replicas),
+                                      num_replicas)
+        # Rows past a slice's end repeat its last row: padding, cut off below.
+        index = tf.minimum(starts[:, None] + tf.range(longest)[None, :], rows - 1)
+        return tuple(tf.gather(part, index) for part in parts), ends - starts
 
     def unpad(parts, count):
         return tf.nest.pack_sequence_as(structure, [part[:count] for part in parts])
@@ -212,17 +208,29 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
         lambda context: replica_slice(batch, context.replica_id_in_sync_group, num_replicas))
 
 
+def replica_bounds(rows, replica_id, num_replicas: int):
+    """First and one-past-last row of replica `replica_id`'s slice of a global batch of `rows`.
+
+    Contiguous, balanced slices in replica order: each replica holds
+    floor(rows / num_replicas) rows and the first `rows % num_replicas` one
+    more, so a replica is empty only when the batch has fewer rows than there
+    are replicas. `replica_id` may be a vector of ids. Every split of the
+    framework (tf.data pipelines, the step's slices, per-row random draws)
+    follows this one rule.
+    """
+    base, extra = rows // num_replicas, rows % num_replicas
+    start = replica_id * base + tf.minimum(replica_id, extra)
+    return start, start + base + tf.cast(replica_id < extra, base.dtype)
+
+
 def replica_slice(batch, replica_id, num_replicas: int):
-    """Replica `replica_id`'s rows of a global batch: ceil(n / num_replicas) of them, fewer at the end.
+    """Replica `replica_id`'s rows of a global batch (`replica_bounds`).
 
     A batch of static size keeps a static shape: TensorFlow folds the shape
     arithmetic when the graph is built (tested).
     """
     parts = tf.nest.flatten(batch)
-    rows = tf.shape(parts[0])[0]
-    per_replica = (rows + num_replicas - 1) // num_replicas
-    start = tf.minimum(replica_id * per_replica, rows)
-    end = tf.minimum(start + per_replica, rows)
+    start, end = replica_bounds(tf.shape(parts[0])[0], replica_id, num_replicas)
     return tf.nest.pack_sequence_as(batch, [part[start:end] for part in parts])
 
 

@@ -9,6 +9,8 @@ from typing import Callable, Iterator, Sequence
 import keras
 import tensorflow as tf
 
+from loops.distributed_input import replica_bounds
+
 
 def step_seed(seed: int, step: tf.Tensor, *streams: int | tf.Tensor) -> tf.Tensor:
     """The stateless [2] seed of one random stream of one training step.
@@ -29,8 +31,8 @@ def replica_rows(draw: Callable[..., tf.Tensor], seed: tf.Tensor, *, local_rows:
     """This replica's rows of one random tensor drawn for the whole global batch.
 
     Every replica draws `draw([global_rows, *row_shape], seed=seed)` and keeps
-    the rows its data slice holds (the Loop's split: ceil(n / replicas) rows
-    per replica, in replica order). Row i is therefore the same for 1 or N
+    the rows its data slice holds (the Loop's split,
+    `distributed_input.replica_bounds`). Row i is therefore the same for 1 or N
     replicas, and different rows, on any replicas, are independent; a stateful
     or seeded generator would repeat the same rows on every replica (DESIGN.md
     fact 7). Call in replica context.
@@ -46,10 +48,8 @@ def replica_rows(draw: Callable[..., tf.Tensor], seed: tf.Tensor, *, local_rows:
     global_rows = tf.cast(global_rows, tf.int32)
     shape = tf.concat([[global_rows], tf.cast(row_shape, tf.int32)], 0)
     values = draw(shape, seed=seed)
-    num_replicas = context.num_replicas_in_sync
-    per_replica = (global_rows + num_replicas - 1) // num_replicas
-    start = tf.minimum(tf.cast(context.replica_id_in_sync_group, tf.int32) * per_replica,
-                       global_rows)
+    start, _ = replica_bounds(global_rows, tf.cast(context.replica_id_in_sync_group, tf.int32),
+                              context.num_replicas_in_sync)
     return values[start:start + tf.cast(local_rows, tf.int32)]
 
 

@@ -14,8 +14,14 @@ def slices(rows, num_replicas, num_pipelines=1, pipeline_id=0):
     return [s.numpy().tolist() for s in distributed_input.split_global_batches(dataset, context)]
 
 
-def test_partial_batch_leaves_last_replica_empty():
-    assert slices(5, 4) == [[0, 1], [2, 3], [4], []]
+def test_partial_batch_gives_the_first_replicas_one_row_more():
+    assert slices(5, 4) == [[0, 1], [2], [3], [4]]
+    assert slices(7, 4) == [[0, 1], [2, 3], [4, 5], [6]]
+
+
+def test_a_replica_is_empty_only_when_a_batch_has_fewer_rows_than_replicas():
+    assert slices(3, 4) == [[0], [1], [2], []]
+    assert slices(1, 4) == [[0], [], [], []]
 
 
 def test_full_batch_splits_evenly():
@@ -26,6 +32,8 @@ def test_each_pipeline_keeps_only_its_replicas_rows():
     assert slices(8, 4, num_pipelines=2, pipeline_id=0) == [[0, 1], [2, 3]]
     assert slices(8, 4, num_pipelines=2, pipeline_id=1) == [[4, 5], [6, 7]]
     assert slices(3, 4, num_pipelines=2, pipeline_id=1) == [[2], []]
+    assert slices(5, 4, num_pipelines=2, pipeline_id=0) == [[0, 1], [2]]
+    assert slices(5, 4, num_pipelines=2, pipeline_id=1) == [[3], [4]]
 
 
 def test_uneven_replicas_per_pipeline_is_an_error():
@@ -40,7 +48,7 @@ def test_distributed_steps_hold_the_global_batch():
     for batch in loops.distribute(strategy, dataset):
         parts = strategy.experimental_local_results(batch)
         per_step.append([p.numpy().tolist() for p in parts])
-    assert per_step[2] == [[16, 17], [18, 19], [20], []]
+    assert per_step[2] == [[16, 17], [18], [19], [20]]
     assert [sum(p, []) for p in per_step] == [list(range(0, 8)), list(range(8, 16)), list(range(16, 21))]
 
 
@@ -91,7 +99,7 @@ def test_train_iterator_gives_every_replica_the_rows_distribute_gives(num_replic
     assert fast == _distributed_steps(strategy, source, 7, skip_batches=2)
     if num_replicas == 4:
         # Step 1 of the skipped stream is the epoch's partial batch of 5 rows.
-        assert fast[0] == [[16, 17], [18, 19], [20], []]
+        assert fast[0] == [[16, 17], [18], [19], [20]]
         assert fast[1] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
@@ -110,12 +118,13 @@ def test_train_iterator_is_a_plain_iterator_where_replicas_share_host_memory(
             [[0, 1], [2, 3]], [[4], [5]]]
 
 
-def test_replica_slice_cuts_ceil_rows_and_leaves_the_last_replicas_short():
-    batch = tf.range(5)
-    assert [distributed_input.replica_slice(batch, r, 4).numpy().tolist() for r in range(4)] == [
-        [0, 1], [2, 3], [4], []]
-    assert [distributed_input.replica_slice(batch, r, 2).numpy().tolist() for r in range(2)] == [
-        [0, 1, 2], [3, 4]]
+@pytest.mark.parametrize("rows, num_replicas, expected", [
+    (5, 4, [[0, 1], [2], [3], [4]]), (5, 2, [[0, 1, 2], [3, 4]]), (2, 4, [[0], [1], [], []]),
+    (8, 4, [[0, 1], [2, 3], [4, 5], [6, 7]])])
+def test_replica_slice_gives_the_rows_of_split_global_batches(rows, num_replicas, expected):
+    batch = tf.range(rows)
+    assert [distributed_input.replica_slice(batch, r, num_replicas).numpy().tolist()
+            for r in range(num_replicas)] == expected == slices(rows, num_replicas)
 
 
 def test_replica_slice_of_a_full_batch_keeps_a_static_shape():
