@@ -242,10 +242,12 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     report = {"machine": {"cpus": os.cpu_count(), "tensorflow": tf.__version__,
-                          "gpus": len(tf.config.list_physical_devices("GPU"))},
+                          "gpus": len(tf.config.list_physical_devices("GPU")),
+                          "onednn": loops.strategies.onednn_enabled()},
               "config": {k: v for k, v in vars(args).items() if k != "output"},
               "rows": rows}
     print(format_table(rows))
+    print(f"oneDNN kernels: {'on' if report['machine']['onednn'] else 'off'} (TF_ENABLE_ONEDNN_OPTS)")
     loops.reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return 0

@@ -6,14 +6,6 @@ start without importing TensorFlow.
 """
 
 import importlib
-import os
-
-# TF 2.21's oneDNN CPU kernels give a replica that holds no example (a partial
-# final batch) a wrongly shaped convolution result, and the synchronized batch
-# norm collectives then abort ("expected shape [1] but another member in the
-# group expected shape [32]"). The plain Eigen kernels are right. Set before
-# TensorFlow initializes; export TF_ENABLE_ONEDNN_OPTS=1 to choose otherwise.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 # Public name -> the module that defines it (a module itself when the names match).
 _EXPORTS = {

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -219,6 +221,8 @@ class Loop:
         self.last_eval_metrics: dict[str, float] = {}
         self.steps_per_second = 0.0
         self.skipped_steps = 0
+        # The step that left non-finite weights in memory with no checkpoint to go back to.
+        self._nonfinite_weights_step: int | None = None
         self.preempted = False
 
     # ---- Hooks a kind of training overrides. ----
@@ -285,6 +289,14 @@ class Loop:
             entry per step trained in this call.
         """
         _check_positive("num_steps", num_steps)
+        if self._nonfinite_weights_step is not None:
+            # Kernels need not show them again: oneDNN's fused ReLU turns a
+            # NaN into 0, and the next steps' loss and gradients are finite.
+            raise NonFiniteError(
+                f"Step {self._nonfinite_weights_step} left weights that are not finite and "
+                "there was no checkpoint to go back to, so this loop cannot train on. Build "
+                "it again, with a model_dir and checkpoint_every so that a stop goes back "
+                "to the last checkpoint.")
         if self.train_data is None and self.needs_train_data:
             raise ValueError(
                 f"{type(self).__name__} has no train_data; pass train_data= to "
@@ -301,7 +313,7 @@ class Loop:
         iterator = self._iterator_at(start_step)
         loop_times: list[tuple[int, float]] = []
         step = start_step
-        with PreemptionWatcher(self.strategy) as preemption:
+        with PreemptionWatcher(self.strategy) as preemption, _explains_empty_replicas(self.strategy):
             step = self._train_loops(iterator, step, num_steps, history, loop_times, preemption)
         if loop_times:
             # The first inner loop includes tracing; leave it out when there are others.
@@ -358,7 +370,8 @@ class Loop:
 
     def evaluate(self) -> dict[str, float]:
         """Runs `run_evaluation`, reports the metrics, calls the actions' `after_eval`."""
-        metrics = self.run_evaluation()
+        with _explains_empty_replicas(self.strategy):
+            metrics = self.run_evaluation()
         self._evaluated_step = self.step
         if metrics:
             self.last_eval_metrics = metrics
@@ -462,6 +475,7 @@ class Loop:
             state = (f"Nothing was saved after it; the loop is back at its last checkpoint "
                      f"(step {self.step}), where a rerun also resumes.")
         else:
+            self._nonfinite_weights_step = bad_step
             state = ("There is no checkpoint to go back to: the weights in memory are those "
                      "the step left, not finite.")
         raise NonFiniteError(
@@ -746,6 +760,33 @@ def _check_step_outputs(hook: str, spec, require: tuple[str, ...] = ()) -> None:
     missing = [name for name in require if name not in spec]
     if missing:
         raise TypeError(f"{hook} must return {missing} (got {sorted(spec)}).")
+
+
+@contextlib.contextmanager
+def _explains_empty_replicas(strategy: tf.distribute.Strategy):
+    """Adds the likely cause to a shape error of a multi-replica step under oneDNN.
+
+    TensorFlow's oneDNN convolution gives an input with no rows an output of
+    the input's shape (BUILD.md fact 17), so a replica left without examples
+    (a batch with fewer rows than replicas) fails later with a shape error
+    that names neither. The error itself is kept; a note says what to change.
+    """
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        replicas = strategy.num_replicas_in_sync
+        if replicas > 1 and strategies.onednn_enabled() and _SHAPE_ERROR.search(str(error)):
+            error.add_note(
+                f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
+                "none, and TensorFlow's oneDNN convolutions give an empty input an output of the "
+                "wrong shape (BUILD.md fact 17). Give every batch at least "
+                f"{replicas} rows (batch with drop_remainder=True, or train on an endless "
+                "stream of full batches: data.global_batches(..., repeat=True)), or set "
+                "TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported.")
+        raise
+
+
+_SHAPE_ERROR = re.compile(r"shape|size-incompatible", re.IGNORECASE)
 
 
 def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:

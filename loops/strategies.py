@@ -228,6 +228,13 @@ _NAMES_BY_CLASS = {
 }
 
 
+def onednn_enabled() -> bool:
+    """Whether TensorFlow runs its oneDNN CPU kernels (TF_ENABLE_ONEDNN_OPTS, on by default on x86)."""
+    from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own answer, read at import
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def strategy_name(strategy: tf.distribute.Strategy) -> str:
     """The --strategy name of a strategy object (its class name if unknown)."""
     class_name = type(strategy).__name__

@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import loops
 from conftest import ROOT, SUBPROCESS_ENV
 
 
@@ -17,6 +18,7 @@ def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["machine"]["cpus"] >= 1 and report["config"]["rounds"] == 2
+    assert report["machine"]["onednn"] == loops.strategies.onednn_enabled()
     rows = {(row["replicas"], row["mode"]): row for row in report["rows"]}
     modes = ("compute_bound", "loops", "keras_fit", "keras_fit_spe", "tutorial")
     assert sorted(rows) == sorted((r, m) for r in (1, 2) for m in modes)

@@ -35,8 +35,9 @@ def test_skip_leaves_weights_and_optimizer_untouched_by_the_bad_step():
     after_first = loops.testing.loop_weights(loop)
     logs = loop.train(2)
     after_bad = loops.testing.loop_weights(loop)
+    # The NaN reaches the gradients on every kernel; the loss it reaches only where
+    # the ReLU keeps it (oneDNN's fused ReLU turns it into 0), so only the flag is asserted.
     assert logs["nonfinite"].tolist() == [1.0]
-    assert np.isnan(logs["loss"][0])
     for key, value in after_first.items():
         if key != "global_step":
             np.testing.assert_array_equal(after_bad[key], value, err_msg=key)
@@ -87,6 +88,9 @@ def test_stop_applies_updates_without_waiting_for_the_check():
     assert loop.step == 2
     assert loop.skipped_steps == 0
     assert not all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
-    # Training again starts with the next batch and stops at once: its weights are not finite.
-    with pytest.raises(loops.loop.NonFiniteError, match="Step 3: "):
+    # Training again is refused: the weights are not finite, whether or not the
+    # next steps' kernels would show it (oneDNN's fused ReLU turns a NaN into 0).
+    with pytest.raises(loops.loop.NonFiniteError,
+                       match="Step 2 left weights that are not finite .* cannot train on"):
         loop.train(4)
+    assert loop.step == 2

@@ -1,5 +1,9 @@
 """1 vs 2 vs 4 replicas give the same losses, weights and evaluation."""
 
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -11,7 +15,7 @@ from conftest import optimizer_factory, tiny_batches
 
 
 def classifier_builder(optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, model="mlp",
-                       dropout=0.0):
+                       dropout=0.0, examples=17):
     def build(strategy):
         return loops.ClassifierLoop(
             strategy=strategy,
@@ -20,9 +24,10 @@ def classifier_builder(optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, m
                 dropout=dropout, seed=3),
             optimizer_fn=optimizer_factory(optimizer),
             clip_norm=clip_norm,
-            # 21 examples, global batch 8: every third step is [2, 2, 1, 0] on 4 replicas.
-            train_data=tiny_batches(8, 21, shuffle_seed=5),
-            eval_data=tiny_batches(8, 21, seed=1),
+            # 17 examples, global batch 8: every third step holds 1 example,
+            # split [1, 0, 0, 0] on 4 replicas and [1, 0] on 2 (empty replicas).
+            train_data=tiny_batches(8, examples, shuffle_seed=5),
+            eval_data=tiny_batches(8, examples, seed=1),
             steps_per_loop=4,
             progress=loops.testing.quiet_progress())
     return build
@@ -35,14 +40,16 @@ def test_mlp_with_l2_and_synchronized_batch_norm(optimizer, batch_norm):
         classifier_builder(optimizer, batch_norm=batch_norm), num_steps=7)
     losses = runs[1]["logs"]["loss"]
     assert losses.shape == (7,)
-    # The partial steps really were partial: 8, 8, 5 examples per epoch.
-    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 5, 8, 8, 5, 8])
+    # The partial steps really were partial: 8, 8, 1 examples per epoch.
+    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 1, 8, 8, 1, 8])
     assert losses[-1] < losses[0]
 
 
 def test_cnn_with_gradient_clipping():
+    # 21 examples: the partial step of 5 is split [2, 1, 1, 1]. A CNN on an empty
+    # replica needs the Eigen kernels (BUILD.md fact 17; the test below).
     runs = loops.testing.assert_replica_parity(
-        classifier_builder("sgd_momentum", clip_norm=0.5, model="cnn"), num_steps=4,
+        classifier_builder("sgd_momentum", clip_norm=0.5, model="cnn", examples=21), num_steps=4,
         replica_counts=(1, 4))
     assert np.all(np.isfinite(runs[4]["logs"]["loss"]))
 
@@ -54,24 +61,24 @@ def test_dropout_keyed_on_the_example_keeps_parity():
     plain = loops.testing.train_run(classifier_builder("sgd_momentum"),
                                     loops.testing.replica_strategy(1), num_steps=7)
     assert np.min(np.abs(runs[1]["logs"]["loss"] - plain["logs"]["loss"])) > 1e-3
-    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 5, 8, 8, 5, 8])
+    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 1, 8, 8, 1, 8])
 
 
 def test_evaluation_counts_every_example_once():
     runs = loops.testing.assert_replica_parity(
         classifier_builder("adam"), num_steps=1, replica_counts=(1, 2, 4))
     for count in (1, 2, 4):
-        assert runs[count]["eval"]["num_examples"] == 21
+        assert runs[count]["eval"]["num_examples"] == 17
 
 
 def test_evaluation_matches_the_model_on_numpy():
     from conftest import tiny_examples
     loop = classifier_builder("adam")(loops.testing.replica_strategy(4))
     metrics = loop.evaluate()
-    images, labels = tiny_examples(21, seed=1)
+    images, labels = tiny_examples(17, seed=1)
     logits = loop.model(images, training=False).numpy()
     expected_loss = np.mean(loops.sparse_softmax_cross_entropy(labels, logits).numpy())
-    assert metrics["num_examples"] == 21
+    assert metrics["num_examples"] == 17
     assert metrics["accuracy"] == pytest.approx(np.mean(np.argmax(logits, -1) == labels), abs=1e-9)
     assert metrics["loss"] == pytest.approx(expected_loss, rel=1e-5)
 
@@ -110,5 +117,35 @@ def test_central_storage_matches_mirrored_and_one_replica():
     mirrored = loops.testing.train_run(build, loops.testing.replica_strategy(4), num_steps=7)
     loops.testing.assert_runs_agree(runs[4], mirrored, rtol=1e-5,
                                     label="central_storage vs mirrored, 4 replicas")
-    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 5, 8, 8, 5, 8])
+    np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 1, 8, 8, 1, 8])
     assert runs[4]["logs"]["loss"][-1] < runs[4]["logs"]["loss"][0]
+
+
+# Runs in a process of its own: the oneDNN switch is read when TensorFlow is
+# imported, and an aborted collective stays aborted for the rest of a process.
+CNN_WITH_AN_EMPTY_REPLICA = """
+import loops
+loops.configure_logical_cpus(4)
+from conftest import tiny_batches
+from test_parity import classifier_builder
+# 17 examples, global batch 8: the third step's single row leaves 3 of 4 replicas empty.
+runs = loops.testing.assert_replica_parity(
+    classifier_builder("sgd_momentum", model="cnn", examples=17), num_steps=3, replica_counts=(1, 4))
+print("num_examples", runs[4]["logs"]["num_examples"].tolist())
+"""
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_cnn_on_an_empty_replica_is_exact_with_eigen_and_explained_with_onednn(onednn):
+    from conftest import ROOT, SUBPROCESS_ENV
+    env = dict(SUBPROCESS_ENV, TF_ENABLE_ONEDNN_OPTS=onednn,
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), SUBPROCESS_ENV["PYTHONPATH"]]))
+    run = subprocess.run([sys.executable, "-c", CNN_WITH_AN_EMPTY_REPLICA], capture_output=True,
+                         text=True, env=env, timeout=600, cwd=ROOT)
+    if onednn == "0":
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "num_examples [8.0, 8.0, 1.0]" in run.stdout
+    else:
+        assert run.returncode != 0
+        assert "if a batch had fewer rows than the 4 replicas, a replica held none" in run.stderr
+        assert "TF_ENABLE_ONEDNN_OPTS=0" in run.stderr

@@ -1,6 +1,8 @@
 """Strategies from names, and their errors."""
 
 import json
+import os
+import platform
 
 import pytest
 import tensorflow as tf
@@ -92,3 +94,11 @@ def test_chief_detection(monkeypatch):
 
         assert loops.strategies.is_chief(FakeStrategy()) is chief
         assert loops.strategies.task_name(FakeStrategy()) == f"worker_{index}"
+
+
+def test_onednn_enabled_reads_tensorflows_own_switch():
+    # The Loop's note on empty replicas depends on it (BUILD.md fact 17); loops
+    # leaves TensorFlow's default, which is on for x86 CPUs.
+    setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    expected = platform.machine() in ("x86_64", "AMD64") if setting is None else setting == "1"
+    assert loops.strategies.onednn_enabled() == expected
