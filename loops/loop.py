@@ -130,7 +130,8 @@ class Loop:
                 on some replica (its `nonfinite` output is set) leads to.
                 "stop": the inner loop ends right after it, nothing is saved
                 after it, the loop goes back to its last checkpoint and
-                NonFiniteError names the step. "skip": its update is not
+                NonFiniteError names the step (without a checkpoint, the
+                loop then refuses to train on). "skip": its update is not
                 applied on any replica and training goes on; every update
                 then waits for the finiteness check (see `apply_update`).
             actions: `loops.Action`s run between inner loops, after
