@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -765,18 +764,20 @@ def _check_step_outputs(hook: str, spec, require: tuple[str, ...] = ()) -> None:
 
 @contextlib.contextmanager
 def _explains_empty_replicas(strategy: tf.distribute.Strategy):
-    """Adds the likely cause to a shape error of a multi-replica step under oneDNN.
+    """Adds a likely cause to an InvalidArgumentError of a multi-replica step under oneDNN.
 
     TensorFlow's oneDNN convolution gives an input with no rows an output of
     the input's shape (BUILD.md fact 17), so a replica left without examples
-    (a batch with fewer rows than replicas) fails later with a shape error
-    that names neither. The error itself is kept; a note says what to change.
+    (a batch with fewer rows than replicas) fails later with an error that
+    names neither, and in several forms (a collective's shape mismatch, a
+    convolution's "input depth must be evenly divisible", a matmul's sizes).
+    The error itself is kept; a note says what to change if that was the cause.
     """
     try:
         yield
     except tf.errors.InvalidArgumentError as error:
         replicas = strategy.num_replicas_in_sync
-        if replicas > 1 and strategies.onednn_enabled() and _SHAPE_ERROR.search(str(error)):
+        if replicas > 1 and strategies.onednn_enabled():
             error.add_note(
                 f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
                 "none, and TensorFlow's oneDNN convolutions give an empty input an output of the "
@@ -785,9 +786,6 @@ def _explains_empty_replicas(strategy: tf.distribute.Strategy):
                 "stream of full batches: data.global_batches(..., repeat=True)), or set "
                 "TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported.")
         raise
-
-
-_SHAPE_ERROR = re.compile(r"shape|size-incompatible", re.IGNORECASE)
 
 
 def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:

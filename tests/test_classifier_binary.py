@@ -1,6 +1,8 @@
 """The loops-classifier binary: end to end on digits, resume, and its flag errors."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from absl import app, flags
 from absl.testing import flagsaver
 
 from loops.bin import classifier as binary
-from conftest import read_results, run_module
+from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module
 
 
 
@@ -118,3 +120,23 @@ def test_central_storage_with_dropout_trains_digits(tmp_path, digits_dir):
     images = tf.cast(tf.random.stateless_uniform([4, 8, 8, 1], [1, 2], maxval=256), tf.uint8)
     # The exported model serves without dropout: the same images give the same logits.
     np.testing.assert_array_equal(served(images=images)["logits"], served(images=images)["logits"])
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_a_cnn_evaluation_with_an_empty_replica_runs_on_eigen_and_is_explained_on_onednn(
+        onednn, tmp_path, digits_dir):
+    # 360 test digits in global batches of 359: the last batch's single row leaves
+    # replica 2 of 2 empty, which TensorFlow's oneDNN convolution gets wrong (fact 17).
+    model_dir = str(tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "-m", "loops.bin.classifier", "--model=cnn", "--global_batch_size=359",
+         "--train_steps=2", "--steps_per_loop=2", f"--model_dir={model_dir}",
+         f"--data_dir={digits_dir}"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env=dict(SUBPROCESS_ENV, TF_ENABLE_ONEDNN_OPTS=onednn))
+    if onednn == "0":
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert read_results(model_dir)["eval"]["num_examples"] == 360
+    else:
+        assert done.returncode != 0
+        assert "if a batch had fewer rows than the 2 replicas, a replica held none" in done.stderr
