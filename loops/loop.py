@@ -777,14 +777,16 @@ def _explains_empty_replicas(strategy: tf.distribute.Strategy):
         yield
     except tf.errors.InvalidArgumentError as error:
         replicas = strategy.num_replicas_in_sync
-        if replicas > 1 and strategies.onednn_enabled():
-            error.add_note(
-                f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
+        note = (f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
                 "none, and TensorFlow's oneDNN convolutions give an empty input an output of the "
                 "wrong shape (BUILD.md fact 17). Give every batch at least "
                 f"{replicas} rows (batch with drop_remainder=True, or train on an endless "
                 "stream of full batches: data.global_batches(..., repeat=True)), or set "
                 "TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported.")
+        # An evaluation inside `train` passes through two of these.
+        if replicas > 1 and strategies.onednn_enabled() and note not in getattr(
+                error, "__notes__", ()):
+            error.add_note(note)
         raise
 
 
