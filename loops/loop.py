@@ -313,7 +313,7 @@ class Loop:
         iterator = self._iterator_at(start_step)
         loop_times: list[tuple[int, float]] = []
         step = start_step
-        with PreemptionWatcher(self.strategy) as preemption, _explains_empty_replicas(self.strategy):
+        with PreemptionWatcher(self.strategy) as preemption:
             step = self._train_loops(iterator, step, num_steps, history, loop_times, preemption)
         if loop_times:
             # The first inner loop includes tracing; leave it out when there are others.
@@ -340,7 +340,8 @@ class Loop:
         while step < num_steps and self.stop_reason is None:
             steps = self._next_loop_length(step, num_steps)
             started = time.perf_counter()
-            logs, reached = self._run_inner_loop(iterator, steps)
+            with _explains_empty_replicas(self.strategy):
+                logs, reached = self._run_inner_loop(iterator, steps)
             seconds = time.perf_counter() - started
             done, step = reached - step, reached
             logs = {name: values[:done] for name, values in logs.items()}
@@ -777,16 +778,14 @@ def _explains_empty_replicas(strategy: tf.distribute.Strategy):
         yield
     except tf.errors.InvalidArgumentError as error:
         replicas = strategy.num_replicas_in_sync
-        note = (f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
+        if replicas > 1 and strategies.onednn_enabled():
+            error.add_note(
+                f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
                 "none, and TensorFlow's oneDNN convolutions give an empty input an output of the "
                 "wrong shape (BUILD.md fact 17). Give every batch at least "
                 f"{replicas} rows (batch with drop_remainder=True, or train on an endless "
                 "stream of full batches: data.global_batches(..., repeat=True)), or set "
                 "TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported.")
-        # An evaluation inside `train` passes through two of these.
-        if replicas > 1 and strategies.onednn_enabled() and note not in getattr(
-                error, "__notes__", ()):
-            error.add_note(note)
         raise
 
 
