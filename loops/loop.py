@@ -106,7 +106,9 @@ class Loop:
                  run_eagerly: bool = False,
                  on_nonfinite: str = "stop",
                  # Host-side callbacks.
-                 actions: Sequence[Action] = ()):
+                 actions: Sequence[Action] = (),
+                 # What the run was asked to do, recorded with its results.
+                 config: Mapping[str, Any] | None = None):
         """Creates the loop's objects in the strategy's scope and restores them.
 
         Args:
@@ -136,6 +138,9 @@ class Loop:
             actions: `loops.Action`s run between inner loops, after
                 evaluations and at the ends of `train`; their state is saved
                 with the checkpoints.
+            config: the run's configuration (a binary's flag values, or a
+                user's hyperparameters), JSON-serializable; written into
+                results.json under "config".
 
         Raises:
             ValueError: a bad argument, or a checkpoint in model_dir that does
@@ -177,6 +182,7 @@ class Loop:
         self.summaries = reporting.Summaries(
             os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None)
         self.actions = _checked_actions(actions)
+        self.config = dict(config or {})
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
         self._saved_step: int | None = None
@@ -418,6 +424,7 @@ class Loop:
             "skipped_steps": self.skipped_steps,
             "preempted": self.preempted,
             "stop_reason": self.stop_reason,
+            "config": self.config,
             **self.results_extra(),
         }
         if self.model_dir and self.is_chief:
