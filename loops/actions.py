@@ -128,6 +128,10 @@ class _WatchesMetric(Action):
                 f"those{flag}.")
         return float(eval_metrics[self.metric])
 
+    def check_reported(self, reported: set[str]) -> None:
+        """Raises UnknownMetricError unless the watched metric is among `reported`."""
+        self.watched_value({name: 0.0 for name in reported})
+
     def improves(self, value: float) -> bool:
         """Whether `value` beats the best by more than min_delta (NaN never does)."""
         best = float(self.best.numpy())
@@ -273,6 +277,17 @@ class KeepBest(_WatchesMetric):
                 "checkpoint": path})
             loop.progress.line(f"best {self.metric} so far ({value:.6g}) at step {step}: "
                                f"saved {path}")
+
+
+def watched_metrics(actions, reported: set[str]) -> None:
+    """Checks, before training, that every action watching an eval metric gets it.
+
+    Raises:
+        UnknownMetricError: an action watches a metric not in `reported`.
+    """
+    for action in actions:
+        if isinstance(action, _WatchesMetric):
+            action.check_reported(reported)
 
 
 class ExportOnEnd(Action):

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from typing import Callable
 
 import keras
 import tensorflow as tf
+
+from loops.checkpoints import FinitenessCheck, describe_names
+from loops.errors import NonFiniteWeightsError
+from loops.reporting import current_umask
 
 
 class _Server(tf.Module):
@@ -66,10 +71,16 @@ def _save(server: _Server, export_dir: str) -> str:
         raise ValueError(
             f"export_dir {export_dir!r} exists and holds no SavedModel; refusing to replace "
             "it. Pass a new directory or remove it.")
+    bad = FinitenessCheck(server.model).nonfinite_names()
+    if bad:
+        raise NonFiniteWeightsError(
+            f"Refusing to export to {export_dir}: {describe_names(bad)} not finite (NaN or inf).")
     parent = os.path.dirname(os.path.abspath(export_dir))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=".export-")
+    _remove_abandoned_staging(parent)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".export-{os.getpid()}-")
     try:
+        os.chmod(staging, 0o777 & ~current_umask())
         tf.saved_model.save(server, staging, signatures={"serving_default": server.serve})
         if os.path.exists(export_dir):
             shutil.rmtree(export_dir)
@@ -77,3 +88,21 @@ def _save(server: _Server, export_dir: str) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return export_dir
+
+
+def _remove_abandoned_staging(parent: str) -> None:
+    """Removes staging folders of exports whose process is gone (killed mid-export)."""
+    for name in os.listdir(parent):
+        match = re.match(r"^\.export-(\d+)-", name)
+        if match and not _process_alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True

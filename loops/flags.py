@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 import tempfile
 from typing import Callable, Sequence
 
 from absl import app, flags
 
-from loops import parameter_server, strategies
+from loops import exit_codes, parameter_server, strategies
 from loops.actions import MODES, Action, EarlyStopping, KeepBest, UnknownMetricError
 from loops.loop import NonFiniteError
 
@@ -155,17 +156,29 @@ def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
             parameter_server.serve_unless_chief()  # a worker or ps task never returns
         except ValueError as error:
             raise app.UsageError(str(error)) from error
+    # Until train watches for it, a SIGTERM has no completed step to save: exit at once.
+    signal.signal(signal.SIGTERM, _exit_preempted)
     try:
         loop = build_loop()
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     try:
         loop.train(train_steps())
-    except (NonFiniteError, UnknownMetricError) as error:
+    except (NonFiniteError, UnknownMetricError, OSError) as error:
         sys.exit(f"error: {error}")
     if summary is not None:
         loop.progress.line(summary(loop))
     report_outputs(loop)
+    loop.close()
+    if loop.preempted:
+        # Not 0: a scheduler must tell a preempted run (rerun it) from a finished one.
+        sys.exit(exit_codes.PREEMPTED)
+
+
+def _exit_preempted(signum, frame) -> None:
+    del signum, frame
+    print("preempted (SIGTERM) before training started: nothing to save", file=sys.stderr)
+    sys.exit(exit_codes.PREEMPTED)
 
 
 def report_outputs(loop) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -11,8 +12,9 @@ import numpy as np
 import tensorflow as tf
 
 from loops import distributed_input, model_dir_lock, parameter_server, reduction, reporting, strategies
-from loops.actions import Action
-from loops.checkpoints import Checkpointer
+from loops.actions import Action, watched_metrics
+from loops.checkpoints import Checkpointer, FinitenessCheck, describe_names
+from loops.errors import NonFiniteError
 from loops.preemption import PreemptionWatcher
 
 
@@ -83,6 +85,9 @@ class Loop:
     """
 
     name = "loop"
+    # Config keys a resumed run may change without a warning.
+    config_free_to_change = frozenset({"train_steps", "model_dir", "export_dir", "verbosity",
+                                       "eval_every", "checkpoint_every", "steps_per_loop"})
     batches_per_step = 1  # global batches one train_step dequeues; sets the resume position
     needs_train_data = True  # False for steps that make their own data (RL): iterator is None
     supports_parameter_server = False  # True when train_step is right for asynchronous workers
@@ -196,22 +201,28 @@ class Loop:
                 action.build(self)
         action_state = _action_state(self.actions)
 
+        items = dict(self.checkpoint_items())
+        if "global_step" in items:
+            raise ValueError("checkpoint_items() must not use the reserved name 'global_step'.")
+        items["global_step"] = self.global_step
+        # What a save would write, checked for NaN and inf after every inner loop.
+        self._finiteness = FinitenessCheck(tf.train.Checkpoint(**items))
         self.checkpointer = None
         self._lock = None
         if model_dir is not None:
             if self.is_chief:
                 self._lock = model_dir_lock.acquire(model_dir)
-            items = dict(self.checkpoint_items())
-            if "global_step" in items:
-                raise ValueError("checkpoint_items() must not use the reserved name 'global_step'.")
-            items["global_step"] = self.global_step
+                # Holding the lock, whatever a killed writer left half-written is stale.
+                reporting.remove_unfinished_writes(model_dir)
             self.checkpointer = Checkpointer(
                 strategy=self.strategy, directory=os.path.join(model_dir, "checkpoints"),
                 items=items, step_counter=self.global_step, max_to_keep=max_checkpoints,
-                optional_items=action_state)
+                optional_items=action_state, say=self.progress.line)
             try:
                 restored = self.checkpointer.restore()
-            except ValueError:
+                if self.is_chief:
+                    self._compare_config(restored is not None)
+            except (ValueError, OSError):
                 self.close()
                 raise
             if restored:
@@ -299,7 +310,7 @@ class Loop:
             # Kernels need not show them again: oneDNN's fused ReLU turns a
             # NaN into 0, and the next steps' loss and gradients are finite.
             raise NonFiniteError(
-                f"Step {self._nonfinite_weights_step} left weights that are not finite and "
+                f"At step {self._nonfinite_weights_step} the weights were not finite and "
                 "there was no checkpoint to go back to, so this loop cannot train on. Build "
                 "it again, with a model_dir and checkpoint_every so that a stop goes back "
                 "to the last checkpoint.")
@@ -307,37 +318,42 @@ class Loop:
             raise ValueError(
                 f"{type(self).__name__} has no train_data; pass train_data= to "
                 "the constructor.")
+        self._check_watched_metrics()
         start_step = self.step
         history: dict[str, list[np.ndarray]] = {}
         self.stop_reason = None
-        for action in self.actions:
-            action.before_train(self)
-        if start_step >= num_steps:
-            self.progress.line(
-                f"already at step {start_step} >= {num_steps}: nothing to train "
-                "(the model_dir holds a finished run; raise the step count to continue).")
-        iterator = self._iterator_at(start_step)
+        self.preempted = False
         loop_times: list[tuple[int, float]] = []
-        step = start_step
+        # SIGTERM is only noted from here to the end of train, and acted on at
+        # the next boundary (after an inner loop, an evaluation or the final
+        # save): whatever moment it comes, every completed step gets saved.
         with PreemptionWatcher(self.strategy) as preemption:
-            step = self._train_loops(iterator, step, num_steps, history, loop_times, preemption)
-        if loop_times:
-            # The first inner loop includes tracing; leave it out when there are others.
-            timed = loop_times[1:] or loop_times
-            self.steps_per_second = sum(n for n, _ in timed) / max(sum(t for _, t in timed), 1e-9)
-        if self.preempted:
-            self.save_checkpoint()
-            self.progress.line(f"preempted (SIGTERM) at step {step}: checkpoint saved; run the "
-                               "same command again to continue from it")
-        else:
-            if self._evaluated_step != self.step:
-                self.evaluate()
-            if loop_times and self._saved_step != self.step:
-                self.save_checkpoint()
-        self.write_results()
-        if not self.preempted:
             for action in self.actions:
-                action.after_train(self)
+                action.before_train(self)
+            if start_step >= num_steps:
+                self.progress.line(
+                    f"already at step {start_step} >= {num_steps}: nothing to train "
+                    "(the model_dir holds a finished run; raise the step count to continue).")
+            iterator = self._iterator_at(start_step)
+            self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
+            if loop_times:
+                # The first inner loop includes tracing; leave it out when there are others.
+                timed = loop_times[1:] or loop_times
+                self.steps_per_second = (sum(n for n, _ in timed)
+                                         / max(sum(t for _, t in timed), 1e-9))
+            if not self.preempted and self._evaluated_step != self.step:
+                self.evaluate()
+                self.preempted = preemption.should_stop()
+            if self._saved_step != self.step and (loop_times or self.preempted):
+                self.save_checkpoint()
+            self.write_results()
+            if self.preempted:
+                self.progress.line(
+                    f"preempted (SIGTERM) at step {self.step}: every completed step is saved; "
+                    "run the same command again to continue from it")
+            else:
+                for action in self.actions:
+                    action.after_train(self)
         return {name: np.concatenate(parts) for name, parts in history.items()}
 
     def _train_loops(self, iterator, step: int, num_steps: int, history: dict,
@@ -347,13 +363,15 @@ class Loop:
             steps = self._next_loop_length(step, num_steps)
             started = time.perf_counter()
             with _explains_empty_replicas(self.strategy):
-                logs, reached = self._run_inner_loop(iterator, steps)
+                logs, reached, weights_finite = self._run_inner_loop(iterator, steps)
             seconds = time.perf_counter() - started
             done, step = reached - step, reached
             logs = {name: values[:done] for name, values in logs.items()}
             # Stopped early, the iterator may have dequeued the next step's batches.
             self._train_iterator_position = step * self.batches_per_step if done == steps else -1
             self._check_nonfinite(logs, step - done)
+            if not weights_finite:
+                self._stop_on_nonfinite_weights(step)
             loop_times.append((done, seconds))
             for name, values in logs.items():
                 history.setdefault(name, []).append(values)
@@ -371,6 +389,9 @@ class Loop:
             if step < num_steps and self.stop_reason is None:
                 if self.eval_every and step % self.eval_every == 0:
                     self.evaluate()
+                    if preemption.should_stop():
+                        self.preempted = True
+                        break
                 if self.checkpoint_every and step % self.checkpoint_every == 0:
                     self.save_checkpoint()
         return step
@@ -399,17 +420,23 @@ class Loop:
             self.progress.line(f"stopping at step {self.step}: {reason}")
 
     def close(self) -> None:
-        """Releases the model_dir lock (also released when the process ends)."""
+        """Releases the model_dir lock and removes its file (a kill leaves the file, unlocked)."""
         if self._lock is not None:
             model_dir_lock.release(self._lock)
             self._lock = None
 
     def save_checkpoint(self) -> str | None:
-        """Saves the loop's state now (every worker must call it); returns the path."""
+        """Saves the loop's state now (every worker must call it); returns the path.
+
+        Raises:
+            NonFiniteWeightsError: a variable is not finite; nothing is saved.
+            OSError: the checkpoint cannot be written; the earlier ones are intact.
+        """
         if self.checkpointer is None:
             return None
+        path = self.checkpointer.save()
         self._saved_step = self.step
-        return self.checkpointer.save()
+        return path
 
     def write_results(self) -> dict[str, Any]:
         """Writes model_dir/results.json (chief only) and returns its contents."""
@@ -478,18 +505,83 @@ class Loop:
         bad_step = first_step + int(np.argmax(flags > 0)) + 1
         if self.skips_nonfinite:
             state = "Its update was skipped and nothing was saved after it."
-        elif self.checkpointer is not None and self.checkpointer.restore() is not None:
-            self._train_iterator_position = -1  # the stream resumes at the checkpoint's step
-            state = (f"Nothing was saved after it; the loop is back at its last checkpoint "
-                     f"(step {self.step}), where a rerun also resumes.")
         else:
-            self._nonfinite_weights_step = bad_step
-            state = ("There is no checkpoint to go back to: the weights in memory are those "
-                     "the step left, not finite.")
+            state = self._go_back_to_checkpoint()
         raise NonFiniteError(
             f"Step {bad_step}: the loss or the gradients were not finite on at least one "
             f"replica. {state} Lower the learning rate, clip gradients, check the input, "
             "or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave out such steps.")
+
+    def _stop_on_nonfinite_weights(self, step: int) -> None:
+        """Goes back to the last checkpoint (every one is finite) and raises NonFiniteError.
+
+        The loss and gradient checks cannot see an update that is itself not
+        finite (an infinite learning rate, an overflowing optimizer state), and
+        no policy can skip it after the fact, so every policy stops here.
+        """
+        bad = self._finiteness.nonfinite_names()
+        state = self._go_back_to_checkpoint()
+        raise NonFiniteError(
+            f"After step {step}, {describe_names(bad)} not finite (NaN or inf), although the "
+            f"steps' loss and gradient checks passed: an update itself was not finite. {state} "
+            "Check the learning rate and the optimizer's settings (a learning rate that is "
+            "inf or huge does this), or clip gradients.")
+
+    def _go_back_to_checkpoint(self) -> str:
+        """Restores the last checkpoint after a non-finite step; says where the loop is now."""
+        if self.checkpointer is not None and self.checkpointer.restore() is not None:
+            self._train_iterator_position = -1  # the stream resumes at the checkpoint's step
+            return (f"Nothing was saved after it; the loop is back at its last checkpoint "
+                    f"(step {self.step}), where a rerun also resumes.")
+        self._nonfinite_weights_step = self.step
+        return ("There is no checkpoint to go back to: the weights in memory are not finite, "
+                "and nothing was saved.")
+
+    def _check_watched_metrics(self) -> None:
+        """Fails before any step when an action watches an eval metric the loop does not report."""
+        names = self.eval_metric_names()
+        if names is not None:
+            watched_metrics(self.actions, names)
+
+    def eval_metric_names(self) -> set[str] | None:
+        """The names `evaluate` reports, found by tracing `eval_step`; None when not known.
+
+        A loop that overrides `run_evaluation` overrides this too (or keeps
+        None: its actions' metrics are then checked at the first evaluation).
+        """
+        if type(self).run_evaluation is not Loop.run_evaluation:
+            return None
+        if self.eval_data is None:
+            return set()
+        if self._scheduler is not None:
+            return None
+        if self._eval_dataset is None:
+            self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
+        spec = tf.function(self.eval_step).get_concrete_function(
+            self._eval_dataset.element_spec).structured_outputs
+        return set(spec) if isinstance(spec, Mapping) else None
+
+    def _compare_config(self, resuming: bool) -> None:
+        """Warns about settings that differ from the run that wrote model_dir; records this run's."""
+        path = os.path.join(self.model_dir, "config.json")
+        current = {**self.config, **{f"checkpoint.{name}": type(item).__name__
+                                     for name, item in self.checkpoint_items().items()}}
+        if resuming and os.path.exists(path):
+            try:
+                with open(path) as stream:
+                    previous = json.load(stream)
+            except (OSError, ValueError):
+                previous = {}
+            changed = sorted(key for key in set(previous) | set(current)
+                             if key not in self.config_free_to_change
+                             and previous.get(key) != current.get(key))
+            for key in changed:
+                self.progress.line(
+                    f"warning: {key} was {previous.get(key)!r} in the run that wrote "
+                    f"{self.model_dir} and is {current.get(key)!r} now; the checkpoint is "
+                    "restored and training goes on with the new value. If that is not what "
+                    "you meant, stop and rerun with the old value or a new --model_dir.")
+        reporting.write_json_atomic(path, current)
 
     def _next_loop_length(self, step: int, num_steps: int) -> int:
         stop = min(step + self.steps_per_loop, num_steps)
@@ -519,7 +611,7 @@ class Loop:
         """Runs up to `steps` steps; returns their logs and the global step reached."""
         if self._scheduler is not None:
             logs = self._scheduler.run_steps(self.train_step, self.global_step, iterator, steps)
-            return logs, self.step
+            return logs, self.step, not self._finiteness.nonfinite_names()
         stop_on_nonfinite = self.on_nonfinite == "stop"
         if self.run_eagerly:
             per_step = []
@@ -529,16 +621,17 @@ class Loop:
                 self.global_step.assign_add(1)
                 if stop_on_nonfinite and float(per_step[-1].get("nonfinite", 0.0)) > 0:
                     break
-            return {name: np.array([float(logs[name]) for logs in per_step])
-                    for name in per_step[0]}, self.step
+            return ({name: np.array([float(logs[name]) for logs in per_step])
+                     for name in per_step[0]}, self.step, not self._finiteness.nonfinite_names())
         if self.train_function is None:
             self.train_function = self._make_train_function(iterator)
             # Calling the traced function itself skips tf.function's argument
             # matching, about 1 ms a call (5% of a 50-step MLP inner loop).
             self._train_call = self.train_function.get_concrete_function(
                 iterator, tf.TensorSpec([], tf.int32))
-        logs, reached = self._train_call(iterator, tf.constant(steps, tf.int32))
-        return {name: value.numpy() for name, value in logs.items()}, int(reached)
+        logs, reached, weights_finite = self._train_call(iterator, tf.constant(steps, tf.int32))
+        return ({name: value.numpy() for name, value in logs.items()}, int(reached),
+                bool(weights_finite))
 
     def _make_train_function(self, iterator):
         # The step is traced once on its own to learn the outputs' names and
@@ -607,13 +700,13 @@ class Loop:
             for _ in tf.range(1 - tf.cast(stopped, tf.int32)):
                 arrays = run_step(steps - 1, inputs, arrays)[1]
             # Rows after an early stop are never written; the host drops them.
-            # The step reached comes back with the logs: a separate read of the
-            # variable from the host costs a device sync of its own.
+            # The step reached and whether the weights are finite come back with
+            # the logs: separate reads from the host cost a device sync each.
             logs = {}
             for dtype, names in groups.items():
                 rows = arrays[dtype].stack()
                 logs.update({name: rows[:, column] for column, name in enumerate(names)})
-            return logs, self.global_step.read_value()
+            return logs, self.global_step.read_value(), self._finiteness.all_finite()
 
         return tf.function(inner_loop)
 
@@ -705,10 +798,6 @@ class _DequeuedBatches:
 
 
 NONFINITE_POLICIES = ("stop", "skip")
-
-
-class NonFiniteError(RuntimeError):
-    """A step's loss or gradients were not finite and the policy is "stop"."""
 
 
 COUNT_LOGS = ("num_examples", "nonfinite", "overflow")  # summed over an inner loop, not averaged

@@ -22,20 +22,33 @@ def acquire(directory: str) -> str:
     Raises:
         ValueError: another live process holds the lock.
     """
-    os.makedirs(directory, exist_ok=True)
     path = os.path.realpath(os.path.join(directory, LOCK_NAME))
     if path in _held:
         _held[path][1] += 1
         return path
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.read(descriptor, 200).decode(errors="replace").strip() or "unknown process"
-        os.close(descriptor)
+        os.makedirs(directory, exist_ok=True)
+        while True:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.read(descriptor, 200).decode(errors="replace").strip()
+                os.close(descriptor)
+                raise ValueError(
+                    f"model_dir {directory!r} is in use by another live run "
+                    f"({owner or 'unknown process'}). Wait for it to finish or stop it, or pass "
+                    "a different --model_dir.") from None
+            # The holder before us removes the file as it releases it: a lock
+            # taken on a file no longer at `path` guards nothing, so take a new one.
+            if os.path.exists(path) and os.path.samestat(os.fstat(descriptor), os.stat(path)):
+                break
+            os.close(descriptor)
+    except OSError as error:
         raise ValueError(
-            f"model_dir {directory!r} is in use by another live run ({owner}). Wait for it "
-            "to finish or stop it, or pass a different --model_dir.") from None
+            f"model_dir {directory!r} cannot be written ({error.strerror or error}). Pass a "
+            "--model_dir in a writable place (not under a file, not on a read-only or full "
+            "disk).") from error
     os.ftruncate(descriptor, 0)
     os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
     _held[path] = [descriptor, 1]
@@ -43,12 +56,18 @@ def acquire(directory: str) -> str:
 
 
 def release(path: str) -> None:
-    """Gives back one hold on the lock at `path`; the last one unlocks it."""
+    """Gives back one hold on the lock at `path`; the last one removes the file and unlocks it."""
     entry = _held.get(path)
     if entry is None:
         return
     entry[1] -= 1
     if entry[1] == 0:
         del _held[path]
+        # Removed while still locked, so no other process can take a lock on
+        # it in between (see the loop in `acquire`).
+        try:
+            os.remove(path)
+        except OSError:
+            pass  # gone already, or a read-only directory now: the lock still ends
         fcntl.flock(entry[0], fcntl.LOCK_UN)
         os.close(entry[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import sys
 import tempfile
 from typing import Mapping, TextIO
@@ -64,19 +65,52 @@ class Summaries:
         return None if self._directory is None else self._writer(name)
 
 
+TEMPORARY_PREFIX = ".results."  # write_json_atomic's temporaries: .results.XXXX.tmp
+
+
 def write_json_atomic(path: str, payload: Mapping) -> None:
-    """Writes JSON so a reader (or a crash) never sees a half-written file."""
+    """Writes JSON so a reader (or a crash) never sees a half-written file.
+
+    The file gets the user's usual mode (0666 less the umask), not the 0600
+    of a temporary file.
+
+    Raises:
+        OSError: the file cannot be written (full disk, read-only directory);
+            a previous version of it is intact.
+    """
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".results.", suffix=".tmp")
+    temporary = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=TEMPORARY_PREFIX, suffix=".tmp")
         with os.fdopen(handle, "w") as stream:
             json.dump(payload, stream, indent=2, sort_keys=True)
             stream.write("\n")
             stream.flush()
             os.fsync(stream.fileno())
+        os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
+    except OSError as error:
+        raise OSError(error.errno, f"could not write {path} ({error.strerror or error}); free "
+                      "space or make the directory writable (a previous version is intact)") from error
+    finally:
+        if temporary is not None and os.path.exists(temporary):
             os.remove(temporary)
-        raise
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_unfinished_writes(directory: str) -> None:
+    """Removes the temporaries that killed writers left under `directory` (whose writer holds its lock)."""
+    for parent, folders, files in os.walk(directory):
+        for name in files:
+            if name.startswith(TEMPORARY_PREFIX) and name.endswith(".tmp"):
+                os.remove(os.path.join(parent, name))
+        for name in [folder for folder in folders if folder.startswith(".export-")]:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            folders.remove(name)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from loops import exit_codes
 from conftest import ROOT, SUBPROCESS_ENV as ENV, checkpoint_weights, read_results
 
 
@@ -57,7 +58,7 @@ def test_sigterm_saves_at_the_next_boundary_and_a_rerun_finishes_the_same(
     process = start_and_wait_for(classifier(model_dir, digits_dir), "step 100/400")
     process.send_signal(signal.SIGTERM)
     output = process.stdout.read()
-    assert process.wait(timeout=120) == 0
+    assert process.wait(timeout=120) == exit_codes.PREEMPTED == 42
     assert "preempted (SIGTERM) at step" in output
     stopped_at = int(output.split("preempted (SIGTERM) at step ")[1].split(":")[0])
     assert 100 <= stopped_at < 400 and stopped_at % 20 == 0
