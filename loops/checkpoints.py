@@ -151,15 +151,16 @@ class Checkpointer:
         """
         if self._is_chief and restored is not None:
             state = tf.train.get_checkpoint_state(self._chief_directory)
-            listed = [self._in_directory(path) for path in state.all_model_checkpoint_paths] if state else []
+            listed = [self._in_directory(path)
+                      for path in (state.all_model_checkpoint_paths if state else [])]
             wanted = sorted(kept, key=_step_of)
-            if (state is None or self._in_directory(state.model_checkpoint_path) != restored
-                    or listed != wanted):
+            stale = state is None or self._in_directory(state.model_checkpoint_path) != restored
+            if stale:
                 self._say(f"the checkpoint state file {os.path.join(self._chief_directory, STATE_FILE)} "
                           "was missing, damaged or out of date; rebuilt it from the checkpoint "
                           f"files ({len(wanted)} intact, newest {os.path.basename(restored)}).")
-                tf.compat.v1.train.update_checkpoint_state(
-                    self._chief_directory, restored, all_model_checkpoint_paths=wanted)
+            if stale or listed != wanted:
+                _write_state_file(self._chief_directory, restored, wanted)
         self._manager = tf.train.CheckpointManager(
             self.checkpoint, self.directory, max_to_keep=self._max_to_keep,
             step_counter=self._step_counter)
@@ -293,6 +294,24 @@ def _unreadable(prefix: str) -> str | None:
     except (IndexError, ValueError, tf.errors.OpError) as error:
         return f"its files do not read: {str(error).splitlines()[0][:160]}"
     return None
+
+
+def _write_state_file(directory: str, newest: str, kept: list[str]) -> None:
+    """Writes TensorFlow's checkpoint state file (a text CheckpointState proto), atomically.
+
+    Each checkpoint gets its index file's time as its timestamp: the manager
+    keeps only the entries that have one, and rotates those it keeps.
+    """
+    times = [os.path.getmtime(prefix + ".index") for prefix in kept]
+    lines = [f'model_checkpoint_path: "{os.path.basename(newest)}"']
+    lines += [f'all_model_checkpoint_paths: "{os.path.basename(prefix)}"' for prefix in kept]
+    lines += [f"all_model_checkpoint_timestamps: {time!r}" for time in times]
+    # Older than every entry: the manager treats entries up to it as kept forever.
+    lines.append(f"last_preserved_timestamp: {min(times, default=1.0) - 1.0!r}")
+    temporary = os.path.join(directory, f".{STATE_FILE}.tmp")
+    with open(temporary, "w") as stream:
+        stream.write("\n".join(lines) + "\n")
+    os.replace(temporary, os.path.join(directory, STATE_FILE))
 
 
 def _remove_unfinished_saves(directory: str) -> None:

@@ -346,7 +346,13 @@ class Loop:
                 self.preempted = preemption.should_stop()
             if self._saved_step != self.step and (loop_times or self.preempted):
                 self.save_checkpoint()
+            # A SIGTERM during the final save or results leaves the export (often
+            # the longest part) to the rerun, which finds nothing to train.
+            self.preempted = self.preempted or preemption.should_stop()
             self.write_results()
+            if not self.preempted and preemption.should_stop():
+                self.preempted = True
+                self.write_results()
             if self.preempted:
                 self.progress.line(
                     f"preempted (SIGTERM) at step {self.step}: every completed step is saved; "

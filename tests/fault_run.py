@@ -1,0 +1,76 @@
+"""Runs loops-classifier with a fault at one named moment: `python fault_run.py MOMENT SIGNAL FLAGS...`.
+
+SIGNAL is TERM (a preemption: the run notes it and saves) or KILL (kill -9:
+nothing runs after it). The moments are places in the run's own code, not
+times, so a trial hits the same moment on any machine.
+"""
+
+import os
+import signal
+import sys
+
+
+def arm(moment: str, signum: int) -> None:
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    from loops import checkpoints, loop, reporting
+
+    calls = {"inner": 0, "eval": 0}
+    train_steps = int(next(a for a in sys.argv if a.startswith("--train_steps=")).split("=")[1])
+
+    def fire():
+        os.kill(os.getpid(), signum)
+
+    def wrap(owner, name, before=None, after=None):
+        original = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            if before and before(*args):
+                fire()
+            result = original(*args, **kwargs)
+            if after and after(*args):
+                fire()
+            return result
+        setattr(owner, name, wrapped)
+
+    def nth_inner_loop(n):
+        def check(*_):
+            calls["inner"] += 1
+            return calls["inner"] == n
+        return check
+
+    def eval_at_step(final):
+        def check(self, *_):
+            return (self.step == train_steps) == final
+        return check
+
+    if moment == "first_trace":
+        wrap(loop.Loop, "_make_train_function", before=lambda *_: True)
+    elif moment == "inner_loop":
+        wrap(loop.Loop, "_run_inner_loop", before=nth_inner_loop(2))
+    elif moment in ("evaluation", "final_evaluation"):
+        wrap(loop.Loop, "run_evaluation", before=eval_at_step(moment == "final_evaluation"))
+    elif moment == "final_save":
+        wrap(checkpoints.Checkpointer, "save",
+             before=lambda self: int(self._step_counter.numpy()) == train_steps)
+    elif moment == "state_file":  # a save's files are written, its state-file entry is not
+        wrap(checkpoint_management, "update_checkpoint_state_internal",
+             before=lambda *_: True)  # the run saves once, at its end
+    elif moment == "results":  # while results.json is half-written
+        writing = []
+        wrap(reporting, "write_json_atomic",
+             before=lambda path, *_: bool(writing.append(path.endswith("results.json"))))
+        wrap(reporting.os, "fsync", before=lambda *_: writing[-1])
+    elif moment == "export":
+        wrap(tf.saved_model, "save", after=lambda *_: True)
+    else:
+        raise SystemExit(f"unknown moment {moment!r}")
+
+
+if __name__ == "__main__":
+    moment, name, *flags = sys.argv[1:]
+    sys.argv = [sys.argv[0], *flags]
+    arm(moment, {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}[name])
+    from loops.bin import classifier
+    classifier.run()
