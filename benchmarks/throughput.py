@@ -61,9 +61,9 @@ class Setup:
     """One (model, replica count) configuration, shared by every mode."""
 
     def __init__(self, model_name: str, replicas: int, args):
-        import data
+        from loops_examples import data
         import loops
-        import models
+        from loops_examples import models
 
         self.args = args
         self.strategy = loops.testing.replica_strategy(replicas)

@@ -162,7 +162,7 @@ class ScriptedClassifier(loops.ClassifierLoop):
 
 
 def scripted_classifier(script, model_dir, actions=()):
-    import models
+    from loops_examples import models
     return ScriptedClassifier(
         script, strategy=loops.testing.replica_strategy(2),
         model_fn=lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10,
