@@ -63,7 +63,8 @@ def build_loop():
     """The ClassifierLoop the flags describe; ValueError for a bad combination."""
     import loops
     from loops import schedules
-    from loops_examples import data, models
+    import loops_data as data
+    import loops_models as models
 
     learning_rate = schedules.make_schedule(
         FLAGS.lr_schedule, learning_rate=FLAGS.learning_rate, total_steps=FLAGS.train_steps,

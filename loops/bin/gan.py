@@ -45,7 +45,7 @@ def digits_images(global_batch_size: int, *, seed: int, data_dir: str | None = N
     """Global batches of digit images scaled to [-1, 1] (the generator's tanh range), no labels."""
     import tensorflow as tf
 
-    from loops_examples import data
+    import loops_data as data
 
     return data.global_batches("digits", "train", global_batch_size=global_batch_size,
                                data_dir=data_dir, shuffle_seed=seed, repeat=True).map(
@@ -58,8 +58,8 @@ def build_loop():
 
     import loops
     from loops.gan import GANLoop
-    from loops_examples.data.ring import Ring
-    from loops_examples.models import gan as gan_models
+    from loops_data.ring import Ring
+    from loops_models import gan as gan_models
 
     strategy = loop_flags.make_strategy()
     loop_flags.check_batch_fits_replicas(strategy)
@@ -99,7 +99,7 @@ def export(loop) -> str:
 
 
 def summarize(loop) -> str:
-    from loops_examples.data.ring import Ring
+    from loops_data.ring import Ring
 
     results = loop.results_extra()
     summary = f"trained {results['g_steps']} generator and {results['d_steps']} discriminator steps"
