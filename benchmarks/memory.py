@@ -37,9 +37,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
-    import data
+    import loops_data as data
     import loops
-    import models
+    import loops_models as models
 
     strategy = loops.testing.replica_strategy(args.replicas)
     samples: dict[int, int] = {}

@@ -61,9 +61,9 @@ class Setup:
     """One (model, replica count) configuration, shared by every mode."""
 
     def __init__(self, model_name: str, replicas: int, args):
-        import data
+        import loops_data as data
         import loops
-        import models
+        import loops_models as models
 
         self.args = args
         self.strategy = loops.testing.replica_strategy(replicas)

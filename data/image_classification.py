@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data import digits
+from loops_data import digits
 
 # Datasets whose preparation needs no network: prepared on first use.
 OFFLINE_DATASETS = {"digits": digits.Digits}

@@ -11,11 +11,10 @@ import tensorflow as tf
 
 from loops import reporting
 from loops.checkpoints import Checkpointer
+from loops.choices import METRIC_MODES
 
 if TYPE_CHECKING:
     from loops.loop import Loop
-
-MODES = ("min", "max")
 
 
 class Action:
@@ -95,7 +94,7 @@ class _WatchesMetric(Action):
         if not isinstance(metric, str) or not metric:
             raise ValueError(f"{type(self).__name__} needs the name of an eval metric, e.g. "
                              f"'loss' or 'accuracy'; got {metric!r}.")
-        if mode not in MODES:
+        if mode not in METRIC_MODES:
             raise ValueError(f"mode must be 'min' (lower is better, e.g. loss) or 'max' (higher "
                              f"is better, e.g. accuracy); got {mode!r}.")
         if not min_delta >= 0:

@@ -1,19 +1,71 @@
-"""The command-line flags every loop binary shares, and the Loop arguments they give."""
+"""The command-line flags every loop binary shares, its --help, and the Loop arguments they give.
+
+Nothing here imports TensorFlow when loaded: a binary answers --help or a bad
+flag before TensorFlow's seconds-long import.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
+import math
 import os
 import signal
 import sys
 import tempfile
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from absl import app, flags
 
-from loops import exit_codes, parameter_server, strategies
-from loops.actions import MODES, Action, EarlyStopping, KeepBest, UnknownMetricError
-from loops.loop import NonFiniteError
+from loops import exit_codes, tensorflow_logs
+from loops.choices import LOCAL_REPLICA_STRATEGIES, METRIC_MODES, STRATEGY_NAMES
+
+# The headings of a binary's --help, in order; each of its flags is defined under one.
+HEADINGS = ("strategy", "data", "model", "training", "outputs", "faults")
+# Evaluations a run makes when --eval_every is unset: enough points for a curve.
+DEFAULT_EVALUATIONS = 5
+# Replicas of a mirrored or central_storage run on a machine without GPUs: the
+# smallest split of the CPU in which replicas reduce across each other.
+DEFAULT_CPU_REPLICAS = 2
+_HELP_ARGUMENTS = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
+
+# Flag name -> its --help heading, for every flag of the running binary (one per process).
+_heading_of: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def heading(name: str) -> Iterator[None]:
+    """Files the flags defined inside under `name`: in --help, in results.json's config.
+
+    A float flag defined inside must also be finite: inf and nan are flag errors.
+    """
+    if name not in HEADINGS:
+        raise ValueError(f"Unknown flag heading {name!r}; use one of {', '.join(HEADINGS)}.")
+    before = set(flags.FLAGS)
+    yield
+    for key in flags.FLAGS:
+        flag = flags.FLAGS[key]
+        if key not in before and flag.name not in _heading_of:
+            _heading_of[flag.name] = name
+            if isinstance(flag.parser, flags.FloatParser):
+                _require_finite(flag)
+
+
+def _require_finite(flag: flags.Flag) -> None:
+    example = (f"e.g. --{flag.name}={flag.default}" if flag.default is not None
+               else "or leave it unset")
+    def check(value):
+        if value is not None and not math.isfinite(value):
+            raise flags.ValidationError(f"{value} is not a finite number; pass a finite "
+                                        f"--{flag.name}, {example}.")
+        return True
+    flags.register_validator(flag.name, check)
+
+
+def binary_flag_names() -> list[str]:
+    """The running binary's own flags (the ones its --help lists), in definition order."""
+    return list(_heading_of)
 
 
 def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
@@ -23,62 +75,75 @@ def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
     A binary whose defaults depend on another flag (the RL algorithm) passes
     None and fills them in after parsing.
     """
-    flags.DEFINE_enum("strategy", "mirrored", list(strategies.STRATEGY_NAMES),
-                      "tf.distribute strategy to train with. central_storage keeps the "
-                      "variables on one device (the CPU) and computes on --num_replicas "
-                      "devices.")
-    flags.DEFINE_integer("num_replicas", 2,
-                         "Replicas for --strategy=mirrored or central_storage: that many GPUs "
-                         "when present, else the CPU split into that many logical devices.",
-                         lower_bound=1)
-    flags.DEFINE_string("model_dir", None,
-                        "Directory for checkpoints, summaries and results.json. A run "
-                        "pointed at a directory with a checkpoint resumes from it. "
-                        "Default: a new directory under the system temp dir.")
-    flags.DEFINE_integer("train_steps", train_steps,
-                         "Total training steps (a resumed run trains up to this step).",
-                         lower_bound=1)
-    flags.DEFINE_integer("global_batch_size", global_batch_size,
-                         "Examples per step over all replicas.", lower_bound=1)
-    flags.DEFINE_integer("steps_per_loop", steps_per_loop,
-                         "Steps per tf.function call; logs and summaries come between calls.",
-                         lower_bound=1)
-    flags.DEFINE_integer("eval_every", None,
-                         "Evaluate every this many steps (always at the end).", lower_bound=1)
-    flags.DEFINE_integer("checkpoint_every", None,
-                         "Checkpoint every this many steps (always at the end).", lower_bound=1)
-    flags.DEFINE_float("learning_rate", learning_rate, "Optimizer learning rate (> 0).")
-    flags.DEFINE_integer("seed", 0, "Seed for initial weights, shuffling and noise.")
-    flags.DEFINE_bool("run_eagerly", False, "Run steps eagerly (no tf.function), for debugging.")
-    flags.DEFINE_enum("on_nonfinite", "stop", ["stop", "skip"],
-                      "After a step whose loss or gradients are not finite on any replica: "
-                      "stop with an error (nothing saved after it; back to the last "
-                      "checkpoint), or skip its update everywhere and go on.")
+    with heading("strategy"):
+        flags.DEFINE_enum("strategy", "mirrored", list(STRATEGY_NAMES),
+                          "tf.distribute strategy to train with. central_storage keeps the "
+                          "variables on one device (the CPU) and computes on --num_replicas "
+                          "devices.")
+        flags.DEFINE_integer("num_replicas", None,
+                             "Replicas for --strategy=mirrored or central_storage: that many "
+                             "GPUs when present, else the CPU split into that many logical "
+                             f"devices. Default: every GPU, or {DEFAULT_CPU_REPLICAS} logical "
+                             "CPUs without GPUs; 1 for the other strategies, which take their "
+                             "devices from the machine or the cluster.", lower_bound=1)
+    with heading("training"):
+        flags.DEFINE_integer("train_steps", train_steps,
+                             "Total training steps (a resumed run trains up to this step).",
+                             lower_bound=1)
+        flags.DEFINE_integer("global_batch_size", global_batch_size,
+                             "Examples per step over all replicas.", lower_bound=1)
+        flags.DEFINE_integer("steps_per_loop", steps_per_loop,
+                             "Steps per tf.function call; logs and summaries come between "
+                             "calls.", lower_bound=1)
+        flags.DEFINE_float("learning_rate", learning_rate, "Optimizer learning rate (> 0).")
+        flags.DEFINE_integer("seed", 0, "Seed for initial weights, shuffling and noise.")
+        flags.DEFINE_bool("run_eagerly", False,
+                          "Run steps eagerly (no tf.function), for debugging.")
+        flags.DEFINE_integer("eval_every", None,
+                             "Evaluate every this many steps, and always at the end. Default: "
+                             f"about {DEFAULT_EVALUATIONS} evaluations a run, each after a "
+                             "whole --steps_per_loop; 0: only at the end.", lower_bound=0)
+        flags.DEFINE_string("early_stopping_metric", None,
+                            "Stop training once this eval metric (e.g. loss, accuracy) has not "
+                            "improved for --early_stopping_patience evaluations in a row. A "
+                            "rerun of a stopped run stops again at once.")
+        flags.DEFINE_enum("early_stopping_mode", "min", list(METRIC_MODES),
+                          "min: lower --early_stopping_metric is better (loss); max: higher is "
+                          "better (accuracy).")
+        flags.DEFINE_integer("early_stopping_patience", 3,
+                             "Evaluations in a row without improvement before stopping.",
+                             lower_bound=1)
+    # After the finiteness check of the heading, so that nan is called not finite.
     flags.register_validator("learning_rate", lambda value: value > 0,
                              message="--learning_rate must be > 0, e.g. --learning_rate=0.001.")
-    flags.DEFINE_string("early_stopping_metric", None,
-                        "Stop training once this eval metric (e.g. loss, accuracy) has not "
-                        "improved for --early_stopping_patience evaluations in a row; needs "
-                        "--eval_every. A rerun of a stopped run stops again at once.")
-    flags.DEFINE_enum("early_stopping_mode", "min", list(MODES),
-                      "min: lower --early_stopping_metric is better (loss); max: higher is "
-                      "better (accuracy).")
-    flags.DEFINE_integer("early_stopping_patience", 3,
-                         "Evaluations in a row without improvement before stopping.",
-                         lower_bound=1)
-    flags.DEFINE_string("keep_best_metric", None,
-                        "Keep a checkpoint of the best evaluation by this eval metric in "
-                        "MODEL_DIR/best (with best.json: its step and value).")
-    flags.DEFINE_enum("keep_best_mode", "min", list(MODES),
-                      "min: lower --keep_best_metric is better (loss); max: higher is better "
-                      "(accuracy).")
+    with heading("outputs"):
+        flags.DEFINE_string("model_dir", None,
+                            "Directory for checkpoints, summaries and results.json. A run "
+                            "pointed at a directory with a checkpoint resumes from it. "
+                            "Default: a new directory under the system temp dir.")
+        flags.DEFINE_integer("checkpoint_every", None,
+                             "Checkpoint every this many steps (always at the end).",
+                             lower_bound=1)
+        flags.DEFINE_string("keep_best_metric", None,
+                            "Keep a checkpoint of the best evaluation by this eval metric in "
+                            "MODEL_DIR/best (with best.json: its step and value).")
+        flags.DEFINE_enum("keep_best_mode", "min", list(METRIC_MODES),
+                          "min: lower --keep_best_metric is better (loss); max: higher is "
+                          "better (accuracy).")
+    with heading("faults"):
+        flags.DEFINE_enum("on_nonfinite", "stop", ["stop", "skip"],
+                          "After a step whose loss or gradients are not finite on any replica: "
+                          "stop with an error (nothing saved after it; back to the last "
+                          "checkpoint), or skip its update everywhere and go on.")
 
 
 def define_export_dir_flag(what: str) -> None:
     """Defines --export_dir for a binary that exports `what` at the end of training."""
-    flags.DEFINE_string("export_dir", None,
-                        f"Where to export {what} as a SavedModel at the end of training. "
-                        "Default: MODEL_DIR/export.")
+    with heading("outputs"):
+        flags.DEFINE_string("export_dir", None,
+                            f"Where to export {what} as a SavedModel at the end of training "
+                            "(a directory that exists must hold an earlier export). Default: "
+                            "MODEL_DIR/export.")
 
 
 def resolve_export_dir(loop) -> str:
@@ -86,17 +151,62 @@ def resolve_export_dir(loop) -> str:
     return flags.FLAGS.export_dir or os.path.join(loop.model_dir, "export")
 
 
-def quiet_logging() -> None:
-    """Keeps TensorFlow's and TFDS's INFO chatter out of the progress lines.
+def check_export_dir() -> None:
+    """Refuses, before any training, an --export_dir that the export would have to replace.
 
-    An explicit --verbosity (or -v) flag still wins.
+    Raises:
+        app.UsageError: --export_dir exists and is not a SavedModel directory.
     """
-    from absl import logging
-    import tensorflow as tf
+    path = flags.FLAGS.export_dir if "export_dir" in flags.FLAGS else None
+    if not path or not os.path.exists(path):
+        return
+    # A SavedModel directory holds saved_model.pb (or .pbtxt); checking the name
+    # spares loading TensorFlow for it.
+    if not any(os.path.isfile(os.path.join(path, name))
+               for name in ("saved_model.pb", "saved_model.pbtxt")):
+        raise app.UsageError(
+            f"--export_dir={path} exists and holds no SavedModel, so the export at the end "
+            "would have to replace it; pass a new directory (or an earlier export) as "
+            "--export_dir, or move that one away.")
 
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    tf.get_logger().setLevel("ERROR")
+
+def help_text(description: str) -> str:
+    """The binary's --help: `description`, then each of its flags under its heading."""
+    lines = [description.strip(), ""]
+    for name in HEADINGS:
+        names = [flag for flag, flag_heading in _heading_of.items() if flag_heading == name]
+        if not names:
+            continue
+        lines.append(f"{name}:")
+        for flag_name in names:
+            flag = flags.FLAGS[flag_name]
+            default = "unset" if flag.default is None else flag.default_as_str.strip("'")
+            lines.append(f"  --{flag_name} ({flag.flag_type()}, default: {default})")
+            lines.append(flags.text_wrap(flag.help, length=80, indent="      "))
+        lines.append("")
+    lines.append("logging:\n  -v N, --verbosity=N\n      Also show TensorFlow's own log lines "
+                 "(as does setting TF_CPP_MIN_LOG_LEVEL);\n      N >= 0 adds absl INFO lines.")
+    return "\n".join(lines)
+
+
+def parse_flags(argv: list[str], *, description: str) -> list[str]:
+    """Parses argv for `app.run`: --help prints `help_text` and exits 0; a bad flag exits 1.
+
+    Returns what is left of argv (the program name and any stray argument).
+    """
+    options = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    if any(option in _HELP_ARGUMENTS for option in options):
+        print(help_text(description))
+        sys.exit(0)
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        sys.exit(f"error: {error}\nPass --help to see every flag of this binary.")
+
+
+def run(main: Callable[[list[str]], None], *, description: str) -> None:
+    """`app.run(main)` with this module's flag parsing and --help."""
+    app.run(main, flags_parser=functools.partial(parse_flags, description=description))
 
 
 def resolve_model_dir(name: str) -> str:
@@ -105,6 +215,24 @@ def resolve_model_dir(name: str) -> str:
         return flags.FLAGS.model_dir
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return os.path.join(tempfile.gettempdir(), "loops", f"{name}-{stamp}")
+
+
+def num_replicas() -> int:
+    """--num_replicas, or what --strategy implies when it is unset (see its help)."""
+    if flags.FLAGS.num_replicas is not None:
+        return flags.FLAGS.num_replicas
+    if flags.FLAGS.strategy not in LOCAL_REPLICA_STRATEGIES:
+        return 1
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU")) or DEFAULT_CPU_REPLICAS
+
+
+def make_strategy():
+    """The tf.distribute strategy --strategy and --num_replicas ask for."""
+    from loops import strategies
+
+    return strategies.make_strategy(flags.FLAGS.strategy, num_replicas())
 
 
 def check_batch_fits_replicas(strategy) -> None:
@@ -116,10 +244,30 @@ def check_batch_fits_replicas(strategy) -> None:
             f"replicas would never get an example; pass --global_batch_size>={replicas}.")
 
 
-def flag_actions() -> list[Action]:
-    """The actions the shared flags ask for (early stopping, keeping the best checkpoint)."""
+def eval_every() -> int | None:
+    """--eval_every (0: None, only at the end), or the default cadence when it is unset.
+
+    The default rounds train_steps / DEFAULT_EVALUATIONS to whole inner loops,
+    so evaluating never shortens a tf.function call.
+    """
     values = flags.FLAGS
-    actions: list[Action] = []
+    if values.eval_every is not None:
+        return values.eval_every or None
+    loops_per_evaluation = round(values.train_steps / DEFAULT_EVALUATIONS / values.steps_per_loop)
+    return max(1, loops_per_evaluation) * values.steps_per_loop
+
+
+def flag_values() -> dict[str, Any]:
+    """The running binary's own flags and their values, for results.json's config."""
+    return {name: flags.FLAGS[name].value for name in _heading_of}
+
+
+def flag_actions() -> list:
+    """The actions the shared flags ask for (early stopping, keeping the best checkpoint)."""
+    from loops.actions import EarlyStopping, KeepBest
+
+    values = flags.FLAGS
+    actions = []
     if values.early_stopping_metric:
         actions.append(EarlyStopping(values.early_stopping_metric,
                                      mode=values.early_stopping_mode,
@@ -129,28 +277,37 @@ def flag_actions() -> list[Action]:
     return actions
 
 
-def loop_arguments(strategy, model_dir: str, *, actions: Sequence[Action] = ()) -> dict:
-    """The `Loop` keyword arguments the shared flags set, with the binary's own `actions`."""
+def loop_arguments(strategy, model_dir: str, *, actions: Sequence = ()) -> dict[str, Any]:
+    """The `Loop` keyword arguments the shared flags set, with the binary's own `actions`.
+
+    Reads --train_steps and --steps_per_loop, which a binary with
+    algorithm-dependent defaults fills in before.
+    """
     values = flags.FLAGS
     return {"strategy": strategy, "model_dir": model_dir, "steps_per_loop": values.steps_per_loop,
-            "eval_every": values.eval_every, "checkpoint_every": values.checkpoint_every,
+            "eval_every": eval_every(), "checkpoint_every": values.checkpoint_every,
             "seed": values.seed, "run_eagerly": values.run_eagerly,
-            "on_nonfinite": values.on_nonfinite, "actions": [*flag_actions(), *actions]}
+            "on_nonfinite": values.on_nonfinite, "actions": [*flag_actions(), *actions],
+            "config": flag_values()}
 
 
-def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
+def run_binary(argv: Sequence[str], build_loop: Callable, *,
                summary: Callable | None = None) -> None:
     """The body of every binary's main: build the loop, train, say where outputs went.
 
     Args:
         argv: what absl left after parsing flags; anything there is an error.
         build_loop: () -> Loop from the flags; ValueError for a bad combination.
-        train_steps: () -> the total steps to train to (read after building).
         summary: loop -> one line to print after training, or None.
     """
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
+    check_export_dir()
     quiet_logging()
+    from loops import parameter_server
+    from loops.actions import UnknownMetricError
+    from loops.loop import NonFiniteError
+
     if flags.FLAGS.strategy == "parameter_server":
         try:
             parameter_server.serve_unless_chief()  # a worker or ps task never returns
@@ -163,7 +320,7 @@ def run_binary(argv, build_loop: Callable, *, train_steps: Callable[[], int],
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     try:
-        loop.train(train_steps())
+        loop.train(flags.FLAGS.train_steps)
     except (NonFiniteError, UnknownMetricError, OSError) as error:
         sys.exit(f"error: {error}")
     if summary is not None:
@@ -179,6 +336,25 @@ def _exit_preempted(signum, frame) -> None:
     del signum, frame
     print("preempted (SIGTERM) before training started: nothing to save", file=sys.stderr)
     sys.exit(exit_codes.PREEMPTED)
+
+
+def quiet_logging() -> None:
+    """Keeps TensorFlow's and TFDS's log lines out of the progress lines, and loads TensorFlow.
+
+    An explicit --verbosity (or -v), or the user's own TF_CPP_MIN_LOG_LEVEL,
+    brings TensorFlow's lines back.
+    """
+    from absl import logging
+
+    verbose = flags.FLAGS["verbosity"].present
+    if not verbose:
+        logging.set_verbosity(logging.WARNING)
+    tensorflow_logs.import_tensorflow(
+        quiet=not verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ)
+    if not verbose:
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")
 
 
 def report_outputs(loop) -> None:

@@ -8,19 +8,20 @@ from typing import Iterator, Sequence
 import keras
 import tensorflow as tf
 
-POLICIES = ("none", "mixed_bfloat16", "mixed_float16")
+from loops.choices import PRECISION_POLICIES
+
 DEFAULT_GROWTH_STEPS = 2000
 
 
 def check_policy(name: str) -> str:
-    """Returns `name` if it is one of POLICIES.
+    """Returns `name` if it is one of PRECISION_POLICIES.
 
     Raises:
         ValueError: naming the bad value and the choices.
     """
-    if name not in POLICIES:
+    if name not in PRECISION_POLICIES:
         raise ValueError(
-            f"mixed_precision must be one of {', '.join(POLICIES)}, got {name!r}; use "
+            f"mixed_precision must be one of {', '.join(PRECISION_POLICIES)}, got {name!r}; use "
             "'mixed_bfloat16' or 'mixed_float16' to compute in 16 bits, 'none' for float32.")
     return name
 
@@ -40,7 +41,7 @@ def dtype_policy_scope(name: str) -> Iterator[None]:
     layer to float32. Variables stay float32 under both mixed policies.
 
     Args:
-        name: one of POLICIES; "none" builds float32 layers.
+        name: one of PRECISION_POLICIES; "none" builds float32 layers.
     """
     check_policy(name)
     previous = keras.config.dtype_policy()

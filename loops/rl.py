@@ -30,10 +30,10 @@ from typing import Callable, Mapping
 import keras
 import tensorflow as tf
 
-from data import cartpole
 from loops import reduction, target_networks
 from loops.loop import Loop
-from models import rl as rl_models
+from loops_data import cartpole
+from loops_models import rl as rl_models
 
 RETURN_WINDOW = 100  # mean_return_100 averages the returns of this many latest episodes
 DEFAULT_TARGET_UPDATE_EVERY = 50  # DQN's target copy period when no target update is chosen

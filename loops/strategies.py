@@ -9,15 +9,7 @@ from typing import Iterator
 
 import tensorflow as tf
 
-STRATEGY_NAMES = (
-        "default",
-        "one_device",
-        "mirrored",
-        "central_storage",
-        "multi_worker_mirrored",
-        "parameter_server",
-        "tpu",
-)
+from loops.choices import STRATEGY_NAMES
 
 
 def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:

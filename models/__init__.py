@@ -1,5 +1,5 @@
 """Keras models the loops' binaries train."""
 
-from models.classifiers import CLASSIFIERS, build_classifier, cnn, mlp
+from loops_models.classifiers import CLASSIFIERS, build_classifier, cnn, mlp
 
 __all__ = ["CLASSIFIERS", "build_classifier", "cnn", "mlp"]

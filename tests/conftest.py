@@ -20,7 +20,7 @@ import tensorflow as tf  # noqa: E402
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory):
     """A TFDS data_dir holding the prepared bundled digits."""
-    import data
+    import loops_data as data
     directory = str(tmp_path_factory.mktemp("tfds"))
     data.load_builder("digits", directory)
     return directory

@@ -162,7 +162,7 @@ class ScriptedClassifier(loops.ClassifierLoop):
 
 
 def scripted_classifier(script, model_dir, actions=()):
-    import models
+    import loops_models as models
     return ScriptedClassifier(
         script, strategy=loops.testing.replica_strategy(2),
         model_fn=lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10,
@@ -343,7 +343,8 @@ def test_classifier_flags_stop_early_keep_the_best_and_still_export(tmp_path, di
 
 
 @pytest.mark.parametrize("argv, error, message", [
-    (["--early_stopping_metric=loss"], app.UsageError, "pass eval_every= to the loop"),
+    (["--early_stopping_metric=loss", "--eval_every=0"], app.UsageError,
+     "pass eval_every= to the loop"),
     (["--early_stopping_mode=lowest"], flags.IllegalFlagValueError, "value should be one of"),
     (["--early_stopping_patience=0"], flags.IllegalFlagValueError, "0 is not a positive integer"),
     (["--keep_best_metric=acc", "--eval_every=5", "--train_steps=5", "--steps_per_loop=5"],

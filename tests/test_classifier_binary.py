@@ -97,7 +97,7 @@ def test_model_dir_that_is_a_file_is_a_usage_error(digits_dir, tmp_path):
 
 def test_multi_worker_mirrored_runs_as_a_single_worker_without_tf_config(tmp_path, digits_dir):
     model_dir = str(tmp_path / "mwms")
-    done = run_cli("--strategy=multi_worker_mirrored", "--num_replicas=1", "--train_steps=60",
+    done = run_cli("--strategy=multi_worker_mirrored", "--train_steps=60",
                    "--steps_per_loop=30", f"--model_dir={model_dir}", f"--data_dir={digits_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)

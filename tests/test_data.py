@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import data
+import loops_data as data
 
 
 def test_digits_has_a_fixed_split_of_the_bundled_images(digits_dir):
@@ -78,7 +78,7 @@ def test_bad_batch_size(size, digits_dir):
 
 
 def test_in_memory_batches_take_a_new_full_permutation_each_pass():
-    from data.image_classification import batches_in_memory
+    from loops_data.image_classification import batches_in_memory
 
     rows = np.arange(50)
     dataset = batches_in_memory((rows, rows * 10), 8, shuffle_seed=7).repeat(3)
@@ -100,8 +100,8 @@ def test_in_memory_batches_take_a_new_full_permutation_each_pass():
 
 
 def test_endless_batches_are_full_static_and_a_new_permutation_each_pass(monkeypatch):
-    from data import image_classification
-    from data.image_classification import endless_batches_in_memory
+    from loops_data import image_classification
+    from loops_data.image_classification import endless_batches_in_memory
 
     rows = np.arange(50)
     monkeypatch.setattr(image_classification, "ROWS_PER_DRAW", 120)  # two passes a draw
@@ -127,7 +127,7 @@ def test_endless_batches_are_full_static_and_a_new_permutation_each_pass(monkeyp
 
 
 def test_repeated_splits_give_full_batches_in_memory_and_streaming(digits_dir, monkeypatch):
-    from data import image_classification
+    from loops_data import image_classification
 
     def labels_of(dataset, count):
         assert dataset.element_spec[0].shape.as_list() == [64, 8, 8, 1]
@@ -144,7 +144,7 @@ def test_repeated_splits_give_full_batches_in_memory_and_streaming(digits_dir, m
 
 
 def test_a_split_too_large_for_memory_streams_through_a_shuffle_buffer(digits_dir, monkeypatch):
-    from data import image_classification
+    from loops_data import image_classification
 
     monkeypatch.setattr(image_classification, "IN_MEMORY_BYTES", 0)
     dataset = data.global_batches("digits", "train", global_batch_size=64, data_dir=digits_dir,

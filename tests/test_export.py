@@ -77,7 +77,7 @@ def test_generator_export_serves_the_moving_average_outside_and_inside_a_strateg
 
 
 def test_the_gan_binary_exports_the_generator_it_trained(tmp_path):
-    from models import gan as gan_models
+    from loops_models import gan as gan_models
     from loops.gan import GANLoop
 
     model_dir = str(tmp_path / "ring")

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import loops
-from data.ring import Ring
+from loops_data.ring import Ring
 from loops import gan
-from models import gan as gan_models
+from loops_models import gan as gan_models
 from conftest import read_results, run_module
 
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 from absl import flags
 
 import loops
-import models
+import loops_models as models
 from conftest import read_results, run_module, tiny_batches
 from loops.export import export_classifier
 from loops.mixed_precision import DynamicLossScale

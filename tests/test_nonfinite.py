@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-import models
+import loops_models as models
 
 
 def batches_with_nan_in_step_2():

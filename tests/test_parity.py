@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-import models
+import loops_models as models
 from conftest import optimizer_factory, tiny_batches
 
 

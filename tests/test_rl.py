@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 import loops
-from data import cartpole
+from loops_data import cartpole
 from loops import rl, target_networks
-from models import rl as rl_models
+from loops_models import rl as rl_models
 from conftest import read_results, run_module
 
 

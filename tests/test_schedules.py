@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-import models
+import loops_models as models
 from conftest import tiny_batches
 from loops import schedules
 

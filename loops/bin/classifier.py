@@ -2,41 +2,49 @@
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
 from loops import flags as loop_flags
-from loops.mixed_precision import POLICIES
+from loops.choices import PRECISION_POLICIES
 
 loop_flags.define_loop_flags(train_steps=600, global_batch_size=64, learning_rate=2e-3)
-flags.DEFINE_string("dataset", "digits",
-                    "TFDS image-classification dataset: 'digits' (bundled, offline), "
-                    "'mnist', 'cifar10', ...")
-flags.DEFINE_string("data_dir", None, "TFDS data directory (default: ~/tensorflow_datasets).")
-flags.DEFINE_string("train_split", "train", "Split to train on.")
-flags.DEFINE_string("eval_split", "test", "Split to evaluate on.")
-flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "Classifier network.")
-flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd", "momentum"],
-                  "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.")
-flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
-flags.DEFINE_bool("batch_norm", False, "Synchronized batch normalization after hidden layers.")
-flags.DEFINE_float("dropout", 0.0,
-                   "Dropout rate in [0, 1) after the hidden layers (mlp) or before the head "
-                   "(cnn); masks differ per replica and per step, and match for any replica count.")
-flags.register_validator("dropout", lambda value: 0.0 <= value < 1.0,
-                         message="--dropout must lie in [0, 1), e.g. --dropout=0.2.")
-flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
+with loop_flags.heading("data"):
+    flags.DEFINE_string("dataset", "digits",
+                        "TFDS image-classification dataset: 'digits' (bundled, offline), "
+                        "'mnist', 'cifar10', ...")
+    flags.DEFINE_string("data_dir", None,
+                        "TFDS data directory (default: ~/tensorflow_datasets).")
+    flags.DEFINE_string("train_split", "train", "Split to train on.")
+    flags.DEFINE_string("eval_split", "test", "Split to evaluate on.")
+with loop_flags.heading("model"):
+    flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "Classifier network.")
+    flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
+    flags.DEFINE_bool("batch_norm", False,
+                      "Synchronized batch normalization after hidden layers.")
+    flags.DEFINE_float("dropout", 0.0,
+                       "Dropout rate in [0, 1) after the hidden layers (mlp) or before the head "
+                       "(cnn); masks differ per replica and per step, and match for any "
+                       "replica count.")
+    flags.DEFINE_enum("mixed_precision", "none", list(PRECISION_POLICIES),
+                      "Compute in 16 bits with float32 variables: mixed_bfloat16, or "
+                      "mixed_float16 with a dynamic loss scale agreed on by all replicas; "
+                      "none: float32.")
+with loop_flags.heading("training"):
+    flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd", "momentum"],
+                      "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.")
+    flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
+    flags.DEFINE_enum("lr_schedule", "constant", ["constant", "step", "cosine", "warmup_cosine"],
+                      "Learning-rate schedule over the run (peak: --learning_rate).")
+    flags.DEFINE_integer("lr_warmup_steps", 0, "warmup_cosine: linear warm-up steps.",
+                         lower_bound=0)
+    flags.DEFINE_integer("lr_step_size", 1000, "step: steps between rate drops.", lower_bound=1)
+    flags.DEFINE_float("lr_step_factor", 0.1, "step: factor of each drop, in (0, 1].")
+    flags.DEFINE_float("lr_final_fraction", 0.0,
+                       "cosine, warmup_cosine: final rate as a fraction of --learning_rate.")
 loop_flags.define_export_dir_flag("the trained classifier (raw images in, logits and "
                                   "probabilities out)")
-flags.DEFINE_enum("lr_schedule", "constant", ["constant", "step", "cosine", "warmup_cosine"],
-                  "Learning-rate schedule over the run (peak: --learning_rate).")
-flags.DEFINE_integer("lr_warmup_steps", 0, "warmup_cosine: linear warm-up steps.", lower_bound=0)
-flags.DEFINE_integer("lr_step_size", 1000, "step: steps between rate drops.", lower_bound=1)
-flags.DEFINE_float("lr_step_factor", 0.1, "step: factor of each drop, in (0, 1].")
-flags.DEFINE_float("lr_final_fraction", 0.0,
-                   "cosine, warmup_cosine: final rate as a fraction of --learning_rate.")
-flags.DEFINE_enum("mixed_precision", "none", list(POLICIES),
-                  "Compute in 16 bits with float32 variables: mixed_bfloat16, or mixed_float16 "
-                  "with a dynamic loss scale agreed on by all replicas; none: float32.")
+flags.register_validator("dropout", lambda value: 0.0 <= value < 1.0,
+                         message="--dropout must lie in [0, 1), e.g. --dropout=0.2.")
 flags.register_validator("clip_norm", lambda value: value is None or value > 0,
                          message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).")
 
@@ -53,16 +61,16 @@ def make_optimizer(name: str, learning_rate):
 
 def build_loop():
     """The ClassifierLoop the flags describe; ValueError for a bad combination."""
-    import data
     import loops
-    import models
     from loops import schedules
+    import loops_data as data
+    import loops_models as models
 
     learning_rate = schedules.make_schedule(
         FLAGS.lr_schedule, learning_rate=FLAGS.learning_rate, total_steps=FLAGS.train_steps,
         warmup_steps=FLAGS.lr_warmup_steps, step_size=FLAGS.lr_step_size,
         step_factor=FLAGS.lr_step_factor, final_fraction=FLAGS.lr_final_fraction)
-    strategy = loops.make_strategy(FLAGS.strategy, FLAGS.num_replicas)
+    strategy = loop_flags.make_strategy()
     loop_flags.check_batch_fits_replicas(strategy)
     spec = data.dataset_spec(FLAGS.dataset, FLAGS.data_dir)
 
@@ -99,12 +107,12 @@ def export(loop) -> str:
 
 
 def main(argv):
-    loop_flags.run_binary(argv, build_loop, train_steps=lambda: FLAGS.train_steps)
+    loop_flags.run_binary(argv, build_loop)
 
 
 def run():
     """Console-script entry point (loops-classifier)."""
-    app.run(main)
+    loop_flags.run(main, description=__doc__)
 
 
 if __name__ == "__main__":

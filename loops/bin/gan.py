@@ -2,31 +2,34 @@
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
 from loops import flags as loop_flags
 
 loop_flags.define_loop_flags(train_steps=8000, global_batch_size=512, learning_rate=2e-3,
                              steps_per_loop=500)
-flags.DEFINE_enum("dataset", "ring", ["ring", "digits"],
-                  "'ring': 8 Gaussians on a circle (2-D points, mode-coverage metrics); "
-                  "'digits': the bundled 8x8 digit images (sample grids as PNG). For digits "
-                  "a shorter run is enough, e.g. --train_steps=2000 --global_batch_size=128.")
-flags.DEFINE_string("data_dir", None,
-                    "TFDS data directory for digits (default: ~/tensorflow_datasets).")
-flags.DEFINE_enum("gan_loss", "non_saturating", ["non_saturating", "wgan_gp"],
-                  "'non_saturating': the DCGAN loss; 'wgan_gp': Wasserstein loss with a gradient "
-                  "penalty, usually with --n_critic=5 (on the ring it covers the modes but "
-                  "sharpens them more slowly than the default).")
-flags.DEFINE_integer("n_critic", 1, "Discriminator updates per generator update, each on its own "
-                     "batch.", lower_bound=1)
-flags.DEFINE_float("gp_weight", 10.0, "Gradient penalty weight for --gan_loss=wgan_gp.",
-                   lower_bound=0.0)
-flags.DEFINE_float("ema_decay", 0.999, "Decay of the moving average of the generator's weights "
-                   "that evaluation samples from; 0 turns the average off.")
+with loop_flags.heading("data"):
+    flags.DEFINE_enum("dataset", "ring", ["ring", "digits"],
+                      "'ring': 8 Gaussians on a circle (2-D points, mode-coverage metrics); "
+                      "'digits': the bundled 8x8 digit images (sample grids as PNG). For digits "
+                      "a shorter run is enough, e.g. --train_steps=2000 --global_batch_size=128.")
+    flags.DEFINE_string("data_dir", None,
+                        "TFDS data directory for digits (default: ~/tensorflow_datasets).")
+with loop_flags.heading("model"):
+    flags.DEFINE_float("ema_decay", 0.999, "Decay of the moving average of the generator's "
+                       "weights that evaluation samples from; 0 turns the average off.")
+with loop_flags.heading("training"):
+    flags.DEFINE_enum("gan_loss", "non_saturating", ["non_saturating", "wgan_gp"],
+                      "'non_saturating': the DCGAN loss; 'wgan_gp': Wasserstein loss with a "
+                      "gradient penalty, usually with --n_critic=5 (on the ring it covers the "
+                      "modes but sharpens them more slowly than the default).")
+    flags.DEFINE_integer("n_critic", 1, "Discriminator updates per generator update, each on "
+                         "its own batch.", lower_bound=1)
+    flags.DEFINE_float("gp_weight", 10.0, "Gradient penalty weight for --gan_loss=wgan_gp.",
+                       lower_bound=0.0)
+    flags.DEFINE_float("beta_1", 0.5, "Adam's first-moment decay for both optimizers.")
 loop_flags.define_export_dir_flag("the generator (noise in, samples out; the moving average "
                                   "when --ema_decay > 0)")
-flags.DEFINE_float("beta_1", 0.5, "Adam's first-moment decay for both optimizers.")
 flags.register_validator("ema_decay", lambda value: 0 <= value < 1,
                          message="--ema_decay must be in [0, 1), e.g. 0.999 (0: no average).")
 flags.register_validator("beta_1", lambda value: 0 <= value < 1,
@@ -42,7 +45,8 @@ def digits_images(global_batch_size: int, *, seed: int, data_dir: str | None = N
     """Global batches of digit images scaled to [-1, 1] (the generator's tanh range), no labels."""
     import tensorflow as tf
 
-    import data
+    import loops_data as data
+
     return data.global_batches("digits", "train", global_batch_size=global_batch_size,
                                data_dir=data_dir, shuffle_seed=seed, repeat=True).map(
         lambda images, labels: tf.cast(images, tf.float32) / 127.5 - 1.0)
@@ -53,11 +57,11 @@ def build_loop():
     import keras
 
     import loops
-    from data.ring import Ring
     from loops.gan import GANLoop
-    from models import gan as gan_models
+    from loops_data.ring import Ring
+    from loops_models import gan as gan_models
 
-    strategy = loops.make_strategy(FLAGS.strategy, FLAGS.num_replicas)
+    strategy = loop_flags.make_strategy()
     loop_flags.check_batch_fits_replicas(strategy)
     batch, seed = FLAGS.global_batch_size, FLAGS.seed
     if FLAGS.dataset == "ring":
@@ -95,7 +99,7 @@ def export(loop) -> str:
 
 
 def summarize(loop) -> str:
-    from data.ring import Ring
+    from loops_data.ring import Ring
 
     results = loop.results_extra()
     summary = f"trained {results['g_steps']} generator and {results['d_steps']} discriminator steps"
@@ -106,13 +110,12 @@ def summarize(loop) -> str:
 
 
 def main(argv):
-    loop_flags.run_binary(argv, build_loop, train_steps=lambda: FLAGS.train_steps,
-                          summary=summarize)
+    loop_flags.run_binary(argv, build_loop, summary=summarize)
 
 
 def run():
     """Console-script entry point (loops-gan)."""
-    app.run(main)
+    loop_flags.run(main, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
 from loops import flags as loop_flags
 
@@ -18,45 +18,51 @@ ALGORITHM_DEFAULTS = {
     # 1500 steps of 8 x 4 transitions, each followed by 2 updates.
     "dqn": {"train_steps": 1500, "steps_per_loop": 100},
 }
-flags.DEFINE_enum("algorithm", "ppo", list(ALGORITHM_DEFAULTS),
-                  "ppo: actor-critic (PPO with GAE); dqn: double DQN with a replay buffer. "
-                  "Unset shared flags take the algorithm's defaults: --train_steps 250 (ppo) "
-                  "or 1500 (dqn), --steps_per_loop 10 or 100, --global_batch_size (samples "
-                  "per update) 256 or 128.")
-flags.DEFINE_integer("num_envs", None,
-                     "Environments stepped in parallel over all replicas (a multiple of the "
-                     "replica count). Default 16 (ppo), 8 (dqn).", lower_bound=1)
-flags.DEFINE_integer("rollout_length", None,
-                     "Steps of every environment per train step. Default 64 (ppo), 4 (dqn).",
-                     lower_bound=1)
-flags.DEFINE_float("gamma", 0.99, "Discount factor in [0, 1].", lower_bound=0.0, upper_bound=1.0)
-# PPO.
-flags.DEFINE_float("gae_lambda", 0.95, "ppo: GAE lambda in [0, 1].", lower_bound=0.0,
-                   upper_bound=1.0)
-flags.DEFINE_integer("ppo_epochs", 4, "ppo: passes over each rollout (1 with "
-                     "--global_batch_size=num_envs*rollout_length is A2C).", lower_bound=1)
-flags.DEFINE_float("clip_ratio", 0.2, "ppo: probability-ratio clip epsilon (> 0).")
-flags.DEFINE_float("value_coefficient", 0.5, "ppo: weight of the value loss.", lower_bound=0.0)
-flags.DEFINE_float("entropy_coefficient", 0.01, "ppo: weight of the entropy bonus.",
-                   lower_bound=0.0)
-# DQN.
-flags.DEFINE_integer("buffer_capacity", 50_000, "dqn: transitions the replay buffer keeps.",
-                     lower_bound=1)
-flags.DEFINE_integer("learning_starts", 1_000, "dqn: transitions collected before the first "
-                     "update.", lower_bound=0)
-flags.DEFINE_integer("updates_per_step", 2, "dqn: gradient updates per train step.",
-                     lower_bound=1)
-flags.DEFINE_float("epsilon_start", 1.0, "dqn: exploration rate at the start.",
-                   lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_float("epsilon_end", 0.05, "dqn: exploration rate after --exploration_steps.",
-                   lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_integer("exploration_steps", 10_000, "dqn: environment steps over which epsilon "
-                     "falls linearly.", lower_bound=1)
-flags.DEFINE_integer("target_update_every", None, "dqn: copy the online net into the target "
-                     "every this many train steps (default 50, unless --target_tau is set).",
-                     lower_bound=1)
-flags.DEFINE_float("target_tau", None, "dqn: instead of copies, move the target towards the "
-                   "online net by this fraction every train step (in (0, 1], e.g. 0.005).")
+with loop_flags.heading("training"):
+    flags.DEFINE_enum("algorithm", "ppo", list(ALGORITHM_DEFAULTS),
+                      "ppo: actor-critic (PPO with GAE); dqn: double DQN with a replay buffer. "
+                      "Unset shared flags take the algorithm's defaults: --train_steps 250 (ppo) "
+                      "or 1500 (dqn), --steps_per_loop 10 or 100, --global_batch_size (samples "
+                      "per update) 256 or 128.")
+with loop_flags.heading("data"):
+    flags.DEFINE_integer("num_envs", None,
+                         "Environments stepped in parallel over all replicas (a multiple of the "
+                         "replica count). Default 16 (ppo), 8 (dqn).", lower_bound=1)
+    flags.DEFINE_integer("rollout_length", None,
+                         "Steps of every environment per train step. Default 64 (ppo), 4 (dqn).",
+                         lower_bound=1)
+with loop_flags.heading("training"):
+    flags.DEFINE_float("gamma", 0.99, "Discount factor in [0, 1].", lower_bound=0.0,
+                       upper_bound=1.0)
+    # PPO.
+    flags.DEFINE_float("gae_lambda", 0.95, "ppo: GAE lambda in [0, 1].", lower_bound=0.0,
+                       upper_bound=1.0)
+    flags.DEFINE_integer("ppo_epochs", 4, "ppo: passes over each rollout (1 with "
+                         "--global_batch_size=num_envs*rollout_length is A2C).", lower_bound=1)
+    flags.DEFINE_float("clip_ratio", 0.2, "ppo: probability-ratio clip epsilon (> 0).")
+    flags.DEFINE_float("value_coefficient", 0.5, "ppo: weight of the value loss.",
+                       lower_bound=0.0)
+    flags.DEFINE_float("entropy_coefficient", 0.01, "ppo: weight of the entropy bonus.",
+                       lower_bound=0.0)
+    # DQN.
+    flags.DEFINE_integer("buffer_capacity", 50_000, "dqn: transitions the replay buffer keeps.",
+                         lower_bound=1)
+    flags.DEFINE_integer("learning_starts", 1_000, "dqn: transitions collected before the "
+                         "first update.", lower_bound=0)
+    flags.DEFINE_integer("updates_per_step", 2, "dqn: gradient updates per train step.",
+                         lower_bound=1)
+    flags.DEFINE_float("epsilon_start", 1.0, "dqn: exploration rate at the start.",
+                       lower_bound=0.0, upper_bound=1.0)
+    flags.DEFINE_float("epsilon_end", 0.05, "dqn: exploration rate after --exploration_steps.",
+                       lower_bound=0.0, upper_bound=1.0)
+    flags.DEFINE_integer("exploration_steps", 10_000, "dqn: environment steps over which "
+                         "epsilon falls linearly.", lower_bound=1)
+    flags.DEFINE_integer("target_update_every", None, "dqn: copy the online net into the "
+                         "target every this many train steps (default 50, unless --target_tau "
+                         "is set).", lower_bound=1)
+    flags.DEFINE_float("target_tau", None, "dqn: instead of copies, move the target towards "
+                       "the online net by this fraction every train step (in (0, 1], e.g. "
+                       "0.005).")
 flags.register_validator("clip_ratio", lambda value: value > 0,
                          message="--clip_ratio must be > 0, e.g. --clip_ratio=0.2.")
 flags.register_validator("target_tau", lambda value: value is None or 0 < value <= 1,
@@ -77,10 +83,9 @@ def build_loop():
     """The RL loop the flags describe; ValueError for a bad combination."""
     import keras
 
-    import loops
     from loops import rl
 
-    strategy = loops.make_strategy(FLAGS.strategy, FLAGS.num_replicas)
+    strategy = loop_flags.make_strategy()
     common = {
         "optimizer_fn": lambda: keras.optimizers.Adam(FLAGS.learning_rate),
         "gamma": FLAGS.gamma,
@@ -88,8 +93,6 @@ def build_loop():
                  global_batch_size=FLAGS.global_batch_size),
         **loop_flags.loop_arguments(strategy, loop_flags.resolve_model_dir(
             f"rl-{FLAGS.algorithm}")),
-        "steps_per_loop": (FLAGS.steps_per_loop
-                           or ALGORITHM_DEFAULTS[FLAGS.algorithm]["steps_per_loop"]),
     }
     if FLAGS.algorithm == "ppo":
         return rl.ActorCriticLoop(
@@ -113,16 +116,21 @@ def summarize(loop) -> str:
             f"steps at {results['env_steps_per_second']:.0f} per second")
 
 
+def fill_in_algorithm_defaults() -> None:
+    """Gives the unset shared flags of ALGORITHM_DEFAULTS the --algorithm's values."""
+    for name, value in ALGORITHM_DEFAULTS[FLAGS.algorithm].items():
+        if FLAGS[name].value is None:
+            FLAGS[name].value = value
+
+
 def main(argv):
-    loop_flags.run_binary(
-        argv, build_loop,
-        train_steps=lambda: FLAGS.train_steps or ALGORITHM_DEFAULTS[FLAGS.algorithm]["train_steps"],
-        summary=summarize)
+    fill_in_algorithm_defaults()
+    loop_flags.run_binary(argv, build_loop, summary=summarize)
 
 
 def run():
     """Console-script entry point (loops-rl)."""
-    app.run(main)
+    loop_flags.run(main, description=__doc__)
 
 
 if __name__ == "__main__":

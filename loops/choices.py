@@ -1,0 +1,19 @@
+"""The names a run picks from (strategies, metric modes, precision policies), kept free of
+TensorFlow so that a binary checks its flags before TensorFlow loads."""
+
+STRATEGY_NAMES = (
+        "default",
+        "one_device",
+        "mirrored",
+        "central_storage",
+        "multi_worker_mirrored",
+        "parameter_server",
+        "tpu",
+)
+# Strategies whose replicas are this host's devices (GPUs, else logical CPUs),
+# as many as the run asks for; the others take their devices from the machine
+# or the cluster.
+LOCAL_REPLICA_STRATEGIES = ("mirrored", "central_storage")
+# Whether a lower or a higher value of a watched eval metric is better.
+METRIC_MODES = ("min", "max")
+PRECISION_POLICIES = ("none", "mixed_bfloat16", "mixed_float16")

@@ -1,0 +1,50 @@
+"""Keeps TensorFlow's own log lines off a binary's console unless the user asks for them."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+
+# A C++ log line (I0000 00:00:1795530023.815669    1325 port.cc:153] ...) and the
+# notice absl prints before the first of them.
+_CPP_LOG_LINE = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ [^ ]+:\d+\] ")
+_ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+
+
+def import_tensorflow(*, quiet: bool) -> None:
+    """Imports TensorFlow; with `quiet`, without its C++ log lines.
+
+    TF_CPP_MIN_LOG_LEVEL=3 hides the C++ lines logged once TensorFlow is up
+    (a CPU-only machine's cuInit error among them), but not the notices its
+    libraries log while loading (oneDNN, missing CUDA drivers): those come
+    before absl::InitializeLog and go straight to file descriptor 2. So the
+    import writes stderr to a file, and what is not a C++ log line (a Python
+    warning) is written on afterwards.
+    """
+    if not quiet:
+        import tensorflow  # noqa: F401
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    imported = False
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+            imported = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(stderr, 2)
+            os.close(stderr)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            # A failed import shows everything: its log lines may say why.
+            sys.stderr.write("".join(line for line in lines
+                                     if not (imported and _is_tensorflow_log(line))))
+
+
+def _is_tensorflow_log(line: str) -> bool:
+    return line.rstrip("\n") == _ABSL_NOTICE or bool(_CPP_LOG_LINE.match(line))
