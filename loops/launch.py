@@ -362,18 +362,20 @@ class Launcher:
         return self._signals[index] if index == 0 else signal.SIGKILL
 
     def _signalled(self, index: int) -> list[Task]:
-        # The first signal spares the servers of a chief: a parameter server
-        # dies on SIGTERM, and the chief's checkpoint reads its variables.
-        chiefs = [task for task in self.tasks if task.type == "chief"]
-        return chiefs if index == 0 and chiefs else self.tasks
+        # The first signal goes to the tasks the run ends with, sparing the
+        # servers of a chief: a parameter server dies on SIGTERM, and the
+        # chief's checkpoint reads its variables.
+        return self._leaders() if index == 0 else self.tasks
 
     def _tell_signals(self) -> None:
         while self._signals_told < len(self._signals):
             index = self._signals_told
             self._signals_told += 1
             targets = self._signalled(index)
-            to = ("every task" if len(targets) == len(self.tasks) else
-                  ", ".join(task.name for task in targets) + " (the others serve it until it ends)")
+            to = "every task"
+            if len(targets) < len(self.tasks):
+                to = (", ".join(task.name for task in targets)
+                      + " (the others keep serving until the run ends)")
             self.say(f"received {signal.Signals(self._signals[index]).name}; sent "
                      f"{signal.Signals(self._forwarded(index)).name} to {to}")
 

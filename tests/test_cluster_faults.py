@@ -1,4 +1,4 @@
-"""A cluster task whose peers never come up, or whose TF_CONFIG is wrong, says so in bounded time."""
+"""A cluster task whose peers never come up, or whose TF_CONFIG is wrong, says so in time."""
 
 import json
 import os
@@ -64,7 +64,8 @@ def test_a_task_whose_peers_never_come_up_names_them_within_its_bound(
     assert f"{name} waiting up to {BOUND} s for {missing}\n" in stderr
     assert (f"ValueError: {name} waited {BOUND} s for its cluster, but {missing} did not come up "
             "(nothing accepts connections there); start ") in stderr
-    assert "or set LOOPS_CLUSTER_TIMEOUT_SECONDS (or make_strategy's cluster_timeout) higher" in stderr
+    assert ("or set LOOPS_CLUSTER_TIMEOUT_SECONDS (or make_strategy's cluster_timeout) higher"
+            in stderr)
     seconds = float(re.search(r"make_strategy returned after ([\d.]+) s", stdout).group(1))
     print(f"{strategy}: gave up after {seconds:.2f} s (bound {BOUND} s)")
     assert BOUND <= seconds < BOUND + 1.5

@@ -449,8 +449,8 @@ def test_sigterm_goes_to_the_chief_alone_until_it_has_saved_then_the_servers_sto
         1, num_ps=1, roles={"chief_0": "preempted", "worker_0": "graceful", "ps_0": "graceful"},
         after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM))
     assert code == 42, stderr
-    assert ("[launch] received SIGTERM; sent SIGTERM to chief_0 (the others serve it until it "
-            "ends)") in stderr
+    assert ("[launch] received SIGTERM; sent SIGTERM to chief_0 (the others keep serving until "
+            "the run ends)") in stderr
     # A parameter server dies on SIGTERM; the chief's save needs it, so it must not get one first.
     assert "[chief_0] others got SIGTERM while saving: []" in stdout
     assert "[launch] the chief finished; stopping worker_0, ps_0" in stderr
@@ -463,7 +463,8 @@ def test_the_help_lists_the_exit_codes(capsys):
     with pytest.raises(SystemExit):
         launch.main(["--help"])
     assert ("exit codes:\n  0     every task finished\n  42    preempted: tasks exited 42 after "
-            "saving; rerun the same command to continue\n  1     a task failed") in capsys.readouterr().out
+            "saving; rerun the same command to continue\n  1     a task failed"
+            ) in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
