@@ -8,13 +8,22 @@
 Every task gets a TF_CONFIG naming the whole cluster (free 127.0.0.1 ports) and
 its own task, and every line it prints comes out prefixed with its name
 (`[worker_0] ...`). With --num_ps the cluster also has a `chief` task (the
-coordinator of ParameterServerStrategy). The launcher exits 0 once the chief,
-or without one every worker, has exited 0, and then stops the tasks still
-running (parameter servers, and the workers of a chief, never exit on their
-own); as soon as one task exits non-zero it stops the others and exits 1
-naming that task. SIGINT
-and SIGTERM it receives are forwarded to every task (a loops binary saves a
-checkpoint on SIGTERM); a second one kills them.
+coordinator of ParameterServerStrategy).
+
+The run ends with the chief, or without one with the last worker; then the
+launcher stops the tasks still running (parameter servers, and the workers of
+a chief, never exit on their own). Its exit code (loops/exit_codes.py):
+0 when they all exited 0; 42 (PREEMPTED) when some exited 42, a preempted
+run that saved every completed step (rerun the same command to continue); 1
+as soon as a task exits with any other code, after stopping the others and
+naming that task. A task exiting 42 is not a failure: the others were
+preempted too and are saving, so they are left to finish.
+
+SIGINT and SIGTERM it receives go to the chief, or without one to every task
+(a loops binary saves a checkpoint on SIGTERM and, under
+MultiWorkerMirroredStrategy, tells the other workers); the servers keep
+serving until the chief is done, since its checkpoint reads the variables they
+hold. A second signal kills every task.
 
 The tasks are plain subprocesses watched by threads, not TensorFlow's
 multi-process test runner (DESIGN.md fact 15).
@@ -36,6 +45,8 @@ import sys
 import threading
 import time
 from typing import Sequence, TextIO
+
+from loops import exit_codes
 
 HOST = "127.0.0.1"
 EXAMPLE = ("python -m loops.launch --num_workers=2 -- loops.bin.classifier "
@@ -255,12 +266,16 @@ class Launcher:
 
     # ---- Supervising. ----
 
+    def _leaders(self) -> list[Task]:
+        """The tasks the run ends with: the chief if there is one, else every worker."""
+        chiefs = [task for task in self.tasks if task.type == "chief"]
+        return chiefs or [task for task in self.tasks if task.type == "worker"]
+
     def _supervise(self) -> int:
-        # The run ends with the chief if there is one, else with the last worker.
-        leaders = [task for task in self.tasks if task.type == "chief"]
-        ended = "the chief finished" if leaders else "every worker finished"
-        leaders = leaders or [task for task in self.tasks if task.type == "worker"]
+        leaders = self._leaders()
+        ended = "the chief finished" if leaders[0].type == "chief" else "every worker finished"
         reported: set[str] = set()
+        preempted: set[str] = set()
         while True:
             self._tell_signals()
             for task in self.tasks:
@@ -268,17 +283,28 @@ class Launcher:
                 if code is None or task.name in reported:
                     continue
                 reported.add(task.name)
-                if code != 0:
+                if code == exit_codes.PREEMPTED:
+                    preempted.add(task.name)
+                    self.say(f"{task.name} was preempted (exit code {code}) and saved")
+                elif code != 0:
                     return self._fail(task, code)
-                self.say(f"{task.name} finished")
+                else:
+                    self.say(f"{task.name} finished")
             if all(leader.name in reported for leader in leaders):
                 servers = [task for task in self.tasks if task.running()]
                 if servers:
                     self.say(f"{ended}; stopping " + ", ".join(task.name for task in servers))
                     self._stop(servers)
+                after = f" after {self._signal_names()}" if self._signals else ""
+                if preempted:
+                    named = ", ".join(task.name for task in self.tasks if task.name in preempted)
+                    self.say(f"PREEMPTED{after}: {named} exited "
+                             f"{exit_codes.PREEMPTED}; rerun the same command to continue "
+                             f"(exit code {exit_codes.PREEMPTED})")
+                    return exit_codes.PREEMPTED
                 if self._signals:
-                    self.say(f"{ended} after {self._signal_names()}")
-                return 0
+                    self.say(f"{ended}{after}")
+                return exit_codes.FINISHED
             time.sleep(_POLL_SECONDS)
 
     def _fail(self, task: Task, code: int) -> int:
@@ -326,20 +352,32 @@ class Launcher:
         # which Python refuses ("reentrant call"). The supervising loop reports it.
         del frame
         self._signals.append(signum)
-        for task in self.tasks:
+        index = len(self._signals) - 1
+        for task in self._signalled(index):
             if task.running():
-                self._send(task, self._forwarded(len(self._signals) - 1))
+                self._send(task, self._forwarded(index))
 
     def _forwarded(self, index: int) -> int:
         # A second signal means the user will not wait for a clean stop.
         return self._signals[index] if index == 0 else signal.SIGKILL
 
+    def _signalled(self, index: int) -> list[Task]:
+        # The first signal goes to the tasks the run ends with, sparing the
+        # servers of a chief: a parameter server dies on SIGTERM, and the
+        # chief's checkpoint reads its variables.
+        return self._leaders() if index == 0 else self.tasks
+
     def _tell_signals(self) -> None:
         while self._signals_told < len(self._signals):
             index = self._signals_told
             self._signals_told += 1
+            targets = self._signalled(index)
+            to = "every task"
+            if len(targets) < len(self.tasks):
+                to = (", ".join(task.name for task in targets)
+                      + " (the others keep serving until the run ends)")
             self.say(f"received {signal.Signals(self._signals[index]).name}; sent "
-                     f"{signal.Signals(self._forwarded(index)).name} to every task")
+                     f"{signal.Signals(self._forwarded(index)).name} to {to}")
 
     def _signal_names(self) -> str:
         return " and ".join(signal.Signals(signum).name for signum in self._signals)
@@ -352,7 +390,17 @@ def _parser() -> argparse.ArgumentParser:
               "-- <module or command> [its flags]",
         description="Runs a command as a local tf.distribute cluster: one process per task, "
                     "each with TF_CONFIG set, output lines prefixed with the task name.",
-        epilog=f"example: {EXAMPLE} --model_dir=/tmp/run1")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"example: {EXAMPLE} --model_dir=/tmp/run1\n\n"
+               "exit codes:\n"
+               f"  {exit_codes.FINISHED:<5} every task finished\n"
+               f"  {exit_codes.PREEMPTED:<5} preempted: tasks exited {exit_codes.PREEMPTED} after "
+               "saving; rerun the same command to continue\n"
+               "  1     a task failed (the last line names it); the others were stopped\n"
+               "  2     bad launcher arguments\n"
+               "  128+N a task failed after the launcher received signal N\n\n"
+               "SIGINT and SIGTERM go to the chief (without one, to every task); the servers\n"
+               "keep serving until it ends. A second signal kills every task.")
     # Checked in main, after unknown flags, so a misspelled --num_workers is named as such.
     parser.add_argument("--num_workers", type=int,
                         help="worker processes, >= 1 (worker_0 is the chief unless --num_ps "

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from loops import launch
+from loops import exit_codes, launch
 from conftest import ROOT, checkpoint_weights, read_results as results
 from loops.testing import relative_error
 
@@ -285,27 +285,43 @@ def test_gan_and_rl_on_two_workers_give_one_machines_step_losses_and_weights(tmp
 
 # Prints its task from TF_CONFIG, then acts as the environment variable ROLE_<task> says:
 # exit<code> once every task is ready (a file each in READY_DIR), so no task is stopped
-# before it printed and set its handlers; the other roles wait to be stopped.
+# before it printed and set its handlers (saving<code>: 1 s later, "saving" meanwhile);
+# the other roles wait to be stopped. On SIGTERM `graceful` notes it in READY_DIR and
+# exits 0; `preempted` waits 0.5 s (a save), says which tasks got SIGTERM meanwhile, and
+# exits 42 as a preempted loops binary does.
 TASK_SCRIPT = """
 import json, os, signal, sys, time
 config = json.loads(os.environ["TF_CONFIG"])
 task = f"{config['task']['type']}_{config['task']['index']}"
+ready_dir = os.environ["READY_DIR"]
 print("task", json.dumps(config), flush=True)
 print("a line on stderr", file=sys.stderr, flush=True)
 role = os.environ.get("ROLE_" + task, "exit0")
 if role == "ignore_signals":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-if role == "graceful":
-    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(0)))
+def graceful(*_):
+    open(os.path.join(ready_dir, "sigterm_" + task), "w").close()
+    print("got SIGTERM", flush=True)
+    sys.exit(0)
+def preempted(*_):
+    time.sleep(0.5)
+    signalled = sorted(name[8:] for name in os.listdir(ready_dir) if name.startswith("sigterm_"))
+    print("others got SIGTERM while saving:", signalled, flush=True)
+    sys.exit(42)
+if role in ("graceful", "preempted"):
+    signal.signal(signal.SIGTERM, graceful if role == "graceful" else preempted)
 print("ready", flush=True)
-open(os.path.join(os.environ["READY_DIR"], task), "w").close()
-if role.startswith("exit"):
+open(os.path.join(ready_dir, task), "w").close()
+if role.startswith(("exit", "saving")):
     tasks = sum(len(addresses) for addresses in config["cluster"].values())
     deadline = time.monotonic() + 60
-    while len(os.listdir(os.environ["READY_DIR"])) < tasks and time.monotonic() < deadline:
+    while len(os.listdir(ready_dir)) < tasks and time.monotonic() < deadline:
         time.sleep(0.02)
-    sys.exit(int(role[4:]))
+    if role.startswith("saving"):
+        print("saving", flush=True)
+        time.sleep(1)
+    sys.exit(int(role.removeprefix("exit").removeprefix("saving")))
 time.sleep(60)
 """
 
@@ -396,6 +412,59 @@ def test_a_second_signal_kills_tasks_that_do_not_stop():
     assert "[launch] received SIGINT; sent SIGKILL to every task" in stderr
     assert "[launch] FAILED: worker_0 was killed by SIGKILL after SIGINT and SIGINT" in stderr
     assert seconds < 10  # not the 30 s grace period
+
+
+def test_tasks_exiting_42_make_the_launcher_exit_42_and_are_not_a_failure():
+    # worker_1 is still saving when worker_0 exits 42: it is left to finish.
+    code, stdout, stderr, _ = launch_in_process(
+        2, roles={"worker_0": "exit42", "worker_1": "saving42"})
+    assert code == exit_codes.PREEMPTED == 42, stderr
+    assert "[launch] worker_0 was preempted (exit code 42) and saved" in stderr
+    assert "[launch] worker_1 was preempted (exit code 42) and saved" in stderr
+    assert stderr.endswith("[launch] PREEMPTED: worker_0, worker_1 exited 42; rerun the same "
+                           "command to continue (exit code 42)\n")
+    assert "[worker_1] saving" in stdout
+    assert "stopping" not in stderr and "FAILED" not in stderr
+
+
+def test_a_preempted_chief_ends_the_run_with_42_and_its_servers_are_stopped():
+    code, _, stderr, seconds = launch_in_process(
+        2, num_ps=1, roles={"chief_0": "exit42", "worker_0": "serve", "worker_1": "serve",
+                            "ps_0": "serve"})
+    assert code == 42, stderr
+    assert "[launch] the chief finished; stopping worker_0, worker_1, ps_0" in stderr
+    assert stderr.endswith("[launch] PREEMPTED: chief_0 exited 42; rerun the same command to "
+                           "continue (exit code 42)\n")
+    assert seconds < 15
+
+
+def test_a_failure_beside_a_preemption_still_fails_the_run():
+    code, _, stderr, _ = launch_in_process(2, roles={"worker_0": "exit42", "worker_1": "exit3"})
+    assert code == 1
+    assert "[launch] FAILED: worker_1 exited with code 3" in stderr
+
+
+def test_sigterm_goes_to_the_chief_alone_until_it_has_saved_then_the_servers_stop():
+    code, stdout, stderr, _ = launch_in_process(
+        1, num_ps=1, roles={"chief_0": "preempted", "worker_0": "graceful", "ps_0": "graceful"},
+        after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert code == 42, stderr
+    assert ("[launch] received SIGTERM; sent SIGTERM to chief_0 (the others keep serving until "
+            "the run ends)") in stderr
+    # A parameter server dies on SIGTERM; the chief's save needs it, so it must not get one first.
+    assert "[chief_0] others got SIGTERM while saving: []" in stdout
+    assert "[launch] the chief finished; stopping worker_0, ps_0" in stderr
+    assert "[worker_0] got SIGTERM" in stdout and "[ps_0] got SIGTERM" in stdout
+    assert stderr.endswith("[launch] PREEMPTED after SIGTERM: chief_0 exited 42; rerun the same "
+                           "command to continue (exit code 42)\n")
+
+
+def test_the_help_lists_the_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["--help"])
+    assert ("exit codes:\n  0     every task finished\n  42    preempted: tasks exited 42 after "
+            "saving; rerun the same command to continue\n  1     a task failed"
+            ) in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
