@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import loops
 from data.ring import Ring
-from loops import gan
+from loops import gan, target_networks
 from models import gan as gan_models
 from conftest import read_results, run_module
 
@@ -93,6 +93,52 @@ def test_a_critic_update_leaves_the_generator_and_a_generator_update_the_critic(
                               weights_of(loop.ema_generator)):
         np.testing.assert_allclose(mean, 0.5 * old + 0.5 * new, rtol=1e-6, atol=1e-7)
     assert (int(loop.d_steps.numpy()), int(loop.g_steps.numpy())) == (1, 1)
+
+
+@pytest.mark.parametrize("decay, num_updates", [(0.5, 12), (0.999, 300)])
+def test_moving_average_is_the_debiased_weighted_history(decay, num_updates):
+    """After k updates each average is sum_i c_i w_i over the history w_0 (initial) .. w_k.
+
+    Update j (from 0) decays by d_j = min(decay, (1 + j) / (10 + j)), so
+    c_0 = d_0 ... d_{k-1} and c_i = (1 - d_{i-1}) d_i ... d_{k-1}.
+    """
+    rng = np.random.default_rng(7)
+    history = [rng.normal(size=(num_updates + 1, 3, 2)), rng.normal(size=(num_updates + 1, 4))]
+    strategy = loops.testing.replica_strategy(2)
+    with strategy.scope():
+        weights = [tf.Variable(h[0], dtype=tf.float32) for h in history]
+        averages = [tf.Variable(tf.zeros(h.shape[1:])) for h in history]
+        average = target_networks.MovingAverage(averages, weights, decay=decay)
+
+    @tf.function
+    def step(new_values):
+        for variable, value in zip(weights, new_values):
+            variable.assign(value)
+        average.update()
+
+    for index in range(1, num_updates + 1):
+        step([tf.constant(h[index], tf.float32) for h in history])
+
+    decays = np.minimum(decay, (1.0 + np.arange(num_updates)) / (10.0 + np.arange(num_updates)))
+    shares = np.array([np.prod(decays[i:]) * (1.0 if i == 0 else 1.0 - decays[i - 1])
+                       for i in range(num_updates + 1)])
+    np.testing.assert_allclose(shares.sum(), 1.0, rtol=1e-12)
+    for variable, h in zip(averages, history):
+        expected = np.tensordot(shares, h, axes=1)
+        for copy in strategy.experimental_local_results(variable):
+            np.testing.assert_allclose(np.asarray(copy), expected, rtol=0, atol=1e-6)
+    assert int(average.num_updates.numpy()) == num_updates
+    if decay == 0.999:
+        # A plain average would still hold 0.999^300 = 74% of the initial weights.
+        assert shares[0] < 1e-16 and average.current_decay().numpy() == np.float32(301 / 310)
+
+
+def test_moving_average_rejects_a_bad_decay_and_mismatched_variables():
+    with pytest.raises(ValueError, match=r"decay must be in \(0, 1\), e\.g\. 0\.999; got 1\.0"):
+        target_networks.MovingAverage([tf.Variable(0.0)], [tf.Variable(1.0)], decay=1.0)
+    with pytest.raises(ValueError, match="The target has 1 variables and the online network 2"):
+        target_networks.MovingAverage([tf.Variable(0.0)], [tf.Variable(1.0), tf.Variable(2.0)],
+                                      decay=0.9)
 
 
 def test_each_critic_update_reads_the_weights_the_previous_one_wrote():
