@@ -323,10 +323,9 @@ class GANLoop(Loop):
         return metrics
 
     def results_extra(self):
-        train = self.last_train_metrics
-        return {"d_loss": train.get("d_loss"), "g_loss": train.get("g_loss"),
-                "d_steps": int(self.d_steps.numpy()), "g_steps": int(self.g_steps.numpy()),
-                **self.last_eval_metrics, "sample_files": self.sample_files}
+        # The losses and sample metrics are in the Loop's "train" and "eval" entries.
+        return {"d_steps": int(self.d_steps.numpy()), "g_steps": int(self.g_steps.numpy()),
+                "sample_files": self.sample_files}
 
     # ---- Sampling. ----
 

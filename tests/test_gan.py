@@ -69,7 +69,13 @@ def test_k_steps_make_n_critic_times_k_critic_updates_and_k_generator_updates():
     assert logs["d_loss"].shape == logs["g_loss"].shape == (4,)
     results = loop.write_results()
     assert (results["d_steps"], results["g_steps"]) == (12, 4)
-    assert np.isfinite(results["d_loss"]) and np.isfinite(results["g_loss"])
+    assert np.isfinite(results["train"]["d_loss"]) and np.isfinite(results["train"]["g_loss"])
+    # Each metric once: the losses under "train", the sample metrics under "eval".
+    assert set(results["train"]) == {"d_loss", "g_loss", "nonfinite"}
+    assert set(results["eval"]) == {"modes_covered", "high_quality_fraction",
+                                    "raw_modes_covered", "raw_high_quality_fraction"}
+    assert not (set(results["train"]) | set(results["eval"])) & set(results)
+    assert type(results["eval"]["modes_covered"]) is type(results["d_steps"]) is int
 
 
 def test_a_critic_update_leaves_the_generator_and_a_generator_update_the_critic():
@@ -347,9 +353,9 @@ def test_default_flags_cover_the_ring(tmp_path):
     results = read_results(model_dir)
     assert results["num_replicas"] == 2 and results["global_step"] == 8000
     assert results["g_steps"] == results["d_steps"] == 8000
-    assert results["modes_covered"] >= 7, results
-    assert results["high_quality_fraction"] >= 0.8, results
-    assert np.isfinite(results["d_loss"]) and np.isfinite(results["g_loss"])
+    assert results["eval"]["modes_covered"] >= 7, results
+    assert results["eval"]["high_quality_fraction"] >= 0.8, results
+    assert np.isfinite(results["train"]["d_loss"]) and np.isfinite(results["train"]["g_loss"])
     assert f"outputs in {model_dir}" in done.stdout
 
 
