@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import reduction
+from loops import reduction, target_networks
 from loops.loop import Loop
 from loops.replica_random import replica_rows, step_seed
 
@@ -105,11 +105,12 @@ class GANLoop(Loop):
     and noise and interpolation weights are keyed on (seed, step, substep,
     global example index), so 1 and N replicas compute the same numbers. The
     global step counts generator updates; `d_steps` and `g_steps` count the
-    updates of each network. With `ema_decay`, an exponential moving average of
-    the generator's weights (`ema_generator`) is kept after every generator
-    update and checkpointed. An update whose loss or gradients are not finite
-    on some replica is reported as `nonfinite` and applied or skipped as the
-    Loop's `on_nonfinite` says (`Loop.apply_update`).
+    updates of each network. With `ema_decay`, a moving average of the
+    generator's weights (`ema_generator`, debiased early in training:
+    `target_networks.MovingAverage`) is updated after every generator update
+    and checkpointed with its update count. An update whose loss or gradients
+    are not finite on some replica is reported as `nonfinite` and applied or
+    skipped as the Loop's `on_nonfinite` says (`Loop.apply_update`).
 
     Each evaluation draws `num_eval_samples` samples from fixed noise, from the
     generator to use: the average when there is one (the trained generator's
@@ -165,7 +166,9 @@ class GANLoop(Loop):
             n_critic: critic updates per generator update, each on its own batch.
             gp_weight: weight of the gradient penalty (wgan_gp only).
             ema_decay: keep a moving average of the generator's weights with
-                this decay in (0, 1); None: no average.
+                this decay in (0, 1), lowered early in training so the average
+                follows the trained weights (`target_networks.MovingAverage`);
+                None: no average.
             sample_metrics: samples (numpy) -> metrics, run at each evaluation.
             num_eval_samples: samples drawn at each evaluation.
             sample_grid: (rows, columns) of image samples written at each
@@ -235,11 +238,13 @@ class GANLoop(Loop):
         self.d_steps = _counter("d_steps")
         self.g_steps = _counter("g_steps")
         self.ema_generator = None
+        self.generator_average = None
         if self.ema_decay is not None:
             self.ema_generator = keras.models.clone_model(self.generator)
             self.ema_generator.trainable = False
-            for average, weight in zip(self.ema_generator.weights, self.generator.weights):
-                average.assign(weight)
+            self.generator_average = target_networks.MovingAverage(
+                self.ema_generator.weights, self.generator.weights, decay=self.ema_decay,
+                name="ema_generator")
 
     def checkpoint_items(self):
         items = {"generator": self.generator, "discriminator": self.discriminator,
@@ -248,6 +253,7 @@ class GANLoop(Loop):
                  "d_steps": self.d_steps, "g_steps": self.g_steps}
         if self.ema_generator is not None:
             items["ema_generator"] = self.ema_generator
+            items["ema_num_updates"] = self.generator_average.num_updates
         return items
 
     def train_step(self, iterator):
@@ -292,10 +298,9 @@ class GANLoop(Loop):
             self._replica_generator_gradients, args=(real, step))
         nonfinite = self.apply_update(finite, self._replica_apply_generator, gradients)
         self.g_steps.assign_add(1 - tf.cast(nonfinite, tf.int64))
-        if self.ema_generator is not None:
+        if self.generator_average is not None:
             # Cross-replica context: every replica's copy gets the same average.
-            for average, weight in zip(self.ema_generator.weights, self.generator.weights):
-                average.assign(self.ema_decay * average + (1.0 - self.ema_decay) * weight)
+            self.generator_average.update()
         return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": nonfinite}
 
     @property
@@ -318,10 +323,9 @@ class GANLoop(Loop):
         return metrics
 
     def results_extra(self):
-        train = self.last_train_metrics
-        return {"d_loss": train.get("d_loss"), "g_loss": train.get("g_loss"),
-                "d_steps": int(self.d_steps.numpy()), "g_steps": int(self.g_steps.numpy()),
-                **self.last_eval_metrics, "sample_files": self.sample_files}
+        # The losses and sample metrics are in the Loop's "train" and "eval" entries.
+        return {"d_steps": int(self.d_steps.numpy()), "g_steps": int(self.g_steps.numpy()),
+                "sample_files": self.sample_files}
 
     # ---- Sampling. ----
 

@@ -1,9 +1,9 @@
 """Runs a command as a local tf.distribute cluster, one process per task: `python -m loops.launch`.
 
     python -m loops.launch --num_workers=2 -- loops.bin.classifier \\
-        --strategy=multi_worker_mirrored --num_replicas=1 --model_dir=/tmp/run1
+        --strategy=multi_worker_mirrored --model_dir=/tmp/run1
     python -m loops.launch --num_workers=2 --num_ps=1 -- loops.bin.classifier \\
-        --strategy=parameter_server --num_replicas=1 --model_dir=/tmp/run2
+        --strategy=parameter_server --model_dir=/tmp/run2
 
 Every task gets a TF_CONFIG naming the whole cluster (free 127.0.0.1 ports) and
 its own task, and every line it prints comes out prefixed with its name
@@ -50,7 +50,7 @@ from loops import exit_codes
 
 HOST = "127.0.0.1"
 EXAMPLE = ("python -m loops.launch --num_workers=2 -- loops.bin.classifier "
-           "--strategy=multi_worker_mirrored --num_replicas=1")
+           "--strategy=multi_worker_mirrored")
 # A dotted Python module path such as `loops.bin.classifier`.
 _MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _POLL_SECONDS = 0.05

@@ -101,11 +101,11 @@ def export(loop) -> str:
 def summarize(loop) -> str:
     from loops_data.ring import Ring
 
-    results = loop.results_extra()
+    results, metrics = loop.results_extra(), loop.last_eval_metrics
     summary = f"trained {results['g_steps']} generator and {results['d_steps']} discriminator steps"
-    if "modes_covered" in results:
-        summary += (f"; modes covered {results['modes_covered']} of {Ring().num_modes}, "
-                    f"high-quality fraction {results['high_quality_fraction']:.3f}")
+    if "modes_covered" in metrics:
+        summary += (f"; modes covered {metrics['modes_covered']} of {Ring().num_modes}, "
+                    f"high-quality fraction {metrics['high_quality_fraction']:.3f}")
     return summary
 
 
