@@ -86,6 +86,11 @@ def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
                              f"devices. Default: every GPU, or {DEFAULT_CPU_REPLICAS} logical "
                              "CPUs without GPUs; 1 for the other strategies, which take their "
                              "devices from the machine or the cluster.", lower_bound=1)
+        flags.DEFINE_float("cluster_timeout", None,
+                           "Seconds a task of a TF_CONFIG cluster (multi_worker_mirrored, "
+                           "parameter_server) waits for the others to come up before it names "
+                           "the missing ones and exits. Default: $LOOPS_CLUSTER_TIMEOUT_SECONDS, "
+                           "else 600.", lower_bound=0.0)
     with heading("training"):
         flags.DEFINE_integer("train_steps", train_steps,
                              "Total training steps (a resumed run trains up to this step).",
@@ -232,7 +237,8 @@ def make_strategy():
     """The tf.distribute strategy --strategy and --num_replicas ask for."""
     from loops import strategies
 
-    return strategies.make_strategy(flags.FLAGS.strategy, num_replicas())
+    return strategies.make_strategy(flags.FLAGS.strategy, num_replicas(),
+                                    cluster_timeout=flags.FLAGS.cluster_timeout)
 
 
 def check_batch_fits_replicas(strategy) -> None:

@@ -163,12 +163,13 @@ def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weight
     model_dir = str(tmp_path)
     command = two_workers(model_dir, digits_dir, "--checkpoint_every=100")
 
-    # SIGTERM to one worker: both stop at the same boundary, save, and exit 0.
+    # SIGTERM to one worker: both stop at the same boundary, save, and exit 42,
+    # which the launcher passes on.
     run = Run(command)
     worker_1 = int(run.wait_for(r"\[launch\] worker_1 pid (\d+)").group(1))
     run.wait_for(r"\[worker_1\] step 60/")
     os.kill(worker_1, signal.SIGTERM)
-    assert run.finish() == 0, run.output[-4000:]
+    assert run.finish() == exit_codes.PREEMPTED, run.output[-4000:]
     stopped = {int(run.wait_for(rf"\[{worker}\] preempted \(SIGTERM\) at step (\d+)").group(1))
                for worker in ("worker_0", "worker_1")}
     assert len(stopped) == 1
