@@ -319,15 +319,24 @@ def run_binary(argv: Sequence[str], build_loop: Callable, *,
             parameter_server.serve_unless_chief()  # a worker or ps task never returns
         except ValueError as error:
             raise app.UsageError(str(error)) from error
-    # Until train watches for it, a SIGTERM has no completed step to save: exit at once.
-    signal.signal(signal.SIGTERM, _exit_preempted)
+    # Until train watches for it, a SIGTERM has no completed step to save: exit at
+    # once. The caller's handler comes back afterwards (tests call main in-process).
+    previous_handler = signal.signal(signal.SIGTERM, _exit_preempted)
+    try:
+        _build_and_train(build_loop, summary, NonFiniteError, UnknownMetricError)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _build_and_train(build_loop: Callable, summary: Callable | None,
+                     *errors_to_report: type[Exception]) -> None:
     try:
         loop = build_loop()
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     try:
         loop.train(flags.FLAGS.train_steps)
-    except (NonFiniteError, UnknownMetricError, OSError) as error:
+    except (*errors_to_report, OSError) as error:
         sys.exit(f"error: {error}")
     if summary is not None:
         loop.progress.line(summary(loop))

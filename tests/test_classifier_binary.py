@@ -1,6 +1,7 @@
 """The loops-classifier binary: end to end on digits, resume, and its flag errors."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -83,8 +84,11 @@ def test_flag_values_are_checked_when_parsed(argv, message):
     (["--lr_schedule=step", "--lr_step_factor=1.5"], "0 < step_factor <= 1"),
 ])
 def test_bad_combinations_are_usage_errors(argv, message, digits_dir, tmp_path):
+    handler_before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(app.UsageError, match=message):
         run_in_process(f"--data_dir={digits_dir}", f"--model_dir={tmp_path}", *argv)
+    # main's exit-at-once SIGTERM handler is the caller's again (later tests rely on it).
+    assert signal.getsignal(signal.SIGTERM) is handler_before
 
 
 def test_model_dir_that_is_a_file_is_a_usage_error(digits_dir, tmp_path):

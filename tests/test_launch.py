@@ -390,13 +390,14 @@ def test_a_failing_task_is_named_and_the_others_are_stopped_even_one_that_ignore
 
 
 def test_sigterm_to_the_launcher_is_forwarded_to_every_task():
+    handler_before = signal.getsignal(signal.SIGTERM)
     code, stdout, stderr, _ = launch_in_process(
         2, roles={"worker_0": "graceful", "worker_1": "graceful"},
         after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM))
     assert code == 0, stderr
     assert "[launch] received SIGTERM; sent SIGTERM to every task" in stderr
     assert "[worker_0] got SIGTERM" in stdout and "[worker_1] got SIGTERM" in stdout
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is given back
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the handler is given back
 
 
 def test_a_second_signal_kills_tasks_that_do_not_stop():
