@@ -188,6 +188,8 @@ class Loop:
             os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None)
         self.actions = _checked_actions(actions)
         self.config = dict(config or {})
+        # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
+        self.eval_history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
         self._saved_step: int | None = None
@@ -227,6 +229,7 @@ class Loop:
                 raise
             if restored:
                 self.progress.line(f"restored {restored} at step {self.step}")
+                self.eval_history = reporting.previous_history(model_dir, up_to_step=self.step)
 
         self._train_iterator: Iterator | None = None
         self._train_iterator_position = -1
@@ -328,6 +331,7 @@ class Loop:
         # the next boundary (after an inner loop, an evaluation or the final
         # save): whatever moment it comes, every completed step gets saved.
         with PreemptionWatcher(self.strategy) as preemption:
+            self.summaries.hparams(self.config)
             for action in self.actions:
                 action.before_train(self)
             if start_step >= num_steps:
@@ -409,6 +413,8 @@ class Loop:
         self._evaluated_step = self.step
         if metrics:
             self.last_eval_metrics = metrics
+            self.eval_history = [entry for entry in self.eval_history if entry["step"] < self.step]
+            self.eval_history.append({"step": self.step, **metrics})
             self.summaries.scalars("eval", self.step, metrics)
             self.progress.eval(self.step, metrics)
         for action in self.actions:
@@ -458,6 +464,8 @@ class Loop:
             "preempted": self.preempted,
             "stop_reason": self.stop_reason,
             "config": self.config,
+            "history": self.eval_history,
+            "versions": reporting.library_versions(),
             **self.results_extra(),
         }
         if self.model_dir and self.is_chief:
@@ -823,19 +831,20 @@ def aggregate_train_logs(logs: Mapping[str, np.ndarray]) -> dict[str, float]:
     metrics = {}
     for name, values in logs.items():
         if name in COUNT_LOGS:
-            metrics[name] = float(np.sum(values))
+            metrics[name] = int(np.sum(values))
             continue
         if name in LAST_LOGS:
-            metrics[name] = float(values[-1])
+            metrics[name] = reporting.plain_number(values[-1])
             continue
         values = values[kept]
         step_weights = weights[kept] if weights is not None else None
         if not values.size:
             metrics[name] = float("nan")
         elif step_weights is not None and np.sum(step_weights) > 0:
-            metrics[name] = float(np.sum(values * step_weights) / np.sum(step_weights))
+            metrics[name] = reporting.plain_number(
+                (np.sum(values * step_weights) / np.sum(step_weights)).astype(values.dtype))
         else:
-            metrics[name] = float(np.mean(values))
+            metrics[name] = reporting.plain_number(np.mean(values).astype(values.dtype))
     return metrics
 
 
