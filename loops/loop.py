@@ -106,6 +106,7 @@ class Loop:
                  model_dir: str | None = None,
                  max_checkpoints: int = 3,
                  progress: reporting.Progress | None = None,
+                 progress_every_seconds: float | None = None,
                  # Execution.
                  seed: int = 0,
                  run_eagerly: bool = False,
@@ -130,6 +131,10 @@ class Loop:
                 keeps everything in memory.
             max_checkpoints: how many recent checkpoints to keep.
             progress: where progress lines go; stdout if None.
+            progress_every_seconds: end inner loops early enough (judged from
+                the last one's speed) that a progress line comes at least this
+                often; None leaves it to steps_per_loop. Only in one process
+                (several workers must agree on every inner loop's length).
             seed: the seed steps key their randomness on.
             run_eagerly: run steps without `tf.function`, for debugging.
             on_nonfinite: what a step whose loss or gradients are not finite
@@ -179,6 +184,11 @@ class Loop:
         self.eval_every = eval_every
         self.checkpoint_every = checkpoint_every
         self.model_dir = model_dir
+        if progress_every_seconds is not None and not progress_every_seconds > 0:
+            raise ValueError(f"progress_every_seconds must be > 0 (or None to turn it off), got "
+                             f"{progress_every_seconds!r}.")
+        self.progress_every_seconds = progress_every_seconds
+        self._seconds_per_step: float | None = None
         self.seed = seed
         self.run_eagerly = run_eagerly
         self.on_nonfinite = on_nonfinite
@@ -383,6 +393,7 @@ class Loop:
             if not weights_finite:
                 self._stop_on_nonfinite_weights(step)
             loop_times.append((done, seconds))
+            self._seconds_per_step = seconds / max(done, 1)
             for name, values in logs.items():
                 history.setdefault(name, []).append(values)
             rate = done / seconds if seconds > 0 else 0.0
@@ -599,6 +610,10 @@ class Loop:
 
     def _next_loop_length(self, step: int, num_steps: int) -> int:
         stop = min(step + self.steps_per_loop, num_steps)
+        if (self.progress_every_seconds and self._seconds_per_step
+                and strategies.num_workers(self.strategy) == 1 and self._scheduler is None):
+            stop = min(stop, step + max(1, int(self.progress_every_seconds
+                                               / self._seconds_per_step)))
         for every in (self.checkpoint_every, self.eval_every,
                       *(action.every for action in self.actions)):
             if every:

@@ -71,3 +71,20 @@ def test_tensorboard_gets_an_hparams_summary_of_the_config(tmp_path):
     assert recorded == {"learning_rate": 0.002, "optimizer": "sgd", "global_batch_size": 8.0,
                         "clip_norm": "None"}
     assert data.session_start_info.group_name or data.session_start_info.start_time_secs > 0
+
+
+def test_progress_comes_at_least_every_progress_every_seconds():
+    lines = []
+    progress = loops.testing.quiet_progress()
+    progress.line = lines.append
+    loop = loops.ClassifierLoop(
+        strategy=loops.testing.replica_strategy(1),
+        model_fn=lambda: keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                                           keras.layers.Dense(10)]),
+        optimizer_fn=lambda: keras.optimizers.SGD(0.01), train_data=tiny_batches(),
+        steps_per_loop=5, progress=progress, progress_every_seconds=1e-9)
+    loop.train(8)
+    # The first inner loop runs its 5 steps; every later one is cut to 1 step, so that
+    # a line comes within (an impossibly short) 1e-9 s after each step.
+    assert [line.split(" |")[0] for line in lines] == ["step 5/8", "step 6/8", "step 7/8",
+                                                       "step 8/8"]
