@@ -122,6 +122,10 @@ def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
     flags.register_validator("learning_rate", lambda value: value > 0,
                              message="--learning_rate must be > 0, e.g. --learning_rate=0.001.")
     with heading("outputs"):
+        flags.DEFINE_float("progress_every_seconds", 10.0,
+                           "End inner loops early enough that a progress line comes at least "
+                           "this often (one process only; 0: --steps_per_loop alone decides).",
+                           lower_bound=0.0)
         flags.DEFINE_string("model_dir", None,
                             "Directory for checkpoints, summaries and results.json. A run "
                             "pointed at a directory with a checkpoint resumes from it. "
@@ -294,6 +298,7 @@ def loop_arguments(strategy, model_dir: str, *, actions: Sequence = ()) -> dict[
             "eval_every": eval_every(), "checkpoint_every": values.checkpoint_every,
             "seed": values.seed, "run_eagerly": values.run_eagerly,
             "on_nonfinite": values.on_nonfinite, "actions": [*flag_actions(), *actions],
+            "progress_every_seconds": values.progress_every_seconds or None,
             "config": flag_values()}
 
 

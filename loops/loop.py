@@ -106,6 +106,7 @@ class Loop:
                  model_dir: str | None = None,
                  max_checkpoints: int = 3,
                  progress: reporting.Progress | None = None,
+                 progress_every_seconds: float | None = None,
                  # Execution.
                  seed: int = 0,
                  run_eagerly: bool = False,
@@ -130,6 +131,10 @@ class Loop:
                 keeps everything in memory.
             max_checkpoints: how many recent checkpoints to keep.
             progress: where progress lines go; stdout if None.
+            progress_every_seconds: end inner loops early enough (judged from
+                the last one's speed) that a progress line comes at least this
+                often; None leaves it to steps_per_loop. Only in one process
+                (several workers must agree on every inner loop's length).
             seed: the seed steps key their randomness on.
             run_eagerly: run steps without `tf.function`, for debugging.
             on_nonfinite: what a step whose loss or gradients are not finite
@@ -179,6 +184,11 @@ class Loop:
         self.eval_every = eval_every
         self.checkpoint_every = checkpoint_every
         self.model_dir = model_dir
+        if progress_every_seconds is not None and not progress_every_seconds > 0:
+            raise ValueError(f"progress_every_seconds must be > 0 (or None to turn it off), got "
+                             f"{progress_every_seconds!r}.")
+        self.progress_every_seconds = progress_every_seconds
+        self._seconds_per_step: float | None = None
         self.seed = seed
         self.run_eagerly = run_eagerly
         self.on_nonfinite = on_nonfinite
@@ -188,6 +198,8 @@ class Loop:
             os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None)
         self.actions = _checked_actions(actions)
         self.config = dict(config or {})
+        # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
+        self.eval_history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
         self._saved_step: int | None = None
@@ -227,6 +239,7 @@ class Loop:
                 raise
             if restored:
                 self.progress.line(f"restored {restored} at step {self.step}")
+                self.eval_history = reporting.previous_history(model_dir, up_to_step=self.step)
 
         self._train_iterator: Iterator | None = None
         self._train_iterator_position = -1
@@ -328,6 +341,7 @@ class Loop:
         # the next boundary (after an inner loop, an evaluation or the final
         # save): whatever moment it comes, every completed step gets saved.
         with PreemptionWatcher(self.strategy) as preemption:
+            self.summaries.hparams(self.config)
             for action in self.actions:
                 action.before_train(self)
             if start_step >= num_steps:
@@ -379,6 +393,7 @@ class Loop:
             if not weights_finite:
                 self._stop_on_nonfinite_weights(step)
             loop_times.append((done, seconds))
+            self._seconds_per_step = seconds / max(done, 1)
             for name, values in logs.items():
                 history.setdefault(name, []).append(values)
             rate = done / seconds if seconds > 0 else 0.0
@@ -409,6 +424,8 @@ class Loop:
         self._evaluated_step = self.step
         if metrics:
             self.last_eval_metrics = metrics
+            self.eval_history = [entry for entry in self.eval_history if entry["step"] < self.step]
+            self.eval_history.append({"step": self.step, **metrics})
             self.summaries.scalars("eval", self.step, metrics)
             self.progress.eval(self.step, metrics)
         for action in self.actions:
@@ -458,6 +475,8 @@ class Loop:
             "preempted": self.preempted,
             "stop_reason": self.stop_reason,
             "config": self.config,
+            "history": self.eval_history,
+            "versions": reporting.library_versions(),
             **self.results_extra(),
         }
         if self.model_dir and self.is_chief:
@@ -591,6 +610,10 @@ class Loop:
 
     def _next_loop_length(self, step: int, num_steps: int) -> int:
         stop = min(step + self.steps_per_loop, num_steps)
+        if (self.progress_every_seconds and self._seconds_per_step
+                and strategies.num_workers(self.strategy) == 1 and self._scheduler is None):
+            stop = min(stop, step + max(1, int(self.progress_every_seconds
+                                               / self._seconds_per_step)))
         for every in (self.checkpoint_every, self.eval_every,
                       *(action.every for action in self.actions)):
             if every:
@@ -823,19 +846,20 @@ def aggregate_train_logs(logs: Mapping[str, np.ndarray]) -> dict[str, float]:
     metrics = {}
     for name, values in logs.items():
         if name in COUNT_LOGS:
-            metrics[name] = float(np.sum(values))
+            metrics[name] = int(np.sum(values))
             continue
         if name in LAST_LOGS:
-            metrics[name] = float(values[-1])
+            metrics[name] = reporting.plain_number(values[-1])
             continue
         values = values[kept]
         step_weights = weights[kept] if weights is not None else None
         if not values.size:
             metrics[name] = float("nan")
         elif step_weights is not None and np.sum(step_weights) > 0:
-            metrics[name] = float(np.sum(values * step_weights) / np.sum(step_weights))
+            metrics[name] = reporting.plain_number(
+                (np.sum(values * step_weights) / np.sum(step_weights)).astype(values.dtype))
         else:
-            metrics[name] = float(np.mean(values))
+            metrics[name] = reporting.plain_number(np.mean(values).astype(values.dtype))
     return metrics
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import json
 import os
+import platform
 import shutil
 import sys
 import tempfile
 from typing import Mapping, TextIO
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -60,12 +63,64 @@ class Summaries:
                 tf.summary.scalar(key, value)
         self._writer(name).flush()
 
+    def hparams(self, config: Mapping[str, object]) -> None:
+        """Records the run's configuration for TensorBoard's HParams dashboard.
+
+        Its table pairs each run's configuration with the last value of each
+        train and eval scalar, so runs can be compared side by side.
+        """
+        if self._directory is None or not config:
+            return
+        from tensorboard.plugins.hparams import api as hparams_api
+
+        values = {name: value if isinstance(value, (bool, int, float, str)) else str(value)
+                  for name, value in config.items()}
+        with self._writer("").as_default():
+            hparams_api.hparams(values, trial_id=os.path.basename(os.path.dirname(
+                os.path.abspath(self._directory))))
+        self._writer("").flush()
+
     def writer(self, name: str):
         """The file writer for `name` (for images and other summaries); None when silent."""
         return None if self._directory is None else self._writer(name)
 
 
 TEMPORARY_PREFIX = ".results."  # write_json_atomic's temporaries: .results.XXXX.tmp
+
+
+def plain_number(value) -> float | int:
+    """A numpy scalar as the Python number it stands for: 0.002, not 0.0020000000949949026.
+
+    A float32 becomes the shortest decimal that reads back as the same float32.
+    """
+    if isinstance(value, (np.integer, int)):
+        return int(value)
+    if isinstance(value, np.floating) and value.dtype.itemsize < 8:
+        return float(np.format_float_positional(value, unique=True, trim="-")) \
+            if np.isfinite(value) else float(value)
+    return float(value)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of Python and the libraries a run's numbers depend on."""
+    versions = {"python": platform.python_version()}
+    for name in ("loops", "tensorflow", "keras", "tensorflow-datasets", "numpy", "absl-py"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def previous_history(model_dir: str, *, up_to_step: int) -> list[dict]:
+    """The evaluations an earlier run of `model_dir` recorded, up to the restored step."""
+    try:
+        with open(os.path.join(model_dir, "results.json")) as stream:
+            history = json.load(stream).get("history", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [entry for entry in history
+            if isinstance(entry, dict) and entry.get("step", up_to_step + 1) <= up_to_step]
 
 
 def write_json_atomic(path: str, payload: Mapping) -> None:

@@ -4,6 +4,7 @@ import glob
 import os
 
 import keras
+import tensorflow as tf
 import numpy as np
 import pytest
 
@@ -179,3 +180,43 @@ def test_no_checkpoint_ever_holds_a_nonfinite_variable(tmp_path):
     loop.close()
     names = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "checkpoints/*.index")))
     assert names == ["ckpt-2.index"]
+
+
+class InfiniteAfterStep2(keras.optimizers.schedules.LearningRateSchedule):
+    """0.01 for two steps, then inf: the loss and gradients stay finite, the update does not."""
+
+    def __call__(self, step):
+        return tf.where(step >= 2, float("inf"), 0.01)
+
+    def get_config(self):
+        return {}
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_an_update_that_is_not_finite_stops_the_run_at_its_last_finite_checkpoint(
+        tmp_path, policy):
+    def model_fn():
+        return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Rescaling(1 / 255),
+                                 keras.layers.Flatten(), keras.layers.Dense(10)])
+
+    loop = loops.ClassifierLoop(
+        strategy=loops.testing.replica_strategy(2), model_fn=model_fn,
+        optimizer_fn=lambda: keras.optimizers.SGD(InfiniteAfterStep2()),
+        train_data=tiny_batches(), steps_per_loop=4, checkpoint_every=1, on_nonfinite=policy,
+        model_dir=str(tmp_path), progress=loops.testing.quiet_progress())
+    with pytest.raises(loops.NonFiniteError,
+                       match=r"After step 3, 2 variables \(.*\) are not finite .* an update itself "
+                             r"was not finite\. .* back at its last checkpoint \(step 2\)"):
+        loop.train(6)
+    loop.close()
+    assert loop.step == 2
+    assert all(np.all(np.isfinite(value))
+               for value in loops.testing.loop_weights(loop).values())
+    prefixes = sorted(p[:-len(".index")] for p in glob.glob(str(tmp_path / "checkpoints/*.index")))
+    assert [os.path.basename(p) for p in prefixes] == ["ckpt-1", "ckpt-2"]
+    for prefix in prefixes:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            value = reader.get_tensor(name)
+            if np.issubdtype(np.asarray(value).dtype, np.floating):
+                assert np.all(np.isfinite(value)), (prefix, name)
