@@ -432,7 +432,11 @@ _NAMES_BY_CLASS = {
 
 
 def onednn_enabled() -> bool:
-    """Whether TensorFlow runs its oneDNN CPU kernels (TF_ENABLE_ONEDNN_OPTS, on by default on x86)."""
+    """Whether TensorFlow runs its oneDNN CPU kernels.
+
+    TF_ENABLE_ONEDNN_OPTS decides; unset, TensorFlow turns them on only on CPUs
+    with AVX-512 VNNI or BF16, AVX-VNNI or AMX, so only TensorFlow can answer.
+    """
     from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own answer, read at import
 
     return bool(_pywrap_util_port.IsMklEnabled())
