@@ -59,8 +59,8 @@ def main(argv=None) -> int:
             steps_per_loop=args.steps_per_loop, checkpoint_every=args.checkpoint_every,
             eval_every=args.checkpoint_every, model_dir=model_dir, progress=Sampling())
         loop.train(args.steps)
-        traces = {"train": loop.train_function.experimental_get_tracing_count(),
-                  "eval": loop.eval_function.experimental_get_tracing_count()}
+        traces = {"train": loop.executor.train_function.experimental_get_tracing_count(),
+                  "eval": loop.executor.eval_function.experimental_get_tracing_count()}
         loop.close()
     baseline = samples[min(s for s in samples if s >= args.baseline_step)]
     final = samples[max(samples)]

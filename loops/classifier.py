@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from loops import mixed_precision as mixed_precision_lib
-from loops import reduction
+from loops import outputs, reduction
 from loops.loop import Loop
 from loops.replica_random import keyed_on
 
@@ -143,13 +143,18 @@ class ClassifierLoop(Loop):
         logs, gradients, finite = self.strategy.run(self._replica_gradients, args=(inputs, labels))
         nonfinite = self.apply_update(finite, self._replica_apply, gradients)
         sums = reduction.sum_over_replicas(self.strategy, logs)
-        step_logs = {"loss": sums["loss"],
-                     "accuracy": tf.math.divide_no_nan(sums["correct"], sums["num_examples"]),
-                     "num_examples": sums["num_examples"],
-                     "nonfinite": nonfinite,
-                     "learning_rate": learning_rate}
+        count = sums["num_examples"]
+        step_logs = {"loss": outputs.Mean(sums["loss"], weight=count),
+                     "accuracy": outputs.Mean(tf.math.divide_no_nan(sums["correct"], count),
+                                              weight=count),
+                     "num_examples": outputs.Sum(tf.cast(count, tf.int64)),
+                     "nonfinite": outputs.Sum(tf.cast(nonfinite, tf.int32)),
+                     "learning_rate": outputs.Last(learning_rate)}
         if self.loss_scale is not None:
-            step_logs.update(self.loss_scale.update(skipped=nonfinite, loss=sums["loss"]))
+            scale = self.loss_scale.update(skipped=nonfinite, loss=sums["loss"])
+            step_logs.update(loss_scale=outputs.Last(scale["loss_scale"]),
+                             overflow=outputs.Sum(tf.cast(scale["overflow"], tf.int32)),
+                             nonfinite=outputs.Sum(tf.cast(scale["nonfinite"], tf.int32)))
         return step_logs
 
     def _replica_eval_step(self, inputs, labels):
@@ -161,8 +166,12 @@ class ClassifierLoop(Loop):
 
     def eval_step(self, batch):
         inputs, labels = batch
-        return reduction.sum_over_replicas(
+        sums = reduction.sum_over_replicas(
             self.strategy, self.strategy.run(self._replica_eval_step, args=(inputs, labels)))
+        count = sums["num_examples"]
+        return {"loss": outputs.Ratio(sums["loss"], count),
+                "accuracy": outputs.Ratio(sums["accuracy"], count),
+                "num_examples": outputs.Sum(tf.cast(count, tf.int64))}
 
 
 def _correct_and_count(labels, logits):

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import reduction, target_networks
+from loops import outputs, reduction, target_networks
 from loops.loop import Loop
 from loops.replica_random import replica_rows, step_seed
 
@@ -268,7 +268,9 @@ class GANLoop(Loop):
         # Set when any of the step's updates was not finite.
         nonfinite = tf.reduce_max(tf.stack([entry["nonfinite"] for entry in critic_logs]
                                            + [logs["nonfinite"]]))
-        return {**averaged, **logs, "nonfinite": nonfinite}
+        losses = {**averaged, **{name: value for name, value in logs.items() if name != "nonfinite"}}
+        return {**{name: outputs.Mean(value) for name, value in losses.items()},
+                "nonfinite": outputs.Sum(tf.cast(nonfinite, tf.int32))}
 
     def discriminator_step(self, real, step: tf.Tensor, substep: int) -> dict[str, tf.Tensor]:
         """One critic update on a distributed batch of real examples; cross-replica context.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -11,7 +10,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from loops import distributed_input, model_dir_lock, parameter_server, reduction, reporting, strategies
+from loops import (distributed_input, executors, model_dir_lock, outputs, parameter_server,
+                   reduction, reporting, strategies)
 from loops.actions import Action, watched_metrics
 from loops.checkpoints import Checkpointer, FinitenessCheck, describe_names
 from loops.errors import NonFiniteError
@@ -169,15 +169,15 @@ class Loop:
         self.strategy = strategy or tf.distribute.get_strategy()
         # Under ParameterServerStrategy this process is the coordinator and the
         # steps run asynchronously on the workers (loops/parameter_server.py).
-        self._scheduler = None
+        self._coordinator = None
         if strategies.strategy_name(self.strategy) == "parameter_server":
             if not self.supports_parameter_server:
                 raise ValueError(
                     f"{type(self).__name__} does not train under ParameterServerStrategy "
                     "(its steps need synchronous replicas). Use "
                     "--strategy=multi_worker_mirrored or mirrored.")
-            self._scheduler = parameter_server.StepScheduler(
-                self.strategy, check_outputs=lambda spec: _check_step_outputs("train_step", spec))
+            self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+                self.strategy)
         self.train_data = train_data
         self.eval_data = eval_data
         self.steps_per_loop = steps_per_loop
@@ -219,6 +219,7 @@ class Loop:
         items["global_step"] = self.global_step
         # What a save would write, checked for NaN and inf after every inner loop.
         self._finiteness = FinitenessCheck(tf.train.Checkpoint(**items))
+        self.executor = self._make_executor()
         self.checkpointer = None
         self._lock = None
         if model_dir is not None:
@@ -244,9 +245,6 @@ class Loop:
         self._train_iterator: Iterator | None = None
         self._train_iterator_position = -1
         self._eval_dataset = None
-        self.train_function = None
-        self._train_call = None
-        self.eval_function = None
         self.last_train_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
         self.steps_per_second = 0.0
@@ -279,19 +277,12 @@ class Loop:
         """Computes the eval metrics; by default one pass over `eval_data`."""
         if self.eval_data is None:
             return {}
-        if self._eval_dataset is None and self._scheduler is not None:
+        if self._eval_dataset is None and self._coordinator is not None:
             # The coordinator evaluates by itself, reading the weights from the ps.
             self._eval_dataset = distributed_input.as_dataset_fn(self.eval_data)()
         elif self._eval_dataset is None:
             self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
-        iterator = iter(self._eval_dataset)
-        if self.run_eagerly:
-            sums = self._eval_pass(iterator)
-        else:
-            if self.eval_function is None:
-                self.eval_function = tf.function(self._eval_pass)
-            sums = self.eval_function(iterator)
-        return finalize_eval_sums({k: float(v) for k, v in sums.items()})
+        return self.executor.evaluate(iter(self._eval_dataset))
 
     def results_extra(self) -> dict[str, Any]:
         """Entries a kind of training adds to results.json."""
@@ -382,22 +373,21 @@ class Loop:
         while step < num_steps and self.stop_reason is None:
             steps = self._next_loop_length(step, num_steps)
             started = time.perf_counter()
-            with _explains_empty_replicas(self.strategy):
-                logs, reached, weights_finite = self._run_inner_loop(iterator, steps)
+            run = self.executor.run(iterator, steps)
             seconds = time.perf_counter() - started
-            done, step = reached - step, reached
-            logs = {name: values[:done] for name, values in logs.items()}
+            done, step = run.reached - step, run.reached
+            logs = {name: values[:done] for name, values in run.logs.items()}
             # Stopped early, the iterator may have dequeued the next step's batches.
             self._train_iterator_position = step * self.batches_per_step if done == steps else -1
             self._check_nonfinite(logs, step - done)
-            if not weights_finite:
+            if not run.weights_finite:
                 self._stop_on_nonfinite_weights(step)
             loop_times.append((done, seconds))
             self._seconds_per_step = seconds / max(done, 1)
-            for name, values in logs.items():
+            for name, values in outputs.per_step_values(run.kinds, logs).items():
                 history.setdefault(name, []).append(values)
             rate = done / seconds if seconds > 0 else 0.0
-            self.last_train_metrics = aggregate_train_logs(logs)
+            self.last_train_metrics = outputs.aggregate_steps(run.kinds, logs)
             self.summaries.scalars("train", step, {**self.last_train_metrics, "steps_per_second": rate})
             self.progress.train(step, num_steps, self.last_train_metrics, rate)
             if preemption.should_stop():
@@ -419,8 +409,7 @@ class Loop:
 
     def evaluate(self) -> dict[str, float]:
         """Runs `run_evaluation`, reports the metrics, calls the actions' `after_eval`."""
-        with _explains_empty_replicas(self.strategy):
-            metrics = self.run_evaluation()
+        metrics = self.run_evaluation()
         self._evaluated_step = self.step
         if metrics:
             self.last_eval_metrics = metrics
@@ -492,7 +481,7 @@ class Loop:
         Under ParameterServerStrategy the workers go on with the steps already
         scheduled while the coordinator decides, so there even "stop" skips.
         """
-        return self.on_nonfinite == "skip" or self._scheduler is not None
+        return self.on_nonfinite == "skip" or self._coordinator is not None
 
     def apply_update(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
         """Runs `strategy.run(apply_fn, args)` the way `on_nonfinite` asks; cross-replica context.
@@ -520,7 +509,7 @@ class Loop:
 
     def _check_nonfinite(self, logs: Mapping[str, np.ndarray], first_step: int) -> None:
         """Counts skipped steps; under "stop", goes back to the last checkpoint and raises."""
-        flags = logs.get("nonfinite")
+        flags = logs.get(outputs.NONFINITE)
         if flags is None or not np.any(flags > 0):
             return
         if self.skips_nonfinite:
@@ -578,13 +567,11 @@ class Loop:
             return None
         if self.eval_data is None:
             return set()
-        if self._scheduler is not None:
+        if self._coordinator is not None:
             return None
         if self._eval_dataset is None:
             self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
-        spec = tf.function(self.eval_step).get_concrete_function(
-            self._eval_dataset.element_spec).structured_outputs
-        return set(spec) if isinstance(spec, Mapping) else None
+        return self.executor.eval_output_names(self._eval_dataset.element_spec)
 
     def _compare_config(self, resuming: bool) -> None:
         """Warns about settings that differ from the run that wrote model_dir; records this run's."""
@@ -611,7 +598,7 @@ class Loop:
     def _next_loop_length(self, step: int, num_steps: int) -> int:
         stop = min(step + self.steps_per_loop, num_steps)
         if (self.progress_every_seconds and self._seconds_per_step
-                and strategies.num_workers(self.strategy) == 1 and self._scheduler is None):
+                and strategies.num_workers(self.strategy) == 1 and self._coordinator is None):
             stop = min(stop, step + max(1, int(self.progress_every_seconds
                                                / self._seconds_per_step)))
         for every in (self.checkpoint_every, self.eval_every,
@@ -624,10 +611,11 @@ class Loop:
         """The train iterator positioned after `step` steps' batches (None without data)."""
         if self.train_data is None:
             return None
-        if self._scheduler is not None:
+        if self._coordinator is not None:
             # Asynchronous workers read their own streams: there is no position to resume at.
             if self._train_iterator is None:
-                self._train_iterator = self._scheduler.iterator(self.train_data)
+                self._train_iterator = parameter_server.worker_iterator(
+                    self._coordinator, self.train_data)
             return self._train_iterator
         position = step * self.batches_per_step
         if self._train_iterator is None or self._train_iterator_position != position:
@@ -636,283 +624,18 @@ class Loop:
             self._train_iterator_position = position
         return self._train_iterator
 
-    def _run_inner_loop(self, iterator, steps: int) -> tuple[dict[str, np.ndarray], int]:
-        """Runs up to `steps` steps; returns their logs and the global step reached."""
-        if self._scheduler is not None:
-            logs = self._scheduler.run_steps(self.train_step, self.global_step, iterator, steps)
-            return logs, self.step, not self._finiteness.nonfinite_names()
-        stop_on_nonfinite = self.on_nonfinite == "stop"
-        if self.run_eagerly:
-            per_step = []
-            batches = _EagerBatches(iterator, self.strategy)
-            for _ in range(steps):
-                per_step.append(self.train_step(batches))
-                self.global_step.assign_add(1)
-                if stop_on_nonfinite and float(per_step[-1].get("nonfinite", 0.0)) > 0:
-                    break
-            return ({name: np.array([float(logs[name]) for logs in per_step])
-                     for name in per_step[0]}, self.step, not self._finiteness.nonfinite_names())
-        if self.train_function is None:
-            self.train_function = self._make_train_function(iterator)
-            # Calling the traced function itself skips tf.function's argument
-            # matching, about 1 ms a call (5% of a 50-step MLP inner loop).
-            self._train_call = self.train_function.get_concrete_function(
-                iterator, tf.TensorSpec([], tf.int32))
-        logs, reached, weights_finite = self._train_call(iterator, tf.constant(steps, tf.int32))
-        return ({name: value.numpy() for name, value in logs.items()}, int(reached),
-                bool(weights_finite))
-
-    def _make_train_function(self, iterator):
-        # The step is traced once on its own to learn the outputs' names and
-        # dtypes (the TensorArrays must exist before the loop); the loop then
-        # calls this same trace instead of tracing the step a second time.
-        if iterator is None:
-            step_function = tf.function(lambda: self.train_step(None)).get_concrete_function()
-
-            def next_inputs(_):
-                return ()
-        else:
-            # The step reads batches the loop dequeued for it, so the loop can
-            # dequeue step i + 1's while step i computes: nothing orders the
-            # iterator after the step's variables. At 2 replicas on the MLP that
-            # hid most of the input's 0.25 ms per step.
-            def next_inputs(iterator):
-                return tuple(distributed_input.next_batch(iterator, self.strategy)
-                             for _ in range(self.batches_per_step))
-
-            step_function = tf.function(self._step_on_batches).get_concrete_function(
-                *_input_specs(next_inputs, iterator))
-        output_spec = step_function.structured_outputs
-        _check_step_outputs("train_step", output_spec)
-
-        stop_on_nonfinite = self.on_nonfinite == "stop" and "nonfinite" in output_spec
-        # Logs of one dtype go into one TensorArray, a row a step: one write
-        # a step instead of one per log (each write cost about 6 us).
-        # Keyed by dtype name: loop variables are nested dicts, whose keys nest sorts.
-        groups: dict[str, list[str]] = {}
-        for name, value in output_spec.items():
-            groups.setdefault(value.dtype.name, []).append(name)
-
-        def run_step(i, inputs, arrays):
-            logs = step_function(*inputs)
-            self.global_step.assign_add(1)
-            arrays = {dtype: arrays[dtype].write(i, tf.stack([logs[name] for name in names]))
-                      for dtype, names in groups.items()}
-            return logs, arrays
-
-        def inner_loop(iterator, steps):
-            arrays = {dtype: tf.TensorArray(tf.as_dtype(dtype), size=steps,
-                                            element_shape=[len(names)])
-                      for dtype, names in groups.items()}
-            stopped = tf.constant(False)
-            inputs = next_inputs(iterator)
-
-            def body(i, inputs, arrays, stopped):
-                following = next_inputs(iterator)
-                logs, arrays = run_step(i, inputs, arrays)
-                if stop_on_nonfinite:
-                    stopped = logs["nonfinite"] > 0
-                return i + 1, following, arrays, stopped
-
-            # The last step runs after the loop, so every step in it can dequeue
-            # the next one's batches unconditionally and the iterator still ends
-            # where the step count does. The stop is part of the loop's
-            # condition: a Python `break` here becomes conds around the rest
-            # of the body that cost about 20 us a step (MLP, 1 replica).
-            _, inputs, arrays, stopped = tf.while_loop(
-                lambda i, inputs, arrays, stopped: tf.logical_and(i < steps - 1,
-                                                                  tf.logical_not(stopped)),
-                body, (tf.constant(0), inputs, arrays, stopped))
-            # Once more unless stopped. A loop of 0 or 1 rounds, not an `if`:
-            # under MirroredStrategy the step in a tf.cond branch failed at run
-            # time ("You must feed a value for placeholder", BUILD.md fact 30).
-            for _ in tf.range(1 - tf.cast(stopped, tf.int32)):
-                arrays = run_step(steps - 1, inputs, arrays)[1]
-            # Rows after an early stop are never written; the host drops them.
-            # The step reached and whether the weights are finite come back with
-            # the logs: separate reads from the host cost a device sync each.
-            logs = {}
-            for dtype, names in groups.items():
-                rows = arrays[dtype].stack()
-                logs.update({name: rows[:, column] for column, name in enumerate(names)})
-            return logs, self.global_step.read_value(), self._finiteness.all_finite()
-
-        return tf.function(inner_loop)
-
-    def _step_on_batches(self, *batches):
-        """`train_step` fed with batches already dequeued, as many as `batches_per_step`."""
-        queue = _DequeuedBatches(batches, type(self).__name__)
-        logs = self.train_step(queue)
-        queue.check_all_taken()
-        return logs
-
-    def _eval_pass(self, iterator) -> dict[str, tf.Tensor]:
-        optional = iterator.get_next_as_optional()
-        sums = None
-        if self.run_eagerly:
-            while optional.has_value():
-                step_sums = self.eval_step(optional.get_value())
-                sums = step_sums if sums is None else _add(sums, step_sums)
-                optional = iterator.get_next_as_optional()
-            return sums or {}
-        step_function = tf.function(self.eval_step).get_concrete_function(iterator.element_spec)
-        spec = step_function.structured_outputs
-        _check_step_outputs("eval_step", spec, require=("num_examples",))
-        sums = {name: tf.zeros([], value.dtype) for name, value in spec.items()}
-        while optional.has_value():
-            sums = _add(sums, step_function(optional.get_value()))
-            optional = iterator.get_next_as_optional()
-        return sums
-
-
-def _input_specs(next_inputs, iterator) -> tuple:
-    """The type specs of what `next_inputs(iterator)` returns in a tf.function (traced, not run)."""
-    specs = []
-
-    def probe(iterator):
-        specs.extend(tf.nest.map_structure(tf.type_spec_from_value, batch)
-                     for batch in next_inputs(iterator))
-        return tf.constant(0)
-
-    tf.function(probe).get_concrete_function(iterator)
-    return tuple(specs)
-
-
-class _EagerBatches:
-    """The train iterator as `run_eagerly` steps see it: `next` gives a step's input."""
-
-    def __init__(self, iterator, strategy: tf.distribute.Strategy):
-        self._iterator = iterator
-        self._strategy = strategy
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return distributed_input.next_batch(self._iterator, self._strategy)
-
-    def get_next(self):
-        return next(self)
-
-
-class _DequeuedBatches:
-    """Stands in for the train iterator inside a step: hands out the batches dequeued for it."""
-
-    def __init__(self, batches, loop_name: str):
-        self._batches = list(batches)
-        self._taken = 0
-        self._loop_name = loop_name
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._taken == len(self._batches):
-            raise ValueError(
-                f"{self._loop_name}.train_step called next(iterator) more than "
-                f"batches_per_step = {len(self._batches)} times; set the class attribute "
-                "batches_per_step to the number of batches one step takes.")
-        self._taken += 1
-        return self._batches[self._taken - 1]
-
-    def get_next(self):
-        return next(self)
-
-    def check_all_taken(self) -> None:
-        if self._taken != len(self._batches):
-            raise ValueError(
-                f"{self._loop_name}.train_step took {self._taken} batches but "
-                f"batches_per_step = {len(self._batches)}; set batches_per_step to the number "
-                "of batches one step takes (it also sets where a resumed run restarts).")
+    def _make_executor(self) -> executors.Executor:
+        definition = executors.StepDefinition(
+            name=type(self).__name__, strategy=self.strategy, train_step=self.train_step,
+            eval_step=self.eval_step, batches_per_step=self.batches_per_step,
+            global_step=self.global_step, finiteness=self._finiteness)
+        if self._coordinator is not None:
+            return executors.ScheduledExecutor(definition, coordinator=self._coordinator)
+        executor_class = executors.EagerExecutor if self.run_eagerly else executors.Executor
+        return executor_class(definition, stop_on_nonfinite=self.on_nonfinite == "stop")
 
 
 NONFINITE_POLICIES = ("stop", "skip")
-
-
-COUNT_LOGS = ("num_examples", "nonfinite", "overflow")  # summed over an inner loop, not averaged
-LAST_LOGS = ("learning_rate", "loss_scale")  # the value at the loop's last step
-
-
-def aggregate_train_logs(logs: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Sums counts, keeps the last learning rate and loss scale, averages the rest over an inner loop.
-
-    Averages are weighted by `num_examples` if present and leave out steps
-    flagged `nonfinite` (their loss is NaN or inf and their update was skipped).
-    """
-    kept = np.ones_like(next(iter(logs.values())), dtype=bool) if logs else None
-    if "nonfinite" in logs:
-        kept = logs["nonfinite"] == 0
-    weights = logs.get("num_examples")
-    metrics = {}
-    for name, values in logs.items():
-        if name in COUNT_LOGS:
-            metrics[name] = int(np.sum(values))
-            continue
-        if name in LAST_LOGS:
-            metrics[name] = reporting.plain_number(values[-1])
-            continue
-        values = values[kept]
-        step_weights = weights[kept] if weights is not None else None
-        if not values.size:
-            metrics[name] = float("nan")
-        elif step_weights is not None and np.sum(step_weights) > 0:
-            metrics[name] = reporting.plain_number(
-                (np.sum(values * step_weights) / np.sum(step_weights)).astype(values.dtype))
-        else:
-            metrics[name] = reporting.plain_number(np.mean(values).astype(values.dtype))
-    return metrics
-
-
-def finalize_eval_sums(sums: Mapping[str, float]) -> dict[str, float]:
-    """Divides every summed metric by the number of examples it was summed over."""
-    count = sums["num_examples"]
-    metrics = {name: (value / count if count else float("nan"))
-               for name, value in sums.items() if name != "num_examples"}
-    metrics["num_examples"] = int(round(count))
-    return metrics
-
-
-def _add(left: Mapping[str, tf.Tensor], right: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    return {name: left[name] + right[name] for name in left}
-
-
-def _check_step_outputs(hook: str, spec, require: tuple[str, ...] = ()) -> None:
-    if not isinstance(spec, Mapping):
-        raise TypeError(f"{hook} must return a dict of scalar tensors, got {spec!r}.")
-    for name, value in spec.items():
-        if not isinstance(value, (tf.Tensor, tf.TensorSpec)) or value.shape.rank != 0:
-            raise TypeError(
-                f"{hook} returned {name}={value!r}; every value must be a scalar "
-                "tensor reduced over replicas (use loops.sum_over_replicas).")
-    missing = [name for name in require if name not in spec]
-    if missing:
-        raise TypeError(f"{hook} must return {missing} (got {sorted(spec)}).")
-
-
-@contextlib.contextmanager
-def _explains_empty_replicas(strategy: tf.distribute.Strategy):
-    """Adds a likely cause to an InvalidArgumentError of a multi-replica step under oneDNN.
-
-    TensorFlow's oneDNN convolution gives an input with no rows an output of
-    the input's shape (BUILD.md fact 17), so a replica left without examples
-    (a batch with fewer rows than replicas) fails later with an error that
-    names neither, and in several forms (a collective's shape mismatch, a
-    convolution's "input depth must be evenly divisible", a matmul's sizes).
-    The error itself is kept; a note says what to change if that was the cause.
-    """
-    try:
-        yield
-    except tf.errors.InvalidArgumentError as error:
-        replicas = strategy.num_replicas_in_sync
-        if replicas > 1 and strategies.onednn_enabled():
-            error.add_note(
-                f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
-                "none, and TensorFlow's oneDNN convolutions give an empty input an output of the "
-                "wrong shape (BUILD.md fact 17). Give every batch at least "
-                f"{replicas} rows (batch with drop_remainder=True, or train on an endless "
-                "stream of full batches: data.global_batches(..., repeat=True)), or set "
-                "TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported.")
-        raise
 
 
 def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:

@@ -1,4 +1,4 @@
-"""Runs a Loop's train steps asynchronously on parameter-server workers through a ClusterCoordinator.
+"""Parameter-server training: the workers' input streams and the tasks that serve the chief.
 
 Under `tf.distribute.ParameterServerStrategy` the variables live on the `ps`
 tasks, the `worker` tasks only run functions the coordinator (the `chief`
@@ -16,9 +16,6 @@ until it is killed, and lets the `chief` go on to build and train the Loop.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
-
-import numpy as np
 import tensorflow as tf
 
 from loops import distributed_input, strategies
@@ -26,62 +23,16 @@ from loops import distributed_input, strategies
 SERVER_TASKS = ("worker", "ps")
 
 
-class StepScheduler:
-    """Schedules a Loop's `train_step` on the workers, `steps` at a time.
+def worker_iterator(coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
+                    source: distributed_input.DatasetSource):
+    """A per-worker iterator over `worker_stream(source)`, for steps scheduled on the workers."""
+    strategy = coordinator.strategy
 
-    Each scheduled call runs one `train_step` on one worker and then adds 1 to
-    the global step on the parameter servers (an atomic assign_add), so the
-    global step counts the steps that completed. `run_steps` waits for all of
-    them (`ClusterCoordinator.join`) and returns their logs in the order they
-    were scheduled, so the Loop's progress, summaries and log aggregation work
-    as for the synchronous inner loop. A step whose `nonfinite` flag is set
-    does not stop the others already scheduled in the same inner loop.
+    def per_worker_dataset():
+        return strategy.distribute_datasets_from_function(
+            lambda context: distributed_input.split_global_batches(worker_stream(source), context))
 
-    Args:
-        strategy: a ParameterServerStrategy whose process is the chief.
-        check_outputs: called with the step's output specs (name -> TensorSpec)
-            once, after the first steps; raises for outputs a Loop cannot use.
-    """
-
-    def __init__(self, strategy: tf.distribute.Strategy, *,
-                 check_outputs: Callable[[Mapping[str, tf.TensorSpec]], None]):
-        self.strategy = strategy
-        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-        self._check_outputs = check_outputs
-        self._step_function = None
-
-    def iterator(self, source: distributed_input.DatasetSource):
-        """A per-worker iterator over `worker_stream(source)`, to pass to `run_steps`."""
-        strategy = self.strategy
-
-        def per_worker_dataset():
-            return strategy.distribute_datasets_from_function(
-                lambda context: distributed_input.split_global_batches(
-                    worker_stream(source), context))
-
-        return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset))
-
-    def run_steps(self, train_step: Callable, global_step: tf.Variable, iterator,
-                  steps: int) -> dict[str, np.ndarray]:
-        """Runs `train_step` `steps` times on the workers; returns name -> per-step values."""
-        if self._step_function is None:
-            def counted_step(worker_iterator):
-                logs = train_step(worker_iterator)
-                global_step.assign_add(1)
-                return logs
-
-            self._step_function = tf.function(counted_step)
-        remote_logs = [self.coordinator.schedule(self._step_function, args=(iterator,))
-                       for _ in range(steps)]
-        self.coordinator.join()
-        per_step = [self.coordinator.fetch(logs) for logs in remote_logs]
-        first = per_step[0]
-        if self._check_outputs is not None:
-            self._check_outputs(
-                {name: tf.TensorSpec(np.shape(value), tf.as_dtype(np.asarray(value).dtype))
-                 for name, value in first.items()} if isinstance(first, Mapping) else first)
-            self._check_outputs = None  # the step's outputs keep their structure
-        return {name: np.array([logs[name] for logs in per_step]) for name in first}
+    return iter(coordinator.create_per_worker_dataset(per_worker_dataset))
 
 
 def worker_stream(source: distributed_input.DatasetSource) -> tf.data.Dataset:

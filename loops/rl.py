@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 import keras
 import tensorflow as tf
 
-from loops import reduction, target_networks
+from loops import outputs, reduction, target_networks
 from loops.loop import Loop
 from loops_data import cartpole
 from loops_models import rl as rl_models
@@ -282,8 +282,8 @@ class EnvironmentLoop(Loop):
         self.recent_returns.value.scatter_update(tf.IndexedSlices(kept, slots))
         self.episodes.assign_add(finished)
         self.env_steps.assign_add(self.num_envs * self.rollout_length)
-        return {"mean_return_100": self.mean_return(),
-                "episodes_finished": tf.cast(finished, tf.float32)}
+        return {"mean_return_100": outputs.Last(self.mean_return()),
+                "episodes_finished": outputs.Sum(finished)}
 
     def gather_steps(self, per_replica_rollout: dict, names) -> dict[str, tf.Tensor]:
         """The rollout entries `names` of all replicas, [T, num_envs, ...] (cross-replica)."""
@@ -463,7 +463,8 @@ class ActorCriticLoop(EnvironmentLoop):
             losses = reduction.sum_over_replicas(self.strategy, self.strategy.run(
                 self._replica_update, args=(collected["samples"], update)))
             totals = {name: totals[name] + losses[name] for name in totals}
-        return {**{name: value / updates for name, value in totals.items()}, **statistics}
+        return {**{name: outputs.Mean(value / updates) for name, value in totals.items()},
+                **statistics}
 
 
 class DQNLoop(EnvironmentLoop):
@@ -687,8 +688,8 @@ class DQNLoop(EnvironmentLoop):
         else:
             target_networks.soft_update(self.target, self.model, tau=self.target_tau)
         done = tf.cast(tf.maximum(updates, 1), tf.float32)
-        return {**{name: value / done for name, value in totals.items()},
-                "epsilon": self.epsilon(), **statistics}
+        return {**{name: outputs.Mean(value / done) for name, value in totals.items()},
+                "epsilon": outputs.Last(self.epsilon()), **statistics}
 
 
 def _env_major(value: tf.Tensor) -> tf.Tensor:

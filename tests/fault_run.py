@@ -14,7 +14,7 @@ def arm(moment: str, signum: int) -> None:
     import tensorflow as tf
     from tensorflow.python.checkpoint import checkpoint_management
 
-    from loops import checkpoints, loop, reporting
+    from loops import checkpoints, executors, loop, reporting
 
     calls = {"inner": 0, "eval": 0}
     train_steps = int(next(a for a in sys.argv if a.startswith("--train_steps=")).split("=")[1])
@@ -46,9 +46,9 @@ def arm(moment: str, signum: int) -> None:
         return check
 
     if moment == "first_trace":
-        wrap(loop.Loop, "_make_train_function", before=lambda *_: True)
+        wrap(executors.Executor, "_make_train_function", before=lambda *_: True)
     elif moment == "inner_loop":
-        wrap(loop.Loop, "_run_inner_loop", before=nth_inner_loop(2))
+        wrap(executors.Executor, "run", before=nth_inner_loop(2))
     elif moment in ("evaluation", "final_evaluation"):
         wrap(loop.Loop, "run_evaluation", before=eval_at_step(moment == "final_evaluation"))
     elif moment == "final_save":

@@ -29,9 +29,9 @@ def test_train_step_traced_once_over_two_epochs_with_partial_batches():
     loop = make_loop(steps_per_loop=2)
     logs = loop.train(7)  # 3 batches an epoch (8, 8, 5): steps 3 and 6 are partial
     np.testing.assert_array_equal(logs["num_examples"], [8, 8, 5, 8, 8, 5, 8])
-    assert loop.train_function.experimental_get_tracing_count() == 1
+    assert loop.executor.train_function.experimental_get_tracing_count() == 1
     loop.evaluate()
-    assert loop.eval_function.experimental_get_tracing_count() == 1
+    assert loop.executor.eval_function.experimental_get_tracing_count() == 1
 
 
 def test_train_counts_to_a_total_and_steps_the_global_step():
@@ -132,7 +132,7 @@ def test_step_outputs_must_be_reduced_scalars():
             inputs, labels = next(iterator)
             per_example = self.strategy.run(
                 lambda x: tf.reduce_sum(tf.cast(x, tf.float32), [1, 2, 3]), args=(inputs,))
-            return {"loss": per_example}
+            return {"loss": loops.Mean(per_example)}
 
     loop = Unreduced(strategy=loops.testing.replica_strategy(1),
                      model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
@@ -174,7 +174,7 @@ def test_a_loop_that_makes_its_own_data_needs_no_dataset():
                                 tf.float32) + step)
             value = loops.sum_over_replicas(self.strategy, {"value": per_replica})["value"]
             self.total.assign_add(value)
-            return {"value": value}
+            return {"value": loops.Mean(value)}
 
     loop = Counting(strategy=loops.testing.replica_strategy(2), progress=loops.testing.quiet_progress())
     logs = loop.train(3)
@@ -224,9 +224,9 @@ def test_logs_of_every_dtype_come_back_step_by_step(num_replicas):
             rows = self.strategy.run(tf.reduce_sum, args=(next(iterator),))
             value = self.strategy.reduce(tf.distribute.ReduceOp.SUM, rows, axis=None)
             self.total.assign_add(value)
-            return {"value": value, "total": self.total.read_value(),
-                    "half": tf.cast(value, tf.float32) / 2,
-                    "step": tf.cast(self.global_step, tf.float64)}
+            return {"value": loops.Sum(value), "total": loops.Last(self.total.read_value()),
+                    "half": loops.Mean(tf.cast(value, tf.float32) / 2),
+                    "step": loops.Last(tf.cast(self.global_step, tf.float64))}
 
     loop = Summing(strategy=loops.testing.replica_strategy(num_replicas),
                    train_data=lambda: tf.data.Dataset.range(10).batch(4),
