@@ -51,8 +51,9 @@ class Loop:
                     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
                     return {"loss": loss}
                 x, y = next(iterator)
-                return loops.sum_over_replicas(
+                sums = loops.sum_over_replicas(
                     self.strategy, self.strategy.run(replica_step, args=(x, y)))
+                return {"loss": loops.Mean(sums["loss"])}
 
     Contract of the hooks:
         build(): runs once in the strategy's scope (`strategies.variable_scope`);
@@ -63,12 +64,12 @@ class Loop:
             exactly `batches_per_step` times (the Loop dequeues those batches
             while the previous step computes; iterator is None for a loop with
             needs_train_data = False and no train_data); `self.global_step`
-            holds the index of the step being run; returns a dict of scalar tensors already
-            reduced over replicas. A `num_examples` entry weights the other
-            entries when they are averaged over an inner loop.
-        eval_step(batch): cross-replica context; returns a dict of scalar SUMS
-            over replicas including `num_examples`; every other entry is summed
-            over the eval set and divided by the total `num_examples`.
+            holds the index of the step being run; returns a dict of typed
+            outputs (`loops.Mean`, `Ratio`, `Sum`, `Last`) of scalar tensors
+            already reduced over replicas: how each aggregates over an inner
+            loop (loops/outputs.py).
+        eval_step(batch): cross-replica context; returns typed outputs the
+            same way, aggregated over the whole eval set.
 
     A step that checks its loss and gradients (`loops.all_finite`) applies
     its update with `self.apply_update`, which follows `on_nonfinite`, and
