@@ -32,9 +32,16 @@ def time_to_solve(num_replicas: int, *, max_train_steps: int, seed: int) -> dict
     """Trains the default ActorCriticLoop until solved; returns the numbers of the run."""
     import loops
     from loops import rl
+    from loops_data import cartpole
+    from loops_models import rl as rl_models
 
     started = time.perf_counter()
+    environment = cartpole.CartPole()
     loop = rl.ActorCriticLoop(strategy=loops.testing.replica_strategy(num_replicas),
+                              environment=environment,
+                              model_fn=lambda: rl_models.policy_value_network(
+                                  observation_size=environment.observation_size,
+                                  num_actions=environment.num_actions, seed=seed),
                               steps_per_loop=10, seed=seed,
                               progress=loops.testing.quiet_progress())
     mean_return = 0.0

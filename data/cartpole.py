@@ -7,6 +7,9 @@ state in, state out, with the randomness passed in as uniform noise so the
 caller decides how it is keyed (the RL loops key it on the global environment
 index, which makes 1 and N replicas step identical environments).
 
+`CartPole()` is these functions as a `loops.environments.Environment`, the
+object the RL loops take.
+
 Example:
 
     state = cartpole.reset(tf.random.uniform([8, cartpole.OBSERVATION_SIZE]))
@@ -19,9 +22,10 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import tensorflow as tf
+
+from loops import environments
 
 GRAVITY = 9.8
 CART_MASS = 1.0
@@ -43,32 +47,9 @@ OBSERVATION_SIZE = 4  # cart position, cart velocity, pole angle, pole angular v
 NUM_ACTIONS = 2  # 0 pushes the cart left, 1 pushes it right
 
 
-class State(NamedTuple):
-    """The state of a batch of environments.
-
-    observation: [num_envs, 4] float32 (x, x_dot, theta, theta_dot).
-    elapsed_steps: [num_envs] int32, steps taken in the current episode.
-    """
-    observation: tf.Tensor
-    elapsed_steps: tf.Tensor
-
-
-class Transition(NamedTuple):
-    """What one step of a batch of environments produced.
-
-    reward: [num_envs] float32; 1 for every step taken, the terminal one included.
-    terminated: [num_envs] bool; the pole fell or the cart left the track
-        (the episode's true end: its value is 0 afterwards).
-    truncated: [num_envs] bool; the episode reached the 500-step limit. Its
-        value afterwards is not 0 (bootstrap from `final_observation`) unless
-        the same step also terminated it.
-    final_observation: [num_envs, 4] float32; the state the action led to,
-        before an ended episode was reset.
-    """
-    reward: tf.Tensor
-    terminated: tf.Tensor
-    truncated: tf.Tensor
-    final_observation: tf.Tensor
+# The batch types of the loops' environment interface, which CartPole implements.
+State = environments.State
+Transition = environments.Transition
 
 
 def reset(noise: tf.Tensor) -> State:
@@ -104,6 +85,10 @@ def step(state: State, actions: tf.Tensor, reset_noise: tf.Tensor) -> tuple[Stat
 
     Returns:
         (next state, with ended episodes already reset; the step's Transition).
+        The reward is 1 for every step taken, the terminal one included; an
+        episode terminates when the pole leans past 12 degrees or the cart
+        leaves the track, and is truncated at its 500th step (both flags are
+        set when that step also terminates it).
     """
     final_observation = dynamics(state.observation, actions)
     elapsed_steps = state.elapsed_steps + 1
@@ -118,3 +103,26 @@ def step(state: State, actions: tf.Tensor, reset_noise: tf.Tensor) -> tuple[Stat
                        tf.where(ended, fresh.elapsed_steps, elapsed_steps))
     reward = tf.ones_like(x)
     return next_state, Transition(reward, terminated, truncated, final_observation)
+
+
+class CartPole:
+    """CartPole-v1 as the environment of the RL loops (a `loops.environments.Environment`).
+
+    Observations are (x, x_dot, theta, theta_dot); action 0 pushes the cart
+    left, 1 right. Each reset or step takes 4 uniform numbers per environment:
+    the start state of an episode that begins.
+    """
+
+    observation_size = OBSERVATION_SIZE
+    num_actions = NUM_ACTIONS
+    noise_size = OBSERVATION_SIZE
+
+    def reset(self, uniform_noise: tf.Tensor) -> State:
+        return reset(uniform_noise)
+
+    def step(self, state: State, actions: tf.Tensor,
+             uniform_noise: tf.Tensor) -> tuple[State, Transition]:
+        return step(state, actions, uniform_noise)
+
+    def __repr__(self) -> str:
+        return "CartPole()"

@@ -1,7 +1,8 @@
-"""Reinforcement learning on the Loop: in-graph CartPole rollouts with PPO and double DQN.
+"""Reinforcement learning on the Loop: in-graph environment rollouts with PPO and double DQN.
 
 The data is made by the policy itself, inside the training `tf.function`: a
-train step runs `rollout_length` steps of `num_envs` batched CartPoles and
+train step runs `rollout_length` steps of `num_envs` batched environments
+(any `loops.environments.Environment`, e.g. loops_data.cartpole.CartPole) and
 then learns from them. What lives across steps (the environments, episode
 statistics, a replay buffer, a target network) is held in variables created
 in `build` and checkpointed with the model, so a resumed run continues the
@@ -30,10 +31,8 @@ from typing import Callable, Mapping
 import keras
 import tensorflow as tf
 
-from loops import outputs, reduction, target_networks
+from loops import environments, outputs, reduction, target_networks
 from loops.loop import Loop
-from loops_data import cartpole
-from loops_models import rl as rl_models
 
 RETURN_WINDOW = 100  # mean_return_100 averages the returns of this many latest episodes
 DEFAULT_TARGET_UPDATE_EVERY = 50  # DQN's target copy period when no target update is chosen
@@ -41,7 +40,7 @@ DEFAULT_TARGET_UPDATE_EVERY = 50  # DQN's target copy period when no target upda
 
 class Noise(enum.IntEnum):
     """What a random number is for; each purpose has its own stateless stream."""
-    RESET = 1
+    ENVIRONMENT = 1  # the environment's own: its start states and any randomness of a step
     ACTION = 2
     EXPLORE = 3
     SHUFFLE = 4
@@ -99,7 +98,7 @@ class _StateVariables(keras.layers.Layer):
 
 
 class EnvironmentLoop(Loop):
-    """A Loop that steps `num_envs` in-graph CartPoles and keeps episode statistics.
+    """A Loop that steps `num_envs` copies of an in-graph environment and keeps episode statistics.
 
     A subclass builds its learner in `build` (after calling super().build()),
     collects data in replica context with `rollout` and hands the result to
@@ -110,9 +109,12 @@ class EnvironmentLoop(Loop):
     needs_train_data = False
     algorithm = "rl"
 
-    def __init__(self, *, num_envs: int, rollout_length: int, gamma: float = 0.99, **loop_args):
+    def __init__(self, *, environment: environments.Environment, num_envs: int,
+                 rollout_length: int, gamma: float = 0.99, **loop_args):
         """
         Args:
+            environment: what to step, a `loops.environments.Environment`
+                (e.g. loops_data.cartpole.CartPole()).
             num_envs: environments stepped in parallel over all replicas; must
                 be divisible by the replica count.
             rollout_length: steps of every environment per train step.
@@ -120,8 +122,10 @@ class EnvironmentLoop(Loop):
             **loop_args: the `Loop` arguments (train_data is not accepted).
 
         Raises:
+            TypeError: `environment` lacks a member of the interface (named).
             ValueError: a bad value, naming it and the fix.
         """
+        environments.check_environment(environment)
         _check_whole("num_envs", num_envs)
         _check_whole("rollout_length", rollout_length)
         if not 0 <= gamma <= 1:
@@ -135,6 +139,7 @@ class EnvironmentLoop(Loop):
                 f"num_envs={num_envs} is not divisible by the {replicas} replicas; every "
                 f"replica steps the same number of environments. Pass a multiple of "
                 f"{replicas}, e.g. num_envs={(num_envs // replicas + 1) * replicas}.")
+        self.environment = environment
         self.num_envs = num_envs
         self.rollout_length = rollout_length
         self.gamma = gamma
@@ -148,8 +153,8 @@ class EnvironmentLoop(Loop):
     # ---- State. ----
 
     def build(self) -> None:
-        start = cartpole.reset(tf.random.stateless_uniform(
-            [self.num_envs, cartpole.OBSERVATION_SIZE], self._seed(Noise.RESET, -1)))
+        start = self.environment.reset(tf.random.stateless_uniform(
+            [self.num_envs, self.environment.noise_size], self._seed(Noise.ENVIRONMENT, -1)))
         self.environments = _StateVariables(name="environments")
         self.observation = self.environments.add("observation", start.observation, "float32")
         self.elapsed_steps = self.environments.add("elapsed_steps", start.elapsed_steps, "int32")
@@ -217,7 +222,7 @@ class EnvironmentLoop(Loop):
         """Steps this replica's environments `rollout_length` times (replica context).
 
         Args:
-            act: (observations [n, 4], t) -> (actions [n] int32, extras), where
+            act: (observations [n, observation_size], t) -> (actions [n] int32, extras), where
                 extras is a dict of per-environment tensors to keep per step.
             extras: name -> dtype of the extras `act` returns.
 
@@ -239,13 +244,14 @@ class EnvironmentLoop(Loop):
                   for name, dtype in dtypes.items()}
         for t in tf.range(self.rollout_length):
             actions, step_extras = act(observation, t)
-            state, transition = cartpole.step(
-                cartpole.State(observation, elapsed_steps), actions,
-                self.env_noise(Noise.RESET, t, [cartpole.OBSERVATION_SIZE]))
+            state, transition = self.environment.step(
+                environments.State(observation, elapsed_steps), actions,
+                self.env_noise(Noise.ENVIRONMENT, t, [self.environment.noise_size]))
             ended = transition.terminated | transition.truncated
             episode_return += transition.reward
             record = {"observation": observation, "action": actions,
-                      **transition._asdict(),
+                      "reward": transition.reward,
+                      "final_observation": transition.final_observation,
                       "terminated": tf.cast(transition.terminated, tf.float32),
                       "truncated": tf.cast(transition.truncated, tf.float32),
                       "ended_return": tf.where(ended, episode_return, 0.0), **step_extras}
@@ -291,7 +297,7 @@ class EnvironmentLoop(Loop):
 
 
 class ActorCriticLoop(EnvironmentLoop):
-    """PPO with GAE on CartPole: collect a rollout, then several epochs of minibatch updates.
+    """PPO with GAE: collect a rollout, then several epochs of minibatch updates.
 
     Each train step collects num_envs * rollout_length transitions with the
     current policy, estimates advantages (bootstrapping at truncation, not at
@@ -308,7 +314,8 @@ class ActorCriticLoop(EnvironmentLoop):
 
     def __init__(self,
                  *,
-                 model_fn: Callable[[], keras.Model] | None = None,
+                 environment: environments.Environment,
+                 model_fn: Callable[[], keras.Model],
                  optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
                  # Environments.
                  num_envs: int = 16,
@@ -325,9 +332,12 @@ class ActorCriticLoop(EnvironmentLoop):
                  **loop_args):
         """
         Args:
+            environment: what to step, a `loops.environments.Environment`.
             model_fn: builds the policy/value model (called in scope), mapping
-                observations to (logits, value); default
-                models.rl.policy_value_network seeded with `seed`.
+                observations [batch, observation_size] to (logits [batch,
+                num_actions], value [batch]), e.g.
+                loops_models.rl.policy_value_network; seed its initializers
+                so that runs on any replica count start from the same weights.
             optimizer_fn: builds the optimizer (in scope); default Adam(1e-3).
             num_envs, rollout_length, gamma: see EnvironmentLoop.
             gae_lambda: the GAE lambda in [0, 1].
@@ -339,8 +349,13 @@ class ActorCriticLoop(EnvironmentLoop):
                 and of the entropy bonus.
             clip_norm: clip the summed gradient to this global norm; None: no clip.
             **loop_args: the `Loop` arguments.
+
+        Raises:
+            TypeError: `environment` lacks a member of the interface, or
+                `model_fn` is not callable.
+            ValueError: a bad setting, naming it and the fix.
         """
-        self.model_fn = model_fn
+        self.model_fn = _checked_model_fn(model_fn)
         self.optimizer_fn = optimizer_fn or (lambda: keras.optimizers.Adam(1e-3))
         self.gae_lambda = gae_lambda
         self.epochs = epochs
@@ -349,8 +364,8 @@ class ActorCriticLoop(EnvironmentLoop):
         self.value_coefficient = value_coefficient
         self.entropy_coefficient = entropy_coefficient
         self.clip_norm = clip_norm
-        super().__init__(num_envs=num_envs, rollout_length=rollout_length, gamma=gamma,
-                         **loop_args)
+        super().__init__(environment=environment, num_envs=num_envs,
+                         rollout_length=rollout_length, gamma=gamma, **loop_args)
 
     def check_settings(self, num_replicas: int) -> None:
         _check_whole("epochs", self.epochs)
@@ -376,9 +391,7 @@ class ActorCriticLoop(EnvironmentLoop):
 
     def build(self) -> None:
         super().build()
-        self.model = (self.model_fn() if self.model_fn else rl_models.policy_value_network(
-            observation_size=cartpole.OBSERVATION_SIZE, num_actions=cartpole.NUM_ACTIONS,
-            seed=self.seed))
+        self.model = self.model_fn()
         self.optimizer = self.optimizer_fn()
         # Built here, in scope: built lazily inside strategy.run it fails (DESIGN.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
@@ -389,7 +402,7 @@ class ActorCriticLoop(EnvironmentLoop):
     def _act(self, observation, t):
         logits, value = self.model(observation)
         # Gumbel-max sampling with this environment's own noise.
-        noise = self.env_noise(Noise.ACTION, t, [cartpole.NUM_ACTIONS])
+        noise = self.env_noise(Noise.ACTION, t, [self.environment.num_actions])
         gumbel = -tf.math.log(-tf.math.log(tf.clip_by_value(noise, 1e-12, 1.0 - 1e-7)))
         actions = tf.argmax(logits + gumbel, axis=-1, output_type=tf.int32)
         log_probability = tf.gather(tf.nn.log_softmax(logits), actions, batch_dims=1)
@@ -398,7 +411,7 @@ class ActorCriticLoop(EnvironmentLoop):
     def _replica_collect(self):
         rollout = self.rollout(self._act, {"value": tf.float32, "log_probability": tf.float32})
         _, next_values = self.model(tf.reshape(rollout["final_observation"],
-                                               [-1, cartpole.OBSERVATION_SIZE]))
+                                               [-1, self.environment.observation_size]))
         advantages, returns = advantages_and_returns(
             rewards=rollout["reward"], values=rollout["value"],
             next_values=tf.reshape(next_values, tf.shape(rollout["reward"])),
@@ -468,7 +481,7 @@ class ActorCriticLoop(EnvironmentLoop):
 
 
 class DQNLoop(EnvironmentLoop):
-    """Double DQN on CartPole with a replay buffer and a target network.
+    """Double DQN on an in-graph environment with a replay buffer and a target network.
 
     Each train step collects rollout_length steps of every environment with
     an epsilon-greedy policy, appends them to the replay buffer, makes
@@ -492,7 +505,8 @@ class DQNLoop(EnvironmentLoop):
 
     def __init__(self,
                  *,
-                 model_fn: Callable[[], keras.Model] | None = None,
+                 environment: environments.Environment,
+                 model_fn: Callable[[], keras.Model],
                  optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
                  # Environments.
                  num_envs: int = 8,
@@ -514,9 +528,12 @@ class DQNLoop(EnvironmentLoop):
                  **loop_args):
         """
         Args:
+            environment: what to step, a `loops.environments.Environment`.
             model_fn: builds a Q-network (called twice in scope: online and
-                target), observations -> [batch, num_actions]; default
-                models.rl.q_network seeded with `seed`.
+                target), observations [batch, observation_size] -> [batch,
+                num_actions], e.g. loops_models.rl.q_network; seed its
+                initializers so that runs on any replica count start from the
+                same weights.
             optimizer_fn: builds the optimizer (in scope); default Adam(1e-3).
             num_envs, rollout_length, gamma: see EnvironmentLoop.
             buffer_capacity: transitions the replay buffer keeps (oldest
@@ -533,8 +550,13 @@ class DQNLoop(EnvironmentLoop):
             target_tau: instead, move the target by this fraction each step.
             clip_norm: clip the summed gradient to this global norm; None: no clip.
             **loop_args: the `Loop` arguments.
+
+        Raises:
+            TypeError: `environment` lacks a member of the interface, or
+                `model_fn` is not callable.
+            ValueError: a bad setting, naming it and the fix.
         """
-        self.model_fn = model_fn
+        self.model_fn = _checked_model_fn(model_fn)
         self.optimizer_fn = optimizer_fn or (lambda: keras.optimizers.Adam(1e-3))
         self.buffer_capacity = buffer_capacity
         self.global_batch_size = global_batch_size
@@ -548,8 +570,8 @@ class DQNLoop(EnvironmentLoop):
             self.target_update_every = DEFAULT_TARGET_UPDATE_EVERY
         self.target_tau = target_tau
         self.clip_norm = clip_norm
-        super().__init__(num_envs=num_envs, rollout_length=rollout_length, gamma=gamma,
-                         **loop_args)
+        super().__init__(environment=environment, num_envs=num_envs,
+                         rollout_length=rollout_length, gamma=gamma, **loop_args)
 
     def check_settings(self, num_replicas: int) -> None:
         for name in ("buffer_capacity", "global_batch_size", "updates_per_step",
@@ -586,17 +608,12 @@ class DQNLoop(EnvironmentLoop):
     def build(self) -> None:
         super().build()
 
-        def network():
-            return (self.model_fn() if self.model_fn else rl_models.q_network(
-                observation_size=cartpole.OBSERVATION_SIZE, num_actions=cartpole.NUM_ACTIONS,
-                seed=self.seed))
-
-        self.model = network()
-        self.target = network()
+        self.model = self.model_fn()
+        self.target = self.model_fn()
         target_networks.copy(self.target, self.model)
         self.optimizer = self.optimizer_fn()
         self.optimizer.build(self.model.trainable_variables)
-        capacity, size = self.buffer_capacity, cartpole.OBSERVATION_SIZE
+        capacity, size = self.buffer_capacity, self.environment.observation_size
         self.replay = _StateVariables(name="replay_buffer")
         self.replay_columns = {
             "observation": self.replay.add("observation", tf.zeros([capacity, size]), "float32"),
@@ -623,8 +640,8 @@ class DQNLoop(EnvironmentLoop):
     def _act(self, observation, t):
         greedy = tf.argmax(self.model(observation), axis=-1, output_type=tf.int32)
         coin, pick = tf.unstack(self.env_noise(Noise.EXPLORE, t, [2]), axis=-1)
-        random = tf.minimum(tf.cast(pick * cartpole.NUM_ACTIONS, tf.int32),
-                            cartpole.NUM_ACTIONS - 1)
+        num_actions = self.environment.num_actions
+        random = tf.minimum(tf.cast(pick * num_actions, tf.int32), num_actions - 1)
         return tf.where(coin < self.epsilon(), random, greedy), {}
 
     def _store(self, rollout) -> None:
@@ -699,6 +716,14 @@ def _env_major(value: tf.Tensor) -> tf.Tensor:
 
 def _largest_divisor(number: int, at_most: int) -> int:
     return max(d for d in range(1, min(number, at_most) + 1) if number % d == 0)
+
+
+def _checked_model_fn(model_fn):
+    if not callable(model_fn):
+        raise TypeError(
+            f"model_fn must be a function of no arguments that builds the network, got "
+            f"{model_fn!r}; pass e.g. model_fn=lambda: my_network(seed=0).")
+    return model_fn
 
 
 def _check_clip_norm(clip_norm) -> None:

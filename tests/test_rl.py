@@ -115,6 +115,25 @@ def test_lambda_one_gives_the_bootstrapped_discounted_returns():
     np.testing.assert_allclose(returns.numpy()[:, 0], [10.0, 10.0, 1.9, 1.0, 5.5], rtol=1e-6)
 
 
+# ---- The loops on CartPole, with the example networks (the binary's wiring). ----
+
+CARTPOLE = cartpole.CartPole()
+
+
+def ppo_on_cartpole(**args):
+    seed = args.get("seed", 0)
+    return rl.ActorCriticLoop(
+        environment=CARTPOLE, model_fn=lambda: rl_models.policy_value_network(
+            observation_size=4, num_actions=2, seed=seed), **args)
+
+
+def dqn_on_cartpole(**args):
+    seed = args.get("seed", 0)
+    return rl.DQNLoop(
+        environment=CARTPOLE, model_fn=lambda: rl_models.q_network(
+            observation_size=4, num_actions=2, seed=seed), **args)
+
+
 # ---- Target networks. ----
 
 def small_q_network(seed):
@@ -183,9 +202,9 @@ def test_target_helpers_reject_mismatched_networks_and_bad_settings():
 
 
 def test_dqn_loop_copies_its_target_network_every_k_steps():
-    loop = rl.DQNLoop(num_envs=2, rollout_length=4, global_batch_size=4, buffer_capacity=32,
-                      learning_starts=8, target_update_every=2, steps_per_loop=1, seed=1,
-                      progress=loops.testing.quiet_progress())
+    loop = dqn_on_cartpole(num_envs=2, rollout_length=4, global_batch_size=4,
+                           buffer_capacity=32, learning_starts=8, target_update_every=2,
+                           steps_per_loop=1, seed=1, progress=loops.testing.quiet_progress())
     changed_at = []
     for step in range(1, 7):
         before = loop.target.get_weights()
@@ -207,7 +226,7 @@ def quiet(**args):
 
 def test_ppo_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas():
     runs = loops.testing.assert_replica_parity(
-        lambda strategy: rl.ActorCriticLoop(
+        lambda strategy: ppo_on_cartpole(
             strategy=strategy, num_envs=4, rollout_length=32, global_batch_size=32, epochs=2,
             **quiet(steps_per_loop=3)),
         num_steps=6, replica_counts=(1, 2),
@@ -225,7 +244,7 @@ def test_ppo_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas(
 
 def test_dqn_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas():
     runs = loops.testing.assert_replica_parity(
-        lambda strategy: rl.DQNLoop(
+        lambda strategy: dqn_on_cartpole(
             strategy=strategy, num_envs=4, rollout_length=8, global_batch_size=8,
             buffer_capacity=128, learning_starts=64, target_update_every=2,
             **quiet(steps_per_loop=3)),
@@ -240,9 +259,9 @@ def test_dqn_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas(
 
 def test_a_resumed_dqn_run_continues_exactly(tmp_path):
     def build(model_dir=None):
-        return rl.DQNLoop(num_envs=2, rollout_length=4, global_batch_size=4, buffer_capacity=32,
-                          learning_starts=8, target_update_every=3, model_dir=model_dir,
-                          **quiet(steps_per_loop=2))
+        return dqn_on_cartpole(num_envs=2, rollout_length=4, global_batch_size=4,
+                               buffer_capacity=32, learning_starts=8, target_update_every=3,
+                               model_dir=model_dir, **quiet(steps_per_loop=2))
 
     straight = build()
     straight.train(6)
@@ -261,13 +280,13 @@ def test_rl_loops_reject_bad_settings_with_the_fix():
     two = loops.testing.replica_strategy(2)
     with pytest.raises(ValueError,
                        match="num_envs=3 is not divisible by the 2 replicas.*num_envs=4"):
-        rl.ActorCriticLoop(strategy=two, num_envs=3, global_batch_size=64)
+        ppo_on_cartpole(strategy=two, num_envs=3, global_batch_size=64)
     with pytest.raises(ValueError, match="global_batch_size=100 does not divide the 1024"):
-        rl.ActorCriticLoop(global_batch_size=100)
+        ppo_on_cartpole(global_batch_size=100)
     with pytest.raises(ValueError, match="one of target_update_every .* not both"):
-        rl.DQNLoop(target_update_every=10, target_tau=0.01)
+        dqn_on_cartpole(target_update_every=10, target_tau=0.01)
     with pytest.raises(ValueError, match="makes its own data"):
-        rl.DQNLoop(train_data=lambda: tf.data.Dataset.range(3))
+        dqn_on_cartpole(train_data=lambda: tf.data.Dataset.range(3))
 
 
 # ---- Learning. ----
@@ -315,7 +334,7 @@ def test_a_bad_flag_combination_exits_with_the_fix(tmp_path):
 
 
 def test_dqn_clearly_beats_a_random_policy():
-    loop = rl.DQNLoop(progress=loops.testing.quiet_progress(), steps_per_loop=200)
+    loop = dqn_on_cartpole(progress=loops.testing.quiet_progress(), steps_per_loop=200)
     loop.train(800)
     results = loop.results_extra()
     assert results["env_steps"] == 800 * 8 * 4

@@ -80,13 +80,20 @@ def _given(**values):
 
 
 def build_loop():
-    """The RL loop the flags describe; ValueError for a bad combination."""
+    """The RL loop the flags describe, on CartPole; ValueError for a bad combination."""
     import keras
 
     from loops import rl
+    from loops_data import cartpole
+    from loops_models import rl as rl_models
 
     strategy = loop_flags.make_strategy()
+    environment = cartpole.CartPole()
+    # Seeded with the loop's seed, so runs on any replica count start from the same weights.
+    network_arguments = {"observation_size": environment.observation_size,
+                     "num_actions": environment.num_actions, "seed": FLAGS.seed}
     common = {
+        "environment": environment,
         "optimizer_fn": lambda: keras.optimizers.Adam(FLAGS.learning_rate),
         "gamma": FLAGS.gamma,
         **_given(num_envs=FLAGS.num_envs, rollout_length=FLAGS.rollout_length,
@@ -96,10 +103,12 @@ def build_loop():
     }
     if FLAGS.algorithm == "ppo":
         return rl.ActorCriticLoop(
+            model_fn=lambda: rl_models.policy_value_network(**network_arguments),
             gae_lambda=FLAGS.gae_lambda, epochs=FLAGS.ppo_epochs, clip_ratio=FLAGS.clip_ratio,
             value_coefficient=FLAGS.value_coefficient,
             entropy_coefficient=FLAGS.entropy_coefficient, **common)
     return rl.DQNLoop(
+        model_fn=lambda: rl_models.q_network(**network_arguments),
         buffer_capacity=FLAGS.buffer_capacity, learning_starts=FLAGS.learning_starts,
         updates_per_step=FLAGS.updates_per_step, epsilon_start=FLAGS.epsilon_start,
         epsilon_end=FLAGS.epsilon_end, exploration_steps=FLAGS.exploration_steps,

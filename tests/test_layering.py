@@ -1,0 +1,74 @@
+"""The framework stands on its own: no imports of the examples, and its public names."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import loops
+from conftest import ROOT, SUBPROCESS_ENV
+
+EXAMPLE_PACKAGES = {"loops_data", "loops_models"}  # the folders data/ and models/
+FRAMEWORK = os.path.join(ROOT, "loops")
+# The binaries wire the examples into the framework; only they may import them.
+BINARIES = os.path.join(FRAMEWORK, "bin")
+
+
+def framework_modules():
+    """Paths of every module under loops/ but loops/bin/."""
+    for directory, _, names in os.walk(FRAMEWORK):
+        if os.path.commonpath([directory, BINARIES]) == BINARIES:
+            continue
+        yield from (os.path.join(directory, name) for name in sorted(names)
+                    if name.endswith(".py"))
+
+
+def imported_packages(path):
+    """The top-level packages a module imports, by `import`, `from` or importlib.import_module."""
+    tree = ast.parse(open(path).read(), filename=path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            names.add(str(node.args[0].value))
+    return {name.split(".")[0] for name in names}
+
+
+def test_no_framework_module_imports_the_example_packages():
+    paths = list(framework_modules())
+    assert os.path.join(FRAMEWORK, "rl.py") in paths and len(paths) > 20
+    offenders = {os.path.relpath(path, ROOT): sorted(imported_packages(path) & EXAMPLE_PACKAGES)
+                 for path in paths}
+    assert {path: found for path, found in offenders.items() if found} == {}
+    # The scan does see such imports where they belong: the RL binary wires CartPole in.
+    assert imported_packages(os.path.join(BINARIES, "rl.py")) >= EXAMPLE_PACKAGES
+
+
+def test_importing_every_framework_module_loads_no_example_package():
+    modules = sorted("loops." + os.path.relpath(path, FRAMEWORK)[:-3].replace(os.sep, ".")
+                     for path in framework_modules())
+    modules = [name.removesuffix(".__init__") for name in modules]
+    code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(EXAMPLE_PACKAGES)!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=SUBPROCESS_ENV, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_loops_and_the_environment_interface_are_public_names():
+    from loops import environments, gan, rl
+
+    assert loops.GANLoop is gan.GANLoop
+    assert loops.EnvironmentLoop is rl.EnvironmentLoop
+    assert loops.ActorCriticLoop is rl.ActorCriticLoop
+    assert loops.DQNLoop is rl.DQNLoop
+    assert loops.Environment is environments.Environment
+    assert loops.environments is environments
+    names = {"GANLoop", "EnvironmentLoop", "ActorCriticLoop", "DQNLoop", "Environment",
+             "environments"}
+    assert names <= set(loops.__all__) and names <= set(dir(loops))
