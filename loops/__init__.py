@@ -26,6 +26,7 @@ _EXPORTS = {
     "Mean": "loops.outputs",
     "Ratio": "loops.outputs",
     "Sum": "loops.outputs",
+    "Update": "loops.update",
     "NonFiniteError": "loops.errors",
     "DamagedCheckpointError": "loops.errors",
     "mixed_precision": "loops.mixed_precision",

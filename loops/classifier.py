@@ -10,6 +10,7 @@ import tensorflow as tf
 from loops import mixed_precision as mixed_precision_lib
 from loops import outputs, reduction
 from loops.loop import Loop
+from loops.update import Update
 from loops.replica_random import keyed_on
 
 
@@ -103,6 +104,8 @@ class ClassifierLoop(Loop):
         if mixed_precision_lib.needs_loss_scale(self.mixed_precision):
             self.loss_scale = mixed_precision_lib.DynamicLossScale(
                 growth_steps=self.loss_scale_growth_steps)
+        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm,
+                             loss_scale=self.loss_scale)
 
     @property
     def skips_nonfinite(self) -> bool:
@@ -115,47 +118,26 @@ class ClassifierLoop(Loop):
             items["loss_scale"] = self.loss_scale
         return items
 
-    def _replica_gradients(self, inputs, labels):
+    def _replica_loss(self, inputs, labels):
+        """This replica's share of the step's loss (the Update adds regularization)."""
         count = reduction.global_count(tf.shape(labels)[0])
-        variables = self.model.trainable_variables
         # Random layers (StatelessDropout) draw per example, keyed on the step.
-        with tf.GradientTape() as tape, keyed_on(step=self.global_step, global_rows=count):
+        with keyed_on(step=self.global_step, global_rows=count):
             logits = self.model(inputs, training=True)
-            loss = reduction.scale_to_global_batch(self.loss_fn(labels, logits), count)
-            if self.model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
-            # Scaling up keeps small float16 gradients from flushing to zero.
-            target = loss if self.loss_scale is None else self.loss_scale.scale_loss(loss)
-        gradients = tape.gradient(target, variables)
-        if self.loss_scale is not None:
-            gradients = self.loss_scale.unscale(gradients)
-        finite = reduction.all_finite([loss, *gradients])
-        return {"loss": loss, **_correct_and_count(labels, logits)}, gradients, finite
-
-    def _replica_apply(self, gradients):
-        reduction.apply_gradients(self.optimizer, gradients, self.model.trainable_variables,
-                                  clip_norm=self.clip_norm)
+        loss = reduction.scale_to_global_batch(self.loss_fn(labels, logits), count)
+        return loss, _correct_and_count(labels, logits)
 
     def train_step(self, iterator):
         # Read before the update: the rate this step uses (a schedule moves with iterations).
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        inputs, labels = next(iterator)
-        logs, gradients, finite = self.strategy.run(self._replica_gradients, args=(inputs, labels))
-        nonfinite = self.apply_update(finite, self._replica_apply, gradients)
-        sums = reduction.sum_over_replicas(self.strategy, logs)
-        count = sums["num_examples"]
-        step_logs = {"loss": outputs.Mean(sums["loss"], weight=count),
-                     "accuracy": outputs.Mean(tf.math.divide_no_nan(sums["correct"], count),
-                                              weight=count),
-                     "num_examples": outputs.Sum(tf.cast(count, tf.int64)),
-                     "nonfinite": outputs.Sum(tf.cast(nonfinite, tf.int32)),
-                     "learning_rate": outputs.Last(learning_rate)}
-        if self.loss_scale is not None:
-            scale = self.loss_scale.update(skipped=nonfinite, loss=sums["loss"])
-            step_logs.update(loss_scale=outputs.Last(scale["loss_scale"]),
-                             overflow=outputs.Sum(tf.cast(scale["overflow"], tf.int32)),
-                             nonfinite=outputs.Sum(tf.cast(scale["nonfinite"], tf.int32)))
-        return step_logs
+        result = self.update(self._replica_loss, args=next(iterator))
+        count = result.sums["num_examples"]
+        return {"loss": outputs.Mean(result.sums["loss"], weight=count),
+                "accuracy": outputs.Mean(tf.math.divide_no_nan(result.sums["correct"], count),
+                                         weight=count),
+                "num_examples": outputs.Sum(tf.cast(count, tf.int64)),
+                "learning_rate": outputs.Last(learning_rate),
+                **result.outputs}
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from loops import outputs, reduction, target_networks
 from loops.loop import Loop
+from loops.update import Update
 from loops.replica_random import replica_rows, step_seed
 
 GAN_LOSSES = ("non_saturating", "wgan_gp")
@@ -235,6 +236,8 @@ class GANLoop(Loop):
         # Built here, in scope: built lazily inside strategy.run they fail (DESIGN.md fact 1).
         self.generator_optimizer.build(self.generator.trainable_variables)
         self.discriminator_optimizer.build(self.discriminator.trainable_variables)
+        self.discriminator_update = Update(self, self.discriminator_optimizer, self.discriminator)
+        self.generator_update = Update(self, self.generator_optimizer, self.generator)
         self.d_steps = _counter("d_steps")
         self.g_steps = _counter("g_steps")
         self.ema_generator = None
@@ -282,11 +285,12 @@ class GANLoop(Loop):
             "d_loss" (and "gradient_penalty" for wgan_gp) reduced over replicas,
             and "nonfinite": 1.0 when the update was not finite.
         """
-        logs, gradients, finite = self.strategy.run(
-            self._replica_discriminator_gradients, args=(real, step, substep))
-        nonfinite = self.apply_update(finite, self._replica_apply_discriminator, gradients)
-        self.d_steps.assign_add(1 - tf.cast(nonfinite, tf.int64))
-        return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": nonfinite}
+        result = self.discriminator_update(self._replica_discriminator_loss,
+                                           args=(real, step, substep))
+        self.d_steps.assign_add(1 - tf.cast(result.nonfinite, tf.int64))
+        return {"d_loss": result.sums["loss"],
+                **{name: value for name, value in result.sums.items() if name != "loss"},
+                "nonfinite": result.nonfinite}
 
     def generator_step(self, real, step: tf.Tensor) -> dict[str, tf.Tensor]:
         """One generator update with as many fakes as `real` holds per replica, then the EMA.
@@ -296,14 +300,12 @@ class GANLoop(Loop):
         Returns:
             "g_loss" reduced over replicas, and "nonfinite": 1.0 when not finite.
         """
-        logs, gradients, finite = self.strategy.run(
-            self._replica_generator_gradients, args=(real, step))
-        nonfinite = self.apply_update(finite, self._replica_apply_generator, gradients)
-        self.g_steps.assign_add(1 - tf.cast(nonfinite, tf.int64))
+        result = self.generator_update(self._replica_generator_loss, args=(real, step))
+        self.g_steps.assign_add(1 - tf.cast(result.nonfinite, tf.int64))
         if self.generator_average is not None:
             # Cross-replica context: every replica's copy gets the same average.
             self.generator_average.update()
-        return {**reduction.sum_over_replicas(self.strategy, logs), "nonfinite": nonfinite}
+        return {"g_loss": result.sums["loss"], "nonfinite": result.nonfinite}
 
     @property
     def sample_generator(self) -> keras.Model:
@@ -349,53 +351,37 @@ class GANLoop(Loop):
         scores = tf.cast(model(inputs, training=True), tf.float32)
         return tf.reshape(scores, [-1])
 
-    def _replica_discriminator_gradients(self, real, step, substep):
+    def _replica_discriminator_loss(self, real, step, substep):
         real = tf.cast(real, tf.float32)
         local_rows = tf.shape(real)[0]
         count = reduction.global_count(local_rows)
         fake = self.generator(self._replica_noise(step, substep, local_rows, count), training=True)
-        variables = self.discriminator.trainable_variables
         logs = {}
-        with tf.GradientTape() as tape:
-            real_scores = self._scores(self.discriminator, real)
-            fake_scores = self._scores(self.discriminator, fake)
-            if self.gan_loss == "wgan_gp":
-                alpha = replica_rows(tf.random.stateless_uniform,
-                                     step_seed(self.seed, step, substep, _ALPHA_STREAM),
-                                     local_rows=local_rows, global_rows=count, row_shape=())
-                penalty = gradient_penalty(
-                    lambda inputs: self._scores(self.discriminator, inputs), real, fake, alpha)
-                per_example = (wasserstein_critic_loss(real_scores, fake_scores)
-                               + self.gp_weight * penalty)
-                logs["gradient_penalty"] = reduction.scale_to_global_batch(penalty, count)
-            else:
-                per_example = non_saturating_discriminator_loss(real_scores, fake_scores)
-            loss = reduction.scale_to_global_batch(per_example, count)
-        gradients = tape.gradient(loss, variables)
-        return {"d_loss": loss, **logs}, gradients, reduction.all_finite([loss, *gradients])
+        real_scores = self._scores(self.discriminator, real)
+        fake_scores = self._scores(self.discriminator, fake)
+        if self.gan_loss == "wgan_gp":
+            alpha = replica_rows(tf.random.stateless_uniform,
+                                 step_seed(self.seed, step, substep, _ALPHA_STREAM),
+                                 local_rows=local_rows, global_rows=count, row_shape=())
+            penalty = gradient_penalty(
+                lambda inputs: self._scores(self.discriminator, inputs), real, fake, alpha)
+            per_example = (wasserstein_critic_loss(real_scores, fake_scores)
+                           + self.gp_weight * penalty)
+            logs["gradient_penalty"] = reduction.scale_to_global_batch(penalty, count)
+        else:
+            per_example = non_saturating_discriminator_loss(real_scores, fake_scores)
+        return reduction.scale_to_global_batch(per_example, count), logs
 
-    def _replica_apply_discriminator(self, gradients):
-        reduction.apply_gradients(self.discriminator_optimizer, gradients,
-                                  self.discriminator.trainable_variables)
-
-    def _replica_generator_gradients(self, real, step):
+    def _replica_generator_loss(self, real, step):
         local_rows = tf.shape(real)[0]
         count = reduction.global_count(local_rows)
         noise = self._replica_noise(step, self.n_critic, local_rows, count)
-        variables = self.generator.trainable_variables
-        with tf.GradientTape() as tape:
-            fake_scores = self._scores(self.discriminator, self.generator(noise, training=True))
-            if self.gan_loss == "wgan_gp":
-                per_example = wasserstein_generator_loss(fake_scores)
-            else:
-                per_example = non_saturating_generator_loss(fake_scores)
-            loss = reduction.scale_to_global_batch(per_example, count)
-        gradients = tape.gradient(loss, variables)
-        return {"g_loss": loss}, gradients, reduction.all_finite([loss, *gradients])
-
-    def _replica_apply_generator(self, gradients):
-        reduction.apply_gradients(self.generator_optimizer, gradients,
-                                  self.generator.trainable_variables)
+        fake_scores = self._scores(self.discriminator, self.generator(noise, training=True))
+        if self.gan_loss == "wgan_gp":
+            per_example = wasserstein_generator_loss(fake_scores)
+        else:
+            per_example = non_saturating_generator_loss(fake_scores)
+        return reduction.scale_to_global_batch(per_example, count), {}
 
     def _write_grid(self, samples: np.ndarray, prefix: str) -> None:
         grid = image_grid(samples, *self.sample_grid)

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from loops import environments, outputs, reduction, target_networks
 from loops.loop import Loop
+from loops.update import Update
 
 RETURN_WINDOW = 100  # mean_return_100 averages the returns of this many latest episodes
 DEFAULT_TARGET_UPDATE_EVERY = 50  # DQN's target copy period when no target update is chosen
@@ -395,6 +396,7 @@ class ActorCriticLoop(EnvironmentLoop):
         self.optimizer = self.optimizer_fn()
         # Built here, in scope: built lazily inside strategy.run it fails (DESIGN.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
+        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
 
     def checkpoint_items(self):
         return {**super().checkpoint_items(), "model": self.model, "optimizer": self.optimizer}
@@ -432,7 +434,7 @@ class ActorCriticLoop(EnvironmentLoop):
                    for name, value in samples.items()}
         return {**rollout, "samples": samples}
 
-    def _replica_update(self, samples, update):
+    def _replica_loss(self, samples, update):
         epoch = update // self.minibatches
         order = tf.random.experimental.stateless_shuffle(
             tf.range(self.num_envs * self.rollout_length),
@@ -446,38 +448,35 @@ class ActorCriticLoop(EnvironmentLoop):
         local = tf.boolean_mask(local, (local >= 0) & (local < held))
         batch = {name: tf.gather(value, local) for name, value in samples.items()}
         count = tf.constant(float(self.global_batch_size))
-        variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            logits, values = self.model(batch["observation"], training=True)
-            log_probabilities = tf.nn.log_softmax(logits)
-            log_probability = tf.gather(log_probabilities, batch["action"], batch_dims=1)
-            ratio = tf.exp(log_probability - batch["log_probability"])
-            advantage = batch["advantage"]
-            surrogate = tf.minimum(
-                ratio * advantage,
-                tf.clip_by_value(ratio, 1.0 - self.clip_ratio, 1.0 + self.clip_ratio) * advantage)
-            policy_loss = reduction.scale_to_global_batch(-surrogate, count)
-            value_loss = reduction.scale_to_global_batch(
-                0.5 * tf.square(values - batch["return"]), count)
-            entropy = reduction.scale_to_global_batch(
-                -tf.reduce_sum(tf.exp(log_probabilities) * log_probabilities, axis=-1), count)
-            loss = (policy_loss + self.value_coefficient * value_loss
-                    - self.entropy_coefficient * entropy)
-        gradients = tape.gradient(loss, variables)
-        reduction.apply_gradients(self.optimizer, gradients, variables, clip_norm=self.clip_norm)
-        return {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
+        logits, values = self.model(batch["observation"], training=True)
+        log_probabilities = tf.nn.log_softmax(logits)
+        log_probability = tf.gather(log_probabilities, batch["action"], batch_dims=1)
+        ratio = tf.exp(log_probability - batch["log_probability"])
+        advantage = batch["advantage"]
+        surrogate = tf.minimum(
+            ratio * advantage,
+            tf.clip_by_value(ratio, 1.0 - self.clip_ratio, 1.0 + self.clip_ratio) * advantage)
+        policy_loss = reduction.scale_to_global_batch(-surrogate, count)
+        value_loss = reduction.scale_to_global_batch(
+            0.5 * tf.square(values - batch["return"]), count)
+        entropy = reduction.scale_to_global_batch(
+            -tf.reduce_sum(tf.exp(log_probabilities) * log_probabilities, axis=-1), count)
+        loss = (policy_loss + self.value_coefficient * value_loss
+                - self.entropy_coefficient * entropy)
+        return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
 
     def train_step(self, iterator):
         collected = self.strategy.run(self._replica_collect)
         statistics = self.record_rollout(collected)
         updates = self.epochs * self.minibatches
         totals = {name: tf.constant(0.0) for name in ("policy_loss", "value_loss", "entropy")}
+        nonfinite = tf.constant(0.0)
         for update in tf.range(updates):
-            losses = reduction.sum_over_replicas(self.strategy, self.strategy.run(
-                self._replica_update, args=(collected["samples"], update)))
-            totals = {name: totals[name] + losses[name] for name in totals}
+            result = self.update(self._replica_loss, args=(collected["samples"], update))
+            totals = {name: totals[name] + result.sums[name] for name in totals}
+            nonfinite = tf.maximum(nonfinite, result.nonfinite)
         return {**{name: outputs.Mean(value / updates) for name, value in totals.items()},
-                **statistics}
+                outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32)), **statistics}
 
 
 class DQNLoop(EnvironmentLoop):
@@ -613,6 +612,7 @@ class DQNLoop(EnvironmentLoop):
         target_networks.copy(self.target, self.model)
         self.optimizer = self.optimizer_fn()
         self.optimizer.build(self.model.trainable_variables)
+        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
         capacity, size = self.buffer_capacity, self.environment.observation_size
         self.replay = _StateVariables(name="replay_buffer")
         self.replay_columns = {
@@ -658,7 +658,7 @@ class DQNLoop(EnvironmentLoop):
         self.replay_size.assign(tf.minimum(tf.convert_to_tensor(self.replay_size) + count,
                                            self.buffer_capacity))
 
-    def _replica_update(self, update):
+    def _replica_loss(self, update):
         indices = tf.random.stateless_uniform(
             [self.global_batch_size], self._seed(Noise.REPLAY, self.global_step, update),
             minval=0, maxval=tf.convert_to_tensor(self.replay_size), dtype=tf.int64)
@@ -673,18 +673,14 @@ class DQNLoop(EnvironmentLoop):
         next_value = tf.gather(self.target(batch["final_observation"]), next_action, batch_dims=1)
         target = tf.stop_gradient(
             batch["reward"] + self.gamma * (1.0 - batch["terminated"]) * next_value)
-        variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            q_values = tf.gather(self.model(batch["observation"], training=True),
-                                 batch["action"], batch_dims=1)
-            error = q_values - target
-            # Huber loss with delta 1.
-            per_sample = tf.where(tf.abs(error) < 1.0, 0.5 * tf.square(error), tf.abs(error) - 0.5)
-            loss = reduction.scale_to_global_batch(per_sample, float(self.global_batch_size))
-        gradients = tape.gradient(loss, variables)
-        reduction.apply_gradients(self.optimizer, gradients, variables, clip_norm=self.clip_norm)
-        return {"loss": loss,
-                "q_value": reduction.scale_to_global_batch(q_values, float(self.global_batch_size))}
+        q_values = tf.gather(self.model(batch["observation"], training=True),
+                             batch["action"], batch_dims=1)
+        error = q_values - target
+        # Huber loss with delta 1.
+        per_sample = tf.where(tf.abs(error) < 1.0, 0.5 * tf.square(error), tf.abs(error) - 0.5)
+        loss = reduction.scale_to_global_batch(per_sample, float(self.global_batch_size))
+        return loss, {
+            "q_value": reduction.scale_to_global_batch(q_values, float(self.global_batch_size))}
 
     def train_step(self, iterator):
         rollout = self.strategy.run(lambda: self.rollout(self._act))
@@ -695,10 +691,11 @@ class DQNLoop(EnvironmentLoop):
         ready = tf.convert_to_tensor(self.replay_size) >= self.learning_starts
         updates = tf.where(ready, self.updates_per_step, 0)
         totals = {name: tf.constant(0.0) for name in ("loss", "q_value")}
+        nonfinite = tf.constant(0.0)
         for update in tf.range(updates):
-            values = reduction.sum_over_replicas(
-                self.strategy, self.strategy.run(self._replica_update, args=(update,)))
-            totals = {name: totals[name] + values[name] for name in totals}
+            result = self.update(self._replica_loss, args=(update,))
+            totals = {name: totals[name] + result.sums[name] for name in totals}
+            nonfinite = tf.maximum(nonfinite, result.nonfinite)
         if self.target_tau is None:
             target_networks.copy_every(self.target, self.model, step=self.global_step + 1,
                                        every=self.target_update_every)
@@ -706,7 +703,8 @@ class DQNLoop(EnvironmentLoop):
             target_networks.soft_update(self.target, self.model, tau=self.target_tau)
         done = tf.cast(tf.maximum(updates, 1), tf.float32)
         return {**{name: outputs.Mean(value / done) for name, value in totals.items()},
-                "epsilon": outputs.Last(self.epsilon()), **statistics}
+                "epsilon": outputs.Last(self.epsilon()),
+                outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32)), **statistics}
 
 
 def _env_major(value: tf.Tensor) -> tf.Tensor:
