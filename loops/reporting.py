@@ -24,7 +24,7 @@ class Progress:
     """Writes one line per inner loop: step, metrics, steps/s and ETA."""
 
     def __init__(self, stream: TextIO | None = None):
-        self._stream = stream or sys.stdout
+        self.stream = stream or sys.stdout  # where the lines go (a StringIO in tests)
 
     def train(self, step: int, total: int, metrics: Mapping[str, float],
               steps_per_second: float) -> None:
@@ -39,7 +39,7 @@ class Progress:
         self.line(f"eval at step {step} | {format_metrics(metrics)}")
 
     def line(self, text: str) -> None:
-        print(text, file=self._stream, flush=True)
+        print(text, file=self.stream, flush=True)
 
 
 class Summaries:

@@ -49,7 +49,7 @@ def scripted(model_dir=None, *, actions=(), eval_every=2, steps_per_loop=2, **kw
 
 
 def lines(loop):
-    return loop.progress._stream.getvalue().splitlines()
+    return loop.progress.stream.getvalue().splitlines()
 
 
 # ---- Early stopping. ----

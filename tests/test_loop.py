@@ -74,7 +74,7 @@ def test_checkpoint_cadence_and_results_file(tmp_path):
     assert 0.0 <= results["eval"]["accuracy"] <= 1.0
     assert results["train"]["loss"] > 0
     assert results["steps_per_second"] > 0
-    lines = loop.progress._stream.getvalue().splitlines()
+    lines = loop.progress.stream.getvalue().splitlines()
     assert [line.split(" |")[0] for line in lines] == [
         "step 2/5", "step 3/5", "eval at step 3", "step 4/5", "step 5/5", "eval at step 5"]
 
