@@ -97,7 +97,8 @@ def compute_bound(setup: Setup):
         # that the train step does.
         total = tf.constant(0.0)
         for _ in tf.range(steps):
-            total += tf.add_n([tf.cast(v, tf.float32) for v in loop.train_step(FixedBatch()).values()])
+            outputs = tf.nest.flatten(loop.train_step(FixedBatch()))  # typed outputs' tensors
+            total += tf.add_n([tf.cast(value, tf.float32) for value in outputs])
         return total
 
     def run(steps):
