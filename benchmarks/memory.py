@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
-    import loops_data as data
     import loops
+    import loops_data as data
     import loops_models as models
 
     strategy = loops.testing.replica_strategy(args.replicas)

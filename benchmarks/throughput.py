@@ -61,8 +61,8 @@ class Setup:
     """One (model, replica count) configuration, shared by every mode."""
 
     def __init__(self, model_name: str, replicas: int, args):
-        import loops_data as data
         import loops
+        import loops_data as data
         import loops_models as models
 
         self.args = args
@@ -76,8 +76,9 @@ class Setup:
 
 def compute_bound(setup: Setup):
     import keras
-    import loops
     import tensorflow as tf
+
+    import loops
 
     loop = loops.ClassifierLoop(strategy=setup.strategy, model_fn=setup.model_fn,
                                 optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
@@ -108,6 +109,7 @@ def compute_bound(setup: Setup):
 
 def loops_mode(setup: Setup):
     import keras
+
     import loops
 
     loop = loops.ClassifierLoop(strategy=setup.strategy, model_fn=setup.model_fn,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 

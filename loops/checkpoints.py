@@ -6,7 +6,7 @@ import glob
 import os
 import re
 import shutil
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import keras
 import tensorflow as tf

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
@@ -10,8 +10,8 @@ import tensorflow as tf
 from loops import mixed_precision as mixed_precision_lib
 from loops import outputs, reduction
 from loops.loop import Loop
-from loops.update import Update
 from loops.replica_random import keyed_on
+from loops.update import Update
 
 
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:

@@ -15,7 +15,8 @@ framework targets, and a user with sharded files can pass their own
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Union
 
 import tensorflow as tf
 

@@ -11,7 +11,8 @@ still finite. They differ only in where and how the steps run.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf

@@ -6,7 +6,7 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf

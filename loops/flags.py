@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 import tempfile
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from absl import app, flags
 

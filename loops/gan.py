@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import keras
 import numpy as np
@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from loops import outputs, reduction, target_networks
 from loops.loop import Loop
-from loops.update import Update
 from loops.replica_random import replica_rows, step_seed
+from loops.update import Update
 
 GAN_LOSSES = ("non_saturating", "wgan_gp")
 

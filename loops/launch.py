@@ -44,7 +44,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from loops import exit_codes
 

@@ -5,13 +5,22 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from loops import (distributed_input, executors, model_dir_lock, outputs, parameter_server,
-                   reduction, reporting, strategies)
+from loops import (
+    distributed_input,
+    executors,
+    model_dir_lock,
+    outputs,
+    parameter_server,
+    reduction,
+    reporting,
+    strategies,
+)
 from loops.actions import Action, watched_metrics
 from loops.checkpoints import Checkpointer, FinitenessCheck, describe_names
 from loops.errors import NonFiniteError

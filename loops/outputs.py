@@ -18,7 +18,8 @@ set) do not count in a `Mean` or `Ratio` of an inner loop.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf

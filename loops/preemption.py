@@ -27,7 +27,7 @@ class PreemptionWatcher:
         self._multi_worker = (strategies.num_workers(strategy) > 1
                               and strategies.strategy_name(strategy) != "parameter_server")
 
-    def __enter__(self) -> "PreemptionWatcher":
+    def __enter__(self) -> PreemptionWatcher:
         # Signal handlers can only be installed from the main thread.
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._note)

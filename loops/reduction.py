@@ -11,7 +11,7 @@ local_count * num_replicas, which differs per replica (DESIGN.md fact 3).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import tensorflow as tf
 

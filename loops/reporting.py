@@ -10,7 +10,8 @@ import platform
 import shutil
 import sys
 import tempfile
-from typing import Mapping, TextIO
+from collections.abc import Mapping
+from typing import TextIO
 
 import numpy as np
 import tensorflow as tf

@@ -26,7 +26,7 @@ How 1 and N replicas give the same numbers:
 from __future__ import annotations
 
 import enum
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import keras
 import tensorflow as tf

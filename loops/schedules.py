@@ -7,7 +7,7 @@ the schedule where it stopped.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf

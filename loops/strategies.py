@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import tensorflow as tf
 

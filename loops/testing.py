@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import keras
 import numpy as np

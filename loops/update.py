@@ -11,7 +11,8 @@ gradient, and applying (or leaving out) the update as the loop's
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf

@@ -8,7 +8,7 @@ average is a plain average of its weights.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import keras
 

@@ -4,9 +4,9 @@ import glob
 import os
 
 import keras
-import tensorflow as tf
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import loops
 from conftest import tiny_batches

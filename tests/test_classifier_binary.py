@@ -11,9 +11,8 @@ import tensorflow as tf
 from absl import app, flags
 from absl.testing import flagsaver
 
-from loops.bin import classifier as binary
 from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module
-
+from loops.bin import classifier as binary
 
 
 def run_cli(*argv):

@@ -236,5 +236,7 @@ def test_an_export_dir_without_a_saved_model_is_refused_before_training(tmp_path
 
 def test_an_export_dir_holding_an_earlier_export_passes_the_check(tmp_path):
     (tmp_path / "saved_model.pb").write_bytes(b"")
-    with flagsaver.flagsaver(export_dir=str(tmp_path)):
+    with flagsaver.flagsaver():
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(["loops-classifier", f"--export_dir={tmp_path}"])  # parsed in this test alone
         loop_flags.check_export_dir()

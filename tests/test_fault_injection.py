@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, SUBPROCESS_ENV as ENV, checkpoint_weights, read_results
+from conftest import ROOT, checkpoint_weights, read_results
+from conftest import SUBPROCESS_ENV as ENV
 from loops import exit_codes
 
 FLAGS = ["--train_steps=8", "--steps_per_loop=2", "--eval_every=4", "--num_replicas=2",

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import ROOT, checkpoint_weights, read_results
+from conftest import SUBPROCESS_ENV as ENV
 from loops import exit_codes
-from conftest import ROOT, SUBPROCESS_ENV as ENV, checkpoint_weights, read_results
 
 
 def classifier(model_dir, digits_dir, *extra):

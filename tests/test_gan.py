@@ -9,11 +9,10 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops_data.ring import Ring
-from loops import gan, target_networks
-from loops_models import gan as gan_models
 from conftest import read_results, run_module
-
+from loops import gan, target_networks
+from loops_data.ring import Ring
+from loops_models import gan as gan_models
 
 
 def ring_points(count, seed=3):

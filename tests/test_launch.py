@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import ROOT, checkpoint_weights
+from conftest import read_results as results
 from loops import exit_codes, launch
-from conftest import ROOT, checkpoint_weights, read_results as results
 from loops.testing import relative_error
 
 ENV = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from absl import flags
+from test_classifier_binary import run_in_process
 
 import loops
 import loops_models as models
 from conftest import read_results, run_module, tiny_batches
 from loops.export import export_classifier
 from loops.mixed_precision import DynamicLossScale
-from test_classifier_binary import run_in_process
 
 INITIAL_SCALE = 2.0 ** 15
 

@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops import outputs, reporting
 from conftest import read_results
+from loops import outputs, reporting
 
 # Per-step values of an inner loop of 3 steps; the second step's update was left out.
 VALUES = np.array([1.0, 100.0, 4.0], np.float32)

@@ -6,11 +6,11 @@ import re
 import sys
 
 import pytest
+from test_launch import Run, launch_in_process
 
 import loops
-from loops import launch, parameter_server, strategies
 from conftest import read_results as results
-from test_launch import Run, launch_in_process
+from loops import launch, parameter_server, strategies
 
 TRAIN_STEPS = 300
 MORE_STEPS = 360

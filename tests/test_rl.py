@@ -8,12 +8,10 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops_data import cartpole
-from loops import rl, target_networks
-from loops_models import rl as rl_models
 from conftest import read_results, run_module
-
-
+from loops import rl, target_networks
+from loops_data import cartpole
+from loops_models import rl as rl_models
 
 # ---- The environment. ----
 

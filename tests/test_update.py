@@ -4,12 +4,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_environments import TwoArmedBandit, policy_value_network, q_network
 
 import loops
 from loops import gan, rl
 from loops_data.ring import Ring
 from loops_models import gan as gan_models
-from test_environments import TwoArmedBandit, policy_value_network, q_network
 
 BAD_STEP = 2  # the global step's value while the poisoned step runs: "Step 3" to the user
 

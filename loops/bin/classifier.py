@@ -62,9 +62,9 @@ def make_optimizer(name: str, learning_rate):
 def build_loop():
     """The ClassifierLoop the flags describe; ValueError for a bad combination."""
     import loops
-    from loops import schedules
     import loops_data as data
     import loops_models as models
+    from loops import schedules
 
     learning_rate = schedules.make_schedule(
         FLAGS.lr_schedule, learning_rate=FLAGS.learning_rate, total_steps=FLAGS.train_steps,
