@@ -48,29 +48,46 @@ def main(argv=None) -> int:
         def train(self, step, total, metrics, steps_per_second):
             samples[step] = resident_bytes()
 
-    batches = lambda split, seed, repeat: lambda: data.global_batches(  # noqa: E731
-        "digits", split, global_batch_size=64, shuffle_seed=seed, repeat=repeat)
+    def batches(split, seed, repeat):
+        return lambda: data.global_batches(
+            "digits", split, global_batch_size=64, shuffle_seed=seed, repeat=repeat
+        )
+
     with tempfile.TemporaryDirectory() as model_dir:
         loop = loops.ClassifierLoop(
             strategy=strategy,
             model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
             optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
-            train_data=batches("train", 0, True), eval_data=batches("test", None, False),
-            steps_per_loop=args.steps_per_loop, checkpoint_every=args.checkpoint_every,
-            eval_every=args.checkpoint_every, model_dir=model_dir, progress=Sampling())
+            train_data=batches("train", 0, True),
+            eval_data=batches("test", None, False),
+            steps_per_loop=args.steps_per_loop,
+            checkpoint_every=args.checkpoint_every,
+            eval_every=args.checkpoint_every,
+            model_dir=model_dir,
+            progress=Sampling(),
+        )
         loop.train(args.steps)
-        traces = {"train": loop.executor.train_function.experimental_get_tracing_count(),
-                  "eval": loop.executor.eval_function.experimental_get_tracing_count()}
+        traces = {
+            "train": loop.executor.train_function.experimental_get_tracing_count(),
+            "eval": loop.executor.eval_function.experimental_get_tracing_count(),
+        }
         loop.close()
     baseline = samples[min(s for s in samples if s >= args.baseline_step)]
     final = samples[max(samples)]
-    report = {"steps": args.steps, "replicas": args.replicas,
-              "rss_mib_at_baseline": baseline / 2**20, "rss_mib_at_end": final / 2**20,
-              "growth": final / baseline - 1.0, "traces": traces,
-              "samples_mib": {step: rss / 2**20 for step, rss in sorted(samples.items())}}
-    print(f"resident memory: {baseline / 2**20:.1f} MiB at step {args.baseline_step}, "
-          f"{final / 2**20:.1f} MiB at step {max(samples)}: growth {report['growth']:+.2%}; "
-          f"traces: train {traces['train']}, eval {traces['eval']}")
+    report = {
+        "steps": args.steps,
+        "replicas": args.replicas,
+        "rss_mib_at_baseline": baseline / 2**20,
+        "rss_mib_at_end": final / 2**20,
+        "growth": final / baseline - 1.0,
+        "traces": traces,
+        "samples_mib": {step: rss / 2**20 for step, rss in sorted(samples.items())},
+    }
+    print(
+        f"resident memory: {baseline / 2**20:.1f} MiB at step {args.baseline_step}, "
+        f"{final / 2**20:.1f} MiB at step {max(samples)}: growth {report['growth']:+.2%}; "
+        f"traces: train {traces['train']}, eval {traces['eval']}"
+    )
     loops.reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return 0

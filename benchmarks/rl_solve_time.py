@@ -16,11 +16,13 @@ import time
 
 from absl import app, flags
 
-flags.DEFINE_list("replica_counts", ["1", "2"],
-                  "Replica counts to time: 1 runs on the default strategy, more on a "
-                  "MirroredStrategy over that many logical CPUs.")
-flags.DEFINE_integer("max_train_steps", 1000, "Give up after this many train steps.",
-                     lower_bound=1)
+flags.DEFINE_list(
+    "replica_counts",
+    ["1", "2"],
+    "Replica counts to time: 1 runs on the default strategy, more on a "
+    "MirroredStrategy over that many logical CPUs.",
+)
+flags.DEFINE_integer("max_train_steps", 1000, "Give up after this many train steps.", lower_bound=1)
 flags.DEFINE_integer("seed", 0, "Seed of the loops.")
 flags.DEFINE_string("output", None, "Also write the results as JSON to this path.")
 
@@ -37,24 +39,34 @@ def time_to_solve(num_replicas: int, *, max_train_steps: int, seed: int) -> dict
 
     started = time.perf_counter()
     environment = cartpole.CartPole()
-    loop = rl.ActorCriticLoop(strategy=loops.testing.replica_strategy(num_replicas),
-                              environment=environment,
-                              model_fn=lambda: rl_models.policy_value_network(
-                                  observation_size=environment.observation_size,
-                                  num_actions=environment.num_actions, seed=seed),
-                              steps_per_loop=10, seed=seed,
-                              progress=loops.testing.quiet_progress())
+    loop = rl.ActorCriticLoop(
+        strategy=loops.testing.replica_strategy(num_replicas),
+        environment=environment,
+        model_fn=lambda: rl_models.policy_value_network(
+            observation_size=environment.observation_size,
+            num_actions=environment.num_actions,
+            seed=seed,
+        ),
+        steps_per_loop=10,
+        seed=seed,
+        progress=loops.testing.quiet_progress(),
+    )
     mean_return = 0.0
     while loop.step < max_train_steps and mean_return < SOLVED_RETURN:
         loop.train(min(loop.step + loop.steps_per_loop, max_train_steps))
         mean_return = float(loop.mean_return().numpy())
     seconds = time.perf_counter() - started
     results = loop.results_extra()
-    return {"num_replicas": num_replicas, "solved": mean_return >= SOLVED_RETURN,
-            "seconds": round(seconds, 1), "train_steps": loop.step,
-            "env_steps": results["env_steps"], "episodes": results["episodes"],
-            "mean_return_100": round(mean_return, 1),
-            "env_steps_per_second": round(results["env_steps"] / seconds)}
+    return {
+        "num_replicas": num_replicas,
+        "solved": mean_return >= SOLVED_RETURN,
+        "seconds": round(seconds, 1),
+        "train_steps": loop.step,
+        "env_steps": results["env_steps"],
+        "episodes": results["episodes"],
+        "mean_return_100": round(mean_return, 1),
+        "env_steps_per_second": round(results["env_steps"] / seconds),
+    }
 
 
 def main(argv):
@@ -68,14 +80,20 @@ def main(argv):
 
     # Split the CPU once, before any TensorFlow op, for the largest count.
     loops.configure_logical_cpus(max(counts))
-    rows = [time_to_solve(count, max_train_steps=FLAGS.max_train_steps, seed=FLAGS.seed)
-            for count in counts]
-    print("replicas | solved | seconds | train steps | env steps | episodes | mean return "
-          "| env steps/s (incl. tracing)")
+    rows = [
+        time_to_solve(count, max_train_steps=FLAGS.max_train_steps, seed=FLAGS.seed)
+        for count in counts
+    ]
+    print(
+        "replicas | solved | seconds | train steps | env steps | episodes | mean return "
+        "| env steps/s (incl. tracing)"
+    )
     for row in rows:
-        print(f"{row['num_replicas']:8} | {str(row['solved']):6} | {row['seconds']:7} | "
-              f"{row['train_steps']:11} | {row['env_steps']:9} | {row['episodes']:8} | "
-              f"{row['mean_return_100']:11} | {row['env_steps_per_second']}")
+        print(
+            f"{row['num_replicas']:8} | {str(row['solved']):6} | {row['seconds']:7} | "
+            f"{row['train_steps']:11} | {row['env_steps']:9} | {row['episodes']:8} | "
+            f"{row['mean_return_100']:11} | {row['env_steps_per_second']}"
+        )
     if FLAGS.output:
         with open(FLAGS.output, "w") as stream:
             json.dump(rows, stream, indent=2)

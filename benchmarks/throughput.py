@@ -33,15 +33,25 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
     parser.add_argument("--replicas", default="1,2", help="comma-separated replica counts")
-    parser.add_argument("--steps", type=int, default=300,
-                        help="timed steps per mode per round, at least (see --min_seconds)")
-    parser.add_argument("--min_seconds", type=float, default=2.0,
-                        help="raise the steps per round so the compute bound takes about this "
-                             "long: short timings of fast models are mostly noise")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        help="timed steps per mode per round, at least (see --min_seconds)",
+    )
+    parser.add_argument(
+        "--min_seconds",
+        type=float,
+        default=2.0,
+        help="raise the steps per round so the compute bound takes about this "
+        "long: short timings of fast models are mostly noise",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
     parser.add_argument("--global_batch_size", type=int, default=64)
     parser.add_argument("--steps_per_loop", type=int, default=50)
-    parser.add_argument("--output", default=os.path.join("benchmarks", "results", "throughput.json"))
+    parser.add_argument(
+        "--output", default=os.path.join("benchmarks", "results", "throughput.json")
+    )
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.replicas = [int(r) for r in args.replicas.split(",") if r]
@@ -69,9 +79,11 @@ class Setup:
         self.strategy = loops.testing.replica_strategy(replicas)
         self.batch = args.global_batch_size
         self.model_fn = lambda: models.build_classifier(
-            model_name, input_shape=(8, 8, 1), num_classes=10, seed=0)
-        self.data_fn = lambda: data.global_batches("digits", "train", global_batch_size=self.batch,
-                                                   shuffle_seed=0, repeat=True)
+            model_name, input_shape=(8, 8, 1), num_classes=10, seed=0
+        )
+        self.data_fn = lambda: data.global_batches(
+            "digits", "train", global_batch_size=self.batch, shuffle_seed=0, repeat=True
+        )
 
 
 def compute_bound(setup: Setup):
@@ -80,9 +92,13 @@ def compute_bound(setup: Setup):
 
     import loops
 
-    loop = loops.ClassifierLoop(strategy=setup.strategy, model_fn=setup.model_fn,
-                                optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
-                                train_data=setup.data_fn, progress=loops.testing.quiet_progress())
+    loop = loops.ClassifierLoop(
+        strategy=setup.strategy,
+        model_fn=setup.model_fn,
+        optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+        train_data=setup.data_fn,
+        progress=loops.testing.quiet_progress(),
+    )
     batch = next(iter(loops.distribute(setup.strategy, setup.data_fn, repeat=True)))
 
     class FixedBatch:
@@ -104,6 +120,7 @@ def compute_bound(setup: Setup):
 
     def run(steps):
         repeat(tf.constant(steps)).numpy()
+
     return run
 
 
@@ -112,10 +129,14 @@ def loops_mode(setup: Setup):
 
     import loops
 
-    loop = loops.ClassifierLoop(strategy=setup.strategy, model_fn=setup.model_fn,
-                                optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
-                                train_data=setup.data_fn, steps_per_loop=setup.args.steps_per_loop,
-                                progress=loops.testing.quiet_progress())
+    loop = loops.ClassifierLoop(
+        strategy=setup.strategy,
+        model_fn=setup.model_fn,
+        optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+        train_data=setup.data_fn,
+        steps_per_loop=setup.args.steps_per_loop,
+        progress=loops.testing.quiet_progress(),
+    )
     return lambda steps: loop.train(loop.step + steps)
 
 
@@ -124,9 +145,12 @@ def keras_fit(setup: Setup, steps_per_execution: int):
 
     with setup.strategy.scope():
         model = setup.model_fn()
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=steps_per_execution)
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            steps_per_execution=steps_per_execution,
+        )
     dataset = setup.data_fn()
     return lambda steps: model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
 
@@ -160,6 +184,7 @@ def tutorial(setup: Setup):
         for _ in range(steps):
             loss = step(next(iterator))
         float(loss)
+
     return run
 
 
@@ -207,13 +232,18 @@ def measure(args) -> list[dict]:
                     started = time.perf_counter()
                     runners[name](steps)
                     samples[name].append(steps / (time.perf_counter() - started))
-            bound = statistics.median(samples["compute_bound"]) if "compute_bound" in samples else None
+            bound = (
+                statistics.median(samples["compute_bound"]) if "compute_bound" in samples else None
+            )
             for name in MODES:
                 row = {"model": model_name, "replicas": replicas, "mode": name, "steps": steps}
                 if name in samples:
                     rate = statistics.median(samples[name])
-                    row.update(steps_per_second=rate, ratio_to_bound=rate / bound if bound else None,
-                               samples=samples[name])
+                    row.update(
+                        steps_per_second=rate,
+                        ratio_to_bound=rate / bound if bound else None,
+                        samples=samples[name],
+                    )
                 else:
                     row["error"] = runners[name]
                 rows.append(row)
@@ -222,16 +252,21 @@ def measure(args) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     lines = [f"{'model':6} {'replicas':>8} {'mode':14} {'steps/s':>10} {'x bound':>8} {'x fit':>7}"]
-    fit = {(r["model"], r["replicas"]): r.get("steps_per_second") for r in rows
-           if r["mode"] == "keras_fit"}
+    fit = {
+        (r["model"], r["replicas"]): r.get("steps_per_second")
+        for r in rows
+        if r["mode"] == "keras_fit"
+    }
     for row in rows:
         if "error" in row:
             lines.append(f"{row['model']:6} {row['replicas']:>8} {row['mode']:14} {row['error']}")
             continue
         base = fit.get((row["model"], row["replicas"]))
         versus_fit = f"{row['steps_per_second'] / base:7.2f}" if base else f"{'-':>7}"
-        lines.append(f"{row['model']:6} {row['replicas']:>8} {row['mode']:14} "
-                     f"{row['steps_per_second']:10.1f} {row['ratio_to_bound']:8.2f} {versus_fit}")
+        lines.append(
+            f"{row['model']:6} {row['replicas']:>8} {row['mode']:14} "
+            f"{row['steps_per_second']:10.1f} {row['ratio_to_bound']:8.2f} {versus_fit}"
+        )
     return "\n".join(lines)
 
 
@@ -244,13 +279,20 @@ def main(argv=None) -> int:
     rows = measure(args)
     import tensorflow as tf
 
-    report = {"machine": {"cpus": os.cpu_count(), "tensorflow": tf.__version__,
-                          "gpus": len(tf.config.list_physical_devices("GPU")),
-                          "onednn": loops.strategies.onednn_enabled()},
-              "config": {k: v for k, v in vars(args).items() if k != "output"},
-              "rows": rows}
+    report = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "tensorflow": tf.__version__,
+            "gpus": len(tf.config.list_physical_devices("GPU")),
+            "onednn": loops.strategies.onednn_enabled(),
+        },
+        "config": {k: v for k, v in vars(args).items() if k != "output"},
+        "rows": rows,
+    }
     print(format_table(rows))
-    print(f"oneDNN kernels: {'on' if report['machine']['onednn'] else 'off'} (TF_ENABLE_ONEDNN_OPTS)")
+    print(
+        f"oneDNN kernels: {'on' if report['machine']['onednn'] else 'off'} (TF_ENABLE_ONEDNN_OPTS)"
+    )
     loops.reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return 0

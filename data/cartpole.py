@@ -65,13 +65,19 @@ def dynamics(observation: tf.Tensor, actions: tf.Tensor) -> tf.Tensor:
     cos_theta, sin_theta = tf.cos(theta), tf.sin(theta)
     temp = (force + POLE_MASS_LENGTH * tf.square(theta_dot) * sin_theta) / TOTAL_MASS
     theta_acc = (GRAVITY * sin_theta - cos_theta * temp) / (
-        POLE_HALF_LENGTH * (4.0 / 3.0 - POLE_MASS * tf.square(cos_theta) / TOTAL_MASS))
+        POLE_HALF_LENGTH * (4.0 / 3.0 - POLE_MASS * tf.square(cos_theta) / TOTAL_MASS)
+    )
     x_acc = temp - POLE_MASS_LENGTH * theta_acc * cos_theta / TOTAL_MASS
     # Gymnasium's "euler" integrator: positions move with the old velocities.
-    return tf.stack([x + TIME_STEP * x_dot,
-                     x_dot + TIME_STEP * x_acc,
-                     theta + TIME_STEP * theta_dot,
-                     theta_dot + TIME_STEP * theta_acc], axis=-1)
+    return tf.stack(
+        [
+            x + TIME_STEP * x_dot,
+            x_dot + TIME_STEP * x_acc,
+            theta + TIME_STEP * theta_dot,
+            theta_dot + TIME_STEP * theta_acc,
+        ],
+        axis=-1,
+    )
 
 
 def step(state: State, actions: tf.Tensor, reset_noise: tf.Tensor) -> tuple[State, Transition]:
@@ -93,14 +99,16 @@ def step(state: State, actions: tf.Tensor, reset_noise: tf.Tensor) -> tuple[Stat
     final_observation = dynamics(state.observation, actions)
     elapsed_steps = state.elapsed_steps + 1
     x, theta = final_observation[:, 0], final_observation[:, 2]
-    terminated = ((tf.abs(x) > POSITION_LIMIT) | (tf.abs(theta) > ANGLE_LIMIT))
+    terminated = (tf.abs(x) > POSITION_LIMIT) | (tf.abs(theta) > ANGLE_LIMIT)
     # As Gymnasium's TimeLimit: a step that both terminates and hits the limit
     # reports both flags; `terminated` decides that the episode has no future.
     truncated = elapsed_steps >= MAX_EPISODE_STEPS
     ended = terminated | truncated
     fresh = reset(reset_noise)
-    next_state = State(tf.where(ended[:, None], fresh.observation, final_observation),
-                       tf.where(ended, fresh.elapsed_steps, elapsed_steps))
+    next_state = State(
+        tf.where(ended[:, None], fresh.observation, final_observation),
+        tf.where(ended, fresh.elapsed_steps, elapsed_steps),
+    )
     reward = tf.ones_like(x)
     return next_state, Transition(reward, terminated, truncated, final_observation)
 
@@ -120,8 +128,9 @@ class CartPole:
     def reset(self, uniform_noise: tf.Tensor) -> State:
         return reset(uniform_noise)
 
-    def step(self, state: State, actions: tf.Tensor,
-             uniform_noise: tf.Tensor) -> tuple[State, Transition]:
+    def step(
+        self, state: State, actions: tf.Tensor, uniform_noise: tf.Tensor
+    ) -> tuple[State, Transition]:
         return step(state, actions, uniform_noise)
 
     def __repr__(self) -> str:

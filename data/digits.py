@@ -21,20 +21,26 @@ class Digits(tfds.core.GeneratorBasedBuilder):
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
             builder=self,
-            description=("Handwritten digits 0-9 as 8x8 images with 17 gray levels, "
-                         "scaled to 0-255; the copy bundled with scikit-learn."),
-            features=tfds.features.FeaturesDict({
-                "image": tfds.features.Image(shape=(8, 8, 1)),
-                "label": tfds.features.ClassLabel(num_classes=10),
-            }),
+            description=(
+                "Handwritten digits 0-9 as 8x8 images with 17 gray levels, "
+                "scaled to 0-255; the copy bundled with scikit-learn."
+            ),
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=(8, 8, 1)),
+                    "label": tfds.features.ClassLabel(num_classes=10),
+                }
+            ),
             supervised_keys=("image", "label"),
             homepage="https://archive.ics.uci.edu/dataset/80",
         )
 
     def _split_generators(self, dl_manager):
         del dl_manager  # nothing to download
-        return {"train": self._generate_examples(test=False),
-                "test": self._generate_examples(test=True)}
+        return {
+            "train": self._generate_examples(test=False),
+            "test": self._generate_examples(test=True),
+        }
 
     def _generate_examples(self, test: bool):
         from sklearn.datasets import load_digits  # only this builder needs scikit-learn

@@ -35,7 +35,8 @@ def load_builder(name: str, data_dir: str | None = None) -> tfds.core.DatasetBui
     except tfds.core.registered.DatasetNotFoundError as error:
         raise ValueError(
             f"Unknown dataset {name!r}. Use 'digits' (bundled, offline) or a TFDS "
-            "image-classification dataset name such as 'mnist' or 'cifar10'.") from error
+            "image-classification dataset name such as 'mnist' or 'cifar10'."
+        ) from error
     if name in OFFLINE_DATASETS and not builder.is_prepared():
         builder.download_and_prepare()
     keys = builder.info.supervised_keys
@@ -43,7 +44,8 @@ def load_builder(name: str, data_dir: str | None = None) -> tfds.core.DatasetBui
     if not keys or not isinstance(label, tfds.features.ClassLabel):
         raise ValueError(
             f"Dataset {name!r} is not image classification (supervised keys {keys!r}); "
-            "pick one with (image, class label) pairs such as 'digits', 'mnist' or 'cifar10'.")
+            "pick one with (image, class label) pairs such as 'digits', 'mnist' or 'cifar10'."
+        )
     return builder
 
 
@@ -61,12 +63,14 @@ def read_split(builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset
         raise ValueError(
             f"Dataset {name!r} is not prepared under data_dir {str(builder.data_dir_root)!r} "
             "and needs a download (this machine may have no network). On a machine with "
-            "network run: python -c \"import tensorflow_datasets as tfds; "
+            'network run: python -c "import tensorflow_datasets as tfds; '
             f"tfds.builder('{name}', data_dir='DIR').download_and_prepare()\", copy DIR "
-            "here, and pass --data_dir=DIR.") from error
+            "here, and pass --data_dir=DIR."
+        ) from error
     except ValueError as error:
-        raise ValueError(f"Dataset {name!r}: {error} Pick one of its splits "
-                         "(--train_split / --eval_split).") from error
+        raise ValueError(
+            f"Dataset {name!r}: {error} Pick one of its splits (--train_split / --eval_split)."
+        ) from error
 
 
 def dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
@@ -77,7 +81,8 @@ def dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
         name=name,
         input_shape=tuple(info.features[image_key].shape),
         num_classes=info.features[label_key].num_classes,
-        split_sizes={split: info.splits[split].num_examples for split in info.splits})
+        split_sizes={split: info.splits[split].num_examples for split in info.splits},
+    )
 
 
 # Splits up to this size are read into memory once and batched from there;
@@ -85,9 +90,16 @@ def dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
 IN_MEMORY_BYTES = 1 << 30
 
 
-def global_batches(name: str, split: str, *, global_batch_size: int,
-                   data_dir: str | None = None, shuffle_seed: int | None = None,
-                   shuffle_buffer: int = 10_000, repeat: bool = False) -> tf.data.Dataset:
+def global_batches(
+    name: str,
+    split: str,
+    *,
+    global_batch_size: int,
+    data_dir: str | None = None,
+    shuffle_seed: int | None = None,
+    shuffle_buffer: int = 10_000,
+    repeat: bool = False,
+) -> tf.data.Dataset:
     """(image, label) global batches: one epoch, the last maybe partial, or endless full ones.
 
     With `repeat` (training streams) the passes over the split follow each
@@ -112,9 +124,14 @@ def global_batches(name: str, split: str, *, global_batch_size: int,
     Raises:
         ValueError: a bad batch size, or see `load_builder` and `read_split`.
     """
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) \
-            or global_batch_size < 1:
-        raise ValueError(f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}.")
+    if (
+        isinstance(global_batch_size, bool)
+        or not isinstance(global_batch_size, int)
+        or global_batch_size < 1
+    ):
+        raise ValueError(
+            f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}."
+        )
     builder = load_builder(name, data_dir)
     examples = read_split(builder, split)
     count = _split_count(builder, split, examples)
@@ -143,12 +160,20 @@ def batches_in_memory(arrays, batch_size: int, shuffle_seed: int | None = None) 
     full = rows // batch_size
 
     def cut(parts):
-        batches = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(
-            lambda part: tf.reshape(part[:full * batch_size],
-                                    [full, batch_size, *part.shape[1:]]), parts))
+        batches = tf.data.Dataset.from_tensor_slices(
+            tf.nest.map_structure(
+                lambda part: tf.reshape(
+                    part[: full * batch_size], [full, batch_size, *part.shape[1:]]
+                ),
+                parts,
+            )
+        )
         if rows % batch_size:
-            batches = batches.concatenate(tf.data.Dataset.from_tensors(
-                tf.nest.map_structure(lambda part: part[full * batch_size:], parts)))
+            batches = batches.concatenate(
+                tf.data.Dataset.from_tensors(
+                    tf.nest.map_structure(lambda part: part[full * batch_size :], parts)
+                )
+            )
         return batches
 
     if shuffle_seed is None:
@@ -156,13 +181,17 @@ def batches_in_memory(arrays, batch_size: int, shuffle_seed: int | None = None) 
 
     def permuted(epoch_seed):
         order = tf.random.experimental.stateless_shuffle(
-            tf.range(rows), seed=tf.stack([epoch_seed, tf.constant(shuffle_seed, tf.int64)]))
+            tf.range(rows), seed=tf.stack([epoch_seed, tf.constant(shuffle_seed, tf.int64)])
+        )
         return cut(tf.nest.map_structure(lambda part: tf.gather(part, order), arrays))
 
     # One random number per pass picks the pass's permutation; the sequence of
     # numbers is fixed by the seed, and a new pass draws the next one.
-    return _untuned(tf.data.Dataset.random(seed=shuffle_seed, rerandomize_each_iteration=True)
-                    .take(1).flat_map(permuted))
+    return _untuned(
+        tf.data.Dataset.random(seed=shuffle_seed, rerandomize_each_iteration=True)
+        .take(1)
+        .flat_map(permuted)
+    )
 
 
 # What `endless_batches_in_memory` draws at a time, at most (but one pass at
@@ -172,8 +201,9 @@ ROWS_PER_DRAW = 1 << 16
 BYTES_PER_DRAW = 64 << 20
 
 
-def endless_batches_in_memory(arrays, batch_size: int,
-                              shuffle_seed: int | None = None) -> tf.data.Dataset:
+def endless_batches_in_memory(
+    arrays, batch_size: int, shuffle_seed: int | None = None
+) -> tf.data.Dataset:
     """Endless full batches of `arrays` (a nest of tensors with the same first dimension).
 
     Passes over the rows follow each other, each a new permutation with a
@@ -189,17 +219,25 @@ def endless_batches_in_memory(arrays, batch_size: int,
     arrays = tf.nest.map_structure(tf.convert_to_tensor, arrays)
     rows = int(tf.nest.flatten(arrays)[0].shape[0])
     if rows == 0:
-        raise ValueError("No rows to batch: an endless stream of an empty split would never "
-                         "yield a batch. Train on a split that holds examples.")
-    row_bytes = sum(int(np.prod(part.shape[1:])) * part.dtype.size for part in tf.nest.flatten(arrays))
+        raise ValueError(
+            "No rows to batch: an endless stream of an empty split would never "
+            "yield a batch. Train on a split that holds examples."
+        )
+    row_bytes = sum(
+        int(np.prod(part.shape[1:])) * part.dtype.size for part in tf.nest.flatten(arrays)
+    )
     passes = max(1, min(ROWS_PER_DRAW // rows, BYTES_PER_DRAW // max(row_bytes * rows, 1)))
 
     def draw(draw_seed):
         if shuffle_seed is None:
             return tf.tile(tf.range(rows, dtype=tf.int64), [passes])
         keys = tf.random.stateless_uniform(
-            [passes, rows], seed=tf.stack([draw_seed, tf.constant(shuffle_seed, tf.int64)]),
-            minval=None, maxval=None, dtype=tf.int64)
+            [passes, rows],
+            seed=tf.stack([draw_seed, tf.constant(shuffle_seed, tf.int64)]),
+            minval=None,
+            maxval=None,
+            dtype=tf.int64,
+        )
         return tf.reshape(tf.argsort(keys, axis=1, stable=True), [-1])
 
     def cut(left_over, draw_seed):
@@ -209,10 +247,14 @@ def endless_batches_in_memory(arrays, batch_size: int,
 
     def gathered(indices):
         return tf.data.Dataset.from_tensor_slices(
-            tf.nest.map_structure(lambda part: tf.gather(part, indices), arrays))
+            tf.nest.map_structure(lambda part: tf.gather(part, indices), arrays)
+        )
 
-    seeds = (tf.data.Dataset.random(seed=shuffle_seed) if shuffle_seed is not None
-             else tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat())
+    seeds = (
+        tf.data.Dataset.random(seed=shuffle_seed)
+        if shuffle_seed is not None
+        else tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+    )
     return _untuned(seeds.scan(tf.zeros([0], tf.int64), cut).flat_map(gathered))
 
 
@@ -225,7 +267,9 @@ def _untuned(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(options)
 
 
-def _split_count(builder: tfds.core.DatasetBuilder, split: str, examples: tf.data.Dataset) -> int | None:
+def _split_count(
+    builder: tfds.core.DatasetBuilder, split: str, examples: tf.data.Dataset
+) -> int | None:
     """The number of examples in the split, or None when it is not known."""
     try:
         return builder.info.splits[split].num_examples
@@ -250,6 +294,7 @@ def _read_all(examples: tf.data.Dataset, count: int):
     """
     if count == 0:
         return tuple(tf.zeros([0, *spec.shape], spec.dtype) for spec in examples.element_spec)
-    return tuple(tf.ensure_shape(part, [count, *spec.shape])
-                 for part, spec in zip(examples.batch(count).get_single_element(),
-                                       examples.element_spec))
+    return tuple(
+        tf.ensure_shape(part, [count, *spec.shape])
+        for part, spec in zip(examples.batch(count).get_single_element(), examples.element_spec)
+    )

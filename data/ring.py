@@ -34,8 +34,11 @@ class Ring:
     min_mode_fraction: float = 20 / 2500
 
     def __post_init__(self):
-        if isinstance(self.num_modes, bool) or not isinstance(self.num_modes, int) \
-                or self.num_modes < 2:
+        if (
+            isinstance(self.num_modes, bool)
+            or not isinstance(self.num_modes, int)
+            or self.num_modes < 2
+        ):
             raise ValueError(f"num_modes must be a whole number >= 2, got {self.num_modes!r}.")
         for name in ("radius", "stddev", "quality_stddevs", "min_mode_fraction"):
             if not getattr(self, name) > 0:
@@ -44,7 +47,8 @@ class Ring:
             raise ValueError(
                 f"Modes of stddev {self.stddev} on radius {self.radius} overlap within "
                 f"{self.quality_stddevs} standard deviations; use a smaller stddev or a "
-                "larger radius.")
+                "larger radius."
+            )
 
     def centers(self) -> np.ndarray:
         """The means, shape (num_modes, 2), the first at angle 0."""
@@ -61,20 +65,30 @@ class Ring:
         Raises:
             ValueError: global_batch_size is not a whole number >= 1.
         """
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) \
-                or global_batch_size < 1:
+        if (
+            isinstance(global_batch_size, bool)
+            or not isinstance(global_batch_size, int)
+            or global_batch_size < 1
+        ):
             raise ValueError(
-                f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}.")
+                f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}."
+            )
         centers = tf.constant(self.centers())
 
         def batch(index):
             key = tf.stack([tf.constant(seed, tf.int64), index])
             modes = tf.random.stateless_uniform(
-                [global_batch_size], seed=tf.random.experimental.stateless_fold_in(key, 0),
-                minval=0, maxval=self.num_modes, dtype=tf.int32)
+                [global_batch_size],
+                seed=tf.random.experimental.stateless_fold_in(key, 0),
+                minval=0,
+                maxval=self.num_modes,
+                dtype=tf.int32,
+            )
             offsets = tf.random.stateless_normal(
-                [global_batch_size, 2], seed=tf.random.experimental.stateless_fold_in(key, 1),
-                stddev=self.stddev)
+                [global_batch_size, 2],
+                seed=tf.random.experimental.stateless_fold_in(key, 1),
+                stddev=self.stddev,
+            )
             return tf.gather(centers, modes) + offsets
 
         return tf.data.Dataset.counter(dtype=tf.int64).map(batch)
@@ -96,5 +110,4 @@ class Ring:
         high_quality = np.min(distances, axis=1) <= self.quality_stddevs * self.stddev
         per_mode = np.bincount(nearest[high_quality], minlength=self.num_modes)
         covered = int(np.sum(per_mode >= self.min_mode_fraction * len(samples)))
-        return {"modes_covered": covered,
-                "high_quality_fraction": float(np.mean(high_quality))}
+        return {"modes_covered": covered, "high_quality_fraction": float(np.mean(high_quality))}

@@ -51,8 +51,10 @@ class Action:
 
     @property
     def name(self) -> str:
-        return self.__dict__.get("_name") or re.sub(
-            r"(?<!^)(?=[A-Z])", "_", type(self).__name__).lower()
+        return (
+            self.__dict__.get("_name")
+            or re.sub(r"(?<!^)(?=[A-Z])", "_", type(self).__name__).lower()
+        )
 
     @name.setter
     def name(self, value: str) -> None:
@@ -93,11 +95,15 @@ class _WatchesMetric(Action):
 
     def __init__(self, metric: str, *, mode: str, min_delta: float):
         if not isinstance(metric, str) or not metric:
-            raise ValueError(f"{type(self).__name__} needs the name of an eval metric, e.g. "
-                             f"'loss' or 'accuracy'; got {metric!r}.")
+            raise ValueError(
+                f"{type(self).__name__} needs the name of an eval metric, e.g. "
+                f"'loss' or 'accuracy'; got {metric!r}."
+            )
         if mode not in METRIC_MODES:
-            raise ValueError(f"mode must be 'min' (lower is better, e.g. loss) or 'max' (higher "
-                             f"is better, e.g. accuracy); got {mode!r}.")
+            raise ValueError(
+                f"mode must be 'min' (lower is better, e.g. loss) or 'max' (higher "
+                f"is better, e.g. accuracy); got {mode!r}."
+            )
         if not min_delta >= 0:
             raise ValueError(f"min_delta must be >= 0, got {min_delta!r}.")
         self.metric = metric
@@ -125,7 +131,8 @@ class _WatchesMetric(Action):
             raise UnknownMetricError(
                 f"{type(self).__name__} watches the eval metric {self.metric!r}, which this "
                 f"loop does not report; the metrics it reports are: {reported}. Choose one of "
-                f"those{flag}.")
+                f"those{flag}."
+            )
         return float(eval_metrics[self.metric])
 
     def check_reported(self, reported: set[str]) -> None:
@@ -157,8 +164,9 @@ class EarlyStopping(_WatchesMetric):
     name = "early_stopping"
     flag = "--early_stopping_metric"
 
-    def __init__(self, metric: str, *, mode: str = "min", patience: int = 3,
-                 min_delta: float = 0.0):
+    def __init__(
+        self, metric: str, *, mode: str = "min", patience: int = 3, min_delta: float = 0.0
+    ):
         """
         Args:
             metric: the eval metric to watch, e.g. "loss".
@@ -172,15 +180,17 @@ class EarlyStopping(_WatchesMetric):
         """
         super().__init__(metric, mode=mode, min_delta=min_delta)
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience must be a whole number of evaluations >= 1, "
-                             f"got {patience!r}.")
+            raise ValueError(
+                f"patience must be a whole number of evaluations >= 1, got {patience!r}."
+            )
         self.patience = patience
 
     def build(self, loop: Loop) -> None:
         if not loop.eval_every:
             raise ValueError(
                 f"EarlyStopping({self.metric!r}) compares evaluations, but the loop evaluates "
-                "only at the end of training; pass eval_every= to the loop (--eval_every).")
+                "only at the end of training; pass eval_every= to the loop (--eval_every)."
+            )
         super().build(loop)
         self.evaluations_without_improvement = _state_variable(0, "evaluations_without_improvement")
 
@@ -207,9 +217,11 @@ class EarlyStopping(_WatchesMetric):
     def _reason(self) -> str:
         best = self.best_value()
         since = "had no finite value" if best is None else f"not improved on its best {best:.6g}"
-        return (f"early stopping: eval {self.metric} has {since} for "
-                f"{int(self.evaluations_without_improvement.numpy())} evaluations "
-                f"(patience {self.patience})")
+        return (
+            f"early stopping: eval {self.metric} has {since} for "
+            f"{int(self.evaluations_without_improvement.numpy())} evaluations "
+            f"(patience {self.patience})"
+        )
 
 
 class KeepBest(_WatchesMetric):
@@ -231,8 +243,14 @@ class KeepBest(_WatchesMetric):
     name = "keep_best"
     flag = "--keep_best_metric"
 
-    def __init__(self, metric: str, *, mode: str = "min", min_delta: float = 0.0,
-                 directory: str | None = None):
+    def __init__(
+        self,
+        metric: str,
+        *,
+        mode: str = "min",
+        min_delta: float = 0.0,
+        directory: str | None = None,
+    ):
         """
         Args:
             metric: the eval metric to watch, e.g. "loss".
@@ -250,8 +268,10 @@ class KeepBest(_WatchesMetric):
 
     def build(self, loop: Loop) -> None:
         if loop.model_dir is None:
-            raise ValueError(f"KeepBest({self.metric!r}) saves the loop's checkpoints, which "
-                             "needs a model_dir; pass model_dir= to the loop.")
+            raise ValueError(
+                f"KeepBest({self.metric!r}) saves the loop's checkpoints, which "
+                "needs a model_dir; pass model_dir= to the loop."
+            )
         super().build(loop)
         self.directory = self.directory or os.path.join(loop.model_dir, "best")
         self.best_step = _state_variable(-1, "best_step")
@@ -265,18 +285,32 @@ class KeepBest(_WatchesMetric):
             return
         self.best.assign(value)
         self.best_step.assign(step)
+        # build() set both: a KeepBest needs the loop's model_dir and checkpointer.
+        assert self.directory is not None and loop.checkpointer is not None
         if self._checkpointer is None:
             # Built at the first save: the loop's checkpointer exists only after every build.
             self._checkpointer = Checkpointer(
-                strategy=loop.strategy, directory=self.directory, items=loop.checkpointer.items,
-                step_counter=loop.global_step, max_to_keep=1)
+                strategy=loop.strategy,
+                directory=self.directory,
+                items=loop.checkpointer.items,
+                step_counter=loop.global_step,
+                max_to_keep=1,
+            )
         path = self._checkpointer.save()
         if loop.is_chief:
-            reporting.write_json_atomic(os.path.join(self.directory, "best.json"), {
-                "metric": self.metric, "mode": self.mode, "value": value, "step": step,
-                "checkpoint": path})
-            loop.progress.line(f"best {self.metric} so far ({value:.6g}) at step {step}: "
-                               f"saved {path}")
+            reporting.write_json_atomic(
+                os.path.join(self.directory, "best.json"),
+                {
+                    "metric": self.metric,
+                    "mode": self.mode,
+                    "value": value,
+                    "step": step,
+                    "checkpoint": path,
+                },
+            )
+            loop.progress.line(
+                f"best {self.metric} so far ({value:.6g}) at step {step}: saved {path}"
+            )
 
 
 def watched_metrics(actions, reported: set[str]) -> None:
@@ -323,5 +357,10 @@ def _state_variable(initial, name: str) -> tf.Variable:
     # Float64 keeps a metric's value exactly as the host computed it. Assigned on
     # the host in cross-replica context; ONLY_FIRST_REPLICA keeps one value.
     dtype = tf.float64 if isinstance(initial, float) else tf.int64
-    return tf.Variable(initial, dtype=dtype, trainable=False, name=name,
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    return tf.Variable(
+        initial,
+        dtype=dtype,
+        trainable=False,
+        name=name,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )

@@ -43,10 +43,17 @@ class Checkpointer:
     restore.
     """
 
-    def __init__(self, *, strategy: tf.distribute.Strategy, directory: str,
-                 items: Mapping[str, object], step_counter: tf.Variable,
-                 max_to_keep: int, optional_items: Mapping[str, object] | None = None,
-                 say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        *,
+        strategy: tf.distribute.Strategy,
+        directory: str,
+        items: Mapping[str, object],
+        step_counter: tf.Variable,
+        max_to_keep: int,
+        optional_items: Mapping[str, object] | None = None,
+        say: Callable[[str], None] = print,
+    ):
         """
         Args:
             strategy: the strategy the items live in.
@@ -61,8 +68,7 @@ class Checkpointer:
         self._chief_directory = directory
         self.directory = directory
         if not self._is_chief:
-            self.directory = os.path.join(
-                directory, f".scratch_{strategies.task_name(strategy)}")
+            self.directory = os.path.join(directory, f".scratch_{strategies.task_name(strategy)}")
         self.items = dict(items)
         self.optional_items = dict(optional_items or {})
         self.checkpoint = tf.train.Checkpoint(**self.items, **self.optional_items)
@@ -75,8 +81,11 @@ class Checkpointer:
     @property
     def latest(self) -> str | None:
         """The newest checkpoint whose files are all there (not read; see `restore`)."""
-        complete = [prefix for _, prefix in _checkpoint_files(self._chief_directory)
-                    if _missing_files(prefix) is None]
+        complete = [
+            prefix
+            for _, prefix in _checkpoint_files(self._chief_directory)
+            if _missing_files(prefix) is None
+        ]
         return complete[0] if complete else None
 
     def restore(self) -> str | None:
@@ -109,14 +118,23 @@ class Checkpointer:
                 f"{self._chief_directory} holds checkpoint files, but none can be read "
                 f"({listing}). Nothing was changed. Move the damaged files out of the "
                 "directory to start over there, restore them from a backup, or point "
-                "--model_dir at a new directory.")
+                "--model_dir at a new directory."
+            )
         for prefix, problem in damaged:
-            self._say(f"checkpoint {prefix} is damaged ({problem}); restoring the newest "
-                      f"intact one, {restored}, instead. The damaged files are left in place "
-                      "and replaced when the run saves that step again.")
+            self._say(
+                f"checkpoint {prefix} is damaged ({problem}); restoring the newest "
+                f"intact one, {restored}, instead. The damaged files are left in place "
+                "and replaced when the run saves that step again."
+            )
         passed_over = {prefix for prefix, _ in damaged}
-        kept = [prefix for _, prefix in found if restored is not None and prefix not in passed_over
-                and _step_of(prefix) <= _step_of(restored) and _missing_files(prefix) is None]
+        kept = [
+            prefix
+            for _, prefix in found
+            if restored is not None
+            and prefix not in passed_over
+            and _step_of(prefix) <= _step_of(restored)
+            and _missing_files(prefix) is None
+        ]
         self._open_manager(restored, kept)
         return restored
 
@@ -140,7 +158,8 @@ class Checkpointer:
             raise ValueError(
                 f"The checkpoint {prefix} does not match this loop ({reason}...). "
                 "It comes from a different model or loop: point --model_dir at "
-                "a new directory, or rebuild the loop that wrote it.") from error
+                "a new directory, or rebuild the loop that wrote it."
+            ) from error
 
     def _open_manager(self, restored: str | None, kept: list[str]) -> None:
         """The manager, with a state file that lists the intact checkpoints up to `restored`.
@@ -151,19 +170,26 @@ class Checkpointer:
         """
         if self._is_chief and restored is not None:
             state = tf.train.get_checkpoint_state(self._chief_directory)
-            listed = [self._in_directory(path)
-                      for path in (state.all_model_checkpoint_paths if state else [])]
+            listed = [
+                self._in_directory(path)
+                for path in (state.all_model_checkpoint_paths if state else [])
+            ]
             wanted = sorted(kept, key=_step_of)
             stale = state is None or self._in_directory(state.model_checkpoint_path) != restored
             if stale:
-                self._say(f"the checkpoint state file {os.path.join(self._chief_directory, STATE_FILE)} "
-                          "was missing, damaged or out of date; rebuilt it from the checkpoint "
-                          f"files ({len(wanted)} intact, newest {os.path.basename(restored)}).")
+                self._say(
+                    f"the checkpoint state file {os.path.join(self._chief_directory, STATE_FILE)} "
+                    "was missing, damaged or out of date; rebuilt it from the checkpoint "
+                    f"files ({len(wanted)} intact, newest {os.path.basename(restored)})."
+                )
             if stale or listed != wanted:
                 _write_state_file(self._chief_directory, restored, wanted)
         self._manager = tf.train.CheckpointManager(
-            self.checkpoint, self.directory, max_to_keep=self._max_to_keep,
-            step_counter=self._step_counter)
+            self.checkpoint,
+            self.directory,
+            max_to_keep=self._max_to_keep,
+            step_counter=self._step_counter,
+        )
 
     def _in_directory(self, path: str) -> str:
         return os.path.join(self._chief_directory, os.path.basename(path))
@@ -181,9 +207,11 @@ class Checkpointer:
             raise NonFiniteWeightsError(
                 f"Refusing to save a checkpoint at step {int(self._step_counter.numpy())}: "
                 f"{describe_names(bad)} not finite (NaN or inf). The checkpoints already in "
-                f"{self._chief_directory} are intact.")
+                f"{self._chief_directory} are intact."
+            )
         if self._manager is None:
             self._open_manager(None, [])
+        assert self._manager is not None  # opened just above
         try:
             path = self._manager.save(checkpoint_number=self._step_counter)
         except (OSError, tf.errors.OpError) as error:
@@ -191,7 +219,8 @@ class Checkpointer:
             raise OSError(
                 f"Could not write a checkpoint into {self.directory} ({reason}). Free space "
                 "or make the directory writable (or pass another --model_dir); the "
-                "checkpoints already there are intact.") from error
+                "checkpoints already there are intact."
+            ) from error
         if not self._is_chief:
             shutil.rmtree(self.directory, ignore_errors=True)
             return None
@@ -213,8 +242,12 @@ class FinitenessCheck:
         """One bool a variable: whether it is finite (callable inside a tf.function)."""
         if not self._variables:
             return tf.ones([0], tf.bool)
-        return tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(variable)))
-                         for variable in self._variables])
+        return tf.stack(
+            [
+                tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(variable)))
+                for variable in self._variables
+            ]
+        )
 
     def all_finite(self) -> tf.Tensor:
         """Whether every variable is finite: a scalar bool (callable inside a tf.function)."""
@@ -234,7 +267,8 @@ def describe_names(names: list[str]) -> str:
     """'3 variables (a, b, c) are' style text for an error, with at most five names."""
     shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     return f"{len(names)} variable{'s' if len(names) > 1 else ''} ({shown}) " + (
-        "are" if len(names) > 1 else "is")
+        "are" if len(names) > 1 else "is"
+    )
 
 
 def _float_variables(root) -> list:
@@ -277,7 +311,10 @@ def _missing_files(prefix: str) -> str | None:
     shards = glob.glob(glob.escape(prefix) + ".data-*-of-*")
     if not shards:
         return f"{os.path.basename(prefix)}.data-* is missing"
-    total = int(_DATA.match(os.path.basename(shards[0])).group(3))
+    match = _DATA.match(os.path.basename(shards[0]))
+    if match is None:
+        return f"{os.path.basename(shards[0])} is not a data shard's name"
+    total = int(match.group(3))
     for shard in range(total):
         name = f"{prefix}.data-{shard:05d}-of-{total:05d}"
         if not os.path.exists(name):
@@ -315,7 +352,7 @@ def _write_state_file(directory: str, newest: str, kept: list[str]) -> None:
 
 
 def _remove_unfinished_saves(directory: str) -> None:
-    """Removes the temporary shard folders of saves a kill interrupted (the chief holds the lock)."""
+    """Removes the temporary shard folders of saves a kill interrupted (chief, holding the lock)."""
     for name in os.listdir(directory) if os.path.isdir(directory) else ():
         if _TEMPORARY.match(name):
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)

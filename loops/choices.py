@@ -2,13 +2,13 @@
 TensorFlow so that a binary checks its flags before TensorFlow loads."""
 
 STRATEGY_NAMES = (
-        "default",
-        "one_device",
-        "mirrored",
-        "central_storage",
-        "multi_worker_mirrored",
-        "parameter_server",
-        "tpu",
+    "default",
+    "one_device",
+    "mirrored",
+    "central_storage",
+    "multi_worker_mirrored",
+    "parameter_server",
+    "tpu",
 )
 # Strategies whose replicas are this host's devices (GPUs, else logical CPUs),
 # as many as the run asks for; the others take their devices from the machine

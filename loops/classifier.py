@@ -17,7 +17,8 @@ from loops.update import Update
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     """Per-example cross entropy of integer labels against logits."""
     return tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32))
+        labels=tf.cast(labels, tf.int32), logits=tf.cast(logits, tf.float32)
+    )
 
 
 class ClassifierLoop(Loop):
@@ -43,15 +44,17 @@ class ClassifierLoop(Loop):
     name = "classifier"
     supports_parameter_server = True
 
-    def __init__(self,
-                 *,
-                 model_fn: Callable[[], keras.Model],
-                 optimizer_fn: Callable[[], keras.optimizers.Optimizer],
-                 loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = sparse_softmax_cross_entropy,
-                 clip_norm: float | None = None,
-                 mixed_precision: str = "none",
-                 loss_scale_growth_steps: int | None = None,
-                 **loop_args):
+    def __init__(
+        self,
+        *,
+        model_fn: Callable[[], keras.Model],
+        optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+        loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = sparse_softmax_cross_entropy,
+        clip_norm: float | None = None,
+        mixed_precision: str = "none",
+        loss_scale_growth_steps: int | None = None,
+        **loop_args,
+    ):
         """
         Args:
             model_fn: builds the model (called in the strategy's scope); it must
@@ -71,19 +74,24 @@ class ClassifierLoop(Loop):
         if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction not in (None, "none"):
             raise ValueError(
                 f"loss_fn {loss_fn.name!r} has reduction={loss_fn.reduction!r}; build it "
-                "with reduction=None so the loop can divide by the real global batch.")
+                "with reduction=None so the loop can divide by the real global batch."
+            )
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
         if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
-                mixed_precision):
+            mixed_precision
+        ):
             raise ValueError(
                 f"loss_scale_growth_steps={loss_scale_growth_steps!r} applies only to "
                 f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
-                "switch to float16.")
+                "switch to float16."
+            )
         self.mixed_precision = mixed_precision_lib.check_policy(mixed_precision)
-        self.loss_scale_growth_steps = (mixed_precision_lib.DEFAULT_GROWTH_STEPS
-                                        if loss_scale_growth_steps is None
-                                        else loss_scale_growth_steps)
+        self.loss_scale_growth_steps = (
+            mixed_precision_lib.DEFAULT_GROWTH_STEPS
+            if loss_scale_growth_steps is None
+            else loss_scale_growth_steps
+        )
         self.model_fn = model_fn
         self.optimizer_fn = optimizer_fn
         self.loss_fn = loss_fn
@@ -96,16 +104,19 @@ class ClassifierLoop(Loop):
         if not self.model.built or not self.model.trainable_variables:
             raise ValueError(
                 "model_fn returned a model without weights; start it with "
-                "keras.Input(shape) so its weights exist before training.")
+                "keras.Input(shape) so its weights exist before training."
+            )
         self.optimizer = self.optimizer_fn()
         # Built here, in scope: built lazily inside strategy.run it fails (DESIGN.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
         self.loss_scale = None
         if mixed_precision_lib.needs_loss_scale(self.mixed_precision):
             self.loss_scale = mixed_precision_lib.DynamicLossScale(
-                growth_steps=self.loss_scale_growth_steps)
-        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm,
-                             loss_scale=self.loss_scale)
+                growth_steps=self.loss_scale_growth_steps
+            )
+        self.update = Update(
+            self, self.optimizer, self.model, clip_norm=self.clip_norm, loss_scale=self.loss_scale
+        )
 
     @property
     def skips_nonfinite(self) -> bool:
@@ -132,32 +143,43 @@ class ClassifierLoop(Loop):
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
         result = self.update(self._replica_loss, args=next(iterator))
         count = result.sums["num_examples"]
-        return {"loss": outputs.Mean(result.sums["loss"], weight=count),
-                "accuracy": outputs.Mean(tf.math.divide_no_nan(result.sums["correct"], count),
-                                         weight=count),
-                "num_examples": outputs.Sum(tf.cast(count, tf.int64)),
-                "learning_rate": outputs.Last(learning_rate),
-                **result.outputs}
+        return {
+            "loss": outputs.Mean(result.sums["loss"], weight=count),
+            "accuracy": outputs.Mean(
+                tf.math.divide_no_nan(result.sums["correct"], count), weight=count
+            ),
+            "num_examples": outputs.Sum(tf.cast(count, tf.int64)),
+            "learning_rate": outputs.Last(learning_rate),
+            **result.outputs,
+        }
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
         loss_sum = tf.reduce_sum(self.loss_fn(labels, logits))
         counts = _correct_and_count(labels, logits)
-        return {"loss": loss_sum, "accuracy": counts["correct"],
-                "num_examples": counts["num_examples"]}
+        return {
+            "loss": loss_sum,
+            "accuracy": counts["correct"],
+            "num_examples": counts["num_examples"],
+        }
 
     def eval_step(self, batch):
         inputs, labels = batch
         sums = reduction.sum_over_replicas(
-            self.strategy, self.strategy.run(self._replica_eval_step, args=(inputs, labels)))
+            self.strategy, self.strategy.run(self._replica_eval_step, args=(inputs, labels))
+        )
         count = sums["num_examples"]
-        return {"loss": outputs.Ratio(sums["loss"], count),
-                "accuracy": outputs.Ratio(sums["accuracy"], count),
-                "num_examples": outputs.Sum(tf.cast(count, tf.int64))}
+        return {
+            "loss": outputs.Ratio(sums["loss"], count),
+            "accuracy": outputs.Ratio(sums["accuracy"], count),
+            "num_examples": outputs.Sum(tf.cast(count, tf.int64)),
+        }
 
 
 def _correct_and_count(labels, logits):
     predictions = tf.argmax(logits, axis=-1, output_type=tf.int64)
     correct = tf.cast(tf.equal(predictions, tf.cast(labels, tf.int64)), tf.float32)
-    return {"correct": tf.reduce_sum(correct),
-            "num_examples": tf.cast(tf.size(correct), tf.float32)}
+    return {
+        "correct": tf.reduce_sum(correct),
+        "num_examples": tf.cast(tf.size(correct), tf.float32),
+    }

@@ -16,17 +16,18 @@ framework targets, and a user with sharded files can pass their own
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Union
+from typing import TypeAlias
 
 import tensorflow as tf
 
 from loops import strategies
 
-DatasetSource = Union[tf.data.Dataset, Callable[[], tf.data.Dataset]]
+DatasetSource: TypeAlias = "tf.data.Dataset | Callable[[], tf.data.Dataset]"
 
 
-def split_global_batches(dataset: tf.data.Dataset,
-                         input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+def split_global_batches(
+    dataset: tf.data.Dataset, input_context: tf.distribute.InputContext
+) -> tf.data.Dataset:
     """Returns this pipeline's per-replica slices of each global batch, in order.
 
     Each global batch is cut into `num_replicas_in_sync` contiguous slices
@@ -39,7 +40,8 @@ def split_global_batches(dataset: tf.data.Dataset,
         raise ValueError(
             f"{num_replicas} replicas cannot be spread evenly over "
             f"{num_pipelines} input pipelines; use the same number of "
-            "replicas on every worker.")
+            "replicas on every worker."
+        )
     local_replicas = num_replicas // num_pipelines
     if num_replicas == 1:
         return dataset
@@ -53,8 +55,9 @@ def split_global_batches(dataset: tf.data.Dataset,
         parts = tf.nest.flatten(batch)
         rows = tf.shape(parts[0])[0]
         longest = (rows + num_replicas - 1) // num_replicas
-        starts, ends = replica_bounds(rows, tf.range(first_replica, first_replica + local_replicas),
-                                      num_replicas)
+        starts, ends = replica_bounds(
+            rows, tf.range(first_replica, first_replica + local_replicas), num_replicas
+        )
         # Rows past a slice's end repeat its last row: padding, cut off below.
         index = tf.minimum(starts[:, None] + tf.range(longest)[None, :], rows - 1)
         return tuple(tf.gather(part, index) for part in parts), ends - starts
@@ -74,14 +77,17 @@ def as_dataset_fn(source: DatasetSource) -> Callable[[], tf.data.Dataset]:
         return source
     raise TypeError(
         f"Expected a tf.data.Dataset of global batches or a function returning "
-        f"one, got {type(source).__name__}: {source!r}.")
+        f"one, got {type(source).__name__}: {source!r}."
+    )
 
 
-def distribute(strategy: tf.distribute.Strategy,
-               source: DatasetSource,
-               *,
-               skip_batches: int = 0,
-               repeat: bool = False) -> tf.distribute.DistributedDataset:
+def distribute(
+    strategy: tf.distribute.Strategy,
+    source: DatasetSource,
+    *,
+    skip_batches: int = 0,
+    repeat: bool = False,
+) -> tf.distribute.DistributedDataset:
     """Distributes a stream of global batches over `strategy`'s replicas.
 
     Args:
@@ -133,7 +139,8 @@ def _built(dataset_fn: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(
             f"The input function returned {type(dataset).__name__}, not a "
-            "tf.data.Dataset of global batches.")
+            "tf.data.Dataset of global batches."
+        )
     return dataset
 
 
@@ -158,11 +165,13 @@ def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptio
         return None
     return tf.distribute.InputOptions(
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
-        experimental_fetch_to_device=False)
+        experimental_fetch_to_device=False,
+    )
 
 
-def train_iterator(strategy: tf.distribute.Strategy, source: DatasetSource, *,
-                   skip_batches: int = 0):
+def train_iterator(
+    strategy: tf.distribute.Strategy, source: DatasetSource, *, skip_batches: int = 0
+):
     """An endless iterator over `source`'s batches for the train loop, `skip_batches` in.
 
     Read it with `next_batch`. When the replicas share the host's memory (one
@@ -194,19 +203,25 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
     their slice with tf.data functions (about 100 us of CPU a step at 2
     replicas). Slices follow `split_global_batches`.
     """
-    if (not isinstance(iterator, tf.data.Iterator) or not hasattr(iterator, "_iterator_resource")
-            or not _dense(iterator.element_spec)):
+    if (
+        not isinstance(iterator, tf.data.Iterator)
+        or not hasattr(iterator, "_iterator_resource")
+        or not _dense(iterator.element_spec)
+    ):
         return next(iterator)
     specs = tf.nest.flatten(iterator.element_spec)
     flat = tf.raw_ops.IteratorGetNextSync(
         iterator=iterator._iterator_resource,  # pylint: disable=protected-access
-        output_types=[spec.dtype for spec in specs], output_shapes=[spec.shape for spec in specs])
+        output_types=[spec.dtype for spec in specs],
+        output_shapes=[spec.shape for spec in specs],
+    )
     batch = tf.nest.pack_sequence_as(iterator.element_spec, flat)
     num_replicas = strategy.num_replicas_in_sync
     if num_replicas == 1:
         return batch
     return strategy.experimental_distribute_values_from_function(
-        lambda context: replica_slice(batch, context.replica_id_in_sync_group, num_replicas))
+        lambda context: replica_slice(batch, context.replica_id_in_sync_group, num_replicas)
+    )
 
 
 def replica_bounds(rows, replica_id, num_replicas: int):
@@ -246,5 +261,7 @@ def _shares_host_memory(strategy: tf.distribute.Strategy) -> bool:
         return True
     if name != "mirrored":
         return False
-    return all(tf.DeviceSpec.from_string(device).device_type == "CPU"
-               for device in strategy.extended.worker_devices)
+    return all(
+        tf.DeviceSpec.from_string(device).device_type == "CPU"
+        for device in strategy.extended.worker_devices
+    )

@@ -44,6 +44,7 @@ class State(NamedTuple):
     observation: [n, observation_size] float32, what the agent sees.
     elapsed_steps: [n] int32, steps taken in the current episode (0 after a reset).
     """
+
     observation: tf.Tensor
     elapsed_steps: tf.Tensor
 
@@ -60,6 +61,7 @@ class Transition(NamedTuple):
     final_observation: [n, observation_size] float32, the observation the
         action led to, before an episode that ended was reset.
     """
+
     reward: tf.Tensor
     terminated: tf.Tensor
     truncated: tf.Tensor
@@ -93,8 +95,9 @@ class Environment(Protocol):
         """
         ...
 
-    def step(self, state: State, actions: tf.Tensor,
-             uniform_noise: tf.Tensor) -> tuple[State, Transition]:
+    def step(
+        self, state: State, actions: tf.Tensor, uniform_noise: tf.Tensor
+    ) -> tuple[State, Transition]:
         """Steps every environment once and resets those whose episode ended.
 
         Args:
@@ -126,8 +129,11 @@ def check_environment(environment: object) -> None:
         ValueError: a size is below its least value (1, or 0 for noise_size).
     """
     missing = [name for name in (*SIZE_ATTRIBUTES, *METHODS) if not hasattr(environment, name)]
-    not_callable = [name for name in METHODS
-                    if hasattr(environment, name) and not callable(getattr(environment, name))]
+    not_callable = [
+        name
+        for name in METHODS
+        if hasattr(environment, name) and not callable(getattr(environment, name))
+    ]
     if missing or not_callable:
         problems = []
         if missing:
@@ -138,7 +144,8 @@ def check_environment(environment: object) -> None:
             f"{environment!r} is not an environment: {'; '.join(problems)}. An environment "
             "needs the whole numbers observation_size, num_actions and noise_size and the "
             "methods reset(uniform_noise) and step(state, actions, uniform_noise); see "
-            "loops.environments.Environment.")
+            "loops.environments.Environment."
+        )
     for name, least in SIZE_ATTRIBUTES.items():
         value = getattr(environment, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -2,7 +2,7 @@
 
 
 class NonFiniteError(RuntimeError):
-    """A step left a NaN or an inf (in its loss, its gradients or the weights) and the run stopped."""
+    """A step left a NaN or an inf (in its loss, gradients or the weights) and the run stopped."""
 
 
 class NonFiniteWeightsError(NonFiniteError):

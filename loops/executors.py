@@ -23,6 +23,7 @@ from loops.checkpoints import FinitenessCheck
 
 class StepsRun(NamedTuple):
     """What an inner loop did."""
+
     logs: dict[str, np.ndarray]  # output columns (`outputs.columns`), a row per step run
     kinds: dict[str, type]  # output name -> Mean | Ratio | Sum | Last
     reached: int  # the global step after it
@@ -31,6 +32,7 @@ class StepsRun(NamedTuple):
 
 class StepDefinition(NamedTuple):
     """The parts of a loop an executor runs."""
+
     name: str  # for errors: the loop's class name
     strategy: tf.distribute.Strategy
     train_step: Callable[[Any], Mapping[str, outputs.Output]]
@@ -55,9 +57,9 @@ class Executor:
         self.train_kinds: dict[str, type] | None = None
         self.eval_kinds: dict[str, type] | None = None
         # The traced functions, once run (tests count their traces).
-        self.train_function = None
-        self.eval_function = None
-        self._train_call = None
+        self.train_function: Any = None
+        self.eval_function: Any = None
+        self._train_call: Any = None
 
     # ---- The contract, the same in every mode. ----
 
@@ -84,8 +86,10 @@ class Executor:
         """The batches of one step (none without an iterator)."""
         if iterator is None:
             return ()
-        return tuple(distributed_input.next_batch(iterator, self.definition.strategy)
-                     for _ in range(self.definition.batches_per_step))
+        return tuple(
+            distributed_input.next_batch(iterator, self.definition.strategy)
+            for _ in range(self.definition.batches_per_step)
+        )
 
     def eval_output_names(self, element_spec) -> set[str]:
         """The outputs an evaluation reports, found by tracing the eval step (nothing runs)."""
@@ -105,8 +109,9 @@ class Executor:
             totals = self._eval_totals(iterator)
         if self.eval_kinds is None:  # no batch at all
             return {}
-        return outputs.finish_totals(self.eval_kinds,
-                                     {name: value.numpy() for name, value in totals.items()})
+        return outputs.finish_totals(
+            self.eval_kinds, {name: value.numpy() for name, value in totals.items()}
+        )
 
     def _run(self, iterator, steps: int) -> StepsRun:
         if self._train_call is None:
@@ -114,10 +119,16 @@ class Executor:
             # Calling the traced function itself skips tf.function's argument
             # matching, about 1 ms a call (5% of a 50-step MLP inner loop).
             self._train_call = self.train_function.get_concrete_function(
-                iterator, tf.TensorSpec([], tf.int32))
+                iterator, tf.TensorSpec([], tf.int32)
+            )
+        assert self._train_call is not None  # traced just above
         logs, reached, weights_finite = self._train_call(iterator, tf.constant(steps, tf.int32))
-        return StepsRun({name: value.numpy() for name, value in logs.items()},
-                        dict(self.train_kinds or {}), int(reached), bool(weights_finite))
+        return StepsRun(
+            {name: value.numpy() for name, value in logs.items()},
+            dict(self.train_kinds or {}),
+            int(reached),
+            bool(weights_finite),
+        )
 
     def _eval_totals(self, iterator) -> dict[str, tf.Tensor]:
         if self.eval_function is None:
@@ -126,7 +137,8 @@ class Executor:
 
     def _eval_pass(self, iterator) -> dict[str, tf.Tensor]:
         step_function = tf.function(self.flat_eval_step).get_concrete_function(
-            iterator.element_spec)
+            iterator.element_spec
+        )
         kinds = dict(self.eval_kinds or {})
         totals = outputs.start_totals(step_function.structured_outputs)
         optional = iterator.get_next_as_optional()
@@ -148,7 +160,8 @@ class Executor:
             # iterator after the step's variables. At 2 replicas on the MLP that
             # hid most of the input's 0.25 ms per step.
             step_function = tf.function(self.flat_train_step).get_concrete_function(
-                *_input_specs(self.dequeue, iterator))
+                *_input_specs(self.dequeue, iterator)
+            )
         output_spec = step_function.structured_outputs
         stop_on_nonfinite = self.stop_on_nonfinite and outputs.NONFINITE in output_spec
         # Logs of one dtype go into one TensorArray, a row a step: one write
@@ -162,14 +175,17 @@ class Executor:
         def run_step(i, inputs, arrays):
             logs = step_function(*inputs)
             global_step.assign_add(1)
-            arrays = {dtype: arrays[dtype].write(i, tf.stack([logs[name] for name in names]))
-                      for dtype, names in groups.items()}
+            arrays = {
+                dtype: arrays[dtype].write(i, tf.stack([logs[name] for name in names]))
+                for dtype, names in groups.items()
+            }
             return logs, arrays
 
         def inner_loop(iterator, steps):
-            arrays = {dtype: tf.TensorArray(tf.as_dtype(dtype), size=steps,
-                                            element_shape=[len(names)])
-                      for dtype, names in groups.items()}
+            arrays = {
+                dtype: tf.TensorArray(tf.as_dtype(dtype), size=steps, element_shape=[len(names)])
+                for dtype, names in groups.items()
+            }
             stopped = tf.constant(False)
             inputs = self.dequeue(iterator)
 
@@ -186,9 +202,12 @@ class Executor:
             # condition: a Python `break` here becomes conds around the rest
             # of the body that cost about 20 us a step (MLP, 1 replica).
             _, inputs, arrays, stopped = tf.while_loop(
-                lambda i, inputs, arrays, stopped: tf.logical_and(i < steps - 1,
-                                                                  tf.logical_not(stopped)),
-                body, (tf.constant(0), inputs, arrays, stopped))
+                lambda i, inputs, arrays, stopped: tf.logical_and(
+                    i < steps - 1, tf.logical_not(stopped)
+                ),
+                body,
+                (tf.constant(0), inputs, arrays, stopped),
+            )
             # Once more unless stopped. A loop of 0 or 1 rounds, not an `if`:
             # under MirroredStrategy the step in a tf.cond branch failed at run
             # time ("You must feed a value for placeholder", BUILD.md fact 30).
@@ -212,21 +231,31 @@ class EagerExecutor(Executor):
     def _run(self, iterator, steps: int) -> StepsRun:
         rows = []
         for _ in range(steps):
-            rows.append({name: value.numpy()
-                         for name, value in self.flat_train_step(*self.dequeue(iterator)).items()})
+            rows.append(
+                {
+                    name: value.numpy()
+                    for name, value in self.flat_train_step(*self.dequeue(iterator)).items()
+                }
+            )
             self.definition.global_step.assign_add(1)
             if self.stop_on_nonfinite and rows[-1].get(outputs.NONFINITE, 0) > 0:
                 break
         logs = {name: np.array([row[name] for row in rows]) for name in rows[0]}
-        return StepsRun(logs, dict(self.train_kinds or {}), int(self.definition.global_step.numpy()),
-                        not self.definition.finiteness.nonfinite_names())
+        return StepsRun(
+            logs,
+            dict(self.train_kinds or {}),
+            int(self.definition.global_step.numpy()),
+            not self.definition.finiteness.nonfinite_names(),
+        )
 
     def _eval_totals(self, iterator) -> dict[str, tf.Tensor]:
         totals = None
         optional = iterator.get_next_as_optional()
         while optional.has_value():
             flat = self.flat_eval_step(optional.get_value())
-            totals = outputs.accumulate(self.eval_kinds, totals or outputs.start_totals(flat), flat)
+            totals = outputs.accumulate(
+                self.eval_kinds or {}, totals or outputs.start_totals(flat), flat
+            )
             optional = iterator.get_next_as_optional()
         return totals or {}
 
@@ -244,8 +273,12 @@ class ScheduledExecutor(Executor):
         coordinator: the ClusterCoordinator of the ParameterServerStrategy.
     """
 
-    def __init__(self, definition: StepDefinition, *,
-                 coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator):
+    def __init__(
+        self,
+        definition: StepDefinition,
+        *,
+        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
+    ):
         super().__init__(definition, stop_on_nonfinite=False)
         self.coordinator = coordinator
         self._step_function = None
@@ -253,30 +286,40 @@ class ScheduledExecutor(Executor):
     def _run(self, iterator, steps: int) -> StepsRun:
         definition = self.definition
         if self._step_function is None:
+
             def counted_step(worker_iterator):
-                batches = () if worker_iterator is None else tuple(
-                    next(worker_iterator) for _ in range(definition.batches_per_step))
+                batches = (
+                    ()
+                    if worker_iterator is None
+                    else tuple(next(worker_iterator) for _ in range(definition.batches_per_step))
+                )
                 logs = self.flat_train_step(*batches)
                 definition.global_step.assign_add(1)
                 return logs
 
             self._step_function = tf.function(counted_step)
-        remote_logs = [self.coordinator.schedule(self._step_function, args=(iterator,))
-                       for _ in range(steps)]
+        remote_logs = [
+            self.coordinator.schedule(self._step_function, args=(iterator,)) for _ in range(steps)
+        ]
         self.coordinator.join()
         rows = [self.coordinator.fetch(logs) for logs in remote_logs]
         logs = {name: np.array([row[name] for row in rows]) for name in rows[0]}
-        return StepsRun(logs, dict(self.train_kinds or {}), int(definition.global_step.numpy()),
-                        not definition.finiteness.nonfinite_names())
+        return StepsRun(
+            logs,
+            dict(self.train_kinds or {}),
+            int(definition.global_step.numpy()),
+            not definition.finiteness.nonfinite_names(),
+        )
 
 
 def _input_specs(dequeue: Callable, iterator) -> tuple:
     """The type specs of what `dequeue(iterator)` returns in a tf.function (traced, not run)."""
-    specs = []
+    specs: list = []
 
     def probe(iterator):
-        specs.extend(tf.nest.map_structure(tf.type_spec_from_value, batch)
-                     for batch in dequeue(iterator))
+        specs.extend(
+            tf.nest.map_structure(tf.type_spec_from_value, batch) for batch in dequeue(iterator)
+        )
         return tf.constant(0)
 
     tf.function(probe).get_concrete_function(iterator)
@@ -299,7 +342,8 @@ class _DequeuedBatches:
             raise ValueError(
                 f"{self._loop_name}.train_step called next(iterator) more than "
                 f"batches_per_step = {len(self._batches)} times; set the class attribute "
-                "batches_per_step to the number of batches one step takes.")
+                "batches_per_step to the number of batches one step takes."
+            )
         self._taken += 1
         return self._batches[self._taken - 1]
 
@@ -311,7 +355,8 @@ class _DequeuedBatches:
             raise ValueError(
                 f"{self._loop_name}.train_step took {self._taken} batches but "
                 f"batches_per_step = {len(self._batches)}; set batches_per_step to the number "
-                "of batches one step takes (it also sets where a resumed run restarts).")
+                "of batches one step takes (it also sets where a resumed run restarts)."
+            )
 
 
 @contextlib.contextmanager
@@ -336,5 +381,6 @@ def _explains_empty_replicas(strategy: tf.distribute.Strategy):
                 "wrong shape (BUILD.md fact 17). Give every batch at least "
                 f"{replicas} rows (batch with drop_remainder=True, or train on an endless "
                 "stream of full batches: data.global_batches(..., repeat=True)), or set "
-                "TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported.")
+                "TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported."
+            )
         raise

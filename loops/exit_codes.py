@@ -1,4 +1,4 @@
-"""The process exit codes a loops binary and loops-launch use, so a scheduler can tell runs apart."""
+"""The exit codes of a loops binary and of loops-launch, so a scheduler can tell runs apart."""
 
 # A run that finished (or stopped early by an action) exits 0.
 FINISHED = 0

@@ -37,6 +37,7 @@ def export_classifier(model: keras.Model, export_dir: str, *, input_dtype=tf.uin
     Raises:
         ValueError: export_dir exists and is not a SavedModel directory.
     """
+
     def serve(images):
         logits = tf.cast(model(images, training=False), tf.float32)
         return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
@@ -58,6 +59,7 @@ def export_generator(generator: keras.Model, export_dir: str) -> str:
     Raises:
         ValueError: export_dir exists and is not a SavedModel directory.
     """
+
     def serve(noise):
         return {"samples": tf.cast(generator(noise, training=False), tf.float32)}
 
@@ -70,11 +72,13 @@ def _save(server: _Server, export_dir: str) -> str:
     if os.path.exists(export_dir) and not tf.saved_model.contains_saved_model(export_dir):
         raise ValueError(
             f"export_dir {export_dir!r} exists and holds no SavedModel; refusing to replace "
-            "it. Pass a new directory or remove it.")
+            "it. Pass a new directory or remove it."
+        )
     bad = FinitenessCheck(server.model).nonfinite_names()
     if bad:
         raise NonFiniteWeightsError(
-            f"Refusing to export to {export_dir}: {describe_names(bad)} not finite (NaN or inf).")
+            f"Refusing to export to {export_dir}: {describe_names(bad)} not finite (NaN or inf)."
+        )
     parent = os.path.dirname(os.path.abspath(export_dir))
     os.makedirs(parent, exist_ok=True)
     _remove_abandoned_staging(parent)

@@ -54,13 +54,17 @@ def heading(name: str) -> Iterator[None]:
 
 
 def _require_finite(flag: flags.Flag) -> None:
-    example = (f"e.g. --{flag.name}={flag.default}" if flag.default is not None
-               else "or leave it unset")
+    example = (
+        f"e.g. --{flag.name}={flag.default}" if flag.default is not None else "or leave it unset"
+    )
+
     def check(value):
         if value is not None and not math.isfinite(value):
-            raise flags.ValidationError(f"{value} is not a finite number; pass a finite "
-                                        f"--{flag.name}, {example}.")
+            raise flags.ValidationError(
+                f"{value} is not a finite number; pass a finite --{flag.name}, {example}."
+            )
         return True
+
     flags.register_validator(flag.name, check)
 
 
@@ -69,91 +73,158 @@ def binary_flag_names() -> list[str]:
     return list(_heading_of)
 
 
-def define_loop_flags(*, train_steps: int | None, global_batch_size: int | None,
-                      learning_rate: float, steps_per_loop: int | None = 100) -> None:
+def define_loop_flags(
+    *,
+    train_steps: int | None,
+    global_batch_size: int | None,
+    learning_rate: float,
+    steps_per_loop: int | None = 100,
+) -> None:
     """Defines the shared flags with this binary's defaults.
 
     A binary whose defaults depend on another flag (the RL algorithm) passes
     None and fills them in after parsing.
     """
     with heading("strategy"):
-        flags.DEFINE_enum("strategy", "mirrored", list(STRATEGY_NAMES),
-                          "tf.distribute strategy to train with. central_storage keeps the "
-                          "variables on one device (the CPU) and computes on --num_replicas "
-                          "devices.")
-        flags.DEFINE_integer("num_replicas", None,
-                             "Replicas for --strategy=mirrored or central_storage: that many "
-                             "GPUs when present, else the CPU split into that many logical "
-                             f"devices. Default: every GPU, or {DEFAULT_CPU_REPLICAS} logical "
-                             "CPUs without GPUs; 1 for the other strategies, which take their "
-                             "devices from the machine or the cluster.", lower_bound=1)
-        flags.DEFINE_float("cluster_timeout", None,
-                           "Seconds a task of a TF_CONFIG cluster (multi_worker_mirrored, "
-                           "parameter_server) waits for the others to come up before it names "
-                           "the missing ones and exits. Default: $LOOPS_CLUSTER_TIMEOUT_SECONDS, "
-                           "else 600.", lower_bound=0.0)
+        flags.DEFINE_enum(
+            "strategy",
+            "mirrored",
+            list(STRATEGY_NAMES),
+            "tf.distribute strategy to train with. central_storage keeps the "
+            "variables on one device (the CPU) and computes on --num_replicas "
+            "devices.",
+        )
+        flags.DEFINE_integer(
+            "num_replicas",
+            None,
+            "Replicas for --strategy=mirrored or central_storage: that many "
+            "GPUs when present, else the CPU split into that many logical "
+            f"devices. Default: every GPU, or {DEFAULT_CPU_REPLICAS} logical "
+            "CPUs without GPUs; 1 for the other strategies, which take their "
+            "devices from the machine or the cluster.",
+            lower_bound=1,
+        )
+        flags.DEFINE_float(
+            "cluster_timeout",
+            None,
+            "Seconds a task of a TF_CONFIG cluster (multi_worker_mirrored, "
+            "parameter_server) waits for the others to come up before it names "
+            "the missing ones and exits. Default: $LOOPS_CLUSTER_TIMEOUT_SECONDS, "
+            "else 600.",
+            lower_bound=0.0,
+        )
     with heading("training"):
-        flags.DEFINE_integer("train_steps", train_steps,
-                             "Total training steps (a resumed run trains up to this step).",
-                             lower_bound=1)
-        flags.DEFINE_integer("global_batch_size", global_batch_size,
-                             "Examples per step over all replicas.", lower_bound=1)
-        flags.DEFINE_integer("steps_per_loop", steps_per_loop,
-                             "Steps per tf.function call; logs and summaries come between "
-                             "calls.", lower_bound=1)
+        flags.DEFINE_integer(
+            "train_steps",
+            train_steps,
+            "Total training steps (a resumed run trains up to this step).",
+            lower_bound=1,
+        )
+        flags.DEFINE_integer(
+            "global_batch_size",
+            global_batch_size,
+            "Examples per step over all replicas.",
+            lower_bound=1,
+        )
+        flags.DEFINE_integer(
+            "steps_per_loop",
+            steps_per_loop,
+            "Steps per tf.function call; logs and summaries come between calls.",
+            lower_bound=1,
+        )
         flags.DEFINE_float("learning_rate", learning_rate, "Optimizer learning rate (> 0).")
         flags.DEFINE_integer("seed", 0, "Seed for initial weights, shuffling and noise.")
-        flags.DEFINE_bool("run_eagerly", False,
-                          "Run steps eagerly (no tf.function), for debugging.")
-        flags.DEFINE_integer("eval_every", None,
-                             "Evaluate every this many steps, and always at the end. Default: "
-                             f"about {DEFAULT_EVALUATIONS} evaluations a run, each after a "
-                             "whole --steps_per_loop; 0: only at the end.", lower_bound=0)
-        flags.DEFINE_string("early_stopping_metric", None,
-                            "Stop training once this eval metric (e.g. loss, accuracy) has not "
-                            "improved for --early_stopping_patience evaluations in a row. A "
-                            "rerun of a stopped run stops again at once.")
-        flags.DEFINE_enum("early_stopping_mode", "min", list(METRIC_MODES),
-                          "min: lower --early_stopping_metric is better (loss); max: higher is "
-                          "better (accuracy).")
-        flags.DEFINE_integer("early_stopping_patience", 3,
-                             "Evaluations in a row without improvement before stopping.",
-                             lower_bound=1)
+        flags.DEFINE_bool(
+            "run_eagerly", False, "Run steps eagerly (no tf.function), for debugging."
+        )
+        flags.DEFINE_integer(
+            "eval_every",
+            None,
+            "Evaluate every this many steps, and always at the end. Default: "
+            f"about {DEFAULT_EVALUATIONS} evaluations a run, each after a "
+            "whole --steps_per_loop; 0: only at the end.",
+            lower_bound=0,
+        )
+        flags.DEFINE_string(
+            "early_stopping_metric",
+            None,
+            "Stop training once this eval metric (e.g. loss, accuracy) has not "
+            "improved for --early_stopping_patience evaluations in a row. A "
+            "rerun of a stopped run stops again at once.",
+        )
+        flags.DEFINE_enum(
+            "early_stopping_mode",
+            "min",
+            list(METRIC_MODES),
+            "min: lower --early_stopping_metric is better (loss); max: higher is "
+            "better (accuracy).",
+        )
+        flags.DEFINE_integer(
+            "early_stopping_patience",
+            3,
+            "Evaluations in a row without improvement before stopping.",
+            lower_bound=1,
+        )
     # After the finiteness check of the heading, so that nan is called not finite.
-    flags.register_validator("learning_rate", lambda value: value > 0,
-                             message="--learning_rate must be > 0, e.g. --learning_rate=0.001.")
+    flags.register_validator(
+        "learning_rate",
+        lambda value: value > 0,
+        message="--learning_rate must be > 0, e.g. --learning_rate=0.001.",
+    )
     with heading("outputs"):
-        flags.DEFINE_float("progress_every_seconds", 10.0,
-                           "End inner loops early enough that a progress line comes at least "
-                           "this often (one process only; 0: --steps_per_loop alone decides).",
-                           lower_bound=0.0)
-        flags.DEFINE_string("model_dir", None,
-                            "Directory for checkpoints, summaries and results.json. A run "
-                            "pointed at a directory with a checkpoint resumes from it. "
-                            "Default: a new directory under the system temp dir.")
-        flags.DEFINE_integer("checkpoint_every", None,
-                             "Checkpoint every this many steps (always at the end).",
-                             lower_bound=1)
-        flags.DEFINE_string("keep_best_metric", None,
-                            "Keep a checkpoint of the best evaluation by this eval metric in "
-                            "MODEL_DIR/best (with best.json: its step and value).")
-        flags.DEFINE_enum("keep_best_mode", "min", list(METRIC_MODES),
-                          "min: lower --keep_best_metric is better (loss); max: higher is "
-                          "better (accuracy).")
+        flags.DEFINE_float(
+            "progress_every_seconds",
+            10.0,
+            "End inner loops early enough that a progress line comes at least "
+            "this often (one process only; 0: --steps_per_loop alone decides).",
+            lower_bound=0.0,
+        )
+        flags.DEFINE_string(
+            "model_dir",
+            None,
+            "Directory for checkpoints, summaries and results.json. A run "
+            "pointed at a directory with a checkpoint resumes from it. "
+            "Default: a new directory under the system temp dir.",
+        )
+        flags.DEFINE_integer(
+            "checkpoint_every",
+            None,
+            "Checkpoint every this many steps (always at the end).",
+            lower_bound=1,
+        )
+        flags.DEFINE_string(
+            "keep_best_metric",
+            None,
+            "Keep a checkpoint of the best evaluation by this eval metric in "
+            "MODEL_DIR/best (with best.json: its step and value).",
+        )
+        flags.DEFINE_enum(
+            "keep_best_mode",
+            "min",
+            list(METRIC_MODES),
+            "min: lower --keep_best_metric is better (loss); max: higher is better (accuracy).",
+        )
     with heading("faults"):
-        flags.DEFINE_enum("on_nonfinite", "stop", ["stop", "skip"],
-                          "After a step whose loss or gradients are not finite on any replica: "
-                          "stop with an error (nothing saved after it; back to the last "
-                          "checkpoint), or skip its update everywhere and go on.")
+        flags.DEFINE_enum(
+            "on_nonfinite",
+            "stop",
+            ["stop", "skip"],
+            "After a step whose loss or gradients are not finite on any replica: "
+            "stop with an error (nothing saved after it; back to the last "
+            "checkpoint), or skip its update everywhere and go on.",
+        )
 
 
 def define_export_dir_flag(what: str) -> None:
     """Defines --export_dir for a binary that exports `what` at the end of training."""
     with heading("outputs"):
-        flags.DEFINE_string("export_dir", None,
-                            f"Where to export {what} as a SavedModel at the end of training "
-                            "(a directory that exists must hold an earlier export). Default: "
-                            "MODEL_DIR/export.")
+        flags.DEFINE_string(
+            "export_dir",
+            None,
+            f"Where to export {what} as a SavedModel at the end of training "
+            "(a directory that exists must hold an earlier export). Default: "
+            "MODEL_DIR/export.",
+        )
 
 
 def resolve_export_dir(loop) -> str:
@@ -172,12 +243,14 @@ def check_export_dir() -> None:
         return
     # A SavedModel directory holds saved_model.pb (or .pbtxt); checking the name
     # spares loading TensorFlow for it.
-    if not any(os.path.isfile(os.path.join(path, name))
-               for name in ("saved_model.pb", "saved_model.pbtxt")):
+    if not any(
+        os.path.isfile(os.path.join(path, name)) for name in ("saved_model.pb", "saved_model.pbtxt")
+    ):
         raise app.UsageError(
             f"--export_dir={path} exists and holds no SavedModel, so the export at the end "
             "would have to replace it; pass a new directory (or an earlier export) as "
-            "--export_dir, or move that one away.")
+            "--export_dir, or move that one away."
+        )
 
 
 def help_text(description: str) -> str:
@@ -190,12 +263,14 @@ def help_text(description: str) -> str:
         lines.append(f"{name}:")
         for flag_name in names:
             flag = flags.FLAGS[flag_name]
-            default = "unset" if flag.default is None else flag.default_as_str.strip("'")
+            default = "unset" if flag.default is None else str(flag.default_as_str).strip("'")
             lines.append(f"  --{flag_name} ({flag.flag_type()}, default: {default})")
             lines.append(flags.text_wrap(flag.help, length=80, indent="      "))
         lines.append("")
-    lines.append("logging:\n  -v N, --verbosity=N\n      Also show TensorFlow's own log lines "
-                 "(as does setting TF_CPP_MIN_LOG_LEVEL);\n      N >= 0 adds absl INFO lines.")
+    lines.append(
+        "logging:\n  -v N, --verbosity=N\n      Also show TensorFlow's own log lines "
+        "(as does setting TF_CPP_MIN_LOG_LEVEL);\n      N >= 0 adds absl INFO lines."
+    )
     return "\n".join(lines)
 
 
@@ -204,7 +279,7 @@ def parse_flags(argv: list[str], *, description: str) -> list[str]:
 
     Returns what is left of argv (the program name and any stray argument).
     """
-    options = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    options = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
     if any(option in _HELP_ARGUMENTS for option in options):
         print(help_text(description))
         sys.exit(0)
@@ -242,8 +317,9 @@ def make_strategy():
     """The tf.distribute strategy --strategy and --num_replicas ask for."""
     from loops import strategies
 
-    return strategies.make_strategy(flags.FLAGS.strategy, num_replicas(),
-                                    cluster_timeout=flags.FLAGS.cluster_timeout)
+    return strategies.make_strategy(
+        flags.FLAGS.strategy, num_replicas(), cluster_timeout=flags.FLAGS.cluster_timeout
+    )
 
 
 def check_batch_fits_replicas(strategy) -> None:
@@ -252,7 +328,8 @@ def check_batch_fits_replicas(strategy) -> None:
     if batch < replicas:
         raise ValueError(
             f"--global_batch_size={batch} is smaller than the {replicas} replicas, so some "
-            f"replicas would never get an example; pass --global_batch_size>={replicas}.")
+            f"replicas would never get an example; pass --global_batch_size>={replicas}."
+        )
 
 
 def eval_every() -> int | None:
@@ -278,11 +355,15 @@ def flag_actions() -> list:
     from loops.actions import EarlyStopping, KeepBest
 
     values = flags.FLAGS
-    actions = []
+    actions: list = []
     if values.early_stopping_metric:
-        actions.append(EarlyStopping(values.early_stopping_metric,
-                                     mode=values.early_stopping_mode,
-                                     patience=values.early_stopping_patience))
+        actions.append(
+            EarlyStopping(
+                values.early_stopping_metric,
+                mode=values.early_stopping_mode,
+                patience=values.early_stopping_patience,
+            )
+        )
     if values.keep_best_metric:
         actions.append(KeepBest(values.keep_best_metric, mode=values.keep_best_mode))
     return actions
@@ -295,16 +376,24 @@ def loop_arguments(strategy, model_dir: str, *, actions: Sequence = ()) -> dict[
     algorithm-dependent defaults fills in before.
     """
     values = flags.FLAGS
-    return {"strategy": strategy, "model_dir": model_dir, "steps_per_loop": values.steps_per_loop,
-            "eval_every": eval_every(), "checkpoint_every": values.checkpoint_every,
-            "seed": values.seed, "run_eagerly": values.run_eagerly,
-            "on_nonfinite": values.on_nonfinite, "actions": [*flag_actions(), *actions],
-            "progress_every_seconds": values.progress_every_seconds or None,
-            "config": flag_values()}
+    return {
+        "strategy": strategy,
+        "model_dir": model_dir,
+        "steps_per_loop": values.steps_per_loop,
+        "eval_every": eval_every(),
+        "checkpoint_every": values.checkpoint_every,
+        "seed": values.seed,
+        "run_eagerly": values.run_eagerly,
+        "on_nonfinite": values.on_nonfinite,
+        "actions": [*flag_actions(), *actions],
+        "progress_every_seconds": values.progress_every_seconds or None,
+        "config": flag_values(),
+    }
 
 
-def run_binary(argv: Sequence[str], build_loop: Callable, *,
-               summary: Callable | None = None) -> None:
+def run_binary(
+    argv: Sequence[str], build_loop: Callable, *, summary: Callable | None = None
+) -> None:
     """The body of every binary's main: build the loop, train, say where outputs went.
 
     Args:
@@ -334,15 +423,17 @@ def run_binary(argv: Sequence[str], build_loop: Callable, *,
         signal.signal(signal.SIGTERM, previous_handler)
 
 
-def _build_and_train(build_loop: Callable, summary: Callable | None,
-                     *errors_to_report: type[Exception]) -> None:
+def _build_and_train(
+    build_loop: Callable, summary: Callable | None, *errors_to_report: type[Exception]
+) -> None:
     try:
         loop = build_loop()
     except ValueError as error:
         raise app.UsageError(str(error)) from error
+    reported: tuple[type[Exception], ...] = (*errors_to_report, OSError)
     try:
         loop.train(flags.FLAGS.train_steps)
-    except (*errors_to_report, OSError) as error:
+    except reported as error:
         sys.exit(f"error: {error}")
     if summary is not None:
         loop.progress.line(summary(loop))
@@ -371,7 +462,8 @@ def quiet_logging() -> None:
     if not verbose:
         logging.set_verbosity(logging.WARNING)
     tensorflow_logs.import_tensorflow(
-        quiet=not verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ)
+        quiet=not verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    )
     if not verbose:
         import tensorflow as tf
 
@@ -388,4 +480,5 @@ def report_outputs(loop) -> None:
         f"  results:     {os.path.join(directory, 'results.json')}\n"
         f"  checkpoints: {os.path.join(directory, 'checkpoints')} (rerun with "
         f"--model_dir={directory} and a larger --train_steps to continue)\n"
-        f"  summaries:   tensorboard --logdir {os.path.join(directory, 'summaries')}")
+        f"  summaries:   tensorboard --logdir {os.path.join(directory, 'summaries')}"
+    )

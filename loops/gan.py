@@ -25,6 +25,7 @@ _EVAL_STEP = -1
 
 # ---- Losses: one value per example, scaled to the global batch by the caller. ----
 
+
 def non_saturating_discriminator_loss(real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
     """-log D(real) - log(1 - D(fake)) per example, from logits (DCGAN)."""
     return tf.nn.softplus(-real_logits) + tf.nn.softplus(fake_logits)
@@ -45,8 +46,9 @@ def wasserstein_generator_loss(fake_scores: tf.Tensor) -> tf.Tensor:
     return -fake_scores
 
 
-def gradient_penalty(critic: Callable[[tf.Tensor], tf.Tensor], real: tf.Tensor, fake: tf.Tensor,
-                     alpha: tf.Tensor) -> tf.Tensor:
+def gradient_penalty(
+    critic: Callable[[tf.Tensor], tf.Tensor], real: tf.Tensor, fake: tf.Tensor, alpha: tf.Tensor
+) -> tf.Tensor:
     """(|grad critic(x)| - 1)^2 per example at x = alpha * real + (1 - alpha) * fake (WGAN-GP).
 
     Args:
@@ -74,6 +76,7 @@ def gradient_penalty(critic: Callable[[tf.Tensor], tf.Tensor], real: tf.Tensor, 
 
 # ---- Sample grids. ----
 
+
 def image_grid(images: np.ndarray, rows: int, columns: int) -> np.ndarray:
     """Tiles rows * columns images in [-1, 1] (n, h, w, c) into one uint8 image.
 
@@ -91,7 +94,7 @@ def image_grid(images: np.ndarray, rows: int, columns: int) -> np.ndarray:
     for index in range(rows * columns):
         top = 1 + (index // columns) * (height + 1)
         left = 1 + (index % columns) * (width + 1)
-        grid[top:top + height, left:left + width] = pixels[index]
+        grid[top : top + height, left : left + width] = pixels[index]
     return grid
 
 
@@ -136,23 +139,25 @@ class GANLoop(Loop):
 
     name = "gan"
 
-    def __init__(self,
-                 *,
-                 # Networks and their optimizers, built in the strategy's scope.
-                 generator_fn: Callable[[], keras.Model],
-                 discriminator_fn: Callable[[], keras.Model],
-                 generator_optimizer_fn: Callable[[], keras.optimizers.Optimizer],
-                 discriminator_optimizer_fn: Callable[[], keras.optimizers.Optimizer],
-                 # The game.
-                 gan_loss: str = "non_saturating",
-                 n_critic: int = 1,
-                 gp_weight: float = 10.0,
-                 ema_decay: float | None = None,
-                 # Evaluation.
-                 sample_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
-                 num_eval_samples: int = 2500,
-                 sample_grid: tuple[int, int] | None = None,
-                 **loop_args):
+    def __init__(
+        self,
+        *,
+        # Networks and their optimizers, built in the strategy's scope.
+        generator_fn: Callable[[], keras.Model],
+        discriminator_fn: Callable[[], keras.Model],
+        generator_optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+        discriminator_optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+        # The game.
+        gan_loss: str = "non_saturating",
+        n_critic: int = 1,
+        gp_weight: float = 10.0,
+        ema_decay: float | None = None,
+        # Evaluation.
+        sample_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
+        num_eval_samples: int = 2500,
+        sample_grid: tuple[int, int] | None = None,
+        **loop_args,
+    ):
         """
         Args:
             generator_fn: builds the generator, a model from noise (its input
@@ -181,24 +186,32 @@ class GANLoop(Loop):
         """
         if gan_loss not in GAN_LOSSES:
             raise ValueError(
-                f"Unknown gan_loss {gan_loss!r}; choose one of {', '.join(GAN_LOSSES)}.")
+                f"Unknown gan_loss {gan_loss!r}; choose one of {', '.join(GAN_LOSSES)}."
+            )
         if isinstance(n_critic, bool) or not isinstance(n_critic, int) or n_critic < 1:
             raise ValueError(f"n_critic must be a whole number >= 1, got {n_critic!r}.")
         if not gp_weight >= 0:
             raise ValueError(f"gp_weight must be >= 0, got {gp_weight!r}.")
         if ema_decay is not None and not 0 < ema_decay < 1:
-            raise ValueError(f"ema_decay must be in (0, 1), e.g. 0.999, or None for no "
-                             f"average; got {ema_decay!r}.")
-        if isinstance(num_eval_samples, bool) or not isinstance(num_eval_samples, int) \
-                or num_eval_samples < 1:
             raise ValueError(
-                f"num_eval_samples must be a whole number >= 1, got {num_eval_samples!r}.")
+                f"ema_decay must be in (0, 1), e.g. 0.999, or None for no "
+                f"average; got {ema_decay!r}."
+            )
+        if (
+            isinstance(num_eval_samples, bool)
+            or not isinstance(num_eval_samples, int)
+            or num_eval_samples < 1
+        ):
+            raise ValueError(
+                f"num_eval_samples must be a whole number >= 1, got {num_eval_samples!r}."
+            )
         if sample_grid is not None:
             rows, columns = sample_grid
             if rows < 1 or columns < 1 or rows * columns > num_eval_samples:
                 raise ValueError(
                     f"sample_grid {sample_grid!r} needs 1 <= rows * columns <= "
-                    f"num_eval_samples ({num_eval_samples}).")
+                    f"num_eval_samples ({num_eval_samples})."
+                )
         self.generator_fn = generator_fn
         self.discriminator_fn = discriminator_fn
         self.generator_optimizer_fn = generator_optimizer_fn
@@ -226,13 +239,15 @@ class GANLoop(Loop):
             raise ValueError(
                 f"sample_grid needs a generator of images (batch, height, width, channels); "
                 f"this one gives shape {tuple(self.generator.outputs[0].shape)}. Pass "
-                "sample_grid=None for data that is not images.")
+                "sample_grid=None for data that is not images."
+            )
         self.generator_optimizer = self.generator_optimizer_fn()
         self.discriminator_optimizer = self.discriminator_optimizer_fn()
         if self.generator_optimizer is self.discriminator_optimizer:
             raise ValueError(
                 "generator_optimizer_fn and discriminator_optimizer_fn returned the same "
-                "optimizer; each network needs its own (return a new one from each call).")
+                "optimizer; each network needs its own (return a new one from each call)."
+            )
         # Built here, in scope: built lazily inside strategy.run they fail (DESIGN.md fact 1).
         self.generator_optimizer.build(self.generator.trainable_variables)
         self.discriminator_optimizer.build(self.discriminator.trainable_variables)
@@ -246,16 +261,24 @@ class GANLoop(Loop):
             self.ema_generator = keras.models.clone_model(self.generator)
             self.ema_generator.trainable = False
             self.generator_average = target_networks.MovingAverage(
-                self.ema_generator.weights, self.generator.weights, decay=self.ema_decay,
-                name="ema_generator")
+                self.ema_generator.weights,
+                self.generator.weights,
+                decay=self.ema_decay,
+                name="ema_generator",
+            )
 
     def checkpoint_items(self):
-        items = {"generator": self.generator, "discriminator": self.discriminator,
-                 "generator_optimizer": self.generator_optimizer,
-                 "discriminator_optimizer": self.discriminator_optimizer,
-                 "d_steps": self.d_steps, "g_steps": self.g_steps}
+        items = {
+            "generator": self.generator,
+            "discriminator": self.discriminator,
+            "generator_optimizer": self.generator_optimizer,
+            "discriminator_optimizer": self.discriminator_optimizer,
+            "d_steps": self.d_steps,
+            "g_steps": self.g_steps,
+        }
         if self.ema_generator is not None:
             items["ema_generator"] = self.ema_generator
+            assert self.generator_average is not None  # made with ema_generator
             items["ema_num_updates"] = self.generator_average.num_updates
         return items
 
@@ -266,14 +289,23 @@ class GANLoop(Loop):
             real = next(iterator)
             critic_logs.append(self.discriminator_step(real, step, substep))
         logs = self.generator_step(real, step)
-        averaged = {name: tf.add_n([entry[name] for entry in critic_logs]) / self.n_critic
-                    for name in critic_logs[0] if name != "nonfinite"}
+        averaged = {
+            name: tf.add_n([entry[name] for entry in critic_logs]) / self.n_critic
+            for name in critic_logs[0]
+            if name != "nonfinite"
+        }
         # Set when any of the step's updates was not finite.
-        nonfinite = tf.reduce_max(tf.stack([entry["nonfinite"] for entry in critic_logs]
-                                           + [logs["nonfinite"]]))
-        losses = {**averaged, **{name: value for name, value in logs.items() if name != "nonfinite"}}
-        return {**{name: outputs.Mean(value) for name, value in losses.items()},
-                "nonfinite": outputs.Sum(tf.cast(nonfinite, tf.int32))}
+        nonfinite = tf.reduce_max(
+            tf.stack([entry["nonfinite"] for entry in critic_logs] + [logs["nonfinite"]])
+        )
+        losses = {
+            **averaged,
+            **{name: value for name, value in logs.items() if name != "nonfinite"},
+        }
+        return {
+            **{name: outputs.Mean(value) for name, value in losses.items()},
+            "nonfinite": outputs.Sum(tf.cast(nonfinite, tf.int32)),
+        }
 
     def discriminator_step(self, real, step: tf.Tensor, substep: int) -> dict[str, tf.Tensor]:
         """One critic update on a distributed batch of real examples; cross-replica context.
@@ -285,12 +317,15 @@ class GANLoop(Loop):
             "d_loss" (and "gradient_penalty" for wgan_gp) reduced over replicas,
             and "nonfinite": 1.0 when the update was not finite.
         """
-        result = self.discriminator_update(self._replica_discriminator_loss,
-                                           args=(real, step, substep))
+        result = self.discriminator_update(
+            self._replica_discriminator_loss, args=(real, step, substep)
+        )
         self.d_steps.assign_add(1 - tf.cast(result.nonfinite, tf.int64))
-        return {"d_loss": result.sums["loss"],
-                **{name: value for name, value in result.sums.items() if name != "loss"},
-                "nonfinite": result.nonfinite}
+        return {
+            "d_loss": result.sums["loss"],
+            **{name: value for name, value in result.sums.items() if name != "loss"},
+            "nonfinite": result.nonfinite,
+        }
 
     def generator_step(self, real, step: tf.Tensor) -> dict[str, tf.Tensor]:
         """One generator update with as many fakes as `real` holds per replica, then the EMA.
@@ -320,32 +355,40 @@ class GANLoop(Loop):
         for prefix, generator in generators.items():
             samples = self.sample(self.num_eval_samples, generator=generator)
             if self.sample_metrics is not None:
-                metrics.update({prefix + name: value
-                                for name, value in self.sample_metrics(samples).items()})
+                metrics.update(
+                    {prefix + name: value for name, value in self.sample_metrics(samples).items()}
+                )
             if self.sample_grid is not None:
                 self._write_grid(samples, prefix)
         return metrics
 
     def results_extra(self):
         # The losses and sample metrics are in the Loop's "train" and "eval" entries.
-        return {"d_steps": int(self.d_steps.numpy()), "g_steps": int(self.g_steps.numpy()),
-                "sample_files": self.sample_files}
+        return {
+            "d_steps": int(self.d_steps.numpy()),
+            "g_steps": int(self.g_steps.numpy()),
+            "sample_files": self.sample_files,
+        }
 
     # ---- Sampling. ----
 
     def sample(self, count: int, *, generator: keras.Model | None = None) -> np.ndarray:
         """`count` samples of `generator` (default: the trained one) from fixed, seeded noise."""
         noise = tf.random.stateless_normal(
-            (count,) + self.noise_shape, seed=step_seed(self.seed, _EVAL_STEP, 0, _NOISE_STREAM))
+            (count,) + self.noise_shape, seed=step_seed(self.seed, _EVAL_STEP, 0, _NOISE_STREAM)
+        )
         return np.asarray((generator or self.generator)(noise, training=False))
 
     # ---- Replica steps. ----
 
     def _replica_noise(self, step, substep, local_rows, global_rows):
-        return replica_rows(tf.random.stateless_normal,
-                            step_seed(self.seed, step, substep, _NOISE_STREAM),
-                            local_rows=local_rows, global_rows=global_rows,
-                            row_shape=self.noise_shape)
+        return replica_rows(
+            tf.random.stateless_normal,
+            step_seed(self.seed, step, substep, _NOISE_STREAM),
+            local_rows=local_rows,
+            global_rows=global_rows,
+            row_shape=self.noise_shape,
+        )
 
     def _scores(self, model, inputs):
         scores = tf.cast(model(inputs, training=True), tf.float32)
@@ -360,13 +403,19 @@ class GANLoop(Loop):
         real_scores = self._scores(self.discriminator, real)
         fake_scores = self._scores(self.discriminator, fake)
         if self.gan_loss == "wgan_gp":
-            alpha = replica_rows(tf.random.stateless_uniform,
-                                 step_seed(self.seed, step, substep, _ALPHA_STREAM),
-                                 local_rows=local_rows, global_rows=count, row_shape=())
+            alpha = replica_rows(
+                tf.random.stateless_uniform,
+                step_seed(self.seed, step, substep, _ALPHA_STREAM),
+                local_rows=local_rows,
+                global_rows=count,
+                row_shape=(),
+            )
             penalty = gradient_penalty(
-                lambda inputs: self._scores(self.discriminator, inputs), real, fake, alpha)
-            per_example = (wasserstein_critic_loss(real_scores, fake_scores)
-                           + self.gp_weight * penalty)
+                lambda inputs: self._scores(self.discriminator, inputs), real, fake, alpha
+            )
+            per_example = (
+                wasserstein_critic_loss(real_scores, fake_scores) + self.gp_weight * penalty
+            )
             logs["gradient_penalty"] = reduction.scale_to_global_batch(penalty, count)
         else:
             per_example = non_saturating_discriminator_loss(real_scores, fake_scores)
@@ -384,6 +433,7 @@ class GANLoop(Loop):
         return reduction.scale_to_global_batch(per_example, count), {}
 
     def _write_grid(self, samples: np.ndarray, prefix: str) -> None:
+        assert self.sample_grid is not None  # only called with a sample grid
         grid = image_grid(samples, *self.sample_grid)
         writer = self.summaries.writer("eval")
         if writer is not None:
@@ -399,11 +449,16 @@ class GANLoop(Loop):
 
 
 def _built(model: keras.Model, source: str) -> keras.Model:
-    if not isinstance(model, keras.Model) or not model.built or not model.trainable_variables \
-            or not model.inputs:
+    if (
+        not isinstance(model, keras.Model)
+        or not model.built
+        or not model.trainable_variables
+        or not model.inputs
+    ):
         raise ValueError(
             f"{source} returned {model!r}, not a Keras model with weights; build it "
-            "starting with keras.Input(shape) so its weights exist before training.")
+            "starting with keras.Input(shape) so its weights exist before training."
+        )
     return model
 
 
@@ -411,5 +466,6 @@ def _counter(name: str) -> keras.Variable:
     # Updated in cross-replica context; ONLY_FIRST_REPLICA keeps one value per
     # step. A Keras variable like every other weight here, so helpers that read
     # `variable.value` as a tensor (loops.testing.loop_weights) see its value.
-    return keras.Variable(0, dtype="int64", trainable=False, name=name,
-                          aggregation="only_first_replica")
+    return keras.Variable(
+        0, dtype="int64", trainable=False, name=name, aggregation="only_first_replica"
+    )

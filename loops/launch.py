@@ -45,13 +45,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from loops import exit_codes
 
 HOST = "127.0.0.1"
-EXAMPLE = ("python -m loops.launch --num_workers=2 -- loops.bin.classifier "
-           "--strategy=multi_worker_mirrored")
+EXAMPLE = (
+    "python -m loops.launch --num_workers=2 -- loops.bin.classifier "
+    "--strategy=multi_worker_mirrored"
+)
 # A dotted Python module path such as `loops.bin.classifier`.
 _MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _POLL_SECONDS = 0.05
@@ -72,6 +74,13 @@ class Task:
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    @property
+    def started(self) -> subprocess.Popen:
+        """The task's process; only asked for once every task has started."""
+        if self.process is None:
+            raise RuntimeError(f"{self.name} has not been started")
+        return self.process
 
 
 class UsageError(ValueError):
@@ -110,13 +119,17 @@ def plan_cluster(num_workers: int, num_ps: int = 0, host: str = HOST) -> list[Ta
     if num_workers < 1:
         raise UsageError(
             f"--num_workers={num_workers}: a cluster needs at least one worker; pass "
-            "--num_workers=2 (or more) for a multi-worker run.")
+            "--num_workers=2 (or more) for a multi-worker run."
+        )
     if num_ps < 0:
         raise UsageError(f"--num_ps={num_ps} is negative; pass --num_ps=0 (the default) or more.")
     counts = {"chief": 1 if num_ps else 0, "worker": num_workers, "ps": num_ps}
     ports = iter(free_ports(sum(counts.values()), host))
-    return [Task(task_type, index, f"{host}:{next(ports)}")
-            for task_type, count in counts.items() for index in range(count)]
+    return [
+        Task(task_type, index, f"{host}:{next(ports)}")
+        for task_type, count in counts.items()
+        for index in range(count)
+    ]
 
 
 def tf_config(tasks: Sequence[Task], task: Task) -> str:
@@ -145,11 +158,13 @@ def resolve_command(words: Sequence[str]) -> list[str]:
     if first.endswith(".py"):
         raise UsageError(
             f"{first!r} looks like a script file; pass `python {first}` to run it as a "
-            f"command, or its module path ({first[:-3].replace(os.sep, '.')}) to run it with -m.")
+            f"command, or its module path ({first[:-3].replace(os.sep, '.')}) to run it with -m."
+        )
     if not _MODULE_PATH.fullmatch(first):
         raise UsageError(
             f"{first!r} is neither a program on PATH nor a Python module path like "
-            "loops.bin.classifier; pass one of those after `--`.")
+            "loops.bin.classifier; pass one of those after `--`."
+        )
     return [sys.executable, "-m", *words]
 
 
@@ -176,7 +191,8 @@ def _die_with_parent() -> None:
     Without it a launcher killed with SIGKILL leaves its workers running,
     still holding their ports and the model_dir lock.
     """
-    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if _prctl is not None:  # installed as preexec_fn only where it exists
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class Launcher:
@@ -191,9 +207,16 @@ class Launcher:
         env: the tasks' environment (this process's if None), plus TF_CONFIG.
     """
 
-    def __init__(self, command: Sequence[str], tasks: Sequence[Task], *,
-                 grace_period: float = 10.0, stdout: TextIO | None = None,
-                 stderr: TextIO | None = None, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        tasks: Sequence[Task],
+        *,
+        grace_period: float = 10.0,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        env: dict[str, str] | None = None,
+    ):
         if not grace_period > 0:
             raise UsageError(f"--grace_period={grace_period} must be > 0 seconds, e.g. 10.")
         self.command = list(command)
@@ -233,24 +256,35 @@ class Launcher:
             env = dict(self._env, TF_CONFIG=tf_config(self.tasks, task), PYTHONUNBUFFERED="1")
             try:
                 task.process = subprocess.Popen(
-                    self.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    self.command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     # Its own session: a terminal's Ctrl-C reaches the tasks only
                     # through the launcher, once, instead of twice.
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if _prctl is not None else None)
+                    preexec_fn=_die_with_parent if _prctl is not None else None,
+                )
             except OSError as error:
                 raise UsageError(
                     f"Cannot start {self.command[0]!r} for {task.name} ({error}); check that "
-                    "the path exists and is executable.") from error
+                    "the path exists and is executable."
+                ) from error
             self.say(f"{task.name} pid {task.process.pid} at {task.address}")
         # The readers start only after every fork: a fork while other threads run
         # could copy a lock they hold into the child before exec.
         for task in self.tasks:
-            for source, sink in ((task.process.stdout, self._stdout),
-                                 (task.process.stderr, self._stderr)):
-                pump = threading.Thread(target=self._pump, args=(source, sink, f"[{task.name}] "),
-                                        name=f"launch-{task.name}", daemon=True)
+            for source, sink in (
+                (task.started.stdout, self._stdout),
+                (task.started.stderr, self._stderr),
+            ):
+                pump = threading.Thread(
+                    target=self._pump,
+                    args=(source, sink, f"[{task.name}] "),
+                    name=f"launch-{task.name}",
+                    daemon=True,
+                )
                 pump.start()
                 self._pumps.append(pump)
 
@@ -280,7 +314,7 @@ class Launcher:
         while True:
             self._tell_signals()
             for task in self.tasks:
-                code = task.process.poll()
+                code = task.started.poll()
                 if code is None or task.name in reported:
                     continue
                 reported.add(task.name)
@@ -299,9 +333,11 @@ class Launcher:
                 after = f" after {self._signal_names()}" if self._signals else ""
                 if preempted:
                     named = ", ".join(task.name for task in self.tasks if task.name in preempted)
-                    self.say(f"PREEMPTED{after}: {named} exited "
-                             f"{exit_codes.PREEMPTED}; rerun the same command to continue "
-                             f"(exit code {exit_codes.PREEMPTED})")
+                    self.say(
+                        f"PREEMPTED{after}: {named} exited "
+                        f"{exit_codes.PREEMPTED}; rerun the same command to continue "
+                        f"(exit code {exit_codes.PREEMPTED})"
+                    )
                     return exit_codes.PREEMPTED
                 if self._signals:
                     self.say(f"{ended}{after}")
@@ -314,8 +350,10 @@ class Launcher:
         after = f" after {self._signal_names()}" if self._signals else ""
         others = [other for other in self.tasks if other.running()]
         if others:
-            self.say(f"{reason}{after}; stopping {', '.join(o.name for o in others)} "
-                     f"(SIGTERM, then SIGKILL after {self.grace_period:g} s)")
+            self.say(
+                f"{reason}{after}; stopping {', '.join(o.name for o in others)} "
+                f"(SIGTERM, then SIGKILL after {self.grace_period:g} s)"
+            )
             self._stop(others)
         self.say(f"FAILED: {reason}{after}")
         return 128 + self._signals[0] if self._signals else 1
@@ -329,24 +367,28 @@ class Launcher:
             time.sleep(_POLL_SECONDS)
         for task in tasks:
             if task.running():
-                self.say(f"{task.name} still running {self.grace_period:g} s after SIGTERM; "
-                         "sending SIGKILL")
+                self.say(
+                    f"{task.name} still running {self.grace_period:g} s after SIGTERM; "
+                    "sending SIGKILL"
+                )
                 self._send(task, signal.SIGKILL)
-                task.process.wait()
+                task.started.wait()
 
     @staticmethod
     def _send(task: Task, signum: int) -> None:
         try:
-            task.process.send_signal(signum)
+            task.started.send_signal(signum)
         except ProcessLookupError:
             pass  # it exited between the check and the signal
 
-    def _forward_signals(self) -> dict[int, object]:
+    def _forward_signals(self) -> dict[int, Any]:
         """Installs SIGINT/SIGTERM forwarding; returns the handlers it replaced."""
         if threading.current_thread() is not threading.main_thread():
             return {}  # only the main thread may install handlers
-        return {signum: signal.signal(signum, self._on_signal)
-                for signum in (signal.SIGINT, signal.SIGTERM)}
+        return {
+            signum: signal.signal(signum, self._on_signal)
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
 
     def _on_signal(self, signum: int, frame) -> None:
         # No output here: the handler can interrupt a write to the same stream,
@@ -375,10 +417,14 @@ class Launcher:
             targets = self._signalled(index)
             to = "every task"
             if len(targets) < len(self.tasks):
-                to = (", ".join(task.name for task in targets)
-                      + " (the others keep serving until the run ends)")
-            self.say(f"received {signal.Signals(self._signals[index]).name}; sent "
-                     f"{signal.Signals(self._forwarded(index)).name} to {to}")
+                to = (
+                    ", ".join(task.name for task in targets)
+                    + " (the others keep serving until the run ends)"
+                )
+            self.say(
+                f"received {signal.Signals(self._signals[index]).name}; sent "
+                f"{signal.Signals(self._forwarded(index)).name} to {to}"
+            )
 
     def _signal_names(self) -> str:
         return " and ".join(signal.Signals(signum).name for signum in self._signals)
@@ -386,31 +432,43 @@ class Launcher:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m loops.launch", allow_abbrev=False,
+        prog="python -m loops.launch",
+        allow_abbrev=False,
         usage="%(prog)s --num_workers=N [--num_ps=M] [--grace_period=S] "
-              "-- <module or command> [its flags]",
+        "-- <module or command> [its flags]",
         description="Runs a command as a local tf.distribute cluster: one process per task, "
-                    "each with TF_CONFIG set, output lines prefixed with the task name.",
+        "each with TF_CONFIG set, output lines prefixed with the task name.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"example: {EXAMPLE} --model_dir=/tmp/run1\n\n"
-               "exit codes:\n"
-               f"  {exit_codes.FINISHED:<5} every task finished\n"
-               f"  {exit_codes.PREEMPTED:<5} preempted: tasks exited {exit_codes.PREEMPTED} after "
-               "saving; rerun the same command to continue\n"
-               "  1     a task failed (the last line names it); the others were stopped\n"
-               "  2     bad launcher arguments\n"
-               "  128+N a task failed after the launcher received signal N\n\n"
-               "SIGINT and SIGTERM go to the chief (without one, to every task); the servers\n"
-               "keep serving until it ends. A second signal kills every task.")
+        "exit codes:\n"
+        f"  {exit_codes.FINISHED:<5} every task finished\n"
+        f"  {exit_codes.PREEMPTED:<5} preempted: tasks exited {exit_codes.PREEMPTED} after "
+        "saving; rerun the same command to continue\n"
+        "  1     a task failed (the last line names it); the others were stopped\n"
+        "  2     bad launcher arguments\n"
+        "  128+N a task failed after the launcher received signal N\n\n"
+        "SIGINT and SIGTERM go to the chief (without one, to every task); the servers\n"
+        "keep serving until it ends. A second signal kills every task.",
+    )
     # Checked in main, after unknown flags, so a misspelled --num_workers is named as such.
-    parser.add_argument("--num_workers", type=int,
-                        help="worker processes, >= 1 (worker_0 is the chief unless --num_ps "
-                             "adds one); required")
-    parser.add_argument("--num_ps", type=int, default=0,
-                        help="parameter-server processes (default 0); with any, a chief task "
-                             "(the coordinator of --strategy=parameter_server) starts too")
-    parser.add_argument("--grace_period", type=float, default=10.0,
-                        help="seconds a task has to exit after SIGTERM before SIGKILL (default 10)")
+    parser.add_argument(
+        "--num_workers",
+        type=int,
+        help="worker processes, >= 1 (worker_0 is the chief unless --num_ps adds one); required",
+    )
+    parser.add_argument(
+        "--num_ps",
+        type=int,
+        default=0,
+        help="parameter-server processes (default 0); with any, a chief task "
+        "(the coordinator of --strategy=parameter_server) starts too",
+    )
+    parser.add_argument(
+        "--grace_period",
+        type=float,
+        default=10.0,
+        help="seconds a task has to exit after SIGTERM before SIGKILL (default 10)",
+    )
     return parser
 
 
@@ -419,21 +477,27 @@ def main(argv: Sequence[str]) -> int:
     argv = list(argv)
     parser = _parser()
     split = argv.index("--") if "--" in argv else len(argv)
-    own, words = argv[:split], argv[split + 1:]
+    own, words = argv[:split], argv[split + 1 :]
     options, unknown = parser.parse_known_args(own)
     if unknown:
-        parser.error(f"unexpected {' '.join(unknown)}; the launcher takes --num_workers, "
-                     "--num_ps and --grace_period, and the command goes after `--`, "
-                     f"e.g. {EXAMPLE}")
+        parser.error(
+            f"unexpected {' '.join(unknown)}; the launcher takes --num_workers, "
+            "--num_ps and --grace_period, and the command goes after `--`, "
+            f"e.g. {EXAMPLE}"
+        )
     if options.num_workers is None:
-        parser.error("--num_workers is required: how many worker processes to start, "
-                     f"e.g. {EXAMPLE}")
+        parser.error(
+            f"--num_workers is required: how many worker processes to start, e.g. {EXAMPLE}"
+        )
     if split == len(argv):
         parser.error(f"no `--` and no command after it; e.g. {EXAMPLE}")
     try:
         command = resolve_command(words)
-        launcher = Launcher(command, plan_cluster(options.num_workers, options.num_ps),
-                            grace_period=options.grace_period)
+        launcher = Launcher(
+            command,
+            plan_cluster(options.num_workers, options.num_ps),
+            grace_period=options.grace_period,
+        )
         return launcher.run()
     except UsageError as error:
         parser.error(str(error))

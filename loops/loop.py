@@ -96,35 +96,46 @@ class Loop:
 
     name = "loop"
     # Config keys a resumed run may change without a warning.
-    config_free_to_change = frozenset({"train_steps", "model_dir", "export_dir", "verbosity",
-                                       "eval_every", "checkpoint_every", "steps_per_loop"})
+    config_free_to_change = frozenset(
+        {
+            "train_steps",
+            "model_dir",
+            "export_dir",
+            "verbosity",
+            "eval_every",
+            "checkpoint_every",
+            "steps_per_loop",
+        }
+    )
     batches_per_step = 1  # global batches one train_step dequeues; sets the resume position
     needs_train_data = True  # False for steps that make their own data (RL): iterator is None
     supports_parameter_server = False  # True when train_step is right for asynchronous workers
 
-    def __init__(self,
-                 *,
-                 strategy: tf.distribute.Strategy | None = None,
-                 # Input: datasets of GLOBAL batches, or functions that build them.
-                 train_data: distributed_input.DatasetSource | None = None,
-                 eval_data: distributed_input.DatasetSource | None = None,
-                 # Outer loop.
-                 steps_per_loop: int = 100,
-                 eval_every: int | None = None,
-                 checkpoint_every: int | None = None,
-                 # Outputs.
-                 model_dir: str | None = None,
-                 max_checkpoints: int = 3,
-                 progress: reporting.Progress | None = None,
-                 progress_every_seconds: float | None = None,
-                 # Execution.
-                 seed: int = 0,
-                 run_eagerly: bool = False,
-                 on_nonfinite: str = "stop",
-                 # Host-side callbacks.
-                 actions: Sequence[Action] = (),
-                 # What the run was asked to do, recorded with its results.
-                 config: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        *,
+        strategy: tf.distribute.Strategy | None = None,
+        # Input: datasets of GLOBAL batches, or functions that build them.
+        train_data: distributed_input.DatasetSource | None = None,
+        eval_data: distributed_input.DatasetSource | None = None,
+        # Outer loop.
+        steps_per_loop: int = 100,
+        eval_every: int | None = None,
+        checkpoint_every: int | None = None,
+        # Outputs.
+        model_dir: str | None = None,
+        max_checkpoints: int = 3,
+        progress: reporting.Progress | None = None,
+        progress_every_seconds: float | None = None,
+        # Execution.
+        seed: int = 0,
+        run_eagerly: bool = False,
+        on_nonfinite: str = "stop",
+        # Host-side callbacks.
+        actions: Sequence[Action] = (),
+        # What the run was asked to do, recorded with its results.
+        config: Mapping[str, Any] | None = None,
+    ):
         """Creates the loop's objects in the strategy's scope and restores them.
 
         Args:
@@ -171,11 +182,14 @@ class Loop:
         _check_positive("checkpoint_every", checkpoint_every, optional=True)
         _check_positive("max_checkpoints", max_checkpoints)
         if on_nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {on_nonfinite!r}.")
+            raise ValueError(
+                f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {on_nonfinite!r}."
+            )
         if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
             raise ValueError(
                 f"model_dir {model_dir!r} is a file, not a directory; pass a "
-                "directory path (it is created if missing).")
+                "directory path (it is created if missing)."
+            )
         self.strategy = strategy or tf.distribute.get_strategy()
         # Under ParameterServerStrategy this process is the coordinator and the
         # steps run asynchronously on the workers (loops/parameter_server.py).
@@ -185,9 +199,11 @@ class Loop:
                 raise ValueError(
                     f"{type(self).__name__} does not train under ParameterServerStrategy "
                     "(its steps need synchronous replicas). Use "
-                    "--strategy=multi_worker_mirrored or mirrored.")
+                    "--strategy=multi_worker_mirrored or mirrored."
+                )
             self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
-                self.strategy)
+                self.strategy
+            )
         self.train_data = train_data
         self.eval_data = eval_data
         self.steps_per_loop = steps_per_loop
@@ -195,8 +211,10 @@ class Loop:
         self.checkpoint_every = checkpoint_every
         self.model_dir = model_dir
         if progress_every_seconds is not None and not progress_every_seconds > 0:
-            raise ValueError(f"progress_every_seconds must be > 0 (or None to turn it off), got "
-                             f"{progress_every_seconds!r}.")
+            raise ValueError(
+                f"progress_every_seconds must be > 0 (or None to turn it off), got "
+                f"{progress_every_seconds!r}."
+            )
         self.progress_every_seconds = progress_every_seconds
         self._seconds_per_step: float | None = None
         self.seed = seed
@@ -205,7 +223,8 @@ class Loop:
         self.is_chief = strategies.is_chief(self.strategy)
         self.progress = progress or reporting.Progress()
         self.summaries = reporting.Summaries(
-            os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None)
+            os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
+        )
         self.actions = _checked_actions(actions)
         self.config = dict(config or {})
         # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
@@ -216,8 +235,12 @@ class Loop:
 
         with strategies.variable_scope(self.strategy):
             self.global_step = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="global_step",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                name="global_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
             self.build()
             for action in self.actions:
                 action.build(self)
@@ -238,9 +261,14 @@ class Loop:
                 # Holding the lock, whatever a killed writer left half-written is stale.
                 reporting.remove_unfinished_writes(model_dir)
             self.checkpointer = Checkpointer(
-                strategy=self.strategy, directory=os.path.join(model_dir, "checkpoints"),
-                items=items, step_counter=self.global_step, max_to_keep=max_checkpoints,
-                optional_items=action_state, say=self.progress.line)
+                strategy=self.strategy,
+                directory=os.path.join(model_dir, "checkpoints"),
+                items=items,
+                step_counter=self.global_step,
+                max_to_keep=max_checkpoints,
+                optional_items=action_state,
+                say=self.progress.line,
+            )
             try:
                 restored = self.checkpointer.restore()
                 if self.is_chief:
@@ -254,7 +282,7 @@ class Loop:
 
         self._train_iterator: Iterator | None = None
         self._train_iterator_position = -1
-        self._eval_dataset = None
+        self._eval_dataset: Any = None
         self.last_train_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
         self.steps_per_second = 0.0
@@ -275,13 +303,15 @@ class Loop:
     def train_step(self, iterator) -> Mapping[str, tf.Tensor]:
         """One training step in cross-replica context; see the class docstring."""
         raise NotImplementedError(
-            f"{type(self).__name__} must override train_step(iterator) to train.")
+            f"{type(self).__name__} must override train_step(iterator) to train."
+        )
 
     def eval_step(self, batch) -> Mapping[str, tf.Tensor]:
         """Sums over one distributed eval batch; see the class docstring."""
         raise NotImplementedError(
             f"{type(self).__name__} must override eval_step(batch) to evaluate "
-            "on eval_data, or override run_evaluation().")
+            "on eval_data, or override run_evaluation()."
+        )
 
     def run_evaluation(self) -> dict[str, float]:
         """Computes the eval metrics; by default one pass over `eval_data`."""
@@ -327,11 +357,12 @@ class Loop:
                 f"At step {self._nonfinite_weights_step} the weights were not finite and "
                 "there was no checkpoint to go back to, so this loop cannot train on. Build "
                 "it again, with a model_dir and checkpoint_every so that a stop goes back "
-                "to the last checkpoint.")
+                "to the last checkpoint."
+            )
         if self.train_data is None and self.needs_train_data:
             raise ValueError(
-                f"{type(self).__name__} has no train_data; pass train_data= to "
-                "the constructor.")
+                f"{type(self).__name__} has no train_data; pass train_data= to the constructor."
+            )
         self._check_watched_metrics()
         start_step = self.step
         history: dict[str, list[np.ndarray]] = {}
@@ -348,14 +379,16 @@ class Loop:
             if start_step >= num_steps:
                 self.progress.line(
                     f"already at step {start_step} >= {num_steps}: nothing to train "
-                    "(the model_dir holds a finished run; raise the step count to continue).")
+                    "(the model_dir holds a finished run; raise the step count to continue)."
+                )
             iterator = self._iterator_at(start_step)
             self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
             if loop_times:
                 # The first inner loop includes tracing; leave it out when there are others.
                 timed = loop_times[1:] or loop_times
-                self.steps_per_second = (sum(n for n, _ in timed)
-                                         / max(sum(t for _, t in timed), 1e-9))
+                self.steps_per_second = sum(n for n, _ in timed) / max(
+                    sum(t for _, t in timed), 1e-9
+                )
             if not self.preempted and self._evaluated_step != self.step:
                 self.evaluate()
                 self.preempted = preemption.should_stop()
@@ -371,14 +404,22 @@ class Loop:
             if self.preempted:
                 self.progress.line(
                     f"preempted (SIGTERM) at step {self.step}: every completed step is saved; "
-                    "run the same command again to continue from it")
+                    "run the same command again to continue from it"
+                )
             else:
                 for action in self.actions:
                     action.after_train(self)
         return {name: np.concatenate(parts) for name, parts in history.items()}
 
-    def _train_loops(self, iterator, step: int, num_steps: int, history: dict,
-                     loop_times: list, preemption: PreemptionWatcher) -> int:
+    def _train_loops(
+        self,
+        iterator,
+        step: int,
+        num_steps: int,
+        history: dict,
+        loop_times: list,
+        preemption: PreemptionWatcher,
+    ) -> int:
         """Runs inner loops, with what happens between them, up to `num_steps`."""
         while step < num_steps and self.stop_reason is None:
             steps = self._next_loop_length(step, num_steps)
@@ -398,7 +439,9 @@ class Loop:
                 history.setdefault(name, []).append(values)
             rate = done / seconds if seconds > 0 else 0.0
             self.last_train_metrics = outputs.aggregate_steps(run.kinds, logs)
-            self.summaries.scalars("train", step, {**self.last_train_metrics, "steps_per_second": rate})
+            self.summaries.scalars(
+                "train", step, {**self.last_train_metrics, "steps_per_second": rate}
+            )
             self.progress.train(step, num_steps, self.last_train_metrics, rate)
             if preemption.should_stop():
                 self.preempted = True
@@ -534,7 +577,8 @@ class Loop:
         raise NonFiniteError(
             f"Step {bad_step}: the loss or the gradients were not finite on at least one "
             f"replica. {state} Lower the learning rate, clip gradients, check the input, "
-            "or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave out such steps.")
+            "or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave out such steps."
+        )
 
     def _stop_on_nonfinite_weights(self, step: int) -> None:
         """Goes back to the last checkpoint (every one is finite) and raises NonFiniteError.
@@ -549,17 +593,22 @@ class Loop:
             f"After step {step}, {describe_names(bad)} not finite (NaN or inf), although the "
             f"steps' loss and gradient checks passed: an update itself was not finite. {state} "
             "Check the learning rate and the optimizer's settings (a learning rate that is "
-            "inf or huge does this), or clip gradients.")
+            "inf or huge does this), or clip gradients."
+        )
 
     def _go_back_to_checkpoint(self) -> str:
         """Restores the last checkpoint after a non-finite step; says where the loop is now."""
         if self.checkpointer is not None and self.checkpointer.restore() is not None:
             self._train_iterator_position = -1  # the stream resumes at the checkpoint's step
-            return (f"Nothing was saved after it; the loop is back at its last checkpoint "
-                    f"(step {self.step}), where a rerun also resumes.")
+            return (
+                f"Nothing was saved after it; the loop is back at its last checkpoint "
+                f"(step {self.step}), where a rerun also resumes."
+            )
         self._nonfinite_weights_step = self.step
-        return ("There is no checkpoint to go back to: the weights in memory are not finite, "
-                "and nothing was saved.")
+        return (
+            "There is no checkpoint to go back to: the weights in memory are not finite, "
+            "and nothing was saved."
+        )
 
     def _check_watched_metrics(self) -> None:
         """Fails before any step when an action watches an eval metric the loop does not report."""
@@ -584,35 +633,52 @@ class Loop:
         return self.executor.eval_output_names(self._eval_dataset.element_spec)
 
     def _compare_config(self, resuming: bool) -> None:
-        """Warns about settings that differ from the run that wrote model_dir; records this run's."""
+        """Warns about settings that differ from the run that wrote model_dir; records these."""
+        assert self.model_dir is not None  # only called with a model_dir
         path = os.path.join(self.model_dir, "config.json")
-        current = {**self.config, **{f"checkpoint.{name}": type(item).__name__
-                                     for name, item in self.checkpoint_items().items()}}
+        current = {
+            **self.config,
+            **{
+                f"checkpoint.{name}": type(item).__name__
+                for name, item in self.checkpoint_items().items()
+            },
+        }
         if resuming and os.path.exists(path):
             try:
                 with open(path) as stream:
                     previous = json.load(stream)
             except (OSError, ValueError):
                 previous = {}
-            changed = sorted(key for key in set(previous) | set(current)
-                             if key not in self.config_free_to_change
-                             and previous.get(key) != current.get(key))
+            changed = sorted(
+                key
+                for key in set(previous) | set(current)
+                if key not in self.config_free_to_change and previous.get(key) != current.get(key)
+            )
             for key in changed:
                 self.progress.line(
                     f"warning: {key} was {previous.get(key)!r} in the run that wrote "
                     f"{self.model_dir} and is {current.get(key)!r} now; the checkpoint is "
                     "restored and training goes on with the new value. If that is not what "
-                    "you meant, stop and rerun with the old value or a new --model_dir.")
+                    "you meant, stop and rerun with the old value or a new --model_dir."
+                )
         reporting.write_json_atomic(path, current)
 
     def _next_loop_length(self, step: int, num_steps: int) -> int:
         stop = min(step + self.steps_per_loop, num_steps)
-        if (self.progress_every_seconds and self._seconds_per_step
-                and strategies.num_workers(self.strategy) == 1 and self._coordinator is None):
-            stop = min(stop, step + max(1, int(self.progress_every_seconds
-                                               / self._seconds_per_step)))
-        for every in (self.checkpoint_every, self.eval_every,
-                      *(action.every for action in self.actions)):
+        if (
+            self.progress_every_seconds
+            and self._seconds_per_step
+            and strategies.num_workers(self.strategy) == 1
+            and self._coordinator is None
+        ):
+            stop = min(
+                stop, step + max(1, int(self.progress_every_seconds / self._seconds_per_step))
+            )
+        for every in (
+            self.checkpoint_every,
+            self.eval_every,
+            *(action.every for action in self.actions),
+        ):
             if every:
                 stop = min(stop, (step // every + 1) * every)
         return stop - step
@@ -625,20 +691,27 @@ class Loop:
             # Asynchronous workers read their own streams: there is no position to resume at.
             if self._train_iterator is None:
                 self._train_iterator = parameter_server.worker_iterator(
-                    self._coordinator, self.train_data)
+                    self._coordinator, self.train_data
+                )
             return self._train_iterator
         position = step * self.batches_per_step
         if self._train_iterator is None or self._train_iterator_position != position:
             self._train_iterator = distributed_input.train_iterator(
-                self.strategy, self.train_data, skip_batches=position)
+                self.strategy, self.train_data, skip_batches=position
+            )
             self._train_iterator_position = position
         return self._train_iterator
 
     def _make_executor(self) -> executors.Executor:
         definition = executors.StepDefinition(
-            name=type(self).__name__, strategy=self.strategy, train_step=self.train_step,
-            eval_step=self.eval_step, batches_per_step=self.batches_per_step,
-            global_step=self.global_step, finiteness=self._finiteness)
+            name=type(self).__name__,
+            strategy=self.strategy,
+            train_step=self.train_step,
+            eval_step=self.eval_step,
+            batches_per_step=self.batches_per_step,
+            global_step=self.global_step,
+            finiteness=self._finiteness,
+        )
         if self._coordinator is not None:
             return executors.ScheduledExecutor(definition, coordinator=self._coordinator)
         executor_class = executors.EagerExecutor if self.run_eagerly else executors.Executor
@@ -652,8 +725,10 @@ def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
     actions = tuple(actions)
     for action in actions:
         if not isinstance(action, Action):
-            raise TypeError(f"actions must be loops.Action objects, got {action!r}; subclass "
-                            "loops.Action and override its hooks.")
+            raise TypeError(
+                f"actions must be loops.Action objects, got {action!r}; subclass "
+                "loops.Action and override its hooks."
+            )
         _check_positive(f"{type(action).__name__}.every", action.every, optional=True)
     return actions
 
@@ -667,9 +742,11 @@ def _action_state(actions: Sequence[Action]) -> dict[str, dict]:
             continue
         key = f"action_{action.name}"
         if key in state:
-            raise ValueError(f"Two actions with state are named {action.name!r}; each needs its "
-                             "own name in the checkpoint: set `name` on one of them, e.g. "
-                             f"action.name = '{action.name}_2'.")
+            raise ValueError(
+                f"Two actions with state are named {action.name!r}; each needs its "
+                "own name in the checkpoint: set `name` on one of them, e.g. "
+                f"action.name = '{action.name}_2'."
+            )
         state[key] = variables
     return state
 

@@ -22,7 +22,8 @@ def check_policy(name: str) -> str:
     if name not in PRECISION_POLICIES:
         raise ValueError(
             f"mixed_precision must be one of {', '.join(PRECISION_POLICIES)}, got {name!r}; use "
-            "'mixed_bfloat16' or 'mixed_float16' to compute in 16 bits, 'none' for float32.")
+            "'mixed_bfloat16' or 'mixed_float16' to compute in 16 bits, 'none' for float32."
+        )
     return name
 
 
@@ -70,8 +71,7 @@ class DynamicLossScale(tf.Module):
 
     MIN_SCALE = 1.0
 
-    def __init__(self, *, initial_scale: float = 2.0 ** 15,
-                 growth_steps: int = DEFAULT_GROWTH_STEPS):
+    def __init__(self, *, initial_scale: float = 2.0**15, growth_steps: int = DEFAULT_GROWTH_STEPS):
         """
         Args:
             initial_scale: the scale of the first step (>= 1).
@@ -82,19 +82,30 @@ class DynamicLossScale(tf.Module):
         """
         super().__init__(name="loss_scale")
         if not initial_scale >= self.MIN_SCALE:
-            raise ValueError(f"initial_scale must be >= 1 (2**15 is the usual start), "
-                             f"got {initial_scale!r}.")
+            raise ValueError(
+                f"initial_scale must be >= 1 (2**15 is the usual start), got {initial_scale!r}."
+            )
         if isinstance(growth_steps, bool) or not isinstance(growth_steps, int) or growth_steps < 1:
             raise ValueError(
                 f"growth_steps must be a whole number >= 1 (finite steps before the loss "
-                f"scale doubles), got {growth_steps!r}.")
+                f"scale doubles), got {growth_steps!r}."
+            )
         self.growth_steps = growth_steps
         # Written once per step in cross-replica context; every replica reads its own copy.
         self.scale = tf.Variable(
-            float(initial_scale), dtype=tf.float32, trainable=False, name="scale",
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.finite_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="finite_steps",
-                                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            float(initial_scale),
+            dtype=tf.float32,
+            trainable=False,
+            name="scale",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+        self.finite_steps = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            name="finite_steps",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
 
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
         """loss * scale (float32); call in replica context inside the gradient tape."""
@@ -103,13 +114,18 @@ class DynamicLossScale(tf.Module):
     def unscale(self, gradients: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
         """Divides each gradient (dense or IndexedSlices; None stays None) by the scale."""
         inverse = 1.0 / self.scale
-        unscaled = []
+        unscaled: list[tf.Tensor | None] = []
         for gradient in gradients:
             if gradient is None:
                 unscaled.append(None)
             elif isinstance(gradient, tf.IndexedSlices):
-                unscaled.append(tf.IndexedSlices(gradient.values * tf.cast(inverse, gradient.dtype),
-                                                 gradient.indices, gradient.dense_shape))
+                unscaled.append(
+                    tf.IndexedSlices(
+                        gradient.values * tf.cast(inverse, gradient.dtype),
+                        gradient.indices,
+                        gradient.dense_shape,
+                    )
+                )
             else:
                 unscaled.append(gradient * tf.cast(inverse, gradient.dtype))
         return unscaled
@@ -139,8 +155,9 @@ class DynamicLossScale(tf.Module):
         doubled = used * 2.0
         # Growing into inf would stick there: inf / 2 is inf.
         grow = tf.logical_and(finite_steps >= self.growth_steps, tf.math.is_finite(doubled))
-        self.scale.assign(tf.where(finite, tf.where(grow, doubled, used),
-                                   tf.maximum(used * 0.5, self.MIN_SCALE)))
+        self.scale.assign(
+            tf.where(finite, tf.where(grow, doubled, used), tf.maximum(used * 0.5, self.MIN_SCALE))
+        )
         self.finite_steps.assign(tf.where(grow, tf.zeros_like(finite_steps), finite_steps))
         absorbed = tf.logical_and(tf.math.is_finite(loss), used > self.MIN_SCALE)
         overflow = skipped * tf.cast(absorbed, skipped.dtype)

@@ -38,7 +38,8 @@ def acquire(directory: str) -> str:
                 raise ValueError(
                     f"model_dir {directory!r} is in use by another live run "
                     f"({owner or 'unknown process'}). Wait for it to finish or stop it, or pass "
-                    "a different --model_dir.") from None
+                    "a different --model_dir."
+                ) from None
             # The holder before us removes the file as it releases it: a lock
             # taken on a file no longer at `path` guards nothing, so take a new one.
             if os.path.exists(path) and os.path.samestat(os.fstat(descriptor), os.stat(path)):
@@ -48,7 +49,8 @@ def acquire(directory: str) -> str:
         raise ValueError(
             f"model_dir {directory!r} cannot be written ({error.strerror or error}). Pass a "
             "--model_dir in a writable place (not under a file, not on a read-only or full "
-            "disk).") from error
+            "disk)."
+        ) from error
     os.ftruncate(descriptor, 0)
     os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
     _held[path] = [descriptor, 1]

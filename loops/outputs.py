@@ -29,23 +29,27 @@ from loops import reporting
 
 class Mean(NamedTuple):
     """sum(value * weight) / sum(weight) over steps or batches; `weight` 1 is a plain mean."""
+
     value: Any
     weight: Any = 1.0
 
 
 class Ratio(NamedTuple):
-    """sum(numerator) / sum(denominator) over steps or batches: a rate, or a weighted mean of sums."""
+    """sum(numerator) / sum(denominator) over steps or batches: a rate, a weighted mean of sums."""
+
     numerator: Any
     denominator: Any
 
 
 class Sum(NamedTuple):
     """The total over steps or batches; reported as an int when its dtype is an integer."""
+
     value: Any
 
 
 class Last(NamedTuple):
     """The value at the last step or batch: a learning rate, an exploration rate, a window mean."""
+
     value: Any
 
 
@@ -72,8 +76,10 @@ def columns(outputs: Any, hook: str) -> tuple[dict[str, tf.Tensor], dict[str, ty
         TypeError: outputs is not a dict of typed outputs of scalars.
     """
     if not isinstance(outputs, Mapping):
-        raise TypeError(f"{hook} must return a dict of loops.Mean / Ratio / Sum / Last outputs, "
-                        f"got {outputs!r}.")
+        raise TypeError(
+            f"{hook} must return a dict of loops.Mean / Ratio / Sum / Last outputs, "
+            f"got {outputs!r}."
+        )
     flat: dict[str, tf.Tensor] = {}
     kinds: dict[str, type] = {}
     for name, output in outputs.items():
@@ -81,16 +87,20 @@ def columns(outputs: Any, hook: str) -> tuple[dict[str, tf.Tensor], dict[str, ty
             raise TypeError(
                 f"{hook} returned {name}={output!r}; say how it aggregates over steps and "
                 f"batches: loops.Mean({name}) (or Mean(value, weight=count)), "
-                f"loops.Ratio(total, count), loops.Sum({name}) or loops.Last({name}).")
+                f"loops.Ratio(total, count), loops.Sum({name}) or loops.Last({name})."
+            )
         if WEIGHT in name:
-            raise TypeError(f"{hook} returned an output named {name!r}; names must not contain "
-                            f"{WEIGHT!r} (it names a Mean's weight).")
+            raise TypeError(
+                f"{hook} returned an output named {name!r}; names must not contain "
+                f"{WEIGHT!r} (it names a Mean's weight)."
+            )
         parts = [tf.convert_to_tensor(part) for part in output]
         for part in parts:
             if part.shape.rank != 0:
                 raise TypeError(
                     f"{hook} returned {name}={output!r}; every value must be a scalar tensor "
-                    "reduced over replicas (use loops.sum_over_replicas).")
+                    "reduced over replicas (use loops.sum_over_replicas)."
+                )
         kinds[name] = type(output)
         flat[name] = parts[0]
         if len(parts) == 2:
@@ -98,8 +108,9 @@ def columns(outputs: Any, hook: str) -> tuple[dict[str, tf.Tensor], dict[str, ty
     return flat, kinds
 
 
-def per_step_values(kinds: Mapping[str, type], logs: Mapping[str, np.ndarray]
-                    ) -> dict[str, np.ndarray]:
+def per_step_values(
+    kinds: Mapping[str, type], logs: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Each output's value at each step (a Ratio's numerator over its denominator)."""
     values = {}
     for name, kind in kinds.items():
@@ -111,8 +122,9 @@ def per_step_values(kinds: Mapping[str, type], logs: Mapping[str, np.ndarray]
     return values
 
 
-def aggregate_steps(kinds: Mapping[str, type], logs: Mapping[str, np.ndarray]
-                    ) -> dict[str, float | int]:
+def aggregate_steps(
+    kinds: Mapping[str, type], logs: Mapping[str, np.ndarray]
+) -> dict[str, float | int]:
     """The outputs of an inner loop's steps (columns, a row a step) as one number each.
 
     Steps flagged `nonfinite` are left out of Means and Ratios: their loss is
@@ -142,8 +154,9 @@ def start_totals(flat: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     return {name: tf.zeros([], value.dtype) for name, value in flat.items()}
 
 
-def accumulate(kinds: Mapping[str, type], totals: Mapping[str, tf.Tensor],
-               flat: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+def accumulate(
+    kinds: Mapping[str, type], totals: Mapping[str, tf.Tensor], flat: Mapping[str, tf.Tensor]
+) -> dict[str, tf.Tensor]:
     """Adds one batch's columns to an evaluation pass's totals (in-graph)."""
     updated = {}
     for name, kind in kinds.items():
@@ -157,8 +170,9 @@ def accumulate(kinds: Mapping[str, type], totals: Mapping[str, tf.Tensor],
     return updated
 
 
-def finish_totals(kinds: Mapping[str, type], totals: Mapping[str, np.ndarray]
-                  ) -> dict[str, float | int]:
+def finish_totals(
+    kinds: Mapping[str, type], totals: Mapping[str, np.ndarray]
+) -> dict[str, float | int]:
     """An evaluation pass's totals as one number per output."""
     metrics: dict[str, float | int] = {}
     for name, kind in kinds.items():

@@ -23,14 +23,17 @@ from loops import distributed_input, strategies
 SERVER_TASKS = ("worker", "ps")
 
 
-def worker_iterator(coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
-                    source: distributed_input.DatasetSource):
+def worker_iterator(
+    coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
+    source: distributed_input.DatasetSource,
+):
     """A per-worker iterator over `worker_stream(source)`, for steps scheduled on the workers."""
     strategy = coordinator.strategy
 
     def per_worker_dataset():
         return strategy.distribute_datasets_from_function(
-            lambda context: distributed_input.split_global_batches(worker_stream(source), context))
+            lambda context: distributed_input.split_global_batches(worker_stream(source), context)
+        )
 
     return iter(coordinator.create_per_worker_dataset(per_worker_dataset))
 
@@ -51,7 +54,7 @@ def worker_stream(source: distributed_input.DatasetSource) -> tf.data.Dataset:
 
 
 def serve_unless_chief() -> None:
-    """On a `worker` or `ps` task of TF_CONFIG, serves the cluster until killed; on the chief, returns.
+    """On a `worker` or `ps` task of TF_CONFIG, serves the cluster until killed; the chief returns.
 
     Raises:
         ValueError: TF_CONFIG names no chief, or this task is neither chief,
@@ -64,10 +67,14 @@ def serve_unless_chief() -> None:
     if task_type not in SERVER_TASKS:
         raise ValueError(
             f"--strategy=parameter_server runs tasks of type chief, worker or ps; TF_CONFIG "
-            f"names this task {task_type!r}. Give it one of those types.")
+            f"names this task {task_type!r}. Give it one of those types."
+        )
     server = tf.distribute.Server(
-        resolver.cluster_spec(), job_name=task_type, task_index=task_id,
-        protocol=resolver.rpc_layer or "grpc", start=True)
+        resolver.cluster_spec(),
+        job_name=task_type,
+        task_index=task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
     print(f"{task_type}_{task_id} serving at {server.target} until stopped", flush=True)
     server.join()
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import Any
 
 import tensorflow as tf
 
@@ -22,10 +23,12 @@ class PreemptionWatcher:
     def __init__(self, strategy: tf.distribute.Strategy):
         self._strategy = strategy
         self._requested = False
-        self._previous = None
+        self._previous: Any = None  # the SIGTERM handler to give back
         # Under ParameterServerStrategy only the coordinator runs the Loop: its own flag decides.
-        self._multi_worker = (strategies.num_workers(strategy) > 1
-                              and strategies.strategy_name(strategy) != "parameter_server")
+        self._multi_worker = (
+            strategies.num_workers(strategy) > 1
+            and strategies.strategy_name(strategy) != "parameter_server"
+        )
 
     def __enter__(self) -> PreemptionWatcher:
         # Signal handlers can only be installed from the main thread.

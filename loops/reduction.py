@@ -36,20 +36,24 @@ def scale_to_global_batch(per_example_loss: tf.Tensor, count: tf.Tensor) -> tf.T
         raise ValueError(
             "Expected one loss per example (a vector), got shape "
             f"{per_example_loss.shape}. Build Keras losses with reduction=None; "
-            "their default reduction averages per replica (DESIGN.md fact 4).")
+            "their default reduction averages per replica (DESIGN.md fact 4)."
+        )
     total = tf.reduce_sum(tf.cast(per_example_loss, tf.float32))
     return tf.math.divide_no_nan(total, count)
 
 
-def sum_over_replicas(strategy: tf.distribute.Strategy,
-                      per_replica: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+def sum_over_replicas(
+    strategy: tf.distribute.Strategy, per_replica: Mapping[str, tf.Tensor]
+) -> dict[str, tf.Tensor]:
     """SUM-reduces each scalar of a `strategy.run` result dict to the host.
 
     SUM is the right reduction for losses already divided by the global batch
     and for counts; MEAN would be wrong by the replica count (fact 6).
     """
-    return {name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
-            for name, value in per_replica.items()}
+    return {
+        name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+        for name, value in per_replica.items()
+    }
 
 
 def apply_gradients(optimizer, gradients, variables, *, clip_norm: float | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Random draws keyed on the step and each example's global index: replicas differ, 1 and N agree."""
+"""Random draws keyed on the step and each example's global row: replicas differ, 1 and N agree."""
 
 from __future__ import annotations
 
@@ -26,8 +26,14 @@ def step_seed(seed: int, step: tf.Tensor, *streams: int | tf.Tensor) -> tf.Tenso
     return key
 
 
-def replica_rows(draw: Callable[..., tf.Tensor], seed: tf.Tensor, *, local_rows: tf.Tensor,
-                 global_rows: tf.Tensor, row_shape: Sequence[int] | tf.Tensor) -> tf.Tensor:
+def replica_rows(
+    draw: Callable[..., tf.Tensor],
+    seed: tf.Tensor,
+    *,
+    local_rows: tf.Tensor,
+    global_rows: tf.Tensor,
+    row_shape: Sequence[int] | tf.Tensor,
+) -> tf.Tensor:
     """This replica's rows of one random tensor drawn for the whole global batch.
 
     Every replica draws `draw([global_rows, *row_shape], seed=seed)` and keeps
@@ -48,9 +54,12 @@ def replica_rows(draw: Callable[..., tf.Tensor], seed: tf.Tensor, *, local_rows:
     global_rows = tf.cast(global_rows, tf.int32)
     shape = tf.concat([[global_rows], tf.cast(row_shape, tf.int32)], 0)
     values = draw(shape, seed=seed)
-    start, _ = replica_bounds(global_rows, tf.cast(context.replica_id_in_sync_group, tf.int32),
-                              context.num_replicas_in_sync)
-    return values[start:start + tf.cast(local_rows, tf.int32)]
+    start, _ = replica_bounds(
+        global_rows,
+        tf.cast(context.replica_id_in_sync_group, tf.int32),
+        context.num_replicas_in_sync,
+    )
+    return values[start : start + tf.cast(local_rows, tf.int32)]
 
 
 # The keys a replica's random layers read. Thread-local: MirroredStrategy traces
@@ -114,11 +123,16 @@ class StatelessDropout(keras.layers.Layer):
             raise ValueError(
                 f"StatelessDropout {self.name!r} was called with training=True outside "
                 "loops.replica_random.keyed_on(step=..., global_rows=...); wrap the "
-                "model call of your replica step in it (ClassifierLoop does).")
+                "model call of your replica step in it (ClassifierLoop does)."
+            )
         step, global_rows = stack[-1]
-        uniform = replica_rows(tf.random.stateless_uniform, step_seed(self.seed, step),
-                               local_rows=tf.shape(inputs)[0], global_rows=global_rows,
-                               row_shape=tf.shape(inputs)[1:])
+        uniform = replica_rows(
+            tf.random.stateless_uniform,
+            step_seed(self.seed, step),
+            local_rows=tf.shape(inputs)[0],
+            global_rows=global_rows,
+            row_shape=tf.shape(inputs)[1:],
+        )
         scale = tf.cast(1.0 / (1.0 - self.rate), inputs.dtype)
         return tf.where(uniform >= self.rate, inputs * scale, tf.zeros_like(inputs))
 

@@ -11,7 +11,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import tensorflow as tf
@@ -27,14 +27,20 @@ class Progress:
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stdout  # where the lines go (a StringIO in tests)
 
-    def train(self, step: int, total: int, metrics: Mapping[str, float],
-              steps_per_second: float) -> None:
+    def train(
+        self, step: int, total: int, metrics: Mapping[str, float], steps_per_second: float
+    ) -> None:
         remaining = max(total - step, 0) / steps_per_second if steps_per_second > 0 else 0.0
         eta = datetime.timedelta(seconds=round(remaining))
-        shown = {name: value for name, value in metrics.items()
-                 if name != "num_examples" and not (name == "nonfinite" and value == 0)}
-        self.line(f"step {step}/{total} | {format_metrics(shown)} | "
-                  f"{steps_per_second:.1f} steps/s | ETA {eta}")
+        shown = {
+            name: value
+            for name, value in metrics.items()
+            if name != "num_examples" and not (name == "nonfinite" and value == 0)
+        }
+        self.line(
+            f"step {step}/{total} | {format_metrics(shown)} | "
+            f"{steps_per_second:.1f} steps/s | ETA {eta}"
+        )
 
     def eval(self, step: int, metrics: Mapping[str, float]) -> None:
         self.line(f"eval at step {step} | {format_metrics(metrics)}")
@@ -47,13 +53,13 @@ class Summaries:
     """TensorBoard scalars for train and eval; silent when `directory` is None."""
 
     def __init__(self, directory: str | None):
-        self._writers = {}
+        self._writers: dict[str, Any] = {}
         self._directory = directory
 
     def _writer(self, name: str):
+        assert self._directory is not None  # callers return early without a directory
         if name not in self._writers:
-            self._writers[name] = tf.summary.create_file_writer(
-                os.path.join(self._directory, name))
+            self._writers[name] = tf.summary.create_file_writer(os.path.join(self._directory, name))
         return self._writers[name]
 
     def scalars(self, name: str, step: int, metrics: Mapping[str, float]) -> None:
@@ -74,11 +80,14 @@ class Summaries:
             return
         from tensorboard.plugins.hparams import api as hparams_api
 
-        values = {name: value if isinstance(value, (bool, int, float, str)) else str(value)
-                  for name, value in config.items()}
+        values = {
+            name: value if isinstance(value, (bool, int, float, str)) else str(value)
+            for name, value in config.items()
+        }
         with self._writer("").as_default():
-            hparams_api.hparams(values, trial_id=os.path.basename(os.path.dirname(
-                os.path.abspath(self._directory))))
+            hparams_api.hparams(
+                values, trial_id=os.path.basename(os.path.dirname(os.path.abspath(self._directory)))
+            )
         self._writer("").flush()
 
     def writer(self, name: str):
@@ -97,8 +106,11 @@ def plain_number(value) -> float | int:
     if isinstance(value, (np.integer, int)):
         return int(value)
     if isinstance(value, np.floating) and value.dtype.itemsize < 8:
-        return float(np.format_float_positional(value, unique=True, trim="-")) \
-            if np.isfinite(value) else float(value)
+        return (
+            float(np.format_float_positional(value, unique=True, trim="-"))
+            if np.isfinite(value)
+            else float(value)
+        )
     return float(value)
 
 
@@ -120,8 +132,11 @@ def previous_history(model_dir: str, *, up_to_step: int) -> list[dict]:
             history = json.load(stream).get("history", [])
     except (OSError, ValueError, AttributeError):
         return []
-    return [entry for entry in history
-            if isinstance(entry, dict) and entry.get("step", up_to_step + 1) <= up_to_step]
+    return [
+        entry
+        for entry in history
+        if isinstance(entry, dict) and entry.get("step", up_to_step + 1) <= up_to_step
+    ]
 
 
 def write_json_atomic(path: str, payload: Mapping) -> None:
@@ -147,8 +162,11 @@ def write_json_atomic(path: str, payload: Mapping) -> None:
         os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
     except OSError as error:
-        raise OSError(error.errno, f"could not write {path} ({error.strerror or error}); free "
-                      "space or make the directory writable (a previous version is intact)") from error
+        raise OSError(
+            error.errno,
+            f"could not write {path} ({error.strerror or error}); free "
+            "space or make the directory writable (a previous version is intact)",
+        ) from error
     finally:
         if temporary is not None and os.path.exists(temporary):
             os.remove(temporary)
@@ -162,7 +180,7 @@ def current_umask() -> int:
 
 
 def remove_unfinished_writes(directory: str) -> None:
-    """Removes the temporaries that killed writers left under `directory` (whose writer holds its lock)."""
+    """Removes temporaries that killed writers left in `directory` (its writer holds the lock)."""
     for parent, folders, files in os.walk(directory):
         for name in files:
             if name.startswith(TEMPORARY_PREFIX) and name.endswith(".tmp"):

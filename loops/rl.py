@@ -41,6 +41,7 @@ DEFAULT_TARGET_UPDATE_EVERY = 50  # DQN's target copy period when no target upda
 
 class Noise(enum.IntEnum):
     """What a random number is for; each purpose has its own stateless stream."""
+
     ENVIRONMENT = 1  # the environment's own: its start states and any randomness of a step
     ACTION = 2
     EXPLORE = 3
@@ -48,9 +49,16 @@ class Noise(enum.IntEnum):
     REPLAY = 5
 
 
-def advantages_and_returns(*, rewards: tf.Tensor, values: tf.Tensor, next_values: tf.Tensor,
-                           terminated: tf.Tensor, truncated: tf.Tensor, gamma: float,
-                           lambda_: float) -> tuple[tf.Tensor, tf.Tensor]:
+def advantages_and_returns(
+    *,
+    rewards: tf.Tensor,
+    values: tf.Tensor,
+    next_values: tf.Tensor,
+    terminated: tf.Tensor,
+    truncated: tf.Tensor,
+    gamma: float,
+    lambda_: float,
+) -> tuple[tf.Tensor, tf.Tensor]:
     """Generalized advantage estimates and the value targets (returns) they give.
 
     All arguments are time-major, [T, num_envs]. `next_values[t]` is the value
@@ -70,12 +78,16 @@ def advantages_and_returns(*, rewards: tf.Tensor, values: tf.Tensor, next_values
     rewards = tf.convert_to_tensor(rewards, tf.float32)
     values = tf.convert_to_tensor(values, tf.float32)
     continues = 1.0 - tf.cast(terminated, tf.float32)
-    ended = tf.cast(tf.logical_or(tf.cast(terminated, tf.bool), tf.cast(truncated, tf.bool)),
-                    tf.float32)
+    ended = tf.cast(
+        tf.logical_or(tf.cast(terminated, tf.bool), tf.cast(truncated, tf.bool)), tf.float32
+    )
     deltas = rewards + gamma * continues * tf.convert_to_tensor(next_values, tf.float32) - values
     advantages = tf.scan(
         lambda later, inputs: inputs[0] + gamma * lambda_ * (1.0 - inputs[1]) * later,
-        (deltas, ended), initializer=tf.zeros_like(deltas[0]), reverse=True)
+        (deltas, ended),
+        initializer=tf.zeros_like(deltas[0]),
+        reverse=True,
+    )
     return advantages, advantages + values
 
 
@@ -89,10 +101,14 @@ class _StateVariables(keras.layers.Layer):
     def add(self, name: str, value, dtype: str) -> keras.Variable:
         value = tf.cast(value, dtype)
         variable = self.add_weight(
-            shape=tuple(value.shape), dtype=dtype, trainable=False, name=name,
+            shape=tuple(value.shape),
+            dtype=dtype,
+            trainable=False,
+            name=name,
             initializer=lambda shape, dtype=None: tf.cast(value, dtype),
             # Every replica computes (or is handed) the same value; any one copy will do.
-            aggregation="only_first_replica")
+            aggregation="only_first_replica",
+        )
         # An attribute, because that is what a checkpoint of a Keras layer saves.
         setattr(self, name, variable)
         return variable
@@ -110,8 +126,15 @@ class EnvironmentLoop(Loop):
     needs_train_data = False
     algorithm = "rl"
 
-    def __init__(self, *, environment: environments.Environment, num_envs: int,
-                 rollout_length: int, gamma: float = 0.99, **loop_args):
+    def __init__(
+        self,
+        *,
+        environment: environments.Environment,
+        num_envs: int,
+        rollout_length: int,
+        gamma: float = 0.99,
+        **loop_args,
+    ):
         """
         Args:
             environment: what to step, a `loops.environments.Environment`
@@ -139,7 +162,8 @@ class EnvironmentLoop(Loop):
             raise ValueError(
                 f"num_envs={num_envs} is not divisible by the {replicas} replicas; every "
                 f"replica steps the same number of environments. Pass a multiple of "
-                f"{replicas}, e.g. num_envs={(num_envs // replicas + 1) * replicas}.")
+                f"{replicas}, e.g. num_envs={(num_envs // replicas + 1) * replicas}."
+            )
         self.environment = environment
         self.num_envs = num_envs
         self.rollout_length = rollout_length
@@ -154,16 +178,21 @@ class EnvironmentLoop(Loop):
     # ---- State. ----
 
     def build(self) -> None:
-        start = self.environment.reset(tf.random.stateless_uniform(
-            [self.num_envs, self.environment.noise_size], self._seed(Noise.ENVIRONMENT, -1)))
+        start = self.environment.reset(
+            tf.random.stateless_uniform(
+                [self.num_envs, self.environment.noise_size], self._seed(Noise.ENVIRONMENT, -1)
+            )
+        )
         self.environments = _StateVariables(name="environments")
         self.observation = self.environments.add("observation", start.observation, "float32")
         self.elapsed_steps = self.environments.add("elapsed_steps", start.elapsed_steps, "int32")
         self.episode_return = self.environments.add(
-            "episode_return", tf.zeros([self.num_envs]), "float32")
+            "episode_return", tf.zeros([self.num_envs]), "float32"
+        )
         self.statistics = _StateVariables(name="episode_statistics")
         self.recent_returns = self.statistics.add(
-            "recent_returns", tf.zeros([RETURN_WINDOW]), "float32")
+            "recent_returns", tf.zeros([RETURN_WINDOW]), "float32"
+        )
         self.episodes = self.statistics.add("episodes", 0, "int64")
         self.env_steps = self.statistics.add("env_steps", 0, "int64")
 
@@ -173,18 +202,21 @@ class EnvironmentLoop(Loop):
     def mean_return(self) -> tf.Tensor:
         """Mean return of the last 100 finished episodes (0 before the first one ends)."""
         finished = tf.minimum(tf.convert_to_tensor(self.episodes), RETURN_WINDOW)
-        return tf.math.divide_no_nan(tf.reduce_sum(self.recent_returns),
-                                     tf.cast(finished, tf.float32))
+        return tf.math.divide_no_nan(
+            tf.reduce_sum(self.recent_returns), tf.cast(finished, tf.float32)
+        )
 
     def results_extra(self) -> dict[str, object]:
         steps_per_train_step = self.num_envs * self.rollout_length
-        return {"algorithm": self.algorithm,
-                "num_envs": self.num_envs,
-                "rollout_length": self.rollout_length,
-                "env_steps": int(self.env_steps.numpy()),
-                "episodes": int(self.episodes.numpy()),
-                "mean_return_100": float(self.mean_return().numpy()),
-                "env_steps_per_second": self.steps_per_second * steps_per_train_step}
+        return {
+            "algorithm": self.algorithm,
+            "num_envs": self.num_envs,
+            "rollout_length": self.rollout_length,
+            "env_steps": int(self.env_steps.numpy()),
+            "episodes": int(self.episodes.numpy()),
+            "mean_return_100": float(self.mean_return().numpy()),
+            "env_steps_per_second": self.steps_per_second * steps_per_train_step,
+        }
 
     # ---- Randomness keyed on the global environment index. ----
 
@@ -204,8 +236,11 @@ class EnvironmentLoop(Loop):
         tensor = tf.convert_to_tensor(tensor)
         rank = tensor.shape.rank
         # tf.slice with a constant size keeps the static shape that slicing would lose.
-        return tf.slice(tensor, [self._first_env()] + [0] * (rank - 1),
-                        [self.envs_per_replica] + [-1] * (rank - 1))
+        return tf.slice(
+            tensor,
+            [self._first_env()] + [0] * (rank - 1),
+            [self.envs_per_replica] + [-1] * (rank - 1),
+        )
 
     def env_noise(self, purpose: Noise, t, shape=()) -> tf.Tensor:
         """Uniform [0, 1) noise [envs_per_replica, *shape] for this replica's environments.
@@ -213,13 +248,19 @@ class EnvironmentLoop(Loop):
         Drawn for all environments, so it depends on the global environment
         index, the step and `t`, not on the replica count (replica context).
         """
-        return self.own_rows(tf.random.stateless_uniform(
-            [self.num_envs, *shape], self._seed(purpose, self.global_step, t)))
+        return self.own_rows(
+            tf.random.stateless_uniform(
+                [self.num_envs, *shape], self._seed(purpose, self.global_step, t)
+            )
+        )
 
     # ---- Collecting. ----
 
-    def rollout(self, act: Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, dict]],
-                extras: Mapping[str, tf.DType] | None = None) -> dict:
+    def rollout(
+        self,
+        act: Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, dict]],
+        extras: Mapping[str, tf.DType] | None = None,
+    ) -> dict:
         """Steps this replica's environments `rollout_length` times (replica context).
 
         Args:
@@ -237,31 +278,47 @@ class EnvironmentLoop(Loop):
         observation = self.own_rows(self.observation)
         elapsed_steps = self.own_rows(self.elapsed_steps)
         episode_return = self.own_rows(self.episode_return)
-        dtypes = {"observation": tf.float32, "action": tf.int32, "reward": tf.float32,
-                  "terminated": tf.float32, "truncated": tf.float32,
-                  "final_observation": tf.float32,
-                  "ended_return": tf.float32, **(extras or {})}
-        arrays = {name: tf.TensorArray(dtype, size=self.rollout_length)
-                  for name, dtype in dtypes.items()}
+        dtypes = {
+            "observation": tf.float32,
+            "action": tf.int32,
+            "reward": tf.float32,
+            "terminated": tf.float32,
+            "truncated": tf.float32,
+            "final_observation": tf.float32,
+            "ended_return": tf.float32,
+            **(extras or {}),
+        }
+        arrays = {
+            name: tf.TensorArray(dtype, size=self.rollout_length) for name, dtype in dtypes.items()
+        }
         for t in tf.range(self.rollout_length):
             actions, step_extras = act(observation, t)
             state, transition = self.environment.step(
-                environments.State(observation, elapsed_steps), actions,
-                self.env_noise(Noise.ENVIRONMENT, t, [self.environment.noise_size]))
+                environments.State(observation, elapsed_steps),
+                actions,
+                self.env_noise(Noise.ENVIRONMENT, t, [self.environment.noise_size]),
+            )
             ended = transition.terminated | transition.truncated
             episode_return += transition.reward
-            record = {"observation": observation, "action": actions,
-                      "reward": transition.reward,
-                      "final_observation": transition.final_observation,
-                      "terminated": tf.cast(transition.terminated, tf.float32),
-                      "truncated": tf.cast(transition.truncated, tf.float32),
-                      "ended_return": tf.where(ended, episode_return, 0.0), **step_extras}
+            record = {
+                "observation": observation,
+                "action": actions,
+                "reward": transition.reward,
+                "final_observation": transition.final_observation,
+                "terminated": tf.cast(transition.terminated, tf.float32),
+                "truncated": tf.cast(transition.truncated, tf.float32),
+                "ended_return": tf.where(ended, episode_return, 0.0),
+                **step_extras,
+            }
             arrays = {name: arrays[name].write(t, record[name]) for name in arrays}
             episode_return = tf.where(ended, 0.0, episode_return)
             observation, elapsed_steps = state.observation, state.elapsed_steps
         result = {name: array.stack() for name, array in arrays.items()}
-        result["next_state"] = {"observation": observation, "elapsed_steps": elapsed_steps,
-                                "episode_return": episode_return}
+        result["next_state"] = {
+            "observation": observation,
+            "elapsed_steps": elapsed_steps,
+            "episode_return": episode_return,
+        }
         return result
 
     def record_rollout(self, per_replica_rollout: dict) -> dict[str, tf.Tensor]:
@@ -271,26 +328,32 @@ class EnvironmentLoop(Loop):
             The step's episode statistics, for train_step to return:
             mean_return_100 and episodes_finished.
         """
-        gathered = {name: self.strategy.gather(value, axis=0)
-                    for name, value in per_replica_rollout["next_state"].items()}
+        gathered = {
+            name: self.strategy.gather(value, axis=0)
+            for name, value in per_replica_rollout["next_state"].items()
+        }
         self.observation.assign(gathered["observation"])
         self.elapsed_steps.assign(gathered["elapsed_steps"])
         self.episode_return.assign(gathered["episode_return"])
-        rollout = self.gather_steps(per_replica_rollout,
-                                    ("terminated", "truncated", "ended_return"))
+        rollout = self.gather_steps(
+            per_replica_rollout, ("terminated", "truncated", "ended_return")
+        )
         ended = (rollout["terminated"] + rollout["truncated"]) > 0
         # Row-major order (time, then environment): the same on any replica count.
         returns = tf.boolean_mask(rollout["ended_return"], ended)
         finished = tf.size(returns, out_type=tf.int64)
         kept = returns[-RETURN_WINDOW:]
         kept_count = tf.size(kept, out_type=tf.int64)
-        slots = (tf.convert_to_tensor(self.episodes) + finished - kept_count
-                 + tf.range(kept_count)) % RETURN_WINDOW
+        slots = (
+            tf.convert_to_tensor(self.episodes) + finished - kept_count + tf.range(kept_count)
+        ) % RETURN_WINDOW
         self.recent_returns.value.scatter_update(tf.IndexedSlices(kept, slots))
         self.episodes.assign_add(finished)
         self.env_steps.assign_add(self.num_envs * self.rollout_length)
-        return {"mean_return_100": outputs.Last(self.mean_return()),
-                "episodes_finished": outputs.Sum(finished)}
+        return {
+            "mean_return_100": outputs.Last(self.mean_return()),
+            "episodes_finished": outputs.Sum(finished),
+        }
 
     def gather_steps(self, per_replica_rollout: dict, names) -> dict[str, tf.Tensor]:
         """The rollout entries `names` of all replicas, [T, num_envs, ...] (cross-replica)."""
@@ -313,24 +376,26 @@ class ActorCriticLoop(EnvironmentLoop):
     name = "rl"
     algorithm = "ppo"
 
-    def __init__(self,
-                 *,
-                 environment: environments.Environment,
-                 model_fn: Callable[[], keras.Model],
-                 optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
-                 # Environments.
-                 num_envs: int = 16,
-                 rollout_length: int = 64,
-                 gamma: float = 0.99,
-                 # PPO.
-                 gae_lambda: float = 0.95,
-                 epochs: int = 4,
-                 global_batch_size: int = 256,
-                 clip_ratio: float = 0.2,
-                 value_coefficient: float = 0.5,
-                 entropy_coefficient: float = 0.01,
-                 clip_norm: float | None = 0.5,
-                 **loop_args):
+    def __init__(
+        self,
+        *,
+        environment: environments.Environment,
+        model_fn: Callable[[], keras.Model],
+        optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
+        # Environments.
+        num_envs: int = 16,
+        rollout_length: int = 64,
+        gamma: float = 0.99,
+        # PPO.
+        gae_lambda: float = 0.95,
+        epochs: int = 4,
+        global_batch_size: int = 256,
+        clip_ratio: float = 0.2,
+        value_coefficient: float = 0.5,
+        entropy_coefficient: float = 0.01,
+        clip_norm: float | None = 0.5,
+        **loop_args,
+    ):
         """
         Args:
             environment: what to step, a `loops.environments.Environment`.
@@ -365,8 +430,13 @@ class ActorCriticLoop(EnvironmentLoop):
         self.value_coefficient = value_coefficient
         self.entropy_coefficient = entropy_coefficient
         self.clip_norm = clip_norm
-        super().__init__(environment=environment, num_envs=num_envs,
-                         rollout_length=rollout_length, gamma=gamma, **loop_args)
+        super().__init__(
+            environment=environment,
+            num_envs=num_envs,
+            rollout_length=rollout_length,
+            gamma=gamma,
+            **loop_args,
+        )
 
     def check_settings(self, num_replicas: int) -> None:
         _check_whole("epochs", self.epochs)
@@ -377,10 +447,12 @@ class ActorCriticLoop(EnvironmentLoop):
                 f"global_batch_size={self.global_batch_size} does not divide the "
                 f"{samples} samples of a rollout (num_envs={self.num_envs} x "
                 f"rollout_length={self.rollout_length}); pass a divisor, e.g. "
-                f"{_largest_divisor(samples, self.global_batch_size)}.")
+                f"{_largest_divisor(samples, self.global_batch_size)}."
+            )
         if not 0 <= self.gae_lambda <= 1:
             raise ValueError(
-                f"gae_lambda must be in [0, 1], got {self.gae_lambda!r}; 0.95 is usual.")
+                f"gae_lambda must be in [0, 1], got {self.gae_lambda!r}; 0.95 is usual."
+            )
         if not self.clip_ratio > 0:
             raise ValueError(f"clip_ratio must be > 0, got {self.clip_ratio!r}; 0.2 is usual.")
         _check_clip_norm(self.clip_norm)
@@ -412,35 +484,47 @@ class ActorCriticLoop(EnvironmentLoop):
 
     def _replica_collect(self):
         rollout = self.rollout(self._act, {"value": tf.float32, "log_probability": tf.float32})
-        _, next_values = self.model(tf.reshape(rollout["final_observation"],
-                                               [-1, self.environment.observation_size]))
+        _, next_values = self.model(
+            tf.reshape(rollout["final_observation"], [-1, self.environment.observation_size])
+        )
         advantages, returns = advantages_and_returns(
-            rewards=rollout["reward"], values=rollout["value"],
+            rewards=rollout["reward"],
+            values=rollout["value"],
             next_values=tf.reshape(next_values, tf.shape(rollout["reward"])),
-            terminated=rollout["terminated"], truncated=rollout["truncated"],
-            gamma=self.gamma, lambda_=self.gae_lambda)
+            terminated=rollout["terminated"],
+            truncated=rollout["truncated"],
+            gamma=self.gamma,
+            lambda_=self.gae_lambda,
+        )
         # Normalized with the mean and deviation over ALL replicas' samples.
         count = float(self.num_envs * self.rollout_length)
         total, squares = tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, [tf.reduce_sum(advantages), tf.reduce_sum(advantages ** 2)])
+            tf.distribute.ReduceOp.SUM, [tf.reduce_sum(advantages), tf.reduce_sum(advantages**2)]
+        )
         mean = total / count
-        deviation = tf.sqrt(tf.maximum(squares / count - mean ** 2, 0.0))
+        deviation = tf.sqrt(tf.maximum(squares / count - mean**2, 0.0))
         # Environment-major samples: global sample id = env * T + t.
         samples = {
-            "observation": rollout["observation"], "action": rollout["action"],
-            "log_probability": rollout["log_probability"], "return": returns,
-            "advantage": (advantages - mean) / (deviation + 1e-8)}
-        samples = {name: tf.reshape(_env_major(value), [-1, *value.shape[2:]])
-                   for name, value in samples.items()}
+            "observation": rollout["observation"],
+            "action": rollout["action"],
+            "log_probability": rollout["log_probability"],
+            "return": returns,
+            "advantage": (advantages - mean) / (deviation + 1e-8),
+        }
+        samples = {
+            name: tf.reshape(_env_major(value), [-1, *value.shape[2:]])
+            for name, value in samples.items()
+        }
         return {**rollout, "samples": samples}
 
     def _replica_loss(self, samples, update):
         epoch = update // self.minibatches
         order = tf.random.experimental.stateless_shuffle(
             tf.range(self.num_envs * self.rollout_length),
-            self._seed(Noise.SHUFFLE, self.global_step, epoch))
+            self._seed(Noise.SHUFFLE, self.global_step, epoch),
+        )
         position = (update % self.minibatches) * self.global_batch_size
-        chosen = order[position:position + self.global_batch_size]
+        chosen = order[position : position + self.global_batch_size]
         # This replica's samples among the chosen ones.
         first = self._first_env() * self.rollout_length
         local = chosen - first
@@ -455,14 +539,18 @@ class ActorCriticLoop(EnvironmentLoop):
         advantage = batch["advantage"]
         surrogate = tf.minimum(
             ratio * advantage,
-            tf.clip_by_value(ratio, 1.0 - self.clip_ratio, 1.0 + self.clip_ratio) * advantage)
+            tf.clip_by_value(ratio, 1.0 - self.clip_ratio, 1.0 + self.clip_ratio) * advantage,
+        )
         policy_loss = reduction.scale_to_global_batch(-surrogate, count)
         value_loss = reduction.scale_to_global_batch(
-            0.5 * tf.square(values - batch["return"]), count)
+            0.5 * tf.square(values - batch["return"]), count
+        )
         entropy = reduction.scale_to_global_batch(
-            -tf.reduce_sum(tf.exp(log_probabilities) * log_probabilities, axis=-1), count)
-        loss = (policy_loss + self.value_coefficient * value_loss
-                - self.entropy_coefficient * entropy)
+            -tf.reduce_sum(tf.exp(log_probabilities) * log_probabilities, axis=-1), count
+        )
+        loss = (
+            policy_loss + self.value_coefficient * value_loss - self.entropy_coefficient * entropy
+        )
         return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
 
     def train_step(self, iterator):
@@ -475,8 +563,11 @@ class ActorCriticLoop(EnvironmentLoop):
             result = self.update(self._replica_loss, args=(collected["samples"], update))
             totals = {name: totals[name] + result.sums[name] for name in totals}
             nonfinite = tf.maximum(nonfinite, result.nonfinite)
-        return {**{name: outputs.Mean(value / updates) for name, value in totals.items()},
-                outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32)), **statistics}
+        return {
+            **{name: outputs.Mean(value / updates) for name, value in totals.items()},
+            outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32)),
+            **statistics,
+        }
 
 
 class DQNLoop(EnvironmentLoop):
@@ -502,29 +593,31 @@ class DQNLoop(EnvironmentLoop):
     name = "rl"
     algorithm = "dqn"
 
-    def __init__(self,
-                 *,
-                 environment: environments.Environment,
-                 model_fn: Callable[[], keras.Model],
-                 optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
-                 # Environments.
-                 num_envs: int = 8,
-                 rollout_length: int = 4,
-                 gamma: float = 0.99,
-                 # Replay.
-                 buffer_capacity: int = 50_000,
-                 global_batch_size: int = 128,
-                 learning_starts: int = 1_000,
-                 updates_per_step: int = 2,
-                 # Exploration: epsilon falls linearly over `exploration_steps` env steps.
-                 epsilon_start: float = 1.0,
-                 epsilon_end: float = 0.05,
-                 exploration_steps: int = 10_000,
-                 # Target network: at most one of the two.
-                 target_update_every: int | None = None,
-                 target_tau: float | None = None,
-                 clip_norm: float | None = 10.0,
-                 **loop_args):
+    def __init__(
+        self,
+        *,
+        environment: environments.Environment,
+        model_fn: Callable[[], keras.Model],
+        optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
+        # Environments.
+        num_envs: int = 8,
+        rollout_length: int = 4,
+        gamma: float = 0.99,
+        # Replay.
+        buffer_capacity: int = 50_000,
+        global_batch_size: int = 128,
+        learning_starts: int = 1_000,
+        updates_per_step: int = 2,
+        # Exploration: epsilon falls linearly over `exploration_steps` env steps.
+        epsilon_start: float = 1.0,
+        epsilon_end: float = 0.05,
+        exploration_steps: int = 10_000,
+        # Target network: at most one of the two.
+        target_update_every: int | None = None,
+        target_tau: float | None = None,
+        clip_norm: float | None = 10.0,
+        **loop_args,
+    ):
         """
         Args:
             environment: what to step, a `loops.environments.Environment`.
@@ -569,12 +662,21 @@ class DQNLoop(EnvironmentLoop):
             self.target_update_every = DEFAULT_TARGET_UPDATE_EVERY
         self.target_tau = target_tau
         self.clip_norm = clip_norm
-        super().__init__(environment=environment, num_envs=num_envs,
-                         rollout_length=rollout_length, gamma=gamma, **loop_args)
+        super().__init__(
+            environment=environment,
+            num_envs=num_envs,
+            rollout_length=rollout_length,
+            gamma=gamma,
+            **loop_args,
+        )
 
     def check_settings(self, num_replicas: int) -> None:
-        for name in ("buffer_capacity", "global_batch_size", "updates_per_step",
-                     "exploration_steps"):
+        for name in (
+            "buffer_capacity",
+            "global_batch_size",
+            "updates_per_step",
+            "exploration_steps",
+        ):
             _check_whole(name, getattr(self, name))
         if self.learning_starts < 0:
             raise ValueError(f"learning_starts must be >= 0, got {self.learning_starts!r}.")
@@ -583,26 +685,31 @@ class DQNLoop(EnvironmentLoop):
             raise ValueError(
                 f"buffer_capacity={self.buffer_capacity} cannot hold one rollout of "
                 f"num_envs * rollout_length = {rollout} transitions; raise "
-                "buffer_capacity or shorten the rollout.")
+                "buffer_capacity or shorten the rollout."
+            )
         if not 0 <= self.epsilon_end <= self.epsilon_start <= 1:
             raise ValueError(
                 f"need 0 <= epsilon_end <= epsilon_start <= 1, got epsilon_start="
-                f"{self.epsilon_start!r}, epsilon_end={self.epsilon_end!r}.")
+                f"{self.epsilon_start!r}, epsilon_end={self.epsilon_end!r}."
+            )
         if self.target_update_every is not None and self.target_tau is not None:
             raise ValueError(
                 "Pass one of target_update_every (hard copy every K steps) and target_tau "
                 f"(soft update), not both; got target_update_every={self.target_update_every!r}, "
-                f"target_tau={self.target_tau!r}.")
+                f"target_tau={self.target_tau!r}."
+            )
         if self.target_update_every is not None:
             _check_whole("target_update_every", self.target_update_every)
         if self.target_tau is not None and not 0 < self.target_tau <= 1:
             raise ValueError(
-                f"target_tau must be in (0, 1], got {self.target_tau!r}; 0.005 is usual.")
+                f"target_tau must be in (0, 1], got {self.target_tau!r}; 0.005 is usual."
+            )
         _check_clip_norm(self.clip_norm)
         if self.global_batch_size % num_replicas:
             raise ValueError(
                 f"global_batch_size={self.global_batch_size} is not divisible by the "
-                f"{num_replicas} replicas; pass a multiple of {num_replicas}.")
+                f"{num_replicas} replicas; pass a multiple of {num_replicas}."
+            )
 
     def build(self) -> None:
         super().build()
@@ -621,20 +728,28 @@ class DQNLoop(EnvironmentLoop):
             "reward": self.replay.add("reward", tf.zeros([capacity]), "float32"),
             "terminated": self.replay.add("terminated", tf.zeros([capacity]), "float32"),
             "final_observation": self.replay.add(
-                "final_observation", tf.zeros([capacity, size]), "float32"),
+                "final_observation", tf.zeros([capacity, size]), "float32"
+            ),
         }
         self.replay_size = self.replay.add("size", 0, "int64")
         self.replay_next = self.replay.add("next_slot", 0, "int64")
 
     def checkpoint_items(self):
-        return {**super().checkpoint_items(), "model": self.model, "target": self.target,
-                "optimizer": self.optimizer, "replay_buffer": self.replay}
+        return {
+            **super().checkpoint_items(),
+            "model": self.model,
+            "target": self.target,
+            "optimizer": self.optimizer,
+            "replay_buffer": self.replay,
+        }
 
     def epsilon(self) -> tf.Tensor:
         """The exploration rate of the current step."""
         progress = tf.minimum(
             tf.cast(self.global_step * self.num_envs * self.rollout_length, tf.float32)
-            / self.exploration_steps, 1.0)
+            / self.exploration_steps,
+            1.0,
+        )
         return self.epsilon_start + (self.epsilon_end - self.epsilon_start) * progress
 
     def _act(self, observation, t):
@@ -647,40 +762,52 @@ class DQNLoop(EnvironmentLoop):
     def _store(self, rollout) -> None:
         """Appends a gathered rollout to the replay buffer (cross-replica context)."""
         count = self.num_envs * self.rollout_length
-        slots = (tf.convert_to_tensor(self.replay_next) + tf.range(count, dtype=tf.int64)
-                 ) % self.buffer_capacity
+        slots = (
+            tf.convert_to_tensor(self.replay_next) + tf.range(count, dtype=tf.int64)
+        ) % self.buffer_capacity
         for name, variable in self.replay_columns.items():
             value = tf.cast(rollout[name], variable.dtype)
             value = tf.reshape(value, [count, *variable.shape[1:]])
             variable.value.scatter_update(tf.IndexedSlices(value, slots))
-        self.replay_next.assign((tf.convert_to_tensor(self.replay_next) + count)
-                                % self.buffer_capacity)
-        self.replay_size.assign(tf.minimum(tf.convert_to_tensor(self.replay_size) + count,
-                                           self.buffer_capacity))
+        self.replay_next.assign(
+            (tf.convert_to_tensor(self.replay_next) + count) % self.buffer_capacity
+        )
+        self.replay_size.assign(
+            tf.minimum(tf.convert_to_tensor(self.replay_size) + count, self.buffer_capacity)
+        )
 
     def _replica_loss(self, update):
         indices = tf.random.stateless_uniform(
-            [self.global_batch_size], self._seed(Noise.REPLAY, self.global_step, update),
-            minval=0, maxval=tf.convert_to_tensor(self.replay_size), dtype=tf.int64)
+            [self.global_batch_size],
+            self._seed(Noise.REPLAY, self.global_step, update),
+            minval=0,
+            maxval=tf.convert_to_tensor(self.replay_size),
+            dtype=tf.int64,
+        )
         context = tf.distribute.get_replica_context()
         share = self.global_batch_size // context.num_replicas_in_sync
         indices = tf.slice(indices, [context.replica_id_in_sync_group * share], [share])
-        batch = {name: tf.gather(variable, indices)
-                 for name, variable in self.replay_columns.items()}
+        batch = {
+            name: tf.gather(variable, indices) for name, variable in self.replay_columns.items()
+        }
         # Double DQN: the online net picks the next action, the target net values it.
-        next_action = tf.argmax(self.model(batch["final_observation"]), axis=-1,
-                                output_type=tf.int32)
+        next_action = tf.argmax(
+            self.model(batch["final_observation"]), axis=-1, output_type=tf.int32
+        )
         next_value = tf.gather(self.target(batch["final_observation"]), next_action, batch_dims=1)
         target = tf.stop_gradient(
-            batch["reward"] + self.gamma * (1.0 - batch["terminated"]) * next_value)
-        q_values = tf.gather(self.model(batch["observation"], training=True),
-                             batch["action"], batch_dims=1)
+            batch["reward"] + self.gamma * (1.0 - batch["terminated"]) * next_value
+        )
+        q_values = tf.gather(
+            self.model(batch["observation"], training=True), batch["action"], batch_dims=1
+        )
         error = q_values - target
         # Huber loss with delta 1.
         per_sample = tf.where(tf.abs(error) < 1.0, 0.5 * tf.square(error), tf.abs(error) - 0.5)
         loss = reduction.scale_to_global_batch(per_sample, float(self.global_batch_size))
         return loss, {
-            "q_value": reduction.scale_to_global_batch(q_values, float(self.global_batch_size))}
+            "q_value": reduction.scale_to_global_batch(q_values, float(self.global_batch_size))
+        }
 
     def train_step(self, iterator):
         rollout = self.strategy.run(lambda: self.rollout(self._act))
@@ -697,14 +824,19 @@ class DQNLoop(EnvironmentLoop):
             totals = {name: totals[name] + result.sums[name] for name in totals}
             nonfinite = tf.maximum(nonfinite, result.nonfinite)
         if self.target_tau is None:
-            target_networks.copy_every(self.target, self.model, step=self.global_step + 1,
-                                       every=self.target_update_every)
+            assert self.target_update_every is not None  # set whenever target_tau is None
+            target_networks.copy_every(
+                self.target, self.model, step=self.global_step + 1, every=self.target_update_every
+            )
         else:
             target_networks.soft_update(self.target, self.model, tau=self.target_tau)
         done = tf.cast(tf.maximum(updates, 1), tf.float32)
-        return {**{name: outputs.Mean(value / done) for name, value in totals.items()},
-                "epsilon": outputs.Last(self.epsilon()),
-                outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32)), **statistics}
+        return {
+            **{name: outputs.Mean(value / done) for name, value in totals.items()},
+            "epsilon": outputs.Last(self.epsilon()),
+            outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32)),
+            **statistics,
+        }
 
 
 def _env_major(value: tf.Tensor) -> tf.Tensor:
@@ -720,7 +852,8 @@ def _checked_model_fn(model_fn):
     if not callable(model_fn):
         raise TypeError(
             f"model_fn must be a function of no arguments that builds the network, got "
-            f"{model_fn!r}; pass e.g. model_fn=lambda: my_network(seed=0).")
+            f"{model_fn!r}; pass e.g. model_fn=lambda: my_network(seed=0)."
+        )
     return model_fn
 
 

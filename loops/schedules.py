@@ -30,7 +30,9 @@ class PerEpoch(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, function: Callable[[tf.Tensor], tf.Tensor], steps_per_epoch: int):
         if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
-            raise ValueError(f"steps_per_epoch must be a whole number >= 1, got {steps_per_epoch!r}.")
+            raise ValueError(
+                f"steps_per_epoch must be a whole number >= 1, got {steps_per_epoch!r}."
+            )
         self.function = function
         self.steps_per_epoch = steps_per_epoch
 
@@ -39,8 +41,16 @@ class PerEpoch(keras.optimizers.schedules.LearningRateSchedule):
         return tf.cast(self.function(epoch), tf.float32)
 
 
-def make_schedule(name: str, *, learning_rate: float, total_steps: int, warmup_steps: int = 0,
-                  step_size: int = 1000, step_factor: float = 0.1, final_fraction: float = 0.0):
+def make_schedule(
+    name: str,
+    *,
+    learning_rate: float,
+    total_steps: int,
+    warmup_steps: int = 0,
+    step_size: int = 1000,
+    step_factor: float = 0.1,
+    final_fraction: float = 0.0,
+):
     """The schedule called `name`, or the constant `learning_rate` for "constant".
 
     Args:
@@ -57,28 +67,39 @@ def make_schedule(name: str, *, learning_rate: float, total_steps: int, warmup_s
         ValueError: an unknown name or a value out of range, with the fix.
     """
     if name not in SCHEDULE_NAMES:
-        raise ValueError(f"Unknown learning-rate schedule {name!r}; choose one of "
-                         f"{', '.join(SCHEDULE_NAMES)}.")
+        raise ValueError(
+            f"Unknown learning-rate schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}."
+        )
     if not learning_rate > 0:
         raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}.")
     if name == "constant":
         return learning_rate
     if name == "step":
         if step_size < 1 or not 0 < step_factor <= 1:
-            raise ValueError(f"The step schedule needs step_size >= 1 and 0 < step_factor <= 1, "
-                             f"got step_size={step_size!r}, step_factor={step_factor!r}.")
+            raise ValueError(
+                f"The step schedule needs step_size >= 1 and 0 < step_factor <= 1, "
+                f"got step_size={step_size!r}, step_factor={step_factor!r}."
+            )
         return keras.optimizers.schedules.ExponentialDecay(
-            learning_rate, decay_steps=step_size, decay_rate=step_factor, staircase=True)
+            learning_rate, decay_steps=step_size, decay_rate=step_factor, staircase=True
+        )
     if not 0 <= final_fraction <= 1:
         raise ValueError(f"final_fraction must lie in [0, 1], got {final_fraction!r}.")
     if name == "cosine":
         warmup_steps = 0
     if not 0 <= warmup_steps < total_steps:
-        raise ValueError(f"warmup_steps must lie in [0, total_steps={total_steps}), got "
-                         f"{warmup_steps!r}; shorten the warm-up or train longer.")
+        raise ValueError(
+            f"warmup_steps must lie in [0, total_steps={total_steps}), got "
+            f"{warmup_steps!r}; shorten the warm-up or train longer."
+        )
     if warmup_steps:
         return keras.optimizers.schedules.CosineDecay(
-            0.0, decay_steps=total_steps - warmup_steps, alpha=final_fraction,
-            warmup_target=learning_rate, warmup_steps=warmup_steps)
+            0.0,
+            decay_steps=total_steps - warmup_steps,
+            alpha=final_fraction,
+            warmup_target=learning_rate,
+            warmup_steps=warmup_steps,
+        )
     return keras.optimizers.schedules.CosineDecay(
-        learning_rate, decay_steps=total_steps, alpha=final_fraction)
+        learning_rate, decay_steps=total_steps, alpha=final_fraction
+    )

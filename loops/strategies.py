@@ -25,8 +25,10 @@ DEFAULT_CLUSTER_TIMEOUT_SECONDS = 600.0
 # until they all answer (MultiWorkerMirroredStrategy's coordination service
 # waits for every chief and worker; ParameterServerStrategy's chief connects
 # to every worker and ps), and meanwhile SIGTERM goes to TensorFlow's own handler.
-_AWAITED_TASK_TYPES = {"multi_worker_mirrored": ("chief", "worker"),
-                       "parameter_server": ("worker", "ps")}
+_AWAITED_TASK_TYPES = {
+    "multi_worker_mirrored": ("chief", "worker"),
+    "parameter_server": ("worker", "ps"),
+}
 _PROBE_INTERVAL_SECONDS = 0.25
 
 
@@ -48,14 +50,16 @@ def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:
         return tf.config.list_logical_devices("CPU")[:count]
     try:
         tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
     except RuntimeError as error:
         have = len(tf.config.list_logical_devices("CPU"))
         raise RuntimeError(
-                f"Cannot split the CPU into {count} logical devices: TensorFlow "
-                f"already started with {have}. Call "
-                f"loops.configure_logical_cpus({count}) (or make_strategy) before "
-                "any TensorFlow op runs.") from error
+            f"Cannot split the CPU into {count} logical devices: TensorFlow "
+            f"already started with {have}. Call "
+            f"loops.configure_logical_cpus({count}) (or make_strategy) before "
+            "any TensorFlow op runs."
+        ) from error
     return tf.config.list_logical_devices("CPU")[:count]
 
 
@@ -66,8 +70,9 @@ def _local_devices(num_replicas: int) -> list[str]:
         return [f"/gpu:{i}" for i in range(num_replicas)]
     if gpus:
         raise ValueError(
-                f"--num_replicas={num_replicas} asks for more replicas than the "
-                f"{len(gpus)} GPUs present; pass --num_replicas<={len(gpus)}.")
+            f"--num_replicas={num_replicas} asks for more replicas than the "
+            f"{len(gpus)} GPUs present; pass --num_replicas<={len(gpus)}."
+        )
     return [d.name for d in configure_logical_cpus(num_replicas)]
 
 
@@ -102,22 +107,24 @@ def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigCluste
         config = json.loads(raw) if raw else {}
     except json.JSONDecodeError as error:
         raise ValueError(
-                f"TF_CONFIG is not valid JSON ({error}): {raw!r}. Set it to "
-                '{"cluster": {...}, "task": {"type": ..., "index": ...}} or unset it.'
+            f"TF_CONFIG is not valid JSON ({error}): {raw!r}. Set it to "
+            '{"cluster": {...}, "task": {"type": ..., "index": ...}} or unset it.'
         ) from error
     cluster = config.get("cluster", {})
     if name == "parameter_server" and not (cluster.get("ps") and cluster.get("worker")):
         raise ValueError(
-                "--strategy=parameter_server needs TF_CONFIG naming 'ps' and "
-                f"'worker' tasks (and one 'chief'), got cluster={cluster!r}. Set TF_CONFIG "
-                "on every task (see BUILD.md, 'Several machines'), or start the run with "
-                "python -m loops.launch --num_workers=N --num_ps=M.")
+            "--strategy=parameter_server needs TF_CONFIG naming 'ps' and "
+            f"'worker' tasks (and one 'chief'), got cluster={cluster!r}. Set TF_CONFIG "
+            "on every task (see BUILD.md, 'Several machines'), or start the run with "
+            "python -m loops.launch --num_workers=N --num_ps=M."
+        )
     if name == "parameter_server" and len(cluster.get("chief", [])) != 1:
         raise ValueError(
-                "--strategy=parameter_server needs exactly one 'chief' task in TF_CONFIG "
-                "(the coordinator that runs the training loop), got "
-                f"chief={cluster.get('chief', [])!r}. Pass --num_ps to loops-launch, which "
-                "adds one, or add a chief task to TF_CONFIG on every task.")
+            "--strategy=parameter_server needs exactly one 'chief' task in TF_CONFIG "
+            "(the coordinator that runs the training loop), got "
+            f"chief={cluster.get('chief', [])!r}. Pass --num_ps to loops-launch, which "
+            "adds one, or add a chief task to TF_CONFIG on every task."
+        )
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     spec = resolver.cluster_spec()
     for task_type in spec.jobs:
@@ -126,10 +133,11 @@ def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigCluste
     task_type, task_id = resolver.task_type, resolver.task_id
     if task_type in spec.jobs and task_id not in spec.task_indices(task_type):
         raise ValueError(
-                f"TF_CONFIG names this task {task_type}_{task_id}, but its cluster has "
-                f"{spec.num_tasks(task_type)} {task_type} task(s) (indices "
-                f"{sorted(spec.task_indices(task_type))}); give each task its own index "
-                "among those in TF_CONFIG's \"task\".")
+            f"TF_CONFIG names this task {task_type}_{task_id}, but its cluster has "
+            f"{spec.num_tasks(task_type)} {task_type} task(s) (indices "
+            f"{sorted(spec.task_indices(task_type))}); give each task its own index "
+            'among those in TF_CONFIG\'s "task".'
+        )
     return resolver
 
 
@@ -144,19 +152,22 @@ def host_and_port(task: str, address: str) -> tuple[str, int]:
     host = host.removeprefix("[").removesuffix("]")
     if not (colon and host and port_text.isdigit()):
         raise ValueError(
-                f"TF_CONFIG gives {task} the address {address!r}, which is not host:port; "
-                "write it like 10.0.0.2:2222 (the same cluster on every task).")
+            f"TF_CONFIG gives {task} the address {address!r}, which is not host:port; "
+            "write it like 10.0.0.2:2222 (the same cluster on every task)."
+        )
     port = int(port_text)
     if not 1 <= port <= 65535:
         raise ValueError(
-                f"TF_CONFIG gives {task} port {port} (in {address!r}), outside 1..65535; "
-                "pick a free port in that range (the same cluster on every task).")
+            f"TF_CONFIG gives {task} port {port} (in {address!r}), outside 1..65535; "
+            "pick a free port in that range (the same cluster on every task)."
+        )
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         raise ValueError(
-                f"TF_CONFIG gives {task} the host {host!r} (in {address!r}), which does not "
-                f"resolve ({error.strerror}); fix its spelling or give its IP address.") from error
+            f"TF_CONFIG gives {task} the host {host!r} (in {address!r}), which does not "
+            f"resolve ({error.strerror}); fix its spelling or give its IP address."
+        ) from error
     return host, port
 
 
@@ -177,13 +188,15 @@ def cluster_timeout_seconds(cluster_timeout: float | None = None) -> float:
     # `not >` also refuses NaN; infinity (wait for ever) is allowed.
     if not (isinstance(seconds, (int, float)) and seconds > 0):
         raise ValueError(
-                f"{where} is not a number of seconds above 0; set it to how long a task may "
-                f"wait for the others to start, e.g. {DEFAULT_CLUSTER_TIMEOUT_SECONDS:g}.")
+            f"{where} is not a number of seconds above 0; set it to how long a task may "
+            f"wait for the others to start, e.g. {DEFAULT_CLUSTER_TIMEOUT_SECONDS:g}."
+        )
     return float(seconds)
 
 
-def wait_for_cluster(resolver: tf.distribute.cluster_resolver.ClusterResolver, name: str,
-                     timeout_seconds: float) -> None:
+def wait_for_cluster(
+    resolver: tf.distribute.cluster_resolver.ClusterResolver, name: str, timeout_seconds: float
+) -> None:
     """Returns once every task --strategy=`name` needs accepts connections at its address.
 
     Without this TensorFlow blocks in C++ on a missing task, with no deadline
@@ -198,9 +211,12 @@ def wait_for_cluster(resolver: tf.distribute.cluster_resolver.ClusterResolver, n
     """
     spec = resolver.cluster_spec()
     this_task = f"{resolver.task_type}_{resolver.task_id}"
-    awaited = {f"{task_type}_{index}": spec.task_address(task_type, index)
-               for task_type in _AWAITED_TASK_TYPES[name] if task_type in spec.jobs
-               for index in spec.task_indices(task_type)}
+    awaited = {
+        f"{task_type}_{index}": spec.task_address(task_type, index)
+        for task_type in _AWAITED_TASK_TYPES[name]
+        if task_type in spec.jobs
+        for index in spec.task_indices(task_type)
+    }
     awaited.pop(this_task, None)
     if not awaited:
         return
@@ -209,8 +225,9 @@ def wait_for_cluster(resolver: tf.distribute.cluster_resolver.ClusterResolver, n
     with contextlib.ExitStack() as stack:
         own_port = None
         if resolver.task_type in spec.jobs:
-            own_port = stack.enter_context(_listening(
-                    this_task, spec.task_address(resolver.task_type, resolver.task_id)))
+            own_port = stack.enter_context(
+                _listening(this_task, spec.task_address(resolver.task_type, resolver.task_id))
+            )
         stack.enter_context(_exit_on_sigterm(this_task))
         missing = list(awaited)
         told = False
@@ -222,13 +239,17 @@ def wait_for_cluster(resolver: tf.distribute.cluster_resolver.ClusterResolver, n
             if time.monotonic() >= deadline:
                 them, they_need = ("it", "it needs") if len(missing) == 1 else ("them", "they need")
                 raise ValueError(
-                        f"{this_task} waited {timeout_seconds:g} s for its cluster, but {named} "
-                        f"did not come up (nothing accepts connections there); start {them} "
-                        f"with the same TF_CONFIG cluster, or set {CLUSTER_TIMEOUT_VARIABLE} "
-                        f"(or make_strategy's cluster_timeout) higher if {they_need} longer.")
+                    f"{this_task} waited {timeout_seconds:g} s for its cluster, but {named} "
+                    f"did not come up (nothing accepts connections there); start {them} "
+                    f"with the same TF_CONFIG cluster, or set {CLUSTER_TIMEOUT_VARIABLE} "
+                    f"(or make_strategy's cluster_timeout) higher if {they_need} longer."
+                )
             if not told:
-                print(f"{this_task} waiting up to {timeout_seconds:g} s for {named}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{this_task} waiting up to {timeout_seconds:g} s for {named}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 told = True
             if own_port is not None:
                 _answer(own_port)
@@ -250,9 +271,10 @@ def _listening(task: str, address: str) -> Iterator[socket.socket]:
             if error.errno != errno.EADDRINUSE:
                 raise
             raise ValueError(
-                    f"Port {port} of {task} ({address} in TF_CONFIG) is taken by another "
-                    "process; stop it (an earlier run's task?) or give this task a free "
-                    "port in TF_CONFIG on every task.") from error
+                f"Port {port} of {task} ({address} in TF_CONFIG) is taken by another "
+                "process; stop it (an earlier run's task?) or give this task a free "
+                "port in TF_CONFIG on every task."
+            ) from error
         listener.listen(16)
         listener.setblocking(False)
         yield listener
@@ -290,9 +312,13 @@ def _exit_on_sigterm(task: str) -> Iterator[None]:
 
     def exit_preempted(signum, frame):
         del signum, frame
-        print(f"{task} received SIGTERM while waiting for its cluster, before any work; "
-              f"exiting with code {exit_codes.PREEMPTED} (preempted): rerun the same command "
-              "to start again.", file=sys.stderr, flush=True)
+        print(
+            f"{task} received SIGTERM while waiting for its cluster, before any work; "
+            f"exiting with code {exit_codes.PREEMPTED} (preempted): rerun the same command "
+            "to start again.",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(exit_codes.PREEMPTED)
 
     previous = signal.signal(signal.SIGTERM, exit_preempted)
@@ -302,8 +328,9 @@ def _exit_on_sigterm(task: str) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def make_strategy(name: str = "default", num_replicas: int = 1, *,
-                  cluster_timeout: float | None = None) -> tf.distribute.Strategy:
+def make_strategy(
+    name: str = "default", num_replicas: int = 1, *, cluster_timeout: float | None = None
+) -> tf.distribute.Strategy:
     """Returns the strategy called `name` with `num_replicas` local replicas.
 
     Args:
@@ -323,8 +350,7 @@ def make_strategy(name: str = "default", num_replicas: int = 1, *,
             TF_CONFIG or cluster_timeout, or a task that did not come up in time.
     """
     if name not in STRATEGY_NAMES:
-        raise ValueError(
-                f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}.")
+        raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}.")
     if not isinstance(num_replicas, int) or num_replicas < 1:
         raise ValueError(f"num_replicas must be a whole number >= 1, got {num_replicas!r}.")
     if name == "mirrored":
@@ -333,12 +359,14 @@ def make_strategy(name: str = "default", num_replicas: int = 1, *,
         # Variables live on one device (the CPU when there are several replicas),
         # each replica computes on its own device and the gradients are summed there.
         return tf.distribute.experimental.CentralStorageStrategy(
-                compute_devices=_local_devices(num_replicas))
+            compute_devices=_local_devices(num_replicas)
+        )
     if num_replicas != 1:
         raise ValueError(
-                f"num_replicas={num_replicas} applies only to --strategy=mirrored or "
-                f"central_storage; --strategy={name} takes its devices from the machine. "
-                "Pass --num_replicas=1 or use --strategy=mirrored.")
+            f"num_replicas={num_replicas} applies only to --strategy=mirrored or "
+            f"central_storage; --strategy={name} takes its devices from the machine. "
+            "Pass --num_replicas=1 or use --strategy=mirrored."
+        )
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "one_device":
@@ -357,8 +385,9 @@ def make_strategy(name: str = "default", num_replicas: int = 1, *,
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
         raise ValueError(
-                f"--strategy=tpu found no reachable TPU ({error}). Run on a TPU VM "
-                "or pick --strategy=mirrored.") from error
+            f"--strategy=tpu found no reachable TPU ({error}). Run on a TPU VM "
+            "or pick --strategy=mirrored."
+        ) from error
     return tf.distribute.TPUStrategy(resolver)
 
 
@@ -381,8 +410,10 @@ def variable_scope(strategy: tf.distribute.Strategy) -> Iterator[None]:
 
         def first_replica_writes(next_creator, **kwargs):
             # trainable=None (tf.Variable's default) means trainable.
-            if (kwargs.get("trainable") is False
-                    and kwargs.get("aggregation") in (None, tf.VariableAggregation.NONE)):
+            if kwargs.get("trainable") is False and kwargs.get("aggregation") in (
+                None,
+                tf.VariableAggregation.NONE,
+            ):
                 kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
             return next_creator(**kwargs)
 

@@ -29,13 +29,15 @@ def _pairs(target, online) -> list[tuple]:
         raise ValueError(
             f"The target has {len(targets)} variables and the online network "
             f"{len(onlines)}; build the target with the same architecture as the "
-            "online network.")
+            "online network."
+        )
     for target_variable, online_variable in zip(targets, onlines):
         if tuple(target_variable.shape) != tuple(online_variable.shape):
             raise ValueError(
                 f"Target variable {target_variable.name} has shape {target_variable.shape} "
                 f"but online variable {online_variable.name} has {online_variable.shape}; "
-                "build both networks from the same function.")
+                "build both networks from the same function."
+            )
     return list(zip(targets, onlines))
 
 
@@ -85,7 +87,8 @@ def soft_update(target, online, *, tau: float | tf.Tensor) -> None:
     for target_variable, online_variable in _pairs(target, online):
         target_variable.assign(
             tau * tf.convert_to_tensor(online_variable)
-            + (1 - tau) * tf.convert_to_tensor(target_variable))
+            + (1 - tau) * tf.convert_to_tensor(target_variable)
+        )
 
 
 class MovingAverage:
@@ -140,9 +143,13 @@ class MovingAverage:
         self.variables = [variable for _, variable in pairs]
         copy(self.averages, self.variables)
         # One count for all replicas, written in cross-replica context.
-        self.num_updates = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                       name=f"{name}_num_updates",
-                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.num_updates = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            name=f"{name}_num_updates",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
 
     def current_decay(self) -> tf.Tensor:
         """The decay the next `update` uses: min(decay, (1 + k) / (10 + k)), float32."""

@@ -10,7 +10,9 @@ import tempfile
 # A C++ log line (I0000 00:00:1795530023.815669    1325 port.cc:153] ...) and the
 # notice absl prints before the first of them.
 _CPP_LOG_LINE = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ [^ ]+:\d+\] ")
-_ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_ABSL_NOTICE = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+)
 
 
 def import_tensorflow(*, quiet: bool) -> None:
@@ -25,6 +27,7 @@ def import_tensorflow(*, quiet: bool) -> None:
     """
     if not quiet:
         import tensorflow  # noqa: F401
+
         return
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     sys.stderr.flush()
@@ -34,6 +37,7 @@ def import_tensorflow(*, quiet: bool) -> None:
         os.dup2(held.fileno(), 2)
         try:
             import tensorflow  # noqa: F401
+
             imported = True
         finally:
             sys.stderr.flush()
@@ -42,8 +46,9 @@ def import_tensorflow(*, quiet: bool) -> None:
             held.seek(0)
             lines = held.read().decode(errors="replace").splitlines(keepends=True)
             # A failed import shows everything: its log lines may say why.
-            sys.stderr.write("".join(line for line in lines
-                                     if not (imported and _is_tensorflow_log(line))))
+            sys.stderr.write(
+                "".join(line for line in lines if not (imported and _is_tensorflow_log(line)))
+            )
 
 
 def _is_tensorflow_log(line: str) -> bool:

@@ -69,7 +69,8 @@ def loop_weights(loop: Loop, *, check_replicas_agree: bool = True) -> dict[str, 
             if check_replicas_agree:
                 for replica, copy in enumerate(copies[1:], start=1):
                     np.testing.assert_array_equal(
-                        copy, copies[0], err_msg=f"{key}: replica {replica} differs from replica 0")
+                        copy, copies[0], err_msg=f"{key}: replica {replica} differs from replica 0"
+                    )
             weights[key] = copies[0]
     return weights
 
@@ -82,8 +83,9 @@ def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return difference / scale if scale > 0 else difference
 
 
-def assert_close(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *,
-                 rtol: float, label: str) -> None:
+def assert_close(
+    actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *, rtol: float, label: str
+) -> None:
     """Asserts equal keys, shapes and a relative error (see above) <= rtol per entry.
 
     The error is measured per tensor, not per element: a weight whose exact
@@ -101,11 +103,16 @@ def assert_close(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.nda
             raise AssertionError(
                 f"{label}: {key} differs by {error:.3g} relative (tolerance {rtol:g}); "
                 f"got {np.array2string(got.ravel()[:4])}..., expected "
-                f"{np.array2string(want.ravel()[:4])}...")
+                f"{np.array2string(want.ravel()[:4])}..."
+            )
 
 
-def train_run(build_loop: Callable[[tf.distribute.Strategy], Loop],
-              strategy: tf.distribute.Strategy, *, num_steps: int) -> dict:
+def train_run(
+    build_loop: Callable[[tf.distribute.Strategy], Loop],
+    strategy: tf.distribute.Strategy,
+    *,
+    num_steps: int,
+) -> dict:
     """Trains a fresh loop on `strategy`; returns {"logs", "weights", "eval"} to compare."""
     loop = build_loop(strategy)
     if loop.strategy is not strategy:
@@ -114,9 +121,14 @@ def train_run(build_loop: Callable[[tf.distribute.Strategy], Loop],
     return {"logs": logs, "weights": loop_weights(loop), "eval": loop.last_eval_metrics}
 
 
-def assert_runs_agree(run: Mapping[str, Mapping], reference: Mapping[str, Mapping], *,
-                      rtol: float = 1e-5, label: str,
-                      compare_logs: Iterable[str] | None = None) -> None:
+def assert_runs_agree(
+    run: Mapping[str, Mapping],
+    reference: Mapping[str, Mapping],
+    *,
+    rtol: float = 1e-5,
+    label: str,
+    compare_logs: Iterable[str] | None = None,
+) -> None:
     """Asserts two `train_run` results agree: per-step logs, every weight, eval metrics.
 
     Args:
@@ -124,18 +136,25 @@ def assert_runs_agree(run: Mapping[str, Mapping], reference: Mapping[str, Mappin
         rtol: tolerance on each tensor's relative error (see `assert_close`).
     """
     names = list(compare_logs) if compare_logs is not None else list(reference["logs"])
-    assert_close({n: run["logs"][n] for n in names}, {n: reference["logs"][n] for n in names},
-                 rtol=rtol, label=label + " logs")
+    assert_close(
+        {n: run["logs"][n] for n in names},
+        {n: reference["logs"][n] for n in names},
+        rtol=rtol,
+        label=label + " logs",
+    )
     assert_close(run["weights"], reference["weights"], rtol=rtol, label=label + " weights")
     assert_close(run["eval"], reference["eval"], rtol=rtol, label=label + " eval")
 
 
-def assert_replica_parity(build_loop: Callable[[tf.distribute.Strategy], Loop], *,
-                          num_steps: int,
-                          replica_counts: Sequence[int] = (1, 2, 4),
-                          compare_logs: Iterable[str] | None = None,
-                          rtol: float = 1e-5,
-                          strategy_name: str = "mirrored") -> dict[int, dict]:
+def assert_replica_parity(
+    build_loop: Callable[[tf.distribute.Strategy], Loop],
+    *,
+    num_steps: int,
+    replica_counts: Sequence[int] = (1, 2, 4),
+    compare_logs: Iterable[str] | None = None,
+    rtol: float = 1e-5,
+    strategy_name: str = "mirrored",
+) -> dict[int, dict]:
     """Trains one loop per replica count and asserts they agree.
 
     Args:
@@ -152,11 +171,17 @@ def assert_replica_parity(build_loop: Callable[[tf.distribute.Strategy], Loop], 
     Raises:
         AssertionError: naming the first entry that differs and by how much.
     """
-    runs = {count: train_run(build_loop, replica_strategy(count, strategy_name),
-                             num_steps=num_steps)
-            for count in replica_counts}
+    runs = {
+        count: train_run(build_loop, replica_strategy(count, strategy_name), num_steps=num_steps)
+        for count in replica_counts
+    }
     reference = replica_counts[0]
     for count in replica_counts[1:]:
-        assert_runs_agree(runs[count], runs[reference], rtol=rtol, compare_logs=compare_logs,
-                          label=f"{count} vs {reference} replicas")
+        assert_runs_agree(
+            runs[count],
+            runs[reference],
+            rtol=rtol,
+            compare_logs=compare_logs,
+            label=f"{count} vs {reference} replicas",
+        )
     return runs

@@ -26,6 +26,7 @@ ReplicaLoss = Callable[..., "tuple[tf.Tensor, Mapping[str, tf.Tensor]]"]
 
 class UpdateResult(NamedTuple):
     """What one update did, in cross-replica context."""
+
     sums: dict[str, tf.Tensor]  # "loss" and the replica function's logs, summed over replicas
     nonfinite: tf.Tensor  # 1.0 when the loss or a gradient was not finite on some replica
     outputs: dict[str, outputs.Output]  # "nonfinite" (and "loss_scale", "overflow") as step outputs
@@ -55,9 +56,15 @@ class Update:
             models; its overflows are skipped and reported as `overflow`.
     """
 
-    def __init__(self, loop, optimizer: keras.optimizers.Optimizer,
-                 trained: keras.Model | Callable[[], Sequence[tf.Variable]], *,
-                 clip_norm: float | None = None, loss_scale: Any = None):
+    def __init__(
+        self,
+        loop,
+        optimizer: keras.optimizers.Optimizer,
+        trained: keras.Model | Callable[[], Sequence[tf.Variable]],
+        *,
+        clip_norm: float | None = None,
+        loss_scale: Any = None,
+    ):
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0 (or None), got {clip_norm!r}.")
         self._loop = loop
@@ -75,17 +82,24 @@ class Update:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
         strategy = self._loop.strategy
         logs, gradients, finite = strategy.run(
-            functools.partial(self._replica_gradients, replica_loss), args=tuple(args))
+            functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
+        )
         nonfinite = self._loop.apply_update(finite, self._replica_apply, gradients)
         sums = reduction.sum_over_replicas(strategy, logs)
         if self.loss_scale is None:
-            return UpdateResult(sums, nonfinite,
-                                {outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32))})
+            return UpdateResult(
+                sums, nonfinite, {outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32))}
+            )
         scale = self.loss_scale.update(skipped=nonfinite, loss=sums["loss"])
-        return UpdateResult(sums, nonfinite, {
-            outputs.NONFINITE: outputs.Sum(tf.cast(scale["nonfinite"], tf.int32)),
-            "loss_scale": outputs.Last(scale["loss_scale"]),
-            "overflow": outputs.Sum(tf.cast(scale["overflow"], tf.int32))})
+        return UpdateResult(
+            sums,
+            nonfinite,
+            {
+                outputs.NONFINITE: outputs.Sum(tf.cast(scale["nonfinite"], tf.int32)),
+                "loss_scale": outputs.Last(scale["loss_scale"]),
+                "overflow": outputs.Sum(tf.cast(scale["overflow"], tf.int32)),
+            },
+        )
 
     def _replica_gradients(self, replica_loss: ReplicaLoss, *args):
         variables = self.variables()
@@ -103,8 +117,9 @@ class Update:
         return {"loss": loss, **logs}, gradients, finite
 
     def _replica_apply(self, gradients) -> None:
-        reduction.apply_gradients(self.optimizer, gradients, self.variables(),
-                                  clip_norm=self.clip_norm)
+        reduction.apply_gradients(
+            self.optimizer, gradients, self.variables(), clip_norm=self.clip_norm
+        )
 
 
 def worst(*flags: tf.Tensor) -> tf.Tensor:

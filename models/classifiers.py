@@ -31,52 +31,92 @@ def _normalization(batch_norm: bool, name: str):
     return [keras.layers.BatchNormalization(synchronized=True, name=name)] if batch_norm else []
 
 
-def mlp(*, input_shape: Sequence[int], num_classes: int, hidden_units: Sequence[int] = (128, 64),
-        l2: float = 0.0, batch_norm: bool = False, dropout: float = 0.0,
-        seed: int = 0) -> keras.Model:
+def mlp(
+    *,
+    input_shape: Sequence[int],
+    num_classes: int,
+    hidden_units: Sequence[int] = (128, 64),
+    l2: float = 0.0,
+    batch_norm: bool = False,
+    dropout: float = 0.0,
+    seed: int = 0,
+) -> keras.Model:
     """A multilayer perceptron on flattened pixels scaled to [0, 1].
 
     `dropout` > 0 drops that fraction of each hidden layer's outputs in training.
     """
-    layers = [keras.Input(tuple(input_shape)),
-              keras.layers.Rescaling(1.0 / 255.0, dtype="float32"),
-              keras.layers.Flatten()]
+    layers = [
+        keras.Input(tuple(input_shape)),
+        keras.layers.Rescaling(1.0 / 255.0, dtype="float32"),
+        keras.layers.Flatten(),
+    ]
     for index, units in enumerate(hidden_units):
         # A bias before batch norm is cancelled by it (its gradient is only noise).
-        layers.append(keras.layers.Dense(units, kernel_initializer=_initializer(seed, index),
-                                         kernel_regularizer=_regularizer(l2),
-                                         use_bias=not batch_norm))
+        layers.append(
+            keras.layers.Dense(
+                units,
+                kernel_initializer=_initializer(seed, index),
+                kernel_regularizer=_regularizer(l2),
+                use_bias=not batch_norm,
+            )
+        )
         layers += _normalization(batch_norm, f"batch_norm_{index}")
         layers.append(keras.layers.ReLU())
         layers += _dropout(dropout, seed, index)
     # Logits stay float32 under a mixed dtype policy (loops.mixed_precision): the
     # softmax needs float32 range and digits.
-    layers.append(keras.layers.Dense(num_classes, kernel_initializer=_initializer(seed, 99),
-                                     kernel_regularizer=_regularizer(l2), name="logits",
-                                     dtype="float32"))
+    layers.append(
+        keras.layers.Dense(
+            num_classes,
+            kernel_initializer=_initializer(seed, 99),
+            kernel_regularizer=_regularizer(l2),
+            name="logits",
+            dtype="float32",
+        )
+    )
     return keras.Sequential(layers, name="mlp")
 
 
-def cnn(*, input_shape: Sequence[int], num_classes: int, filters: Sequence[int] = (32, 64),
-        l2: float = 0.0, batch_norm: bool = False, dropout: float = 0.0,
-        seed: int = 0) -> keras.Model:
+def cnn(
+    *,
+    input_shape: Sequence[int],
+    num_classes: int,
+    filters: Sequence[int] = (32, 64),
+    l2: float = 0.0,
+    batch_norm: bool = False,
+    dropout: float = 0.0,
+    seed: int = 0,
+) -> keras.Model:
     """A small convolutional net: 3x3 conv blocks with 2x2 pooling, then a dense head.
 
     `dropout` > 0 drops that fraction of the features before the head in training.
     """
     layers = [keras.Input(tuple(input_shape)), keras.layers.Rescaling(1.0 / 255.0, dtype="float32")]
     for index, width in enumerate(filters):
-        layers.append(keras.layers.Conv2D(width, 3, padding="same",
-                                          kernel_initializer=_initializer(seed, index),
-                                          kernel_regularizer=_regularizer(l2),
-                                          use_bias=not batch_norm))
+        layers.append(
+            keras.layers.Conv2D(
+                width,
+                3,
+                padding="same",
+                kernel_initializer=_initializer(seed, index),
+                kernel_regularizer=_regularizer(l2),
+                use_bias=not batch_norm,
+            )
+        )
         layers += _normalization(batch_norm, f"batch_norm_{index}")
         layers += [keras.layers.ReLU(), keras.layers.MaxPooling2D(2, padding="same")]
     # Logits stay float32 under a mixed dtype policy, as in `mlp`.
-    layers += [keras.layers.Flatten(), *_dropout(dropout, seed, len(filters)),
-               keras.layers.Dense(num_classes, kernel_initializer=_initializer(seed, 99),
-                                  kernel_regularizer=_regularizer(l2), name="logits",
-                                  dtype="float32")]
+    layers += [
+        keras.layers.Flatten(),
+        *_dropout(dropout, seed, len(filters)),
+        keras.layers.Dense(
+            num_classes,
+            kernel_initializer=_initializer(seed, 99),
+            kernel_regularizer=_regularizer(l2),
+            name="logits",
+            dtype="float32",
+        ),
+    ]
     return keras.Sequential(layers, name="cnn")
 
 

@@ -21,6 +21,7 @@ import tensorflow as tf  # noqa: E402
 def digits_dir(tmp_path_factory):
     """A TFDS data_dir holding the prepared bundled digits."""
     import loops_data as data
+
     directory = str(tmp_path_factory.mktemp("tfds"))
     data.load_builder("digits", directory)
     return directory
@@ -68,8 +69,14 @@ SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
 
 def run_module(module, *argv, timeout=900):
     """Runs `python -m module argv...` from the repository root; returns the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
-                          env=SUBPROCESS_ENV, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def read_results(model_dir):
@@ -81,5 +88,8 @@ def read_results(model_dir):
 def checkpoint_weights(model_dir):
     """Every variable value in the newest checkpoint of a run's model_dir, by checkpoint key."""
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name}
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name
+    }

@@ -1,4 +1,6 @@
-"""Runs loops-classifier with a fault at one named moment: `python fault_run.py MOMENT SIGNAL FLAGS...`.
+"""Runs loops-classifier with a fault at one named moment.
+
+Usage: `python fault_run.py MOMENT SIGNAL FLAGS...`.
 
 SIGNAL is TERM (a preemption: the run notes it and saves) or KILL (kill -9:
 nothing runs after it). The moments are places in the run's own code, not
@@ -32,17 +34,20 @@ def arm(moment: str, signum: int) -> None:
             if after and after(*args):
                 fire()
             return result
+
         setattr(owner, name, wrapped)
 
     def nth_inner_loop(n):
         def check(*_):
             calls["inner"] += 1
             return calls["inner"] == n
+
         return check
 
     def eval_at_step(final):
         def check(self, *_):
             return (self.step == train_steps) == final
+
         return check
 
     if moment == "first_trace":
@@ -52,15 +57,22 @@ def arm(moment: str, signum: int) -> None:
     elif moment in ("evaluation", "final_evaluation"):
         wrap(loop.Loop, "run_evaluation", before=eval_at_step(moment == "final_evaluation"))
     elif moment == "final_save":
-        wrap(checkpoints.Checkpointer, "save",
-             before=lambda self: int(self._step_counter.numpy()) == train_steps)
+        wrap(
+            checkpoints.Checkpointer,
+            "save",
+            before=lambda self: int(self._step_counter.numpy()) == train_steps,
+        )
     elif moment == "state_file":  # a save's files are written, its state-file entry is not
-        wrap(checkpoint_management, "update_checkpoint_state_internal",
-             before=lambda *_: True)  # the run saves once, at its end
+        wrap(
+            checkpoint_management, "update_checkpoint_state_internal", before=lambda *_: True
+        )  # the run saves once, at its end
     elif moment == "results":  # while results.json is half-written
         writing = []
-        wrap(reporting, "write_json_atomic",
-             before=lambda path, *_: bool(writing.append(path.endswith("results.json"))))
+        wrap(
+            reporting,
+            "write_json_atomic",
+            before=lambda path, *_: bool(writing.append(path.endswith("results.json"))),
+        )
         wrap(reporting.os, "fsync", before=lambda *_: writing[-1])
     elif moment == "export":
         wrap(tf.saved_model, "save", after=lambda *_: True)
@@ -73,4 +85,5 @@ if __name__ == "__main__":
     sys.argv = [sys.argv[0], *flags]
     arm(moment, {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}[name])
     from loops.bin import classifier
+
     classifier.run()

@@ -28,8 +28,9 @@ class ScriptedLoop(loops.Loop):
     needs_train_data = False
 
     def build(self):
-        self.total = tf.Variable(0.0, trainable=False,
-                                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.total = tf.Variable(
+            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
 
     def checkpoint_items(self):
         return {"total": self.total}
@@ -43,9 +44,15 @@ class ScriptedLoop(loops.Loop):
 
 
 def scripted(model_dir=None, *, actions=(), eval_every=2, steps_per_loop=2, **kwargs):
-    return ScriptedLoop(strategy=loops.testing.replica_strategy(2), model_dir=model_dir,
-                        eval_every=eval_every, steps_per_loop=steps_per_loop, actions=actions,
-                        progress=loops.testing.quiet_progress(), **kwargs)
+    return ScriptedLoop(
+        strategy=loops.testing.replica_strategy(2),
+        model_dir=model_dir,
+        eval_every=eval_every,
+        steps_per_loop=steps_per_loop,
+        actions=actions,
+        progress=loops.testing.quiet_progress(),
+        **kwargs,
+    )
 
 
 def lines(loop):
@@ -54,17 +61,20 @@ def lines(loop):
 
 # ---- Early stopping. ----
 
+
 def test_early_stopping_stops_at_the_expected_step_and_says_why(tmp_path):
-    loop = scripted(str(tmp_path), actions=[loops.EarlyStopping("loss", patience=2)],
-                    checkpoint_every=4)
+    loop = scripted(
+        str(tmp_path), actions=[loops.EarlyStopping("loss", patience=2)], checkpoint_every=4
+    )
     logs = loop.train(16)
     # Losses 5, 4 (best), 4.5, 4.2: the second evaluation in a row without improvement.
     assert loop.step == 8
     np.testing.assert_array_equal(logs["total"], np.arange(1, 9))
     results = read_results(str(tmp_path))
     assert results["global_step"] == 8 and results["eval"]["loss"] == 4.2
-    assert results["stop_reason"] == ("early stopping: eval loss has not improved on its best 4 "
-                                      "for 2 evaluations (patience 2)")
+    assert results["stop_reason"] == (
+        "early stopping: eval loss has not improved on its best 4 for 2 evaluations (patience 2)"
+    )
     assert results["preempted"] is False
     # One evaluation per step (no second one at the stop), then the saved stop step.
     evals = [line for line in lines(loop) if line.startswith("eval at")]
@@ -92,8 +102,9 @@ def test_a_metric_that_is_never_finite_stops_training_with_that_reason():
     action.build(fake_loop)
     for step in (1, 2):
         action.after_eval(fake_loop, step, {"loss": float("nan")})
-    assert reasons == ["early stopping: eval loss has had no finite value for 2 evaluations "
-                       "(patience 2)"]
+    assert reasons == [
+        "early stopping: eval loss has had no finite value for 2 evaluations (patience 2)"
+    ]
 
 
 def test_resume_keeps_the_wait_count_and_a_rerun_after_a_stop_stops_at_once(tmp_path):
@@ -148,6 +159,7 @@ def test_action_state_is_checkpointed_under_each_action_name(tmp_path):
 
 # ---- The best checkpoint. ----
 
+
 class ScriptedClassifier(loops.ClassifierLoop):
     """A classifier whose eval loss is scripted; records its weights at each evaluation."""
 
@@ -163,13 +175,21 @@ class ScriptedClassifier(loops.ClassifierLoop):
 
 def scripted_classifier(script, model_dir, actions=()):
     import loops_models as models
+
     return ScriptedClassifier(
-        script, strategy=loops.testing.replica_strategy(2),
-        model_fn=lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10,
-                                                 seed=7),
+        script,
+        strategy=loops.testing.replica_strategy(2),
+        model_fn=lambda: models.build_classifier(
+            "mlp", input_shape=(8, 8, 1), num_classes=10, seed=7
+        ),
         optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        train_data=tiny_batches(8, 21, shuffle_seed=2), eval_every=2, steps_per_loop=2,
-        model_dir=model_dir, actions=actions, progress=loops.testing.quiet_progress())
+        train_data=tiny_batches(8, 21, shuffle_seed=2),
+        eval_every=2,
+        steps_per_loop=2,
+        model_dir=model_dir,
+        actions=actions,
+        progress=loops.testing.quiet_progress(),
+    )
 
 
 def test_keep_best_keeps_the_checkpoint_of_the_best_evaluation(tmp_path):
@@ -178,25 +198,37 @@ def test_keep_best_keeps_the_checkpoint_of_the_best_evaluation(tmp_path):
     loop.train(10)
     best_dir = tmp_path / "best"
     record = json.loads((best_dir / "best.json").read_text())
-    assert record == {"metric": "loss", "mode": "min", "value": 3.0, "step": 4,
-                      "checkpoint": str(best_dir / "ckpt-4")}
+    assert record == {
+        "metric": "loss",
+        "mode": "min",
+        "value": 3.0,
+        "step": 4,
+        "checkpoint": str(best_dir / "ckpt-4"),
+    }
     assert tf.train.get_checkpoint_state(str(best_dir)).all_model_checkpoint_paths == [
-        str(best_dir / "ckpt-4")]
+        str(best_dir / "ckpt-4")
+    ]
     assert sorted(name for name in os.listdir(best_dir) if name.startswith("ckpt")) == [
-        "ckpt-4.data-00000-of-00001", "ckpt-4.index"]
+        "ckpt-4.data-00000-of-00001",
+        "ckpt-4.index",
+    ]
 
     # A fresh loop with the best checkpoint read into its objects holds the step-4 weights.
     fresh = scripted_classifier(script, None)
     tf.train.Checkpoint(**fresh.checkpoint_items(), global_step=fresh.global_step).restore(
-        record["checkpoint"]).assert_existing_objects_matched()
+        record["checkpoint"]
+    ).assert_existing_objects_matched()
     expected = loop.weights_at[4]
     got = loops.testing.loop_weights(fresh)
     assert sorted(got) == sorted(expected) and got["global_step"] == 4
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     # The weights moved after step 4, so the comparison tells the steps apart.
-    assert any(not np.array_equal(loop.weights_at[10][name], expected[name])
-               for name in expected if name.startswith("model/"))
+    assert any(
+        not np.array_equal(loop.weights_at[10][name], expected[name])
+        for name in expected
+        if name.startswith("model/")
+    )
 
 
 def test_resume_keeps_the_best_value(tmp_path):
@@ -212,6 +244,7 @@ def test_resume_keeps_the_best_value(tmp_path):
 
 
 # ---- Custom actions. ----
+
 
 class Recorder(loops.Action):
     """Records the step of every hook call."""
@@ -263,7 +296,10 @@ def test_a_custom_action_can_stop_training_from_after_loop_or_after_eval(tmp_pat
     logs = loop.train(16)
     assert loop.step == 6 and len(logs["total"]) == 6 and loop.stop_reason == "enough"
     assert [line.split(" |")[0] for line in lines(loop)][-3:] == [
-        "step 6/16", "stopping at step 6: enough", "eval at step 6"]
+        "step 6/16",
+        "stopping at step 6: enough",
+        "eval at step 6",
+    ]
 
     loop = scripted(str(tmp_path), actions=[StopAtLoss()])
     loop.train(16)
@@ -272,39 +308,65 @@ def test_a_custom_action_can_stop_training_from_after_loop_or_after_eval(tmp_pat
 
 # ---- User errors. ----
 
+
 def test_an_unknown_metric_names_the_ones_the_loop_reports():
     loop = scripted(actions=[loops.EarlyStopping("acuracy", mode="max")])
-    with pytest.raises(UnknownMetricError, match=re.escape(
+    with pytest.raises(
+        UnknownMetricError,
+        match=re.escape(
             "EarlyStopping watches the eval metric 'acuracy', which this loop does not report; "
             "the metrics it reports are: loss, num_examples. Choose one of those "
-            "(--early_stopping_metric=NAME).")):
+            "(--early_stopping_metric=NAME)."
+        ),
+    ):
         loop.train(4)
     assert loop.step == 2  # at the first evaluation
 
 
-@pytest.mark.parametrize("make, error, message", [
-    (lambda: scripted(actions=[loops.EarlyStopping("loss")], eval_every=None), ValueError,
-     "the loop evaluates only at the end of training; pass eval_every="),
-    (lambda: scripted(actions=[loops.KeepBest("loss")]), ValueError,
-     "needs a model_dir; pass model_dir= to the loop"),
-    (lambda: loops.EarlyStopping("loss", mode="lowest"), ValueError,
-     "mode must be 'min' .* or 'max' .*; got 'lowest'"),
-    (lambda: loops.EarlyStopping("loss", patience=0), ValueError,
-     "patience must be a whole number of evaluations >= 1, got 0"),
-    (lambda: loops.KeepBest("", mode="max"), ValueError, "needs the name of an eval metric"),
-    (lambda: scripted(actions=[loops.EarlyStopping("loss"), loops.EarlyStopping("total")]),
-     ValueError,
-     "Two actions with state are named 'early_stopping'; .* action.name = 'early_stopping_2'"),
-    (lambda: scripted(actions=[Recorder(every=0)]), ValueError,
-     "Recorder.every must be a whole number >= 1 \\(or None to turn it off\\), got 0"),
-    (lambda: scripted(actions=[print]), TypeError, "actions must be loops.Action objects"),
-])
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (
+            lambda: scripted(actions=[loops.EarlyStopping("loss")], eval_every=None),
+            ValueError,
+            "the loop evaluates only at the end of training; pass eval_every=",
+        ),
+        (
+            lambda: scripted(actions=[loops.KeepBest("loss")]),
+            ValueError,
+            "needs a model_dir; pass model_dir= to the loop",
+        ),
+        (
+            lambda: loops.EarlyStopping("loss", mode="lowest"),
+            ValueError,
+            "mode must be 'min' .* or 'max' .*; got 'lowest'",
+        ),
+        (
+            lambda: loops.EarlyStopping("loss", patience=0),
+            ValueError,
+            "patience must be a whole number of evaluations >= 1, got 0",
+        ),
+        (lambda: loops.KeepBest("", mode="max"), ValueError, "needs the name of an eval metric"),
+        (
+            lambda: scripted(actions=[loops.EarlyStopping("loss"), loops.EarlyStopping("total")]),
+            ValueError,
+            "Two actions with state are named 'early_stopping'; .* action.name = 'early_stopping_2'",  # noqa: E501
+        ),
+        (
+            lambda: scripted(actions=[Recorder(every=0)]),
+            ValueError,
+            "Recorder.every must be a whole number >= 1 \\(or None to turn it off\\), got 0",
+        ),
+        (lambda: scripted(actions=[print]), TypeError, "actions must be loops.Action objects"),
+    ],
+)
 def test_bad_actions_are_refused_with_the_fix(make, error, message):
     with pytest.raises(error, match=message):
         make()
 
 
 # ---- The flags, through the classifier binary. ----
+
 
 def run_classifier(*argv):
     with flagsaver.flagsaver():
@@ -314,13 +376,25 @@ def run_classifier(*argv):
 
 def test_classifier_flags_stop_early_keep_the_best_and_still_export(tmp_path, digits_dir, capsys):
     model_dir = str(tmp_path / "run")
-    run_classifier(f"--data_dir={digits_dir}", f"--model_dir={model_dir}", "--num_replicas=2",
-                   "--train_steps=400", "--steps_per_loop=10", "--eval_every=10",
-                   "--early_stopping_metric=accuracy", "--early_stopping_mode=max",
-                   "--early_stopping_patience=2", "--keep_best_metric=loss")
+    run_classifier(
+        f"--data_dir={digits_dir}",
+        f"--model_dir={model_dir}",
+        "--num_replicas=2",
+        "--train_steps=400",
+        "--steps_per_loop=10",
+        "--eval_every=10",
+        "--early_stopping_metric=accuracy",
+        "--early_stopping_mode=max",
+        "--early_stopping_patience=2",
+        "--keep_best_metric=loss",
+    )
     output = capsys.readouterr().out
-    evals = [(int(step), float(accuracy), float(loss)) for step, loss, accuracy in re.findall(
-        r"eval at step (\d+) \| loss ([\d.e-]+) \| accuracy ([\d.e-]+)", output)]
+    evals = [
+        (int(step), float(accuracy), float(loss))
+        for step, loss, accuracy in re.findall(
+            r"eval at step (\d+) \| loss ([\d.e-]+) \| accuracy ([\d.e-]+)", output
+        )
+    ]
     assert [step for step, _, _ in evals] == list(range(10, 10 * len(evals) + 1, 10))
     # Where the accuracies printed stop improving for 2 evaluations in a row.
     best, wait, expected_stop = -1.0, 0, None
@@ -342,15 +416,28 @@ def test_classifier_flags_stop_early_keep_the_best_and_still_export(tmp_path, di
     assert tf.saved_model.contains_saved_model(os.path.join(model_dir, "export"))
 
 
-@pytest.mark.parametrize("argv, error, message", [
-    (["--early_stopping_metric=loss", "--eval_every=0"], app.UsageError,
-     "pass eval_every= to the loop"),
-    (["--early_stopping_mode=lowest"], flags.IllegalFlagValueError, "value should be one of"),
-    (["--early_stopping_patience=0"], flags.IllegalFlagValueError, "0 is not a positive integer"),
-    (["--keep_best_metric=acc", "--eval_every=5", "--train_steps=5", "--steps_per_loop=5"],
-     SystemExit, "error: KeepBest watches the eval metric 'acc', which this loop does not "
-     "report; the metrics it reports are: accuracy, loss, num_examples"),
-])
+@pytest.mark.parametrize(
+    "argv, error, message",
+    [
+        (
+            ["--early_stopping_metric=loss", "--eval_every=0"],
+            app.UsageError,
+            "pass eval_every= to the loop",
+        ),
+        (["--early_stopping_mode=lowest"], flags.IllegalFlagValueError, "value should be one of"),
+        (
+            ["--early_stopping_patience=0"],
+            flags.IllegalFlagValueError,
+            "0 is not a positive integer",
+        ),
+        (
+            ["--keep_best_metric=acc", "--eval_every=5", "--train_steps=5", "--steps_per_loop=5"],
+            SystemExit,
+            "error: KeepBest watches the eval metric 'acc', which this loop does not "
+            "report; the metrics it reports are: accuracy, loss, num_examples",
+        ),
+    ],
+)
 def test_action_flag_errors_say_what_to_do(argv, error, message, digits_dir, tmp_path):
     with pytest.raises(error, match=message):
         run_classifier(f"--data_dir={digits_dir}", f"--model_dir={tmp_path}", *argv)
@@ -360,11 +447,21 @@ def test_two_workers_stop_at_the_same_step_and_only_the_chief_writes(tmp_path, d
     from test_launch import Run, two_workers
 
     model_dir = str(tmp_path)
-    run = Run(two_workers(model_dir, digits_dir, "--eval_every=20", "--keep_best_metric=loss",
-                          "--early_stopping_metric=accuracy", "--early_stopping_mode=max",
-                          "--early_stopping_patience=1")).succeed()
-    stops = {worker: re.findall(rf"\[{worker}\] stopping at step (\d+): early stopping", run.output)
-             for worker in ("worker_0", "worker_1")}
+    run = Run(
+        two_workers(
+            model_dir,
+            digits_dir,
+            "--eval_every=20",
+            "--keep_best_metric=loss",
+            "--early_stopping_metric=accuracy",
+            "--early_stopping_mode=max",
+            "--early_stopping_patience=1",
+        )
+    ).succeed()
+    stops = {
+        worker: re.findall(rf"\[{worker}\] stopping at step (\d+): early stopping", run.output)
+        for worker in ("worker_0", "worker_1")
+    }
     assert stops["worker_0"] == stops["worker_1"] and len(stops["worker_0"]) == 1, run.output
     stop = int(stops["worker_0"][0])
     results = read_results(model_dir)
@@ -374,8 +471,11 @@ def test_two_workers_stop_at_the_same_step_and_only_the_chief_writes(tmp_path, d
     assert "[worker_1] best loss so far" not in run.output
     record = json.loads(open(os.path.join(model_dir, "best", "best.json")).read())
     assert sorted(os.listdir(os.path.join(model_dir, "best"))) == [
-        "best.json", "checkpoint", f"ckpt-{record['step']}.data-00000-of-00001",
-        f"ckpt-{record['step']}.index"]
+        "best.json",
+        "checkpoint",
+        f"ckpt-{record['step']}.data-00000-of-00001",
+        f"ckpt-{record['step']}.index",
+    ]
     assert not glob.glob(os.path.join(model_dir, "**", ".scratch_*"), recursive=True)
     assert "[worker_0] exported SavedModel" in run.output
     assert "[worker_1] exported SavedModel" not in run.output

@@ -12,9 +12,24 @@ from conftest import ROOT, SUBPROCESS_ENV
 def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
     output = tmp_path / "throughput.json"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.throughput", "--models=mlp", "--replicas=1,2",
-         "--steps=6", "--rounds=2", "--steps_per_loop=3", "--min_seconds=0", f"--output={output}"],
-        capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=600, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.throughput",
+            "--models=mlp",
+            "--replicas=1,2",
+            "--steps=6",
+            "--rounds=2",
+            "--steps_per_loop=3",
+            "--min_seconds=0",
+            f"--output={output}",
+        ],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["machine"]["cpus"] >= 1 and report["config"]["rounds"] == 2

@@ -14,17 +14,29 @@ from conftest import tiny_batches
 
 def make_loop(model_dir, lines=None):
     def model_fn():
-        return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Rescaling(1 / 255),
-                                 keras.layers.Flatten(), keras.layers.Dense(10, kernel_initializer=keras.initializers.GlorotUniform(seed=3))])
+        return keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Rescaling(1 / 255),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10, kernel_initializer=keras.initializers.GlorotUniform(seed=3)),
+            ]
+        )
 
     progress = loops.testing.quiet_progress()
     if lines is not None:
         progress.line = lines.append
     return loops.ClassifierLoop(
-        strategy=loops.testing.replica_strategy(1), model_fn=model_fn,
-        optimizer_fn=lambda: keras.optimizers.SGD(0.01), train_data=tiny_batches(),
-        steps_per_loop=2, checkpoint_every=2, max_checkpoints=5, model_dir=model_dir,
-        progress=progress)
+        strategy=loops.testing.replica_strategy(1),
+        model_fn=model_fn,
+        optimizer_fn=lambda: keras.optimizers.SGD(0.01),
+        train_data=tiny_batches(),
+        steps_per_loop=2,
+        checkpoint_every=2,
+        max_checkpoints=5,
+        model_dir=model_dir,
+        progress=progress,
+    )
 
 
 @pytest.fixture
@@ -56,13 +68,16 @@ def state_file(model_dir):
     return os.path.join(model_dir, "checkpoints", "checkpoint")
 
 
-@pytest.mark.parametrize("damage, restored_step, said", [
-    ("delete the newest index", 4, "ckpt-6.index is missing"),
-    ("truncate the newest data", 4, "ckpt-6 is damaged (its files do not read"),
-    ("delete the state file", 6, "state file"),
-    ("garble the state file", 6, "state file"),
-    ("point the state file at a missing checkpoint", 6, "state file"),
-])
+@pytest.mark.parametrize(
+    "damage, restored_step, said",
+    [
+        ("delete the newest index", 4, "ckpt-6.index is missing"),
+        ("truncate the newest data", 4, "ckpt-6 is damaged (its files do not read"),
+        ("delete the state file", 6, "state file"),
+        ("garble the state file", 6, "state file"),
+        ("point the state file at a missing checkpoint", 6, "state file"),
+    ],
+)
 def test_resumes_from_the_newest_intact_checkpoint(trained_dir, damage, restored_step, said):
     checkpoints = os.path.join(trained_dir, "checkpoints")
     if damage == "delete the newest index":
@@ -78,13 +93,17 @@ def test_resumes_from_the_newest_intact_checkpoint(trained_dir, damage, restored
             stream.write("model_checkpoint_path: {{{ not a proto")
     else:
         with open(state_file(trained_dir), "w") as stream:
-            stream.write('model_checkpoint_path: "ckpt-99"\nall_model_checkpoint_paths: "ckpt-99"\n')
+            stream.write(
+                'model_checkpoint_path: "ckpt-99"\nall_model_checkpoint_paths: "ckpt-99"\n'
+            )
     older = checkpoint_bytes(trained_dir, [2, 4])
     loop, output = resume(trained_dir)
     assert loop.step == restored_step
     assert said in output
-    assert f"restored {os.path.join(checkpoints, f'ckpt-{restored_step}')} at step {restored_step}" \
+    assert (
+        f"restored {os.path.join(checkpoints, f'ckpt-{restored_step}')} at step {restored_step}"
         in output
+    )
     loop.train(10)
     loop.close()
     assert loop.step == 10
@@ -100,9 +119,11 @@ def test_refuses_when_no_checkpoint_reads_and_changes_nothing(trained_dir):
         with open(index, "r+b") as stream:
             stream.truncate(10)
     before = checkpoint_bytes(trained_dir, [2, 4, 6])
-    with pytest.raises(loops.DamagedCheckpointError,
-                       match=r"holds checkpoint files, but none can be read \(.*ckpt-6: its files "
-                             r"do not read.*ckpt-2: .*point --model_dir at a new directory"):
+    with pytest.raises(
+        loops.DamagedCheckpointError,
+        match=r"holds checkpoint files, but none can be read \(.*ckpt-6: its files "
+        r"do not read.*ckpt-2: .*point --model_dir at a new directory",
+    ):
         make_loop(trained_dir)
     assert checkpoint_bytes(trained_dir, [2, 4, 6]) == before
     # The refused loop gave its lock back.
@@ -138,8 +159,11 @@ def test_results_and_config_get_the_users_file_mode(trained_dir):
 def test_unwritable_model_dirs_get_a_sentence(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    with pytest.raises(ValueError, match=f"model_dir '{blocker}/run' cannot be written .*Pass a "
-                                         "--model_dir in a writable place"):
+    with pytest.raises(
+        ValueError,
+        match=f"model_dir '{blocker}/run' cannot be written .*Pass a "
+        "--model_dir in a writable place",
+    ):
         make_loop(str(blocker / "run"))
     read_only = tmp_path / "read_only"
     read_only.mkdir()
@@ -158,8 +182,11 @@ def test_a_failed_save_names_the_directory_and_keeps_the_older_checkpoints(train
     # Where the next save would put its temporary shards, a file: the write fails.
     with open(os.path.join(checkpoints, "ckpt-8_temp"), "w") as stream:
         stream.write("")
-    with pytest.raises(OSError, match=f"Could not write a checkpoint into {checkpoints} .*the "
-                                      "checkpoints already there are intact"):
+    with pytest.raises(
+        OSError,
+        match=f"Could not write a checkpoint into {checkpoints} .*the "
+        "checkpoints already there are intact",
+    ):
         loop.train(8)
     loop.close()
     assert checkpoint_bytes(trained_dir, [2, 4, 6]) == before
@@ -173,9 +200,11 @@ def test_no_checkpoint_ever_holds_a_nonfinite_variable(tmp_path):
 
     loop = make_loop(str(tmp_path))
     loop.actions = (PoisonAfterStep4(),)
-    with pytest.raises(loops.NonFiniteError,
-                       match=r"Refusing to save a checkpoint at step 4: 1 variable \(.*kernel\) is "
-                             "not finite"):
+    with pytest.raises(
+        loops.NonFiniteError,
+        match=r"Refusing to save a checkpoint at step 4: 1 variable \(.*kernel\) is "
+        "not finite",
+    ):
         loop.train(8)
     loop.close()
     names = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "checkpoints/*.index")))
@@ -193,26 +222,38 @@ class InfiniteAfterStep2(keras.optimizers.schedules.LearningRateSchedule):
 
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])
-def test_an_update_that_is_not_finite_stops_the_run_at_its_last_finite_checkpoint(
-        tmp_path, policy):
+def test_an_update_that_is_not_finite_stops_the_run_at_its_last_finite_checkpoint(tmp_path, policy):
     def model_fn():
-        return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Rescaling(1 / 255),
-                                 keras.layers.Flatten(), keras.layers.Dense(10)])
+        return keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Rescaling(1 / 255),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10),
+            ]
+        )
 
     loop = loops.ClassifierLoop(
-        strategy=loops.testing.replica_strategy(2), model_fn=model_fn,
+        strategy=loops.testing.replica_strategy(2),
+        model_fn=model_fn,
         optimizer_fn=lambda: keras.optimizers.SGD(InfiniteAfterStep2()),
-        train_data=tiny_batches(), steps_per_loop=4, checkpoint_every=1, on_nonfinite=policy,
-        model_dir=str(tmp_path), progress=loops.testing.quiet_progress())
-    with pytest.raises(loops.NonFiniteError,
-                       match=r"After step 3, 2 variables \(.*\) are not finite .* an update itself "
-                             r"was not finite\. .* back at its last checkpoint \(step 2\)"):
+        train_data=tiny_batches(),
+        steps_per_loop=4,
+        checkpoint_every=1,
+        on_nonfinite=policy,
+        model_dir=str(tmp_path),
+        progress=loops.testing.quiet_progress(),
+    )
+    with pytest.raises(
+        loops.NonFiniteError,
+        match=r"After step 3, 2 variables \(.*\) are not finite .* an update itself "
+        r"was not finite\. .* back at its last checkpoint \(step 2\)",
+    ):
         loop.train(6)
     loop.close()
     assert loop.step == 2
-    assert all(np.all(np.isfinite(value))
-               for value in loops.testing.loop_weights(loop).values())
-    prefixes = sorted(p[:-len(".index")] for p in glob.glob(str(tmp_path / "checkpoints/*.index")))
+    assert all(np.all(np.isfinite(value)) for value in loops.testing.loop_weights(loop).values())
+    prefixes = sorted(p[: -len(".index")] for p in glob.glob(str(tmp_path / "checkpoints/*.index")))
     assert [os.path.basename(p) for p in prefixes] == ["ckpt-1", "ckpt-2"]
     for prefix in prefixes:
         reader = tf.train.load_checkpoint(prefix)

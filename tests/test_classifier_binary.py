@@ -33,7 +33,8 @@ def test_default_flags_train_digits_on_two_replicas(tmp_path, digits_dir):
     export = os.path.join(model_dir, "export")
     assert f"exported SavedModel to {export}" in done.stdout
     served = tf.saved_model.load(export).signatures["serving_default"](
-        images=tf.zeros([3, 8, 8, 1], tf.uint8))
+        images=tf.zeros([3, 8, 8, 1], tf.uint8)
+    )
     assert served["probabilities"].shape == (3, 10)
     np.testing.assert_allclose(np.sum(served["probabilities"].numpy(), axis=1), 1.0, rtol=1e-6)
 
@@ -57,31 +58,39 @@ def run_in_process(*argv):
         binary.main(rest)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--strategy=bogus"], "value should be one of"),
-    (["--num_replicas=0"], "--num_replicas=0: 0 is not a positive integer"),
-    (["--train_steps=0"], "--train_steps=0: 0 is not a positive integer"),
-    (["--learning_rate=0"], "--learning_rate must be > 0"),
-    (["--model=resnet"], "value should be one of <mlp|cnn>"),
-    (["--clip_norm=-1"], "--clip_norm must be > 0"),
-    (["--dropout=1"], "--dropout must lie in \\[0, 1\\)"),
-    (["--lr_schedule=linear"], "value should be one of <constant|step|cosine|warmup_cosine>"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--strategy=bogus"], "value should be one of"),
+        (["--num_replicas=0"], "--num_replicas=0: 0 is not a positive integer"),
+        (["--train_steps=0"], "--train_steps=0: 0 is not a positive integer"),
+        (["--learning_rate=0"], "--learning_rate must be > 0"),
+        (["--model=resnet"], "value should be one of <mlp|cnn>"),
+        (["--clip_norm=-1"], "--clip_norm must be > 0"),
+        (["--dropout=1"], "--dropout must lie in \\[0, 1\\)"),
+        (["--lr_schedule=linear"], "value should be one of <constant|step|cosine|warmup_cosine>"),
+    ],
+)
 def test_flag_values_are_checked_when_parsed(argv, message):
     with pytest.raises(flags.IllegalFlagValueError, match=message):
         run_in_process(*argv)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--dataset=digitz"], "Unknown dataset 'digitz'"),
-    (["--train_split=validation"], "Unknown split 'validation'"),
-    (["--global_batch_size=1"], "--global_batch_size=1 is smaller than the 2 replicas"),
-    (["--strategy=one_device", "--num_replicas=3"], "applies only to --strategy=mirrored"),
-    (["extra"], "Unexpected arguments \\['extra'\\]"),
-    (["--lr_schedule=warmup_cosine", "--lr_warmup_steps=600"],
-     "warmup_steps must lie in \\[0, total_steps=600\\)"),
-    (["--lr_schedule=step", "--lr_step_factor=1.5"], "0 < step_factor <= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dataset=digitz"], "Unknown dataset 'digitz'"),
+        (["--train_split=validation"], "Unknown split 'validation'"),
+        (["--global_batch_size=1"], "--global_batch_size=1 is smaller than the 2 replicas"),
+        (["--strategy=one_device", "--num_replicas=3"], "applies only to --strategy=mirrored"),
+        (["extra"], "Unexpected arguments \\['extra'\\]"),
+        (
+            ["--lr_schedule=warmup_cosine", "--lr_warmup_steps=600"],
+            "warmup_steps must lie in \\[0, total_steps=600\\)",
+        ),
+        (["--lr_schedule=step", "--lr_step_factor=1.5"], "0 < step_factor <= 1"),
+    ],
+)
 def test_bad_combinations_are_usage_errors(argv, message, digits_dir, tmp_path):
     handler_before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(app.UsageError, match=message):
@@ -100,8 +109,13 @@ def test_model_dir_that_is_a_file_is_a_usage_error(digits_dir, tmp_path):
 
 def test_multi_worker_mirrored_runs_as_a_single_worker_without_tf_config(tmp_path, digits_dir):
     model_dir = str(tmp_path / "mwms")
-    done = run_cli("--strategy=multi_worker_mirrored", "--train_steps=60",
-                   "--steps_per_loop=30", f"--model_dir={model_dir}", f"--data_dir={digits_dir}")
+    done = run_cli(
+        "--strategy=multi_worker_mirrored",
+        "--train_steps=60",
+        "--steps_per_loop=30",
+        f"--model_dir={model_dir}",
+        f"--data_dir={digits_dir}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)
     assert results["strategy"] == "multi_worker_mirrored" and results["global_step"] == 60
@@ -111,8 +125,13 @@ def test_multi_worker_mirrored_runs_as_a_single_worker_without_tf_config(tmp_pat
 
 def test_central_storage_with_dropout_trains_digits(tmp_path, digits_dir):
     model_dir = str(tmp_path / "central")
-    done = run_cli("--strategy=central_storage", "--num_replicas=2", "--dropout=0.2",
-                   f"--model_dir={model_dir}", f"--data_dir={digits_dir}")
+    done = run_cli(
+        "--strategy=central_storage",
+        "--num_replicas=2",
+        "--dropout=0.2",
+        f"--model_dir={model_dir}",
+        f"--data_dir={digits_dir}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)
     assert results["strategy"] == "central_storage" and results["num_replicas"] == 2
@@ -127,22 +146,37 @@ def test_central_storage_with_dropout_trains_digits(tmp_path, digits_dir):
 
 @pytest.mark.parametrize("onednn", ["0", "1"])
 def test_a_cnn_evaluation_with_an_empty_replica_runs_on_eigen_and_is_explained_on_onednn(
-        onednn, tmp_path, digits_dir):
+    onednn, tmp_path, digits_dir
+):
     # 360 test digits in global batches of 359: the last batch's single row leaves
     # replica 2 of 2 empty, which TensorFlow's oneDNN convolution gets wrong (fact 17);
     # the evaluation at step 1 runs inside `train`.
     model_dir = str(tmp_path / "run")
     done = subprocess.run(
-        [sys.executable, "-m", "loops.bin.classifier", "--model=cnn", "--global_batch_size=359",
-         "--train_steps=2", "--eval_every=1", f"--model_dir={model_dir}",
-         f"--data_dir={digits_dir}"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-        env=dict(SUBPROCESS_ENV, TF_ENABLE_ONEDNN_OPTS=onednn))
+        [
+            sys.executable,
+            "-m",
+            "loops.bin.classifier",
+            "--model=cnn",
+            "--global_batch_size=359",
+            "--train_steps=2",
+            "--eval_every=1",
+            f"--model_dir={model_dir}",
+            f"--data_dir={digits_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=dict(SUBPROCESS_ENV, TF_ENABLE_ONEDNN_OPTS=onednn),
+    )
     if onednn == "0":
         assert done.returncode == 0, done.stderr[-3000:]
         assert read_results(model_dir)["eval"]["num_examples"] == 360
     else:
         assert done.returncode != 0
         # Once, though the evaluation at step 1 runs inside `train`.
-        assert done.stderr.count("if a batch had fewer rows than the 2 replicas, a replica "
-                                 "held none") == 1, done.stderr[-3000:]
+        assert (
+            done.stderr.count("if a batch had fewer rows than the 2 replicas, a replica held none")
+            == 1
+        ), done.stderr[-3000:]

@@ -50,7 +50,8 @@ PROBE = textwrap.dedent("""
         "typos": {{name: {{**answer(f"--{{name}}=bogus"),
                          "allowed": list(flags.FLAGS[name].parser.enum_values)}}
                   for name in names if kinds[name] == "EnumParser"}},
-        "floats": {{name: {{value: answer(f"--{{name}}={{value}}") for value in ("inf", "-inf", "nan")}}
+        "floats": {{name: {{value: answer(f"--{{name}}={{value}}")
+                            for value in ("inf", "-inf", "nan")}}
                    for name in names if kinds[name] == "FloatParser"}},
         "tensorflow_imported": "tensorflow" in sys.modules,
     }}
@@ -60,8 +61,14 @@ PROBE = textwrap.dedent("""
 
 @pytest.fixture(scope="module", params=BINARIES)
 def probe(request):
-    done = subprocess.run([sys.executable, "-c", PROBE.format(binary=request.param)],
-                          capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(binary=request.param)],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return request.param, json.loads(done.stdout)
 
@@ -75,8 +82,10 @@ def test_help_lists_every_own_flag_under_its_heading_without_tensorflow(probe):
         assert re.search(rf"^  --{name} \([a-z ]+, default: [^)]+\)$", help_text, re.M), name
     assert help_text.count("\n  --") == len(report["names"])  # nothing but its own flags
     headings = re.findall(r"^([a-z]+):$", help_text, re.M)
-    assert headings == [*(heading for heading in loop_flags.HEADINGS if heading in headings),
-                        "logging"]
+    assert headings == [
+        *(heading for heading in loop_flags.HEADINGS if heading in headings),
+        "logging",
+    ]
     assert {"strategy", "data", "training", "outputs", "faults"} <= set(headings)
     assert "--test_tmpdir" not in help_text and "--tpu" not in help_text
     assert not report["tensorflow_imported"]
@@ -87,7 +96,8 @@ def test_a_typo_in_an_enum_flag_names_the_allowed_values_without_tensorflow(prob
     assert "strategy" in report["typos"]
     for name, answer in report["typos"].items():
         assert answer["code"].splitlines()[0] == (
-            f"error: flag --{name}=bogus: value should be one of <{'|'.join(answer['allowed'])}>")
+            f"error: flag --{name}=bogus: value should be one of <{'|'.join(answer['allowed'])}>"
+        )
     assert report["typos"]["strategy"]["allowed"] == list(STRATEGY_NAMES)
     assert not report["tensorflow_imported"]
 
@@ -100,17 +110,24 @@ def test_every_float_flag_refuses_values_that_are_not_finite(probe):
             assert answer["code"].startswith(f"error: flag --{name}={value}: "), (name, value)
     assert report["floats"]["learning_rate"]["inf"]["code"].splitlines()[0] == (
         "error: flag --learning_rate=inf: inf is not a finite number; pass a finite "
-        f"--learning_rate, e.g. --learning_rate={DEFAULT_LEARNING_RATES[binary]}.")
+        f"--learning_rate, e.g. --learning_rate={DEFAULT_LEARNING_RATES[binary]}."
+    )
     assert report["floats"]["learning_rate"]["nan"]["code"].startswith(
-        "error: flag --learning_rate=nan: nan is not a finite number")
+        "error: flag --learning_rate=nan: nan is not a finite number"
+    )
 
 
 @pytest.mark.parametrize("binary", BINARIES)
 def test_console_script_and_module_give_the_same_help(binary):
     script = os.path.join(os.path.dirname(sys.executable), CONSOLE_SCRIPTS[binary])
     by_script = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
-    by_module = subprocess.run([sys.executable, "-m", f"loops.bin.{binary}", "-h"],
-                               capture_output=True, text=True, timeout=120, cwd=ROOT)
+    by_module = subprocess.run(
+        [sys.executable, "-m", f"loops.bin.{binary}", "-h"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert by_script.returncode == by_module.returncode == 0, by_script.stderr + by_module.stderr
     assert by_script.stdout == by_module.stdout
     assert "\n  --train_steps (int, default: " in by_script.stdout
@@ -120,7 +137,11 @@ def test_installed_distribution_has_only_the_projects_top_level_names():
     from importlib import metadata
 
     distribution = metadata.distribution("loops")
-    assert sorted(distribution.read_text("top_level.txt").split()) == ["loops", "loops_data", "loops_models"]
+    assert sorted(distribution.read_text("top_level.txt").split()) == [
+        "loops",
+        "loops_data",
+        "loops_models",
+    ]
     import loops_data
     import loops_models
 
@@ -129,19 +150,36 @@ def test_installed_distribution_has_only_the_projects_top_level_names():
 
 
 def test_a_default_run_from_a_directory_with_its_own_data_and_models_is_quiet_and_recorded(
-        tmp_path, digits_dir):
+    tmp_path, digits_dir
+):
     # A user's own packages with the examples' old names: importing either fails the run.
     for name in ("data", "models"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(
-            f"raise ImportError('the binary imported the user\\'s own {name} package')\n")
+            f"raise ImportError('the binary imported the user\\'s own {name} package')\n"
+        )
     model_dir = str(tmp_path / "run")
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH")}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH")
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "loops.bin.classifier", "--train_steps=10", "--steps_per_loop=2",
-         f"--data_dir={digits_dir}", f"--model_dir={model_dir}"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "loops.bin.classifier",
+            "--train_steps=10",
+            "--steps_per_loop=2",
+            f"--data_dir={digits_dir}",
+            f"--model_dir={model_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     output = done.stdout + done.stderr
     assert not re.search(r"^[IWEF]\d{4} ", output, re.M), output
@@ -163,11 +201,14 @@ def test_a_default_run_from_a_directory_with_its_own_data_and_models_is_quiet_an
 @pytest.mark.parametrize("quiet", [True, False])
 def test_importing_tensorflow_quietly_holds_back_only_its_log_lines(quiet):
     env = {key: value for key, value in SUBPROCESS_ENV.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
-    code = ("import sys; from loops import tensorflow_logs; "
-            f"tensorflow_logs.import_tensorflow(quiet={quiet}); "
-            "print('from python', file=sys.stderr)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=ROOT)
+    code = (
+        "import sys; from loops import tensorflow_logs; "
+        f"tensorflow_logs.import_tensorflow(quiet={quiet}); "
+        "print('from python', file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     log_lines = re.findall(r"^[IWEF]\d{4} .*$", done.stderr, re.M)
     # This machine has no GPU: TensorFlow logs at least its missing CUDA drivers.
@@ -176,25 +217,33 @@ def test_importing_tensorflow_quietly_holds_back_only_its_log_lines(quiet):
 
 
 def test_log_line_filter_keeps_everything_else():
-    kept = ["step 4/20 | loss 2.256\n", "Traceback (most recent call last):\n",
-            "  I0000 is not at the start\n", "UserWarning: something\n"]
+    kept = [
+        "step 4/20 | loss 2.256\n",
+        "Traceback (most recent call last):\n",
+        "  I0000 is not at the start\n",
+        "UserWarning: something\n",
+    ]
     dropped = [
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
         "I0000 00:00:1795530023.815669    1325 port.cc:153] oneDNN custom operations are on.\n",
         "E0000 00:00:1795530031.425990    1325 cuda_platform.cc:52] failed call to cuInit\n",
-        "W1124 14:26:29.528507 140479367265152 foo.py:423] a warning\n"]
+        "W1124 14:26:29.528507 140479367265152 foo.py:423] a warning\n",
+    ]
     assert [line for line in kept + dropped if not tensorflow_logs._is_tensorflow_log(line)] == kept
 
 
-@pytest.mark.parametrize("argv, replicas", [
-    ([], 2),
-    (["--strategy=central_storage"], 2),
-    (["--strategy=multi_worker_mirrored"], 1),
-    (["--strategy=one_device"], 1),
-    (["--strategy=parameter_server"], 1),
-    (["--num_replicas=3"], 3),
-    (["--strategy=default", "--num_replicas=4"], 4),
-])
+@pytest.mark.parametrize(
+    "argv, replicas",
+    [
+        ([], 2),
+        (["--strategy=central_storage"], 2),
+        (["--strategy=multi_worker_mirrored"], 1),
+        (["--strategy=one_device"], 1),
+        (["--strategy=parameter_server"], 1),
+        (["--num_replicas=3"], 3),
+        (["--strategy=default", "--num_replicas=4"], 4),
+    ],
+)
 def test_num_replicas_defaults_by_strategy(argv, replicas):
     with flagsaver.flagsaver():
         flags.FLAGS.unparse_flags()
@@ -202,14 +251,17 @@ def test_num_replicas_defaults_by_strategy(argv, replicas):
         assert loop_flags.num_replicas() == replicas
 
 
-@pytest.mark.parametrize("argv, every", [
-    ([], 100),  # 600 steps, inner loops of 100: 6 evaluations
-    (["--train_steps=8000", "--steps_per_loop=500"], 1500),
-    (["--train_steps=20"], 100),  # one inner loop: only the end
-    (["--train_steps=250", "--steps_per_loop=10"], 50),
-    (["--eval_every=7"], 7),
-    (["--eval_every=0"], None),
-])
+@pytest.mark.parametrize(
+    "argv, every",
+    [
+        ([], 100),  # 600 steps, inner loops of 100: 6 evaluations
+        (["--train_steps=8000", "--steps_per_loop=500"], 1500),
+        (["--train_steps=20"], 100),  # one inner loop: only the end
+        (["--train_steps=250", "--steps_per_loop=10"], 50),
+        (["--eval_every=7"], 7),
+        (["--eval_every=0"], None),
+    ],
+)
 def test_eval_every_defaults_to_about_five_evaluations_of_whole_inner_loops(argv, every):
     with flagsaver.flagsaver():
         flags.FLAGS.unparse_flags()
@@ -224,12 +276,16 @@ def test_an_export_dir_without_a_saved_model_is_refused_before_training(tmp_path
     model_dir = tmp_path / "run"
     with flagsaver.flagsaver(), pytest.raises(app.UsageError) as raised:
         flags.FLAGS.unparse_flags()
-        classifier_binary.main(flags.FLAGS(["loops-classifier", f"--export_dir={export_dir}",
-                                            f"--model_dir={model_dir}"]))
+        classifier_binary.main(
+            flags.FLAGS(
+                ["loops-classifier", f"--export_dir={export_dir}", f"--model_dir={model_dir}"]
+            )
+        )
     assert str(raised.value) == (
         f"--export_dir={export_dir} exists and holds no SavedModel, so the export at the end "
         "would have to replace it; pass a new directory (or an earlier export) as "
-        "--export_dir, or move that one away.")
+        "--export_dir, or move that one away."
+    )
     assert not model_dir.exists()
     assert (export_dir / "notes.txt").read_text() == "keep me"
 

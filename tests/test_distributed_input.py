@@ -49,7 +49,11 @@ def test_distributed_steps_hold_the_global_batch():
         parts = strategy.experimental_local_results(batch)
         per_step.append([p.numpy().tolist() for p in parts])
     assert per_step[2] == [[16, 17], [18], [19], [20]]
-    assert [sum(p, []) for p in per_step] == [list(range(0, 8)), list(range(8, 16)), list(range(16, 21))]
+    assert [sum(p, []) for p in per_step] == [
+        list(range(0, 8)),
+        list(range(8, 16)),
+        list(range(16, 21)),
+    ]
 
 
 def test_skip_resumes_the_stream_where_it_stopped():
@@ -70,25 +74,32 @@ def test_the_strategy_still_distributes_datasets_the_usual_way_afterwards():
     strategy = loops.testing.replica_strategy(2)
     next(iter(loops.distribute(strategy, tf.data.Dataset.range(8).batch(4), repeat=True)))
     batch = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4))))
-    assert [p.numpy().tolist() for p in strategy.experimental_local_results(batch)] == [[0, 1], [2, 3]]
+    assert [p.numpy().tolist() for p in strategy.experimental_local_results(batch)] == [
+        [0, 1],
+        [2, 3],
+    ]
 
 
 def _train_steps(strategy, source, steps, skip_batches=0):
-    """Each step's per-replica rows from `train_iterator` read through `next_batch` in a tf.function."""
+    """Each step's per-replica rows from `train_iterator`, read by `next_batch` in a tf.function."""
     iterator = distributed_input.train_iterator(strategy, source, skip_batches=skip_batches)
 
     @tf.function
     def step(iterator):
         return distributed_input.next_batch(iterator, strategy)
 
-    return [[part.numpy().tolist() for part in strategy.experimental_local_results(step(iterator))]
-            for _ in range(steps)]
+    return [
+        [part.numpy().tolist() for part in strategy.experimental_local_results(step(iterator))]
+        for _ in range(steps)
+    ]
 
 
 def _distributed_steps(strategy, source, steps, skip_batches=0):
     iterator = iter(loops.distribute(strategy, source, skip_batches=skip_batches, repeat=True))
-    return [[part.numpy().tolist() for part in strategy.experimental_local_results(next(iterator))]
-            for _ in range(steps)]
+    return [
+        [part.numpy().tolist() for part in strategy.experimental_local_results(next(iterator))]
+        for _ in range(steps)
+    ]
 
 
 @pytest.mark.parametrize("num_replicas", [1, 2, 4])
@@ -103,10 +114,13 @@ def test_train_iterator_gives_every_replica_the_rows_distribute_gives(num_replic
         assert fast[1] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
-@pytest.mark.parametrize("num_replicas, name, plain", [
-    (1, "mirrored", True), (2, "mirrored", True), (2, "central_storage", False)])
+@pytest.mark.parametrize(
+    "num_replicas, name, plain",
+    [(1, "mirrored", True), (2, "mirrored", True), (2, "central_storage", False)],
+)
 def test_train_iterator_is_a_plain_iterator_where_replicas_share_host_memory(
-        num_replicas, name, plain):
+    num_replicas, name, plain
+):
     # The fast path is taken (a TensorFlow upgrade that moved the attributes
     # it relies on fails here, not silently slower), and only where it is right.
     strategy = loops.testing.replica_strategy(num_replicas, name)
@@ -115,16 +129,30 @@ def test_train_iterator_is_a_plain_iterator_where_replicas_share_host_memory(
     assert is_plain == plain
     if not plain:
         assert _train_steps(strategy, tf.data.Dataset.range(6).batch(4), 2) == [
-            [[0, 1], [2, 3]], [[4], [5]]]
+            [[0, 1], [2, 3]],
+            [[4], [5]],
+        ]
 
 
-@pytest.mark.parametrize("rows, num_replicas, expected", [
-    (5, 4, [[0, 1], [2], [3], [4]]), (5, 2, [[0, 1, 2], [3, 4]]), (2, 4, [[0], [1], [], []]),
-    (8, 4, [[0, 1], [2, 3], [4, 5], [6, 7]])])
+@pytest.mark.parametrize(
+    "rows, num_replicas, expected",
+    [
+        (5, 4, [[0, 1], [2], [3], [4]]),
+        (5, 2, [[0, 1, 2], [3, 4]]),
+        (2, 4, [[0], [1], [], []]),
+        (8, 4, [[0, 1], [2, 3], [4, 5], [6, 7]]),
+    ],
+)
 def test_replica_slice_gives_the_rows_of_split_global_batches(rows, num_replicas, expected):
     batch = tf.range(rows)
-    assert [distributed_input.replica_slice(batch, r, num_replicas).numpy().tolist()
-            for r in range(num_replicas)] == expected == slices(rows, num_replicas)
+    assert (
+        [
+            distributed_input.replica_slice(batch, r, num_replicas).numpy().tolist()
+            for r in range(num_replicas)
+        ]
+        == expected
+        == slices(rows, num_replicas)
+    )
 
 
 def test_replica_slice_of_a_full_batch_keeps_a_static_shape():
@@ -132,8 +160,9 @@ def test_replica_slice_of_a_full_batch_keeps_a_static_shape():
         shapes = []
 
         def trace(batch):
-            shapes.extend(distributed_input.replica_slice(batch, r, 2).shape.as_list()
-                          for r in range(2))
+            shapes.extend(
+                distributed_input.replica_slice(batch, r, 2).shape.as_list() for r in range(2)
+            )
             return batch
 
         tf.function(trace).get_concrete_function(spec)
@@ -163,7 +192,9 @@ def test_a_stream_of_full_batches_reaches_the_step_with_a_static_shape(num_repli
 
 def test_ragged_batches_take_the_distributed_iterator_and_arrive_whole():
     strategy = loops.testing.replica_strategy(1)
-    ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3], [4, 5, 6]])).batch(2)
+    ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3], [4, 5, 6]])).batch(
+        2
+    )
     iterator = distributed_input.train_iterator(strategy, ragged, skip_batches=1)
 
     @tf.function

@@ -33,8 +33,11 @@ class TwoArmedBandit:
         # Every episode ends after its one step, for good: terminated, not truncated.
         terminated = tf.ones_like(actions, tf.bool)
         return self.reset(uniform_noise), environments.Transition(
-            reward=reward, terminated=terminated, truncated=tf.logical_not(terminated),
-            final_observation=state.observation)
+            reward=reward,
+            terminated=terminated,
+            truncated=tf.logical_not(terminated),
+            final_observation=state.observation,
+        )
 
 
 def policy_value_network():
@@ -48,14 +51,24 @@ def policy_value_network():
 def q_network():
     """observation -> the 2 arms' values, 0 at first."""
     observations = keras.Input((1,))
-    return keras.Model(observations, keras.layers.Dense(2, kernel_initializer="zeros")(observations))
+    return keras.Model(
+        observations, keras.layers.Dense(2, kernel_initializer="zeros")(observations)
+    )
 
 
 def bandit_ppo(**args):
     return rl.ActorCriticLoop(
-        environment=TwoArmedBandit(), model_fn=policy_value_network,
-        optimizer_fn=lambda: keras.optimizers.Adam(0.05), num_envs=8, rollout_length=8,
-        global_batch_size=32, epochs=2, seed=1, progress=loops.testing.quiet_progress(), **args)
+        environment=TwoArmedBandit(),
+        model_fn=policy_value_network,
+        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+        num_envs=8,
+        rollout_length=8,
+        global_batch_size=32,
+        epochs=2,
+        seed=1,
+        progress=loops.testing.quiet_progress(),
+        **args,
+    )
 
 
 def test_ppo_learns_to_pull_the_better_arm():
@@ -73,10 +86,19 @@ def test_ppo_learns_to_pull_the_better_arm():
 
 def test_dqn_learns_the_value_of_each_arm():
     loop = rl.DQNLoop(
-        environment=TwoArmedBandit(), model_fn=q_network,
-        optimizer_fn=lambda: keras.optimizers.Adam(0.05), num_envs=8, rollout_length=4,
-        global_batch_size=32, buffer_capacity=1024, learning_starts=64,
-        exploration_steps=640, steps_per_loop=20, seed=1, progress=loops.testing.quiet_progress())
+        environment=TwoArmedBandit(),
+        model_fn=q_network,
+        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+        num_envs=8,
+        rollout_length=4,
+        global_batch_size=32,
+        buffer_capacity=1024,
+        learning_starts=64,
+        exploration_steps=640,
+        steps_per_loop=20,
+        seed=1,
+        progress=loops.testing.quiet_progress(),
+    )
     loop.train(40)
     # An episode of one step has no future: each arm's value is its chance of paying.
     values = loop.model(tf.ones([1, 1])).numpy()[0]
@@ -88,15 +110,19 @@ def test_dqn_learns_the_value_of_each_arm():
 def test_a_users_environment_gives_the_same_numbers_on_1_and_2_replicas():
     runs = loops.testing.assert_replica_parity(
         lambda strategy: bandit_ppo(strategy=strategy, steps_per_loop=2),
-        num_steps=4, replica_counts=(1, 2),
+        num_steps=4,
+        replica_counts=(1, 2),
         # As for CartPole: the policy loss cancels to rounding, compared absolutely below.
-        compare_logs=["value_loss", "entropy", "mean_return_100", "episodes_finished"])
-    np.testing.assert_allclose(runs[2]["logs"]["policy_loss"], runs[1]["logs"]["policy_loss"],
-                               rtol=0, atol=1e-6)
+        compare_logs=["value_loss", "entropy", "mean_return_100", "episodes_finished"],
+    )
+    np.testing.assert_allclose(
+        runs[2]["logs"]["policy_loss"], runs[1]["logs"]["policy_loss"], rtol=0, atol=1e-6
+    )
     np.testing.assert_array_equal(runs[1]["logs"]["episodes_finished"], [64] * 4)
 
 
 # ---- Objects that are not environments. ----
+
 
 class NoStep:
     observation_size = 1
@@ -122,11 +148,15 @@ def test_a_wrong_environment_is_named_before_anything_is_built():
         built.append("model")
         return q_network()
 
-    with pytest.raises(TypeError, match=r"NoStep object .* is not an environment: it has no "
-                                        r"step\. .*step\(state, actions, uniform_noise\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"NoStep object .* is not an environment: it has no "
+        r"step\. .*step\(state, actions, uniform_noise\)",
+    ):
         rl.DQNLoop(environment=NoStep(), model_fn=model_fn)
-    with pytest.raises(TypeError, match="has no observation_size, num_actions, noise_size, "
-                                        "reset, step"):
+    with pytest.raises(
+        TypeError, match="has no observation_size, num_actions, noise_size, reset, step"
+    ):
         rl.ActorCriticLoop(environment=object(), model_fn=model_fn)
     with pytest.raises(TypeError, match="observation_size of .* must be a whole number, got '1'"):
         rl.DQNLoop(environment=TextSize(), model_fn=model_fn)

@@ -23,13 +23,15 @@ def test_export_reloads_with_and_without_a_strategy_and_matches_the_model(tmp_pa
     outside = tf.saved_model.load(path)
     served = outside.signatures["serving_default"](images=tf.constant(images))
     np.testing.assert_allclose(served["logits"].numpy(), expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(served["probabilities"].numpy(),
-                               tf.nn.softmax(expected).numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        served["probabilities"].numpy(), tf.nn.softmax(expected).numpy(), rtol=1e-6, atol=1e-6
+    )
 
     with loops.testing.replica_strategy(2).scope():
         inside = tf.saved_model.load(path)
-    np.testing.assert_allclose(inside.serve(tf.constant(images))["logits"].numpy(), expected,
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        inside.serve(tf.constant(images))["logits"].numpy(), expected, rtol=1e-6, atol=1e-6
+    )
 
 
 def test_export_replaces_an_old_export_but_not_other_files(tmp_path):
@@ -58,8 +60,9 @@ def assert_serves_the_generator(path, generator, noise):
         per_replica = strategy.run(inside.serve, args=(tf.constant(noise),))["samples"]
     for served in strategy.experimental_local_results(per_replica):
         np.testing.assert_allclose(served.numpy(), expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(inside.serve(tf.constant(noise))["samples"].numpy(), expected,
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        inside.serve(tf.constant(noise))["samples"].numpy(), expected, rtol=1e-6, atol=1e-6
+    )
 
 
 def test_generator_export_serves_the_moving_average_outside_and_inside_a_strategy(tmp_path):
@@ -72,8 +75,9 @@ def test_generator_export_serves_the_moving_average_outside_and_inside_a_strateg
     # The average differs from the trained generator, so serving the wrong one would fail.
     raw, average = (loop.generator(noise).numpy(), loop.ema_generator(noise).numpy())
     assert np.max(np.abs(raw - average)) > 1e-3
-    assert_serves_the_generator(export_generator(loop.sample_generator, str(tmp_path / "gen")),
-                                loop.ema_generator, noise)
+    assert_serves_the_generator(
+        export_generator(loop.sample_generator, str(tmp_path / "gen")), loop.ema_generator, noise
+    )
 
 
 def test_the_gan_binary_exports_the_generator_it_trained(tmp_path):
@@ -81,19 +85,30 @@ def test_the_gan_binary_exports_the_generator_it_trained(tmp_path):
     from loops_models import gan as gan_models
 
     model_dir = str(tmp_path / "ring")
-    done = run_module("loops.bin.gan", f"--model_dir={model_dir}", "--train_steps=4",
-                      "--steps_per_loop=2", "--global_batch_size=64", "--ema_decay=0.5")
+    done = run_module(
+        "loops.bin.gan",
+        f"--model_dir={model_dir}",
+        "--train_steps=4",
+        "--steps_per_loop=2",
+        "--global_batch_size=64",
+        "--ema_decay=0.5",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     export = os.path.join(model_dir, "export")
-    assert (f"exported SavedModel to {export} (signature serving_default: noise -> samples)"
-            in done.stdout)
+    assert (
+        f"exported SavedModel to {export} (signature serving_default: noise -> samples)"
+        in done.stdout
+    )
     # The same networks restored from the run's checkpoint: its average serves the same samples.
     restored = GANLoop(
         generator_fn=lambda: gan_models.ring_generator(seed=0),
         discriminator_fn=lambda: gan_models.ring_discriminator(seed=0),
         generator_optimizer_fn=lambda: keras.optimizers.Adam(),
-        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(), ema_decay=0.5,
-        model_dir=model_dir, progress=loops.testing.quiet_progress())
+        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(),
+        ema_decay=0.5,
+        model_dir=model_dir,
+        progress=loops.testing.quiet_progress(),
+    )
     assert restored.step == 4
     noise = np.random.default_rng(1).standard_normal((5, *restored.noise_shape)).astype(np.float32)
     assert_serves_the_generator(export, restored.ema_generator, noise)

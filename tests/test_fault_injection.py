@@ -1,4 +1,4 @@
-"""SIGTERM and kill -9 at each moment of a run: a rerun always finishes with the uninterrupted weights."""
+"""SIGTERM and kill -9 at each moment of a run: a rerun finishes with the uninterrupted weights."""
 
 import glob
 import os
@@ -12,18 +12,29 @@ from conftest import ROOT, checkpoint_weights, read_results
 from conftest import SUBPROCESS_ENV as ENV
 from loops import exit_codes
 
-FLAGS = ["--train_steps=8", "--steps_per_loop=2", "--eval_every=4", "--num_replicas=2",
-         "--global_batch_size=32"]
+FLAGS = [
+    "--train_steps=8",
+    "--steps_per_loop=2",
+    "--eval_every=4",
+    "--num_replicas=2",
+    "--global_batch_size=32",
+]
 
 
 def run(arguments):
-    return subprocess.run([sys.executable, *arguments], capture_output=True, text=True, env=ENV,
-                          timeout=600, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, *arguments], capture_output=True, text=True, env=ENV, timeout=600, cwd=ROOT
+    )
 
 
 def binary(model_dir, digits_dir):
-    return ["-m", "loops.bin.classifier", f"--model_dir={model_dir}",
-            f"--data_dir={digits_dir}", *FLAGS]
+    return [
+        "-m",
+        "loops.bin.classifier",
+        f"--model_dir={model_dir}",
+        f"--data_dir={digits_dir}",
+        *FLAGS,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +61,21 @@ TRIALS = [
 ]
 
 
-@pytest.mark.parametrize("moment, signal_name, code", TRIALS,
-                         ids=[f"{moment}-{name}" for moment, name, _ in TRIALS])
+@pytest.mark.parametrize(
+    "moment, signal_name, code", TRIALS, ids=[f"{moment}-{name}" for moment, name, _ in TRIALS]
+)
 def test_a_fault_at_any_moment_loses_no_completed_step(
-        tmp_path, digits_dir, uninterrupted, moment, signal_name, code):
+    tmp_path, digits_dir, uninterrupted, moment, signal_name, code
+):
     model_dir = str(tmp_path / "run")
-    interrupted = run([os.path.join(ROOT, "tests", "fault_run.py"), moment, signal_name,
-                       *binary(model_dir, digits_dir)[2:]])
+    interrupted = run(
+        [
+            os.path.join(ROOT, "tests", "fault_run.py"),
+            moment,
+            signal_name,
+            *binary(model_dir, digits_dir)[2:],
+        ]
+    )
     assert interrupted.returncode == code, interrupted.stderr[-3000:]
     if signal_name == "TERM" and code == exit_codes.PREEMPTED:
         assert "preempted (SIGTERM) at step" in interrupted.stdout
@@ -74,7 +93,9 @@ def test_a_fault_at_any_moment_loses_no_completed_step(
         assert np.all(np.isfinite(got[name])), name
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
     assert os.path.isfile(os.path.join(model_dir, "export", "saved_model.pb"))
-    leftovers = [path for pattern in ("**/*_temp", "**/.export-*", "**/.results.*", "**/.*.tmp",
-                                      ".lock")
-                 for path in glob.glob(os.path.join(model_dir, pattern), recursive=True)]
+    leftovers = [
+        path
+        for pattern in ("**/*_temp", "**/.export-*", "**/.results.*", "**/.*.tmp", ".lock")
+        for path in glob.glob(os.path.join(model_dir, pattern), recursive=True)
+    ]
     assert leftovers == []

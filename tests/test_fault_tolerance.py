@@ -16,9 +16,17 @@ from loops import exit_codes
 
 
 def classifier(model_dir, digits_dir, *extra):
-    return [sys.executable, "-m", "loops.bin.classifier", f"--model_dir={model_dir}",
-            f"--data_dir={digits_dir}", "--train_steps=400", "--steps_per_loop=20",
-            "--num_replicas=2", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "loops.bin.classifier",
+        f"--model_dir={model_dir}",
+        f"--data_dir={digits_dir}",
+        "--train_steps=400",
+        "--steps_per_loop=20",
+        "--num_replicas=2",
+        *extra,
+    ]
 
 
 def finish(command):
@@ -29,8 +37,9 @@ def finish(command):
 
 def start_and_wait_for(command, text):
     """Starts `command` and returns it once a stdout line contains `text`."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True, env=ENV, cwd=ROOT)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=ROOT
+    )
     deadline = time.time() + 300
     for line in process.stdout:
         if text in line:
@@ -54,7 +63,8 @@ def uninterrupted(tmp_path_factory, digits_dir):
 
 
 def test_sigterm_saves_at_the_next_boundary_and_a_rerun_finishes_the_same(
-        tmp_path, digits_dir, uninterrupted):
+    tmp_path, digits_dir, uninterrupted
+):
     model_dir = str(tmp_path)
     process = start_and_wait_for(classifier(model_dir, digits_dir), "step 100/400")
     process.send_signal(signal.SIGTERM)
@@ -66,7 +76,8 @@ def test_sigterm_saves_at_the_next_boundary_and_a_rerun_finishes_the_same(
     results = read_results(model_dir)
     assert results["preempted"] is True and results["global_step"] == stopped_at
     assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith(
-        f"ckpt-{stopped_at}")
+        f"ckpt-{stopped_at}"
+    )
 
     rerun = finish(classifier(model_dir, digits_dir))
     assert f"at step {stopped_at}" in rerun.stdout
@@ -75,7 +86,8 @@ def test_sigterm_saves_at_the_next_boundary_and_a_rerun_finishes_the_same(
 
 
 def test_kill_9_mid_run_restarts_from_the_newest_complete_checkpoint(
-        tmp_path, digits_dir, uninterrupted):
+    tmp_path, digits_dir, uninterrupted
+):
     model_dir = str(tmp_path)
     command = classifier(model_dir, digits_dir, "--checkpoint_every=20")
     process = start_and_wait_for(command, "step 160/400")
@@ -88,11 +100,18 @@ def test_kill_9_mid_run_restarts_from_the_newest_complete_checkpoint(
 
 def test_a_second_run_on_a_live_model_dir_is_refused(tmp_path, digits_dir):
     model_dir = str(tmp_path)
-    first = start_and_wait_for(classifier(model_dir, digits_dir, "--train_steps=100000"),
-                               "step 20/")
+    first = start_and_wait_for(
+        classifier(model_dir, digits_dir, "--train_steps=100000"), "step 20/"
+    )
     try:
-        second = subprocess.run(classifier(model_dir, digits_dir), capture_output=True, text=True,
-                                env=ENV, timeout=300, cwd=ROOT)
+        second = subprocess.run(
+            classifier(model_dir, digits_dir),
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=300,
+            cwd=ROOT,
+        )
         assert second.returncode != 0
         assert f"is in use by another live run (pid {first.pid}" in second.stderr
     finally:

@@ -25,27 +25,46 @@ def partial_ring_batches():
     return ring_points(11).batch(4)
 
 
-def make_gan(strategy=None, *, gan_loss="non_saturating", n_critic=2, ema_decay=0.9,
-             images=False, train_data=partial_ring_batches, **kwargs):
+def make_gan(
+    strategy=None,
+    *,
+    gan_loss="non_saturating",
+    n_critic=2,
+    ema_decay=0.9,
+    images=False,
+    train_data=partial_ring_batches,
+    **kwargs,
+):
     if images:
         networks = dict(
             generator_fn=lambda: gan_models.image_generator(noise_dim=8, filters=8, seed=4),
-            discriminator_fn=lambda: gan_models.image_discriminator(filters=4, seed=4))
+            discriminator_fn=lambda: gan_models.image_discriminator(filters=4, seed=4),
+        )
     else:
         networks = dict(
             generator_fn=lambda: gan_models.ring_generator(hidden_units=(16,), seed=4),
             discriminator_fn=lambda: gan_models.ring_discriminator(hidden_units=(16,), seed=4),
-            sample_metrics=Ring().quality, num_eval_samples=200)
+            sample_metrics=Ring().quality,
+            num_eval_samples=200,
+        )
     # Some critic gradients are exactly 0 (with the Wasserstein loss, a hidden
     # unit whose slope is the same for every real and fake example) and so pure
     # rounding noise that differs with the summation order; Adam's default
     # epsilon (1e-7) would turn that noise into a full learning-rate step.
     return gan.GANLoop(
-        strategy=strategy or loops.testing.replica_strategy(1), **networks,
+        strategy=strategy or loops.testing.replica_strategy(1),
+        **networks,
         generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01, beta_1=0.5, epsilon=1e-3),
         discriminator_optimizer_fn=lambda: keras.optimizers.Adam(0.02, beta_1=0.5, epsilon=1e-3),
-        gan_loss=gan_loss, n_critic=n_critic, ema_decay=ema_decay, train_data=train_data,
-        steps_per_loop=2, seed=11, progress=loops.testing.quiet_progress(), **kwargs)
+        gan_loss=gan_loss,
+        n_critic=n_critic,
+        ema_decay=ema_decay,
+        train_data=train_data,
+        steps_per_loop=2,
+        seed=11,
+        progress=loops.testing.quiet_progress(),
+        **kwargs,
+    )
 
 
 def weights_of(model):
@@ -57,6 +76,7 @@ def changed(before, after):
 
 
 # ---- Update counts and order. ----
+
 
 def test_k_steps_make_n_critic_times_k_critic_updates_and_k_generator_updates():
     loop = make_gan(n_critic=3)
@@ -71,8 +91,12 @@ def test_k_steps_make_n_critic_times_k_critic_updates_and_k_generator_updates():
     assert np.isfinite(results["train"]["d_loss"]) and np.isfinite(results["train"]["g_loss"])
     # Each metric once: the losses under "train", the sample metrics under "eval".
     assert set(results["train"]) == {"d_loss", "g_loss", "nonfinite"}
-    assert set(results["eval"]) == {"modes_covered", "high_quality_fraction",
-                                    "raw_modes_covered", "raw_high_quality_fraction"}
+    assert set(results["eval"]) == {
+        "modes_covered",
+        "high_quality_fraction",
+        "raw_modes_covered",
+        "raw_high_quality_fraction",
+    }
     assert not (set(results["train"]) | set(results["eval"])) & set(results)
     assert type(results["eval"]["modes_covered"]) is type(results["d_steps"]) is int
 
@@ -81,8 +105,11 @@ def test_a_critic_update_leaves_the_generator_and_a_generator_update_the_critic(
     loop = make_gan(loops.testing.replica_strategy(2), ema_decay=0.5)
     real = next(iter(loops.distribute(loop.strategy, partial_ring_batches)))
     step = tf.constant(0, tf.int64)
-    generator, critic, average = (weights_of(loop.generator), weights_of(loop.discriminator),
-                                  weights_of(loop.ema_generator))
+    generator, critic, average = (
+        weights_of(loop.generator),
+        weights_of(loop.discriminator),
+        weights_of(loop.ema_generator),
+    )
 
     loop.discriminator_step(real, step, 0)
     assert not any(changed(generator, weights_of(loop.generator)))
@@ -94,8 +121,9 @@ def test_a_critic_update_leaves_the_generator_and_a_generator_update_the_critic(
     assert not any(changed(critic, weights_of(loop.discriminator)))
     assert all(changed(generator, weights_of(loop.generator)))
     # The first update of the average decays by min(0.5, 1 / 10), not by 0.5.
-    for old, new, mean in zip(generator, weights_of(loop.generator),
-                              weights_of(loop.ema_generator)):
+    for old, new, mean in zip(
+        generator, weights_of(loop.generator), weights_of(loop.ema_generator)
+    ):
         np.testing.assert_allclose(mean, 0.1 * old + 0.9 * new, rtol=1e-6, atol=1e-7)
     assert (int(loop.d_steps.numpy()), int(loop.g_steps.numpy())) == (1, 1)
     assert int(loop.generator_average.num_updates.numpy()) == 1
@@ -126,8 +154,12 @@ def test_moving_average_is_the_debiased_weighted_history(decay, num_updates):
         step([tf.constant(h[index], tf.float32) for h in history])
 
     decays = np.minimum(decay, (1.0 + np.arange(num_updates)) / (10.0 + np.arange(num_updates)))
-    shares = np.array([np.prod(decays[i:]) * (1.0 if i == 0 else 1.0 - decays[i - 1])
-                       for i in range(num_updates + 1)])
+    shares = np.array(
+        [
+            np.prod(decays[i:]) * (1.0 if i == 0 else 1.0 - decays[i - 1])
+            for i in range(num_updates + 1)
+        ]
+    )
     np.testing.assert_allclose(shares.sum(), 1.0, rtol=1e-12)
     for variable, h in zip(averages, history):
         expected = np.tensordot(shares, h, axes=1)
@@ -143,8 +175,9 @@ def test_moving_average_rejects_a_bad_decay_and_mismatched_variables():
     with pytest.raises(ValueError, match=r"decay must be in \(0, 1\), e\.g\. 0\.999; got 1\.0"):
         target_networks.MovingAverage([tf.Variable(0.0)], [tf.Variable(1.0)], decay=1.0)
     with pytest.raises(ValueError, match="The target has 1 variables and the online network 2"):
-        target_networks.MovingAverage([tf.Variable(0.0)], [tf.Variable(1.0), tf.Variable(2.0)],
-                                      decay=0.9)
+        target_networks.MovingAverage(
+            [tf.Variable(0.0)], [tf.Variable(1.0), tf.Variable(2.0)], decay=0.9
+        )
 
 
 def test_each_critic_update_reads_the_weights_the_previous_one_wrote():
@@ -160,9 +193,12 @@ def test_each_critic_update_reads_the_weights_the_previous_one_wrote():
             eager.discriminator_step(real, tf.constant(step, tf.int64), substep)
         eager.generator_step(real, tf.constant(step, tf.int64))
         eager.global_step.assign_add(1)
-    loops.testing.assert_close(loops.testing.loop_weights(traced),
-                               loops.testing.loop_weights(eager), rtol=1e-6,
-                               label="traced vs eager substeps")
+    loops.testing.assert_close(
+        loops.testing.loop_weights(traced),
+        loops.testing.loop_weights(eager),
+        rtol=1e-6,
+        label="traced vs eager substeps",
+    )
 
 
 def test_resume_continues_with_the_next_batches_and_the_counters(tmp_path):
@@ -172,9 +208,12 @@ def test_resume_continues_with_the_next_batches_and_the_counters(tmp_path):
     resumed = make_gan(n_critic=2, model_dir=str(tmp_path))
     assert (resumed.step, int(resumed.d_steps.numpy()), int(resumed.g_steps.numpy())) == (2, 4, 2)
     resumed.train(4)
-    loops.testing.assert_close(loops.testing.loop_weights(resumed),
-                               loops.testing.loop_weights(uninterrupted), rtol=1e-6,
-                               label="resumed vs uninterrupted")
+    loops.testing.assert_close(
+        loops.testing.loop_weights(resumed),
+        loops.testing.loop_weights(uninterrupted),
+        rtol=1e-6,
+        label="resumed vs uninterrupted",
+    )
 
 
 def test_a_non_finite_update_is_skipped_on_every_replica_and_reported():
@@ -183,8 +222,12 @@ def test_a_non_finite_update_is_skipped_on_every_replica_and_reported():
         points[5, 0] = np.nan  # the second batch of 4, on the second of 2 replicas
         return tf.data.Dataset.from_tensor_slices(points).batch(4)
 
-    loop = make_gan(loops.testing.replica_strategy(2), n_critic=1, train_data=batches_with_a_nan,
-                    on_nonfinite="skip")
+    loop = make_gan(
+        loops.testing.replica_strategy(2),
+        n_critic=1,
+        train_data=batches_with_a_nan,
+        on_nonfinite="skip",
+    )
     logs = loop.train(3)
     np.testing.assert_array_equal(logs["nonfinite"], [0, 1, 0])
     # The critic skipped its update on the NaN batch; the generator (noise only) did not.
@@ -199,10 +242,12 @@ def test_a_non_finite_update_is_skipped_on_every_replica_and_reported():
 
 # ---- 1 vs 2 vs 4 replicas. ----
 
+
 @pytest.mark.parametrize("gan_loss, n_critic", [("non_saturating", 2), ("wgan_gp", 3)])
 def test_ring_losses_and_weights_match_on_1_2_and_4_replicas(gan_loss, n_critic):
     runs = loops.testing.assert_replica_parity(
-        lambda strategy: make_gan(strategy, gan_loss=gan_loss, n_critic=n_critic), num_steps=4)
+        lambda strategy: make_gan(strategy, gan_loss=gan_loss, n_critic=n_critic), num_steps=4
+    )
     logs = runs[1]["logs"]
     assert set(logs) >= {"d_loss", "g_loss"}
     assert all(np.all(np.isfinite(values)) for values in logs.values())
@@ -217,12 +262,16 @@ def test_image_networks_match_on_1_and_4_replicas():
         return tf.data.Dataset.from_tensor_slices(pixels).batch(8)
 
     loops.testing.assert_replica_parity(
-        lambda strategy: make_gan(strategy, gan_loss="wgan_gp", n_critic=1, images=True,
-                                  train_data=images),
-        num_steps=2, replica_counts=(1, 4))
+        lambda strategy: make_gan(
+            strategy, gan_loss="wgan_gp", n_critic=1, images=True, train_data=images
+        ),
+        num_steps=2,
+        replica_counts=(1, 4),
+    )
 
 
 # ---- The gradient penalty. ----
+
 
 @pytest.mark.parametrize("shape", [(5, 2), (3, 4, 4, 1)])
 def test_penalty_of_a_linear_critic_is_the_squared_norm_gap(shape):
@@ -248,8 +297,13 @@ def test_interpolation_weights_lie_in_0_1_and_differ_per_example(monkeypatch):
 
     gradient_penalty = gan.gradient_penalty
     monkeypatch.setattr(gan, "gradient_penalty", recording_penalty)
-    loop = make_gan(loops.testing.replica_strategy(2), gan_loss="wgan_gp", n_critic=2,
-                    train_data=lambda: Ring().global_batches(64), run_eagerly=True)
+    loop = make_gan(
+        loops.testing.replica_strategy(2),
+        gan_loss="wgan_gp",
+        n_critic=2,
+        train_data=lambda: Ring().global_batches(64),
+        run_eagerly=True,
+    )
     loop.train(2)
     alpha = np.concatenate(drawn)
     assert alpha.shape == (2 * 2 * 64,)  # 2 steps x 2 critic updates x 64 examples
@@ -260,6 +314,7 @@ def test_interpolation_weights_lie_in_0_1_and_differ_per_example(monkeypatch):
 
 # ---- Noise. ----
 
+
 def replica_noise(strategy, seed, step, substep, global_rows):
     """Each replica's noise rows for a global batch of `global_rows` split like the Loop's."""
     rows = tf.data.Dataset.range(global_rows).batch(global_rows)
@@ -267,12 +322,18 @@ def replica_noise(strategy, seed, step, substep, global_rows):
 
     def draw(indices):
         local = tf.shape(indices)[0]
-        return gan.replica_rows(tf.random.stateless_normal, gan.step_seed(seed, step, substep, 0),
-                                local_rows=local, global_rows=loops.global_count(local),
-                                row_shape=(3,))
+        return gan.replica_rows(
+            tf.random.stateless_normal,
+            gan.step_seed(seed, step, substep, 0),
+            local_rows=local,
+            global_rows=loops.global_count(local),
+            row_shape=(3,),
+        )
 
-    return [np.asarray(t) for t in
-            strategy.experimental_local_results(strategy.run(draw, args=(batch,)))]
+    return [
+        np.asarray(t)
+        for t in strategy.experimental_local_results(strategy.run(draw, args=(batch,)))
+    ]
 
 
 def test_noise_differs_across_replicas_and_steps_and_repeats_for_the_seed():
@@ -284,16 +345,21 @@ def test_noise_differs_across_replicas_and_steps_and_repeats_for_the_seed():
     # The same rows for 1 replica, for a full and a partial global batch.
     one = loops.testing.replica_strategy(1)
     np.testing.assert_array_equal(replica_noise(one, 5, 0, 0, 8)[0], everything)
-    np.testing.assert_array_equal(np.concatenate(replica_noise(four, 5, 0, 0, 7)),
-                                  replica_noise(one, 5, 0, 0, 7)[0])
+    np.testing.assert_array_equal(
+        np.concatenate(replica_noise(four, 5, 0, 0, 7)), replica_noise(one, 5, 0, 0, 7)[0]
+    )
     # Repeats for the seed; changes with the seed, the step and the substep.
     np.testing.assert_array_equal(np.concatenate(replica_noise(four, 5, 0, 0, 8)), everything)
-    for other in (replica_noise(four, 6, 0, 0, 8), replica_noise(four, 5, 1, 0, 8),
-                  replica_noise(four, 5, 0, 1, 8)):
+    for other in (
+        replica_noise(four, 6, 0, 0, 8),
+        replica_noise(four, 5, 1, 0, 8),
+        replica_noise(four, 5, 0, 1, 8),
+    ):
         assert not np.any(np.isclose(np.concatenate(other), everything))
 
 
 # ---- Data and arguments. ----
+
 
 def test_ring_quality_metrics():
     ring = Ring()
@@ -302,8 +368,10 @@ def test_ring_quality_metrics():
     np.testing.assert_allclose(np.linalg.norm(centers, axis=1), 2.0, rtol=1e-6)
     real = np.concatenate(list(ring.global_batches(2500, seed=1).take(1).as_numpy_iterator()))
     # In 2-D, P(|x - mean| <= 3 stddev) = 1 - exp(-9 / 2) = 0.989.
-    assert ring.quality(real) == {"modes_covered": 8,
-                                  "high_quality_fraction": pytest.approx(0.989, abs=0.005)}
+    assert ring.quality(real) == {
+        "modes_covered": 8,
+        "high_quality_fraction": pytest.approx(0.989, abs=0.005),
+    }
     # All mass on two modes, half of it too far away to count.
     collapsed = np.repeat(centers[:2], 50, axis=0) + np.repeat([[0.0, 0.0], [0.5, 0.0]], 50, axis=0)
     assert ring.quality(collapsed) == {"modes_covered": 1, "high_quality_fraction": 0.5}
@@ -323,23 +391,27 @@ def test_image_grid_places_each_sample_in_row_major_order():
     assert grid.shape == (2 * 3 + 1, 3 * 4 + 1, 1) and grid.dtype == np.uint8
     for index, value in enumerate(np.round((np.linspace(-1, 1, 6) + 1) * 127.5)):
         top, left = 1 + (index // 3) * 3, 1 + (index % 3) * 4
-        assert np.all(grid[top:top + 2, left:left + 3] == value)
+        assert np.all(grid[top : top + 2, left : left + 3] == value)
     assert np.all(grid[0] == 128) and np.all(grid[:, 4] == 128)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (dict(gan_loss="hinge"), "Unknown gan_loss 'hinge'"),
-    (dict(n_critic=0), "n_critic must be a whole number >= 1, got 0"),
-    (dict(ema_decay=1.0), "ema_decay must be in \\(0, 1\\)"),
-    (dict(sample_grid=(20, 20)), "sample_grid \\(20, 20\\) needs"),
-    (dict(sample_grid=(2, 2)), "sample_grid needs a generator of images"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(gan_loss="hinge"), "Unknown gan_loss 'hinge'"),
+        (dict(n_critic=0), "n_critic must be a whole number >= 1, got 0"),
+        (dict(ema_decay=1.0), "ema_decay must be in \\(0, 1\\)"),
+        (dict(sample_grid=(20, 20)), "sample_grid \\(20, 20\\) needs"),
+        (dict(sample_grid=(2, 2)), "sample_grid needs a generator of images"),
+    ],
+)
 def test_bad_arguments_name_the_value(arguments, message):
     with pytest.raises(ValueError, match=message):
         make_gan(**arguments)
 
 
 # ---- The binary. ----
+
 
 def run_cli(*argv):
     return run_module("loops.bin.gan", *argv)
@@ -374,22 +446,37 @@ def test_the_averaged_generator_is_as_good_as_the_raw_one_early_in_training(tmp_
 
 def test_digits_writes_sample_grids(tmp_path, digits_dir):
     model_dir = str(tmp_path / "digits")
-    done = run_cli(f"--model_dir={model_dir}", f"--data_dir={digits_dir}", "--dataset=digits",
-                   "--train_steps=6", "--steps_per_loop=3", "--eval_every=3", "--n_critic=2",
-                   "--global_batch_size=30", "--gan_loss=wgan_gp")
+    done = run_cli(
+        f"--model_dir={model_dir}",
+        f"--data_dir={digits_dir}",
+        "--dataset=digits",
+        "--train_steps=6",
+        "--steps_per_loop=3",
+        "--eval_every=3",
+        "--n_critic=2",
+        "--global_batch_size=30",
+        "--gan_loss=wgan_gp",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)
     assert (results["g_steps"], results["d_steps"]) == (6, 12)
     # At step 3 and at the end, from the average (the default) and the trained generator.
-    expected = [os.path.join(model_dir, f"{prefix}samples-{step:06d}.png")
-                for step in (3, 6) for prefix in ("", "raw_")]
+    expected = [
+        os.path.join(model_dir, f"{prefix}samples-{step:06d}.png")
+        for step in (3, 6)
+        for prefix in ("", "raw_")
+    ]
     assert sorted(results["sample_files"]) == sorted(expected)
     for path in expected:
         image = tf.io.decode_png(tf.io.read_file(path)).numpy()
         # 8 x 8 tiles of 8 x 8 pixels with 1-pixel lines between and around them.
         assert image.shape == (73, 73, 1) and image.dtype == np.uint8
-    tags = {value.tag for path in glob.glob(os.path.join(model_dir, "summaries", "eval", "*"))
-            for event in tf.compat.v1.train.summary_iterator(path) for value in event.summary.value}
+    tags = {
+        value.tag
+        for path in glob.glob(os.path.join(model_dir, "summaries", "eval", "*"))
+        for event in tf.compat.v1.train.summary_iterator(path)
+        for value in event.summary.value
+    }
     assert {"samples", "raw_samples"} <= tags
 
 

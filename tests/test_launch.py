@@ -29,28 +29,49 @@ RTOL = 1e-5
 
 
 def classifier_flags(model_dir, digits_dir, *extra):
-    return [f"--model_dir={model_dir}", f"--data_dir={digits_dir}",
-            f"--train_steps={TRAIN_STEPS}", "--steps_per_loop=20", "--global_batch_size=64",
-            *extra]
+    return [
+        f"--model_dir={model_dir}",
+        f"--data_dir={digits_dir}",
+        f"--train_steps={TRAIN_STEPS}",
+        "--steps_per_loop=20",
+        "--global_batch_size=64",
+        *extra,
+    ]
 
 
 def one_process(strategy, num_replicas, model_dir, digits_dir):
-    return [sys.executable, "-m", "loops.bin.classifier", f"--strategy={strategy}",
-            f"--num_replicas={num_replicas}", *classifier_flags(model_dir, digits_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "loops.bin.classifier",
+        f"--strategy={strategy}",
+        f"--num_replicas={num_replicas}",
+        *classifier_flags(model_dir, digits_dir),
+    ]
 
 
 def two_workers(model_dir, digits_dir, *extra):
-    return [sys.executable, "-m", "loops.launch", "--num_workers=2", "--grace_period=5", "--",
-            "loops.bin.classifier", "--strategy=multi_worker_mirrored", "--num_replicas=1",
-            *classifier_flags(model_dir, digits_dir, *extra)]
+    return [
+        sys.executable,
+        "-m",
+        "loops.launch",
+        "--num_workers=2",
+        "--grace_period=5",
+        "--",
+        "loops.bin.classifier",
+        "--strategy=multi_worker_mirrored",
+        "--num_replicas=1",
+        *classifier_flags(model_dir, digits_dir, *extra),
+    ]
 
 
 class Run:
     """A subprocess whose merged output lines are collected by a thread as they come."""
 
     def __init__(self, command):
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, env=ENV, cwd=ROOT)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT
+        )
         self.lines = []
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -79,10 +100,12 @@ class Run:
                         return match
                 assert self._reader.is_alive(), (
                     f"the run ended (exit code {self.process.poll()}) with no line matching "
-                    f"{pattern!r}:\n{self.output[-3000:]}")
+                    f"{pattern!r}:\n{self.output[-3000:]}"
+                )
                 left = deadline - time.monotonic()
                 assert left > 0, (
-                    f"no line matching {pattern!r} in {timeout} s:\n{self.output[-3000:]}")
+                    f"no line matching {pattern!r} in {timeout} s:\n{self.output[-3000:]}"
+                )
                 self._changed.wait(min(left, 1.0))
 
     def finish(self, timeout=180):
@@ -112,11 +135,14 @@ def largest_weight_difference(model_dir, reference_dir):
 @pytest.fixture(scope="module")
 def one_machine(tmp_path_factory, digits_dir):
     """model_dirs of the same training on 1 replica and on 2 mirrored replicas."""
-    model_dirs = {replicas: str(tmp_path_factory.mktemp(f"replicas{replicas}"))
-                  for replicas in (1, 2)}
+    model_dirs = {
+        replicas: str(tmp_path_factory.mktemp(f"replicas{replicas}")) for replicas in (1, 2)
+    }
     # Both at once: each process spends most of its time importing TensorFlow.
-    runs = [Run(one_process("default", 1, model_dirs[1], digits_dir)),
-            Run(one_process("mirrored", 2, model_dirs[2], digits_dir))]
+    runs = [
+        Run(one_process("default", 1, model_dirs[1], digits_dir)),
+        Run(one_process("mirrored", 2, model_dirs[2], digits_dir)),
+    ]
     for run in runs:
         run.succeed()
     return model_dirs
@@ -138,8 +164,11 @@ def test_two_workers_give_one_machines_weights_and_loss(tmp_path, digits_dir, on
     events = glob.glob(os.path.join(model_dir, "summaries", "*", "events.out.tfevents.*"))
     assert events and all(f".{chief_pid}." in os.path.basename(path) for path in events)
     checkpoint_files = sorted(os.listdir(os.path.join(model_dir, "checkpoints")))
-    assert checkpoint_files == ["checkpoint", f"ckpt-{TRAIN_STEPS}.data-00000-of-00001",
-                                f"ckpt-{TRAIN_STEPS}.index"]
+    assert checkpoint_files == [
+        "checkpoint",
+        f"ckpt-{TRAIN_STEPS}.data-00000-of-00001",
+        f"ckpt-{TRAIN_STEPS}.index",
+    ]
     assert not glob.glob(os.path.join(model_dir, "**", ".scratch_*"), recursive=True)
 
     got = results(model_dir)
@@ -153,14 +182,17 @@ def test_two_workers_give_one_machines_weights_and_loss(tmp_path, digits_dir, on
         assert got["eval"]["loss"] == pytest.approx(expected["eval"]["loss"], rel=RTOL)
         assert got["eval"]["accuracy"] == expected["eval"]["accuracy"]
         difference = largest_weight_difference(model_dir, reference_dir)
-        print(f"2 workers vs {replicas} replica(s): train loss {got['train']['loss']!r} vs "
-              f"{expected['train']['loss']!r}, largest relative weight difference {difference:.2g}")
+        print(
+            f"2 workers vs {replicas} replica(s): train loss {got['train']['loss']!r} vs "
+            f"{expected['train']['loss']!r}, largest relative weight difference {difference:.2g}"
+        )
         assert difference <= RTOL
     assert results(one_machine[1])["eval"]["accuracy"] >= 0.9  # it really learned
 
 
 def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weights(
-        tmp_path, digits_dir, one_machine):
+    tmp_path, digits_dir, one_machine
+):
     model_dir = str(tmp_path)
     command = two_workers(model_dir, digits_dir, "--checkpoint_every=100")
 
@@ -171,8 +203,10 @@ def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weight
     run.wait_for(r"\[worker_1\] step 60/")
     os.kill(worker_1, signal.SIGTERM)
     assert run.finish() == exit_codes.PREEMPTED, run.output[-4000:]
-    stopped = {int(run.wait_for(rf"\[{worker}\] preempted \(SIGTERM\) at step (\d+)").group(1))
-               for worker in ("worker_0", "worker_1")}
+    stopped = {
+        int(run.wait_for(rf"\[{worker}\] preempted \(SIGTERM\) at step (\d+)").group(1))
+        for worker in ("worker_0", "worker_1")
+    }
     assert len(stopped) == 1
     preempted_at = stopped.pop()
     assert 60 <= preempted_at < TRAIN_STEPS and preempted_at % 20 == 0
@@ -205,12 +239,15 @@ def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weight
     assert results(model_dir)["global_step"] == TRAIN_STEPS
     assert not glob.glob(os.path.join(model_dir, "**", ".scratch_*"), recursive=True)
     difference = largest_weight_difference(model_dir, one_machine[1])
-    print(f"preempted at {preempted_at}, resumed from {resume_step} after the SIGKILL: "
-          f"largest relative weight difference to 1 replica {difference:.2g}")
+    print(
+        f"preempted at {preempted_at}, resumed from {resume_step} after the SIGKILL: "
+        f"largest relative weight difference to 1 replica {difference:.2g}"
+    )
     assert difference <= RTOL
 
 
 # ---- GAN and RL: 2 worker processes against 1 process. ----
+
 
 def train_scalars(model_dir):
     """tag -> {step: value} of the train summaries a run wrote (one point per inner loop)."""
@@ -227,15 +264,35 @@ def train_scalars(model_dir):
 
 LOOP_RUNS = {
     # The critic takes 2 batches a step, with the gradient penalty and the EMA generator.
-    "gan": ("loops.bin.gan", ["--gan_loss=wgan_gp", "--n_critic=2", "--train_steps=12",
-                              "--global_batch_size=64"]),
-    "ppo": ("loops.bin.rl", ["--algorithm=ppo", "--train_steps=6", "--num_envs=8",
-                             "--rollout_length=32", "--global_batch_size=64", "--ppo_epochs=2"]),
+    "gan": (
+        "loops.bin.gan",
+        ["--gan_loss=wgan_gp", "--n_critic=2", "--train_steps=12", "--global_batch_size=64"],
+    ),
+    "ppo": (
+        "loops.bin.rl",
+        [
+            "--algorithm=ppo",
+            "--train_steps=6",
+            "--num_envs=8",
+            "--rollout_length=32",
+            "--global_batch_size=64",
+            "--ppo_epochs=2",
+        ],
+    ),
     # Updates start at the third step and the 256-transition buffer wraps at the fifth.
-    "dqn": ("loops.bin.rl", ["--algorithm=dqn", "--train_steps=8", "--num_envs=8",
-                             "--rollout_length=8", "--global_batch_size=16",
-                             "--buffer_capacity=256", "--learning_starts=128",
-                             "--target_update_every=3"]),
+    "dqn": (
+        "loops.bin.rl",
+        [
+            "--algorithm=dqn",
+            "--train_steps=8",
+            "--num_envs=8",
+            "--rollout_length=8",
+            "--global_batch_size=16",
+            "--buffer_capacity=256",
+            "--learning_starts=128",
+            "--target_update_every=3",
+        ],
+    ),
 }
 
 
@@ -246,26 +303,58 @@ def test_gan_and_rl_on_two_workers_give_one_machines_step_losses_and_weights(tmp
     loop_flags = [*loop_flags, "--steps_per_loop=1", "--seed=3"]
     model_dirs = {name: str(tmp_path / name) for name in ("workers2", "replicas1", "replicas2")}
     runs = {
-        "workers2": Run([sys.executable, "-m", "loops.launch", "--num_workers=2", "--",
-                         binary, "--strategy=multi_worker_mirrored", "--num_replicas=1",
-                         f"--model_dir={model_dirs['workers2']}", *loop_flags]),
-        "replicas1": Run([sys.executable, "-m", binary, "--strategy=default", "--num_replicas=1",
-                          f"--model_dir={model_dirs['replicas1']}", *loop_flags]),
-        "replicas2": Run([sys.executable, "-m", binary, "--strategy=mirrored", "--num_replicas=2",
-                          f"--model_dir={model_dirs['replicas2']}", *loop_flags]),
+        "workers2": Run(
+            [
+                sys.executable,
+                "-m",
+                "loops.launch",
+                "--num_workers=2",
+                "--",
+                binary,
+                "--strategy=multi_worker_mirrored",
+                "--num_replicas=1",
+                f"--model_dir={model_dirs['workers2']}",
+                *loop_flags,
+            ]
+        ),
+        "replicas1": Run(
+            [
+                sys.executable,
+                "-m",
+                binary,
+                "--strategy=default",
+                "--num_replicas=1",
+                f"--model_dir={model_dirs['replicas1']}",
+                *loop_flags,
+            ]
+        ),
+        "replicas2": Run(
+            [
+                sys.executable,
+                "-m",
+                binary,
+                "--strategy=mirrored",
+                "--num_replicas=2",
+                f"--model_dir={model_dirs['replicas2']}",
+                *loop_flags,
+            ]
+        ),
     }
     for run in runs.values():
         run.succeed(timeout=300)
     train_steps = int(re.search(r"--train_steps=(\d+)", " ".join(loop_flags)).group(1))
     for worker in ("worker_0", "worker_1"):
-        assert re.search(rf"\[{worker}\] step {train_steps}/{train_steps} \|", runs["workers2"].output)
+        assert re.search(
+            rf"\[{worker}\] step {train_steps}/{train_steps} \|", runs["workers2"].output
+        )
     got = results(model_dirs["workers2"])
     assert got["strategy"] == "multi_worker_mirrored" and got["num_replicas"] == 2
     assert got["global_step"] == train_steps
 
     losses = train_scalars(model_dirs["workers2"])
-    assert losses and all(sorted(steps) == list(range(1, train_steps + 1))
-                          for steps in losses.values())
+    assert losses and all(
+        sorted(steps) == list(range(1, train_steps + 1)) for steps in losses.values()
+    )
     for reference in ("replicas1", "replicas2"):
         expected = train_scalars(model_dirs[reference])
         assert sorted(expected) == sorted(losses)
@@ -275,11 +364,18 @@ def test_gan_and_rl_on_two_workers_give_one_machines_step_losses_and_weights(tmp
             # PPO's policy loss averages advantages normalized to mean 0: a sum that
             # cancels, so rounding sets its error; it gets an absolute tolerance.
             rtol, atol = (0, 1e-6) if tag == "policy_loss" else (RTOL, 1e-7)
-            np.testing.assert_allclose(got_values, want, rtol=rtol, atol=atol,
-                                       err_msg=f"{loop} {tag}: 2 workers vs {reference}")
+            np.testing.assert_allclose(
+                got_values,
+                want,
+                rtol=rtol,
+                atol=atol,
+                err_msg=f"{loop} {tag}: 2 workers vs {reference}",
+            )
         difference = largest_weight_difference(model_dirs["workers2"], model_dirs[reference])
-        print(f"{loop}: 2 workers vs {reference}: largest relative weight difference "
-              f"{difference:.2g} over {len(losses)} logged values x {train_steps} steps")
+        print(
+            f"{loop}: 2 workers vs {reference}: largest relative weight difference "
+            f"{difference:.2g} over {len(losses)} logged values x {train_steps} steps"
+        )
         assert difference <= RTOL
 
 
@@ -332,21 +428,29 @@ def launch_in_process(num_workers, num_ps=0, roles=None, grace_period=1.0, after
     """Runs TASK_SCRIPT as a cluster; returns (exit code, stdout, stderr, seconds)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     ready_dir = tempfile.mkdtemp()
-    env = dict(ENV, READY_DIR=ready_dir,
-               **{f"ROLE_{task}": role for task, role in (roles or {}).items()})
-    launcher = launch.Launcher([sys.executable, "-c", TASK_SCRIPT],
-                               launch.plan_cluster(num_workers, num_ps),
-                               grace_period=grace_period, stdout=stdout, stderr=stderr, env=env)
+    env = dict(
+        ENV, READY_DIR=ready_dir, **{f"ROLE_{task}": role for task, role in (roles or {}).items()}
+    )
+    launcher = launch.Launcher(
+        [sys.executable, "-c", TASK_SCRIPT],
+        launch.plan_cluster(num_workers, num_ps),
+        grace_period=grace_period,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+    )
     finished = threading.Event()
     if after_ready is not None:
         # The signals go to this process; only its main thread can hand them to the launcher.
         assert threading.current_thread() is threading.main_thread()
+
         def when_ready():
             # Never signal once the launcher is done: the signal would reach pytest itself.
             while stdout.getvalue().count("ready") < num_workers + num_ps:
                 if finished.wait(0.02):
                     return
             after_ready()
+
         threading.Thread(target=when_ready, daemon=True).start()
     started = time.monotonic()
     try:
@@ -368,8 +472,11 @@ def test_every_task_gets_its_tf_config_and_prefixed_output_and_servers_are_stopp
     cluster = configs["worker_0"]["cluster"]
     assert all(config["cluster"] == cluster for config in configs.values())
     assert [config["task"] for config in configs.values()] == [
-        {"type": "chief", "index": 0}, {"type": "worker", "index": 0},
-        {"type": "worker", "index": 1}, {"type": "ps", "index": 0}]
+        {"type": "chief", "index": 0},
+        {"type": "worker", "index": 0},
+        {"type": "worker", "index": 1},
+        {"type": "ps", "index": 0},
+    ]
     addresses = cluster["chief"] + cluster["worker"] + cluster["ps"]
     assert len(addresses) == 4 and len(set(addresses)) == 4
     assert all(re.fullmatch(r"127\.0\.0\.1:\d+", address) for address in addresses)
@@ -380,8 +487,10 @@ def test_every_task_gets_its_tf_config_and_prefixed_output_and_servers_are_stopp
 
 def test_a_failing_task_is_named_and_the_others_are_stopped_even_one_that_ignores_sigterm():
     code, stdout, stderr, seconds = launch_in_process(
-        3, roles={"worker_0": "ignore_signals", "worker_1": "exit3", "worker_2": "graceful"},
-        grace_period=1.0)
+        3,
+        roles={"worker_0": "ignore_signals", "worker_1": "exit3", "worker_2": "graceful"},
+        grace_period=1.0,
+    )
     assert code == 1
     assert "[launch] FAILED: worker_1 exited with code 3" in stderr
     assert "worker_1 exited with code 3; stopping worker_0, worker_2" in stderr
@@ -393,8 +502,10 @@ def test_a_failing_task_is_named_and_the_others_are_stopped_even_one_that_ignore
 def test_sigterm_to_the_launcher_is_forwarded_to_every_task():
     handler_before = signal.getsignal(signal.SIGTERM)
     code, stdout, stderr, _ = launch_in_process(
-        2, roles={"worker_0": "graceful", "worker_1": "graceful"},
-        after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        2,
+        roles={"worker_0": "graceful", "worker_1": "graceful"},
+        after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM),
+    )
     assert code == 0, stderr
     assert "[launch] received SIGTERM; sent SIGTERM to every task" in stderr
     assert "[worker_0] got SIGTERM" in stdout and "[worker_1] got SIGTERM" in stdout
@@ -408,8 +519,11 @@ def test_a_second_signal_kills_tasks_that_do_not_stop():
         os.kill(os.getpid(), signal.SIGINT)
 
     code, _, stderr, seconds = launch_in_process(
-        2, roles={"worker_0": "ignore_signals", "worker_1": "ignore_signals"},
-        grace_period=30.0, after_ready=signal_twice)
+        2,
+        roles={"worker_0": "ignore_signals", "worker_1": "ignore_signals"},
+        grace_period=30.0,
+        after_ready=signal_twice,
+    )
     assert code == 128 + signal.SIGINT, stderr
     assert "[launch] received SIGINT; sent SIGINT to every task" in stderr
     assert "[launch] received SIGINT; sent SIGKILL to every task" in stderr
@@ -420,24 +534,30 @@ def test_a_second_signal_kills_tasks_that_do_not_stop():
 def test_tasks_exiting_42_make_the_launcher_exit_42_and_are_not_a_failure():
     # worker_1 is still saving when worker_0 exits 42: it is left to finish.
     code, stdout, stderr, _ = launch_in_process(
-        2, roles={"worker_0": "exit42", "worker_1": "saving42"})
+        2, roles={"worker_0": "exit42", "worker_1": "saving42"}
+    )
     assert code == exit_codes.PREEMPTED == 42, stderr
     assert "[launch] worker_0 was preempted (exit code 42) and saved" in stderr
     assert "[launch] worker_1 was preempted (exit code 42) and saved" in stderr
-    assert stderr.endswith("[launch] PREEMPTED: worker_0, worker_1 exited 42; rerun the same "
-                           "command to continue (exit code 42)\n")
+    assert stderr.endswith(
+        "[launch] PREEMPTED: worker_0, worker_1 exited 42; rerun the same "
+        "command to continue (exit code 42)\n"
+    )
     assert "[worker_1] saving" in stdout
     assert "stopping" not in stderr and "FAILED" not in stderr
 
 
 def test_a_preempted_chief_ends_the_run_with_42_and_its_servers_are_stopped():
     code, _, stderr, seconds = launch_in_process(
-        2, num_ps=1, roles={"chief_0": "exit42", "worker_0": "serve", "worker_1": "serve",
-                            "ps_0": "serve"})
+        2,
+        num_ps=1,
+        roles={"chief_0": "exit42", "worker_0": "serve", "worker_1": "serve", "ps_0": "serve"},
+    )
     assert code == 42, stderr
     assert "[launch] the chief finished; stopping worker_0, worker_1, ps_0" in stderr
-    assert stderr.endswith("[launch] PREEMPTED: chief_0 exited 42; rerun the same command to "
-                           "continue (exit code 42)\n")
+    assert stderr.endswith(
+        "[launch] PREEMPTED: chief_0 exited 42; rerun the same command to continue (exit code 42)\n"
+    )
     assert seconds < 15
 
 
@@ -449,47 +569,73 @@ def test_a_failure_beside_a_preemption_still_fails_the_run():
 
 def test_sigterm_goes_to_the_chief_alone_until_it_has_saved_then_the_servers_stop():
     code, stdout, stderr, _ = launch_in_process(
-        1, num_ps=1, roles={"chief_0": "preempted", "worker_0": "graceful", "ps_0": "graceful"},
-        after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        1,
+        num_ps=1,
+        roles={"chief_0": "preempted", "worker_0": "graceful", "ps_0": "graceful"},
+        after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM),
+    )
     assert code == 42, stderr
-    assert ("[launch] received SIGTERM; sent SIGTERM to chief_0 (the others keep serving until "
-            "the run ends)") in stderr
+    assert (
+        "[launch] received SIGTERM; sent SIGTERM to chief_0 (the others keep serving until "
+        "the run ends)"
+    ) in stderr
     # A parameter server dies on SIGTERM; the chief's save needs it, so it must not get one first.
     assert "[chief_0] others got SIGTERM while saving: []" in stdout
     assert "[launch] the chief finished; stopping worker_0, ps_0" in stderr
     assert "[worker_0] got SIGTERM" in stdout and "[ps_0] got SIGTERM" in stdout
-    assert stderr.endswith("[launch] PREEMPTED after SIGTERM: chief_0 exited 42; rerun the same "
-                           "command to continue (exit code 42)\n")
+    assert stderr.endswith(
+        "[launch] PREEMPTED after SIGTERM: chief_0 exited 42; rerun the same "
+        "command to continue (exit code 42)\n"
+    )
 
 
 def test_the_help_lists_the_exit_codes(capsys):
     with pytest.raises(SystemExit):
         launch.main(["--help"])
-    assert ("exit codes:\n  0     every task finished\n  42    preempted: tasks exited 42 after "
-            "saving; rerun the same command to continue\n  1     a task failed"
-            ) in capsys.readouterr().out
+    assert (
+        "exit codes:\n  0     every task finished\n  42    preempted: tasks exited 42 after "
+        "saving; rerun the same command to continue\n  1     a task failed"
+    ) in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--num_workers=0", "--", "loops.bin.classifier"],
-     "--num_workers=0: a cluster needs at least one worker; pass --num_workers=2"),
-    (["--num_workers=2", "--num_ps=-1", "--", "loops.bin.classifier"], "--num_ps=-1 is negative"),
-    (["--num_workers=2", "--grace_period=0", "--", "loops.bin.classifier"],
-     "--grace_period=0.0 must be > 0 seconds"),
-    (["--num_workers=2"], "no `--` and no command after it; e.g. python -m loops.launch"),
-    (["--num_workers=2", "--"], "No command after `--`"),
-    (["--num_workers=2", "loops.bin.classifier"],
-     "unexpected loops.bin.classifier; the launcher takes --num_workers"),
-    (["--num_worker=2", "--", "loops.bin.classifier"], "unexpected --num_worker=2"),
-    (["--", "loops.bin.classifier"], "--num_workers is required: how many worker processes"),
-    (["--num_workers=two", "--", "x"], "argument --num_workers: invalid int value: 'two'"),
-    (["--num_workers=2", "--", "train.py"],
-     "'train.py' looks like a script file; pass `python train.py`"),
-    (["--num_workers=2", "--", "no such thing"],
-     "is neither a program on PATH nor a Python module"),
-    (["--num_workers=1", "--", "/no/such/program"],
-     "Cannot start '/no/such/program' for worker_0 ([Errno 2] No such file or directory"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--num_workers=0", "--", "loops.bin.classifier"],
+            "--num_workers=0: a cluster needs at least one worker; pass --num_workers=2",
+        ),
+        (
+            ["--num_workers=2", "--num_ps=-1", "--", "loops.bin.classifier"],
+            "--num_ps=-1 is negative",
+        ),
+        (
+            ["--num_workers=2", "--grace_period=0", "--", "loops.bin.classifier"],
+            "--grace_period=0.0 must be > 0 seconds",
+        ),
+        (["--num_workers=2"], "no `--` and no command after it; e.g. python -m loops.launch"),
+        (["--num_workers=2", "--"], "No command after `--`"),
+        (
+            ["--num_workers=2", "loops.bin.classifier"],
+            "unexpected loops.bin.classifier; the launcher takes --num_workers",
+        ),
+        (["--num_worker=2", "--", "loops.bin.classifier"], "unexpected --num_worker=2"),
+        (["--", "loops.bin.classifier"], "--num_workers is required: how many worker processes"),
+        (["--num_workers=two", "--", "x"], "argument --num_workers: invalid int value: 'two'"),
+        (
+            ["--num_workers=2", "--", "train.py"],
+            "'train.py' looks like a script file; pass `python train.py`",
+        ),
+        (
+            ["--num_workers=2", "--", "no such thing"],
+            "is neither a program on PATH nor a Python module",
+        ),
+        (
+            ["--num_workers=1", "--", "/no/such/program"],
+            "Cannot start '/no/such/program' for worker_0 ([Errno 2] No such file or directory",
+        ),
+    ],
+)
 def test_argument_errors_say_what_to_do(capsys, argv, message):
     with pytest.raises(SystemExit) as raised:
         launch.main(argv)
@@ -499,16 +645,28 @@ def test_argument_errors_say_what_to_do(capsys, argv, message):
 
 def test_a_module_runs_with_this_python_and_a_program_as_given():
     assert launch.resolve_command(["loops.bin.classifier", "--x=1"]) == [
-        sys.executable, "-m", "loops.bin.classifier", "--x=1"]
+        sys.executable,
+        "-m",
+        "loops.bin.classifier",
+        "--x=1",
+    ]
     assert launch.resolve_command([sys.executable, "-c", "pass"]) == [sys.executable, "-c", "pass"]
     assert launch.resolve_command(["env", "A=1"]) == ["env", "A=1"]
 
 
 def test_the_launcher_starts_without_importing_tensorflow():
-    check = ("import sys, loops, loops.launch; "
-             "assert 'tensorflow' not in sys.modules, sorted(m for m in sys.modules if 'tensorflow' in m)[:3]; "
-             "loops.Loop; assert 'tensorflow' in sys.modules; print('lazy')")
-    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
-                            env=ENV, cwd=ROOT, timeout=120)
+    check = (
+        "import sys, loops, loops.launch; "
+        "assert 'tensorflow' not in sys.modules, sorted(m for m in sys.modules if 'tensorflow' in m)[:3]; "  # noqa: E501
+        "loops.Loop; assert 'tensorflow' in sys.modules; print('lazy')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "lazy"

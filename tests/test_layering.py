@@ -19,8 +19,7 @@ def framework_modules():
     for directory, _, names in os.walk(FRAMEWORK):
         if os.path.commonpath([directory, BINARIES]) == BINARIES:
             continue
-        yield from (os.path.join(directory, name) for name in sorted(names)
-                    if name.endswith(".py"))
+        yield from (os.path.join(directory, name) for name in sorted(names) if name.endswith(".py"))
 
 
 def imported_packages(path):
@@ -32,8 +31,12 @@ def imported_packages(path):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             names.add(node.module)
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             names.add(str(node.args[0].value))
     return {name.split(".")[0] for name in names}
 
@@ -41,21 +44,33 @@ def imported_packages(path):
 def test_no_framework_module_imports_the_example_packages():
     paths = list(framework_modules())
     assert os.path.join(FRAMEWORK, "rl.py") in paths and len(paths) > 20
-    offenders = {os.path.relpath(path, ROOT): sorted(imported_packages(path) & EXAMPLE_PACKAGES)
-                 for path in paths}
+    offenders = {
+        os.path.relpath(path, ROOT): sorted(imported_packages(path) & EXAMPLE_PACKAGES)
+        for path in paths
+    }
     assert {path: found for path, found in offenders.items() if found} == {}
     # The scan does see such imports where they belong: the RL binary wires CartPole in.
     assert imported_packages(os.path.join(BINARIES, "rl.py")) >= EXAMPLE_PACKAGES
 
 
 def test_importing_every_framework_module_loads_no_example_package():
-    modules = sorted("loops." + os.path.relpath(path, FRAMEWORK)[:-3].replace(os.sep, ".")
-                     for path in framework_modules())
+    modules = sorted(
+        "loops." + os.path.relpath(path, FRAMEWORK)[:-3].replace(os.sep, ".")
+        for path in framework_modules()
+    )
     modules = [name.removesuffix(".__init__") for name in modules]
-    code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
-            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(EXAMPLE_PACKAGES)!r})))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=SUBPROCESS_ENV, timeout=300, cwd=ROOT)
+    code = (
+        f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(EXAMPLE_PACKAGES)!r})))"  # noqa: E501
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
@@ -69,6 +84,12 @@ def test_the_loops_and_the_environment_interface_are_public_names():
     assert loops.DQNLoop is rl.DQNLoop
     assert loops.Environment is environments.Environment
     assert loops.environments is environments
-    names = {"GANLoop", "EnvironmentLoop", "ActorCriticLoop", "DQNLoop", "Environment",
-             "environments"}
+    names = {
+        "GANLoop",
+        "EnvironmentLoop",
+        "ActorCriticLoop",
+        "DQNLoop",
+        "Environment",
+        "environments",
+    }
     assert names <= set(loops.__all__) and names <= set(dir(loops))

@@ -17,12 +17,16 @@ def make_loop(strategy=None, model_dir=None, *, steps_per_loop=3, model="mlp", *
     return loops.ClassifierLoop(
         strategy=strategy or loops.testing.replica_strategy(2),
         model_fn=lambda: models.build_classifier(
-            model, input_shape=(8, 8, 1), num_classes=10, l2=1e-3, seed=7),
+            model, input_shape=(8, 8, 1), num_classes=10, l2=1e-3, seed=7
+        ),
         optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         train_data=tiny_batches(8, 21, shuffle_seed=2),
         eval_data=tiny_batches(8, 21, seed=1),
-        steps_per_loop=steps_per_loop, model_dir=model_dir,
-        progress=loops.testing.quiet_progress(), **kwargs)
+        steps_per_loop=steps_per_loop,
+        model_dir=model_dir,
+        progress=loops.testing.quiet_progress(),
+        **kwargs,
+    )
 
 
 def test_train_step_traced_once_over_two_epochs_with_partial_batches():
@@ -54,16 +58,23 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     logs = resumed.train(8)
     assert resumed.step == 8
     assert logs["loss"].shape == (4,)
-    loops.testing.assert_close(loops.testing.loop_weights(resumed),
-                               loops.testing.loop_weights(uninterrupted), rtol=1e-6,
-                               label="resumed vs uninterrupted")
+    loops.testing.assert_close(
+        loops.testing.loop_weights(resumed),
+        loops.testing.loop_weights(uninterrupted),
+        rtol=1e-6,
+        label="resumed vs uninterrupted",
+    )
 
 
 def test_checkpoint_cadence_and_results_file(tmp_path):
     loop = make_loop(model_dir=str(tmp_path), checkpoint_every=2, eval_every=3)
     loop.train(5)
-    kept = sorted(os.path.basename(p) for p in tf.train.get_checkpoint_state(
-        str(tmp_path / "checkpoints")).all_model_checkpoint_paths)
+    kept = sorted(
+        os.path.basename(p)
+        for p in tf.train.get_checkpoint_state(
+            str(tmp_path / "checkpoints")
+        ).all_model_checkpoint_paths
+    )
     assert kept == ["ckpt-2", "ckpt-4", "ckpt-5"]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["loop"] == "classifier"
@@ -76,7 +87,13 @@ def test_checkpoint_cadence_and_results_file(tmp_path):
     assert results["steps_per_second"] > 0
     lines = loop.progress.stream.getvalue().splitlines()
     assert [line.split(" |")[0] for line in lines] == [
-        "step 2/5", "step 3/5", "eval at step 3", "step 4/5", "step 5/5", "eval at step 5"]
+        "step 2/5",
+        "step 3/5",
+        "eval at step 3",
+        "step 4/5",
+        "step 5/5",
+        "eval at step 5",
+    ]
 
 
 def test_summaries_are_written_for_train_and_eval(tmp_path):
@@ -84,8 +101,11 @@ def test_summaries_are_written_for_train_and_eval(tmp_path):
     for name in ("train", "eval"):
         events = tf.io.gfile.glob(str(tmp_path / "summaries" / name / "events.*"))
         assert len(events) == 1, name
-        tags = {value.tag for event in tf.compat.v1.train.summary_iterator(events[0])
-                for value in event.summary.value}
+        tags = {
+            value.tag
+            for event in tf.compat.v1.train.summary_iterator(events[0])
+            for value in event.summary.value
+        }
         assert "loss" in tags and "accuracy" in tags
 
 
@@ -103,11 +123,18 @@ def test_run_eagerly_gives_the_graph_numbers():
     np.testing.assert_allclose(eager["loss"], graph["loss"], rtol=1e-5)
 
 
-@pytest.mark.parametrize("argument, value, message", [
-    ("steps_per_loop", 0, "steps_per_loop must be a whole number >= 1, got 0"),
-    ("eval_every", -5, "eval_every must be a whole number >= 1 .or None to turn it off., got -5"),
-    ("checkpoint_every", 2.5, "checkpoint_every must be a whole number >= 1"),
-])
+@pytest.mark.parametrize(
+    "argument, value, message",
+    [
+        ("steps_per_loop", 0, "steps_per_loop must be a whole number >= 1, got 0"),
+        (
+            "eval_every",
+            -5,
+            "eval_every must be a whole number >= 1 .or None to turn it off., got -5",
+        ),
+        ("checkpoint_every", 2.5, "checkpoint_every must be a whole number >= 1"),
+    ],
+)
 def test_bad_loop_arguments_name_the_value(argument, value, message):
     with pytest.raises(ValueError, match=message):
         make_loop(**{argument: value})
@@ -131,13 +158,17 @@ def test_step_outputs_must_be_reduced_scalars():
         def train_step(self, iterator):
             inputs, labels = next(iterator)
             per_example = self.strategy.run(
-                lambda x: tf.reduce_sum(tf.cast(x, tf.float32), [1, 2, 3]), args=(inputs,))
+                lambda x: tf.reduce_sum(tf.cast(x, tf.float32), [1, 2, 3]), args=(inputs,)
+            )
             return {"loss": loops.Mean(per_example)}
 
-    loop = Unreduced(strategy=loops.testing.replica_strategy(1),
-                     model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
-                     optimizer_fn=lambda: keras.optimizers.SGD(0.1),
-                     train_data=tiny_batches(), progress=loops.testing.quiet_progress())
+    loop = Unreduced(
+        strategy=loops.testing.replica_strategy(1),
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
+        optimizer_fn=lambda: keras.optimizers.SGD(0.1),
+        train_data=tiny_batches(),
+        progress=loops.testing.quiet_progress(),
+    )
     with pytest.raises(TypeError, match="every value must be a scalar"):
         loop.train(1)
 
@@ -147,8 +178,11 @@ def test_gradient_clipping_bounds_the_update():
     loop = loops.ClassifierLoop(
         strategy=strategy,
         model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=1),
-        optimizer_fn=lambda: keras.optimizers.SGD(1.0), clip_norm=1e-3,
-        train_data=tiny_batches(), progress=loops.testing.quiet_progress())
+        optimizer_fn=lambda: keras.optimizers.SGD(1.0),
+        clip_norm=1e-3,
+        train_data=tiny_batches(),
+        progress=loops.testing.quiet_progress(),
+    )
     before = [v.numpy() for v in loop.model.trainable_variables]
     loop.train(1)
     after = [v.numpy() for v in loop.model.trainable_variables]
@@ -170,13 +204,20 @@ def test_a_loop_that_makes_its_own_data_needs_no_dataset():
             assert iterator is None
             step = tf.cast(self.global_step, tf.float32)
             per_replica = self.strategy.run(
-                lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
-                                tf.float32) + step)
+                lambda: (
+                    tf.cast(
+                        tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32
+                    )
+                    + step
+                )
+            )
             value = loops.sum_over_replicas(self.strategy, {"value": per_replica})["value"]
             self.total.assign_add(value)
             return {"value": loops.Mean(value)}
 
-    loop = Counting(strategy=loops.testing.replica_strategy(2), progress=loops.testing.quiet_progress())
+    loop = Counting(
+        strategy=loops.testing.replica_strategy(2), progress=loops.testing.quiet_progress()
+    )
     logs = loop.train(3)
     # Replica ids 0 + 1, plus the step index once per replica.
     np.testing.assert_array_equal(logs["value"], [1.0, 3.0, 5.0])
@@ -193,16 +234,21 @@ class OneBatchDeclaredTwoTaken(loops.ClassifierLoop):
         return super().train_step(iterator)
 
 
-@pytest.mark.parametrize("loop_class, message", [
-    (TwoBatchesDeclaredOneTaken, "took 1 batches but batches_per_step = 2"),
-    (OneBatchDeclaredTwoTaken, "more than batches_per_step = 1 times"),
-])
+@pytest.mark.parametrize(
+    "loop_class, message",
+    [
+        (TwoBatchesDeclaredOneTaken, "took 1 batches but batches_per_step = 2"),
+        (OneBatchDeclaredTwoTaken, "more than batches_per_step = 1 times"),
+    ],
+)
 def test_a_step_must_take_exactly_batches_per_step_batches(loop_class, message):
     loop = loop_class(
         strategy=loops.testing.replica_strategy(1),
         model_fn=lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10),
-        optimizer_fn=lambda: keras.optimizers.SGD(0.1), train_data=tiny_batches(8, 21),
-        progress=loops.testing.quiet_progress())
+        optimizer_fn=lambda: keras.optimizers.SGD(0.1),
+        train_data=tiny_batches(8, 21),
+        progress=loops.testing.quiet_progress(),
+    )
     with pytest.raises(ValueError, match=message):
         loop.train(2)
     assert loop.step == 0
@@ -214,8 +260,9 @@ def test_logs_of_every_dtype_come_back_step_by_step(num_replicas):
     # after the tf.range loop: loops of 3, 3 and 1 steps cover both paths.
     class Summing(loops.Loop):
         def build(self):
-            self.total = tf.Variable(0, dtype=tf.int64,
-                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.total = tf.Variable(
+                0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+            )
 
         def checkpoint_items(self):
             return {"total": self.total}
@@ -224,13 +271,19 @@ def test_logs_of_every_dtype_come_back_step_by_step(num_replicas):
             rows = self.strategy.run(tf.reduce_sum, args=(next(iterator),))
             value = self.strategy.reduce(tf.distribute.ReduceOp.SUM, rows, axis=None)
             self.total.assign_add(value)
-            return {"value": loops.Sum(value), "total": loops.Last(self.total.read_value()),
-                    "half": loops.Mean(tf.cast(value, tf.float32) / 2),
-                    "step": loops.Last(tf.cast(self.global_step, tf.float64))}
+            return {
+                "value": loops.Sum(value),
+                "total": loops.Last(self.total.read_value()),
+                "half": loops.Mean(tf.cast(value, tf.float32) / 2),
+                "step": loops.Last(tf.cast(self.global_step, tf.float64)),
+            }
 
-    loop = Summing(strategy=loops.testing.replica_strategy(num_replicas),
-                   train_data=lambda: tf.data.Dataset.range(10).batch(4),
-                   steps_per_loop=3, progress=loops.testing.quiet_progress())
+    loop = Summing(
+        strategy=loops.testing.replica_strategy(num_replicas),
+        train_data=lambda: tf.data.Dataset.range(10).batch(4),
+        steps_per_loop=3,
+        progress=loops.testing.quiet_progress(),
+    )
     logs = loop.train(7)
     values = [6, 22, 17, 6, 22, 17, 6]  # batches [0..3], [4..7], [8, 9], repeated
     assert logs["value"].dtype == np.int64 and logs["value"].tolist() == values

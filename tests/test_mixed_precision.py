@@ -15,7 +15,7 @@ from conftest import read_results, run_module, tiny_batches
 from loops.export import export_classifier
 from loops.mixed_precision import DynamicLossScale
 
-INITIAL_SCALE = 2.0 ** 15
+INITIAL_SCALE = 2.0**15
 
 
 def batches_with_bad_example_on_replica_2(value, count=24):
@@ -32,8 +32,12 @@ def make_loop(train_data, *, mixed_precision="mixed_float16", num_replicas=4, **
         strategy=loops.testing.replica_strategy(num_replicas),
         model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
         optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        train_data=train_data, steps_per_loop=4, mixed_precision=mixed_precision,
-        progress=loops.testing.quiet_progress(), **kwargs)
+        train_data=train_data,
+        steps_per_loop=4,
+        mixed_precision=mixed_precision,
+        progress=loops.testing.quiet_progress(),
+        **kwargs,
+    )
 
 
 def assert_untouched(before, after):
@@ -86,7 +90,8 @@ def test_scale_doubles_after_growth_steps_finite_steps():
     logs = loop.train(7)
     assert logs["nonfinite"].tolist() == [0.0] * 7
     assert logs["loss_scale"].tolist() == [INITIAL_SCALE] * 3 + [INITIAL_SCALE * 2] * 3 + [
-        INITIAL_SCALE * 4]
+        INITIAL_SCALE * 4
+    ]
     assert loop.loss_scale.finite_steps.numpy() == 1
 
 
@@ -102,8 +107,10 @@ def test_scale_update_rule_floor_and_ceiling():
     assert np.isfinite(top.scale.numpy())  # doubling into inf would stick there
 
 
-@pytest.mark.parametrize("policy, compute_dtype", [
-    ("mixed_float16", "float16"), ("mixed_bfloat16", "bfloat16"), ("none", "float32")])
+@pytest.mark.parametrize(
+    "policy, compute_dtype",
+    [("mixed_float16", "float16"), ("mixed_bfloat16", "bfloat16"), ("none", "float32")],
+)
 def test_variables_stay_float32_and_hidden_layers_compute_in_16_bits(policy, compute_dtype):
     loop = make_loop(tiny_batches(8, 16), mixed_precision=policy, num_replicas=2)
     loop.train(2)
@@ -133,8 +140,13 @@ def test_mixed_model_exports_float32_outputs(tmp_path):
 def test_resume_continues_the_loss_scale(tmp_path):
     def build(model_dir=None):
         # 5 batches an epoch: the bad second batch does not come back within 6 steps.
-        return make_loop(batches_with_bad_example_on_replica_2(np.inf, count=40), num_replicas=2,
-                         on_nonfinite="skip", loss_scale_growth_steps=3, model_dir=model_dir)
+        return make_loop(
+            batches_with_bad_example_on_replica_2(np.inf, count=40),
+            num_replicas=2,
+            on_nonfinite="skip",
+            loss_scale_growth_steps=3,
+            model_dir=model_dir,
+        )
 
     uninterrupted = build()
     uninterrupted_logs = uninterrupted.train(6)
@@ -147,40 +159,64 @@ def test_resume_continues_the_loss_scale(tmp_path):
     assert resumed.loss_scale.scale.numpy() == INITIAL_SCALE / 2
     assert resumed.loss_scale.finite_steps.numpy() == 1
     logs = resumed.train(6)
-    assert logs["loss_scale"].tolist() == uninterrupted_logs["loss_scale"][3:].tolist() == [
-        INITIAL_SCALE / 2, INITIAL_SCALE / 2, INITIAL_SCALE]
-    loops.testing.assert_close(loops.testing.loop_weights(resumed),
-                               loops.testing.loop_weights(uninterrupted), rtol=1e-6,
-                               label="resumed vs uninterrupted")
+    assert (
+        logs["loss_scale"].tolist()
+        == uninterrupted_logs["loss_scale"][3:].tolist()
+        == [INITIAL_SCALE / 2, INITIAL_SCALE / 2, INITIAL_SCALE]
+    )
+    loops.testing.assert_close(
+        loops.testing.loop_weights(resumed),
+        loops.testing.loop_weights(uninterrupted),
+        rtol=1e-6,
+        label="resumed vs uninterrupted",
+    )
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(ValueError, match="mixed_precision must be one of none, mixed_bfloat16, "
-                                         "mixed_float16, got 'float16'"):
+    with pytest.raises(
+        ValueError,
+        match="mixed_precision must be one of none, mixed_bfloat16, mixed_float16, got 'float16'",
+    ):
         make_loop(tiny_batches(), mixed_precision="float16", num_replicas=1)
-    with pytest.raises(ValueError, match="loss_scale_growth_steps=10 applies only to "
-                                         "mixed_precision='mixed_float16'"):
-        make_loop(tiny_batches(), mixed_precision="mixed_bfloat16", num_replicas=1,
-                  loss_scale_growth_steps=10)
+    with pytest.raises(
+        ValueError,
+        match="loss_scale_growth_steps=10 applies only to mixed_precision='mixed_float16'",
+    ):
+        make_loop(
+            tiny_batches(),
+            mixed_precision="mixed_bfloat16",
+            num_replicas=1,
+            loss_scale_growth_steps=10,
+        )
     with pytest.raises(ValueError, match="growth_steps must be a whole number >= 1"):
         make_loop(tiny_batches(), num_replicas=1, loss_scale_growth_steps=0)
-    with pytest.raises(flags.IllegalFlagValueError,
-                       match="value should be one of <none|mixed_bfloat16|mixed_float16>"):
+    with pytest.raises(
+        flags.IllegalFlagValueError,
+        match="value should be one of <none|mixed_bfloat16|mixed_float16>",
+    ):
         run_in_process("--mixed_precision=float16")
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_binary_trains_digits_in_mixed_precision(tmp_path, digits_dir, policy):
     model_dir = str(tmp_path / "run")
-    done = run_module("loops.bin.classifier", f"--mixed_precision={policy}",
-                      f"--model_dir={model_dir}", f"--data_dir={digits_dir}", timeout=300)
+    done = run_module(
+        "loops.bin.classifier",
+        f"--mixed_precision={policy}",
+        f"--model_dir={model_dir}",
+        f"--data_dir={digits_dir}",
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)
     assert results["global_step"] == 600
-    print(f"{policy}: test accuracy {results['eval']['accuracy']:.4f}, "
-          f"train metrics {results['train']}")
+    print(
+        f"{policy}: test accuracy {results['eval']['accuracy']:.4f}, "
+        f"train metrics {results['train']}"
+    )
     assert results["eval"]["accuracy"] >= 0.93  # float32: 0.972; both 16-bit runs measured 0.972
     assert ("loss_scale" in results["train"]) == (policy == "mixed_float16")
     served = tf.saved_model.load(os.path.join(model_dir, "export")).signatures["serving_default"](
-        images=tf.zeros([2, 8, 8, 1], tf.uint8))
+        images=tf.zeros([2, 8, 8, 1], tf.uint8)
+    )
     assert served["logits"].dtype == tf.float32 and served["probabilities"].dtype == tf.float32

@@ -22,11 +22,17 @@ class WeightedRegression(loops.Loop):
     """Least squares where each example counts by its weight: sum(w * e^2) / sum(w) globally."""
 
     def build(self):
-        self.model = keras.Sequential([
-            keras.Input((3,)),
-            keras.layers.Dense(4, activation="tanh",
-                               kernel_initializer=keras.initializers.GlorotUniform(seed=1)),
-            keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=2))])
+        self.model = keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(
+                    4,
+                    activation="tanh",
+                    kernel_initializer=keras.initializers.GlorotUniform(seed=1),
+                ),
+                keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=2)),
+            ]
+        )
         self.optimizer = keras.optimizers.Adam(0.05)
         self.optimizer.build(self.model.trainable_variables)
         self.update = loops.Update(self, self.optimizer, self.model, clip_norm=10.0)
@@ -37,18 +43,22 @@ class WeightedRegression(loops.Loop):
     def _replica_loss(self, x, y, w):
         weight_sum = loops.global_count(tf.reduce_sum(w))  # over ALL replicas
         error = tf.squeeze(self.model(x, training=True), -1) - y
-        return tf.math.divide_no_nan(tf.reduce_sum(w * error ** 2), weight_sum), {
-            "weight": tf.reduce_sum(w)}
+        return tf.math.divide_no_nan(tf.reduce_sum(w * error**2), weight_sum), {
+            "weight": tf.reduce_sum(w)
+        }
 
     def train_step(self, iterator):
         result = self.update(self._replica_loss, args=next(iterator))
-        return {"loss": loops.Mean(result.sums["loss"], weight=result.sums["weight"]),
-                "weight": loops.Sum(result.sums["weight"]), **result.outputs}
+        return {
+            "loss": loops.Mean(result.sums["loss"], weight=result.sums["weight"]),
+            "weight": loops.Sum(result.sums["weight"]),
+            **result.outputs,
+        }
 
     def eval_step(self, batch):
         def replica_sums(x, y, w):
             error = tf.squeeze(self.model(x), -1) - y
-            return {"loss": tf.reduce_sum(w * error ** 2), "weight": tf.reduce_sum(w)}
+            return {"loss": tf.reduce_sum(w * error**2), "weight": tf.reduce_sum(w)}
 
         sums = loops.sum_over_replicas(self.strategy, self.strategy.run(replica_sums, args=batch))
         return {"loss": loops.Ratio(sums["loss"], sums["weight"])}
@@ -66,8 +76,14 @@ def data(poison_row=None):
 
 
 def build(strategy, **args):
-    return WeightedRegression(strategy=strategy, train_data=data(), eval_data=data(),
-                              steps_per_loop=3, progress=loops.testing.quiet_progress(), **args)
+    return WeightedRegression(
+        strategy=strategy,
+        train_data=data(),
+        eval_data=data(),
+        steps_per_loop=3,
+        progress=loops.testing.quiet_progress(),
+        **args,
+    )
 
 
 def test_replica_parity_on_weighted_partial_batches():
@@ -89,9 +105,12 @@ def test_progress_summaries_checkpoints_and_exact_resume(tmp_path):
     assert resumed.step == 5
     resumed.train(8)
     resumed.close()
-    loops.testing.assert_close(loops.testing.loop_weights(resumed),
-                               loops.testing.loop_weights(uninterrupted), rtol=1e-6,
-                               label="resumed vs uninterrupted")
+    loops.testing.assert_close(
+        loops.testing.loop_weights(resumed),
+        loops.testing.loop_weights(uninterrupted),
+        rtol=1e-6,
+        label="resumed vs uninterrupted",
+    )
     progress = resumed.progress.stream.getvalue()
     assert "restored" in progress and "step 8/8 | loss" in progress
     results = read_results(model_dir)
@@ -101,10 +120,15 @@ def test_progress_summaries_checkpoints_and_exact_resume(tmp_path):
 
 @pytest.mark.parametrize("policy", ["skip", "stop"])
 def test_a_nan_on_one_replica_follows_the_policy(policy, tmp_path):
-    loop = WeightedRegression(strategy=loops.testing.replica_strategy(2),
-                              train_data=data(poison_row=12 + 7), steps_per_loop=4,
-                              on_nonfinite=policy, model_dir=str(tmp_path), checkpoint_every=1,
-                              progress=loops.testing.quiet_progress())
+    loop = WeightedRegression(
+        strategy=loops.testing.replica_strategy(2),
+        train_data=data(poison_row=12 + 7),
+        steps_per_loop=4,
+        on_nonfinite=policy,
+        model_dir=str(tmp_path),
+        checkpoint_every=1,
+        progress=loops.testing.quiet_progress(),
+    )
     if policy == "stop":
         with pytest.raises(loops.NonFiniteError, match="Step 2: .* back at its last checkpoint"):
             loop.train(4)

@@ -25,8 +25,13 @@ def make_loop(on_nonfinite, model_dir=None, **kwargs):
         strategy=loops.testing.replica_strategy(2),
         model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
         optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        train_data=batches_with_nan_in_step_2(), steps_per_loop=4, on_nonfinite=on_nonfinite,
-        model_dir=model_dir, progress=loops.testing.quiet_progress(), **kwargs)
+        train_data=batches_with_nan_in_step_2(),
+        steps_per_loop=4,
+        on_nonfinite=on_nonfinite,
+        model_dir=model_dir,
+        progress=loops.testing.quiet_progress(),
+        **kwargs,
+    )
 
 
 def test_skip_leaves_weights_and_optimizer_untouched_by_the_bad_step():
@@ -50,28 +55,39 @@ def test_skip_leaves_weights_and_optimizer_untouched_by_the_bad_step():
 
 def test_stop_names_the_step_saves_nothing_after_it_and_goes_back_to_the_checkpoint(tmp_path):
     loop = make_loop("stop", model_dir=str(tmp_path), checkpoint_every=1)
-    with pytest.raises(loops.loop.NonFiniteError,
-                       match="Step 2: the loss or the gradients .* back at its last checkpoint "
-                             "\\(step 1\\)"):
+    with pytest.raises(
+        loops.loop.NonFiniteError,
+        match="Step 2: the loss or the gradients .* back at its last checkpoint \\(step 1\\)",
+    ):
         loop.train(4)
     assert loop.step == 1
     # Training again reads the stream from the checkpoint's position: the same bad batch.
     with pytest.raises(loops.loop.NonFiniteError, match="Step 2: .* back at its last checkpoint"):
         loop.train(4)
     assert loop.step == 1
-    kept = sorted(os.path.basename(p) for p in tf.train.get_checkpoint_state(
-        str(tmp_path / "checkpoints")).all_model_checkpoint_paths)
+    kept = sorted(
+        os.path.basename(p)
+        for p in tf.train.get_checkpoint_state(
+            str(tmp_path / "checkpoints")
+        ).all_model_checkpoint_paths
+    )
     assert kept == ["ckpt-1"]
     restored = make_loop("stop", model_dir=str(tmp_path))
     assert restored.step == 1
     weights = loops.testing.loop_weights(restored)
     assert all(np.all(np.isfinite(w)) for w in weights.values())
-    loops.testing.assert_close(weights, {**loops.testing.loop_weights(loop), "global_step": 1},
-                               rtol=0, label="restored vs stopped")
+    loops.testing.assert_close(
+        weights,
+        {**loops.testing.loop_weights(loop), "global_step": 1},
+        rtol=0,
+        label="restored vs stopped",
+    )
 
 
 def test_unknown_policy_is_named():
-    with pytest.raises(ValueError, match="on_nonfinite must be one of \\('stop', 'skip'\\), got 'ignore'"):
+    with pytest.raises(
+        ValueError, match="on_nonfinite must be one of \\('stop', 'skip'\\), got 'ignore'"
+    ):
         make_loop("ignore")
 
 
@@ -81,16 +97,18 @@ def test_stop_applies_updates_without_waiting_for_the_check():
     # the error says so.
     loop = make_loop("stop")
     assert not loop.skips_nonfinite
-    with pytest.raises(loops.loop.NonFiniteError,
-                       match="Step 2: .* no checkpoint to go back to: the weights in memory are "
-                             "not finite"):
+    with pytest.raises(
+        loops.loop.NonFiniteError,
+        match="Step 2: .* no checkpoint to go back to: the weights in memory are not finite",
+    ):
         loop.train(4)
     assert loop.step == 2
     assert loop.skipped_steps == 0
     assert not all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
     # Training again is refused: the weights are not finite, whether or not the
     # next steps' kernels would show it (oneDNN's fused ReLU turns a NaN into 0).
-    with pytest.raises(loops.loop.NonFiniteError,
-                       match="At step 2 the weights were not finite .* cannot train on"):
+    with pytest.raises(
+        loops.loop.NonFiniteError, match="At step 2 the weights were not finite .* cannot train on"
+    ):
         loop.train(4)
     assert loop.step == 2

@@ -19,10 +19,22 @@ NONFINITE = np.array([0, 1, 0], np.int32)
 
 
 def test_each_kind_aggregates_over_an_inner_loop_and_leaves_out_skipped_steps():
-    kinds = {"mean": loops.Mean, "ratio": loops.Ratio, "sum": loops.Sum, "last": loops.Last,
-             "nonfinite": loops.Sum}
-    logs = {"mean": VALUES, "mean/weight": WEIGHTS, "ratio": VALUES, "ratio/weight": WEIGHTS,
-            "sum": VALUES, "last": VALUES, "nonfinite": NONFINITE}
+    kinds = {
+        "mean": loops.Mean,
+        "ratio": loops.Ratio,
+        "sum": loops.Sum,
+        "last": loops.Last,
+        "nonfinite": loops.Sum,
+    }
+    logs = {
+        "mean": VALUES,
+        "mean/weight": WEIGHTS,
+        "ratio": VALUES,
+        "ratio/weight": WEIGHTS,
+        "sum": VALUES,
+        "last": VALUES,
+        "nonfinite": NONFINITE,
+    }
     metrics = outputs.aggregate_steps(kinds, logs)
     assert metrics["mean"] == pytest.approx((1 * 1 + 4 * 3) / 4)  # weighted, step 2 left out
     assert metrics["ratio"] == pytest.approx((1 + 4) / 4)
@@ -37,8 +49,12 @@ def test_each_kind_aggregates_over_an_inner_loop_and_leaves_out_skipped_steps():
 def test_a_mean_or_ratio_over_nothing_is_nan():
     metrics = outputs.aggregate_steps(
         {"loss": loops.Mean, "nonfinite": loops.Sum},
-        {"loss": np.array([np.inf], np.float32), "loss/weight": np.ones(1, np.float32),
-         "nonfinite": np.ones(1, np.int32)})
+        {
+            "loss": np.array([np.inf], np.float32),
+            "loss/weight": np.ones(1, np.float32),
+            "nonfinite": np.ones(1, np.int32),
+        },
+    )
     assert np.isnan(metrics["loss"]) and metrics["nonfinite"] == 1
 
 
@@ -51,18 +67,27 @@ class Scripted(loops.Loop):
         index = tf.cast(self.global_step % 3, tf.int32)
         value = tf.gather(tf.constant(VALUES), index)
         weight = tf.gather(tf.constant(WEIGHTS), index)
-        return {"mean": loops.Mean(value, weight=weight), "ratio": loops.Ratio(value, weight),
-                "total": loops.Sum(tf.cast(value, tf.int64)), "last": loops.Last(value)}
+        return {
+            "mean": loops.Mean(value, weight=weight),
+            "ratio": loops.Ratio(value, weight),
+            "total": loops.Sum(tf.cast(value, tf.int64)),
+            "last": loops.Last(value),
+        }
 
     def eval_step(self, batch):
         def replica_sums(losses, weights):
-            return {"weighted": tf.reduce_sum(weights * losses), "weight": tf.reduce_sum(weights),
-                    "rows": tf.size(losses, out_type=tf.int64)}
+            return {
+                "weighted": tf.reduce_sum(weights * losses),
+                "weight": tf.reduce_sum(weights),
+                "rows": tf.size(losses, out_type=tf.int64),
+            }
 
         sums = loops.sum_over_replicas(self.strategy, self.strategy.run(replica_sums, args=batch))
         # A weighted evaluation: sum(w * loss) / sum(w) over the whole eval set.
-        return {"weighted_loss": loops.Ratio(sums["weighted"], sums["weight"]),
-                "rows": loops.Sum(sums["rows"])}
+        return {
+            "weighted_loss": loops.Ratio(sums["weighted"], sums["weight"]),
+            "rows": loops.Sum(sums["rows"]),
+        }
 
 
 EVAL_LOSSES = np.arange(1, 8, dtype=np.float32)
@@ -71,18 +96,24 @@ EVAL_WEIGHTS = np.array([0, 1, 2, 3, 0, 5, 1], np.float32)
 
 def test_progress_tensorboard_and_results_show_each_kind_as_declared(tmp_path):
     stream = io.StringIO()
-    loop = Scripted(strategy=loops.testing.replica_strategy(1), steps_per_loop=3,
-                    eval_data=lambda: tf.data.Dataset.from_tensor_slices(
-                        (EVAL_LOSSES, EVAL_WEIGHTS)).batch(3),
-                    model_dir=str(tmp_path), progress=reporting.Progress(stream))
+    loop = Scripted(
+        strategy=loops.testing.replica_strategy(1),
+        steps_per_loop=3,
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((EVAL_LOSSES, EVAL_WEIGHTS)).batch(3),
+        model_dir=str(tmp_path),
+        progress=reporting.Progress(stream),
+    )
     logs = loop.train(3)
     loop.close()
     np.testing.assert_array_equal(logs["last"], VALUES)
     np.testing.assert_allclose(logs["ratio"], VALUES / WEIGHTS)
     # float32 results read as their shortest decimals (reporting.plain_number).
-    expected = {"mean": reporting.plain_number(np.sum(VALUES * WEIGHTS) / np.sum(WEIGHTS)),
-                "ratio": reporting.plain_number(np.sum(VALUES) / np.sum(WEIGHTS)),
-                "total": 105, "last": 4.0}
+    expected = {
+        "mean": reporting.plain_number(np.sum(VALUES * WEIGHTS) / np.sum(WEIGHTS)),
+        "ratio": reporting.plain_number(np.sum(VALUES) / np.sum(WEIGHTS)),
+        "total": 105,
+        "last": 4.0,
+    }
     weighted = reporting.plain_number(np.sum(EVAL_WEIGHTS * EVAL_LOSSES) / np.sum(EVAL_WEIGHTS))
 
     results = read_results(str(tmp_path))
@@ -91,8 +122,9 @@ def test_progress_tensorboard_and_results_show_each_kind_as_declared(tmp_path):
     assert results["eval"] == {"weighted_loss": weighted, "rows": 7}
 
     line = next(line for line in stream.getvalue().splitlines() if line.startswith("step 3/3"))
-    assert f"mean {expected['mean']:.4g} | ratio {expected['ratio']:.4g} | total 105 | last 4" \
-        in line
+    assert (
+        f"mean {expected['mean']:.4g} | ratio {expected['ratio']:.4g} | total 105 | last 4" in line
+    )
     assert f"weighted_loss {weighted:.4g}" in stream.getvalue()
 
     scalars = {}
@@ -100,7 +132,8 @@ def test_progress_tensorboard_and_results_show_each_kind_as_declared(tmp_path):
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
                 scalars[os.path.basename(os.path.dirname(path)) + "/" + value.tag] = float(
-                    tf.make_ndarray(value.tensor))
+                    tf.make_ndarray(value.tensor)
+                )
     for name, value in expected.items():
         assert scalars[f"train/{name}"] == pytest.approx(value, rel=1e-6), name
     assert scalars["eval/weighted_loss"] == pytest.approx(weighted, rel=1e-6)
@@ -109,14 +142,16 @@ def test_progress_tensorboard_and_results_show_each_kind_as_declared(tmp_path):
 
 @pytest.mark.parametrize("num_replicas", [1, 2])
 def test_a_weighted_evaluation_is_exact_on_any_replica_count(num_replicas):
-    loop = Scripted(strategy=loops.testing.replica_strategy(num_replicas),
-                    eval_data=lambda: tf.data.Dataset.from_tensor_slices(
-                        (EVAL_LOSSES, EVAL_WEIGHTS)).batch(3),
-                    progress=loops.testing.quiet_progress())
+    loop = Scripted(
+        strategy=loops.testing.replica_strategy(num_replicas),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((EVAL_LOSSES, EVAL_WEIGHTS)).batch(3),
+        progress=loops.testing.quiet_progress(),
+    )
     metrics = loop.evaluate()
     assert metrics["rows"] == 7
     assert metrics["weighted_loss"] == pytest.approx(
-        np.sum(EVAL_WEIGHTS * EVAL_LOSSES) / np.sum(EVAL_WEIGHTS), rel=1e-6)
+        np.sum(EVAL_WEIGHTS * EVAL_LOSSES) / np.sum(EVAL_WEIGHTS), rel=1e-6
+    )
 
 
 def test_a_plain_tensor_output_is_refused_with_the_kinds_to_choose_from():
@@ -126,10 +161,14 @@ def test_a_plain_tensor_output_is_refused_with_the_kinds_to_choose_from():
         def train_step(self, iterator):
             return {"loss": tf.constant(1.0)}
 
-    loop = Plain(strategy=loops.testing.replica_strategy(1),
-                 progress=loops.testing.quiet_progress())
-    with pytest.raises(TypeError, match=r"train_step returned loss=.*say how it aggregates.*"
-                                        r"loops\.Mean\(loss\).*loops\.Ratio.*loops\.Sum.*"
-                                        r"loops\.Last"):
+    loop = Plain(
+        strategy=loops.testing.replica_strategy(1), progress=loops.testing.quiet_progress()
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"train_step returned loss=.*say how it aggregates.*"
+        r"loops\.Mean\(loss\).*loops\.Ratio.*loops\.Sum.*"
+        r"loops\.Last",
+    ):
         loop.train(1)
     assert loop.step == 0

@@ -14,14 +14,21 @@ import loops_models as models
 from conftest import optimizer_factory, tiny_batches
 
 
-def classifier_builder(optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, model="mlp",
-                       dropout=0.0, examples=17):
+def classifier_builder(
+    optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, model="mlp", dropout=0.0, examples=17
+):
     def build(strategy):
         return loops.ClassifierLoop(
             strategy=strategy,
             model_fn=lambda: models.build_classifier(
-                model, input_shape=(8, 8, 1), num_classes=10, l2=l2, batch_norm=batch_norm,
-                dropout=dropout, seed=3),
+                model,
+                input_shape=(8, 8, 1),
+                num_classes=10,
+                l2=l2,
+                batch_norm=batch_norm,
+                dropout=dropout,
+                seed=3,
+            ),
             optimizer_fn=optimizer_factory(optimizer),
             clip_norm=clip_norm,
             # 17 examples, global batch 8: every third step holds 1 example,
@@ -29,15 +36,19 @@ def classifier_builder(optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, m
             train_data=tiny_batches(8, examples, shuffle_seed=5),
             eval_data=tiny_batches(8, examples, seed=1),
             steps_per_loop=4,
-            progress=loops.testing.quiet_progress())
+            progress=loops.testing.quiet_progress(),
+        )
+
     return build
 
 
-@pytest.mark.parametrize("optimizer, batch_norm", [
-    ("sgd_momentum", True), ("adam", False), ("adam_eps3", True)])
+@pytest.mark.parametrize(
+    "optimizer, batch_norm", [("sgd_momentum", True), ("adam", False), ("adam_eps3", True)]
+)
 def test_mlp_with_l2_and_synchronized_batch_norm(optimizer, batch_norm):
     runs = loops.testing.assert_replica_parity(
-        classifier_builder(optimizer, batch_norm=batch_norm), num_steps=7)
+        classifier_builder(optimizer, batch_norm=batch_norm), num_steps=7
+    )
     losses = runs[1]["logs"]["loss"]
     assert losses.shape == (7,)
     # The partial steps really were partial: 8, 8, 1 examples per epoch.
@@ -49,30 +60,36 @@ def test_cnn_with_gradient_clipping():
     # 21 examples: the partial step of 5 is split [2, 1, 1, 1]. A CNN on an empty
     # replica needs the Eigen kernels (BUILD.md fact 17; the test below).
     runs = loops.testing.assert_replica_parity(
-        classifier_builder("sgd_momentum", clip_norm=0.5, model="cnn", examples=21), num_steps=4,
-        replica_counts=(1, 4))
+        classifier_builder("sgd_momentum", clip_norm=0.5, model="cnn", examples=21),
+        num_steps=4,
+        replica_counts=(1, 4),
+    )
     assert np.all(np.isfinite(runs[4]["logs"]["loss"]))
 
 
 def test_dropout_keyed_on_the_example_keeps_parity():
     runs = loops.testing.assert_replica_parity(
-        classifier_builder("sgd_momentum", dropout=0.3), num_steps=7)
+        classifier_builder("sgd_momentum", dropout=0.3), num_steps=7
+    )
     # The masks really act: the same run without dropout has other losses.
-    plain = loops.testing.train_run(classifier_builder("sgd_momentum"),
-                                    loops.testing.replica_strategy(1), num_steps=7)
+    plain = loops.testing.train_run(
+        classifier_builder("sgd_momentum"), loops.testing.replica_strategy(1), num_steps=7
+    )
     assert np.min(np.abs(runs[1]["logs"]["loss"] - plain["logs"]["loss"])) > 1e-3
     np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 1, 8, 8, 1, 8])
 
 
 def test_evaluation_counts_every_example_once():
     runs = loops.testing.assert_replica_parity(
-        classifier_builder("adam"), num_steps=1, replica_counts=(1, 2, 4))
+        classifier_builder("adam"), num_steps=1, replica_counts=(1, 2, 4)
+    )
     for count in (1, 2, 4):
         assert runs[count]["eval"]["num_examples"] == 17
 
 
 def test_evaluation_matches_the_model_on_numpy():
     from conftest import tiny_examples
+
     loop = classifier_builder("adam")(loops.testing.replica_strategy(4))
     metrics = loop.evaluate()
     images, labels = tiny_examples(17, seed=1)
@@ -91,15 +108,19 @@ def test_parity_check_catches_a_loss_averaged_per_replica():
         def _replica_loss(self, inputs, labels):
             logits = self.model(inputs, training=True)
             loss = tf.nn.compute_average_loss(self.loss_fn(labels, logits))
-            return loss, {"correct": tf.constant(0.0),
-                          "num_examples": tf.cast(tf.shape(labels)[0], tf.float32)}
+            return loss, {
+                "correct": tf.constant(0.0),
+                "num_examples": tf.cast(tf.shape(labels)[0], tf.float32),
+            }
 
     def build(strategy):
         return PerReplicaMean(
             strategy=strategy,
             model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=3),
             optimizer_fn=lambda: keras.optimizers.SGD(0.1),
-            train_data=tiny_batches(8, 21), progress=loops.testing.quiet_progress())
+            train_data=tiny_batches(8, 21),
+            progress=loops.testing.quiet_progress(),
+        )
 
     with pytest.raises(AssertionError, match="4 vs 1 replicas"):
         loops.testing.assert_replica_parity(build, num_steps=3, replica_counts=(1, 4))
@@ -110,11 +131,13 @@ def test_central_storage_matches_mirrored_and_one_replica():
     # which CentralStorageStrategy refuses for Keras' aggregation NONE; the Loop's
     # variable scope makes it work (strategies.variable_scope).
     build = classifier_builder("sgd_momentum")
-    runs = loops.testing.assert_replica_parity(build, num_steps=7, replica_counts=(1, 4),
-                                               strategy_name="central_storage")
+    runs = loops.testing.assert_replica_parity(
+        build, num_steps=7, replica_counts=(1, 4), strategy_name="central_storage"
+    )
     mirrored = loops.testing.train_run(build, loops.testing.replica_strategy(4), num_steps=7)
-    loops.testing.assert_runs_agree(runs[4], mirrored, rtol=1e-5,
-                                    label="central_storage vs mirrored, 4 replicas")
+    loops.testing.assert_runs_agree(
+        runs[4], mirrored, rtol=1e-5, label="central_storage vs mirrored, 4 replicas"
+    )
     np.testing.assert_array_equal(runs[4]["logs"]["num_examples"], [8, 8, 1, 8, 8, 1, 8])
     assert runs[4]["logs"]["loss"][-1] < runs[4]["logs"]["loss"][0]
 
@@ -128,7 +151,8 @@ from conftest import tiny_batches
 from test_parity import classifier_builder
 # 17 examples, global batch 8: the third step's single row leaves 3 of 4 replicas empty.
 runs = loops.testing.assert_replica_parity(
-    classifier_builder("sgd_momentum", model="cnn", examples=17), num_steps=3, replica_counts=(1, 4))
+    classifier_builder("sgd_momentum", model="cnn", examples=17), num_steps=3,
+    replica_counts=(1, 4))
 print("num_examples", runs[4]["logs"]["num_examples"].tolist())
 """
 
@@ -136,10 +160,20 @@ print("num_examples", runs[4]["logs"]["num_examples"].tolist())
 @pytest.mark.parametrize("onednn", ["0", "1"])
 def test_cnn_on_an_empty_replica_is_exact_with_eigen_and_explained_with_onednn(onednn):
     from conftest import ROOT, SUBPROCESS_ENV
-    env = dict(SUBPROCESS_ENV, TF_ENABLE_ONEDNN_OPTS=onednn,
-               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), SUBPROCESS_ENV["PYTHONPATH"]]))
-    run = subprocess.run([sys.executable, "-c", CNN_WITH_AN_EMPTY_REPLICA], capture_output=True,
-                         text=True, env=env, timeout=600, cwd=ROOT)
+
+    env = dict(
+        SUBPROCESS_ENV,
+        TF_ENABLE_ONEDNN_OPTS=onednn,
+        PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), SUBPROCESS_ENV["PYTHONPATH"]]),
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", CNN_WITH_AN_EMPTY_REPLICA],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+    )
     if onednn == "0":
         assert run.returncode == 0, run.stderr[-3000:]
         assert "num_examples [8, 8, 1]" in run.stdout
@@ -175,9 +209,15 @@ except tf.errors.InvalidArgumentError as error:
 def test_the_empty_replica_note_is_added_under_onednn_only(onednn):
     # The note names a oneDNN bug, so with the Eigen kernels an error stays as it was.
     from conftest import ROOT, SUBPROCESS_ENV
-    run = subprocess.run([sys.executable, "-c", MLP_WITH_A_LABEL_OUT_OF_RANGE], capture_output=True,
-                         text=True, env=dict(SUBPROCESS_ENV, TF_ENABLE_ONEDNN_OPTS=onednn),
-                         timeout=600, cwd=ROOT)
+
+    run = subprocess.run(
+        [sys.executable, "-c", MLP_WITH_A_LABEL_OUT_OF_RANGE],
+        capture_output=True,
+        text=True,
+        env=dict(SUBPROCESS_ENV, TF_ENABLE_ONEDNN_OPTS=onednn),
+        timeout=600,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     expected = ["loops: if a batch had fewer rows than the 2 replicas"]
     assert run.stdout == f"{expected if onednn == '1' else []}\n"

@@ -23,6 +23,7 @@ def dropout_outputs(strategy, layer, *, step, rows_per_replica):
             count = loops.global_count(rows_per_replica)
             with keyed_on(step=tf.constant(step, tf.int64), global_rows=count):
                 return layer(ones, training=True)
+
         return strategy.run(replica_fn)
 
     return [np.asarray(t) for t in strategy.experimental_local_results(run())]
@@ -51,8 +52,14 @@ def test_masks_change_with_the_step_and_the_seed_and_repeat_for_them():
     strategy = loops.testing.replica_strategy(2)
 
     def mask(seed, step):
-        return np.concatenate(dropout_outputs(strategy, StatelessDropout(RATE, seed=seed),
-                                              step=step, rows_per_replica=4)) > 0
+        return (
+            np.concatenate(
+                dropout_outputs(
+                    strategy, StatelessDropout(RATE, seed=seed), step=step, rows_per_replica=4
+                )
+            )
+            > 0
+        )
 
     reference = mask(seed=7, step=3)
     np.testing.assert_array_equal(mask(seed=7, step=3), reference)
@@ -63,14 +70,23 @@ def test_masks_change_with_the_step_and_the_seed_and_repeat_for_them():
 def test_the_classifier_loop_draws_new_masks_every_step():
     # One fixed batch and a learning rate of 0: only the masks can change the loss.
     def model():
-        return keras.Sequential([
-            keras.Input((8, 8, 1)), keras.layers.Flatten(), StatelessDropout(RATE, seed=2),
-            keras.layers.Dense(10, kernel_initializer=keras.initializers.GlorotUniform(seed=0))])
+        return keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Flatten(),
+                StatelessDropout(RATE, seed=2),
+                keras.layers.Dense(10, kernel_initializer=keras.initializers.GlorotUniform(seed=0)),
+            ]
+        )
 
     loop = loops.ClassifierLoop(
-        strategy=loops.testing.replica_strategy(2), model_fn=model,
-        optimizer_fn=lambda: keras.optimizers.SGD(0.0), train_data=tiny_batches(8, 8),
-        steps_per_loop=3, progress=loops.testing.quiet_progress())
+        strategy=loops.testing.replica_strategy(2),
+        model_fn=model,
+        optimizer_fn=lambda: keras.optimizers.SGD(0.0),
+        train_data=tiny_batches(8, 8),
+        steps_per_loop=3,
+        progress=loops.testing.quiet_progress(),
+    )
     losses = loop.train(7)["loss"]
     assert len(np.unique(losses)) == 7, losses
 
@@ -79,8 +95,9 @@ def test_inference_passes_inputs_through_and_training_needs_keys():
     layer = StatelessDropout(RATE, seed=1)
     inputs = tf.reshape(tf.range(12, dtype=tf.float32), [3, 4])
     np.testing.assert_array_equal(layer(inputs, training=False), inputs)
-    with pytest.raises(ValueError, match="called with training=True outside "
-                                         "loops.replica_random.keyed_on"):
+    with pytest.raises(
+        ValueError, match="called with training=True outside loops.replica_random.keyed_on"
+    ):
         layer(inputs, training=True)
 
 

@@ -15,15 +15,27 @@ CONFIG = {"learning_rate": 0.002, "optimizer": "sgd", "global_batch_size": 8, "c
 
 def make_loop(model_dir):
     def model_fn():
-        return keras.Sequential([
-            keras.Input((8, 8, 1)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
-            keras.layers.Dense(10, kernel_initializer=keras.initializers.GlorotUniform(seed=3))])
+        return keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Rescaling(1 / 255),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10, kernel_initializer=keras.initializers.GlorotUniform(seed=3)),
+            ]
+        )
 
     return loops.ClassifierLoop(
-        strategy=loops.testing.replica_strategy(2), model_fn=model_fn,
+        strategy=loops.testing.replica_strategy(2),
+        model_fn=model_fn,
         optimizer_fn=lambda: keras.optimizers.SGD(CONFIG["learning_rate"]),
-        train_data=tiny_batches(), eval_data=tiny_batches(), steps_per_loop=2, eval_every=2,
-        model_dir=model_dir, progress=loops.testing.quiet_progress(), config=CONFIG)
+        train_data=tiny_batches(),
+        eval_data=tiny_batches(),
+        steps_per_loop=2,
+        eval_every=2,
+        model_dir=model_dir,
+        progress=loops.testing.quiet_progress(),
+        config=CONFIG,
+    )
 
 
 def test_results_hold_the_config_versions_history_and_plain_numbers(tmp_path):
@@ -37,7 +49,9 @@ def test_results_hold_the_config_versions_history_and_plain_numbers(tmp_path):
     assert {"python", "numpy", "loops"} <= set(results["versions"])
     # Counts are integers and a float32 rate reads as the number it was set to.
     # The last inner loop: the epoch's 5-row tail and a full batch of 8.
-    assert results["train"]["num_examples"] == 13 and isinstance(results["train"]["num_examples"], int)
+    assert results["train"]["num_examples"] == 13 and isinstance(
+        results["train"]["num_examples"], int
+    )
     assert results["train"]["nonfinite"] == 0 and isinstance(results["train"]["nonfinite"], int)
     assert results["train"]["learning_rate"] == 0.002
     assert [entry["step"] for entry in results["history"]] == [2, 4]
@@ -65,11 +79,18 @@ def test_tensorboard_gets_an_hparams_summary_of_the_config(tmp_path):
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     data = plugin_data_pb2.HParamsPluginData.FromString(plugins["hparams"])
-    recorded = {name: json.loads(json.dumps(value.number_value if value.HasField("number_value")
-                                            else value.string_value))
-                for name, value in data.session_start_info.hparams.items()}
-    assert recorded == {"learning_rate": 0.002, "optimizer": "sgd", "global_batch_size": 8.0,
-                        "clip_norm": "None"}
+    recorded = {
+        name: json.loads(
+            json.dumps(value.number_value if value.HasField("number_value") else value.string_value)
+        )
+        for name, value in data.session_start_info.hparams.items()
+    }
+    assert recorded == {
+        "learning_rate": 0.002,
+        "optimizer": "sgd",
+        "global_batch_size": 8.0,
+        "clip_norm": "None",
+    }
     assert data.session_start_info.group_name or data.session_start_info.start_time_secs > 0
 
 
@@ -79,12 +100,21 @@ def test_progress_comes_at_least_every_progress_every_seconds():
     progress.line = lines.append
     loop = loops.ClassifierLoop(
         strategy=loops.testing.replica_strategy(1),
-        model_fn=lambda: keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
-                                           keras.layers.Dense(10)]),
-        optimizer_fn=lambda: keras.optimizers.SGD(0.01), train_data=tiny_batches(),
-        steps_per_loop=5, progress=progress, progress_every_seconds=1e-9)
+        model_fn=lambda: keras.Sequential(
+            [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]
+        ),
+        optimizer_fn=lambda: keras.optimizers.SGD(0.01),
+        train_data=tiny_batches(),
+        steps_per_loop=5,
+        progress=progress,
+        progress_every_seconds=1e-9,
+    )
     loop.train(8)
     # The first inner loop runs its 5 steps; every later one is cut to 1 step, so that
     # a line comes within (an impossibly short) 1e-9 s after each step.
-    assert [line.split(" |")[0] for line in lines] == ["step 5/8", "step 6/8", "step 7/8",
-                                                       "step 8/8"]
+    assert [line.split(" |")[0] for line in lines] == [
+        "step 5/8",
+        "step 6/8",
+        "step 7/8",
+        "step 8/8",
+    ]

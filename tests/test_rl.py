@@ -15,16 +15,21 @@ from loops_models import rl as rl_models
 
 # ---- The environment. ----
 
+
 def reference_dynamics(state, action):
     """Gymnasium CartPole-v1's step equations, in float64 NumPy."""
     x, x_dot, theta, theta_dot = state
     force = 10.0 if action == 1 else -10.0
     cos, sin = math.cos(theta), math.sin(theta)
-    temp = (force + 0.05 * theta_dot ** 2 * sin) / 1.1
-    theta_acc = (9.8 * sin - cos * temp) / (0.5 * (4.0 / 3.0 - 0.1 * cos ** 2 / 1.1))
+    temp = (force + 0.05 * theta_dot**2 * sin) / 1.1
+    theta_acc = (9.8 * sin - cos * temp) / (0.5 * (4.0 / 3.0 - 0.1 * cos**2 / 1.1))
     x_acc = temp - 0.05 * theta_acc * cos / 1.1
-    return [x + 0.02 * x_dot, x_dot + 0.02 * x_acc, theta + 0.02 * theta_dot,
-            theta_dot + 0.02 * theta_acc]
+    return [
+        x + 0.02 * x_dot,
+        x_dot + 0.02 * x_acc,
+        theta + 0.02 * theta_dot,
+        theta_dot + 0.02 * theta_acc,
+    ]
 
 
 def test_cartpole_dynamics_from_rest_match_the_hand_computed_step():
@@ -37,8 +42,15 @@ def test_cartpole_dynamics_from_rest_match_the_hand_computed_step():
 
 
 def test_cartpole_dynamics_match_the_equations_on_moving_states():
-    states = np.array([[0.1, -0.5, 0.15, 1.2], [-2.0, 1.5, -0.18, -2.0],
-                       [0.03, 0.2, -0.01, 0.05], [1.0, 0.0, 0.2, 0.0]], np.float32)
+    states = np.array(
+        [
+            [0.1, -0.5, 0.15, 1.2],
+            [-2.0, 1.5, -0.18, -2.0],
+            [0.03, 0.2, -0.01, 0.05],
+            [1.0, 0.0, 0.2, 0.0],
+        ],
+        np.float32,
+    )
     actions = np.array([0, 1, 1, 0])
     got = cartpole.dynamics(states, actions).numpy()
     want = [reference_dynamics(s.astype(np.float64), a) for s, a in zip(states, actions)]
@@ -46,17 +58,20 @@ def test_cartpole_dynamics_match_the_equations_on_moving_states():
 
 
 def test_cartpole_flags_termination_apart_from_truncation_and_resets():
-    observation = tf.constant([
-        [0.0, 0.0, 0.2, 1.0],     # pole passes 12 degrees: terminated
-        [2.39, 1.0, 0.0, 0.0],    # cart passes x = 2.4: terminated
-        [0.0, 0.0, 0.0, 0.0],     # 500th step of a balanced pole: truncated only
-        [0.0, 0.0, 0.0, 0.0],     # 499th step: neither
-        [0.0, 0.0, -0.2, -1.0],   # falls on the 500th step: both flags
-    ])
+    observation = tf.constant(
+        [
+            [0.0, 0.0, 0.2, 1.0],  # pole passes 12 degrees: terminated
+            [2.39, 1.0, 0.0, 0.0],  # cart passes x = 2.4: terminated
+            [0.0, 0.0, 0.0, 0.0],  # 500th step of a balanced pole: truncated only
+            [0.0, 0.0, 0.0, 0.0],  # 499th step: neither
+            [0.0, 0.0, -0.2, -1.0],  # falls on the 500th step: both flags
+        ]
+    )
     elapsed = tf.constant([10, 10, 499, 498, 499])
     noise = tf.fill([5, 4], 0.75)  # resets to 0.025 = (2 * 0.75 - 1) * 0.05
-    state, transition = cartpole.step(cartpole.State(observation, elapsed),
-                                      tf.constant([1, 1, 1, 1, 1]), noise)
+    state, transition = cartpole.step(
+        cartpole.State(observation, elapsed), tf.constant([1, 1, 1, 1, 1]), noise
+    )
     np.testing.assert_array_equal(transition.terminated.numpy(), [True, True, False, False, True])
     np.testing.assert_array_equal(transition.truncated.numpy(), [False, False, True, False, True])
     np.testing.assert_array_equal(transition.reward.numpy(), [1, 1, 1, 1, 1])
@@ -92,9 +107,13 @@ def test_cartpole_episode_lasts_exactly_500_steps_when_balanced():
 # One environment, gamma 0.9: step 1 is truncated (bootstrap from V(final) = 10),
 # step 3 terminated (no bootstrap: its next value 99 must be ignored), step 4
 # is cut by the end of the rollout (bootstrap from 5).
-TRAJECTORY = dict(rewards=[[1.0]] * 5, values=[[0.5], [1.0], [2.0], [3.0], [4.0]],
-                  next_values=[[1.0], [10.0], [3.0], [99.0], [5.0]],
-                  terminated=[[0], [0], [0], [1], [0]], truncated=[[0], [1], [0], [0], [0]])
+TRAJECTORY = dict(
+    rewards=[[1.0]] * 5,
+    values=[[0.5], [1.0], [2.0], [3.0], [4.0]],
+    next_values=[[1.0], [10.0], [3.0], [99.0], [5.0]],
+    terminated=[[0], [0], [0], [1], [0]],
+    truncated=[[0], [1], [0], [0], [0]],
+)
 
 
 def test_gae_on_a_trajectory_with_a_truncation_and_a_termination():
@@ -121,18 +140,25 @@ CARTPOLE = cartpole.CartPole()
 def ppo_on_cartpole(**args):
     seed = args.get("seed", 0)
     return rl.ActorCriticLoop(
-        environment=CARTPOLE, model_fn=lambda: rl_models.policy_value_network(
-            observation_size=4, num_actions=2, seed=seed), **args)
+        environment=CARTPOLE,
+        model_fn=lambda: rl_models.policy_value_network(
+            observation_size=4, num_actions=2, seed=seed
+        ),
+        **args,
+    )
 
 
 def dqn_on_cartpole(**args):
     seed = args.get("seed", 0)
     return rl.DQNLoop(
-        environment=CARTPOLE, model_fn=lambda: rl_models.q_network(
-            observation_size=4, num_actions=2, seed=seed), **args)
+        environment=CARTPOLE,
+        model_fn=lambda: rl_models.q_network(observation_size=4, num_actions=2, seed=seed),
+        **args,
+    )
 
 
 # ---- Target networks. ----
+
 
 def small_q_network(seed):
     return rl_models.q_network(observation_size=4, num_actions=2, hidden_units=(8,), seed=seed)
@@ -140,9 +166,13 @@ def small_q_network(seed):
 
 def replica_copies(model):
     """[replica][variable] arrays of a model built under a strategy."""
-    per_variable = [[np.array(copy) for copy in
-                     tf.distribute.get_strategy().experimental_local_results(variable.value)]
-                    for variable in model.variables]
+    per_variable = [
+        [
+            np.array(copy)
+            for copy in tf.distribute.get_strategy().experimental_local_results(variable.value)
+        ]
+        for variable in model.variables
+    ]
     return list(zip(*per_variable))
 
 
@@ -191,8 +221,10 @@ def test_soft_update_moves_the_target_by_tau_and_leaves_the_online_net():
 
 def test_target_helpers_reject_mismatched_networks_and_bad_settings():
     with pytest.raises(ValueError, match="same architecture"):
-        target_networks.copy(small_q_network(1), rl_models.q_network(
-            observation_size=4, num_actions=2, hidden_units=(8, 8)))
+        target_networks.copy(
+            small_q_network(1),
+            rl_models.q_network(observation_size=4, num_actions=2, hidden_units=(8, 8)),
+        )
     with pytest.raises(ValueError, match="every must be a whole number >= 1, got 0"):
         target_networks.copy_every(small_q_network(1), small_q_network(2), step=1, every=0)
     with pytest.raises(ValueError, match=r"tau must be in \(0, 1\], got 1.5"):
@@ -200,9 +232,17 @@ def test_target_helpers_reject_mismatched_networks_and_bad_settings():
 
 
 def test_dqn_loop_copies_its_target_network_every_k_steps():
-    loop = dqn_on_cartpole(num_envs=2, rollout_length=4, global_batch_size=4,
-                           buffer_capacity=32, learning_starts=8, target_update_every=2,
-                           steps_per_loop=1, seed=1, progress=loops.testing.quiet_progress())
+    loop = dqn_on_cartpole(
+        num_envs=2,
+        rollout_length=4,
+        global_batch_size=4,
+        buffer_capacity=32,
+        learning_starts=8,
+        target_update_every=2,
+        steps_per_loop=1,
+        seed=1,
+        progress=loops.testing.quiet_progress(),
+    )
     changed_at = []
     for step in range(1, 7):
         before = loop.target.get_weights()
@@ -218,6 +258,7 @@ def test_dqn_loop_copies_its_target_network_every_k_steps():
 
 # ---- 1 vs 2 replicas. ----
 
+
 def quiet(**args):
     return dict(progress=loops.testing.quiet_progress(), seed=3, **args)
 
@@ -225,15 +266,23 @@ def quiet(**args):
 def test_ppo_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas():
     runs = loops.testing.assert_replica_parity(
         lambda strategy: ppo_on_cartpole(
-            strategy=strategy, num_envs=4, rollout_length=32, global_batch_size=32, epochs=2,
-            **quiet(steps_per_loop=3)),
-        num_steps=6, replica_counts=(1, 2),
+            strategy=strategy,
+            num_envs=4,
+            rollout_length=32,
+            global_batch_size=32,
+            epochs=2,
+            **quiet(steps_per_loop=3),
+        ),
+        num_steps=6,
+        replica_counts=(1, 2),
         # The policy loss averages advantages normalized to mean 0: a sum that
         # cancels to ~1e-3 of its terms, so rounding dominates its relative
         # error; it is compared with an absolute tolerance below.
-        compare_logs=["value_loss", "entropy", "mean_return_100", "episodes_finished"])
-    np.testing.assert_allclose(runs[2]["logs"]["policy_loss"], runs[1]["logs"]["policy_loss"],
-                               rtol=0, atol=1e-6)
+        compare_logs=["value_loss", "entropy", "mean_return_100", "episodes_finished"],
+    )
+    np.testing.assert_allclose(
+        runs[2]["logs"]["policy_loss"], runs[1]["logs"]["policy_loss"], rtol=0, atol=1e-6
+    )
     # The compared weights include every environment's state and the episode
     # statistics, so equal weights mean equal trajectories.
     assert runs[1]["logs"]["episodes_finished"].sum() > 10
@@ -243,10 +292,18 @@ def test_ppo_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas(
 def test_dqn_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas():
     runs = loops.testing.assert_replica_parity(
         lambda strategy: dqn_on_cartpole(
-            strategy=strategy, num_envs=4, rollout_length=8, global_batch_size=8,
-            buffer_capacity=128, learning_starts=64, target_update_every=2,
-            **quiet(steps_per_loop=3)),
-        num_steps=6, replica_counts=(1, 2))
+            strategy=strategy,
+            num_envs=4,
+            rollout_length=8,
+            global_batch_size=8,
+            buffer_capacity=128,
+            learning_starts=64,
+            target_update_every=2,
+            **quiet(steps_per_loop=3),
+        ),
+        num_steps=6,
+        replica_counts=(1, 2),
+    )
     # Learning starts at the second step (64 transitions), the buffer wraps
     # around at the fifth, and the replay buffer and the target network are
     # among the compared weights.
@@ -257,9 +314,16 @@ def test_dqn_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas(
 
 def test_a_resumed_dqn_run_continues_exactly(tmp_path):
     def build(model_dir=None):
-        return dqn_on_cartpole(num_envs=2, rollout_length=4, global_batch_size=4,
-                               buffer_capacity=32, learning_starts=8, target_update_every=3,
-                               model_dir=model_dir, **quiet(steps_per_loop=2))
+        return dqn_on_cartpole(
+            num_envs=2,
+            rollout_length=4,
+            global_batch_size=4,
+            buffer_capacity=32,
+            learning_starts=8,
+            target_update_every=3,
+            model_dir=model_dir,
+            **quiet(steps_per_loop=2),
+        )
 
     straight = build()
     straight.train(6)
@@ -270,14 +334,19 @@ def test_a_resumed_dqn_run_continues_exactly(tmp_path):
     resumed.train(6)
     # Environments mid-episode, episode statistics, replay buffer, target
     # network and optimizer all came back from the checkpoint.
-    loops.testing.assert_close(loops.testing.loop_weights(resumed),
-                               loops.testing.loop_weights(straight), rtol=0, label="resumed")
+    loops.testing.assert_close(
+        loops.testing.loop_weights(resumed),
+        loops.testing.loop_weights(straight),
+        rtol=0,
+        label="resumed",
+    )
 
 
 def test_rl_loops_reject_bad_settings_with_the_fix():
     two = loops.testing.replica_strategy(2)
-    with pytest.raises(ValueError,
-                       match="num_envs=3 is not divisible by the 2 replicas.*num_envs=4"):
+    with pytest.raises(
+        ValueError, match="num_envs=3 is not divisible by the 2 replicas.*num_envs=4"
+    ):
         ppo_on_cartpole(strategy=two, num_envs=3, global_batch_size=64)
     with pytest.raises(ValueError, match="global_batch_size=100 does not divide the 1024"):
         ppo_on_cartpole(global_batch_size=100)
@@ -288,6 +357,7 @@ def test_rl_loops_reject_bad_settings_with_the_fix():
 
 
 # ---- Learning. ----
+
 
 def run_cli(*argv):
     return run_module("loops.bin.rl", *argv)
@@ -309,10 +379,17 @@ def test_default_loops_rl_learns_cartpole_on_two_replicas(tmp_path):
 
 def test_dqn_binary_writes_results_and_resumes(tmp_path):
     model_dir = str(tmp_path / "dqn")
-    small = ["--algorithm=dqn", f"--model_dir={model_dir}", "--strategy=default",
-             "--num_replicas=1", "--num_envs=2",
-             "--rollout_length=4", "--global_batch_size=8", "--learning_starts=16",
-             "--steps_per_loop=5"]
+    small = [
+        "--algorithm=dqn",
+        f"--model_dir={model_dir}",
+        "--strategy=default",
+        "--num_replicas=1",
+        "--num_envs=2",
+        "--rollout_length=4",
+        "--global_batch_size=8",
+        "--learning_starts=16",
+        "--steps_per_loop=5",
+    ]
     done = run_cli(*small, "--train_steps=10")
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)

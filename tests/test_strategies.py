@@ -32,6 +32,7 @@ def test_central_storage_computes_on_the_cpu_split_and_keeps_one_copy_of_each_va
         def replica_fn():
             context = tf.distribute.get_replica_context()
             statistic.assign(tf.cast(context.replica_id_in_sync_group, tf.float32) + 1.0)
+
         strategy.run(replica_fn)
 
     step()
@@ -52,10 +53,13 @@ def test_unknown_name_lists_the_choices():
         loops.make_strategy("mirored")
 
 
-@pytest.mark.parametrize("count, message", [
-    (0, "num_replicas must be a whole number >= 1, got 0"),
-    (8, "Cannot split the CPU into 8 logical devices: TensorFlow already started with 4"),
-])
+@pytest.mark.parametrize(
+    "count, message",
+    [
+        (0, "num_replicas must be a whole number >= 1, got 0"),
+        (8, "Cannot split the CPU into 8 logical devices: TensorFlow already started with 4"),
+    ],
+)
 def test_impossible_replica_counts(count, message):
     with pytest.raises((ValueError, RuntimeError), match=message):
         loops.make_strategy("mirrored", count)
@@ -86,8 +90,10 @@ def test_tpu_without_a_tpu_says_so():
 def test_chief_detection(monkeypatch):
     cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
     for index, chief in ((0, True), (1, False)):
-        monkeypatch.setenv("TF_CONFIG", json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        monkeypatch.setenv(
+            "TF_CONFIG",
+            json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+        )
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
         class FakeStrategy:
@@ -115,8 +121,14 @@ def test_onednn_enabled_agrees_with_tensorflows_log_and_leaves_the_switch_alone(
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"  # TensorFlow logs "oneDNN custom operations are on" at INFO
     if setting is not None:
         env["TF_ENABLE_ONEDNN_OPTS"] = setting
-    run = subprocess.run([sys.executable, "-c", REPORT_ONEDNN], capture_output=True, text=True,
-                         env=env, timeout=300, cwd=ROOT)
+    run = subprocess.run(
+        [sys.executable, "-c", REPORT_ONEDNN],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     tensorflow_says_on = "oneDNN custom operations are on" in run.stderr
     # `import loops` neither sets nor changes the switch: TensorFlow's default stands.

@@ -27,24 +27,47 @@ def poisoned(loop_class, method):
 
 
 def make(kind, **args):
-    common = dict(strategy=loops.testing.replica_strategy(2), steps_per_loop=2,
-                  progress=loops.testing.quiet_progress(), **args)
+    common = dict(
+        strategy=loops.testing.replica_strategy(2),
+        steps_per_loop=2,
+        progress=loops.testing.quiet_progress(),
+        **args,
+    )
     if kind == "ppo":
         return poisoned(rl.ActorCriticLoop, "_replica_loss")(
-            environment=TwoArmedBandit(), model_fn=policy_value_network,
-            optimizer_fn=lambda: keras.optimizers.Adam(0.05), num_envs=8, rollout_length=4,
-            global_batch_size=16, epochs=1, seed=1, **common)
+            environment=TwoArmedBandit(),
+            model_fn=policy_value_network,
+            optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+            num_envs=8,
+            rollout_length=4,
+            global_batch_size=16,
+            epochs=1,
+            seed=1,
+            **common,
+        )
     if kind == "dqn":
         return poisoned(rl.DQNLoop, "_replica_loss")(
-            environment=TwoArmedBandit(), model_fn=q_network,
-            optimizer_fn=lambda: keras.optimizers.Adam(0.05), num_envs=8, rollout_length=2,
-            global_batch_size=16, buffer_capacity=256, learning_starts=16, seed=1, **common)
+            environment=TwoArmedBandit(),
+            model_fn=q_network,
+            optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+            num_envs=8,
+            rollout_length=2,
+            global_batch_size=16,
+            buffer_capacity=256,
+            learning_starts=16,
+            seed=1,
+            **common,
+        )
     return poisoned(gan.GANLoop, "_replica_generator_loss")(
         generator_fn=lambda: gan_models.ring_generator(hidden_units=(16,), seed=4),
         discriminator_fn=lambda: gan_models.ring_discriminator(hidden_units=(16,), seed=4),
         generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(0.02), n_critic=1,
-        train_data=lambda: Ring().global_batches(8, seed=3), seed=11, **common)
+        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(0.02),
+        n_critic=1,
+        train_data=lambda: Ring().global_batches(8, seed=3),
+        seed=11,
+        **common,
+    )
 
 
 def finite(loop):
@@ -63,9 +86,11 @@ def test_skip_leaves_out_the_update_an_inf_on_one_replica_poisons(kind):
 @pytest.mark.parametrize("kind", ["ppo", "dqn", "gan"])
 def test_stop_names_the_step_and_goes_back_to_the_checkpoint(kind, tmp_path):
     loop = make(kind, on_nonfinite="stop", model_dir=str(tmp_path), checkpoint_every=2)
-    with pytest.raises(loops.NonFiniteError,
-                       match=f"Step {BAD_STEP + 1}: the loss or the gradients .* back at its "
-                             f"last checkpoint \\(step {BAD_STEP}\\)"):
+    with pytest.raises(
+        loops.NonFiniteError,
+        match=f"Step {BAD_STEP + 1}: the loss or the gradients .* back at its "
+        f"last checkpoint \\(step {BAD_STEP}\\)",
+    ):
         loop.train(4)
     assert loop.step == BAD_STEP and finite(loop)
     loop.close()
@@ -77,9 +102,17 @@ def test_an_update_clips_the_summed_gradient_and_adds_regularization_once():
 
     class Linear(loops.Loop):
         def build(self):
-            self.model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(
-                1, use_bias=False, kernel_initializer="ones",
-                kernel_regularizer=keras.regularizers.L2(0.5))])
+            self.model = keras.Sequential(
+                [
+                    keras.Input((1,)),
+                    keras.layers.Dense(
+                        1,
+                        use_bias=False,
+                        kernel_initializer="ones",
+                        kernel_regularizer=keras.regularizers.L2(0.5),
+                    ),
+                ]
+            )
             self.optimizer = keras.optimizers.SGD(1.0)
             self.optimizer.build(self.model.trainable_variables)
             self.update = loops.Update(self, self.optimizer, self.model, clip_norm=clip_norm)
@@ -96,10 +129,13 @@ def test_an_update_clips_the_summed_gradient_and_adds_regularization_once():
             return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
 
     x = np.array([[1.0], [2.0], [3.0], [6.0]], np.float32)
-    for clip_norm, expected_step in [(None, 3.0 + 1.0), (0.5, 0.5)]:
+    for clip_norm, expected_step in [(None, 3.0 + 1.0), (0.5, 0.5)]:  # noqa: B007 (read by build)
         # Gradient: mean(x) = 3, plus d(0.5 * w^2)/dw = 1 at w = 1.
-        loop = Linear(strategy=strategy, train_data=lambda: tf.data.Dataset.from_tensors(x),
-                      progress=loops.testing.quiet_progress())
+        loop = Linear(
+            strategy=strategy,
+            train_data=lambda: tf.data.Dataset.from_tensors(x),
+            progress=loops.testing.quiet_progress(),
+        )
         logs = loop.train(1)
         assert logs["loss"].tolist() == [3.0 + 0.5]
         assert float(loop.model.weights[0].numpy()[0, 0]) == pytest.approx(1.0 - expected_step)

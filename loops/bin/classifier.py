@@ -9,44 +9,70 @@ from loops.choices import PRECISION_POLICIES
 
 loop_flags.define_loop_flags(train_steps=600, global_batch_size=64, learning_rate=2e-3)
 with loop_flags.heading("data"):
-    flags.DEFINE_string("dataset", "digits",
-                        "TFDS image-classification dataset: 'digits' (bundled, offline), "
-                        "'mnist', 'cifar10', ...")
-    flags.DEFINE_string("data_dir", None,
-                        "TFDS data directory (default: ~/tensorflow_datasets).")
+    flags.DEFINE_string(
+        "dataset",
+        "digits",
+        "TFDS image-classification dataset: 'digits' (bundled, offline), 'mnist', 'cifar10', ...",
+    )
+    flags.DEFINE_string("data_dir", None, "TFDS data directory (default: ~/tensorflow_datasets).")
     flags.DEFINE_string("train_split", "train", "Split to train on.")
     flags.DEFINE_string("eval_split", "test", "Split to evaluate on.")
 with loop_flags.heading("model"):
     flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "Classifier network.")
     flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
-    flags.DEFINE_bool("batch_norm", False,
-                      "Synchronized batch normalization after hidden layers.")
-    flags.DEFINE_float("dropout", 0.0,
-                       "Dropout rate in [0, 1) after the hidden layers (mlp) or before the head "
-                       "(cnn); masks differ per replica and per step, and match for any "
-                       "replica count.")
-    flags.DEFINE_enum("mixed_precision", "none", list(PRECISION_POLICIES),
-                      "Compute in 16 bits with float32 variables: mixed_bfloat16, or "
-                      "mixed_float16 with a dynamic loss scale agreed on by all replicas; "
-                      "none: float32.")
+    flags.DEFINE_bool("batch_norm", False, "Synchronized batch normalization after hidden layers.")
+    flags.DEFINE_float(
+        "dropout",
+        0.0,
+        "Dropout rate in [0, 1) after the hidden layers (mlp) or before the head "
+        "(cnn); masks differ per replica and per step, and match for any "
+        "replica count.",
+    )
+    flags.DEFINE_enum(
+        "mixed_precision",
+        "none",
+        list(PRECISION_POLICIES),
+        "Compute in 16 bits with float32 variables: mixed_bfloat16, or "
+        "mixed_float16 with a dynamic loss scale agreed on by all replicas; "
+        "none: float32.",
+    )
 with loop_flags.heading("training"):
-    flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd", "momentum"],
-                      "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.")
+    flags.DEFINE_enum(
+        "optimizer",
+        "adam",
+        ["adam", "sgd", "momentum"],
+        "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.",
+    )
     flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
-    flags.DEFINE_enum("lr_schedule", "constant", ["constant", "step", "cosine", "warmup_cosine"],
-                      "Learning-rate schedule over the run (peak: --learning_rate).")
-    flags.DEFINE_integer("lr_warmup_steps", 0, "warmup_cosine: linear warm-up steps.",
-                         lower_bound=0)
+    flags.DEFINE_enum(
+        "lr_schedule",
+        "constant",
+        ["constant", "step", "cosine", "warmup_cosine"],
+        "Learning-rate schedule over the run (peak: --learning_rate).",
+    )
+    flags.DEFINE_integer(
+        "lr_warmup_steps", 0, "warmup_cosine: linear warm-up steps.", lower_bound=0
+    )
     flags.DEFINE_integer("lr_step_size", 1000, "step: steps between rate drops.", lower_bound=1)
     flags.DEFINE_float("lr_step_factor", 0.1, "step: factor of each drop, in (0, 1].")
-    flags.DEFINE_float("lr_final_fraction", 0.0,
-                       "cosine, warmup_cosine: final rate as a fraction of --learning_rate.")
-loop_flags.define_export_dir_flag("the trained classifier (raw images in, logits and "
-                                  "probabilities out)")
-flags.register_validator("dropout", lambda value: 0.0 <= value < 1.0,
-                         message="--dropout must lie in [0, 1), e.g. --dropout=0.2.")
-flags.register_validator("clip_norm", lambda value: value is None or value > 0,
-                         message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).")
+    flags.DEFINE_float(
+        "lr_final_fraction",
+        0.0,
+        "cosine, warmup_cosine: final rate as a fraction of --learning_rate.",
+    )
+loop_flags.define_export_dir_flag(
+    "the trained classifier (raw images in, logits and probabilities out)"
+)
+flags.register_validator(
+    "dropout",
+    lambda value: 0.0 <= value < 1.0,
+    message="--dropout must lie in [0, 1), e.g. --dropout=0.2.",
+)
+flags.register_validator(
+    "clip_norm",
+    lambda value: value is None or value > 0,
+    message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).",
+)
 
 FLAGS = flags.FLAGS
 
@@ -54,6 +80,7 @@ FLAGS = flags.FLAGS
 def make_optimizer(name: str, learning_rate):
     """Adam, SGD or SGD with momentum at `learning_rate` (a float or a schedule)."""
     import keras
+
     if name == "adam":
         return keras.optimizers.Adam(learning_rate)
     return keras.optimizers.SGD(learning_rate, momentum=0.9 if name == "momentum" else 0.0)
@@ -67,17 +94,27 @@ def build_loop():
     from loops import schedules
 
     learning_rate = schedules.make_schedule(
-        FLAGS.lr_schedule, learning_rate=FLAGS.learning_rate, total_steps=FLAGS.train_steps,
-        warmup_steps=FLAGS.lr_warmup_steps, step_size=FLAGS.lr_step_size,
-        step_factor=FLAGS.lr_step_factor, final_fraction=FLAGS.lr_final_fraction)
+        FLAGS.lr_schedule,
+        learning_rate=FLAGS.learning_rate,
+        total_steps=FLAGS.train_steps,
+        warmup_steps=FLAGS.lr_warmup_steps,
+        step_size=FLAGS.lr_step_size,
+        step_factor=FLAGS.lr_step_factor,
+        final_fraction=FLAGS.lr_final_fraction,
+    )
     strategy = loop_flags.make_strategy()
     loop_flags.check_batch_fits_replicas(strategy)
     spec = data.dataset_spec(FLAGS.dataset, FLAGS.data_dir)
 
     def batches(split, shuffle_seed, repeat):
         return lambda: data.global_batches(
-            FLAGS.dataset, split, global_batch_size=FLAGS.global_batch_size,
-            data_dir=FLAGS.data_dir, shuffle_seed=shuffle_seed, repeat=repeat)
+            FLAGS.dataset,
+            split,
+            global_batch_size=FLAGS.global_batch_size,
+            data_dir=FLAGS.data_dir,
+            shuffle_seed=shuffle_seed,
+            repeat=repeat,
+        )
 
     # Fail now, with the data error, rather than inside the first traced step.
     train_data = batches(FLAGS.train_split, FLAGS.seed, repeat=True)
@@ -86,17 +123,29 @@ def build_loop():
 
     return loops.ClassifierLoop(
         model_fn=lambda: models.build_classifier(
-            FLAGS.model, input_shape=spec.input_shape, num_classes=spec.num_classes,
-            l2=FLAGS.l2, batch_norm=FLAGS.batch_norm, dropout=FLAGS.dropout, seed=FLAGS.seed),
+            FLAGS.model,
+            input_shape=spec.input_shape,
+            num_classes=spec.num_classes,
+            l2=FLAGS.l2,
+            batch_norm=FLAGS.batch_norm,
+            dropout=FLAGS.dropout,
+            seed=FLAGS.seed,
+        ),
         optimizer_fn=lambda: make_optimizer(FLAGS.optimizer, learning_rate),
         clip_norm=FLAGS.clip_norm,
         mixed_precision=FLAGS.mixed_precision,
         train_data=train_data,
         eval_data=eval_data,
         **loop_flags.loop_arguments(
-            strategy, loop_flags.resolve_model_dir("classifier"),
-            actions=[loops.ExportOnEnd(export, description="signature serving_default: "
-                                       "images -> logits, probabilities")]))
+            strategy,
+            loop_flags.resolve_model_dir("classifier"),
+            actions=[
+                loops.ExportOnEnd(
+                    export, description="signature serving_default: images -> logits, probabilities"
+                )
+            ],
+        ),
+    )
 
 
 def export(loop) -> str:

@@ -6,34 +6,58 @@ from absl import flags
 
 from loops import flags as loop_flags
 
-loop_flags.define_loop_flags(train_steps=8000, global_batch_size=512, learning_rate=2e-3,
-                             steps_per_loop=500)
+loop_flags.define_loop_flags(
+    train_steps=8000, global_batch_size=512, learning_rate=2e-3, steps_per_loop=500
+)
 with loop_flags.heading("data"):
-    flags.DEFINE_enum("dataset", "ring", ["ring", "digits"],
-                      "'ring': 8 Gaussians on a circle (2-D points, mode-coverage metrics); "
-                      "'digits': the bundled 8x8 digit images (sample grids as PNG). For digits "
-                      "a shorter run is enough, e.g. --train_steps=2000 --global_batch_size=128.")
-    flags.DEFINE_string("data_dir", None,
-                        "TFDS data directory for digits (default: ~/tensorflow_datasets).")
+    flags.DEFINE_enum(
+        "dataset",
+        "ring",
+        ["ring", "digits"],
+        "'ring': 8 Gaussians on a circle (2-D points, mode-coverage metrics); "
+        "'digits': the bundled 8x8 digit images (sample grids as PNG). For digits "
+        "a shorter run is enough, e.g. --train_steps=2000 --global_batch_size=128.",
+    )
+    flags.DEFINE_string(
+        "data_dir", None, "TFDS data directory for digits (default: ~/tensorflow_datasets)."
+    )
 with loop_flags.heading("model"):
-    flags.DEFINE_float("ema_decay", 0.999, "Decay of the moving average of the generator's "
-                       "weights that evaluation samples from; 0 turns the average off.")
+    flags.DEFINE_float(
+        "ema_decay",
+        0.999,
+        "Decay of the moving average of the generator's "
+        "weights that evaluation samples from; 0 turns the average off.",
+    )
 with loop_flags.heading("training"):
-    flags.DEFINE_enum("gan_loss", "non_saturating", ["non_saturating", "wgan_gp"],
-                      "'non_saturating': the DCGAN loss; 'wgan_gp': Wasserstein loss with a "
-                      "gradient penalty, usually with --n_critic=5 (on the ring it covers the "
-                      "modes but sharpens them more slowly than the default).")
-    flags.DEFINE_integer("n_critic", 1, "Discriminator updates per generator update, each on "
-                         "its own batch.", lower_bound=1)
-    flags.DEFINE_float("gp_weight", 10.0, "Gradient penalty weight for --gan_loss=wgan_gp.",
-                       lower_bound=0.0)
+    flags.DEFINE_enum(
+        "gan_loss",
+        "non_saturating",
+        ["non_saturating", "wgan_gp"],
+        "'non_saturating': the DCGAN loss; 'wgan_gp': Wasserstein loss with a "
+        "gradient penalty, usually with --n_critic=5 (on the ring it covers the "
+        "modes but sharpens them more slowly than the default).",
+    )
+    flags.DEFINE_integer(
+        "n_critic",
+        1,
+        "Discriminator updates per generator update, each on its own batch.",
+        lower_bound=1,
+    )
+    flags.DEFINE_float(
+        "gp_weight", 10.0, "Gradient penalty weight for --gan_loss=wgan_gp.", lower_bound=0.0
+    )
     flags.DEFINE_float("beta_1", 0.5, "Adam's first-moment decay for both optimizers.")
-loop_flags.define_export_dir_flag("the generator (noise in, samples out; the moving average "
-                                  "when --ema_decay > 0)")
-flags.register_validator("ema_decay", lambda value: 0 <= value < 1,
-                         message="--ema_decay must be in [0, 1), e.g. 0.999 (0: no average).")
-flags.register_validator("beta_1", lambda value: 0 <= value < 1,
-                         message="--beta_1 must be in [0, 1), e.g. 0.5.")
+loop_flags.define_export_dir_flag(
+    "the generator (noise in, samples out; the moving average when --ema_decay > 0)"
+)
+flags.register_validator(
+    "ema_decay",
+    lambda value: 0 <= value < 1,
+    message="--ema_decay must be in [0, 1), e.g. 0.999 (0: no average).",
+)
+flags.register_validator(
+    "beta_1", lambda value: 0 <= value < 1, message="--beta_1 must be in [0, 1), e.g. 0.5."
+)
 
 FLAGS = flags.FLAGS
 
@@ -47,9 +71,14 @@ def digits_images(global_batch_size: int, *, seed: int, data_dir: str | None = N
 
     import loops_data as data
 
-    return data.global_batches("digits", "train", global_batch_size=global_batch_size,
-                               data_dir=data_dir, shuffle_seed=seed, repeat=True).map(
-        lambda images, labels: tf.cast(images, tf.float32) / 127.5 - 1.0)
+    return data.global_batches(
+        "digits",
+        "train",
+        global_batch_size=global_batch_size,
+        data_dir=data_dir,
+        shuffle_seed=seed,
+        repeat=True,
+    ).map(lambda images, labels: tf.cast(images, tf.float32) / 127.5 - 1.0)
 
 
 def build_loop():
@@ -70,25 +99,37 @@ def build_loop():
             generator_fn=lambda: gan_models.ring_generator(seed=seed),
             discriminator_fn=lambda: gan_models.ring_discriminator(seed=seed),
             train_data=lambda: ring.global_batches(batch, seed=seed),
-            sample_metrics=ring.quality, num_eval_samples=RING_EVAL_SAMPLES)
+            sample_metrics=ring.quality,
+            num_eval_samples=RING_EVAL_SAMPLES,
+        )
     else:
         models_and_data = dict(
             generator_fn=lambda: gan_models.image_generator(seed=seed),
             discriminator_fn=lambda: gan_models.image_discriminator(seed=seed),
             train_data=lambda: digits_images(batch, seed=seed, data_dir=FLAGS.data_dir),
-            sample_grid=SAMPLE_GRID, num_eval_samples=SAMPLE_GRID[0] * SAMPLE_GRID[1])
+            sample_grid=SAMPLE_GRID,
+            num_eval_samples=SAMPLE_GRID[0] * SAMPLE_GRID[1],
+        )
 
     def optimizer():
         return keras.optimizers.Adam(FLAGS.learning_rate, beta_1=FLAGS.beta_1)
 
     return GANLoop(
-        generator_optimizer_fn=optimizer, discriminator_optimizer_fn=optimizer,
-        gan_loss=FLAGS.gan_loss, n_critic=FLAGS.n_critic, gp_weight=FLAGS.gp_weight,
-        ema_decay=FLAGS.ema_decay or None, **models_and_data,
+        generator_optimizer_fn=optimizer,
+        discriminator_optimizer_fn=optimizer,
+        gan_loss=FLAGS.gan_loss,
+        n_critic=FLAGS.n_critic,
+        gp_weight=FLAGS.gp_weight,
+        ema_decay=FLAGS.ema_decay or None,
+        **models_and_data,
         **loop_flags.loop_arguments(
-            strategy, loop_flags.resolve_model_dir(f"gan-{FLAGS.dataset}"),
-            actions=[loops.ExportOnEnd(export, description="signature serving_default: "
-                                       "noise -> samples")]))
+            strategy,
+            loop_flags.resolve_model_dir(f"gan-{FLAGS.dataset}"),
+            actions=[
+                loops.ExportOnEnd(export, description="signature serving_default: noise -> samples")
+            ],
+        ),
+    )
 
 
 def export(loop) -> str:
@@ -104,8 +145,10 @@ def summarize(loop) -> str:
     results, metrics = loop.results_extra(), loop.last_eval_metrics
     summary = f"trained {results['g_steps']} generator and {results['d_steps']} discriminator steps"
     if "modes_covered" in metrics:
-        summary += (f"; modes covered {metrics['modes_covered']} of {Ring().num_modes}, "
-                    f"high-quality fraction {metrics['high_quality_fraction']:.3f}")
+        summary += (
+            f"; modes covered {metrics['modes_covered']} of {Ring().num_modes}, "
+            f"high-quality fraction {metrics['high_quality_fraction']:.3f}"
+        )
     return summary
 
 
