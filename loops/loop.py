@@ -27,7 +27,16 @@ from loops.errors import NonFiniteError
 from loops.preemption import PreemptionWatcher
 
 
-class Loop:
+class _BuildsAfterInit(type):
+    """Runs a new loop's build and restore after its whole __init__ chain has returned."""
+
+    def __call__(cls, *args, **kwargs):
+        loop = super().__call__(*args, **kwargs)
+        loop._build_and_restore()
+        return loop
+
+
+class Loop(metaclass=_BuildsAfterInit):
     """Owns the strategy, the input, the global step and the outer training loop.
 
     A kind of training is a subclass that creates its objects in `build` and
@@ -65,9 +74,11 @@ class Loop:
                 return {"loss": loops.Mean(sums["loss"])}
 
     Contract of the hooks:
-        build(): runs once in the strategy's scope (`strategies.variable_scope`);
-            creates every variable the steps use (models, optimizers built with
-            `optimizer.build`, counters).
+        build(): runs once in the strategy's scope (`strategies.variable_scope`),
+            after every `__init__` of the subclass has returned (so a subclass
+            sets its attributes before or after `super().__init__()`, as it
+            likes); creates every variable the steps use (models, optimizers
+            built with `optimizer.build`, counters).
         checkpoint_items(): name -> trackable, saved and restored by the Loop.
         train_step(iterator): cross-replica context; calls `next(iterator)`
             exactly `batches_per_step` times (the Loop dequeues those batches
@@ -233,6 +244,26 @@ class Loop:
         self._evaluated_step: int | None = None
         self._saved_step: int | None = None
 
+        self._train_iterator: Iterator | None = None
+        self._train_iterator_position = -1
+        self._eval_dataset: Any = None
+        self.last_train_metrics: dict[str, float] = {}
+        self.last_eval_metrics: dict[str, float] = {}
+        self.steps_per_second = 0.0
+        self.skipped_steps = 0
+        # The step that left non-finite weights in memory with no checkpoint to go back to.
+        self._nonfinite_weights_step: int | None = None
+        self.preempted = False
+        self.max_checkpoints = max_checkpoints
+        # build() and the restore run once every __init__ of a subclass has
+        # returned (_BuildsAfterInit), so a subclass may set its own
+        # attributes before or after calling super().__init__().
+        self.global_step: tf.Variable
+        self.checkpointer: Checkpointer | None = None
+        self._lock: str | None = None  # the lock file, held by the chief
+
+    def _build_and_restore(self) -> None:
+        """Creates the loop's objects in the strategy's scope and restores the newest checkpoint."""
         with strategies.variable_scope(self.strategy):
             self.global_step = tf.Variable(
                 0,
@@ -253,8 +284,7 @@ class Loop:
         # What a save would write, checked for NaN and inf after every inner loop.
         self._finiteness = FinitenessCheck(tf.train.Checkpoint(**items))
         self.executor = self._make_executor()
-        self.checkpointer = None
-        self._lock = None
+        model_dir = self.model_dir
         if model_dir is not None:
             if self.is_chief:
                 self._lock = model_dir_lock.acquire(model_dir)
@@ -265,7 +295,7 @@ class Loop:
                 directory=os.path.join(model_dir, "checkpoints"),
                 items=items,
                 step_counter=self.global_step,
-                max_to_keep=max_checkpoints,
+                max_to_keep=self.max_checkpoints,
                 optional_items=action_state,
                 say=self.progress.line,
             )
@@ -279,17 +309,6 @@ class Loop:
             if restored:
                 self.progress.line(f"restored {restored} at step {self.step}")
                 self.eval_history = reporting.previous_history(model_dir, up_to_step=self.step)
-
-        self._train_iterator: Iterator | None = None
-        self._train_iterator_position = -1
-        self._eval_dataset: Any = None
-        self.last_train_metrics: dict[str, float] = {}
-        self.last_eval_metrics: dict[str, float] = {}
-        self.steps_per_second = 0.0
-        self.skipped_steps = 0
-        # The step that left non-finite weights in memory with no checkpoint to go back to.
-        self._nonfinite_weights_step: int | None = None
-        self.preempted = False
 
     # ---- Hooks a kind of training overrides. ----
 

@@ -101,6 +101,10 @@ def test_an_update_clips_the_summed_gradient_and_adds_regularization_once():
     strategy = loops.testing.replica_strategy(2)
 
     class Linear(loops.Loop):
+        def __init__(self, *, clip_norm, **loop_args):
+            super().__init__(**loop_args)
+            self.clip_norm = clip_norm  # after super().__init__(): build() runs after this
+
         def build(self):
             self.model = keras.Sequential(
                 [
@@ -115,7 +119,7 @@ def test_an_update_clips_the_summed_gradient_and_adds_regularization_once():
             )
             self.optimizer = keras.optimizers.SGD(1.0)
             self.optimizer.build(self.model.trainable_variables)
-            self.update = loops.Update(self, self.optimizer, self.model, clip_norm=clip_norm)
+            self.update = loops.Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
 
         def checkpoint_items(self):
             return {"model": self.model}
@@ -129,9 +133,10 @@ def test_an_update_clips_the_summed_gradient_and_adds_regularization_once():
             return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
 
     x = np.array([[1.0], [2.0], [3.0], [6.0]], np.float32)
-    for clip_norm, expected_step in [(None, 3.0 + 1.0), (0.5, 0.5)]:  # noqa: B007 (read by build)
+    for clip_norm, expected_step in [(None, 3.0 + 1.0), (0.5, 0.5)]:
         # Gradient: mean(x) = 3, plus d(0.5 * w^2)/dw = 1 at w = 1.
         loop = Linear(
+            clip_norm=clip_norm,
             strategy=strategy,
             train_data=lambda: tf.data.Dataset.from_tensors(x),
             progress=loops.testing.quiet_progress(),
