@@ -25,7 +25,7 @@ class Action:
     action with the same arguments (metrics are reduced over all workers), so
     an action that decides only from them decides the same on every worker:
     all workers then request a stop at the same step and all take part in any
-    checkpoint save, as MultiWorkerMirroredStrategy needs (DESIGN.md fact 11).
+    checkpoint save, as MultiWorkerMirroredStrategy needs (BUILD.md fact 11).
     Write files only where `loop.is_chief`.
 
     Attributes:

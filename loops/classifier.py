@@ -107,7 +107,7 @@ class ClassifierLoop(Loop):
                 "keras.Input(shape) so its weights exist before training."
             )
         self.optimizer = self.optimizer_fn()
-        # Built here, in scope: built lazily inside strategy.run it fails (DESIGN.md fact 1).
+        # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
         self.loss_scale = None
         if mixed_precision_lib.needs_loss_scale(self.mixed_precision):

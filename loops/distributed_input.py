@@ -198,10 +198,10 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
     """The next step's input from a `train_iterator`: a global batch at 1 replica, else per replica.
 
     On a plain iterator this avoids two costs of `next` on a distributed
-    one: its asynchronous kernel hands every element between threads (about
-    30 us), and per-replica pipelines each read the whole stream and cut
-    their slice with tf.data functions (about 100 us of CPU a step at 2
-    replicas). Slices follow `split_global_batches`.
+    one: its asynchronous kernel hands every element between threads, and
+    per-replica pipelines each read the whole stream and cut their slice
+    with tf.data functions (measured in BUILD.md, "Measured"). Slices follow
+    `split_global_batches`.
     """
     if (
         not isinstance(iterator, tf.data.Iterator)

@@ -117,7 +117,7 @@ class Executor:
         if self._train_call is None:
             self.train_function = self._make_train_function(iterator)
             # Calling the traced function itself skips tf.function's argument
-            # matching, about 1 ms a call (5% of a 50-step MLP inner loop).
+            # matching on every call (BUILD.md, Benchmarks).
             self._train_call = self.train_function.get_concrete_function(
                 iterator, tf.TensorSpec([], tf.int32)
             )
@@ -158,14 +158,14 @@ class Executor:
             # The step reads batches the loop dequeued for it, so the loop can
             # dequeue step i + 1's while step i computes: nothing orders the
             # iterator after the step's variables. At 2 replicas on the MLP that
-            # hid most of the input's 0.25 ms per step.
+            # hid most of the input's cost (BUILD.md, Measured).
             step_function = tf.function(self.flat_train_step).get_concrete_function(
                 *_input_specs(self.dequeue, iterator)
             )
         output_spec = step_function.structured_outputs
         stop_on_nonfinite = self.stop_on_nonfinite and outputs.NONFINITE in output_spec
         # Logs of one dtype go into one TensorArray, a row a step: one write
-        # a step instead of one per log (each write cost about 6 us).
+        # a step instead of one per log (BUILD.md, Measured).
         # Keyed by dtype name: loop variables are nested dicts, whose keys nest sorts.
         groups: dict[str, list[str]] = {}
         for name, value in output_spec.items():
@@ -200,7 +200,7 @@ class Executor:
             # the next one's batches unconditionally and the iterator still ends
             # where the step count does. The stop is part of the loop's
             # condition: a Python `break` here becomes conds around the rest
-            # of the body that cost about 20 us a step (MLP, 1 replica).
+            # of the body, a cost every step (BUILD.md, Measured).
             _, inputs, arrays, stopped = tf.while_loop(
                 lambda i, inputs, arrays, stopped: tf.logical_and(
                     i < steps - 1, tf.logical_not(stopped)

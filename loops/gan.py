@@ -248,7 +248,7 @@ class GANLoop(Loop):
                 "generator_optimizer_fn and discriminator_optimizer_fn returned the same "
                 "optimizer; each network needs its own (return a new one from each call)."
             )
-        # Built here, in scope: built lazily inside strategy.run they fail (DESIGN.md fact 1).
+        # Built here, in scope: built lazily inside strategy.run they fail (BUILD.md fact 1).
         self.generator_optimizer.build(self.generator.trainable_variables)
         self.discriminator_optimizer.build(self.discriminator.trainable_variables)
         self.discriminator_update = Update(self, self.discriminator_optimizer, self.discriminator)

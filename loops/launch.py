@@ -26,7 +26,7 @@ serving until the chief is done, since its checkpoint reads the variables they
 hold. A second signal kills every task.
 
 The tasks are plain subprocesses watched by threads, not TensorFlow's
-multi-process test runner (DESIGN.md fact 15).
+multi-process test runner (BUILD.md fact 15).
 """
 
 from __future__ import annotations

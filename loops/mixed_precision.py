@@ -63,7 +63,7 @@ class DynamicLossScale(tf.Module):
     and doubles it after `growth_steps` finite steps in a row. The flag must be
     all-reduced (`loops.all_finite`): Keras' LossScaleOptimizer reads replica
     0's gradients only, so an overflow on another replica reached the weights
-    (DESIGN.md fact 8).
+    (BUILD.md fact 8).
 
     Create it in the strategy's scope, and checkpoint it so a resumed run
     continues with its scale.

@@ -6,7 +6,7 @@ all-reduced. Summing those scaled losses (and their gradients) over replicas
 gives exactly the single-device mean, also for a partial final batch and for a
 replica that holds no example. `tf.nn.compute_average_loss` with
 `global_batch_size` divides by the configured size instead, and without it by
-local_count * num_replicas, which differs per replica (DESIGN.md fact 3).
+local_count * num_replicas, which differs per replica (BUILD.md fact 3).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def scale_to_global_batch(per_example_loss: tf.Tensor, count: tf.Tensor) -> tf.T
         raise ValueError(
             "Expected one loss per example (a vector), got shape "
             f"{per_example_loss.shape}. Build Keras losses with reduction=None; "
-            "their default reduction averages per replica (DESIGN.md fact 4)."
+            "their default reduction averages per replica (BUILD.md fact 4)."
         )
     total = tf.reduce_sum(tf.cast(per_example_loss, tf.float32))
     return tf.math.divide_no_nan(total, count)
@@ -81,7 +81,7 @@ def all_finite(tensors) -> tf.Tensor:
 
     Call in replica context. The flag is all-reduced: Keras 3's own check in
     LossScaleOptimizer reads replica 0 only, so an inf on another replica
-    reached the weights (DESIGN.md fact 8).
+    reached the weights (BUILD.md fact 8).
     """
     checks = []
     for value in tensors:

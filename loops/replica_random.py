@@ -40,7 +40,7 @@ def replica_rows(
     the rows its data slice holds (the Loop's split,
     `distributed_input.replica_bounds`). Row i is therefore the same for 1 or N
     replicas, and different rows, on any replicas, are independent; a stateful
-    or seeded generator would repeat the same rows on every replica (DESIGN.md
+    or seeded generator would repeat the same rows on every replica (BUILD.md
     fact 7). Call in replica context.
 
     Args:
@@ -96,7 +96,7 @@ def keyed_on(*, step: tf.Tensor, global_rows: tf.Tensor) -> Iterator[None]:
 class StatelessDropout(keras.layers.Layer):
     """Dropout whose mask of example i at step s depends only on (seed, s, i).
 
-    Keras' `Dropout` draws the same mask on every replica (DESIGN.md fact 7).
+    Keras' `Dropout` draws the same mask on every replica (BUILD.md fact 7).
     This layer draws one mask for the step's whole global batch, keyed on its
     seed and the step, and each replica keeps the rows of its own examples:
     replicas holding the same inputs still drop different units, and 1 and N

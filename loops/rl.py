@@ -16,7 +16,7 @@ How 1 and N replicas give the same numbers:
     state, its exploration coin) is drawn for all E environments from a
     stateless seed of (seed, purpose, step, t) and the replica keeps the rows
     of its environments; so environment i sees the same numbers whichever
-    replica steps it (DESIGN.md fact 7: seeded Keras/TF RNG would repeat per
+    replica steps it (BUILD.md fact 7: seeded Keras/TF RNG would repeat per
     replica instead).
   * Minibatches are chosen among the GLOBAL samples (the same on every
     replica); a replica computes the loss of the chosen samples it holds and
@@ -466,7 +466,7 @@ class ActorCriticLoop(EnvironmentLoop):
         super().build()
         self.model = self.model_fn()
         self.optimizer = self.optimizer_fn()
-        # Built here, in scope: built lazily inside strategy.run it fails (DESIGN.md fact 1).
+        # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
         self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
 

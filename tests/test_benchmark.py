@@ -39,7 +39,7 @@ def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
     assert sorted(rows) == sorted((r, m) for r in (1, 2) for m in modes)
     for (replicas, mode), row in rows.items():
         if replicas == 2 and mode == "keras_fit_spe":
-            # Keras 3.15 fit with steps_per_execution > 1 fails on 2 replicas (DESIGN.md fact 2).
+            # Keras 3.15 fit with steps_per_execution > 1 fails on 2 replicas (BUILD.md fact 2).
             assert row["error"].startswith("failed:")
             continue
         assert math.isfinite(row["steps_per_second"]) and row["steps_per_second"] > 0, row
