@@ -1,5 +1,6 @@
 """RL: in-graph CartPole, returns and advantages, target networks, replica parity, learning."""
 
+import glob
 import math
 import os
 
@@ -415,3 +416,39 @@ def test_dqn_clearly_beats_a_random_policy():
     assert results["env_steps"] == 800 * 8 * 4
     # A random policy scores about 22.
     assert results["mean_return_100"] >= 100, results
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_a_diverging_rl_run_follows_the_policy_and_keeps_no_nonfinite_checkpoint(tmp_path, policy):
+    # An absurd learning rate: the first updates blow the weights up, the
+    # later losses are not finite. Before the shared update path, loops-rl
+    # ignored --on_nonfinite and exited 0 here.
+    model_dir = str(tmp_path / "run")
+    done = run_cli(
+        "--learning_rate=1e30",
+        f"--on_nonfinite={policy}",
+        f"--model_dir={model_dir}",
+        "--strategy=default",
+        "--num_replicas=1",
+        "--num_envs=4",
+        "--rollout_length=8",
+        "--global_batch_size=16",
+        "--train_steps=6",
+        "--steps_per_loop=2",
+        "--checkpoint_every=2",
+    )
+    if policy == "stop":
+        assert done.returncode not in (0, 42), done.stdout[-2000:]
+        assert "error: " in done.stderr and "not finite" in done.stderr
+    else:
+        # Every step's loss is NaN once the weights have blown up: each one is
+        # left out and counted, and the weights stay what they were.
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert read_results(model_dir)["skipped_steps"] == 6
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    for index in glob.glob(os.path.join(checkpoints, "ckpt-*.index")):
+        reader = tf.train.load_checkpoint(index[: -len(".index")])
+        for name in reader.get_variable_to_shape_map():
+            value = reader.get_tensor(name)
+            if np.issubdtype(np.asarray(value).dtype, np.floating):
+                assert np.all(np.isfinite(value)), (index, name)
