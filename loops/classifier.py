@@ -11,7 +11,7 @@ from loops import mixed_precision as mixed_precision_lib
 from loops import outputs, reduction
 from loops.loop import Loop
 from loops.replica_random import keyed_on
-from loops.update import Update
+from loops.update import Update, check_clip_norm
 
 
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -76,8 +76,7 @@ class ClassifierLoop(Loop):
                 f"loss_fn {loss_fn.name!r} has reduction={loss_fn.reduction!r}; build it "
                 "with reduction=None so the loop can divide by the real global batch."
             )
-        if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
+        check_clip_norm(clip_norm)
         if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
             mixed_precision
         ):

@@ -398,7 +398,11 @@ class GANLoop(Loop):
         real = tf.cast(real, tf.float32)
         local_rows = tf.shape(real)[0]
         count = reduction.global_count(local_rows)
-        fake = self.generator(self._replica_noise(step, substep, local_rows, count), training=True)
+        # A constant to the critic's update (the Update's tape sees this whole
+        # function): no backward pass through the generator is built for it.
+        fake = tf.stop_gradient(
+            self.generator(self._replica_noise(step, substep, local_rows, count), training=True)
+        )
         logs = {}
         real_scores = self._scores(self.discriminator, real)
         fake_scores = self._scores(self.discriminator, fake)

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from loops import environments, outputs, reduction, target_networks
 from loops.loop import Loop
-from loops.update import Update
+from loops.update import Update, check_clip_norm
 
 RETURN_WINDOW = 100  # mean_return_100 averages the returns of this many latest episodes
 DEFAULT_TARGET_UPDATE_EVERY = 50  # DQN's target copy period when no target update is chosen
@@ -455,7 +455,7 @@ class ActorCriticLoop(EnvironmentLoop):
             )
         if not self.clip_ratio > 0:
             raise ValueError(f"clip_ratio must be > 0, got {self.clip_ratio!r}; 0.2 is usual.")
-        _check_clip_norm(self.clip_norm)
+        check_clip_norm(self.clip_norm)
 
     @property
     def minibatches(self) -> int:
@@ -704,7 +704,7 @@ class DQNLoop(EnvironmentLoop):
             raise ValueError(
                 f"target_tau must be in (0, 1], got {self.target_tau!r}; 0.005 is usual."
             )
-        _check_clip_norm(self.clip_norm)
+        check_clip_norm(self.clip_norm)
         if self.global_batch_size % num_replicas:
             raise ValueError(
                 f"global_batch_size={self.global_batch_size} is not divisible by the "
@@ -855,11 +855,6 @@ def _checked_model_fn(model_fn):
             f"{model_fn!r}; pass e.g. model_fn=lambda: my_network(seed=0)."
         )
     return model_fn
-
-
-def _check_clip_norm(clip_norm) -> None:
-    if clip_norm is not None and not clip_norm > 0:
-        raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
 
 
 def _check_whole(name: str, value) -> None:

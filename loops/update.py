@@ -65,8 +65,7 @@ class Update:
         clip_norm: float | None = None,
         loss_scale: Any = None,
     ):
-        if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(f"clip_norm must be > 0 (or None), got {clip_norm!r}.")
+        check_clip_norm(clip_norm)
         self._loop = loop
         self.optimizer = optimizer
         self._trained = trained
@@ -122,6 +121,7 @@ class Update:
         )
 
 
-def worst(*flags: tf.Tensor) -> tf.Tensor:
-    """The nonfinite flag of a step of several updates: 1.0 when any of them was not finite."""
-    return tf.reduce_max(tf.stack([tf.cast(flag, tf.float32) for flag in flags]))
+def check_clip_norm(clip_norm: float | None) -> None:
+    """Raises ValueError unless clip_norm is None or > 0 (loops check it before building)."""
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
