@@ -7,7 +7,6 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from loops import mixed_precision as mixed_precision_lib
 from loops import outputs, reduction
 from loops.loop import Loop
 from loops.replica_random import keyed_on
@@ -51,8 +50,6 @@ class ClassifierLoop(Loop):
         optimizer_fn: Callable[[], keras.optimizers.Optimizer],
         loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = sparse_softmax_cross_entropy,
         clip_norm: float | None = None,
-        mixed_precision: str = "none",
-        loss_scale_growth_steps: int | None = None,
         **loop_args,
     ):
         """
@@ -63,13 +60,9 @@ class ClassifierLoop(Loop):
             loss_fn: (labels, logits) -> one loss per example. A Keras `Loss`
                 must use reduction=None.
             clip_norm: clip the summed gradient to this global norm; None: no clip.
-            mixed_precision: "none" (float32), "mixed_bfloat16" or
-                "mixed_float16": the Keras dtype policy `model_fn` runs under.
-                Layers given an explicit dtype keep it; the loss is computed
-                in float32 either way.
-            loss_scale_growth_steps: under "mixed_float16", finite steps in a
-                row after which the loss scale doubles (default 2000).
-            **loop_args: the `Loop` arguments.
+            **loop_args: the `Loop` arguments, among them `mixed_precision`
+                (the loss is computed in float32 either way) and
+                `grad_accum_steps`.
         """
         if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction not in (None, "none"):
             raise ValueError(
@@ -77,20 +70,6 @@ class ClassifierLoop(Loop):
                 "with reduction=None so the loop can divide by the real global batch."
             )
         check_clip_norm(clip_norm)
-        if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
-            mixed_precision
-        ):
-            raise ValueError(
-                f"loss_scale_growth_steps={loss_scale_growth_steps!r} applies only to "
-                f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
-                "switch to float16."
-            )
-        self.mixed_precision = mixed_precision_lib.check_policy(mixed_precision)
-        self.loss_scale_growth_steps = (
-            mixed_precision_lib.DEFAULT_GROWTH_STEPS
-            if loss_scale_growth_steps is None
-            else loss_scale_growth_steps
-        )
         self.model_fn = model_fn
         self.optimizer_fn = optimizer_fn
         self.loss_fn = loss_fn
@@ -98,8 +77,7 @@ class ClassifierLoop(Loop):
         super().__init__(**loop_args)
 
     def build(self) -> None:
-        with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
-            self.model = self.model_fn()
+        self.model = self.model_fn()
         if not self.model.built or not self.model.trainable_variables:
             raise ValueError(
                 "model_fn returned a model without weights; start it with "
@@ -108,19 +86,8 @@ class ClassifierLoop(Loop):
         self.optimizer = self.optimizer_fn()
         # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
-        self.loss_scale = None
-        if mixed_precision_lib.needs_loss_scale(self.mixed_precision):
-            self.loss_scale = mixed_precision_lib.DynamicLossScale(
-                growth_steps=self.loss_scale_growth_steps
-            )
-        self.update = Update(
-            self, self.optimizer, self.model, clip_norm=self.clip_norm, loss_scale=self.loss_scale
-        )
-
-    @property
-    def skips_nonfinite(self) -> bool:
-        # An overflow is routine under a loss scale: its update is always left out.
-        return super().skips_nonfinite or self.loss_scale is not None
+        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
+        self.loss_scale = self.update.loss_scale
 
     def checkpoint_items(self):
         items = {"model": self.model, "optimizer": self.optimizer}

@@ -20,7 +20,12 @@ from typing import Any
 from absl import app, flags
 
 from loops import exit_codes, tensorflow_logs
-from loops.choices import LOCAL_REPLICA_STRATEGIES, METRIC_MODES, STRATEGY_NAMES
+from loops.choices import (
+    LOCAL_REPLICA_STRATEGIES,
+    METRIC_MODES,
+    PRECISION_POLICIES,
+    STRATEGY_NAMES,
+)
 
 # The headings of a binary's --help, in order; each of its flags is defined under one.
 HEADINGS = ("strategy", "data", "model", "training", "outputs", "faults")
@@ -137,6 +142,30 @@ def define_loop_flags(
         flags.DEFINE_bool(
             "run_eagerly", False, "Run steps eagerly (no tf.function), for debugging."
         )
+        flags.DEFINE_float(
+            "clip_norm",
+            None,
+            "Clip each update's gradient, summed over replicas, to this global "
+            "norm (> 0). Default: the loop's own (off for the classifier and the "
+            "GAN, 0.5 for ppo, 10 for dqn).",
+        )
+        flags.DEFINE_integer(
+            "grad_accum_steps",
+            1,
+            "Cut each replica's share of a step into this many micro-batches and "
+            "add up their gradients into one update: the update of the whole "
+            "batch, with 1/K of the activations in memory. The RL loops draw "
+            "their own minibatches and take only 1.",
+            lower_bound=1,
+        )
+        flags.DEFINE_enum(
+            "mixed_precision",
+            "none",
+            list(PRECISION_POLICIES),
+            "Compute in 16 bits with float32 variables: mixed_bfloat16, or "
+            "mixed_float16 with a dynamic loss scale agreed on by all replicas "
+            "(one per optimizer, checkpointed); none: float32.",
+        )
         flags.DEFINE_integer(
             "eval_every",
             None,
@@ -166,6 +195,11 @@ def define_loop_flags(
             lower_bound=1,
         )
     # After the finiteness check of the heading, so that nan is called not finite.
+    flags.register_validator(
+        "clip_norm",
+        lambda value: value is None or value > 0,
+        message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).",
+    )
     flags.register_validator(
         "learning_rate",
         lambda value: value > 0,
@@ -385,6 +419,8 @@ def loop_arguments(strategy, model_dir: str, *, actions: Sequence = ()) -> dict[
         "seed": values.seed,
         "run_eagerly": values.run_eagerly,
         "on_nonfinite": values.on_nonfinite,
+        "mixed_precision": values.mixed_precision,
+        "grad_accum_steps": values.grad_accum_steps,
         "actions": [*flag_actions(), *actions],
         "progress_every_seconds": values.progress_every_seconds or None,
         "config": flag_values(),

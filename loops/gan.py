@@ -12,7 +12,7 @@ import tensorflow as tf
 from loops import outputs, reduction, target_networks
 from loops.loop import Loop
 from loops.replica_random import replica_rows, step_seed
-from loops.update import Update
+from loops.update import Update, UpdateResult, check_clip_norm, update_outputs
 
 GAN_LOSSES = ("non_saturating", "wgan_gp")
 
@@ -152,6 +152,7 @@ class GANLoop(Loop):
         n_critic: int = 1,
         gp_weight: float = 10.0,
         ema_decay: float | None = None,
+        clip_norm: float | None = None,
         # Evaluation.
         sample_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
         num_eval_samples: int = 2500,
@@ -175,6 +176,8 @@ class GANLoop(Loop):
                 this decay in (0, 1), lowered early in training so the average
                 follows the trained weights (`target_networks.MovingAverage`);
                 None: no average.
+            clip_norm: clip each network's summed gradient to this global
+                norm; None: no clip.
             sample_metrics: samples (numpy) -> metrics, run at each evaluation.
             num_eval_samples: samples drawn at each evaluation.
             sample_grid: (rows, columns) of image samples written at each
@@ -184,6 +187,7 @@ class GANLoop(Loop):
         Raises:
             ValueError: a bad argument, with the fix.
         """
+        check_clip_norm(clip_norm)
         if gan_loss not in GAN_LOSSES:
             raise ValueError(
                 f"Unknown gan_loss {gan_loss!r}; choose one of {', '.join(GAN_LOSSES)}."
@@ -220,6 +224,7 @@ class GANLoop(Loop):
         self.n_critic = n_critic
         self.gp_weight = float(gp_weight)
         self.ema_decay = ema_decay
+        self.clip_norm = clip_norm
         self.sample_metrics = sample_metrics
         self.num_eval_samples = num_eval_samples
         self.sample_grid = sample_grid
@@ -251,8 +256,12 @@ class GANLoop(Loop):
         # Built here, in scope: built lazily inside strategy.run they fail (BUILD.md fact 1).
         self.generator_optimizer.build(self.generator.trainable_variables)
         self.discriminator_optimizer.build(self.discriminator.trainable_variables)
-        self.discriminator_update = Update(self, self.discriminator_optimizer, self.discriminator)
-        self.generator_update = Update(self, self.generator_optimizer, self.generator)
+        self.discriminator_update = Update(
+            self, self.discriminator_optimizer, self.discriminator, clip_norm=self.clip_norm
+        )
+        self.generator_update = Update(
+            self, self.generator_optimizer, self.generator, clip_norm=self.clip_norm
+        )
         self.d_steps = _counter("d_steps")
         self.g_steps = _counter("g_steps")
         self.ema_generator = None
@@ -276,6 +285,12 @@ class GANLoop(Loop):
             "d_steps": self.d_steps,
             "g_steps": self.g_steps,
         }
+        for network, update in (
+            ("discriminator", self.discriminator_update),
+            ("generator", self.generator_update),
+        ):
+            if update.loss_scale is not None:
+                items[f"{network}_loss_scale"] = update.loss_scale
         if self.ema_generator is not None:
             items["ema_generator"] = self.ema_generator
             assert self.generator_average is not None  # made with ema_generator
@@ -284,63 +299,59 @@ class GANLoop(Loop):
 
     def train_step(self, iterator):
         step = self.global_step.read_value()
-        critic_logs = []
+        critic_results = []
         for substep in range(self.n_critic):
             real = next(iterator)
-            critic_logs.append(self.discriminator_step(real, step, substep))
-        logs = self.generator_step(real, step)
-        averaged = {
-            name: tf.add_n([entry[name] for entry in critic_logs]) / self.n_critic
-            for name in critic_logs[0]
-            if name != "nonfinite"
-        }
-        # Set when any of the step's updates was not finite.
-        nonfinite = tf.reduce_max(
-            tf.stack([entry["nonfinite"] for entry in critic_logs] + [logs["nonfinite"]])
-        )
+            critic_results.append(self.discriminator_step(real, step, substep))
+        generator_result = self.generator_step(real, step)
         losses = {
-            **averaged,
-            **{name: value for name, value in logs.items() if name != "nonfinite"},
+            "d_loss": tf.add_n([result.sums["loss"] for result in critic_results]) / self.n_critic
         }
+        if self.gan_loss == "wgan_gp":
+            penalties = [
+                tf.math.divide_no_nan(result.sums["gradient_penalty"], result.sums["num_examples"])
+                for result in critic_results
+            ]
+            losses["gradient_penalty"] = tf.add_n(penalties) / self.n_critic
+        losses["g_loss"] = generator_result.sums["loss"]
         return {
             **{name: outputs.Mean(value) for name, value in losses.items()},
-            "nonfinite": outputs.Sum(tf.cast(nonfinite, tf.int32)),
+            # Under a float16 loss scale: d_loss_scale, d_overflow, g_loss_scale, g_overflow.
+            **update_outputs(critic_results, prefix="d_"),
+            **update_outputs([generator_result], prefix="g_"),
+            # Set when any of the step's updates was not finite.
+            outputs.NONFINITE: update_outputs([*critic_results, generator_result])[
+                outputs.NONFINITE
+            ],
         }
 
-    def discriminator_step(self, real, step: tf.Tensor, substep: int) -> dict[str, tf.Tensor]:
+    def discriminator_step(self, real, step: tf.Tensor, substep: int) -> UpdateResult:
         """One critic update on a distributed batch of real examples; cross-replica context.
 
-        `d_steps` counts the finite updates; a non-finite one (the loss or a
-        gradient on any replica) goes to `apply_update`.
+        `d_steps` counts the updates applied (a non-finite one goes to the
+        loop's `on_nonfinite` policy).
 
         Returns:
-            "d_loss" (and "gradient_penalty" for wgan_gp) reduced over replicas,
-            and "nonfinite": 1.0 when the update was not finite.
+            The update's result: its sums hold "loss" (and, for wgan_gp, the
+            "gradient_penalty" summed over examples, and "num_examples").
         """
         result = self.discriminator_update(
             self._replica_discriminator_loss, args=(real, step, substep)
         )
-        self.d_steps.assign_add(1 - tf.cast(result.nonfinite, tf.int64))
-        return {
-            "d_loss": result.sums["loss"],
-            **{name: value for name, value in result.sums.items() if name != "loss"},
-            "nonfinite": result.nonfinite,
-        }
+        self.d_steps.assign_add(1 - tf.cast(result.skipped, tf.int64))
+        return result
 
-    def generator_step(self, real, step: tf.Tensor) -> dict[str, tf.Tensor]:
+    def generator_step(self, real, step: tf.Tensor) -> UpdateResult:
         """One generator update with as many fakes as `real` holds per replica, then the EMA.
 
-        Checked like a critic update; `g_steps` counts the finite updates.
-
-        Returns:
-            "g_loss" reduced over replicas, and "nonfinite": 1.0 when not finite.
+        Checked like a critic update; `g_steps` counts the updates applied.
         """
         result = self.generator_update(self._replica_generator_loss, args=(real, step))
-        self.g_steps.assign_add(1 - tf.cast(result.nonfinite, tf.int64))
+        self.g_steps.assign_add(1 - tf.cast(result.skipped, tf.int64))
         if self.generator_average is not None:
             # Cross-replica context: every replica's copy gets the same average.
             self.generator_average.update()
-        return {"g_loss": result.sums["loss"], "nonfinite": result.nonfinite}
+        return result
 
     @property
     def sample_generator(self) -> keras.Model:
@@ -401,7 +412,12 @@ class GANLoop(Loop):
         # A constant to the critic's update (the Update's tape sees this whole
         # function): no backward pass through the generator is built for it.
         fake = tf.stop_gradient(
-            self.generator(self._replica_noise(step, substep, local_rows, count), training=True)
+            tf.cast(
+                self.generator(
+                    self._replica_noise(step, substep, local_rows, count), training=True
+                ),
+                tf.float32,
+            )
         )
         logs = {}
         real_scores = self._scores(self.discriminator, real)
@@ -420,7 +436,9 @@ class GANLoop(Loop):
             per_example = (
                 wasserstein_critic_loss(real_scores, fake_scores) + self.gp_weight * penalty
             )
-            logs["gradient_penalty"] = reduction.scale_to_global_batch(penalty, count)
+            # Sums: the Update adds up logs over replicas and micro-batches.
+            logs["gradient_penalty"] = tf.reduce_sum(penalty)
+            logs["num_examples"] = tf.cast(local_rows, tf.float32)
         else:
             per_example = non_saturating_discriminator_loss(real_scores, fake_scores)
         return reduction.scale_to_global_batch(per_example, count), logs

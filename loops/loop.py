@@ -21,6 +21,7 @@ from loops import (
     reporting,
     strategies,
 )
+from loops import mixed_precision as mixed_precision_lib
 from loops.actions import Action, watched_metrics
 from loops.checkpoints import Checkpointer, FinitenessCheck, describe_names
 from loops.errors import NonFiniteError
@@ -142,6 +143,10 @@ class Loop(metaclass=_BuildsAfterInit):
         seed: int = 0,
         run_eagerly: bool = False,
         on_nonfinite: str = "stop",
+        # How the steps' `loops.Update`s compute.
+        mixed_precision: str = "none",
+        loss_scale_growth_steps: int | None = None,
+        grad_accum_steps: int = 1,
         # Host-side callbacks.
         actions: Sequence[Action] = (),
         # What the run was asked to do, recorded with its results.
@@ -177,6 +182,17 @@ class Loop(metaclass=_BuildsAfterInit):
                 loop then refuses to train on). "skip": its update is not
                 applied on any replica and training goes on; every update
                 then waits for the finiteness check (see `apply_update`).
+            mixed_precision: "none" (float32), "mixed_bfloat16" or
+                "mixed_float16": the Keras dtype policy `build` runs under
+                (layers given an explicit dtype keep it; variables stay
+                float32). Under "mixed_float16" every `loops.Update` keeps a
+                dynamic loss scale.
+            loss_scale_growth_steps: under "mixed_float16", finite steps in a
+                row after which the loss scale doubles (default 2000).
+            grad_accum_steps: micro-batches each `loops.Update` cuts a
+                replica's share of a step into, accumulating their
+                gradients into one update (the same update as the whole
+                batch at once, with 1/K of the activations in memory).
             actions: `loops.Action`s run between inner loops, after
                 evaluations and at the ends of `train`; their state is saved
                 with the checkpoints.
@@ -196,6 +212,22 @@ class Loop(metaclass=_BuildsAfterInit):
             raise ValueError(
                 f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {on_nonfinite!r}."
             )
+        _check_positive("grad_accum_steps", grad_accum_steps)
+        self.mixed_precision = mixed_precision_lib.check_policy(mixed_precision)
+        if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
+            mixed_precision
+        ):
+            raise ValueError(
+                f"loss_scale_growth_steps={loss_scale_growth_steps!r} applies only to "
+                f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
+                "switch to float16."
+            )
+        self.loss_scale_growth_steps = (
+            mixed_precision_lib.DEFAULT_GROWTH_STEPS
+            if loss_scale_growth_steps is None
+            else loss_scale_growth_steps
+        )
+        self.grad_accum_steps = grad_accum_steps
         if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
             raise ValueError(
                 f"model_dir {model_dir!r} is a file, not a directory; pass a "
@@ -272,7 +304,8 @@ class Loop(metaclass=_BuildsAfterInit):
                 name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )
-            self.build()
+            with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
+                self.build()
             for action in self.actions:
                 action.build(self)
         action_state = _action_state(self.actions)
@@ -550,10 +583,16 @@ class Loop(metaclass=_BuildsAfterInit):
     def skips_nonfinite(self) -> bool:
         """Whether `apply_update` leaves out non-finite updates (else it applies every update).
 
-        Under ParameterServerStrategy the workers go on with the steps already
+        Under a float16 loss scale an overflow is routine and skipped. Under
+        ParameterServerStrategy the workers go on with the steps already
         scheduled while the coordinator decides, so there even "stop" skips.
         """
-        return self.on_nonfinite == "skip" or self._coordinator is not None
+        return (
+            self.on_nonfinite == "skip"
+            or self._coordinator is not None
+            # An overflow is routine under a loss scale: its update is always left out.
+            or mixed_precision_lib.needs_loss_scale(self.mixed_precision)
+        )
 
     def apply_update(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
         """Runs `strategy.run(apply_fn, args)` the way `on_nonfinite` asks; cross-replica context.

@@ -15,14 +15,21 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
+from loops import micro_batches
+
 
 def global_count(local_count: tf.Tensor) -> tf.Tensor:
     """All-reduces a per-replica count (of examples, or a weight sum) to float32.
 
-    Call in replica context (inside `strategy.run`).
+    Call in replica context (inside `strategy.run`). Under gradient
+    accumulation the count is that of the micro-batch being computed, and the
+    `loops.Update` weights the micro-batch's gradients by it: a loss function
+    divides by the first count it takes (`scale_to_global_batch`).
     """
     context = tf.distribute.get_replica_context()
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(local_count, tf.float32))
+    count = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(local_count, tf.float32))
+    micro_batches.record_count(count)
+    return count
 
 
 def scale_to_global_batch(per_example_loss: tf.Tensor, count: tf.Tensor) -> tf.Tensor:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 import keras
 import tensorflow as tf
 
+from loops import micro_batches
 from loops.distributed_input import replica_bounds
 
 
@@ -41,7 +42,10 @@ def replica_rows(
     `distributed_input.replica_bounds`). Row i is therefore the same for 1 or N
     replicas, and different rows, on any replicas, are independent; a stateful
     or seeded generator would repeat the same rows on every replica (BUILD.md
-    fact 7). Call in replica context.
+    fact 7). Under gradient accumulation (`loops.Update`) the rows are those
+    of the whole step, whatever micro-batch is being computed, so the draws
+    do not depend on the number of micro-batches either. Call in replica
+    context.
 
     Args:
         draw: a stateless sampler, e.g. tf.random.stateless_normal.
@@ -50,15 +54,19 @@ def replica_rows(
         global_rows: rows all replicas hold (from `reduction.global_count`).
         row_shape: the shape of one row (a sequence or a 1-D int tensor).
     """
-    context = tf.distribute.get_replica_context()
-    global_rows = tf.cast(global_rows, tf.int32)
+    micro_batch = micro_batches.current()
+    if micro_batch is not None:
+        global_rows, start = micro_batch.step_rows, micro_batch.first_row
+    else:
+        context = tf.distribute.get_replica_context()
+        global_rows = tf.cast(global_rows, tf.int32)
+        start, _ = replica_bounds(
+            global_rows,
+            tf.cast(context.replica_id_in_sync_group, tf.int32),
+            context.num_replicas_in_sync,
+        )
     shape = tf.concat([[global_rows], tf.cast(row_shape, tf.int32)], 0)
     values = draw(shape, seed=seed)
-    start, _ = replica_bounds(
-        global_rows,
-        tf.cast(context.replica_id_in_sync_group, tf.int32),
-        context.num_replicas_in_sync,
-    )
     return values[start : start + tf.cast(local_rows, tf.int32)]
 
 

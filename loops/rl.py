@@ -156,6 +156,13 @@ class EnvironmentLoop(Loop):
             raise ValueError(f"gamma must be in [0, 1], got {gamma!r}; 0.99 is usual.")
         if loop_args.get("train_data") is not None:
             raise ValueError(f"{type(self).__name__} makes its own data; do not pass train_data.")
+        if loop_args.get("grad_accum_steps", 1) != 1:
+            raise ValueError(
+                f"{type(self).__name__} does not accumulate gradients (got grad_accum_steps="
+                f"{loop_args['grad_accum_steps']!r}): its updates draw their own minibatches "
+                "from the rollout or the replay buffer. Leave grad_accum_steps at 1 and set "
+                "the minibatch size with global_batch_size (--global_batch_size)."
+            )
         strategy = loop_args.get("strategy") or tf.distribute.get_strategy()
         replicas = strategy.num_replicas_in_sync
         if num_envs % replicas:
@@ -471,10 +478,15 @@ class ActorCriticLoop(EnvironmentLoop):
         self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
 
     def checkpoint_items(self):
-        return {**super().checkpoint_items(), "model": self.model, "optimizer": self.optimizer}
+        return {
+            **super().checkpoint_items(),
+            "model": self.model,
+            "optimizer": self.optimizer,
+            **_loss_scale_items(self.update),
+        }
 
     def _act(self, observation, t):
-        logits, value = self.model(observation)
+        logits, value = _float32(self.model(observation))
         # Gumbel-max sampling with this environment's own noise.
         noise = self.env_noise(Noise.ACTION, t, [self.environment.num_actions])
         gumbel = -tf.math.log(-tf.math.log(tf.clip_by_value(noise, 1e-12, 1.0 - 1e-7)))
@@ -484,8 +496,10 @@ class ActorCriticLoop(EnvironmentLoop):
 
     def _replica_collect(self):
         rollout = self.rollout(self._act, {"value": tf.float32, "log_probability": tf.float32})
-        _, next_values = self.model(
-            tf.reshape(rollout["final_observation"], [-1, self.environment.observation_size])
+        _, next_values = _float32(
+            self.model(
+                tf.reshape(rollout["final_observation"], [-1, self.environment.observation_size])
+            )
         )
         advantages, returns = advantages_and_returns(
             rewards=rollout["reward"],
@@ -532,7 +546,7 @@ class ActorCriticLoop(EnvironmentLoop):
         local = tf.boolean_mask(local, (local >= 0) & (local < held))
         batch = {name: tf.gather(value, local) for name, value in samples.items()}
         count = tf.constant(float(self.global_batch_size))
-        logits, values = self.model(batch["observation"], training=True)
+        logits, values = _float32(self.model(batch["observation"], training=True))
         log_probabilities = tf.nn.log_softmax(logits)
         log_probability = tf.gather(log_probabilities, batch["action"], batch_dims=1)
         ratio = tf.exp(log_probability - batch["log_probability"])
@@ -558,14 +572,16 @@ class ActorCriticLoop(EnvironmentLoop):
         statistics = self.record_rollout(collected)
         updates = self.epochs * self.minibatches
         totals = {name: tf.constant(0.0) for name in ("policy_loss", "value_loss", "entropy")}
-        nonfinite = tf.constant(0.0)
+        loss_scale = _loss_scale_value(self.update)
+        nonfinite, overflows = tf.constant(0.0), tf.constant(0.0)
         for update in tf.range(updates):
             result = self.update(self._replica_loss, args=(collected["samples"], update))
             totals = {name: totals[name] + result.sums[name] for name in totals}
             nonfinite = tf.maximum(nonfinite, result.nonfinite)
+            overflows += result.overflow
         return {
             **{name: outputs.Mean(value / updates) for name, value in totals.items()},
-            outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32)),
+            **_update_flags(nonfinite, overflows, loss_scale),
             **statistics,
         }
 
@@ -741,6 +757,7 @@ class DQNLoop(EnvironmentLoop):
             "target": self.target,
             "optimizer": self.optimizer,
             "replay_buffer": self.replay,
+            **_loss_scale_items(self.update),
         }
 
     def epsilon(self) -> tf.Tensor:
@@ -753,7 +770,7 @@ class DQNLoop(EnvironmentLoop):
         return self.epsilon_start + (self.epsilon_end - self.epsilon_start) * progress
 
     def _act(self, observation, t):
-        greedy = tf.argmax(self.model(observation), axis=-1, output_type=tf.int32)
+        greedy = tf.argmax(_float32(self.model(observation)), axis=-1, output_type=tf.int32)
         coin, pick = tf.unstack(self.env_noise(Noise.EXPLORE, t, [2]), axis=-1)
         num_actions = self.environment.num_actions
         random = tf.minimum(tf.cast(pick * num_actions, tf.int32), num_actions - 1)
@@ -792,14 +809,18 @@ class DQNLoop(EnvironmentLoop):
         }
         # Double DQN: the online net picks the next action, the target net values it.
         next_action = tf.argmax(
-            self.model(batch["final_observation"]), axis=-1, output_type=tf.int32
+            _float32(self.model(batch["final_observation"])), axis=-1, output_type=tf.int32
         )
-        next_value = tf.gather(self.target(batch["final_observation"]), next_action, batch_dims=1)
+        next_value = tf.gather(
+            _float32(self.target(batch["final_observation"])), next_action, batch_dims=1
+        )
         target = tf.stop_gradient(
             batch["reward"] + self.gamma * (1.0 - batch["terminated"]) * next_value
         )
         q_values = tf.gather(
-            self.model(batch["observation"], training=True), batch["action"], batch_dims=1
+            _float32(self.model(batch["observation"], training=True)),
+            batch["action"],
+            batch_dims=1,
         )
         error = q_values - target
         # Huber loss with delta 1.
@@ -818,11 +839,13 @@ class DQNLoop(EnvironmentLoop):
         ready = tf.convert_to_tensor(self.replay_size) >= self.learning_starts
         updates = tf.where(ready, self.updates_per_step, 0)
         totals = {name: tf.constant(0.0) for name in ("loss", "q_value")}
-        nonfinite = tf.constant(0.0)
+        loss_scale = _loss_scale_value(self.update)
+        nonfinite, overflows = tf.constant(0.0), tf.constant(0.0)
         for update in tf.range(updates):
             result = self.update(self._replica_loss, args=(update,))
             totals = {name: totals[name] + result.sums[name] for name in totals}
             nonfinite = tf.maximum(nonfinite, result.nonfinite)
+            overflows += result.overflow
         if self.target_tau is None:
             assert self.target_update_every is not None  # set whenever target_tau is None
             target_networks.copy_every(
@@ -834,7 +857,7 @@ class DQNLoop(EnvironmentLoop):
         return {
             **{name: outputs.Mean(value / done) for name, value in totals.items()},
             "epsilon": outputs.Last(self.epsilon()),
-            outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32)),
+            **_update_flags(nonfinite, overflows, loss_scale),
             **statistics,
         }
 
@@ -860,3 +883,28 @@ def _checked_model_fn(model_fn):
 def _check_whole(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}.")
+
+
+def _loss_scale_value(update: Update) -> tf.Tensor | None:
+    """The loss scale a step begins with; None without one."""
+    return None if update.loss_scale is None else update.loss_scale.scale.read_value()
+
+
+def _update_flags(nonfinite, overflows, loss_scale) -> dict[str, outputs.Output]:
+    """The step outputs of its updates: any not finite, and the loss scale's overflows."""
+    flags: dict[str, outputs.Output] = {
+        outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32))
+    }
+    if loss_scale is not None:
+        flags["loss_scale"] = outputs.Last(loss_scale)
+        flags["overflow"] = outputs.Sum(tf.cast(overflows, tf.int32))
+    return flags
+
+
+def _float32(model_outputs):
+    """A model's outputs in float32: losses and sampling stay float32 under mixed precision."""
+    return tf.nest.map_structure(lambda output: tf.cast(output, tf.float32), model_outputs)
+
+
+def _loss_scale_items(update: Update) -> dict[str, object]:
+    return {} if update.loss_scale is None else {"loss_scale": update.loss_scale}

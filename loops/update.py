@@ -5,19 +5,20 @@ classifier, both GAN networks, PPO and DQN: the model's regularization
 losses added once, a float16 loss scale, the gradients, a finiteness check
 that covers every replica, clipping by the global norm of the summed
 gradient, and applying (or leaving out) the update as the loop's
-`on_nonfinite` policy says.
+`on_nonfinite` policy says; with gradient accumulation, all of it over the
+sum of K micro-batches' gradients.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
 
-from loops import outputs, reduction
+from loops import distributed_input, micro_batches, mixed_precision, outputs, reduction
 
 # A replica function's result: its share of the loss (already divided by the
 # real global count, `loops.scale_to_global_batch`) and scalars to sum over replicas.
@@ -28,8 +29,35 @@ class UpdateResult(NamedTuple):
     """What one update did, in cross-replica context."""
 
     sums: dict[str, tf.Tensor]  # "loss" and the replica function's logs, summed over replicas
-    nonfinite: tf.Tensor  # 1.0 when the loss or a gradient was not finite on some replica
-    outputs: dict[str, outputs.Output]  # "nonfinite" (and "loss_scale", "overflow") as step outputs
+    skipped: tf.Tensor  # 1.0 when the update was left out on every replica
+    # 1.0 when the loss or a gradient was not finite on some replica for a reason a
+    # loss scale does not explain: what the loop's on_nonfinite policy acts on.
+    nonfinite: tf.Tensor
+    overflow: tf.Tensor  # 1.0 when it was skipped as a float16 loss-scale overflow
+    loss_scale: tf.Tensor | None  # the loss scale it used; None without one
+
+    @property
+    def outputs(self) -> dict[str, outputs.Output]:
+        """ "nonfinite" (and "loss_scale", "overflow") as step outputs."""
+        return update_outputs([self])
+
+
+def update_outputs(results: Sequence[UpdateResult], prefix: str = "") -> dict[str, outputs.Output]:
+    """The step outputs of a step's updates of one optimizer, in order.
+
+    `nonfinite` is 1 when any of them was not finite; under a loss scale,
+    `<prefix>loss_scale` is the scale the last one used and
+    `<prefix>overflow` counts the overflows.
+    """
+    flags = tf.stack([result.nonfinite for result in results])
+    step_outputs: dict[str, outputs.Output] = {
+        outputs.NONFINITE: outputs.Sum(tf.cast(tf.reduce_max(flags), tf.int32))
+    }
+    if results[-1].loss_scale is not None:
+        overflows = tf.add_n([result.overflow for result in results])
+        step_outputs[prefix + "loss_scale"] = outputs.Last(results[-1].loss_scale)
+        step_outputs[prefix + "overflow"] = outputs.Sum(tf.cast(overflows, tf.int32))
+    return step_outputs
 
 
 class Update:
@@ -43,17 +71,40 @@ class Update:
         result = self.update(self._replica_loss, args=(inputs, labels))
         return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
 
+    `result.outputs` holds `nonfinite` (and, under a float16 loss scale,
+    `loss_scale` and `overflow`); a step of several updates combines theirs
+    with `update_outputs`.
+
+    The replica function gets `args` and returns its share of the loss,
+    divided by the real global count of what it sums over
+    (`loops.global_count`, `loops.scale_to_global_batch`), and a dict of
+    scalars that are sums over its examples (counts, sums of a metric).
+
+    Two settings come from the loop, so that every step has them:
+    - `mixed_precision="mixed_float16"`: a dynamic loss scale
+      (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`; checkpoint
+      it), whose overflows are skipped and reported as `overflow`.
+    - `grad_accum_steps=K`: each replica's share of the step is cut into K
+      micro-batches along the first axis of every tensor of rank >= 1 in
+      `args` (scalars and Python values are passed whole to every call), the
+      replica function runs once per micro-batch, and the gradients are
+      added up weighted by the global count each micro-batch's loss divided
+      by (the first `loops.global_count` it takes): the update is that of
+      the whole batch at once, on any replica count, with 1/K of the
+      activations in memory. Its logs are summed over the micro-batches,
+      and random draws keyed by example (`loops.replica_random`) do not
+      change with K.
+
     Args:
-        loop: the loop whose strategy runs the replicas and whose
+        loop: the loop whose strategy runs the replicas, whose
             `on_nonfinite` policy (`Loop.apply_update`) decides what a
-            non-finite update leads to.
+            non-finite update leads to, and whose `mixed_precision` and
+            `grad_accum_steps` apply.
         optimizer: a built Keras optimizer.
         trained: a Keras model (its trainable variables, and its
             regularization losses added once to the loss), or a function
             returning the variables to train.
         clip_norm: clip the summed gradient to this global norm; None does not.
-        loss_scale: a `loops.mixed_precision.DynamicLossScale` for float16
-            models; its overflows are skipped and reported as `overflow`.
     """
 
     def __init__(
@@ -63,14 +114,18 @@ class Update:
         trained: keras.Model | Callable[[], Sequence[tf.Variable]],
         *,
         clip_norm: float | None = None,
-        loss_scale: Any = None,
     ):
         check_clip_norm(clip_norm)
         self._loop = loop
         self.optimizer = optimizer
         self._trained = trained
         self.clip_norm = clip_norm
-        self.loss_scale = loss_scale
+        self.grad_accum_steps = loop.grad_accum_steps
+        self.loss_scale = None
+        if mixed_precision.needs_loss_scale(loop.mixed_precision):
+            self.loss_scale = mixed_precision.DynamicLossScale(
+                growth_steps=loop.loss_scale_growth_steps
+            )
 
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
@@ -83,24 +138,24 @@ class Update:
         logs, gradients, finite = strategy.run(
             functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
         )
-        nonfinite = self._loop.apply_update(finite, self._replica_apply, gradients)
+        skipped = self._loop.apply_update(finite, self._replica_apply, gradients)
         sums = reduction.sum_over_replicas(strategy, logs)
         if self.loss_scale is None:
-            return UpdateResult(
-                sums, nonfinite, {outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32))}
-            )
-        scale = self.loss_scale.update(skipped=nonfinite, loss=sums["loss"])
+            return UpdateResult(sums, skipped, skipped, tf.zeros_like(skipped), None)
+        scale = self.loss_scale.update(skipped=skipped, loss=sums["loss"])
         return UpdateResult(
-            sums,
-            nonfinite,
-            {
-                outputs.NONFINITE: outputs.Sum(tf.cast(scale["nonfinite"], tf.int32)),
-                "loss_scale": outputs.Last(scale["loss_scale"]),
-                "overflow": outputs.Sum(tf.cast(scale["overflow"], tf.int32)),
-            },
+            sums, skipped, scale["nonfinite"], scale["overflow"], scale["loss_scale"]
         )
 
     def _replica_gradients(self, replica_loss: ReplicaLoss, *args):
+        if self.grad_accum_steps == 1:
+            loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
+        else:
+            loss, logs, gradients = self._accumulated(replica_loss, args)
+        finite = reduction.all_finite([loss, *gradients])
+        return {"loss": loss, **logs}, gradients, finite
+
+    def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
         variables = self.variables()
         with tf.GradientTape() as tape:
             loss, logs = replica_loss(*args)
@@ -112,8 +167,72 @@ class Update:
         gradients = tape.gradient(target, variables)
         if self.loss_scale is not None:
             gradients = self.loss_scale.unscale(gradients)
-        finite = reduction.all_finite([loss, *gradients])
-        return {"loss": loss, **logs}, gradients, finite
+        return loss, dict(logs), gradients
+
+    def _accumulated(self, replica_loss: ReplicaLoss, args: Sequence):
+        """The loss, logs and gradients of the whole share, computed micro-batch by micro-batch.
+
+        Each micro-batch's loss is divided by its own global count c_k; the
+        share's is sum_k c_k * loss_k / sum_k c_k, and so are its gradients.
+        The micro-batches are unrolled (their all-reduces cannot sit in a
+        `tf.while_loop` under MirroredStrategy), and each one's input waits
+        for the previous one's gradients, so that one micro-batch's
+        activations are alive at a time.
+        """
+        parts = tf.nest.flatten(args)
+        batched = [isinstance(part, tf.Tensor) and part.shape.rank != 0 for part in parts]
+        if not any(batched):
+            raise ValueError(
+                f"grad_accum_steps={self.grad_accum_steps} splits a step's examples into "
+                "micro-batches along the first axis of the tensors in the Update's args, and "
+                "these args hold no tensor of rank >= 1. Pass the step's batch in args, or "
+                "set grad_accum_steps=1."
+            )
+        rows = tf.shape(parts[batched.index(True)])[0]
+        context = tf.distribute.get_replica_context()
+        step_rows = context.all_reduce(tf.distribute.ReduceOp.SUM, rows)
+        replica_start, _ = distributed_input.replica_bounds(
+            step_rows, context.replica_id_in_sync_group, context.num_replicas_in_sync
+        )
+        size = -(-rows // self.grad_accum_steps)  # ceil: the last micro-batches may be short
+        total = weighted_loss = None
+        summed_logs: dict[str, tf.Tensor] = {}
+        weighted: list[tf.Tensor | None] = []
+        for index in range(self.grad_accum_steps):
+            start = tf.minimum(index * size, rows)
+            stop = tf.minimum(start + size, rows)
+            with tf.control_dependencies([g for g in weighted if g is not None]):
+                sliced = [
+                    tf.identity(part[start:stop]) if cut else part
+                    for part, cut in zip(parts, batched)
+                ]
+            with micro_batches.computing(
+                micro_batches.MicroBatch(step_rows=step_rows, first_row=replica_start + start)
+            ) as computed:
+                loss, logs, gradients = self._loss_and_gradients(
+                    replica_loss, tf.nest.pack_sequence_as(args, sliced)
+                )
+            if not computed.counts:
+                raise ValueError(
+                    f"grad_accum_steps={self.grad_accum_steps} weights each micro-batch by the "
+                    "global count its loss is divided by, and this replica function took "
+                    "none: divide its summed loss by loops.global_count(...) "
+                    "(loops.scale_to_global_batch), or set grad_accum_steps=1."
+                )
+            count = computed.counts[0]
+            scaled = [None if g is None else count * tf.convert_to_tensor(g) for g in gradients]
+            if total is None:
+                total, weighted_loss, summed_logs, weighted = count, count * loss, logs, scaled
+                continue
+            total += count
+            weighted_loss += count * loss
+            summed_logs = {name: summed_logs[name] + logs[name] for name in summed_logs}
+            weighted = [None if w is None else w + g for w, g in zip(weighted, scaled)]
+        return (
+            tf.math.divide_no_nan(weighted_loss, total),
+            summed_logs,
+            [None if w is None else tf.math.divide_no_nan(w, total) for w in weighted],
+        )
 
     def _replica_apply(self, gradients) -> None:
         reduction.apply_gradients(

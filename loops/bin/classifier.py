@@ -5,7 +5,6 @@ from __future__ import annotations
 from absl import flags
 
 from loops import flags as loop_flags
-from loops.choices import PRECISION_POLICIES
 
 loop_flags.define_loop_flags(train_steps=600, global_batch_size=64, learning_rate=2e-3)
 with loop_flags.heading("data"):
@@ -28,14 +27,6 @@ with loop_flags.heading("model"):
         "(cnn); masks differ per replica and per step, and match for any "
         "replica count.",
     )
-    flags.DEFINE_enum(
-        "mixed_precision",
-        "none",
-        list(PRECISION_POLICIES),
-        "Compute in 16 bits with float32 variables: mixed_bfloat16, or "
-        "mixed_float16 with a dynamic loss scale agreed on by all replicas; "
-        "none: float32.",
-    )
 with loop_flags.heading("training"):
     flags.DEFINE_enum(
         "optimizer",
@@ -43,7 +34,6 @@ with loop_flags.heading("training"):
         ["adam", "sgd", "momentum"],
         "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.",
     )
-    flags.DEFINE_float("clip_norm", None, "Clip gradients to this global norm (> 0).")
     flags.DEFINE_enum(
         "lr_schedule",
         "constant",
@@ -67,11 +57,6 @@ flags.register_validator(
     "dropout",
     lambda value: 0.0 <= value < 1.0,
     message="--dropout must lie in [0, 1), e.g. --dropout=0.2.",
-)
-flags.register_validator(
-    "clip_norm",
-    lambda value: value is None or value > 0,
-    message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).",
 )
 
 FLAGS = flags.FLAGS
@@ -133,7 +118,6 @@ def build_loop():
         ),
         optimizer_fn=lambda: make_optimizer(FLAGS.optimizer, learning_rate),
         clip_norm=FLAGS.clip_norm,
-        mixed_precision=FLAGS.mixed_precision,
         train_data=train_data,
         eval_data=eval_data,
         **loop_flags.loop_arguments(

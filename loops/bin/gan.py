@@ -121,6 +121,7 @@ def build_loop():
         n_critic=FLAGS.n_critic,
         gp_weight=FLAGS.gp_weight,
         ema_decay=FLAGS.ema_decay or None,
+        clip_norm=FLAGS.clip_norm,
         **models_and_data,
         **loop_flags.loop_arguments(
             strategy,

@@ -157,6 +157,7 @@ def build_loop():
             num_envs=FLAGS.num_envs,
             rollout_length=FLAGS.rollout_length,
             global_batch_size=FLAGS.global_batch_size,
+            clip_norm=FLAGS.clip_norm,
         ),
         **loop_flags.loop_arguments(
             strategy, loop_flags.resolve_model_dir(f"rl-{FLAGS.algorithm}")
