@@ -3,7 +3,8 @@
 WeightedRegression is the whole of what a researcher writes: what it builds,
 its replica loss, and its typed outputs. The tests show that it then has
 1-vs-N replica parity, progress lines, TensorBoard summaries, checkpoints and
-exact resume, and the non-finite policy, without writing any of them.
+exact resume, the non-finite policy, gradient accumulation and mixed
+precision, without writing any of them.
 """
 
 import glob
@@ -42,7 +43,8 @@ class WeightedRegression(loops.Loop):
 
     def _replica_loss(self, x, y, w):
         weight_sum = loops.global_count(tf.reduce_sum(w))  # over ALL replicas
-        error = tf.squeeze(self.model(x, training=True), -1) - y
+        # In float32 whatever the model computes in (mixed precision).
+        error = tf.squeeze(tf.cast(self.model(x, training=True), tf.float32), -1) - y
         return tf.math.divide_no_nan(tf.reduce_sum(w * error**2), weight_sum), {
             "weight": tf.reduce_sum(w)
         }
@@ -57,7 +59,7 @@ class WeightedRegression(loops.Loop):
 
     def eval_step(self, batch):
         def replica_sums(x, y, w):
-            error = tf.squeeze(self.model(x), -1) - y
+            error = tf.squeeze(tf.cast(self.model(x), tf.float32), -1) - y
             return {"loss": tf.reduce_sum(w * error**2), "weight": tf.reduce_sum(w)}
 
         sums = loops.sum_over_replicas(self.strategy, self.strategy.run(replica_sums, args=batch))
@@ -116,6 +118,38 @@ def test_progress_summaries_checkpoints_and_exact_resume(tmp_path):
     results = read_results(model_dir)
     assert results["global_step"] == 8 and results["eval"]["loss"] < 2.0
     assert glob.glob(os.path.join(model_dir, "summaries", "train", "events.*"))
+
+
+def test_gradient_accumulation_on_weighted_partial_batches():
+    # Batches of 12 and 4 rows, cut into 3 micro-batches per replica: weighted
+    # micro-batches of 2, 1 and 0 rows. Each is weighted by its own sum of w.
+    whole = loops.testing.train_run(build, loops.testing.replica_strategy(1), num_steps=8)
+    for replicas, grad_accum_steps in [(1, 3), (2, 3), (4, 2)]:
+        run = loops.testing.train_run(
+            lambda strategy, k=grad_accum_steps: build(strategy, grad_accum_steps=k),
+            loops.testing.replica_strategy(replicas),
+            num_steps=8,
+        )
+        loops.testing.assert_runs_agree(
+            run, whole, rtol=1e-5, label=f"{replicas} replicas x {grad_accum_steps} vs 1 x 1"
+        )
+    # 8 steps of batches of 12, 12, 12, 4 rows: two epochs, each weight twice.
+    epoch_weight = sum(float(np.sum(w)) for _, _, w in data()().as_numpy_iterator())
+    np.testing.assert_allclose(np.sum(whole["logs"]["weight"]), 2 * epoch_weight, rtol=1e-5)
+
+
+def test_mixed_float16_gets_a_loss_scale_the_step_does_not_write():
+    loop = build(loops.testing.replica_strategy(2), mixed_precision="mixed_float16")
+    logs = loop.train(8)
+    assert loop.model.layers[0].compute_dtype == "float16"
+    assert loop.model.layers[0].kernel.dtype == "float32"
+    scales, overflows = logs["loss_scale"].tolist(), logs["overflow"].tolist()
+    assert scales[0] == 2.0**15
+    # Each overflow is skipped and halves the next step's scale; nothing else moves it.
+    for step in range(1, 8):
+        assert scales[step] == scales[step - 1] / (2 if overflows[step - 1] else 1), scales
+    assert logs["nonfinite"].tolist() == [0] * 8 and loop.skipped_steps == 0
+    assert np.all(np.isfinite(logs["loss"])) and logs["loss"][-1] < logs["loss"][0]
 
 
 @pytest.mark.parametrize("policy", ["skip", "stop"])
