@@ -4,40 +4,25 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import test_parity as parity
 from test_gan import make_gan
 
 import loops
-import loops_models as models
-from conftest import optimizer_factory, tiny_batches
 
 STEPS = 7
 
 
-def classifier_builder(grad_accum_steps, *, dropout=0.0, optimizer="sgd_momentum", examples=17):
-    def build(strategy):
-        return loops.ClassifierLoop(
-            strategy=strategy,
-            model_fn=lambda: models.build_classifier(
-                "mlp",
-                input_shape=(8, 8, 1),
-                num_classes=10,
-                l2=1e-3,
-                batch_norm=False,
-                dropout=dropout,
-                seed=3,
-            ),
-            optimizer_fn=optimizer_factory(optimizer),
-            clip_norm=0.5,
-            grad_accum_steps=grad_accum_steps,
-            # 17 examples, batch 8: every third step holds 1 example, so some
-            # micro-batches are short and some, on some replicas, empty.
-            train_data=tiny_batches(8, examples, shuffle_seed=5),
-            eval_data=tiny_batches(8, examples, seed=1),
-            steps_per_loop=4,
-            progress=loops.testing.quiet_progress(),
-        )
-
-    return build
+def classifier_builder(grad_accum_steps, *, dropout=0.0, optimizer="sgd_momentum"):
+    # 17 examples, batch 8: every third step holds 1 example, so some
+    # micro-batches are short and some, on some replicas, empty. No batch
+    # norm: it normalizes each micro-batch by its own statistics.
+    return parity.classifier_builder(
+        optimizer,
+        batch_norm=False,
+        clip_norm=0.5,
+        dropout=dropout,
+        grad_accum_steps=grad_accum_steps,
+    )
 
 
 def one_replica_run(build):

@@ -15,7 +15,15 @@ from conftest import optimizer_factory, tiny_batches
 
 
 def classifier_builder(
-    optimizer, *, batch_norm=True, l2=1e-3, clip_norm=None, model="mlp", dropout=0.0, examples=17
+    optimizer,
+    *,
+    batch_norm=True,
+    l2=1e-3,
+    clip_norm=None,
+    model="mlp",
+    dropout=0.0,
+    examples=17,
+    **loop_args,
 ):
     def build(strategy):
         return loops.ClassifierLoop(
@@ -37,6 +45,7 @@ def classifier_builder(
             eval_data=tiny_batches(8, examples, seed=1),
             steps_per_loop=4,
             progress=loops.testing.quiet_progress(),
+            **loop_args,
         )
 
     return build
