@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from loops.loop import Loop
 
 # Config keys a resumed run may change without a warning: how long it trains, how
-# often it evaluates and saves, and where its outputs go (a Loop's default).
+# often it evaluates and saves, and where its outputs go (`Loop.config_free_to_change`).
 CONFIG_FREE_TO_CHANGE = frozenset(
     {
         "train_steps",
@@ -48,10 +48,8 @@ class Controller:
 
     A `loops.Loop` makes its Controller before its `build` and has it
     `restore` the newest checkpoint in `model_dir` right after, so a restarted
-    job continues from its last saved step. The loop's `train`, `evaluate`,
-    `request_stop`, `save_checkpoint`, `write_results` and `close` are this
-    object's, and the loop forwards the run state code outside reads
-    (`loop.last_eval_metrics`, `loop.stop_reason`, ...).
+    job continues from its last saved step. The loop's run methods (`train`,
+    `evaluate`, ...) delegate here, and it forwards the run state read outside.
 
     Actions run on the host on every worker and get the loop: `before_train`,
     then `after_loop` after inner loops, `after_eval` after each evaluation,
@@ -150,15 +148,12 @@ class Controller:
         self.last_train_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
         self.steps_per_second = 0.0
-        self.skipped_steps = 0
         self.preempted = False
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
         self._saved_step: int | None = None
-        self._train_iterator: Iterator | None = None
-        self._train_iterator_position = -1
-        # The step that left non-finite weights in memory with no checkpoint to go back to.
-        self._nonfinite_weights_step: int | None = None
+        self._train_input = _TrainInput(loop)
+        self._nonfinite = _NonFinitePolicy(loop, go_back=self._go_back_to_checkpoint)
         self._seconds_per_step: float | None = None
 
     def restore(self, items: Mapping[str, Any], finiteness: FinitenessCheck) -> None:
@@ -203,7 +198,14 @@ class Controller:
         try:
             restored = self.checkpointer.restore()
             if self.is_chief:
-                self._compare_config(restored is not None)
+                _record_config(
+                    model_dir,
+                    self.config,
+                    loop.checkpoint_items(),
+                    resuming=restored is not None,
+                    free_to_change=loop.config_free_to_change,
+                    say=self.progress.line,
+                )
         except (ValueError, OSError):
             self.close()
             raise
@@ -231,15 +233,7 @@ class Controller:
         """
         loop = self.loop
         _check_positive("num_steps", num_steps)
-        if self._nonfinite_weights_step is not None:
-            # Kernels need not show them again: oneDNN's fused ReLU turns a
-            # NaN into 0, and the next steps' loss and gradients are finite.
-            raise NonFiniteError(
-                f"At step {self._nonfinite_weights_step} the weights were not finite and "
-                "there was no checkpoint to go back to, so this loop cannot train on. Build "
-                "it again, with a model_dir and checkpoint_every so that a stop goes back "
-                "to the last checkpoint."
-            )
+        self._nonfinite.check_can_train()
         if loop.train_data is None and loop.needs_train_data:
             raise ValueError(
                 f"{type(loop).__name__} has no train_data; pass train_data= to the constructor."
@@ -262,7 +256,7 @@ class Controller:
                     f"already at step {start_step} >= {num_steps}: nothing to train "
                     "(the model_dir holds a finished run; raise the step count to continue)."
                 )
-            iterator = self._iterator_at(start_step)
+            iterator = self._train_input.at_step(start_step)
             self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
             if loop_times:
                 # The first inner loop includes tracing; leave it out when there are others.
@@ -311,10 +305,11 @@ class Controller:
             done, step = run.reached - step, run.reached
             logs = {name: values[:done] for name, values in run.logs.items()}
             # Stopped early, the iterator may have dequeued the next step's batches.
-            self._train_iterator_position = step * loop.batches_per_step if done == steps else -1
-            self._check_nonfinite(logs, step - done)
+            self._train_input.position = step * loop.batches_per_step if done == steps else -1
+            self._nonfinite.check_steps(logs, step - done)
             if not run.weights_finite:
-                self._stop_on_nonfinite_weights(step)
+                assert self._finiteness is not None  # restore ran before any step
+                self._nonfinite.stop_on_weights(step, self._finiteness.nonfinite_names())
             loop_times.append((done, seconds))
             self._seconds_per_step = seconds / max(done, 1)
             for name, values in outputs.per_step_values(run.kinds, logs).items():
@@ -357,6 +352,11 @@ class Controller:
         for action in self.actions:
             action.after_eval(loop, step, metrics)
         return metrics
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update was left out because it was not finite."""
+        return self._nonfinite.skipped_steps
 
     def request_stop(self, reason: str) -> None:
         """Ends `train` after the inner loop in progress; see the class docstring.
@@ -412,94 +412,18 @@ class Controller:
 
     # ---- Between inner loops. ----
 
-    def _check_nonfinite(self, logs: Mapping[str, np.ndarray], first_step: int) -> None:
-        """Counts skipped steps; under "stop", goes back to the last checkpoint and raises."""
-        flags = logs.get(outputs.NONFINITE)
-        if flags is None or not np.any(flags > 0):
-            return
-        if self.loop.skips_nonfinite:
-            self.skipped_steps += int(np.sum(flags > 0))
-        if self.loop.on_nonfinite != "stop":
-            return
-        bad_step = first_step + int(np.argmax(flags > 0)) + 1
-        if self.loop.skips_nonfinite:
-            state = "Its update was skipped and nothing was saved after it."
-        else:
-            state = self._go_back_to_checkpoint()
-        raise NonFiniteError(
-            f"Step {bad_step}: the loss or the gradients were not finite on at least one "
-            f"replica. {state} Lower the learning rate, clip gradients, check the input, "
-            "or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave out such steps."
-        )
-
-    def _stop_on_nonfinite_weights(self, step: int) -> None:
-        """Goes back to the last checkpoint (every one is finite) and raises NonFiniteError.
-
-        The loss and gradient checks cannot see an update that is itself not
-        finite (an infinite learning rate, an overflowing optimizer state), and
-        no policy can skip it after the fact, so every policy stops here.
-        """
-        assert self._finiteness is not None  # restore ran before any step
-        bad = self._finiteness.nonfinite_names()
-        state = self._go_back_to_checkpoint()
-        raise NonFiniteError(
-            f"After step {step}, {describe_names(bad)} not finite (NaN or inf), although the "
-            f"steps' loss and gradient checks passed: an update itself was not finite. {state} "
-            "Check the learning rate and the optimizer's settings (a learning rate that is "
-            "inf or huge does this), or clip gradients."
-        )
-
-    def _go_back_to_checkpoint(self) -> str:
-        """Restores the last checkpoint after a non-finite step; says where the loop is now."""
-        if self.checkpointer is not None and self.checkpointer.restore() is not None:
-            self._train_iterator_position = -1  # the stream resumes at the checkpoint's step
-            return (
-                f"Nothing was saved after it; the loop is back at its last checkpoint "
-                f"(step {self.loop.step}), where a rerun also resumes."
-            )
-        self._nonfinite_weights_step = self.loop.step
-        return (
-            "There is no checkpoint to go back to: the weights in memory are not finite, "
-            "and nothing was saved."
-        )
+    def _go_back_to_checkpoint(self) -> bool:
+        """Restores the last checkpoint, the train stream resuming there; False without one."""
+        if self.checkpointer is None or self.checkpointer.restore() is None:
+            return False
+        self._train_input.position = -1
+        return True
 
     def _check_watched_metrics(self) -> None:
         """Fails before any step when an action watches an eval metric the loop does not report."""
         names = self.loop.eval_metric_names()
         if names is not None:
             watched_metrics(self.actions, names)
-
-    def _compare_config(self, resuming: bool) -> None:
-        """Warns about settings that differ from the run that wrote model_dir; records these."""
-        assert self.model_dir is not None  # only called with a model_dir
-        path = os.path.join(self.model_dir, "config.json")
-        current = {
-            **self.config,
-            **{
-                f"checkpoint.{name}": type(item).__name__
-                for name, item in self.loop.checkpoint_items().items()
-            },
-        }
-        if resuming and os.path.exists(path):
-            try:
-                with open(path) as stream:
-                    previous = json.load(stream)
-            except (OSError, ValueError):
-                previous = {}
-            free_to_change = self.loop.config_free_to_change
-            changed = sorted(
-                key
-                for key in set(previous) | set(current)
-                if key not in free_to_change and previous.get(key) != current.get(key)
-            )
-            for key in changed:
-                self.progress.line(
-                    f"warning: {key} was {previous.get(key)!r} in the run that wrote "
-                    f"{self.model_dir} and is {current.get(key)!r} now; the checkpoint is "
-                    "restored and training goes on with the new value. If that is not what "
-                    "you meant, stop and rerun with the old value or a new --model_dir."
-                )
-        reporting.write_json_atomic(path, current)
 
     def _next_loop_length(self, step: int, num_steps: int) -> int:
         stop = min(step + self.steps_per_loop, num_steps)
@@ -521,25 +445,148 @@ class Controller:
                 stop = min(stop, (step // every + 1) * every)
         return stop - step
 
-    def _iterator_at(self, step: int):
-        """The train iterator positioned after `step` steps' batches (None without data)."""
-        loop = self.loop
+
+class _NonFinitePolicy:
+    """Carries out a loop's `on_nonfinite` after each inner loop, and counts the skipped steps.
+
+    Args:
+        loop: the loop whose `on_nonfinite` and `skips_nonfinite` say what follows.
+        go_back: restores the last checkpoint; False when there is none.
+    """
+
+    def __init__(self, loop: Loop, *, go_back: Callable[[], bool]):
+        self._loop = loop
+        self._go_back = go_back
+        self.skipped_steps = 0
+        # The step that left non-finite weights in memory with no checkpoint to go back to.
+        self._weights_lost_at: int | None = None
+
+    def check_can_train(self) -> None:
+        """Raises NonFiniteError when a stop left weights that are not finite in memory."""
+        if self._weights_lost_at is not None:
+            # Kernels need not show them again: oneDNN's fused ReLU turns a
+            # NaN into 0, and the next steps' loss and gradients are finite.
+            raise NonFiniteError(
+                f"At step {self._weights_lost_at} the weights were not finite and "
+                "there was no checkpoint to go back to, so this loop cannot train on. Build "
+                "it again, with a model_dir and checkpoint_every so that a stop goes back "
+                "to the last checkpoint."
+            )
+
+    def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> None:
+        """Counts skipped steps; under "stop", goes back to the last checkpoint and raises."""
+        flags = logs.get(outputs.NONFINITE)
+        if flags is None or not np.any(flags > 0):
+            return
+        if self._loop.skips_nonfinite:
+            self.skipped_steps += int(np.sum(flags > 0))
+        if self._loop.on_nonfinite != "stop":
+            return
+        bad_step = first_step + int(np.argmax(flags > 0)) + 1
+        if self._loop.skips_nonfinite:
+            state = "Its update was skipped and nothing was saved after it."
+        else:
+            state = self._back_to_checkpoint()
+        raise NonFiniteError(
+            f"Step {bad_step}: the loss or the gradients were not finite on at least one "
+            f"replica. {state} Lower the learning rate, clip gradients, check the input, "
+            "or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave out such steps."
+        )
+
+    def stop_on_weights(self, step: int, nonfinite_names: list[str]) -> None:
+        """Goes back to the last checkpoint (every one is finite) and raises NonFiniteError.
+
+        The loss and gradient checks cannot see an update that is itself not
+        finite (an infinite learning rate, an overflowing optimizer state), and
+        no policy can skip it after the fact, so every policy stops here.
+        """
+        state = self._back_to_checkpoint()
+        raise NonFiniteError(
+            f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
+            "although the steps' loss and gradient checks passed: an update itself was not "
+            f"finite. {state} Check the learning rate and the optimizer's settings (a "
+            "learning rate that is inf or huge does this), or clip gradients."
+        )
+
+    def _back_to_checkpoint(self) -> str:
+        """Goes back to the last checkpoint after a non-finite step; says where the loop is now."""
+        if self._go_back():
+            return (
+                f"Nothing was saved after it; the loop is back at its last checkpoint "
+                f"(step {self._loop.step}), where a rerun also resumes."
+            )
+        self._weights_lost_at = self._loop.step
+        return (
+            "There is no checkpoint to go back to: the weights in memory are not finite, "
+            "and nothing was saved."
+        )
+
+
+class _TrainInput:
+    """A loop's train iterator, positioned after some steps' batches so a resume continues there."""
+
+    def __init__(self, loop: Loop):
+        self._loop = loop
+        self._iterator: Iterator | None = None
+        # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
+        self.position = -1
+
+    def at_step(self, step: int):
+        """The iterator positioned after `step` steps' batches (None without train data)."""
+        loop = self._loop
         if loop.train_data is None:
             return None
         if loop.coordinator is not None:
             # Asynchronous workers read their own streams: there is no position to resume at.
-            if self._train_iterator is None:
-                self._train_iterator = parameter_server.worker_iterator(
-                    loop.coordinator, loop.train_data
-                )
-            return self._train_iterator
+            if self._iterator is None:
+                self._iterator = parameter_server.worker_iterator(loop.coordinator, loop.train_data)
+            return self._iterator
         position = step * loop.batches_per_step
-        if self._train_iterator is None or self._train_iterator_position != position:
-            self._train_iterator = distributed_input.train_iterator(
+        if self._iterator is None or self.position != position:
+            self._iterator = distributed_input.train_iterator(
                 loop.strategy, loop.train_data, skip_batches=position
             )
-            self._train_iterator_position = position
-        return self._train_iterator
+            self.position = position
+        return self._iterator
+
+
+def _record_config(
+    model_dir: str,
+    config: Mapping[str, Any],
+    checkpoint_items: Mapping[str, Any],
+    *,
+    resuming: bool,
+    free_to_change: frozenset[str],
+    say: Callable[[str], None],
+) -> None:
+    """Warns about settings that differ from the run that wrote model_dir; records these.
+
+    The settings are the run's config and the type of each checkpointed item.
+    """
+    current = {
+        **config,
+        **{f"checkpoint.{name}": type(item).__name__ for name, item in checkpoint_items.items()},
+    }
+    path = os.path.join(model_dir, "config.json")
+    if resuming and os.path.exists(path):
+        try:
+            with open(path) as stream:
+                previous = json.load(stream)
+        except (OSError, ValueError):
+            previous = {}
+        changed = sorted(
+            key
+            for key in set(previous) | set(current)
+            if key not in free_to_change and previous.get(key) != current.get(key)
+        )
+        for key in changed:
+            say(
+                f"warning: {key} was {previous.get(key)!r} in the run that wrote "
+                f"{model_dir} and is {current.get(key)!r} now; the checkpoint is "
+                "restored and training goes on with the new value. If that is not what "
+                "you meant, stop and rerun with the old value or a new --model_dir."
+            )
+    reporting.write_json_atomic(path, current)
 
 
 def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
