@@ -89,3 +89,47 @@ def test_bad_run_options_fail_before_anything_is_built():
     assert CountsBuilds.builds == 0
     loop = CountsBuilds(steps_per_loop=3, progress=loops.testing.quiet_progress())
     assert CountsBuilds.builds == 1 and loop.controller.steps_per_loop == 3
+
+
+class Counter(loops.Loop):
+    needs_train_data = False
+
+    def build(self):
+        self.total = tf.Variable(
+            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
+
+    def checkpoint_items(self):
+        return {"total": self.total}
+
+    def train_step(self, iterator):
+        self.total.assign_add(1.0)
+        return {"total": loops.Last(self.total.read_value())}
+
+
+def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones(tmp_path):
+    def counter(config):
+        return Counter(
+            model_dir=str(tmp_path), progress=loops.testing.quiet_progress(), config=config
+        )
+
+    first = counter({"learning_rate": 0.1, "train_steps": 2})
+    first.train(2)
+    first.close()
+    resumed = counter({"learning_rate": 0.2, "train_steps": 4})  # train_steps is free to change
+    warnings = [
+        line for line in resumed.progress.stream.getvalue().splitlines() if "warning" in line
+    ]
+    assert warnings == [
+        f"warning: learning_rate was 0.1 in the run that wrote {tmp_path} and is 0.2 now; "
+        "the checkpoint is restored and training goes on with the new value. If that is not "
+        "what you meant, stop and rerun with the old value or a new --model_dir."
+    ]
+    with open(os.path.join(str(tmp_path), "config.json")) as stream:
+        assert json.load(stream) == {
+            "learning_rate": 0.2,
+            "train_steps": 4,
+            "checkpoint.total": type(resumed.total).__name__,
+        }
+    assert resumed.step == 2 and float(resumed.total.numpy()) == 2.0
+    resumed.close()
