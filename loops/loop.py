@@ -35,30 +35,26 @@ class Loop(metaclass=_BuildsAfterInit):
     `evaluate`, `request_stop`, `save_checkpoint`, `write_results` and `close`
     delegate to it, and the Loop forwards the run state that code outside reads.
 
-    Example:
+    Example (README.md runs it with comments and clipping):
 
         class Regression(loops.Loop):
             def build(self):
                 self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
                 self.optimizer = keras.optimizers.SGD(0.1)
                 self.optimizer.build(self.model.trainable_variables)
+                self.update = loops.Update(self, self.optimizer, self.model)
 
             def checkpoint_items(self):
                 return {"model": self.model, "optimizer": self.optimizer}
 
+            def replica_loss(self, x, y):
+                count = loops.global_count(tf.shape(y)[0])
+                error = tf.squeeze(self.model(x, training=True), -1) - y
+                return loops.scale_to_global_batch(error**2, count), {}
+
             def train_step(self, iterator):
-                def replica_step(x, y):
-                    count = loops.global_count(tf.shape(y)[0])
-                    with tf.GradientTape() as tape:
-                        error = tf.squeeze(self.model(x), -1) - y
-                        loss = loops.scale_to_global_batch(error ** 2, count)
-                    grads = tape.gradient(loss, self.model.trainable_variables)
-                    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-                    return {"loss": loss}
-                x, y = next(iterator)
-                sums = loops.sum_over_replicas(
-                    self.strategy, self.strategy.run(replica_step, args=(x, y)))
-                return {"loss": loops.Mean(sums["loss"])}
+                result = self.update(self.replica_loss, args=next(iterator))
+                return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
 
     Contract of the hooks:
         build(): runs once in the strategy's scope, after every `__init__` of
@@ -80,9 +76,9 @@ class Loop(metaclass=_BuildsAfterInit):
             other way than one pass of `eval_step` over `eval_data` overrides both.
         results_extra(): entries of its own for results.json.
 
-    A step that checks its loss and gradients (`loops.all_finite`) applies
-    its update with `self.apply_update`, which follows `on_nonfinite`, and
-    returns the flag it gets as `nonfinite`.
+    `loops.Update` follows `on_nonfinite` for a step; a step that checks its
+    loss and gradients itself (`loops.all_finite`) applies its update with
+    `self.apply_update` and returns the flag it gets as `nonfinite`.
     """
 
     name = "loop"
