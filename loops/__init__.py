@@ -15,6 +15,7 @@ _EXPORTS = {
     "KeepBest": "loops.actions",
     "UnknownMetricError": "loops.actions",
     "ClassifierLoop": "loops.classifier",
+    "Controller": "loops.controller",
     "sparse_softmax_cross_entropy": "loops.classifier",
     "distribute": "loops.distributed_input",
     "Environment": "loops.environments",

@@ -199,7 +199,7 @@ def test_no_checkpoint_ever_holds_a_nonfinite_variable(tmp_path):
                 loop.model.layers[-1].kernel.assign(np.full((64, 10), np.inf, np.float32))
 
     loop = make_loop(str(tmp_path))
-    loop.actions = (PoisonAfterStep4(),)
+    loop.controller.actions = (PoisonAfterStep4(),)
     with pytest.raises(
         loops.NonFiniteError,
         match=r"Refusing to save a checkpoint at step 4: 1 variable \(.*kernel\) is "

@@ -85,7 +85,10 @@ def test_gan_micro_batches_equal_the_whole_batch_and_keep_parity():
 
 
 def test_bad_grad_accum_steps_is_refused_before_building():
-    with pytest.raises(ValueError, match="grad_accum_steps must be a whole number >= 1, got 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"grad_accum_steps must be a whole number >= 1 \(1: no accumulation\), got 0",
+    ):
         classifier_builder(0)(loops.testing.replica_strategy(1))
 
 

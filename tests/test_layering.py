@@ -93,3 +93,23 @@ def test_the_loops_and_the_environment_interface_are_public_names():
         "environments",
     }
     assert names <= set(loops.__all__) and names <= set(dir(loops))
+
+
+def test_the_controller_and_the_actions_do_not_import_the_loop_module():
+    # The Loop imports both; either importing loops.loop back would be a cycle.
+    code = (
+        "import sys\nimport loops.actions, loops.controller\n"
+        "print('loops.loop' in sys.modules)\n"
+        "import loops.classifier\nprint('loops.loop' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The second line shows the check sees the module once something does import it.
+    assert done.stdout.split() == ["False", "True"]

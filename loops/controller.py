@@ -1,0 +1,627 @@
+"""The Controller: the lifecycle of one run of a Loop, from its restore to results.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from loops import (
+    distributed_input,
+    model_dir_lock,
+    outputs,
+    parameter_server,
+    reporting,
+    strategies,
+)
+from loops.actions import Action, watched_metrics
+from loops.checkpoints import Checkpointer, FinitenessCheck, describe_names
+from loops.errors import NonFiniteError
+from loops.preemption import PreemptionWatcher
+
+if TYPE_CHECKING:
+    from loops.loop import Loop
+
+# Config keys a resumed run may change without a warning: how long it trains, how
+# often it evaluates and saves, and where its outputs go (`Loop.config_free_to_change`).
+CONFIG_FREE_TO_CHANGE = frozenset(
+    {
+        "train_steps",
+        "model_dir",
+        "export_dir",
+        "verbosity",
+        "eval_every",
+        "checkpoint_every",
+        "steps_per_loop",
+    }
+)
+
+
+class Controller:
+    """Runs a loop's train steps to a step count in inner loops through its executor, and
+    between them evaluates, checkpoints, writes summaries and progress, runs the actions,
+    and handles preemption and the non-finite policy; writes results.json.
+
+    A `loops.Loop` makes its Controller before its `build` and has it
+    `restore` the newest checkpoint in `model_dir` right after, so a restarted
+    job continues from its last saved step. The loop's run methods (`train`,
+    `evaluate`, ...) delegate here, and it forwards the run state read outside.
+
+    Actions run on the host on every worker and get the loop: `before_train`,
+    then `after_loop` after inner loops, `after_eval` after each evaluation,
+    and `after_train` at the end (not when preempted). An action may call
+    `loop.request_stop(reason)`: the inner loop in progress is the last, then
+    the Controller evaluates (unless it just did), saves, writes results.json
+    with the `stop_reason`, and `train` returns. Between inner loops it
+    evaluates before it saves, so a checkpoint holds what the actions
+    concluded from the evaluation at its step.
+    """
+
+    def __init__(
+        self,
+        *,
+        # The definition: its steps, executor, global step and hooks.
+        loop: Loop,
+        # Outer loop.
+        steps_per_loop: int,
+        eval_every: int | None,
+        checkpoint_every: int | None,
+        # Outputs.
+        model_dir: str | None,
+        max_checkpoints: int,
+        progress: reporting.Progress | None,
+        progress_every_seconds: float | None,
+        # Host-side callbacks.
+        actions: Sequence[Action],
+        # What the run was asked to do, recorded with its results.
+        config: Mapping[str, Any] | None,
+    ):
+        """Checks the options; builds nothing (`restore` does, after the loop's `build`).
+
+        Args:
+            loop: the Loop whose steps this runs; its `executor` and
+                `global_step` exist by the time `restore` is called.
+            steps_per_loop: train steps per `tf.function` call; summaries,
+                progress and metric reads happen only between calls.
+            eval_every: evaluate every this many steps (and at the end of
+                `train`); None evaluates only at the end.
+            checkpoint_every: save every this many steps (and at the end of
+                `train`); None saves only at the end.
+            model_dir: where checkpoints, summaries and results.json go; None
+                keeps everything in memory.
+            max_checkpoints: how many recent checkpoints to keep.
+            progress: where progress lines go; stdout if None.
+            progress_every_seconds: end inner loops early enough (judged from
+                the last one's speed) that a progress line comes at least this
+                often; None leaves it to steps_per_loop. Only in one process
+                (several workers must agree on every inner loop's length).
+            actions: `loops.Action`s run between inner loops, after
+                evaluations and at the ends of `train`; their state is saved
+                with the checkpoints.
+            config: the run's configuration (a binary's flag values, or a
+                user's hyperparameters), JSON-serializable; written into
+                results.json under "config".
+
+        Raises:
+            ValueError: a bad option.
+            TypeError: an action that is not a `loops.Action`.
+        """
+        _check_positive("steps_per_loop", steps_per_loop)
+        _check_positive("eval_every", eval_every, optional=True)
+        _check_positive("checkpoint_every", checkpoint_every, optional=True)
+        _check_positive("max_checkpoints", max_checkpoints)
+        if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ValueError(
+                f"model_dir {model_dir!r} is a file, not a directory; pass a "
+                "directory path (it is created if missing)."
+            )
+        if progress_every_seconds is not None and not progress_every_seconds > 0:
+            raise ValueError(
+                f"progress_every_seconds must be > 0 (or None to turn it off), got "
+                f"{progress_every_seconds!r}."
+            )
+        self.loop = loop
+        self.steps_per_loop = steps_per_loop
+        self.eval_every = eval_every
+        self.checkpoint_every = checkpoint_every
+        self.model_dir = model_dir
+        self.max_checkpoints = max_checkpoints
+        self.progress_every_seconds = progress_every_seconds
+        self.is_chief = strategies.is_chief(loop.strategy)
+        self.progress = progress or reporting.Progress()
+        self.summaries = reporting.Summaries(
+            os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
+        )
+        self.actions = _checked_actions(actions)
+        self.config = dict(config or {})
+        self.checkpointer: Checkpointer | None = None
+        self._lock: str | None = None  # the lock file, held by the chief
+        self._finiteness: FinitenessCheck | None = None  # set by restore
+
+        # The run's state; the loop forwards what code outside reads.
+        # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
+        self.eval_history: list[dict[str, Any]] = []
+        self.last_train_metrics: dict[str, float] = {}
+        self.last_eval_metrics: dict[str, float] = {}
+        self.steps_per_second = 0.0
+        self.preempted = False
+        self.stop_reason: str | None = None
+        self._evaluated_step: int | None = None
+        self._saved_step: int | None = None
+        self._train_input = _TrainInput(loop)
+        self._nonfinite = _NonFinitePolicy(loop, go_back=self._go_back_to_checkpoint)
+        self._seconds_per_step: float | None = None
+
+    def restore(self, items: Mapping[str, Any], finiteness: FinitenessCheck) -> None:
+        """Builds the actions, then restores the newest checkpoint in model_dir under its lock.
+
+        The loop calls it once, right after its `build`.
+
+        Args:
+            items: name -> trackable a checkpoint holds: the loop's
+                `checkpoint_items` and its global step.
+            finiteness: the check of `items` for NaN and inf that the
+                executor runs after every inner loop; names the culprits.
+
+        Raises:
+            ValueError: a checkpoint in model_dir that does not match the
+                loop, two actions with state under one name, or an action
+                that does not fit the options.
+            OSError: model_dir cannot be written or read.
+        """
+        loop = self.loop
+        with strategies.variable_scope(loop.strategy):
+            for action in self.actions:
+                action.build(loop)
+        action_state = _action_state(self.actions)
+        self._finiteness = finiteness
+        model_dir = self.model_dir
+        if model_dir is None:
+            return
+        if self.is_chief:
+            self._lock = model_dir_lock.acquire(model_dir)
+            # Holding the lock, whatever a killed writer left half-written is stale.
+            reporting.remove_unfinished_writes(model_dir)
+        self.checkpointer = Checkpointer(
+            strategy=loop.strategy,
+            directory=os.path.join(model_dir, "checkpoints"),
+            items=items,
+            step_counter=loop.global_step,
+            max_to_keep=self.max_checkpoints,
+            optional_items=action_state,
+            say=self.progress.line,
+        )
+        try:
+            restored = self.checkpointer.restore()
+            if self.is_chief:
+                _record_config(
+                    model_dir,
+                    self.config,
+                    loop.checkpoint_items(),
+                    resuming=restored is not None,
+                    free_to_change=loop.config_free_to_change,
+                    say=self.progress.line,
+                )
+        except (ValueError, OSError):
+            self.close()
+            raise
+        if restored:
+            self.progress.line(f"restored {restored} at step {loop.step}")
+            self.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
+
+    # ---- The run. ----
+
+    def train(self, num_steps: int) -> dict[str, np.ndarray]:
+        """Trains until the loop's global step reaches `num_steps`.
+
+        `num_steps` is a total, so a loop restored at step k trains only the
+        remaining num_steps - k steps. Evaluates and checkpoints at the end;
+        an action's `request_stop` ends it earlier, the same way.
+
+        Returns:
+            name -> array of the per-step values `train_step` returned, one
+            entry per step trained in this call.
+
+        Raises:
+            NonFiniteError: a step or the weights were not finite (see the
+                loop's `on_nonfinite`).
+            ValueError: a bad `num_steps`, no train_data where the loop needs it.
+        """
+        loop = self.loop
+        _check_positive("num_steps", num_steps)
+        self._nonfinite.check_can_train()
+        if loop.train_data is None and loop.needs_train_data:
+            raise ValueError(
+                f"{type(loop).__name__} has no train_data; pass train_data= to the constructor."
+            )
+        self._check_watched_metrics()
+        start_step = loop.step
+        history: dict[str, list[np.ndarray]] = {}
+        self.stop_reason = None
+        self.preempted = False
+        loop_times: list[tuple[int, float]] = []
+        # SIGTERM is only noted from here to the end of train, and acted on at
+        # the next boundary (after an inner loop, an evaluation or the final
+        # save): whatever moment it comes, every completed step gets saved.
+        with PreemptionWatcher(loop.strategy) as preemption:
+            self.summaries.hparams(self.config)
+            for action in self.actions:
+                action.before_train(loop)
+            if start_step >= num_steps:
+                self.progress.line(
+                    f"already at step {start_step} >= {num_steps}: nothing to train "
+                    "(the model_dir holds a finished run; raise the step count to continue)."
+                )
+            iterator = self._train_input.at_step(start_step)
+            self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
+            if loop_times:
+                # The first inner loop includes tracing; leave it out when there are others.
+                timed = loop_times[1:] or loop_times
+                self.steps_per_second = sum(n for n, _ in timed) / max(
+                    sum(t for _, t in timed), 1e-9
+                )
+            if not self.preempted and self._evaluated_step != loop.step:
+                self.evaluate()
+                self.preempted = preemption.should_stop()
+            if self._saved_step != loop.step and (loop_times or self.preempted):
+                self.save_checkpoint()
+            # A SIGTERM during the final save or results leaves the export (often
+            # the longest part) to the rerun, which finds nothing to train.
+            self.preempted = self.preempted or preemption.should_stop()
+            self.write_results()
+            if not self.preempted and preemption.should_stop():
+                self.preempted = True
+                self.write_results()
+            if self.preempted:
+                self.progress.line(
+                    f"preempted (SIGTERM) at step {loop.step}: every completed step is saved; "
+                    "run the same command again to continue from it"
+                )
+            else:
+                for action in self.actions:
+                    action.after_train(loop)
+        return {name: np.concatenate(parts) for name, parts in history.items()}
+
+    def _train_loops(
+        self,
+        iterator,
+        step: int,
+        num_steps: int,
+        history: dict,
+        loop_times: list,
+        preemption: PreemptionWatcher,
+    ) -> int:
+        """Runs inner loops, with what happens between them, up to `num_steps`."""
+        loop = self.loop
+        while step < num_steps and self.stop_reason is None:
+            steps = self._next_loop_length(step, num_steps)
+            started = time.perf_counter()
+            run = loop.executor.run(iterator, steps)
+            seconds = time.perf_counter() - started
+            done, step = run.reached - step, run.reached
+            logs = {name: values[:done] for name, values in run.logs.items()}
+            # Stopped early, the iterator may have dequeued the next step's batches.
+            self._train_input.position = step * loop.batches_per_step if done == steps else -1
+            self._nonfinite.check_steps(logs, step - done)
+            if not run.weights_finite:
+                assert self._finiteness is not None  # restore ran before any step
+                self._nonfinite.stop_on_weights(step, self._finiteness.nonfinite_names())
+            loop_times.append((done, seconds))
+            self._seconds_per_step = seconds / max(done, 1)
+            for name, values in outputs.per_step_values(run.kinds, logs).items():
+                history.setdefault(name, []).append(values)
+            rate = done / seconds if seconds > 0 else 0.0
+            self.last_train_metrics = outputs.aggregate_steps(run.kinds, logs)
+            self.summaries.scalars(
+                "train", step, {**self.last_train_metrics, "steps_per_second": rate}
+            )
+            self.progress.train(step, num_steps, self.last_train_metrics, rate)
+            if preemption.should_stop():
+                self.preempted = True
+                break
+            for action in self.actions:
+                if not action.every or step % action.every == 0:
+                    action.after_loop(loop, step, self.last_train_metrics)
+            # At the last step or a stop, `train` evaluates and saves.
+            if step < num_steps and self.stop_reason is None:
+                if self.eval_every and step % self.eval_every == 0:
+                    self.evaluate()
+                    if preemption.should_stop():
+                        self.preempted = True
+                        break
+                if self.checkpoint_every and step % self.checkpoint_every == 0:
+                    self.save_checkpoint()
+        return step
+
+    def evaluate(self) -> dict[str, float]:
+        """Runs `loop.run_evaluation`, reports the metrics, runs the actions' `after_eval`."""
+        loop = self.loop
+        metrics = loop.run_evaluation()
+        step = loop.step
+        self._evaluated_step = step
+        if metrics:
+            self.last_eval_metrics = metrics
+            self.eval_history = [entry for entry in self.eval_history if entry["step"] < step]
+            self.eval_history.append({"step": step, **metrics})
+            self.summaries.scalars("eval", step, metrics)
+            self.progress.eval(step, metrics)
+        for action in self.actions:
+            action.after_eval(loop, step, metrics)
+        return metrics
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update was left out because it was not finite."""
+        return self._nonfinite.skipped_steps
+
+    def request_stop(self, reason: str) -> None:
+        """Ends `train` after the inner loop in progress; see the class docstring.
+
+        Every worker must request it at the same step: decide from the
+        metrics the action hooks get, which are the same on every worker.
+        """
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self.progress.line(f"stopping at step {self.loop.step}: {reason}")
+
+    def close(self) -> None:
+        """Releases the model_dir lock and removes its file (a kill leaves the file, unlocked)."""
+        if self._lock is not None:
+            model_dir_lock.release(self._lock)
+            self._lock = None
+
+    def save_checkpoint(self) -> str | None:
+        """Saves the loop's state now (every worker must call it); returns the path.
+
+        Raises:
+            NonFiniteWeightsError: a variable is not finite; nothing is saved.
+            OSError: the checkpoint cannot be written; the earlier ones are intact.
+        """
+        if self.checkpointer is None:
+            return None
+        path = self.checkpointer.save()
+        self._saved_step = self.loop.step
+        return path
+
+    def write_results(self) -> dict[str, Any]:
+        """Writes model_dir/results.json (chief only) and returns its contents."""
+        loop = self.loop
+        results = {
+            "loop": loop.name,
+            "strategy": strategies.strategy_name(loop.strategy),
+            "num_replicas": loop.num_replicas,
+            "global_step": loop.step,
+            "train": self.last_train_metrics,
+            "eval": self.last_eval_metrics,
+            "steps_per_second": self.steps_per_second,
+            "skipped_steps": self.skipped_steps,
+            "preempted": self.preempted,
+            "stop_reason": self.stop_reason,
+            "config": self.config,
+            "history": self.eval_history,
+            "versions": reporting.library_versions(),
+            **loop.results_extra(),
+        }
+        if self.model_dir and self.is_chief:
+            reporting.write_json_atomic(os.path.join(self.model_dir, "results.json"), results)
+        return results
+
+    # ---- Between inner loops. ----
+
+    def _go_back_to_checkpoint(self) -> bool:
+        """Restores the last checkpoint, the train stream resuming there; False without one."""
+        if self.checkpointer is None or self.checkpointer.restore() is None:
+            return False
+        self._train_input.position = -1
+        return True
+
+    def _check_watched_metrics(self) -> None:
+        """Fails before any step when an action watches an eval metric the loop does not report."""
+        names = self.loop.eval_metric_names()
+        if names is not None:
+            watched_metrics(self.actions, names)
+
+    def _next_loop_length(self, step: int, num_steps: int) -> int:
+        stop = min(step + self.steps_per_loop, num_steps)
+        if (
+            self.progress_every_seconds
+            and self._seconds_per_step
+            and strategies.num_workers(self.loop.strategy) == 1
+            and self.loop.coordinator is None
+        ):
+            stop = min(
+                stop, step + max(1, int(self.progress_every_seconds / self._seconds_per_step))
+            )
+        for every in (
+            self.checkpoint_every,
+            self.eval_every,
+            *(action.every for action in self.actions),
+        ):
+            if every:
+                stop = min(stop, (step // every + 1) * every)
+        return stop - step
+
+
+class _NonFinitePolicy:
+    """Carries out a loop's `on_nonfinite` after each inner loop, and counts the skipped steps.
+
+    Args:
+        loop: the loop whose `on_nonfinite` and `skips_nonfinite` say what follows.
+        go_back: restores the last checkpoint; False when there is none.
+    """
+
+    def __init__(self, loop: Loop, *, go_back: Callable[[], bool]):
+        self._loop = loop
+        self._go_back = go_back
+        self.skipped_steps = 0
+        # The step that left non-finite weights in memory with no checkpoint to go back to.
+        self._weights_lost_at: int | None = None
+
+    def check_can_train(self) -> None:
+        """Raises NonFiniteError when a stop left weights that are not finite in memory."""
+        if self._weights_lost_at is not None:
+            # Kernels need not show them again: oneDNN's fused ReLU turns a
+            # NaN into 0, and the next steps' loss and gradients are finite.
+            raise NonFiniteError(
+                f"At step {self._weights_lost_at} the weights were not finite and "
+                "there was no checkpoint to go back to, so this loop cannot train on. Build "
+                "it again, with a model_dir and checkpoint_every so that a stop goes back "
+                "to the last checkpoint."
+            )
+
+    def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> None:
+        """Counts skipped steps; under "stop", goes back to the last checkpoint and raises."""
+        flags = logs.get(outputs.NONFINITE)
+        if flags is None or not np.any(flags > 0):
+            return
+        if self._loop.skips_nonfinite:
+            self.skipped_steps += int(np.sum(flags > 0))
+        if self._loop.on_nonfinite != "stop":
+            return
+        bad_step = first_step + int(np.argmax(flags > 0)) + 1
+        if self._loop.skips_nonfinite:
+            state = "Its update was skipped and nothing was saved after it."
+        else:
+            state = self._back_to_checkpoint()
+        raise NonFiniteError(
+            f"Step {bad_step}: the loss or the gradients were not finite on at least one "
+            f"replica. {state} Lower the learning rate, clip gradients, check the input, "
+            "or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave out such steps."
+        )
+
+    def stop_on_weights(self, step: int, nonfinite_names: list[str]) -> None:
+        """Goes back to the last checkpoint (every one is finite) and raises NonFiniteError.
+
+        The loss and gradient checks cannot see an update that is itself not
+        finite (an infinite learning rate, an overflowing optimizer state), and
+        no policy can skip it after the fact, so every policy stops here.
+        """
+        state = self._back_to_checkpoint()
+        raise NonFiniteError(
+            f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
+            "although the steps' loss and gradient checks passed: an update itself was not "
+            f"finite. {state} Check the learning rate and the optimizer's settings (a "
+            "learning rate that is inf or huge does this), or clip gradients."
+        )
+
+    def _back_to_checkpoint(self) -> str:
+        """Goes back to the last checkpoint after a non-finite step; says where the loop is now."""
+        if self._go_back():
+            return (
+                f"Nothing was saved after it; the loop is back at its last checkpoint "
+                f"(step {self._loop.step}), where a rerun also resumes."
+            )
+        self._weights_lost_at = self._loop.step
+        return (
+            "There is no checkpoint to go back to: the weights in memory are not finite, "
+            "and nothing was saved."
+        )
+
+
+class _TrainInput:
+    """A loop's train iterator, positioned after some steps' batches so a resume continues there."""
+
+    def __init__(self, loop: Loop):
+        self._loop = loop
+        self._iterator: Iterator | None = None
+        # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
+        self.position = -1
+
+    def at_step(self, step: int):
+        """The iterator positioned after `step` steps' batches (None without train data)."""
+        loop = self._loop
+        if loop.train_data is None:
+            return None
+        if loop.coordinator is not None:
+            # Asynchronous workers read their own streams: there is no position to resume at.
+            if self._iterator is None:
+                self._iterator = parameter_server.worker_iterator(loop.coordinator, loop.train_data)
+            return self._iterator
+        position = step * loop.batches_per_step
+        if self._iterator is None or self.position != position:
+            self._iterator = distributed_input.train_iterator(
+                loop.strategy, loop.train_data, skip_batches=position
+            )
+            self.position = position
+        return self._iterator
+
+
+def _record_config(
+    model_dir: str,
+    config: Mapping[str, Any],
+    checkpoint_items: Mapping[str, Any],
+    *,
+    resuming: bool,
+    free_to_change: frozenset[str],
+    say: Callable[[str], None],
+) -> None:
+    """Warns about settings that differ from the run that wrote model_dir; records these.
+
+    The settings are the run's config and the type of each checkpointed item.
+    """
+    current = {
+        **config,
+        **{f"checkpoint.{name}": type(item).__name__ for name, item in checkpoint_items.items()},
+    }
+    path = os.path.join(model_dir, "config.json")
+    if resuming and os.path.exists(path):
+        try:
+            with open(path) as stream:
+                previous = json.load(stream)
+        except (OSError, ValueError):
+            previous = {}
+        changed = sorted(
+            key
+            for key in set(previous) | set(current)
+            if key not in free_to_change and previous.get(key) != current.get(key)
+        )
+        for key in changed:
+            say(
+                f"warning: {key} was {previous.get(key)!r} in the run that wrote "
+                f"{model_dir} and is {current.get(key)!r} now; the checkpoint is "
+                "restored and training goes on with the new value. If that is not what "
+                "you meant, stop and rerun with the old value or a new --model_dir."
+            )
+    reporting.write_json_atomic(path, current)
+
+
+def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
+    actions = tuple(actions)
+    for action in actions:
+        if not isinstance(action, Action):
+            raise TypeError(
+                f"actions must be loops.Action objects, got {action!r}; subclass "
+                "loops.Action and override its hooks."
+            )
+        _check_positive(f"{type(action).__name__}.every", action.every, optional=True)
+    return actions
+
+
+def _action_state(actions: Sequence[Action]) -> dict[str, dict]:
+    """Checkpoint name -> variables of every action that has state."""
+    state = {}
+    for action in actions:
+        variables = dict(action.checkpoint_items())
+        if not variables:
+            continue
+        key = f"action_{action.name}"
+        if key in state:
+            raise ValueError(
+                f"Two actions with state are named {action.name!r}; each needs its "
+                "own name in the checkpoint: set `name` on one of them, e.g. "
+                f"action.name = '{action.name}_2'."
+            )
+        state[key] = variables
+    return state
+
+
+def _check_positive(name: str, value, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        hint = " (or None to turn it off)" if optional else ""
+        raise ValueError(f"{name} must be a whole number >= 1{hint}, got {value!r}.")

@@ -1,0 +1,135 @@
+"""The Controller runs a Loop's run; the Loop forwards its run state and checks nothing twice."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import loops
+import loops_models as models
+
+
+def images_and_labels(nan_rows=()):
+    rng = np.random.default_rng(3)
+    images = rng.uniform(0, 255, size=(48, 8, 8, 1)).astype(np.float32)
+    labels = rng.integers(0, 10, size=(48,))
+    for row in nan_rows:
+        images[row, 4, 4, 0] = np.nan
+    return lambda: tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
+
+
+class StopAtStep4(loops.Action):
+    def after_loop(self, loop, step, train_metrics):
+        if step == 4:
+            loop.request_stop("enough at step 4")
+
+
+def test_the_loop_forwards_the_run_state_of_its_controller(tmp_path):
+    loop = loops.ClassifierLoop(
+        strategy=loops.testing.replica_strategy(2),
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        # A NaN on replica 1 in step 2's batch, on replica 0 in step 3's.
+        train_data=images_and_labels(nan_rows=(8 + 6, 16 + 1)),
+        eval_data=images_and_labels(),
+        steps_per_loop=2,
+        eval_every=2,
+        model_dir=str(tmp_path),
+        on_nonfinite="skip",
+        progress=loops.testing.quiet_progress(),
+        actions=[StopAtStep4()],
+        config={"learning_rate": 0.01},
+    )
+    controller = loop.controller
+    assert isinstance(controller, loops.Controller) and controller.loop is loop
+
+    logs = loop.train(10)
+
+    assert loop.step == 4 and logs["nonfinite"].tolist() == [0, 1, 1, 0]
+    assert loop.skipped_steps == controller.skipped_steps == 2
+    assert loop.stop_reason == controller.stop_reason == "enough at step 4"
+    assert loop.preempted is controller.preempted is False
+    assert loop.last_train_metrics is controller.last_train_metrics
+    assert loop.last_train_metrics["nonfinite"] == 1  # the last inner loop: steps 3 and 4
+    assert [entry["step"] for entry in controller.eval_history] == [2, 4]
+    assert loop.last_eval_metrics is controller.last_eval_metrics
+    assert loop.last_eval_metrics == {
+        name: value for name, value in controller.eval_history[-1].items() if name != "step"
+    }
+    assert loop.steps_per_second == controller.steps_per_second > 0
+    assert loop.checkpointer is controller.checkpointer
+    assert loop.checkpointer.restore() is not None and loop.step == 4  # saved at the stop
+    assert (loop.model_dir, loop.eval_every, loop.is_chief) == (str(tmp_path), 2, True)
+    assert loop.progress is controller.progress and loop.summaries is controller.summaries
+    with open(os.path.join(str(tmp_path), "results.json")) as stream:
+        results = json.load(stream)
+    assert (results["global_step"], results["skipped_steps"], results["stop_reason"]) == (
+        4,
+        2,
+        "enough at step 4",
+    )
+    assert results["config"] == {"learning_rate": 0.01}
+    loop.close()
+
+
+def test_bad_run_options_fail_before_anything_is_built():
+    class CountsBuilds(loops.Loop):
+        builds = 0
+
+        def build(self):
+            type(self).builds += 1
+
+    with pytest.raises(ValueError, match="steps_per_loop must be a whole number >= 1, got 0"):
+        CountsBuilds(steps_per_loop=0, progress=loops.testing.quiet_progress())
+    with pytest.raises(TypeError, match="actions must be loops.Action objects, got 'stop'"):
+        CountsBuilds(actions=["stop"], progress=loops.testing.quiet_progress())
+    assert CountsBuilds.builds == 0
+    loop = CountsBuilds(steps_per_loop=3, progress=loops.testing.quiet_progress())
+    assert CountsBuilds.builds == 1 and loop.controller.steps_per_loop == 3
+
+
+class Counter(loops.Loop):
+    needs_train_data = False
+
+    def build(self):
+        self.total = tf.Variable(
+            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
+
+    def checkpoint_items(self):
+        return {"total": self.total}
+
+    def train_step(self, iterator):
+        self.total.assign_add(1.0)
+        return {"total": loops.Last(self.total.read_value())}
+
+
+def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones(tmp_path):
+    def counter(config):
+        return Counter(
+            model_dir=str(tmp_path), progress=loops.testing.quiet_progress(), config=config
+        )
+
+    first = counter({"learning_rate": 0.1, "train_steps": 2})
+    first.train(2)
+    first.close()
+    resumed = counter({"learning_rate": 0.2, "train_steps": 4})  # train_steps is free to change
+    warnings = [
+        line for line in resumed.progress.stream.getvalue().splitlines() if "warning" in line
+    ]
+    assert warnings == [
+        f"warning: learning_rate was 0.1 in the run that wrote {tmp_path} and is 0.2 now; "
+        "the checkpoint is restored and training goes on with the new value. If that is not "
+        "what you meant, stop and rerun with the old value or a new --model_dir."
+    ]
+    with open(os.path.join(str(tmp_path), "config.json")) as stream:
+        assert json.load(stream) == {
+            "learning_rate": 0.2,
+            "train_steps": 4,
+            "checkpoint.total": type(resumed.total).__name__,
+        }
+    assert resumed.step == 2 and float(resumed.total.numpy()) == 2.0
+    resumed.close()
