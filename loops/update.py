@@ -152,6 +152,12 @@ class Update:
             loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
         else:
             loss, logs, gradients = self._accumulated(replica_loss, args)
+        # Dense: Keras' Adam squares each row of an IndexedSlices gradient (an
+        # embedding's) before summing duplicate rows, which is not the update of the
+        # summed gradient and changes with how the rows are split (BUILD.md, LM).
+        gradients = [
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
+        ]
         finite = reduction.all_finite([loss, *gradients])
         return {"loss": loss, **logs}, gradients, finite
 
