@@ -336,6 +336,14 @@ class Loop(metaclass=_BuildsAfterInit):
         """
         if type(self).run_evaluation is not Loop.run_evaluation:
             return None
+        return self.eval_step_output_names()
+
+    def eval_step_output_names(self) -> set[str] | None:
+        """The outputs `eval_step` returns, found by tracing it (nothing runs); None when unknown.
+
+        A loop whose `run_evaluation` adds metrics to the eval pass's builds
+        its `eval_metric_names` on this.
+        """
         if self.eval_data is None:
             return set()
         if self.coordinator is not None:

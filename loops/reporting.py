@@ -70,6 +70,15 @@ class Summaries:
                 tf.summary.scalar(key, value)
         self._writer(name).flush()
 
+    def text(self, name: str, step: int, texts: Mapping[str, str]) -> None:
+        """Markdown texts for TensorBoard's text dashboard (e.g. a model's samples)."""
+        if self._directory is None:
+            return
+        with self._writer(name).as_default(step=step):
+            for key, value in texts.items():
+                tf.summary.text(key, value)
+        self._writer(name).flush()
+
     def hparams(self, config: Mapping[str, object]) -> None:
         """Records the run's configuration for TensorBoard's HParams dashboard.
 
@@ -140,7 +149,12 @@ def previous_history(model_dir: str, *, up_to_step: int) -> list[dict]:
 
 
 def write_json_atomic(path: str, payload: Mapping) -> None:
-    """Writes JSON so a reader (or a crash) never sees a half-written file.
+    """Writes JSON so a reader (or a crash) never sees a half-written file (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Writes a text file so a reader (or a crash) never sees it half-written.
 
     The file gets the user's usual mode (0666 less the umask), not the 0600
     of a temporary file.
@@ -154,9 +168,8 @@ def write_json_atomic(path: str, payload: Mapping) -> None:
     try:
         os.makedirs(directory, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=TEMPORARY_PREFIX, suffix=".tmp")
-        with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream, indent=2, sort_keys=True)
-            stream.write("\n")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
         os.chmod(temporary, 0o666 & ~current_umask())
