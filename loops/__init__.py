@@ -22,6 +22,7 @@ _EXPORTS = {
     "environments": "loops.environments",
     "GANLoop": "loops.gan",
     "split_global_batches": "loops.distributed_input",
+    "LanguageModelLoop": "loops.lm",
     "Loop": "loops.loop",
     "Last": "loops.outputs",
     "Mean": "loops.outputs",

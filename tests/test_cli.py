@@ -18,9 +18,14 @@ from loops import tensorflow_logs
 from loops.bin import classifier as classifier_binary
 from loops.choices import STRATEGY_NAMES
 
-BINARIES = ("classifier", "gan", "rl")
-CONSOLE_SCRIPTS = {"classifier": "loops-classifier", "gan": "loops-gan", "rl": "loops-rl"}
-DEFAULT_LEARNING_RATES = {"classifier": 0.002, "gan": 0.002, "rl": 0.001}
+BINARIES = ("classifier", "gan", "rl", "lm")
+CONSOLE_SCRIPTS = {
+    "classifier": "loops-classifier",
+    "gan": "loops-gan",
+    "rl": "loops-rl",
+    "lm": "loops-lm",
+}
+DEFAULT_LEARNING_RATES = {"classifier": 0.002, "gan": 0.002, "rl": 0.001, "lm": 0.002}
 
 # Runs in a fresh process: defines a binary's flags, asks its parser for --help
 # and for every enum and float flag with a bad value, and reports what each

@@ -246,7 +246,7 @@ def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weight
     assert difference <= RTOL
 
 
-# ---- GAN and RL: 2 worker processes against 1 process. ----
+# ---- GAN, RL and LM: 2 worker processes against 1 process. ----
 
 
 def train_scalars(model_dir):
@@ -279,6 +279,19 @@ LOOP_RUNS = {
             "--ppo_epochs=2",
         ],
     ),
+    # Byte windows of Python source, padded: the replicas' real-token counts differ.
+    "lm": (
+        "loops.bin.lm",
+        [
+            "--train_steps=6",
+            "--global_batch_size=16",
+            "--sequence_length=32",
+            "--width=32",
+            "--num_layers=1",
+            "--num_heads=2",
+            "--sample_length=8",
+        ],
+    ),
     # Updates start at the third step and the 256-transition buffer wraps at the fifth.
     "dqn": (
         "loops.bin.rl",
@@ -297,7 +310,7 @@ LOOP_RUNS = {
 
 
 @pytest.mark.parametrize("loop", sorted(LOOP_RUNS))
-def test_gan_and_rl_on_two_workers_give_one_machines_step_losses_and_weights(tmp_path, loop):
+def test_gan_rl_and_lm_on_two_workers_give_one_machines_step_losses_and_weights(tmp_path, loop):
     binary, loop_flags = LOOP_RUNS[loop]
     # One inner loop a step, so the summaries hold every step's losses.
     loop_flags = [*loop_flags, "--steps_per_loop=1", "--seed=3"]

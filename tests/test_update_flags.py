@@ -12,12 +12,22 @@ SHORT_RUNS = {
     "classifier": ["--train_steps=4", "--steps_per_loop=2"],
     "gan": ["--train_steps=4", "--steps_per_loop=2"],
     "rl": ["--algorithm=dqn", "--train_steps=4", "--steps_per_loop=2", "--learning_starts=16"],
+    "lm": [
+        "--train_steps=4",
+        "--steps_per_loop=2",
+        "--sequence_length=32",
+        "--width=32",
+        "--num_layers=1",
+        "--num_heads=2",
+        "--sample_length=4",
+    ],
 }
 # The loss scales each binary keeps (one per optimizer), as step outputs.
 LOSS_SCALE_OUTPUTS = {
     "classifier": ["loss_scale"],
     "gan": ["d_loss_scale", "g_loss_scale"],
     "rl": ["loss_scale"],
+    "lm": ["loss_scale"],
 }
 
 
@@ -53,11 +63,12 @@ def test_float16_with_clipping_trains_every_binary_and_checkpoints_its_loss_scal
         "classifier": ["loss_scale"],
         "gan": ["discriminator_loss_scale", "generator_loss_scale"],
         "rl": ["loss_scale"],
+        "lm": ["loss_scale"],
     }[binary]
     assert scales == expected, sorted(saved)
 
 
-@pytest.mark.parametrize("binary", ["classifier", "gan"])
+@pytest.mark.parametrize("binary", ["classifier", "gan", "lm"])
 def test_grad_accum_steps_runs_from_the_flags(binary, tmp_path, digits_dir):
     data = [f"--data_dir={digits_dir}"] if binary == "classifier" else []
     done = run_binary(binary, tmp_path, "--grad_accum_steps=3", data=data)
