@@ -1,4 +1,4 @@
-"""The README's research example runs as written."""
+"""The README's Python examples run as written."""
 
 import os
 import re
@@ -6,14 +6,31 @@ import subprocess
 import sys
 
 from conftest import ROOT, SUBPROCESS_ENV
+from loops.export import export_text_generator
+from loops.text_generation import decode, encode, generate
+from loops_models.lm import transformer_lm
+
+
+def readme_python_blocks():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    return re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+
+
+def readme_block_containing(text):
+    blocks = [block for block in readme_python_blocks() if text in block]
+    assert len(blocks) == 1, f"expected one README python block containing {text!r}"
+    return blocks[0]
+
+
+def test_every_readme_python_block_is_run_by_a_test():
+    blocks = readme_python_blocks()
+    assert len(blocks) == 2
+    assert readme_block_containing("class ") != readme_block_containing("MODEL_DIR/export")
 
 
 def test_readme_subclass_example_trains():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    assert len(blocks) == 1
     done = subprocess.run(
-        [sys.executable, "-c", blocks[0]],
+        [sys.executable, "-c", readme_block_containing("class ")],
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,
@@ -23,3 +40,25 @@ def test_readme_subclass_example_trains():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 200/200" in done.stdout
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-6
+
+
+def test_readme_export_example_serves_the_greedy_continuation(tmp_path):
+    sequence_length = 8
+    model = transformer_lm(
+        sequence_length=sequence_length, width=32, num_layers=1, num_heads=2, seed=3
+    )
+    export_text_generator(model, str(tmp_path / "MODEL_DIR" / "export"), sequence_length=8)
+    # -I: isolated mode, so neither loops nor the checkout is importable.
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", readme_block_containing("MODEL_DIR/export")],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = generate(model, encode("def ")[None], 60, sequence_length=sequence_length)
+    # An untrained model emits bytes that are not UTF-8: the example must still print them.
+    assert "\ufffd" in decode(expected[0])
+    assert done.stdout == decode(expected[0]) + "\n"
