@@ -219,6 +219,19 @@ def timed_steps(runners: dict, args) -> int:
     return max(args.steps, loops_per_round * args.steps_per_loop)
 
 
+def interleaved_rates(runners: dict, steps: int, rounds: int) -> dict[str, list[float]]:
+    """Steps per second of each runnable mode, `rounds` times, the modes taking turns."""
+    samples: dict[str, list[float]] = {
+        name: [] for name, runner in runners.items() if callable(runner)
+    }
+    for _ in range(rounds):
+        for name in samples:
+            started = time.perf_counter()
+            runners[name](steps)
+            samples[name].append(steps / (time.perf_counter() - started))
+    return samples
+
+
 def measure(args) -> list[dict]:
     rows = []
     for model_name in args.models:
@@ -226,12 +239,7 @@ def measure(args) -> list[dict]:
             setup = Setup(model_name, replicas, args)
             runners = build_modes(setup)
             steps = timed_steps(runners, args)
-            samples = {name: [] for name, runner in runners.items() if callable(runner)}
-            for _ in range(args.rounds):
-                for name in samples:
-                    started = time.perf_counter()
-                    runners[name](steps)
-                    samples[name].append(steps / (time.perf_counter() - started))
+            samples = interleaved_rates(runners, steps, args.rounds)
             bound = (
                 statistics.median(samples["compute_bound"]) if "compute_bound" in samples else None
             )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -68,6 +69,7 @@ class LanguageModelLoop(Loop):
         clip_norm: float | None = None,
         # Evaluation.
         unigram_perplexity: float | None = None,
+        corpus: Mapping[str, Any] | None = None,
         sample_prompts: Sequence[str] = DEFAULT_PROMPTS,
         sample_length: int = 80,
         sample_temperature: float = 0.8,
@@ -83,6 +85,8 @@ class LanguageModelLoop(Loop):
                 batches' rows hold sequence_length + 1 tokens.
             clip_norm: clip the summed gradient to this global norm; None: no clip.
             unigram_perplexity: the baseline reported beside the perplexity.
+            corpus: what the data holds (e.g. its token counts), recorded in
+                results.json under "corpus".
             sample_prompts: prompts continued at each evaluation; () for none.
             sample_length: bytes each continuation adds.
             sample_temperature: the sampled continuation's temperature (> 0).
@@ -108,6 +112,7 @@ class LanguageModelLoop(Loop):
         self.sequence_length = sequence_length
         self.clip_norm = clip_norm
         self.unigram_perplexity = unigram_perplexity
+        self.corpus = dict(corpus or {})
         self.sample_prompts = tuple(sample_prompts)
         self.sample_length = sample_length
         self.sample_temperature = float(sample_temperature)
@@ -218,4 +223,7 @@ class LanguageModelLoop(Loop):
             self.sample_files.append(path)
 
     def results_extra(self):
-        return {"sequence_length": self.sequence_length, "sample_files": self.sample_files}
+        extra = {"sequence_length": self.sequence_length, "sample_files": self.sample_files}
+        if self.corpus:
+            extra["corpus"] = self.corpus
+        return extra

@@ -47,3 +47,35 @@ def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
         assert math.isfinite(row["ratio_to_bound"]) and row["ratio_to_bound"] > 0
     assert rows[(1, "compute_bound")]["ratio_to_bound"] == 1.0
     assert "loops" in done.stdout and "x bound" in done.stdout
+
+
+def test_tiny_lm_benchmark_reports_tokens_per_second_for_every_mode(tmp_path):
+    output = tmp_path / "lm_throughput.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.lm_throughput",
+            "--replicas=1",
+            "--steps=3",
+            "--rounds=2",
+            "--steps_per_loop=3",
+            "--sequence_length=16",
+            "--global_batch_size=8",
+            f"--output={output}",
+        ],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["mode"]: row for row in json.loads(output.read_text())["rows"]}
+    assert sorted(rows) == ["compute_bound", "keras_fit", "loops"]
+    tokens = rows["loops"]["tokens_per_step"]
+    assert 8 <= tokens <= 8 * 16  # real targets of 8 windows of at most 16
+    for row in rows.values():
+        assert len(row["samples"]) == 2
+        assert row["tokens_per_second"] == row["steps_per_second"] * tokens > 0
+    assert rows["compute_bound"]["ratio_to_bound"] == 1.0

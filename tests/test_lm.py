@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import platform
 
 import keras
 import numpy as np
@@ -190,6 +191,10 @@ def test_the_default_binary_beats_half_the_unigram_perplexity(tmp_path):
     results = read_results(model_dir)
     evaluation = results["eval"]
     assert results["global_step"] == 1000 and results["num_replicas"] == 2
+    assert results["corpus"] == {
+        "python": platform.python_version(),
+        **python_text.corpus_summary(128),
+    }
     assert evaluation["perplexity"] < DEFAULT_RUN_BAR * evaluation["unigram_perplexity"], evaluation
     assert f"outputs in {model_dir}" in done.stdout
     assert "eval perplexity" in done.stdout

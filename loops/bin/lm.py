@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 from absl import flags
 
 from loops import flags as loop_flags
@@ -67,6 +69,8 @@ def build_loop():
         sequence_length=length,
         clip_norm=FLAGS.clip_norm,
         unigram_perplexity=python_text.unigram_perplexity(length),
+        # The text is the running Python's own: another version reads other counts.
+        corpus={"python": platform.python_version(), **python_text.corpus_summary(length)},
         sample_length=FLAGS.sample_length,
         train_data=lambda: python_text.global_batches(
             "train",
