@@ -328,6 +328,8 @@ class ExportOnEnd(Action):
     """Exports the trained model when training ends (the chief only), e.g. as a SavedModel.
 
     Not run when training is preempted: the rerun that finishes it exports.
+    With the loop's `ema_decay`, the export runs while the model holds the
+    moving average of its weights (`Loop.averaged_weights`).
 
     Example:
 
@@ -348,7 +350,8 @@ class ExportOnEnd(Action):
     def after_train(self, loop: Loop) -> None:
         if not loop.is_chief:
             return
-        path = self.export(loop)
+        with loop.averaged_weights():  # the moving average, when the loop keeps one
+            path = self.export(loop)
         detail = f" ({self.description})" if self.description else ""
         loop.progress.line(f"exported SavedModel to {path}{detail}")
 

@@ -15,6 +15,7 @@ from loops import (
     model_dir_lock,
     outputs,
     parameter_server,
+    profiling,
     reporting,
     strategies,
 )
@@ -75,6 +76,7 @@ class Controller:
         max_checkpoints: int,
         progress: reporting.Progress | None,
         progress_every_seconds: float | None,
+        profile_steps: tuple[int, int] | None,
         # Host-side callbacks.
         actions: Sequence[Action],
         # What the run was asked to do, recorded with its results.
@@ -99,6 +101,9 @@ class Controller:
                 the last one's speed) that a progress line comes at least this
                 often; None leaves it to steps_per_loop. Only in one process
                 (several workers must agree on every inner loop's length).
+            profile_steps: (start, end): trace steps start..end (from 1,
+                both included) with TensorFlow's profiler into
+                model_dir/summaries/train (chief only; `loops.profiling`).
             actions: `loops.Action`s run between inner loops, after
                 evaluations and at the ends of `train`; their state is saved
                 with the checkpoints.
@@ -124,6 +129,7 @@ class Controller:
                 f"progress_every_seconds must be > 0 (or None to turn it off), got "
                 f"{progress_every_seconds!r}."
             )
+        checked_profile_steps = profiling.check_profile_steps(profile_steps)
         self.loop = loop
         self.steps_per_loop = steps_per_loop
         self.eval_every = eval_every
@@ -137,6 +143,16 @@ class Controller:
             os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
         )
         self.actions = _checked_actions(actions)
+        trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
+        self._profiler = (
+            None
+            if checked_profile_steps is None
+            else profiling.StepProfiler(
+                checked_profile_steps,
+                trace_dir if self.is_chief else None,
+                say=self.progress.line,
+            )
+        )
         self.config = dict(config or {})
         self.checkpointer: Checkpointer | None = None
         self._lock: str | None = None  # the lock file, held by the chief
@@ -148,6 +164,9 @@ class Controller:
         self.last_train_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
         self.steps_per_second = 0.0
+        # The loop's throughput_unit per second over the same inner loops; None
+        # when its steps do not return that output.
+        self.units_per_second: float | None = None
         self.preempted = False
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
@@ -243,7 +262,7 @@ class Controller:
         history: dict[str, list[np.ndarray]] = {}
         self.stop_reason = None
         self.preempted = False
-        loop_times: list[tuple[int, float]] = []
+        loop_times: list[tuple[int, float, float | None]] = []
         # SIGTERM is only noted from here to the end of train, and acted on at
         # the next boundary (after an inner loop, an evaluation or the final
         # save): whatever moment it comes, every completed step gets saved.
@@ -257,12 +276,19 @@ class Controller:
                     "(the model_dir holds a finished run; raise the step count to continue)."
                 )
             iterator = self._train_input.at_step(start_step)
-            self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
+            try:
+                self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
+            finally:
+                if self._profiler is not None:
+                    self._profiler.close()  # a trace cut short by an error or a stop
             if loop_times:
                 # The first inner loop includes tracing; leave it out when there are others.
                 timed = loop_times[1:] or loop_times
-                self.steps_per_second = sum(n for n, _ in timed) / max(
-                    sum(t for _, t in timed), 1e-9
+                seconds = max(sum(t for _, t, _ in timed), 1e-9)
+                self.steps_per_second = sum(n for n, _, _ in timed) / seconds
+                counts = [count for _, _, count in timed]
+                self.units_per_second = (
+                    None if None in counts else sum(c for c in counts if c is not None) / seconds
                 )
             if not self.preempted and self._evaluated_step != loop.step:
                 self.evaluate()
@@ -299,6 +325,8 @@ class Controller:
         loop = self.loop
         while step < num_steps and self.stop_reason is None:
             steps = self._next_loop_length(step, num_steps)
+            if self._profiler is not None:
+                self._profiler.before_loop(step)
             started = time.perf_counter()
             run = loop.executor.run(iterator, steps)
             seconds = time.perf_counter() - started
@@ -310,16 +338,21 @@ class Controller:
             if not run.weights_finite:
                 assert self._finiteness is not None  # restore ran before any step
                 self._nonfinite.stop_on_weights(step, self._finiteness.nonfinite_names())
-            loop_times.append((done, seconds))
+            unit_output, unit = loop.throughput_unit
+            processed = float(np.sum(logs[unit_output])) if unit_output in logs else None
+            loop_times.append((done, seconds, processed))
             self._seconds_per_step = seconds / max(done, 1)
             for name, values in outputs.per_step_values(run.kinds, logs).items():
                 history.setdefault(name, []).append(values)
             rate = done / seconds if seconds > 0 else 0.0
+            rates = {"steps_per_second": rate}
+            if processed is not None:
+                rates[f"{unit}_per_second"] = processed / seconds if seconds > 0 else 0.0
             self.last_train_metrics = outputs.aggregate_steps(run.kinds, logs)
-            self.summaries.scalars(
-                "train", step, {**self.last_train_metrics, "steps_per_second": rate}
-            )
-            self.progress.train(step, num_steps, self.last_train_metrics, rate)
+            self.summaries.scalars("train", step, {**self.last_train_metrics, **rates})
+            self.progress.train(step, num_steps, self.last_train_metrics, rates)
+            if self._profiler is not None:
+                self._profiler.after_loop(step)
             if preemption.should_stop():
                 self.preempted = True
                 break
@@ -340,7 +373,9 @@ class Controller:
     def evaluate(self) -> dict[str, float]:
         """Runs `loop.run_evaluation`, reports the metrics, runs the actions' `after_eval`."""
         loop = self.loop
-        metrics = loop.run_evaluation()
+        # With ema_decay, evaluation sees the averaged weights; every save, the trained ones.
+        with loop.averaged_weights():
+            metrics = loop.run_evaluation()
         step = loop.step
         self._evaluated_step = step
         if metrics:
@@ -398,6 +433,11 @@ class Controller:
             "train": self.last_train_metrics,
             "eval": self.last_eval_metrics,
             "steps_per_second": self.steps_per_second,
+            **(
+                {}
+                if self.units_per_second is None
+                else {f"{loop.throughput_unit[1]}_per_second": self.units_per_second}
+            ),
             "skipped_steps": self.skipped_steps,
             "preempted": self.preempted,
             "stop_reason": self.stop_reason,
@@ -436,6 +476,10 @@ class Controller:
             stop = min(
                 stop, step + max(1, int(self.progress_every_seconds / self._seconds_per_step))
             )
+        if self._profiler is not None:
+            boundary = self._profiler.stop_before(step)
+            if boundary is not None:
+                stop = min(stop, boundary)
         for every in (
             self.checkpoint_every,
             self.eval_every,

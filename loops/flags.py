@@ -84,6 +84,7 @@ def define_loop_flags(
     global_batch_size: int | None,
     learning_rate: float,
     steps_per_loop: int | None = 100,
+    ema_decay: float = 0.0,
 ) -> None:
     """Defines the shared flags with this binary's defaults.
 
@@ -166,6 +167,14 @@ def define_loop_flags(
             "mixed_float16 with a dynamic loss scale agreed on by all replicas "
             "(one per optimizer, checkpointed); none: float32.",
         )
+        flags.DEFINE_float(
+            "ema_decay",
+            ema_decay,
+            "Keep a moving average of the trained weights with this decay "
+            "(e.g. 0.999; lowered early in training so the average follows the "
+            "weights), checkpointed beside them; evaluation, the best checkpoint's "
+            "metric and the export use it. 0: no average.",
+        )
         flags.DEFINE_integer(
             "eval_every",
             None,
@@ -199,6 +208,11 @@ def define_loop_flags(
         "clip_norm",
         lambda value: value is None or value > 0,
         message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).",
+    )
+    flags.register_validator(
+        "ema_decay",
+        lambda value: 0 <= value < 1,
+        message="--ema_decay must be in [0, 1), e.g. 0.999 (0: no average).",
     )
     flags.register_validator(
         "learning_rate",
@@ -238,6 +252,21 @@ def define_loop_flags(
             list(METRIC_MODES),
             "min: lower --keep_best_metric is better (loss); max: higher is better (accuracy).",
         )
+        flags.DEFINE_string(
+            "profile_steps",
+            None,
+            "START,END: trace train steps START to END (from 1, both included) "
+            "with TensorFlow's profiler into MODEL_DIR/summaries/train, for "
+            "TensorBoard's Profile tab (pip install tensorboard-plugin-profile). "
+            "Chief only.",
+        )
+    flags.register_validator(
+        "profile_steps",
+        lambda value: value is None or _profile_steps(value) is not None,
+        message=(
+            "--profile_steps must be START,END with 1 <= START <= END, e.g. --profile_steps=10,20."
+        ),
+    )
     with heading("faults"):
         flags.DEFINE_enum(
             "on_nonfinite",
@@ -421,8 +450,10 @@ def loop_arguments(strategy, model_dir: str, *, actions: Sequence = ()) -> dict[
         "on_nonfinite": values.on_nonfinite,
         "mixed_precision": values.mixed_precision,
         "grad_accum_steps": values.grad_accum_steps,
+        "ema_decay": values.ema_decay or None,
         "actions": [*flag_actions(), *actions],
         "progress_every_seconds": values.progress_every_seconds or None,
+        "profile_steps": values.profile_steps and _profile_steps(values.profile_steps),
         "config": flag_values(),
     }
 
@@ -518,3 +549,12 @@ def report_outputs(loop) -> None:
         f"--model_dir={directory} and a larger --train_steps to continue)\n"
         f"  summaries:   tensorboard --logdir {os.path.join(directory, 'summaries')}"
     )
+
+
+def _profile_steps(text: str) -> tuple[int, int] | None:
+    """ "START,END" as (START, END) when 1 <= START <= END; else None."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        return None
+    start, end = (int(part) for part in parts)
+    return (start, end) if 1 <= start <= end else None

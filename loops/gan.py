@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import outputs, reduction, target_networks
+from loops import outputs, reduction
 from loops.loop import Loop
 from loops.replica_random import replica_rows, step_seed
 from loops.update import Update, UpdateResult, check_clip_norm, update_outputs
@@ -109,15 +109,16 @@ class GANLoop(Loop):
     and noise and interpolation weights are keyed on (seed, step, substep,
     global example index), so 1 and N replicas compute the same numbers. The
     global step counts generator updates; `d_steps` and `g_steps` count the
-    updates of each network. With `ema_decay`, a moving average of the
-    generator's weights (`ema_generator`, debiased early in training:
-    `target_networks.MovingAverage`) is updated after every generator update
-    and checkpointed with its update count. An update whose loss or gradients
+    updates of each network. With the Loop's `ema_decay`, the generator's
+    `loops.Update` keeps a moving average of its weights (debiased early in
+    training: `loops.weight_average`), updated after every applied generator
+    update and checkpointed with its update count (the discriminator's is not
+    averaged). An update whose loss or gradients
     are not finite on some replica is reported as `nonfinite` and applied or
     skipped as the Loop's `on_nonfinite` says (`Loop.apply_update`).
 
     Each evaluation draws `num_eval_samples` samples from fixed noise, from the
-    generator to use: the average when there is one (the trained generator's
+    generator: its moving average when there is one (the trained generator's
     results are then prefixed `raw_`), else the trained generator.
     `sample_metrics` turns them into metrics, and with `sample_grid` a grid of
     image samples is written as a PNG into model_dir and as a TensorBoard image
@@ -151,7 +152,6 @@ class GANLoop(Loop):
         gan_loss: str = "non_saturating",
         n_critic: int = 1,
         gp_weight: float = 10.0,
-        ema_decay: float | None = None,
         clip_norm: float | None = None,
         # Evaluation.
         sample_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
@@ -172,10 +172,6 @@ class GANLoop(Loop):
                 with a gradient penalty on interpolates).
             n_critic: critic updates per generator update, each on its own batch.
             gp_weight: weight of the gradient penalty (wgan_gp only).
-            ema_decay: keep a moving average of the generator's weights with
-                this decay in (0, 1), lowered early in training so the average
-                follows the trained weights (`target_networks.MovingAverage`);
-                None: no average.
             clip_norm: clip each network's summed gradient to this global
                 norm; None: no clip.
             sample_metrics: samples (numpy) -> metrics, run at each evaluation.
@@ -196,11 +192,6 @@ class GANLoop(Loop):
             raise ValueError(f"n_critic must be a whole number >= 1, got {n_critic!r}.")
         if not gp_weight >= 0:
             raise ValueError(f"gp_weight must be >= 0, got {gp_weight!r}.")
-        if ema_decay is not None and not 0 < ema_decay < 1:
-            raise ValueError(
-                f"ema_decay must be in (0, 1), e.g. 0.999, or None for no "
-                f"average; got {ema_decay!r}."
-            )
         if (
             isinstance(num_eval_samples, bool)
             or not isinstance(num_eval_samples, int)
@@ -223,7 +214,6 @@ class GANLoop(Loop):
         self.gan_loss = gan_loss
         self.n_critic = n_critic
         self.gp_weight = float(gp_weight)
-        self.ema_decay = ema_decay
         self.clip_norm = clip_norm
         self.sample_metrics = sample_metrics
         self.num_eval_samples = num_eval_samples
@@ -256,25 +246,19 @@ class GANLoop(Loop):
         # Built here, in scope: built lazily inside strategy.run they fail (BUILD.md fact 1).
         self.generator_optimizer.build(self.generator.trainable_variables)
         self.discriminator_optimizer.build(self.discriminator.trainable_variables)
+        # Evaluation and export use the generator only: its weights alone are averaged.
         self.discriminator_update = Update(
-            self, self.discriminator_optimizer, self.discriminator, clip_norm=self.clip_norm
+            self,
+            self.discriminator_optimizer,
+            self.discriminator,
+            clip_norm=self.clip_norm,
+            average=False,
         )
         self.generator_update = Update(
             self, self.generator_optimizer, self.generator, clip_norm=self.clip_norm
         )
         self.d_steps = _counter("d_steps")
         self.g_steps = _counter("g_steps")
-        self.ema_generator = None
-        self.generator_average = None
-        if self.ema_decay is not None:
-            self.ema_generator = keras.models.clone_model(self.generator)
-            self.ema_generator.trainable = False
-            self.generator_average = target_networks.MovingAverage(
-                self.ema_generator.weights,
-                self.generator.weights,
-                decay=self.ema_decay,
-                name="ema_generator",
-            )
 
     def checkpoint_items(self):
         items = {
@@ -291,10 +275,6 @@ class GANLoop(Loop):
         ):
             if update.loss_scale is not None:
                 items[f"{network}_loss_scale"] = update.loss_scale
-        if self.ema_generator is not None:
-            items["ema_generator"] = self.ema_generator
-            assert self.generator_average is not None  # made with ema_generator
-            items["ema_num_updates"] = self.generator_average.num_updates
         return items
 
     def train_step(self, iterator):
@@ -314,8 +294,11 @@ class GANLoop(Loop):
             ]
             losses["gradient_penalty"] = tf.add_n(penalties) / self.n_critic
         losses["g_loss"] = generator_result.sums["loss"]
+        real_examples = tf.add_n([result.sums["num_examples"] for result in critic_results])
         return {
             **{name: outputs.Mean(value) for name, value in losses.items()},
+            # The real examples the critic updates read.
+            "num_examples": outputs.Sum(tf.cast(real_examples, tf.int64)),
             # Under a float16 loss scale: d_loss_scale, d_overflow, g_loss_scale, g_overflow.
             **update_outputs(critic_results, prefix="d_"),
             **update_outputs([generator_result], prefix="g_"),
@@ -342,36 +325,30 @@ class GANLoop(Loop):
         return result
 
     def generator_step(self, real, step: tf.Tensor) -> UpdateResult:
-        """One generator update with as many fakes as `real` holds per replica, then the EMA.
+        """One generator update with as many fakes as `real` holds per replica.
 
         Checked like a critic update; `g_steps` counts the updates applied.
         """
         result = self.generator_update(self._replica_generator_loss, args=(real, step))
         self.g_steps.assign_add(1 - tf.cast(result.skipped, tf.int64))
-        if self.generator_average is not None:
-            # Cross-replica context: every replica's copy gets the same average.
-            self.generator_average.update()
         return result
 
-    @property
-    def sample_generator(self) -> keras.Model:
-        """The generator evaluation samples from and exports serve: the average if kept."""
-        return self.generator if self.ema_generator is None else self.ema_generator
-
     def run_evaluation(self) -> dict[str, float]:
-        metrics = {}
-        generators = {"": self.sample_generator}
-        if self.ema_generator is not None:
-            generators["raw_"] = self.generator
-        for prefix, generator in generators.items():
-            samples = self.sample(self.num_eval_samples, generator=generator)
-            if self.sample_metrics is not None:
-                metrics.update(
-                    {prefix + name: value for name, value in self.sample_metrics(samples).items()}
-                )
-            if self.sample_grid is not None:
-                self._write_grid(samples, prefix)
+        # The Controller evaluates in averaged_weights(); this says so for a direct call too.
+        with self.averaged_weights():
+            metrics = self._evaluate_samples(prefix="")
+            if self.weight_averages:
+                with self.raw_weights():
+                    metrics.update(self._evaluate_samples(prefix="raw_"))
         return metrics
+
+    def _evaluate_samples(self, prefix: str) -> dict[str, float]:
+        samples = self.sample(self.num_eval_samples)
+        if self.sample_grid is not None:
+            self._write_grid(samples, prefix)
+        if self.sample_metrics is None:
+            return {}
+        return {prefix + name: value for name, value in self.sample_metrics(samples).items()}
 
     def results_extra(self):
         # The losses and sample metrics are in the Loop's "train" and "eval" entries.
@@ -384,7 +361,8 @@ class GANLoop(Loop):
     # ---- Sampling. ----
 
     def sample(self, count: int, *, generator: keras.Model | None = None) -> np.ndarray:
-        """`count` samples of `generator` (default: the trained one) from fixed, seeded noise."""
+        """`count` samples of `generator` (default: the loop's, which holds its moving average
+        inside `averaged_weights`) from fixed, seeded noise."""
         noise = tf.random.stateless_normal(
             (count,) + self.noise_shape, seed=step_seed(self.seed, _EVAL_STEP, 0, _NOISE_STREAM)
         )
@@ -438,9 +416,10 @@ class GANLoop(Loop):
             )
             # Sums: the Update adds up logs over replicas and micro-batches.
             logs["gradient_penalty"] = tf.reduce_sum(penalty)
-            logs["num_examples"] = tf.cast(local_rows, tf.float32)
         else:
             per_example = non_saturating_discriminator_loss(real_scores, fake_scores)
+        # Real examples: what the penalty is averaged over, and the throughput's unit.
+        logs["num_examples"] = tf.cast(local_rows, tf.float32)
         return reduction.scale_to_global_batch(per_example, count), logs
 
     def _replica_generator_loss(self, real, step):

@@ -59,6 +59,7 @@ class LanguageModelLoop(Loop):
     """
 
     name = "lm"
+    throughput_unit = ("tokens", "tokens")  # real (predicted) tokens a step trains on
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops import distributed_input, executors, reduction, reporting, strategies
+from loops import distributed_input, executors, reduction, reporting, strategies, weight_average
 from loops import mixed_precision as mixed_precision_lib
 from loops.actions import Action
 from loops.checkpoints import Checkpointer, FinitenessCheck
@@ -87,6 +87,9 @@ class Loop(metaclass=_BuildsAfterInit):
     batches_per_step = 1  # global batches one train_step dequeues; sets the resume position
     needs_train_data = True  # False for steps that make their own data (RL): iterator is None
     supports_parameter_server = False  # True when train_step is right for asynchronous workers
+    # The Sum output counting what a step processes, and the unit's name: progress
+    # lines, TensorBoard and results.json give "<unit>_per_second" beside steps/s.
+    throughput_unit: tuple[str, str] = ("num_examples", "examples")
 
     def __init__(
         self,
@@ -104,6 +107,7 @@ class Loop(metaclass=_BuildsAfterInit):
         max_checkpoints: int = 3,
         progress: reporting.Progress | None = None,
         progress_every_seconds: float | None = None,
+        profile_steps: tuple[int, int] | None = None,
         # Execution.
         seed: int = 0,
         run_eagerly: bool = False,
@@ -112,6 +116,7 @@ class Loop(metaclass=_BuildsAfterInit):
         mixed_precision: str = "none",
         loss_scale_growth_steps: int | None = None,
         grad_accum_steps: int = 1,
+        ema_decay: float | None = None,
         # Host-side callbacks.
         actions: Sequence[Action] = (),
         # What the run was asked to do, recorded with its results.
@@ -124,7 +129,7 @@ class Loop(metaclass=_BuildsAfterInit):
             train_data: the training stream of global batches; repeated forever.
             eval_data: a finite dataset of global batches for `evaluate`.
             steps_per_loop, eval_every, checkpoint_every, model_dir, max_checkpoints,
-                progress, progress_every_seconds, actions, config: the run's
+                progress, progress_every_seconds, profile_steps, actions, config: the run's
                 options, documented in `loops.Controller`, which gets them.
             seed: the seed steps key their randomness on.
             run_eagerly: run steps without `tf.function`, for debugging.
@@ -147,6 +152,12 @@ class Loop(metaclass=_BuildsAfterInit):
                 replica's share of a step into, accumulating their
                 gradients into one update: the whole batch's update,
                 computed one micro-batch at a time.
+            ema_decay: keep a moving average of the weights every
+                `loops.Update` trains (debiased early in training:
+                `loops.weight_average`), checkpointed beside them;
+                evaluation and `ExportOnEnd` exports use the averages
+                (`averaged_weights`), training the weights themselves.
+                None: no average.
 
         Raises:
             ValueError: a bad argument, or a checkpoint in model_dir that does
@@ -180,6 +191,10 @@ class Loop(metaclass=_BuildsAfterInit):
             else loss_scale_growth_steps
         )
         self.grad_accum_steps = grad_accum_steps
+        weight_average.check_decay(ema_decay)
+        self.ema_decay = ema_decay
+        # Filled by the Updates `build` makes, when ema_decay is set.
+        self.weight_averages = weight_average.WeightAverages()
         self.strategy = strategy or tf.distribute.get_strategy()
         # Under ParameterServerStrategy this process is the coordinator and the
         # steps run asynchronously on the workers (loops/parameter_server.py).
@@ -210,6 +225,7 @@ class Loop(metaclass=_BuildsAfterInit):
             max_checkpoints=max_checkpoints,
             progress=progress,
             progress_every_seconds=progress_every_seconds,
+            profile_steps=profile_steps,
             actions=actions,
             config=config,
         )
@@ -234,9 +250,19 @@ class Loop(metaclass=_BuildsAfterInit):
             with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
                 self.build()
         items = dict(self.checkpoint_items())
-        if "global_step" in items:
-            raise ValueError("checkpoint_items() must not use the reserved name 'global_step'.")
+        for reserved in ("global_step", "weight_averages"):
+            if reserved in items:
+                raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
         items["global_step"] = self.global_step
+        if self.ema_decay is not None:
+            if not self.weight_averages:
+                raise ValueError(
+                    f"ema_decay={self.ema_decay} averages the weights each loops.Update "
+                    f"trains, and {type(self).__name__}.build made no Update that averages. "
+                    "Make the step's updates with loops.Update, or drop ema_decay."
+                )
+            items["weight_averages"] = self.weight_averages
+        self._saved_items = items
         # What a save would write, checked for NaN and inf after every inner loop.
         finiteness = FinitenessCheck(tf.train.Checkpoint(**items))
         self.executor = self._make_executor(finiteness)
@@ -250,6 +276,10 @@ class Loop(metaclass=_BuildsAfterInit):
     def checkpoint_items(self) -> Mapping[str, Any]:
         """Name -> trackable object to checkpoint (models, optimizers, counters)."""
         return {}
+
+    def saved_items(self) -> Mapping[str, Any]:
+        """Everything a checkpoint holds: `checkpoint_items()`, the global step, the averages."""
+        return dict(self._saved_items)
 
     def train_step(self, iterator) -> Mapping[str, tf.Tensor]:
         """One training step in cross-replica context; see the class docstring."""
@@ -367,6 +397,19 @@ class Loop(metaclass=_BuildsAfterInit):
         executor_class = executors.EagerExecutor if self.run_eagerly else executors.Executor
         return executor_class(definition, stop_on_nonfinite=self.on_nonfinite == "stop")
 
+    def averaged_weights(self):
+        """A context in which the trained variables hold their moving averages (host only).
+
+        Without `ema_decay` it changes nothing. The Controller evaluates in
+        it and `ExportOnEnd` exports in it; inside, `raw_weights()` gives the
+        trained values back for a while (the GAN reports both).
+        """
+        return self.weight_averages.averaged()
+
+    def raw_weights(self):
+        """Inside `averaged_weights`: the trained variables' own values for a while."""
+        return self.weight_averages.raw()
+
     # ---- The run: the Controller's. ----
 
     def train(self, num_steps: int) -> dict[str, np.ndarray]:
@@ -430,6 +473,11 @@ class Loop(metaclass=_BuildsAfterInit):
     @property
     def steps_per_second(self) -> float:
         return self.controller.steps_per_second
+
+    @property
+    def units_per_second(self) -> float | None:
+        """`throughput_unit` per second (examples, tokens, ...); None when not counted."""
+        return self.controller.units_per_second
 
     @property
     def skipped_steps(self) -> int:

@@ -28,8 +28,22 @@ class Progress:
         self.stream = stream or sys.stdout  # where the lines go (a StringIO in tests)
 
     def train(
-        self, step: int, total: int, metrics: Mapping[str, float], steps_per_second: float
+        self,
+        step: int,
+        total: int,
+        metrics: Mapping[str, float],
+        rates: Mapping[str, float] | float,
     ) -> None:
+        """One line after an inner loop.
+
+        Args:
+            rates: "steps_per_second" and, when the loop counts them,
+                "<unit>_per_second" (examples, tokens, env_steps) over that
+                inner loop; a number is steps per second alone.
+        """
+        if not isinstance(rates, Mapping):
+            rates = {"steps_per_second": rates}
+        steps_per_second = rates["steps_per_second"]
         remaining = max(total - step, 0) / steps_per_second if steps_per_second > 0 else 0.0
         eta = datetime.timedelta(seconds=round(remaining))
         shown = {
@@ -37,9 +51,14 @@ class Progress:
             for name, value in metrics.items()
             if name != "num_examples" and not (name == "nonfinite" and value == 0)
         }
+        units = "".join(
+            f"{value:.0f} {name[: -len('_per_second')]}/s | "
+            for name, value in rates.items()
+            if name != "steps_per_second"
+        )
         self.line(
             f"step {step}/{total} | {format_metrics(shown)} | "
-            f"{steps_per_second:.1f} steps/s | ETA {eta}"
+            f"{units}{steps_per_second:.1f} steps/s | ETA {eta}"
         )
 
     def eval(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -123,6 +123,8 @@ class EnvironmentLoop(Loop):
     train_step returns with its losses.
     """
 
+    throughput_unit = ("env_steps", "env_steps")  # environment steps a train step takes
+
     needs_train_data = False
     algorithm = "rl"
 
@@ -214,7 +216,6 @@ class EnvironmentLoop(Loop):
         )
 
     def results_extra(self) -> dict[str, object]:
-        steps_per_train_step = self.num_envs * self.rollout_length
         return {
             "algorithm": self.algorithm,
             "num_envs": self.num_envs,
@@ -222,7 +223,6 @@ class EnvironmentLoop(Loop):
             "env_steps": int(self.env_steps.numpy()),
             "episodes": int(self.episodes.numpy()),
             "mean_return_100": float(self.mean_return().numpy()),
-            "env_steps_per_second": self.steps_per_second * steps_per_train_step,
         }
 
     # ---- Randomness keyed on the global environment index. ----
@@ -360,6 +360,7 @@ class EnvironmentLoop(Loop):
         return {
             "mean_return_100": outputs.Last(self.mean_return()),
             "episodes_finished": outputs.Sum(finished),
+            "env_steps": outputs.Sum(tf.constant(self.num_envs * self.rollout_length, tf.int64)),
         }
 
     def gather_steps(self, per_replica_rollout: dict, names) -> dict[str, tf.Tensor]:

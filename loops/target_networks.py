@@ -156,7 +156,21 @@ class MovingAverage:
         count = tf.cast(self.num_updates, tf.float32)
         return tf.minimum(tf.constant(self.decay, tf.float32), (1.0 + count) / (10.0 + count))
 
-    def update(self) -> None:
-        """Moves every average towards its variable's current value and counts the update."""
-        soft_update(self.averages, self.variables, tau=1.0 - self.current_decay())
-        self.num_updates.assign_add(1)
+    def update(self, weight: float | tf.Tensor = 1.0) -> None:
+        """Moves every average towards its variable's current value and counts the update.
+
+        Args:
+            weight: 1.0, or a float32 0.0 / 1.0 tensor: 0.0 leaves the averages
+                and the count as they are (an update that was skipped).
+        """
+        if isinstance(weight, (int, float)) and weight == 1.0:
+            soft_update(self.averages, self.variables, tau=1.0 - self.current_decay())
+            self.num_updates.assign_add(1)
+            return
+        weight = tf.cast(weight, tf.float32)
+        tau = weight * (1.0 - self.current_decay())
+        for average, variable in _pairs(self.averages, self.variables):
+            # Written as a step towards the variable, so that a weight of 0 adds exactly 0.
+            step = tf.cast(tau, average.dtype) * (tf.convert_to_tensor(variable) - average)
+            average.assign_add(step)
+        self.num_updates.assign_add(tf.cast(weight, tf.int64))

@@ -56,7 +56,9 @@ def loop_weights(loop: Loop, *, check_replicas_agree: bool = True) -> dict[str, 
             mirrored variable holds the same value.
     """
     weights = {"global_step": loop.global_step.numpy()}
-    for item_name, item in loop.checkpoint_items().items():
+    for item_name, item in loop.saved_items().items():
+        if item_name == "global_step":
+            continue
         for index, variable in enumerate(_variables(item)):
             # Keras uniquifies names per process (dense_2, sgd_1); drop the suffixes
             # so the same variable of two loops gets the same key.

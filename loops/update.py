@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from loops import distributed_input, micro_batches, mixed_precision, outputs, reduction
+from loops.weight_average import WeightAverage
 
 # A replica function's result: its share of the loss (already divided by the
 # real global count, `loops.scale_to_global_batch`) and scalars to sum over replicas.
@@ -80,7 +81,7 @@ class Update:
     (`loops.global_count`, `loops.scale_to_global_batch`), and a dict of
     scalars that are sums over its examples (counts, sums of a metric).
 
-    Two settings come from the loop, so that every step has them:
+    Three settings come from the loop, so that every step has them:
     - `mixed_precision="mixed_float16"`: a dynamic loss scale
       (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`; checkpoint
       it), whose overflows are skipped and reported as `overflow`.
@@ -94,6 +95,11 @@ class Update:
       activations in memory. Its logs are summed over the micro-batches,
       and random draws keyed by example (`loops.replica_random`) do not
       change with K.
+    - `ema_decay`: a moving average of the trained variables
+      (`loops.weight_average.WeightAverage`, `self.average`), updated after
+      each applied update; the loop checkpoints it and evaluates and exports
+      with it. `average=False` leaves this update's variables out (the GAN's
+      discriminator, which neither evaluation nor export uses).
 
     Args:
         loop: the loop whose strategy runs the replicas, whose
@@ -105,6 +111,8 @@ class Update:
             regularization losses added once to the loss), or a function
             returning the variables to train.
         clip_norm: clip the summed gradient to this global norm; None does not.
+        average: keep a moving average of the trained variables when the
+            loop has an `ema_decay`.
     """
 
     def __init__(
@@ -114,6 +122,7 @@ class Update:
         trained: keras.Model | Callable[[], Sequence[tf.Variable]],
         *,
         clip_norm: float | None = None,
+        average: bool = True,
     ):
         check_clip_norm(clip_norm)
         self._loop = loop
@@ -126,6 +135,13 @@ class Update:
             self.loss_scale = mixed_precision.DynamicLossScale(
                 growth_steps=loop.loss_scale_growth_steps
             )
+        self.average: WeightAverage | None = None
+        if average and loop.ema_decay is not None:
+            averages = loop.weight_averages
+            self.average = WeightAverage(
+                self.variables(), decay=loop.ema_decay, name=f"update_{len(averages.updates)}"
+            )
+            averages.add(self.average)
 
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
@@ -140,6 +156,8 @@ class Update:
         )
         skipped = self._loop.apply_update(finite, self._replica_apply, gradients)
         sums = reduction.sum_over_replicas(strategy, logs)
+        if self.average is not None:
+            self.average.update(applied=1.0 - skipped)
         if self.loss_scale is None:
             return UpdateResult(sums, skipped, skipped, tf.zeros_like(skipped), None)
         scale = self.loss_scale.update(skipped=skipped, loss=sums["loss"])

@@ -396,6 +396,9 @@ def test_dqn_binary_writes_results_and_resumes(tmp_path):
     results = read_results(model_dir)
     assert results["algorithm"] == "dqn" and results["env_steps"] == 80
     assert {"episodes", "mean_return_100", "env_steps_per_second"} <= set(results)
+    assert results["env_steps_per_second"] == pytest.approx(
+        results["steps_per_second"] * results["num_envs"] * results["rollout_length"]
+    )
     resumed = run_cli(*small, "--train_steps=15")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restored" in resumed.stdout and "at step 10" in resumed.stdout

@@ -1,4 +1,5 @@
-"""--mixed_precision, --clip_norm, --grad_accum_steps and --on_nonfinite on every binary."""
+"""--mixed_precision, --clip_norm, --grad_accum_steps, --ema_decay and --on_nonfinite on every
+binary."""
 
 import os
 
@@ -43,7 +44,12 @@ def test_float16_with_clipping_trains_every_binary_and_checkpoints_its_loss_scal
 ):
     data = [f"--data_dir={digits_dir}"] if binary == "classifier" else []
     done = run_binary(
-        binary, tmp_path, "--mixed_precision=mixed_float16", "--clip_norm=1.0", data=data
+        binary,
+        tmp_path,
+        "--mixed_precision=mixed_float16",
+        "--clip_norm=1.0",
+        "--ema_decay=0.5",
+        data=data,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(tmp_path)
@@ -52,12 +58,29 @@ def test_float16_with_clipping_trains_every_binary_and_checkpoints_its_loss_scal
     assert results["config"]["clip_norm"] == 1.0
     for name in LOSS_SCALE_OUTPUTS[binary]:
         assert results["train"][name] == INITIAL_SCALE, (name, results["train"])
-    saved = {
-        name
-        for name, _ in tf.train.list_variables(
-            tf.train.latest_checkpoint(os.path.join(tmp_path, "checkpoints"))
-        )
-    }
+    assert results["config"]["ema_decay"] == 0.5
+    # Throughput in each binary's unit, over the same inner loops as steps/s.
+    unit, per_step = {
+        "classifier": ("examples", 64),
+        "gan": ("examples", 512),
+        "rl": ("env_steps", results.get("num_envs", 0) * results.get("rollout_length", 0)),
+        "lm": ("tokens", None),  # real tokens: fewer than 32 x 32 a step
+    }[binary]
+    rate = results[f"{unit}_per_second"]
+    if per_step is None:
+        assert 32 <= rate / results["steps_per_second"] <= 32 * 32
+    else:
+        assert per_step > 0 and rate == pytest.approx(per_step * results["steps_per_second"])
+    assert f" {unit}/s | " in done.stdout
+    checkpoint = tf.train.latest_checkpoint(os.path.join(tmp_path, "checkpoints"))
+    saved = {name for name, _ in tf.train.list_variables(checkpoint)}
+    # One average, of the network evaluation and the export use (the GAN's
+    # generator), moved by every applied update: DQN makes 2 a step (updates_per_step).
+    updates = tf.train.load_variable(
+        checkpoint, "weight_averages/updates/0/num_updates/.ATTRIBUTES/VARIABLE_VALUE"
+    )
+    assert updates == {"classifier": 4, "gan": 4, "rl": 8, "lm": 4}[binary]
+    assert not any(name.startswith("weight_averages/updates/1/") for name in saved)
     scales = sorted(name.split("/")[0] for name in saved if "/scale/" in name)
     expected = {
         "classifier": ["loss_scale"],

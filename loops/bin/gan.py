@@ -7,7 +7,11 @@ from absl import flags
 from loops import flags as loop_flags
 
 loop_flags.define_loop_flags(
-    train_steps=8000, global_batch_size=512, learning_rate=2e-3, steps_per_loop=500
+    train_steps=8000,
+    global_batch_size=512,
+    learning_rate=2e-3,
+    steps_per_loop=500,
+    ema_decay=0.999,
 )
 with loop_flags.heading("data"):
     flags.DEFINE_enum(
@@ -20,13 +24,6 @@ with loop_flags.heading("data"):
     )
     flags.DEFINE_string(
         "data_dir", None, "TFDS data directory for digits (default: ~/tensorflow_datasets)."
-    )
-with loop_flags.heading("model"):
-    flags.DEFINE_float(
-        "ema_decay",
-        0.999,
-        "Decay of the moving average of the generator's "
-        "weights that evaluation samples from; 0 turns the average off.",
     )
 with loop_flags.heading("training"):
     flags.DEFINE_enum(
@@ -49,11 +46,6 @@ with loop_flags.heading("training"):
     flags.DEFINE_float("beta_1", 0.5, "Adam's first-moment decay for both optimizers.")
 loop_flags.define_export_dir_flag(
     "the generator (noise in, samples out; the moving average when --ema_decay > 0)"
-)
-flags.register_validator(
-    "ema_decay",
-    lambda value: 0 <= value < 1,
-    message="--ema_decay must be in [0, 1), e.g. 0.999 (0: no average).",
 )
 flags.register_validator(
     "beta_1", lambda value: 0 <= value < 1, message="--beta_1 must be in [0, 1), e.g. 0.5."
@@ -120,7 +112,6 @@ def build_loop():
         gan_loss=FLAGS.gan_loss,
         n_critic=FLAGS.n_critic,
         gp_weight=FLAGS.gp_weight,
-        ema_decay=FLAGS.ema_decay or None,
         clip_norm=FLAGS.clip_norm,
         **models_and_data,
         **loop_flags.loop_arguments(
@@ -137,7 +128,7 @@ def export(loop) -> str:
     """Exports the generator evaluation samples from to --export_dir; returns the path."""
     from loops.export import export_generator
 
-    return export_generator(loop.sample_generator, loop_flags.resolve_export_dir(loop))
+    return export_generator(loop.generator, loop_flags.resolve_export_dir(loop))
 
 
 def summarize(loop) -> str:

@@ -200,7 +200,7 @@ def summarize(loop) -> str:
     return (
         f"{results['algorithm']}: mean return of the last 100 episodes {mean_return:.1f}, "
         f"{verdict}; {results['episodes']} episodes, {results['env_steps']} environment "
-        f"steps at {results['env_steps_per_second']:.0f} per second"
+        f"steps at {loop.units_per_second or 0:.0f} per second"
     )
 
 
