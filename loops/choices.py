@@ -1,6 +1,8 @@
 """The names a run picks from (strategies, metric modes, precision policies), kept free of
 TensorFlow so that a binary checks its flags before TensorFlow loads."""
 
+# What a step whose loss or gradients are not finite leads to (`Loop`'s on_nonfinite).
+NONFINITE_POLICIES = ("stop", "skip", "recover")
 STRATEGY_NAMES = (
     "default",
     "one_device",

@@ -16,6 +16,7 @@ from loops import (
     outputs,
     parameter_server,
     profiling,
+    recovery,
     reporting,
     strategies,
 )
@@ -23,6 +24,7 @@ from loops.actions import Action, watched_metrics
 from loops.checkpoints import Checkpointer, FinitenessCheck, describe_names
 from loops.errors import NonFiniteError
 from loops.preemption import PreemptionWatcher
+from loops.recovery import Recoveries, Recovery
 
 if TYPE_CHECKING:
     from loops.loop import Loop
@@ -38,6 +40,8 @@ CONFIG_FREE_TO_CHANGE = frozenset(
         "eval_every",
         "checkpoint_every",
         "steps_per_loop",
+        # Raising it is how a run that gave up recovering goes on.
+        "max_recoveries",
     }
 )
 
@@ -155,6 +159,7 @@ class Controller:
         )
         self.config = dict(config or {})
         self.checkpointer: Checkpointer | None = None
+        self._checkpoint_on_disk = False  # whether restore found one or this run saved one
         self._lock: str | None = None  # the lock file, held by the chief
         self._finiteness: FinitenessCheck | None = None  # set by restore
 
@@ -171,8 +176,12 @@ class Controller:
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
         self._saved_step: int | None = None
-        self._train_input = _TrainInput(loop)
-        self._nonfinite = _NonFinitePolicy(loop, go_back=self._go_back_to_checkpoint)
+        # The run's recoveries from non-finite steps, checkpointed; they set the input's offset.
+        self.recoveries = Recoveries()
+        self._train_input = _TrainInput(loop, self.recoveries)
+        self._nonfinite = _NonFinitePolicy(
+            loop, go_back=self._go_back_to_checkpoint, recoveries=self.recoveries
+        )
         self._seconds_per_step: float | None = None
 
     def restore(self, items: Mapping[str, Any], finiteness: FinitenessCheck) -> None:
@@ -211,7 +220,8 @@ class Controller:
             items=items,
             step_counter=loop.global_step,
             max_to_keep=self.max_checkpoints,
-            optional_items=action_state,
+            # Optional: checkpoints from before the recovery record restore as no recovery.
+            optional_items={**action_state, recovery.CHECKPOINT_NAME: self.recoveries},
             say=self.progress.line,
         )
         try:
@@ -229,6 +239,7 @@ class Controller:
             self.close()
             raise
         if restored:
+            self._checkpoint_on_disk = True
             self.progress.line(f"restored {restored} at step {loop.step}")
             self.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
 
@@ -243,7 +254,8 @@ class Controller:
 
         Returns:
             name -> array of the per-step values `train_step` returned, one
-            entry per step trained in this call.
+            entry per step trained in this call (a recovery drops the entries
+            of the steps it undid; the steps trained again add theirs).
 
         Raises:
             NonFiniteError: a step or the weights were not finite (see the
@@ -275,6 +287,8 @@ class Controller:
                     f"already at step {start_step} >= {num_steps}: nothing to train "
                     "(the model_dir holds a finished run; raise the step count to continue)."
                 )
+            if loop.on_nonfinite == "recover" and not self._checkpoint_on_disk:
+                self.save_checkpoint()  # where a recovery before the first save goes back to
             iterator = self._train_input.at_step(start_step)
             try:
                 self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
@@ -333,11 +347,20 @@ class Controller:
             done, step = run.reached - step, run.reached
             logs = {name: values[:done] for name, values in run.logs.items()}
             # Stopped early, the iterator may have dequeued the next step's batches.
-            self._train_input.position = step * loop.batches_per_step if done == steps else -1
-            self._nonfinite.check_steps(logs, step - done)
-            if not run.weights_finite:
+            self._train_input.position = (
+                self._train_input.position_at(step) if done == steps else -1
+            )
+            recovered = self._nonfinite.check_steps(logs, step - done)
+            if recovered is None and not run.weights_finite:
                 assert self._finiteness is not None  # restore ran before any step
-                self._nonfinite.stop_on_weights(step, self._finiteness.nonfinite_names())
+                recovered = self._nonfinite.after_nonfinite_weights(
+                    step, self._finiteness.nonfinite_names()
+                )
+            if recovered is not None:
+                self._after_recovery(recovered, history, logged_to=step - done)
+                step = loop.step
+                iterator = self._train_input.at_step(step)
+                continue
             unit_output, unit = loop.throughput_unit
             processed = float(np.sum(logs[unit_output])) if unit_output in logs else None
             loop_times.append((done, seconds, processed))
@@ -420,6 +443,7 @@ class Controller:
             return None
         path = self.checkpointer.save()
         self._saved_step = self.loop.step
+        self._checkpoint_on_disk = True
         return path
 
     def write_results(self) -> dict[str, Any]:
@@ -439,6 +463,7 @@ class Controller:
                 else {f"{loop.throughput_unit[1]}_per_second": self.units_per_second}
             ),
             "skipped_steps": self.skipped_steps,
+            "recoveries": list(self.recoveries.entries),
             "preempted": self.preempted,
             "stop_reason": self.stop_reason,
             "config": self.config,
@@ -454,10 +479,41 @@ class Controller:
 
     def _go_back_to_checkpoint(self) -> bool:
         """Restores the last checkpoint, the train stream resuming there; False without one."""
-        if self.checkpointer is None or self.checkpointer.restore() is None:
+        if self.checkpointer is None:
+            return False
+        self.recoveries.entries = []  # what a checkpoint without the record stands for
+        if self.checkpointer.restore() is None:
             return False
         self._train_input.position = -1
         return True
+
+    def _after_recovery(self, entry: Recovery, history: dict, *, logged_to: int) -> None:
+        """Forgets what the steps a recovery undid logged, and reports the recovery.
+
+        Args:
+            entry: the recovery, the loop back at its restored step.
+            history: the per-step logs of this `train` call, up to step `logged_to`.
+        """
+        restored = entry["restored_step"]
+        undone = max(logged_to - restored, 0)
+        for parts in history.values():
+            values = np.concatenate(parts)
+            parts[:] = [values[: max(len(values) - undone, 0)]]
+        self.eval_history = [item for item in self.eval_history if item["step"] <= restored]
+        count = len(self.recoveries.entries)
+        self.summaries.scalars("train", entry["step"], {"recoveries": count})
+        steps = (
+            f"step {entry['step']}'s"
+            if entry["step"] == restored + 1
+            else f"those of steps {restored + 1} to {entry['step']}"
+        )
+        skipped = entry["skipped_batches"]
+        self.progress.line(
+            f"step {entry['step']} was not finite: recovery {count} of at most "
+            f"{self.loop.max_recoveries}, back at the checkpoint of step {restored}; the "
+            f"train stream moved past {skipped} batch{'es' if skipped > 1 else ''} ({steps}), "
+            "and training goes on"
+        )
 
     def _check_watched_metrics(self) -> None:
         """Fails before any step when an action watches an eval metric the loop does not report."""
@@ -494,13 +550,17 @@ class _NonFinitePolicy:
     """Carries out a loop's `on_nonfinite` after each inner loop, and counts the skipped steps.
 
     Args:
-        loop: the loop whose `on_nonfinite` and `skips_nonfinite` say what follows.
-        go_back: restores the last checkpoint; False when there is none.
+        loop: the loop whose `on_nonfinite`, `skips_nonfinite` and
+            `max_recoveries` say what follows.
+        go_back: restores the last checkpoint (the recovery record with
+            it); False when there is none.
+        recoveries: the run's record of recoveries, which "recover" adds to.
     """
 
-    def __init__(self, loop: Loop, *, go_back: Callable[[], bool]):
+    def __init__(self, loop: Loop, *, go_back: Callable[[], bool], recoveries: Recoveries):
         self._loop = loop
         self._go_back = go_back
+        self._recoveries = recoveries
         self.skipped_steps = 0
         # The step that left non-finite weights in memory with no checkpoint to go back to.
         self._weights_lost_at: int | None = None
@@ -517,33 +577,52 @@ class _NonFinitePolicy:
                 "to the last checkpoint."
             )
 
-    def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> None:
-        """Counts skipped steps; under "stop", goes back to the last checkpoint and raises."""
+    def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> Recovery | None:
+        """Counts skipped steps; after a non-finite step goes back to the last checkpoint and,
+        under "stop", raises; under "recover", returns the recovery made.
+
+        Raises:
+            NonFiniteError: under "stop", or under "recover" past max_recoveries.
+        """
         flags = logs.get(outputs.NONFINITE)
         if flags is None or not np.any(flags > 0):
-            return
+            return None
         if self._loop.skips_nonfinite:
             self.skipped_steps += int(np.sum(flags > 0))
-        if self._loop.on_nonfinite != "stop":
-            return
+        if self._loop.on_nonfinite == "skip":
+            return None
         bad_step = first_step + int(np.argmax(flags > 0)) + 1
+        problem = "the loss or the gradients were not finite on at least one replica"
+        if self._loop.on_nonfinite == "recover":
+            return self._recover(bad_step, problem)
         if self._loop.skips_nonfinite:
             state = "Its update was skipped and nothing was saved after it."
         else:
             state = self._back_to_checkpoint()
         raise NonFiniteError(
-            f"Step {bad_step}: the loss or the gradients were not finite on at least one "
-            f"replica. {state} Lower the learning rate, clip gradients, check the input, "
-            "or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave out such steps."
+            f"Step {bad_step}: {problem}. {state} Lower the learning rate, clip gradients, "
+            "check the input, or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave "
+            "out such steps, or 'recover' to go on from the last checkpoint past the "
+            "batches that led to them."
         )
 
-    def stop_on_weights(self, step: int, nonfinite_names: list[str]) -> None:
-        """Goes back to the last checkpoint (every one is finite) and raises NonFiniteError.
+    def after_nonfinite_weights(self, step: int, nonfinite_names: list[str]) -> Recovery:
+        """Goes back to the last checkpoint (every one is finite); recovers or raises.
 
         The loss and gradient checks cannot see an update that is itself not
         finite (an infinite learning rate, an overflowing optimizer state), and
-        no policy can skip it after the fact, so every policy stops here.
+        no policy can skip it after the fact: "recover" recovers as from a
+        non-finite `step` (the inner loop's last), every other policy stops.
+
+        Raises:
+            NonFiniteError: unless the policy is "recover" and it may recover.
         """
+        if self._loop.on_nonfinite == "recover":
+            return self._recover(
+                step,
+                f"{describe_names(nonfinite_names)} not finite (NaN or inf) after it, "
+                "although the steps' loss and gradient checks passed",
+            )
         state = self._back_to_checkpoint()
         raise NonFiniteError(
             f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
@@ -551,6 +630,37 @@ class _NonFinitePolicy:
             f"finite. {state} Check the learning rate and the optimizer's settings (a "
             "learning rate that is inf or huge does this), or clip gradients."
         )
+
+    def _recover(self, bad_step: int, problem: str) -> Recovery:
+        """Goes back to the last checkpoint and moves the train stream past `bad_step`'s batches.
+
+        Raises:
+            NonFiniteError: the run has made max_recoveries recoveries already,
+                or there is no checkpoint to go back to.
+        """
+        entries = list(self._recoveries.entries)
+        limit = self._loop.max_recoveries
+        if len(entries) >= limit:
+            steps = ", ".join(str(entry["step"]) for entry in entries)
+            raise NonFiniteError(
+                f"Step {bad_step}: {problem}, and the run has recovered {len(entries)} "
+                f"time{'s' if len(entries) > 1 else ''} already (max_recoveries={limit}; "
+                f"at step{'s' if len(entries) > 1 else ''} {steps}), so it stops. "
+                f"{self._back_to_checkpoint()} Lower the learning rate, clip gradients, "
+                "check the input, or raise max_recoveries (--max_recoveries) to let it "
+                "recover again."
+            )
+        if not self._go_back():
+            self._weights_lost_at = self._loop.step
+            raise NonFiniteError(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
+        restored = self._loop.step
+        entry = Recovery(
+            step=bad_step,
+            restored_step=restored,
+            skipped_batches=(bad_step - restored) * self._loop.batches_per_step,
+        )
+        self._recoveries.entries = [*entries, entry]
+        return entry
 
     def _back_to_checkpoint(self) -> str:
         """Goes back to the last checkpoint after a non-finite step; says where the loop is now."""
@@ -560,20 +670,32 @@ class _NonFinitePolicy:
                 f"(step {self._loop.step}), where a rerun also resumes."
             )
         self._weights_lost_at = self._loop.step
-        return (
-            "There is no checkpoint to go back to: the weights in memory are not finite, "
-            "and nothing was saved."
-        )
+        return _NO_CHECKPOINT
+
+
+_NO_CHECKPOINT = (
+    "There is no checkpoint to go back to: the weights in memory are not finite, "
+    "and nothing was saved."
+)
 
 
 class _TrainInput:
-    """A loop's train iterator, positioned after some steps' batches so a resume continues there."""
+    """A loop's train iterator, positioned after some steps' batches so a resume continues there.
 
-    def __init__(self, loop: Loop):
+    Step k's batches start at k * batches_per_step plus the batches that the
+    run's recoveries moved the stream past.
+    """
+
+    def __init__(self, loop: Loop, recoveries: Recoveries):
         self._loop = loop
+        self._recoveries = recoveries
         self._iterator: Iterator | None = None
         # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
         self.position = -1
+
+    def position_at(self, step: int) -> int:
+        """Batches of the stream before step `step + 1`'s."""
+        return step * self._loop.batches_per_step + self._recoveries.skipped_batches
 
     def at_step(self, step: int):
         """The iterator positioned after `step` steps' batches (None without train data)."""
@@ -585,7 +707,7 @@ class _TrainInput:
             if self._iterator is None:
                 self._iterator = parameter_server.worker_iterator(loop.coordinator, loop.train_data)
             return self._iterator
-        position = step * loop.batches_per_step
+        position = self.position_at(step)
         if self._iterator is None or self.position != position:
             self._iterator = distributed_input.train_iterator(
                 loop.strategy, loop.train_data, skip_batches=position

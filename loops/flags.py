@@ -23,6 +23,7 @@ from loops import exit_codes, tensorflow_logs
 from loops.choices import (
     LOCAL_REPLICA_STRATEGIES,
     METRIC_MODES,
+    NONFINITE_POLICIES,
     PRECISION_POLICIES,
     STRATEGY_NAMES,
 )
@@ -271,10 +272,21 @@ def define_loop_flags(
         flags.DEFINE_enum(
             "on_nonfinite",
             "stop",
-            ["stop", "skip"],
+            list(NONFINITE_POLICIES),
             "After a step whose loss or gradients are not finite on any replica: "
             "stop with an error (nothing saved after it; back to the last "
-            "checkpoint), or skip its update everywhere and go on.",
+            "checkpoint), skip its update everywhere and go on, or recover: go "
+            "back to the last checkpoint, move the train stream past every batch "
+            "from there to the bad step, and go on (logged; not for the RL "
+            "loops or parameter_server).",
+        )
+        flags.DEFINE_integer(
+            "max_recoveries",
+            None,
+            "With --on_nonfinite=recover: recoveries a run may make (counted over "
+            "resumes) before the next non-finite step stops it with an error. "
+            "Default: 3.",
+            lower_bound=1,
         )
 
 
@@ -448,6 +460,7 @@ def loop_arguments(strategy, model_dir: str, *, actions: Sequence = ()) -> dict[
         "seed": values.seed,
         "run_eagerly": values.run_eagerly,
         "on_nonfinite": values.on_nonfinite,
+        "max_recoveries": values.max_recoveries,
         "mixed_precision": values.mixed_precision,
         "grad_accum_steps": values.grad_accum_steps,
         "ema_decay": values.ema_decay or None,

@@ -8,10 +8,19 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops import distributed_input, executors, reduction, reporting, strategies, weight_average
+from loops import (
+    distributed_input,
+    executors,
+    recovery,
+    reduction,
+    reporting,
+    strategies,
+    weight_average,
+)
 from loops import mixed_precision as mixed_precision_lib
 from loops.actions import Action
 from loops.checkpoints import Checkpointer, FinitenessCheck
+from loops.choices import NONFINITE_POLICIES
 from loops.controller import CONFIG_FREE_TO_CHANGE, Controller
 from loops.errors import NonFiniteError as NonFiniteError  # what train raises, named here too
 
@@ -112,6 +121,7 @@ class Loop(metaclass=_BuildsAfterInit):
         seed: int = 0,
         run_eagerly: bool = False,
         on_nonfinite: str = "stop",
+        max_recoveries: int | None = None,
         # How the steps' `loops.Update`s compute.
         mixed_precision: str = "none",
         loss_scale_growth_steps: int | None = None,
@@ -141,6 +151,20 @@ class Loop(metaclass=_BuildsAfterInit):
                 loop then refuses to train on). "skip": its update is not
                 applied on any replica and training goes on; every update
                 then waits for the finiteness check (see `apply_update`).
+                "recover": as "stop", but then training goes on from the
+                last checkpoint (step s) with the train stream moved past
+                every batch from there to the bad step b, so steps s + 1,
+                ... read the batches that came after step b's; each
+                recovery is logged (progress, TensorBoard `recoveries`,
+                results.json `recoveries`) and checkpointed. Weights found
+                not finite after an inner loop recover the same way, b
+                being its last step. Needs a model_dir (a checkpoint of
+                step 0 is saved when there is none) and train_data, and
+                does not run under ParameterServerStrategy.
+            max_recoveries: under "recover", how many recoveries a run may
+                make (counted over resumes: the count is checkpointed)
+                before the next non-finite step raises NonFiniteError;
+                default 3.
             mixed_precision: "none" (float32), "mixed_bfloat16" or
                 "mixed_float16": the Keras dtype policy `build` runs under
                 (layers given an explicit dtype keep it; variables stay
@@ -167,6 +191,7 @@ class Loop(metaclass=_BuildsAfterInit):
             raise ValueError(
                 f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {on_nonfinite!r}."
             )
+        self.max_recoveries = recovery.check_max_recoveries(max_recoveries, on_nonfinite)
         if (
             isinstance(grad_accum_steps, bool)
             or not isinstance(grad_accum_steps, int)
@@ -199,13 +224,16 @@ class Loop(metaclass=_BuildsAfterInit):
         # Under ParameterServerStrategy this process is the coordinator and the
         # steps run asynchronously on the workers (loops/parameter_server.py).
         self.coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None = None
-        if strategies.strategy_name(self.strategy) == "parameter_server":
-            if not self.supports_parameter_server:
-                raise ValueError(
-                    f"{type(self).__name__} does not train under ParameterServerStrategy "
-                    "(its steps need synchronous replicas). Use "
-                    "--strategy=multi_worker_mirrored or mirrored."
-                )
+        parameter_server = strategies.strategy_name(self.strategy) == "parameter_server"
+        if parameter_server and not self.supports_parameter_server:
+            raise ValueError(
+                f"{type(self).__name__} does not train under ParameterServerStrategy "
+                "(its steps need synchronous replicas). Use "
+                "--strategy=multi_worker_mirrored or mirrored."
+            )
+        if on_nonfinite == "recover":
+            self._check_can_recover(train_data, model_dir)
+        if parameter_server:
             self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
                 self.strategy
             )
@@ -250,7 +278,7 @@ class Loop(metaclass=_BuildsAfterInit):
             with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
                 self.build()
         items = dict(self.checkpoint_items())
-        for reserved in ("global_step", "weight_averages"):
+        for reserved in ("global_step", "weight_averages", recovery.CHECKPOINT_NAME):
             if reserved in items:
                 raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
         items["global_step"] = self.global_step
@@ -395,7 +423,37 @@ class Loop(metaclass=_BuildsAfterInit):
         if self.coordinator is not None:
             return executors.ScheduledExecutor(definition, coordinator=self.coordinator)
         executor_class = executors.EagerExecutor if self.run_eagerly else executors.Executor
-        return executor_class(definition, stop_on_nonfinite=self.on_nonfinite == "stop")
+        return executor_class(definition, stop_on_nonfinite=self.on_nonfinite != "skip")
+
+    def _check_can_recover(self, train_data, model_dir: str | None) -> None:
+        """Raises ValueError when on_nonfinite='recover' cannot work for this loop."""
+        name = type(self).__name__
+        if strategies.strategy_name(self.strategy) == "parameter_server":
+            raise ValueError(
+                "on_nonfinite='recover' moves the train stream past the batches that led "
+                "to a non-finite step, and under ParameterServerStrategy each worker reads "
+                "its own stream, at no position a checkpoint records. Pass "
+                "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
+                "non-finite update under every policy) or 'stop'."
+            )
+        if train_data is None:
+            source = (
+                "makes its own data (it has no train stream), the same again after going "
+                "back to a checkpoint, so it would diverge there again"
+                if not self.needs_train_data
+                else "has no train_data"
+            )
+            raise ValueError(
+                f"on_nonfinite='recover' goes back to the last checkpoint and moves the train "
+                f"stream past the batches that led to a non-finite step, and {name} {source}. "
+                "Pass on_nonfinite='stop' or 'skip' (--on_nonfinite=stop or skip)."
+            )
+        if model_dir is None:
+            raise ValueError(
+                f"on_nonfinite='recover' goes back to the last checkpoint, and {name} has "
+                "model_dir=None, so it keeps none. Pass model_dir= (a checkpoint of step 0 is "
+                "saved when training starts), or on_nonfinite='stop' or 'skip'."
+            )
 
     def averaged_weights(self):
         """A context in which the trained variables hold their moving averages (host only).
@@ -490,6 +548,3 @@ class Loop(metaclass=_BuildsAfterInit):
     @property
     def preempted(self) -> bool:
         return self.controller.preempted
-
-
-NONFINITE_POLICIES = ("stop", "skip")

@@ -86,7 +86,8 @@ def test_stop_names_the_step_saves_nothing_after_it_and_goes_back_to_the_checkpo
 
 def test_unknown_policy_is_named():
     with pytest.raises(
-        ValueError, match="on_nonfinite must be one of \\('stop', 'skip'\\), got 'ignore'"
+        ValueError,
+        match="on_nonfinite must be one of \\('stop', 'skip', 'recover'\\), got 'ignore'",
     ):
         make_loop("ignore")
 
