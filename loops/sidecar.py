@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from typing import Any
 
@@ -41,9 +42,11 @@ def evaluate_checkpoints(
     `loop.evaluate()`; its metrics go to TensorBoard (`MODEL_DIR/evaluator/eval`,
     at the checkpoint's step) and to `MODEL_DIR/evaluator/history.json`, one
     entry per checkpoint, so an evaluator started again goes on after the last
-    one it handled. A checkpoint the trainer deletes (its rotation keeps the
+    one it handled. The state file is read every `poll_seconds`, also during an
+    evaluation; a checkpoint the trainer deletes (its rotation keeps the
     newest `max_checkpoints`) before it is read is skipped, with a note in the
-    log and in the history.
+    log and in the history (one that comes and goes between two reads is
+    never seen).
 
     The run is over once the checkpoint of step `train_steps` is handled, or
     once results.json says the run ended (not preempted) and every checkpoint
@@ -86,13 +89,48 @@ def evaluate_checkpoints(
         lock = model_dir_lock.acquire(directory)  # against a second evaluator, not the trainer
     except ValueError as error:
         raise ValueError(f"The evaluator of {model_dir} cannot start: {error}") from error
+    sightings = _Sightings(os.path.join(model_dir, "checkpoints"), poll_seconds)
     try:
         reporting.remove_unfinished_writes(directory)
         watch = _Watch(loop, model_dir, train_steps=train_steps)
-        watch.run(poll_seconds, timeout_seconds)
+        sightings.start()
+        watch.run(sightings, poll_seconds, timeout_seconds)
         return watch.history
     finally:
+        sightings.stop()
         model_dir_lock.release(lock)
+
+
+class _Sightings(threading.Thread):
+    """Lists the run's checkpoints every `poll_seconds`, also while an evaluation runs.
+
+    So a checkpoint the trainer writes and rotates away during a long
+    evaluation is still seen (and then noted as deleted) rather than missed.
+    """
+
+    def __init__(self, directory: str, poll_seconds: float):
+        super().__init__(name="loops-evaluator-listing", daemon=True)
+        self.directory = directory
+        self.poll_seconds = poll_seconds
+        self._seen: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.poll_seconds):
+            self.look()
+
+    def look(self) -> list[tuple[int, str]]:
+        """Lists now; returns (step, prefix) of each checkpoint seen listed so far, oldest first."""
+        listed = checkpoints.listed_checkpoints(self.directory)
+        with self._lock:
+            self._seen.update(listed)
+            return sorted(self._seen.items())
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.is_alive():
+            self.join()
 
 
 class _Watch:
@@ -117,7 +155,9 @@ class _Watch:
     def say(self, text: str) -> None:
         self.loop.progress.line(f"evaluator: {text}")
 
-    def run(self, poll_seconds: float, timeout_seconds: float | None) -> None:
+    def run(
+        self, sightings: _Sightings, poll_seconds: float, timeout_seconds: float | None
+    ) -> None:
         until = f" up to step {self.train_steps}" if self.train_steps is not None else ""
         earlier = (
             f"; {len(self.history)} handled before, up to step {self.last_step}"
@@ -131,7 +171,7 @@ class _Watch:
             # Read before the listing: the final checkpoint is listed before results.json says
             # the run ended, so this listing holds it.
             ended_at = self._run_end()
-            listed = checkpoints.listed_checkpoints(self.checkpoint_directory)
+            listed = sightings.look()
             new = [(step, prefix) for step, prefix in listed if step > self.last_step]
             for step, prefix in new:
                 self._handle(step, prefix)
