@@ -7,16 +7,27 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
+from absl import app, flags
+from absl.testing import flagsaver
 
 import loops
-from conftest import read_results, tiny_batches
+import loops_data as data
+import loops_models as models
+from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module, tiny_batches
 from loops import checkpoints, reporting
+from loops import flags as loop_flags
+from loops.bin import classifier as classifier_binary
+from loops.lm import LanguageModelLoop
 from loops.sidecar import HISTORY_FILE, evaluator_directory
+from loops_models import lm as lm_models
 
 TRAIN_STEPS = 10
 KEPT_STEPS = [6, 8, 10]  # checkpoints every 2 steps, the newest 3 kept
@@ -249,3 +260,270 @@ def test_a_second_evaluator_of_the_same_run_is_refused(run_dir):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(ValueError, match=f"The evaluator of {run_dir} cannot start: "):
             loops.evaluate_checkpoints(make_loop(), run_dir)
+
+
+# ---- Loops that evaluate some other way than one pass over eval_data. ----
+
+
+def summaries(directory, run):
+    """tag -> {step: value} of the scalars and texts in the event files of `directory/run`."""
+    values = {}
+    for path in glob.glob(os.path.join(directory, run, "events.out.tfevents.*")):
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                array = tf.make_ndarray(value.tensor)
+                values.setdefault(value.tag, {})[event.step] = (
+                    array.item().decode() if array.dtype == object else float(array)
+                )
+    return values
+
+
+def test_a_language_models_evaluator_writes_its_metrics_and_samples_like_the_trainer(tmp_path):
+    tokens = np.random.default_rng(3).integers(32, 127, size=(24, 13)).astype(np.int32)
+    lengths = np.full([24], 13, np.int32)
+
+    def make_lm(model_dir=None):
+        return LanguageModelLoop(
+            strategy=loops.testing.replica_strategy(1),
+            model_fn=lambda: lm_models.transformer_lm(
+                vocab_size=128, sequence_length=12, width=16, num_layers=1, num_heads=2, seed=5
+            ),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+            sequence_length=12,
+            sample_prompts=("def ",),
+            sample_length=6,
+            train_data=lambda: tf.data.Dataset.from_tensor_slices((tokens, lengths)).batch(8),
+            eval_data=lambda: tf.data.Dataset.from_tensor_slices((tokens, lengths)).batch(8),
+            steps_per_loop=3,
+            eval_every=3,
+            checkpoint_every=3,
+            model_dir=model_dir,
+            progress=loops.testing.quiet_progress(),
+        )
+
+    run_dir = str(tmp_path / "run")
+    trainer = make_lm(run_dir)
+    trainer.train(6)
+    trainer.close()
+    history = loops.evaluate_checkpoints(make_lm(), run_dir, train_steps=6, poll_seconds=0.05)
+    assert [entry["step"] for entry in history] == [3, 6]
+    for entry, expected in zip(history, read_results(run_dir)["history"]):
+        assert entry["step"] == expected.pop("step")
+        assert sorted(entry["metrics"]) == sorted(expected)
+        assert entry["metrics"] == pytest.approx(expected, rel=1e-6)
+    # The loop's own summaries of an evaluation (its samples) go to MODEL_DIR/evaluator too.
+    samples = summaries(evaluator_directory(run_dir), "samples")
+    assert sorted(samples) == ["greedy/0", "sampled/0"]
+    assert samples == summaries(os.path.join(run_dir, "summaries"), "samples")
+    assert samples["greedy/0"][6].startswith("```\ndef ")
+    # Without a model_dir of its own, the loop writes no sample files.
+    assert not glob.glob(os.path.join(evaluator_directory(run_dir), "**", "*.txt"), recursive=True)
+
+
+def test_the_gan_binary_evaluates_its_checkpoints_beside_its_training(tmp_path):
+    model_dir = str(tmp_path / "run")
+    shared = ["--strategy=default", f"--model_dir={model_dir}", "--train_steps=20"]
+    shared += ["--global_batch_size=64", "--seed=3"]
+    # Started together, as a sidecar is; the trainer keeps its newest 3 checkpoints.
+    trainer, evaluator = (
+        subprocess.Popen(
+            [sys.executable, "-m", "loops.bin.gan", *shared, *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=SUBPROCESS_ENV,
+            cwd=ROOT,
+        )
+        for extra in (
+            ["--steps_per_loop=5", "--checkpoint_every=5", "--eval_every=5"],
+            ["--mode=evaluate_checkpoints", "--evaluator_timeout=300"],
+        )
+    )
+    outputs = [process.communicate(timeout=600)[0] for process in (trainer, evaluator)]
+    assert trainer.returncode == 0, outputs[0][-3000:]
+    assert evaluator.returncode == 0, outputs[1][-3000:]
+    kept = [
+        step for step, _ in checkpoints.listed_checkpoints(os.path.join(model_dir, "checkpoints"))
+    ]
+    assert kept == [10, 15, 20]
+    with open(os.path.join(evaluator_directory(model_dir), HISTORY_FILE)) as stream:
+        history = json.load(stream)["evaluations"]
+    steps = [entry["step"] for entry in history]
+    # Every kept checkpoint was evaluated; step 5's was evaluated too, or rotated away first.
+    assert steps in ([5, 10, 15, 20], [10, 15, 20]) and "evaluator: skipped" not in outputs[1]
+    trainer_history = {entry.pop("step"): entry for entry in read_results(model_dir)["history"]}
+    for entry in history:
+        assert sorted(entry["metrics"]) == [
+            "high_quality_fraction",
+            "modes_covered",
+            "raw_high_quality_fraction",
+            "raw_modes_covered",
+        ]
+        assert entry["metrics"] == pytest.approx(trainer_history[entry["step"]], rel=1e-6)
+    assert outputs[1].splitlines()[-1].startswith("evaluator: the run ended at step 20; handled")
+    assert "exported SavedModel" not in outputs[1]
+
+
+def test_the_rl_binary_says_it_has_no_evaluation_for_checkpoints(tmp_path):
+    done = run_module("loops.bin.rl", "--mode=evaluate_checkpoints", f"--model_dir={tmp_path}")
+    assert done.returncode == 1
+    assert (
+        "loops-rl has no evaluation to run on checkpoints: PPO and DQN measure the returns "
+        "of their own training episodes"
+    ) in done.stderr
+    assert not os.listdir(tmp_path)
+
+
+# ---- The mode flag of the binaries (the shared flags, here through loops-classifier's). ----
+
+EVALUATOR_TF_CONFIG = json.dumps(
+    {
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "evaluator", "index": 0},
+    }
+)
+WORKER_TF_CONFIG = json.dumps(
+    {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 1}}
+)
+
+
+@pytest.mark.parametrize(
+    "argv, tf_config, mode, strategy",
+    [
+        ([], None, "train", "mirrored"),
+        (["--mode=evaluate_checkpoints"], None, "evaluate_checkpoints", "mirrored"),
+        (["--strategy=multi_worker_mirrored"], WORKER_TF_CONFIG, "train", "multi_worker_mirrored"),
+        # The same command as the workers, on the evaluator task: it evaluates, on its own.
+        (
+            ["--strategy=multi_worker_mirrored"],
+            EVALUATOR_TF_CONFIG,
+            "evaluate_checkpoints",
+            "default",
+        ),
+        (
+            ["--mode=evaluate_checkpoints", "--strategy=parameter_server"],
+            None,
+            "evaluate_checkpoints",
+            "default",
+        ),
+        (
+            ["--mode=evaluate_checkpoints", "--strategy=one_device"],
+            None,
+            "evaluate_checkpoints",
+            "one_device",
+        ),
+    ],
+)
+def test_the_mode_and_the_evaluators_strategy_follow_the_flags_and_tf_config(
+    monkeypatch, argv, tf_config, mode, strategy
+):
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", tf_config)
+    with flagsaver.flagsaver():
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(["loops-classifier", "--model_dir=/run", *argv])
+        assert loop_flags.mode() == mode
+        assert loop_flags.strategy_name() == strategy
+        arguments = loop_flags.loop_arguments("a strategy", "/run", actions=["an export"])
+    if mode == "train":
+        assert arguments["model_dir"] == "/run" and arguments["actions"] == ["an export"]
+    else:
+        # An evaluator's loop has no model_dir (no lock, no restore) and no actions (no export).
+        assert arguments["model_dir"] is None and arguments["actions"] == []
+
+
+@pytest.mark.parametrize(
+    "argv, tf_config, message",
+    [
+        (
+            ["--mode=evaluate_checkpoints"],
+            None,
+            "--mode=evaluate_checkpoints evaluates the checkpoints of the run in --model_dir; "
+            "pass the trainer's --model_dir.",
+        ),
+        (
+            ["--mode=train", "--model_dir=/run"],
+            EVALUATOR_TF_CONFIG,
+            "TF_CONFIG names this task 'evaluator', which evaluates the checkpoints of the "
+            "cluster's run; drop --mode=train (an evaluator task runs "
+            "--mode=evaluate_checkpoints).",
+        ),
+    ],
+)
+def test_an_evaluator_without_a_run_or_a_training_evaluator_task_is_refused(
+    monkeypatch, argv, tf_config, message
+):
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", tf_config)
+    with flagsaver.flagsaver(), pytest.raises(app.UsageError) as raised:
+        flags.FLAGS.unparse_flags()
+        classifier_binary.main(flags.FLAGS(["loops-classifier", *argv]))
+    assert str(raised.value) == message
+
+
+# ---- An evaluator task beside a 2-worker cluster, through loops-launch. ----
+
+
+def test_an_evaluator_task_evaluates_every_checkpoint_the_chief_kept_then_exits(
+    tmp_path, digits_dir
+):
+    model_dir = str(tmp_path / "run")
+    # 3 checkpoints, all kept (max_checkpoints 3), each with the trainer's own evaluation.
+    classifier = ["--strategy=multi_worker_mirrored", "--num_replicas=1"]
+    classifier += [f"--model_dir={model_dir}", f"--data_dir={digits_dir}", "--train_steps=120"]
+    classifier += ["--steps_per_loop=20", "--checkpoint_every=40", "--eval_every=40"]
+    classifier += ["--global_batch_size=64"]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "loops.launch", "--num_workers=2", "--evaluator", "--"]
+        + ["loops.bin.classifier", *classifier],
+        capture_output=True,
+        text=True,
+        env={name: value for name, value in SUBPROCESS_ENV.items() if name != "TF_CONFIG"},
+        cwd=ROOT,
+        timeout=600,
+    )
+    print(f"2 workers and an evaluator: {time.monotonic() - started:.1f} s")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert re.search(r"^\[launch\] evaluator_0 pid \d+$", done.stderr, re.M)  # no address
+    assert "[launch] evaluator_0 finished" in done.stderr
+    assert "[worker_0] step 120/120" in done.stdout and "[worker_1] step 120/120" in done.stdout
+
+    kept = checkpoints.listed_checkpoints(os.path.join(model_dir, "checkpoints"))
+    assert [step for step, _ in kept] == [40, 80, 120]
+    with open(os.path.join(evaluator_directory(model_dir), HISTORY_FILE)) as stream:
+        history = json.load(stream)["evaluations"]
+    assert [(entry["step"], entry["checkpoint"]) for entry in history] == kept
+    # It exited after the final checkpoint, and said so.
+    results = read_results(model_dir)
+    assert results["global_step"] == 120 and results["num_replicas"] == 2
+    assert (
+        "[evaluator_0] evaluator: the run ended at step 120; handled 3 checkpoint(s) now, 3 in all"
+    ) in done.stdout
+
+    # Each equals an evaluation of that checkpoint here, in this process, on 1 replica ...
+    spec = data.dataset_spec("digits", digits_dir)
+    reference = loops.ClassifierLoop(
+        strategy=loops.testing.replica_strategy(1),
+        model_fn=lambda: models.build_classifier(
+            "mlp", input_shape=spec.input_shape, num_classes=spec.num_classes, seed=0
+        ),
+        optimizer_fn=lambda: keras.optimizers.Adam(2e-3),
+        eval_data=lambda: data.global_batches(
+            "digits", "test", global_batch_size=64, data_dir=digits_dir
+        ),
+        progress=loops.testing.quiet_progress(),
+    )
+    trainer_history = {entry.pop("step"): entry for entry in results["history"]}
+    for entry in history:
+        expected = in_process_evaluation(reference, entry["checkpoint"])
+        assert entry["metrics"]["num_examples"] == expected["num_examples"] == 360
+        assert entry["metrics"] == pytest.approx(expected, rel=1e-6, abs=0)
+        # ... and the chief's own evaluation at that step, on 2 workers.
+        assert entry["metrics"] == pytest.approx(trainer_history[entry["step"]], rel=RTOL)
+    assert history[-1]["metrics"]["accuracy"] >= 0.9  # it really learned
