@@ -74,8 +74,10 @@ def evaluate_checkpoints(
     Returns:
         The history: one entry per checkpoint handled (also by earlier
         evaluators of this model_dir), in step order, each with "step",
-        "checkpoint" (its path), "time" (seconds since the epoch) and either
-        "metrics" or "skipped" (why it was not evaluated).
+        "checkpoint" (its path), "written" (when its index file was written,
+        if it was still there), "time" (when it was handled; both in seconds
+        since the epoch) and either "metrics" or "skipped" (why it was not
+        evaluated).
 
     Raises:
         ValueError: a bad argument, a loop with a model_dir or nothing to
@@ -194,6 +196,10 @@ class _Watch:
     def _handle(self, step: int, prefix: str) -> None:
         """Restores and evaluates one listed checkpoint, or notes why not; records it."""
         entry: dict[str, Any] = {"step": step, "checkpoint": prefix}
+        try:
+            entry["written"] = os.path.getmtime(prefix + ".index")
+        except OSError:
+            pass  # deleted already: noted below
         problem = checkpoints.missing_files(prefix)
         try:
             problem = problem or checkpoints.restore_checkpoint(prefix, self.items)

@@ -127,6 +127,9 @@ def test_every_kept_checkpoint_is_evaluated_once_with_an_in_process_evaluations_
         )
     assert loop.executor.eval_function.experimental_get_tracing_count() == 1
     assert [(entry["step"], entry["checkpoint"]) for entry in history] == kept
+    for entry in history:
+        assert entry["written"] == os.path.getmtime(entry["checkpoint"] + ".index")
+        assert entry["time"] >= entry["written"]
     trainer_history = {entry["step"]: entry for entry in read_results(run_dir)["history"]}
     reference = make_loop()
     for entry in history:
@@ -182,7 +185,7 @@ def test_a_checkpoint_deleted_before_it_is_read_is_skipped_with_a_note(run_dir):
         "deleted before it was read (the trainer keeps only its newest checkpoints, "
         "max_checkpoints)"
     )
-    assert "metrics" not in history[1]
+    assert "metrics" not in history[1] and "written" not in history[1]
     assert (
         "evaluator: skipped ckpt-8: deleted before it was read (the trainer keeps only its "
         "newest checkpoints, max_checkpoints)"
