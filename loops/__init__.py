@@ -43,6 +43,7 @@ _EXPORTS = {
     "ActorCriticLoop": "loops.rl",
     "DQNLoop": "loops.rl",
     "EnvironmentLoop": "loops.rl",
+    "evaluate_checkpoints": "loops.sidecar",
     "STRATEGY_NAMES": "loops.strategies",
     "configure_logical_cpus": "loops.strategies",
     "make_strategy": "loops.strategies",

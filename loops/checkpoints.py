@@ -17,6 +17,7 @@ from loops.errors import DamagedCheckpointError, NonFiniteWeightsError
 # What a CheckpointManager writes for step N: PREFIX.index and PREFIX.data-K-of-M.
 _INDEX = re.compile(r"^ckpt-(\d+)\.index$")
 _DATA = re.compile(r"^ckpt-(\d+)\.data-(\d+)-of-(\d+)$")
+_PREFIX = re.compile(r"^ckpt-(\d+)$")
 # A save in progress writes its shards into PREFIX_temp/ first; a kill leaves it behind.
 _TEMPORARY = re.compile(r"^ckpt-\d+_temp$")
 STATE_FILE = "checkpoint"  # TensorFlow's name for the list of a directory's checkpoints
@@ -84,7 +85,7 @@ class Checkpointer:
         complete = [
             prefix
             for _, prefix in _checkpoint_files(self._chief_directory)
-            if _missing_files(prefix) is None
+            if missing_files(prefix) is None
         ]
         return complete[0] if complete else None
 
@@ -107,7 +108,9 @@ class Checkpointer:
         damaged: list[tuple[str, str]] = []
         restored = None
         for _, prefix in found:
-            problem = _missing_files(prefix) or self._restore_from(prefix)
+            problem = missing_files(prefix) or restore_checkpoint(
+                prefix, self.items, optional_items=self.optional_items
+            )
             if problem is None:
                 restored = prefix
                 break
@@ -133,33 +136,10 @@ class Checkpointer:
             if restored is not None
             and prefix not in passed_over
             and _step_of(prefix) <= _step_of(restored)
-            and _missing_files(prefix) is None
+            and missing_files(prefix) is None
         ]
         self._open_manager(restored, kept)
         return restored
-
-    def _restore_from(self, prefix: str) -> str | None:
-        """Restores `prefix`; None when it worked, else why its files do not read.
-
-        Raises:
-            ValueError: it reads, but does not match the loop's objects.
-        """
-        try:
-            saved = {name.split("/")[0] for name, _ in tf.train.list_variables(prefix)}
-            present = {name: item for name, item in self.optional_items.items() if name in saved}
-            status = tf.train.Checkpoint(**self.items, **present).restore(prefix)
-            status.assert_existing_objects_matched()
-            return None
-        except (AssertionError, ValueError, IndexError, tf.errors.OpError) as error:
-            unreadable = _unreadable(prefix)
-            if unreadable is not None:
-                return unreadable
-            reason = str(error).splitlines()[0][:240]
-            raise ValueError(
-                f"The checkpoint {prefix} does not match this loop ({reason}...). "
-                "It comes from a different model or loop: point --model_dir at "
-                "a new directory, or rebuild the loop that wrote it."
-            ) from error
 
     def _open_manager(self, restored: str | None, kept: list[str]) -> None:
         """The manager, with a state file that lists the intact checkpoints up to `restored`.
@@ -271,6 +251,56 @@ def describe_names(names: list[str]) -> str:
     )
 
 
+def restore_checkpoint(
+    prefix: str, items: Mapping[str, object], *, optional_items: Mapping[str, object] | None = None
+) -> str | None:
+    """Restores checkpoint `prefix` into `items`; None when it worked, else why it does not read.
+
+    Objects the checkpoint holds beyond `items` (an action's state) are left
+    alone; `optional_items` are restored when the checkpoint holds them.
+
+    Raises:
+        ValueError: it reads, but does not match `items` (another model or loop).
+    """
+    try:
+        saved = {name.split("/")[0] for name, _ in tf.train.list_variables(prefix)}
+        present = {name: item for name, item in (optional_items or {}).items() if name in saved}
+        # What it holds beyond `items` stays unread, without a warning about it.
+        status = tf.train.Checkpoint(**items, **present).restore(prefix).expect_partial()
+        status.assert_existing_objects_matched()
+        return None
+    except (AssertionError, ValueError, IndexError, tf.errors.OpError) as error:
+        unreadable = _unreadable(prefix)
+        if unreadable is not None:
+            return unreadable
+        reason = str(error).splitlines()[0][:240]
+        raise ValueError(
+            f"The checkpoint {prefix} does not match this loop ({reason}...). "
+            "It comes from a different model or loop: point --model_dir at "
+            "a new directory, or rebuild the loop that wrote it."
+        ) from error
+
+
+def listed_checkpoints(directory: str) -> list[tuple[int, str]]:
+    """(step, prefix) of the checkpoints TensorFlow's state file lists, oldest first.
+
+    A `CheckpointManager` rewrites the state file (atomically) only after a
+    checkpoint's files are all written, so a listed checkpoint is complete;
+    its files may still go before they are read (the manager lists the
+    newest, deletes the oldest beyond `max_to_keep`, then lists again).
+    Empty when there is no state file or it does not parse.
+    """
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except ValueError:  # a state file that names no newest checkpoint
+        state = None
+    paths = state.all_model_checkpoint_paths if state else []
+    prefixes = {os.path.join(directory, os.path.basename(path)) for path in paths}
+    return sorted(
+        (_step_of(prefix), prefix) for prefix in prefixes if _PREFIX.match(os.path.basename(prefix))
+    )
+
+
 def _float_variables(root) -> list:
     variables, seen = [], set()
     for item in tf.train.TrackableView(root).descendants():
@@ -304,7 +334,7 @@ def _checkpoint_files(directory: str) -> list[tuple[int, str]]:
     return [(step, os.path.join(directory, f"ckpt-{step}")) for step in sorted(steps, reverse=True)]
 
 
-def _missing_files(prefix: str) -> str | None:
+def missing_files(prefix: str) -> str | None:
     """Which of a checkpoint's files are missing; None when all are there."""
     if not os.path.exists(prefix + ".index"):
         return f"{os.path.basename(prefix)}.index is missing"

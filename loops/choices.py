@@ -16,6 +16,8 @@ STRATEGY_NAMES = (
 # as many as the run asks for; the others take their devices from the machine
 # or the cluster.
 LOCAL_REPLICA_STRATEGIES = ("mirrored", "central_storage")
+# Strategies that run in one process on this host's devices, without a TF_CONFIG cluster.
+ONE_PROCESS_STRATEGIES = ("default", "one_device", *LOCAL_REPLICA_STRATEGIES)
 # Whether a lower or a higher value of a watched eval metric is better.
 METRIC_MODES = ("min", "max")
 PRECISION_POLICIES = ("none", "mixed_bfloat16", "mixed_float16")

@@ -30,9 +30,12 @@ if TYPE_CHECKING:
     from loops.loop import Loop
 
 # Config keys a resumed run may change without a warning: how long it trains, how
-# often it evaluates and saves, and where its outputs go (`Loop.config_free_to_change`).
+# often it evaluates and saves, where its outputs go, and the evaluator's settings
+# (`Loop.config_free_to_change`).
 CONFIG_FREE_TO_CHANGE = frozenset(
     {
+        "mode",
+        "evaluator_timeout",
         "train_steps",
         "model_dir",
         "export_dir",

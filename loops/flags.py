@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import json
 import math
 import os
 import signal
@@ -24,12 +25,17 @@ from loops.choices import (
     LOCAL_REPLICA_STRATEGIES,
     METRIC_MODES,
     NONFINITE_POLICIES,
+    ONE_PROCESS_STRATEGIES,
     PRECISION_POLICIES,
     STRATEGY_NAMES,
 )
 
 # The headings of a binary's --help, in order; each of its flags is defined under one.
-HEADINGS = ("strategy", "data", "model", "training", "outputs", "faults")
+HEADINGS = ("mode", "strategy", "data", "model", "training", "outputs", "faults")
+TRAIN = "train"
+EVALUATE_CHECKPOINTS = "evaluate_checkpoints"
+# TF_CONFIG's task type of the process that evaluates beside a cluster (TensorFlow's name).
+EVALUATOR_TASK = "evaluator"
 # Evaluations a run makes when --eval_every is unset: enough points for a curve.
 DEFAULT_EVALUATIONS = 5
 # Replicas of a mirrored or central_storage run on a machine without GPUs: the
@@ -92,6 +98,25 @@ def define_loop_flags(
     A binary whose defaults depend on another flag (the RL algorithm) passes
     None and fills them in after parsing.
     """
+    with heading("mode"):
+        flags.DEFINE_enum(
+            "mode",
+            None,
+            [TRAIN, EVALUATE_CHECKPOINTS],
+            f"{TRAIN}: train (and evaluate) the model. {EVALUATE_CHECKPOINTS}: in a "
+            "process of its own, evaluate each checkpoint the run in --model_dir writes, "
+            "once, as it appears, until the run's last (--train_steps), on this host's "
+            "devices (a cluster --strategy becomes default); results in "
+            f"MODEL_DIR/evaluator. Unset: {TRAIN}, or {EVALUATE_CHECKPOINTS} on a task "
+            f"TF_CONFIG names '{EVALUATOR_TASK}' (loops-launch --evaluator).",
+        )
+        flags.DEFINE_float(
+            "evaluator_timeout",
+            3600.0,
+            f"--mode={EVALUATE_CHECKPOINTS}: give up (exit 1) when no new checkpoint "
+            "comes for this many seconds before the run ends; 0: wait for ever.",
+            lower_bound=0.0,
+        )
     with heading("strategy"):
         flags.DEFINE_enum(
             "strategy",
@@ -388,13 +413,37 @@ def num_replicas() -> int:
     return len(tf.config.list_physical_devices("GPU")) or DEFAULT_CPU_REPLICAS
 
 
+def strategy_name() -> str:
+    """--strategy, but `default` for an evaluator given a cluster's (it runs on its own)."""
+    name = flags.FLAGS.strategy
+    if mode() == EVALUATE_CHECKPOINTS and name not in ONE_PROCESS_STRATEGIES:
+        return "default"
+    return name
+
+
 def make_strategy():
-    """The tf.distribute strategy --strategy and --num_replicas ask for."""
+    """The tf.distribute strategy --strategy and --num_replicas ask for (see `strategy_name`)."""
     from loops import strategies
 
     return strategies.make_strategy(
-        flags.FLAGS.strategy, num_replicas(), cluster_timeout=flags.FLAGS.cluster_timeout
+        strategy_name(), num_replicas(), cluster_timeout=flags.FLAGS.cluster_timeout
     )
+
+
+def tf_config_task_type() -> str | None:
+    """The task type TF_CONFIG gives this process; None without one (or an unreadable one)."""
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return task.get("type")
+    except (ValueError, AttributeError):
+        return None  # make_strategy names what is wrong with it, where it matters
+
+
+def mode() -> str:
+    """--mode, or evaluate_checkpoints on a task TF_CONFIG names `evaluator`, else train."""
+    if flags.FLAGS.mode is not None:
+        return flags.FLAGS.mode
+    return EVALUATE_CHECKPOINTS if tf_config_task_type() == EVALUATOR_TASK else TRAIN
 
 
 def check_batch_fits_replicas(strategy) -> None:
@@ -444,29 +493,36 @@ def flag_actions() -> list:
     return actions
 
 
-def loop_arguments(strategy, model_dir: str, *, actions: Sequence = ()) -> dict[str, Any]:
+def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -> dict[str, Any]:
     """The `Loop` keyword arguments the shared flags set, with the binary's own `actions`.
 
     Reads --train_steps and --steps_per_loop, which a binary with
-    algorithm-dependent defaults fills in before.
+    algorithm-dependent defaults fills in before. An evaluator's loop
+    (--mode=evaluate_checkpoints) gets no model_dir and no actions: it
+    evaluates the run's checkpoints and writes only into MODEL_DIR/evaluator
+    (loops/sidecar.py).
     """
     values = flags.FLAGS
+    evaluator = mode() == EVALUATE_CHECKPOINTS
     return {
         "strategy": strategy,
-        "model_dir": model_dir,
+        "model_dir": None if evaluator else model_dir,
         "steps_per_loop": values.steps_per_loop,
         "eval_every": eval_every(),
         "checkpoint_every": values.checkpoint_every,
         "seed": values.seed,
         "run_eagerly": values.run_eagerly,
-        "on_nonfinite": values.on_nonfinite,
-        "max_recoveries": values.max_recoveries,
+        # The evaluator trains nothing: a recovery (which needs a model_dir of its
+        # own) and a profile of train steps do not apply to it.
+        "on_nonfinite": "stop" if evaluator else values.on_nonfinite,
+        "max_recoveries": None if evaluator else values.max_recoveries,
         "mixed_precision": values.mixed_precision,
         "grad_accum_steps": values.grad_accum_steps,
+        # Kept by the evaluator: the checkpoints hold the averages it evaluates with.
         "ema_decay": values.ema_decay or None,
-        "actions": [*flag_actions(), *actions],
+        "actions": [] if evaluator else [*flag_actions(), *actions],
         "progress_every_seconds": values.progress_every_seconds or None,
-        "profile_steps": values.profile_steps and _profile_steps(values.profile_steps),
+        "profile_steps": None if evaluator else _profile_steps(values.profile_steps or ""),
         "config": flag_values(),
     }
 
@@ -483,6 +539,15 @@ def run_binary(
     """
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
+    if mode() == EVALUATE_CHECKPOINTS:
+        _evaluate_checkpoints(build_loop)
+        return
+    if tf_config_task_type() == EVALUATOR_TASK:
+        raise app.UsageError(
+            f"TF_CONFIG names this task '{EVALUATOR_TASK}', which evaluates the checkpoints "
+            f"of the cluster's run; drop --mode={TRAIN} (an evaluator task runs "
+            f"--mode={EVALUATE_CHECKPOINTS})."
+        )
     check_export_dir()
     quiet_logging()
     from loops import parameter_server
@@ -522,6 +587,51 @@ def _build_and_train(
     if loop.preempted:
         # Not 0: a scheduler must tell a preempted run (rerun it) from a finished one.
         sys.exit(exit_codes.PREEMPTED)
+
+
+def _evaluate_checkpoints(build_loop: Callable) -> None:
+    """--mode=evaluate_checkpoints: the loop, built on this host, evaluates the run's checkpoints.
+
+    Exits 1 with the reason when evaluation fails or times out, and 42
+    (preempted) on SIGTERM: the history so far is on disk, and the same
+    command goes on after it.
+    """
+    model_dir = flags.FLAGS.model_dir
+    if not model_dir:
+        raise app.UsageError(
+            f"--mode={EVALUATE_CHECKPOINTS} evaluates the checkpoints of the run in "
+            "--model_dir; pass the trainer's --model_dir."
+        )
+    quiet_logging()
+    from loops.sidecar import evaluate_checkpoints
+
+    previous_handler = signal.signal(signal.SIGTERM, _exit_evaluator)
+    try:
+        try:
+            loop = build_loop()
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
+        try:
+            evaluate_checkpoints(
+                loop,
+                model_dir,
+                train_steps=flags.FLAGS.train_steps,
+                timeout_seconds=flags.FLAGS.evaluator_timeout or None,
+            )
+        except (ValueError, OSError) as error:  # TimeoutError is an OSError
+            sys.exit(f"error: {error}")
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _exit_evaluator(signum, frame) -> None:
+    del signum, frame
+    print(
+        "evaluator stopped (SIGTERM); its history is on disk: the same command goes on "
+        "after the last checkpoint it handled",
+        file=sys.stderr,
+    )
+    sys.exit(exit_codes.PREEMPTED)
 
 
 def _exit_preempted(signum, frame) -> None:

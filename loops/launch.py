@@ -4,26 +4,35 @@
         --strategy=multi_worker_mirrored --model_dir=/tmp/run1
     python -m loops.launch --num_workers=2 --num_ps=1 -- loops.bin.classifier \\
         --strategy=parameter_server --model_dir=/tmp/run2
+    python -m loops.launch --num_workers=2 --evaluator -- loops.bin.classifier \\
+        --strategy=multi_worker_mirrored --model_dir=/tmp/run3
 
 Every task gets a TF_CONFIG naming the whole cluster (free 127.0.0.1 ports) and
 its own task, and every line it prints comes out prefixed with its name
 (`[worker_0] ...`). With --num_ps the cluster also has a `chief` task (the
-coordinator of ParameterServerStrategy).
+coordinator of ParameterServerStrategy). With --evaluator one more process
+runs the same command as task `evaluator` (TensorFlow's convention: its
+TF_CONFIG names the cluster, which does not list it, so the training tasks
+never wait for it); a loops binary then evaluates the run's checkpoints as
+they appear (--mode=evaluate_checkpoints).
 
 The run ends with the chief, or without one with the last worker; then the
 launcher stops the tasks still running (parameter servers, and the workers of
-a chief, never exit on their own). Its exit code (loops/exit_codes.py):
+a chief, never exit on their own) and waits for the evaluator to handle the
+run's last checkpoint. Its exit code (loops/exit_codes.py):
 0 when they all exited 0; 42 (PREEMPTED) when some exited 42, a preempted
 run that saved every completed step (rerun the same command to continue); 1
-as soon as a task exits with any other code, after stopping the others and
-naming that task. A task exiting 42 is not a failure: the others were
-preempted too and are saving, so they are left to finish.
+as soon as a training task exits with any other code, after stopping the
+others and naming that task. A task exiting 42 is not a failure: the others
+were preempted too and are saving, so they are left to finish. An evaluator
+that fails is named and training goes on; the launcher then exits 1 once
+training has finished (42 if it was preempted).
 
-SIGINT and SIGTERM it receives go to the chief, or without one to every task
-(a loops binary saves a checkpoint on SIGTERM and, under
-MultiWorkerMirroredStrategy, tells the other workers); the servers keep
-serving until the chief is done, since its checkpoint reads the variables they
-hold. A second signal kills every task.
+SIGINT and SIGTERM it receives go to the chief, or without one to every
+worker, and to the evaluator (a loops binary saves a checkpoint on SIGTERM
+and, under MultiWorkerMirroredStrategy, tells the other workers); the servers
+keep serving until the chief is done, since its checkpoint reads the
+variables they hold. A second signal kills every task.
 
 The tasks are plain subprocesses watched by threads, not TensorFlow's
 multi-process test runner (BUILD.md fact 15).
@@ -59,13 +68,16 @@ _MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _POLL_SECONDS = 0.05
 
 
+EVALUATOR = "evaluator"  # the task type of TensorFlow's evaluator beside a cluster
+
+
 @dataclasses.dataclass
 class Task:
     """One process of the cluster."""
 
-    type: str  # "chief", "worker" or "ps"
+    type: str  # "chief", "worker", "ps" or "evaluator"
     index: int
-    address: str  # host:port this task serves on
+    address: str | None  # host:port this task serves on; None for the evaluator
     process: subprocess.Popen | None = None
 
     @property
@@ -106,12 +118,15 @@ def free_ports(count: int, host: str = HOST) -> list[int]:
             bound.close()
 
 
-def plan_cluster(num_workers: int, num_ps: int = 0, host: str = HOST) -> list[Task]:
+def plan_cluster(
+    num_workers: int, num_ps: int = 0, host: str = HOST, *, evaluator: bool = False
+) -> list[Task]:
     """The tasks of a local cluster with `num_workers` workers and `num_ps` parameter servers.
 
     With parameter servers the cluster also gets a `chief` task, the
     coordinator that ParameterServerStrategy needs (the workers and parameter
-    servers only serve it). Without, worker_0 is the chief.
+    servers only serve it). Without, worker_0 is the chief. With `evaluator`,
+    an `evaluator` task comes last: it serves nothing, so it has no address.
 
     Raises:
         UsageError: num_workers < 1 or num_ps < 0.
@@ -125,18 +140,24 @@ def plan_cluster(num_workers: int, num_ps: int = 0, host: str = HOST) -> list[Ta
         raise UsageError(f"--num_ps={num_ps} is negative; pass --num_ps=0 (the default) or more.")
     counts = {"chief": 1 if num_ps else 0, "worker": num_workers, "ps": num_ps}
     ports = iter(free_ports(sum(counts.values()), host))
-    return [
+    tasks = [
         Task(task_type, index, f"{host}:{next(ports)}")
         for task_type, count in counts.items()
         for index in range(count)
     ]
+    return tasks + ([Task(EVALUATOR, 0, None)] if evaluator else [])
 
 
 def tf_config(tasks: Sequence[Task], task: Task) -> str:
-    """The TF_CONFIG JSON for `task` in the cluster `tasks`."""
+    """The TF_CONFIG JSON for `task` in the cluster `tasks`.
+
+    The cluster lists the tasks that serve (not the evaluator), so every task,
+    the evaluator too, sees the same cluster.
+    """
     cluster: dict[str, list[str]] = {}
     for member in tasks:
-        cluster.setdefault(member.type, []).append(member.address)
+        if member.address is not None:
+            cluster.setdefault(member.type, []).append(member.address)
     return json.dumps({"cluster": cluster, "task": {"type": task.type, "index": task.index}})
 
 
@@ -271,7 +292,8 @@ class Launcher:
                     f"Cannot start {self.command[0]!r} for {task.name} ({error}); check that "
                     "the path exists and is executable."
                 ) from error
-            self.say(f"{task.name} pid {task.process.pid} at {task.address}")
+            where = f" at {task.address}" if task.address else ""
+            self.say(f"{task.name} pid {task.process.pid}{where}")
         # The readers start only after every fork: a fork while other threads run
         # could copy a lock they hold into the child before exec.
         for task in self.tasks:
@@ -306,11 +328,16 @@ class Launcher:
         chiefs = [task for task in self.tasks if task.type == "chief"]
         return chiefs or [task for task in self.tasks if task.type == "worker"]
 
+    def _evaluators(self) -> list[Task]:
+        return [task for task in self.tasks if task.type == EVALUATOR]
+
     def _supervise(self) -> int:
         leaders = self._leaders()
         ended = "the chief finished" if leaders[0].type == "chief" else "every worker finished"
         reported: set[str] = set()
         preempted: set[str] = set()
+        failed_evaluator: str | None = None  # why, once an evaluator failed
+        training_ended = False
         while True:
             self._tell_signals()
             for task in self.tasks:
@@ -321,28 +348,50 @@ class Launcher:
                 if code == exit_codes.PREEMPTED:
                     preempted.add(task.name)
                     self.say(f"{task.name} was preempted (exit code {code}) and saved")
+                elif code != 0 and task.type == EVALUATOR:
+                    # Evaluation must never stop training: name it, go on.
+                    failed_evaluator = f"{task.name} {_describe_exit(code)}"
+                    self.say(f"{failed_evaluator}; training goes on without it")
                 elif code != 0:
                     return self._fail(task, code)
                 else:
                     self.say(f"{task.name} finished")
-            if all(leader.name in reported for leader in leaders):
+            if not training_ended and all(leader.name in reported for leader in leaders):
+                training_ended = True
                 servers = [task for task in self.tasks if task.running()]
+                # After a preemption or a signal there is no last checkpoint to wait for.
+                waiting = [] if preempted or self._signals else self._evaluators()
+                servers = [task for task in servers if task not in waiting]
                 if servers:
                     self.say(f"{ended}; stopping " + ", ".join(task.name for task in servers))
                     self._stop(servers)
-                after = f" after {self._signal_names()}" if self._signals else ""
-                if preempted:
-                    named = ", ".join(task.name for task in self.tasks if task.name in preempted)
+                still = [task.name for task in waiting if task.running()]
+                if still:
                     self.say(
-                        f"PREEMPTED{after}: {named} exited "
-                        f"{exit_codes.PREEMPTED}; rerun the same command to continue "
-                        f"(exit code {exit_codes.PREEMPTED})"
+                        f"{ended}; waiting for {', '.join(still)} to evaluate the run's "
+                        "last checkpoints"
                     )
-                    return exit_codes.PREEMPTED
-                if self._signals:
-                    self.say(f"{ended}{after}")
-                return exit_codes.FINISHED
+            if training_ended and not any(task.running() for task in self._evaluators()):
+                return self._outcome(ended, preempted, failed_evaluator)
             time.sleep(_POLL_SECONDS)
+
+    def _outcome(self, ended: str, preempted: set[str], failed_evaluator: str | None) -> int:
+        """The exit code once training has ended and no evaluator runs; says it."""
+        after = f" after {self._signal_names()}" if self._signals else ""
+        if preempted:
+            named = ", ".join(task.name for task in self.tasks if task.name in preempted)
+            self.say(
+                f"PREEMPTED{after}: {named} exited "
+                f"{exit_codes.PREEMPTED}; rerun the same command to continue "
+                f"(exit code {exit_codes.PREEMPTED})"
+            )
+            return exit_codes.PREEMPTED
+        if failed_evaluator is not None:
+            self.say(f"FAILED: {failed_evaluator} (training finished){after}")
+            return 1
+        if self._signals:
+            self.say(f"{ended}{after}")
+        return exit_codes.FINISHED
 
     def _fail(self, task: Task, code: int) -> int:
         self._tell_signals()
@@ -405,10 +454,10 @@ class Launcher:
         return self._signals[index] if index == 0 else signal.SIGKILL
 
     def _signalled(self, index: int) -> list[Task]:
-        # The first signal goes to the tasks the run ends with, sparing the
-        # servers of a chief: a parameter server dies on SIGTERM, and the
-        # chief's checkpoint reads its variables.
-        return self._leaders() if index == 0 else self.tasks
+        # The first signal goes to the tasks the run ends with and the evaluator,
+        # sparing the servers of a chief: a parameter server dies on SIGTERM, and
+        # the chief's checkpoint reads its variables.
+        return self._leaders() + self._evaluators() if index == 0 else self.tasks
 
     def _tell_signals(self) -> None:
         while self._signals_told < len(self._signals):
@@ -434,7 +483,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m loops.launch",
         allow_abbrev=False,
-        usage="%(prog)s --num_workers=N [--num_ps=M] [--grace_period=S] "
+        usage="%(prog)s --num_workers=N [--num_ps=M] [--evaluator] [--grace_period=S] "
         "-- <module or command> [its flags]",
         description="Runs a command as a local tf.distribute cluster: one process per task, "
         "each with TF_CONFIG set, output lines prefixed with the task name.",
@@ -444,11 +493,13 @@ def _parser() -> argparse.ArgumentParser:
         f"  {exit_codes.FINISHED:<5} every task finished\n"
         f"  {exit_codes.PREEMPTED:<5} preempted: tasks exited {exit_codes.PREEMPTED} after "
         "saving; rerun the same command to continue\n"
-        "  1     a task failed (the last line names it); the others were stopped\n"
+        "  1     a task failed (the last line names it); the others were stopped (a\n"
+        "        failed evaluator: once training finished)\n"
         "  2     bad launcher arguments\n"
         "  128+N a task failed after the launcher received signal N\n\n"
-        "SIGINT and SIGTERM go to the chief (without one, to every task); the servers\n"
-        "keep serving until it ends. A second signal kills every task.",
+        "SIGINT and SIGTERM go to the chief (without one, to every worker) and the\n"
+        "evaluator; the servers keep serving until it ends. A second signal kills\n"
+        "every task.",
     )
     # Checked in main, after unknown flags, so a misspelled --num_workers is named as such.
     parser.add_argument(
@@ -462,6 +513,13 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="parameter-server processes (default 0); with any, a chief task "
         "(the coordinator of --strategy=parameter_server) starts too",
+    )
+    parser.add_argument(
+        "--evaluator",
+        action="store_true",
+        help="also run the command as task 'evaluator' (not in the training cluster): a "
+        "loops binary there evaluates each checkpoint of the run in its --model_dir as it "
+        "appears (--mode=evaluate_checkpoints); the launcher waits for it after training",
     )
     parser.add_argument(
         "--grace_period",
@@ -482,7 +540,7 @@ def main(argv: Sequence[str]) -> int:
     if unknown:
         parser.error(
             f"unexpected {' '.join(unknown)}; the launcher takes --num_workers, "
-            "--num_ps and --grace_period, and the command goes after `--`, "
+            "--num_ps, --evaluator and --grace_period, and the command goes after `--`, "
             f"e.g. {EXAMPLE}"
         )
     if options.num_workers is None:
@@ -495,7 +553,7 @@ def main(argv: Sequence[str]) -> int:
         command = resolve_command(words)
         launcher = Launcher(
             command,
-            plan_cluster(options.num_workers, options.num_ps),
+            plan_cluster(options.num_workers, options.num_ps, evaluator=options.evaluator),
             grace_period=options.grace_period,
         )
         return launcher.run()

@@ -124,6 +124,9 @@ class Summaries:
 
 
 TEMPORARY_PREFIX = ".results."  # write_json_atomic's temporaries: .results.XXXX.tmp
+# MODEL_DIR/evaluator belongs to the run's evaluator (loops/sidecar.py), a process of
+# its own that never holds the model_dir's lock: only it cleans up there.
+EVALUATOR_DIRECTORY = "evaluator"
 
 
 def plain_number(value) -> float | int:
@@ -212,8 +215,13 @@ def current_umask() -> int:
 
 
 def remove_unfinished_writes(directory: str) -> None:
-    """Removes temporaries that killed writers left in `directory` (its writer holds the lock)."""
+    """Removes temporaries that killed writers left in `directory` (its writer holds the lock).
+
+    Its `EVALUATOR_DIRECTORY` is left alone: a live evaluator may be writing there.
+    """
     for parent, folders, files in os.walk(directory):
+        if parent == directory and EVALUATOR_DIRECTORY in folders:
+            folders.remove(EVALUATOR_DIRECTORY)
         for name in files:
             if name.startswith(TEMPORARY_PREFIX) and name.endswith(".tmp"):
                 os.remove(os.path.join(parent, name))

@@ -425,7 +425,7 @@ if role in ("graceful", "preempted"):
 print("ready", flush=True)
 open(os.path.join(ready_dir, task), "w").close()
 if role.startswith(("exit", "saving")):
-    tasks = sum(len(addresses) for addresses in config["cluster"].values())
+    tasks = int(os.environ["TASKS"])  # the evaluator is not in the cluster, so counted here
     deadline = time.monotonic() + 60
     while len(os.listdir(ready_dir)) < tasks and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -437,16 +437,22 @@ time.sleep(60)
 """
 
 
-def launch_in_process(num_workers, num_ps=0, roles=None, grace_period=1.0, after_ready=None):
+def launch_in_process(
+    num_workers, num_ps=0, roles=None, grace_period=1.0, after_ready=None, evaluator=False
+):
     """Runs TASK_SCRIPT as a cluster; returns (exit code, stdout, stderr, seconds)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     ready_dir = tempfile.mkdtemp()
+    tasks = launch.plan_cluster(num_workers, num_ps, evaluator=evaluator)
     env = dict(
-        ENV, READY_DIR=ready_dir, **{f"ROLE_{task}": role for task, role in (roles or {}).items()}
+        ENV,
+        READY_DIR=ready_dir,
+        TASKS=str(len(tasks)),
+        **{f"ROLE_{task}": role for task, role in (roles or {}).items()},
     )
     launcher = launch.Launcher(
         [sys.executable, "-c", TASK_SCRIPT],
-        launch.plan_cluster(num_workers, num_ps),
+        tasks,
         grace_period=grace_period,
         stdout=stdout,
         stderr=stderr,
@@ -459,7 +465,7 @@ def launch_in_process(num_workers, num_ps=0, roles=None, grace_period=1.0, after
 
         def when_ready():
             # Never signal once the launcher is done: the signal would reach pytest itself.
-            while stdout.getvalue().count("ready") < num_workers + num_ps:
+            while stdout.getvalue().count("ready") < len(tasks):
                 if finished.wait(0.02):
                     return
             after_ready()
@@ -600,6 +606,72 @@ def test_sigterm_goes_to_the_chief_alone_until_it_has_saved_then_the_servers_sto
         "[launch] PREEMPTED after SIGTERM: chief_0 exited 42; rerun the same "
         "command to continue (exit code 42)\n"
     )
+
+
+def test_an_evaluator_task_is_outside_the_cluster_and_the_launcher_waits_for_it():
+    # The workers exit at once; the evaluator 1 s later ("saving" meanwhile).
+    code, stdout, stderr, _ = launch_in_process(2, evaluator=True, roles={"evaluator_0": "saving0"})
+    assert code == 0, stderr
+    configs = {
+        name: json.loads(re.search(rf"^\[{name}\] task (.*)$", stdout, re.MULTILINE).group(1))
+        for name in ("worker_0", "worker_1", "evaluator_0")
+    }
+    # TensorFlow's convention: the evaluator sees the cluster, which does not list it.
+    assert configs["evaluator_0"] == {
+        "cluster": configs["worker_0"]["cluster"],
+        "task": {"type": "evaluator", "index": 0},
+    }
+    assert list(configs["worker_1"]["cluster"]) == ["worker"]
+    assert re.search(r"^\[launch\] evaluator_0 pid \d+$", stderr, re.MULTILINE)
+    assert (
+        "[launch] every worker finished; waiting for evaluator_0 to evaluate the run's last "
+        "checkpoints\n"
+    ) in stderr
+    assert "[evaluator_0] saving" in stdout
+    assert stderr.endswith("[launch] evaluator_0 finished\n")
+    assert "stopping" not in stderr
+
+
+def test_a_failing_evaluator_leaves_training_running_then_fails_the_launch():
+    code, stdout, stderr, _ = launch_in_process(
+        2,
+        evaluator=True,
+        roles={"worker_0": "saving0", "worker_1": "saving0", "evaluator_0": "exit3"},
+    )
+    assert code == 1, stderr
+    assert "[launch] evaluator_0 exited with code 3; training goes on without it" in stderr
+    assert "[worker_0] saving" in stdout and "[worker_1] saving" in stdout
+    assert "[launch] worker_0 finished" in stderr and "[launch] worker_1 finished" in stderr
+    assert stderr.endswith("[launch] FAILED: evaluator_0 exited with code 3 (training finished)\n")
+    assert "stopping" not in stderr
+
+
+def test_a_preempted_run_stops_its_evaluator_and_exits_42():
+    code, stdout, stderr, seconds = launch_in_process(
+        2,
+        evaluator=True,
+        roles={"worker_0": "exit42", "worker_1": "exit42", "evaluator_0": "graceful"},
+    )
+    assert code == 42, stderr
+    assert "[launch] every worker finished; stopping evaluator_0" in stderr
+    assert "[evaluator_0] got SIGTERM" in stdout
+    assert stderr.endswith(
+        "[launch] PREEMPTED: worker_0, worker_1 exited 42; rerun the same command to continue "
+        "(exit code 42)\n"
+    )
+    assert seconds < 15
+
+
+def test_sigterm_to_the_launcher_reaches_the_evaluator_too():
+    code, stdout, stderr, _ = launch_in_process(
+        1,
+        evaluator=True,
+        roles={"worker_0": "graceful", "evaluator_0": "graceful"},
+        after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM),
+    )
+    assert code == 0, stderr
+    assert "[launch] received SIGTERM; sent SIGTERM to every task" in stderr
+    assert "[worker_0] got SIGTERM" in stdout and "[evaluator_0] got SIGTERM" in stdout
 
 
 def test_the_help_lists_the_exit_codes(capsys):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from absl import flags
+from absl import app, flags
 
 from loops import flags as loop_flags
 
@@ -212,6 +212,13 @@ def fill_in_algorithm_defaults() -> None:
 
 
 def main(argv):
+    if loop_flags.mode() == loop_flags.EVALUATE_CHECKPOINTS:
+        raise app.UsageError(
+            "loops-rl has no evaluation to run on checkpoints: PPO and DQN measure the "
+            "returns of their own training episodes (results.json: mean_return_100, "
+            "TensorBoard: the train scalars), so an evaluator has nothing to compute. "
+            "Train without --mode=evaluate_checkpoints (and without loops-launch --evaluator)."
+        )
     fill_in_algorithm_defaults()
     loop_flags.run_binary(argv, build_loop, summary=summarize)
 
