@@ -145,7 +145,9 @@ class _Watch:
         self.checkpoint_directory = os.path.join(model_dir, "checkpoints")
         self.history_path = os.path.join(evaluator_directory(model_dir), HISTORY_FILE)
         self.history = _read_history(self.history_path)
-        self.items = {**loop.checkpoint_items(), "global_step": loop.global_step}
+        # Everything the loop saves: its items, the global step and any weight averages
+        # (which its evaluation swaps in), so it evaluates what the trainer would.
+        self.items = loop.saved_items()
         # The loop's own evaluation summaries (scalars, a GAN's sample grid, a
         # language model's samples) go to the evaluator's directory.
         loop.controller.summaries = reporting.Summaries(evaluator_directory(model_dir))

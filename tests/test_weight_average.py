@@ -7,6 +7,7 @@ import tensorflow as tf
 import test_parity as parity
 
 import loops
+from conftest import read_results
 from loops.weight_average import WeightAverage
 
 DECAY = 0.8
@@ -153,3 +154,24 @@ def test_an_unbuilt_model_is_refused_when_its_average_is_made():
         WeightAverage(
             keras.Sequential([keras.layers.Dense(2)]).trainable_variables, decay=0.9, name="u"
         )
+
+
+def test_the_evaluator_beside_a_run_evaluates_its_averaged_weights(tmp_path):
+    trainer = build(model_dir=str(tmp_path), checkpoint_every=3, eval_every=3)(
+        loops.testing.replica_strategy(2)
+    )
+    trainer.train(6)
+    trainer.close()
+    trainer_evals = {entry["step"]: entry for entry in read_results(str(tmp_path))["history"]}
+    evaluator = build()(loops.testing.replica_strategy(1))
+    history = loops.evaluate_checkpoints(evaluator, str(tmp_path), train_steps=6)
+    assert [entry["step"] for entry in history] == [3, 6]
+    for entry in history:
+        # The trainer evaluated its averages at these steps, on 2 replicas.
+        assert entry["metrics"]["loss"] == pytest.approx(
+            trainer_evals[entry["step"]]["loss"], rel=1e-5
+        )
+    # And the averages are what made the difference: the trained weights score otherwise.
+    with evaluator.averaged_weights(), evaluator.raw_weights():
+        raw_loss = evaluator.run_evaluation()["loss"]
+    assert abs(raw_loss - history[-1]["metrics"]["loss"]) > 1e-4
