@@ -25,7 +25,7 @@ import os
 import statistics
 import sys
 
-from benchmarks.throughput import interleaved_rates
+from benchmarks.throughput import interleaved_rates, repeated_step
 
 MODES = ("compute_bound", "loops", "keras_fit")
 
@@ -94,29 +94,7 @@ def lm_loop(setup: Setup, **loop_args):
 
 
 def compute_bound(setup: Setup):
-    import tensorflow as tf
-
-    import loops
-
-    loop = lm_loop(setup)
-    batch = next(iter(loops.distribute(setup.strategy, setup.data_fn, repeat=True)))
-
-    class FixedBatch:
-        """Stands in for the input iterator: every step gets the same batch."""
-
-        def __next__(self):
-            return batch
-
-    @tf.function
-    def repeat(steps):
-        # Consumed, as the loop consumes them: unused outputs would be pruned.
-        total = tf.constant(0.0)
-        for _ in tf.range(steps):
-            outputs = tf.nest.flatten(loop.train_step(FixedBatch()))
-            total += tf.add_n([tf.cast(value, tf.float32) for value in outputs])
-        return total
-
-    return lambda steps: repeat(tf.constant(steps)).numpy()
+    return repeated_step(lm_loop(setup), setup.strategy, setup.data_fn)
 
 
 def loops_mode(setup: Setup):

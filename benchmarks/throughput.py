@@ -88,7 +88,6 @@ class Setup:
 
 def compute_bound(setup: Setup):
     import keras
-    import tensorflow as tf
 
     import loops
 
@@ -99,7 +98,19 @@ def compute_bound(setup: Setup):
         train_data=setup.data_fn,
         progress=loops.testing.quiet_progress(),
     )
-    batch = next(iter(loops.distribute(setup.strategy, setup.data_fn, repeat=True)))
+    return repeated_step(loop, setup.strategy, setup.data_fn)
+
+
+def repeated_step(loop, strategy, data_fn):
+    """steps -> None: `loop.train_step` that many times in one tf.function on one fixed batch.
+
+    The compute bound: no input pipeline and no host reads between steps.
+    """
+    import tensorflow as tf
+
+    import loops
+
+    batch = next(iter(loops.distribute(strategy, data_fn, repeat=True)))
 
     class FixedBatch:
         """Stands in for the input iterator: every step gets the same batch."""

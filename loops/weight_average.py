@@ -92,22 +92,17 @@ class WeightAverages(tf.Module):
     def __bool__(self) -> bool:
         return bool(self.updates)
 
-    @contextlib.contextmanager
-    def averaged(self) -> Iterator[None]:
+    def averaged(self) -> contextlib.AbstractContextManager[None]:
         """The trained variables hold their averages inside; their own values again after."""
-        if self._swapped or not self.updates:
-            yield
-            return
-        self._swap()
-        try:
-            yield
-        finally:
-            self._swap()
+        return self._exchanged_unless(self._swapped)
+
+    def raw(self) -> contextlib.AbstractContextManager[None]:
+        """Inside `averaged`: the trained variables hold their own values for a while."""
+        return self._exchanged_unless(not self._swapped)
 
     @contextlib.contextmanager
-    def raw(self) -> Iterator[None]:
-        """Inside `averaged`: the trained variables hold their own values for a while."""
-        if not self._swapped:
+    def _exchanged_unless(self, already: bool) -> Iterator[None]:
+        if already or not self.updates:
             yield
             return
         self._swap()
