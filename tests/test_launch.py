@@ -256,7 +256,7 @@ def train_scalars(model_dir):
         for record in tf.data.TFRecordDataset(path):
             event = tf.compat.v1.Event.FromString(record.numpy())
             for value in event.summary.value:
-                if value.tag != "steps_per_second":
+                if not value.tag.endswith("_per_second"):  # timings: steps, examples, ...
                     number = float(tf.make_ndarray(value.tensor))
                     scalars.setdefault(value.tag, {})[event.step] = number
     return scalars
