@@ -701,8 +701,15 @@ class _TrainInput:
         return step * self._loop.batches_per_step + self._recoveries.skipped_batches
 
     def at_step(self, step: int):
-        """The iterator positioned after `step` steps' batches (None without train data)."""
+        """The iterator positioned after `step` steps' batches (None without train data).
+
+        Also sets the loop's `data_offset` (the steps recoveries moved past),
+        on which loops that make their own data key it (`Loop.data_step`).
+        """
         loop = self._loop
+        offset = self._recoveries.skipped_batches // loop.batches_per_step
+        if int(loop.data_offset.numpy()) != offset:
+            loop.data_offset.assign(offset)
         if loop.train_data is None:
             return None
         if loop.coordinator is not None:

@@ -275,6 +275,14 @@ class Loop(metaclass=_BuildsAfterInit):
                 name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )
+            # Not checkpointed: the Controller sets it from the recovery record it restores.
+            self.data_offset = tf.Variable(
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                name="data_offset",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
             with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
                 self.build()
         items = dict(self.checkpoint_items())
@@ -342,6 +350,17 @@ class Loop(metaclass=_BuildsAfterInit):
     @property
     def step(self) -> int:
         return int(self.global_step.numpy())
+
+    @property
+    def data_step(self) -> tf.Tensor:
+        """The step a loop that makes its own data (RL) keys its randomness on, in-graph.
+
+        The global step plus the steps `on_nonfinite="recover"` moved past: after
+        a recovery, such a loop draws new data instead of the data that led to
+        the non-finite step, as a loop with a train stream reads on past its
+        batches. Without a recovery it is the global step.
+        """
+        return self.global_step + self.data_offset
 
     @property
     def num_replicas(self) -> int:
@@ -436,17 +455,12 @@ class Loop(metaclass=_BuildsAfterInit):
                 "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
                 "non-finite update under every policy) or 'stop'."
             )
-        if train_data is None:
-            source = (
-                "makes its own data (it has no train stream), the same again after going "
-                "back to a checkpoint, so it would diverge there again"
-                if not self.needs_train_data
-                else "has no train_data"
-            )
+        # A loop that makes its own data (RL) draws new data after a recovery (data_step).
+        if train_data is None and self.needs_train_data:
             raise ValueError(
                 f"on_nonfinite='recover' goes back to the last checkpoint and moves the train "
-                f"stream past the batches that led to a non-finite step, and {name} {source}. "
-                "Pass on_nonfinite='stop' or 'skip' (--on_nonfinite=stop or skip)."
+                f"stream past the batches that led to a non-finite step, and {name} has no "
+                "train_data. Pass on_nonfinite='stop' or 'skip' (--on_nonfinite=stop or skip)."
             )
         if model_dir is None:
             raise ValueError(

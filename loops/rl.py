@@ -257,7 +257,7 @@ class EnvironmentLoop(Loop):
         """
         return self.own_rows(
             tf.random.stateless_uniform(
-                [self.num_envs, *shape], self._seed(purpose, self.global_step, t)
+                [self.num_envs, *shape], self._seed(purpose, self.data_step, t)
             )
         )
 
@@ -536,7 +536,7 @@ class ActorCriticLoop(EnvironmentLoop):
         epoch = update // self.minibatches
         order = tf.random.experimental.stateless_shuffle(
             tf.range(self.num_envs * self.rollout_length),
-            self._seed(Noise.SHUFFLE, self.global_step, epoch),
+            self._seed(Noise.SHUFFLE, self.data_step, epoch),
         )
         position = (update % self.minibatches) * self.global_batch_size
         chosen = order[position : position + self.global_batch_size]
@@ -797,7 +797,7 @@ class DQNLoop(EnvironmentLoop):
     def _replica_loss(self, update):
         indices = tf.random.stateless_uniform(
             [self.global_batch_size],
-            self._seed(Noise.REPLAY, self.global_step, update),
+            self._seed(Noise.REPLAY, self.data_step, update),
             minval=0,
             maxval=tf.convert_to_tensor(self.replay_size),
             dtype=tf.int64,

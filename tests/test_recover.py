@@ -306,14 +306,12 @@ def test_recover_without_a_model_dir_is_refused():
         make_loop(stream(*examples()), on_nonfinite="recover")
 
 
-def test_recover_without_a_train_stream_is_refused():
-    makes_its_own_data = type("MakesItsOwnData", (loops.Loop,), {"needs_train_data": False})
+def test_recover_without_the_train_stream_a_loop_needs_is_refused():
     with pytest.raises(
         ValueError,
-        match=r"MakesItsOwnData makes its own data .* so it would diverge there again\. "
-        r"Pass on_nonfinite='stop' or 'skip'",
+        match=r"Loop has no train_data\. Pass on_nonfinite='stop' or 'skip'",
     ):
-        makes_its_own_data(on_nonfinite="recover", model_dir="unused")
+        loops.Loop(on_nonfinite="recover", model_dir="unused")
 
 
 def test_recover_under_parameter_server_is_refused():
@@ -459,19 +457,90 @@ def test_a_binary_stops_past_max_recoveries_with_the_error(tmp_path, digits_dir)
     assert_checkpoints_finite(str(tmp_path))
 
 
-def test_rl_refuses_recover_with_a_sentence(tmp_path):
+class PoisonedPPO(loops.ActorCriticLoop):
+    """PPO whose loss is inf at the steps whose own data is keyed on `bad_data_steps`."""
+
+    bad_data_steps: tuple[int, ...] = ()
+
+    def _replica_loss(self, samples, update):
+        loss, logs = super()._replica_loss(samples, update)
+        bad = tf.reduce_any(
+            tf.equal(self.data_step, tf.constant([-1, *self.bad_data_steps], tf.int64))
+        )
+        return loss + tf.where(bad, float("inf"), 0.0), logs
+
+
+def ppo(bad_data_steps, num_replicas, **kwargs):
+    from loops_data import cartpole
+    from loops_models import rl as rl_models
+
+    loop_class = type("Poisoned", (PoisonedPPO,), {"bad_data_steps": tuple(bad_data_steps)})
+    return loop_class(
+        environment=cartpole.CartPole(),
+        model_fn=lambda: rl_models.policy_value_network(observation_size=4, num_actions=2, seed=0),
+        strategy=loops.testing.replica_strategy(num_replicas),
+        num_envs=4,
+        rollout_length=16,
+        global_batch_size=32,
+        epochs=1,
+        steps_per_loop=2,
+        seed=3,
+        progress=loops.testing.quiet_progress(),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2])
+def test_rl_recovers_by_drawing_the_data_after_the_bad_steps(tmp_path, num_replicas):
+    """A loop that makes its own data keys it on data_step: after going back from step 6
+    to the checkpoint of step 4, steps 5, 6, ... draw what steps 7, 8, ... would have.
+    (While step k runs, the global step, and so data_step without recoveries, is k - 1.)"""
+    recovered = ppo(
+        [5], num_replicas, model_dir=str(tmp_path), checkpoint_every=4, on_nonfinite="recover"
+    )
+    recovered.train(10)
+    assert [dict(entry) for entry in recovered.controller.recoveries.entries] == [
+        {"step": 6, "restored_step": 4, "skipped_batches": 2}
+    ]
+    assert int(recovered.data_offset.numpy()) == 2
+    reference = ppo([], num_replicas)
+    reference.train(4)
+    # As if steps 5 and 6 had been skipped: the Controller keys data_step on the record.
+    reference.controller.recoveries.entries.append(
+        {"step": 6, "restored_step": 4, "skipped_batches": 2}
+    )
+    reference.train(10)
+    assert int(reference.data_offset.numpy()) == 2
+    loops.testing.assert_close(
+        loops.testing.loop_weights(recovered),
+        loops.testing.loop_weights(reference),
+        rtol=1e-6,
+        label="recovered vs drawn past the bad steps",
+    )
+    recovered.close()
+    # A resume reads the offset back from the recovery record in the checkpoint.
+    resumed = ppo([5], num_replicas, model_dir=str(tmp_path), on_nonfinite="recover")
+    assert resumed.step == 10
+    resumed.train(10)
+    assert int(resumed.data_offset.numpy()) == 2
+    resumed.close()
+
+
+def test_the_rl_binary_takes_recover(tmp_path):
     done = run_module(
         "loops.bin.rl",
         "--algorithm=dqn",
+        "--train_steps=4",
+        "--steps_per_loop=2",
+        "--learning_starts=16",
         "--on_nonfinite=recover",
+        "--max_recoveries=2",
         f"--model_dir={tmp_path}",
     )
-    assert done.returncode != 0
-    assert (
-        "DQNLoop makes its own data (it has no train stream), the same again after going "
-        "back to a checkpoint, so it would diverge there again"
-    ) in done.stderr
-    assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = read_results(str(tmp_path))
+    assert results["recoveries"] == [] and results["global_step"] == 4
+    assert results["config"]["on_nonfinite"] == "recover"
 
 
 @pytest.mark.parametrize(
