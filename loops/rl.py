@@ -47,6 +47,7 @@ class Noise(enum.IntEnum):
     EXPLORE = 3
     SHUFFLE = 4
     REPLAY = 5
+    EVALUATION = 6  # the evaluation episodes' starts and steps, the same at every evaluation
 
 
 def advantages_and_returns(
@@ -135,6 +136,8 @@ class EnvironmentLoop(Loop):
         num_envs: int,
         rollout_length: int,
         gamma: float = 0.99,
+        eval_episodes: int = 0,
+        eval_max_steps: int = 10_000,
         **loop_args,
     ):
         """
@@ -145,6 +148,12 @@ class EnvironmentLoop(Loop):
                 be divisible by the replica count.
             rollout_length: steps of every environment per train step.
             gamma: discount factor in [0, 1].
+            eval_episodes: episodes each evaluation plays with the greedy
+                policy (`greedy_actions`), from the same seeded starts every
+                time: eval metrics `mean_return`, `min_return`; 0: no
+                evaluation.
+            eval_max_steps: steps after which an evaluation episode that has
+                not ended counts with the return it has.
             **loop_args: the `Loop` arguments (train_data is not accepted).
 
         Raises:
@@ -156,6 +165,16 @@ class EnvironmentLoop(Loop):
         _check_whole("rollout_length", rollout_length)
         if not 0 <= gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1], got {gamma!r}; 0.99 is usual.")
+        if (
+            isinstance(eval_episodes, bool)
+            or not isinstance(eval_episodes, int)
+            or eval_episodes < 0
+        ):
+            raise ValueError(
+                f"eval_episodes must be a whole number >= 0 (0: no evaluation), got "
+                f"{eval_episodes!r}."
+            )
+        _check_whole("eval_max_steps", eval_max_steps)
         if loop_args.get("train_data") is not None:
             raise ValueError(f"{type(self).__name__} makes its own data; do not pass train_data.")
         if loop_args.get("grad_accum_steps", 1) != 1:
@@ -177,6 +196,9 @@ class EnvironmentLoop(Loop):
         self.num_envs = num_envs
         self.rollout_length = rollout_length
         self.gamma = gamma
+        self.eval_episodes = eval_episodes
+        self.eval_max_steps = eval_max_steps
+        self._evaluate_episodes: Callable[[], tuple[tf.Tensor, tf.Tensor]] | None = None
         self.envs_per_replica = num_envs // replicas
         self.check_settings(replicas)
         super().__init__(**loop_args)
@@ -207,6 +229,71 @@ class EnvironmentLoop(Loop):
 
     def checkpoint_items(self) -> Mapping[str, object]:
         return {"environments": self.environments, "episode_statistics": self.statistics}
+
+    # ---- Evaluation: greedy episodes. ----
+
+    def greedy_actions(self, observation: tf.Tensor) -> tf.Tensor:
+        """[n] int32: the action the trained policy takes without exploring (evaluation)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define greedy_actions(observation) to evaluate "
+            "episodes (eval_episodes > 0)."
+        )
+
+    def run_evaluation(self) -> dict[str, float]:
+        """Plays `eval_episodes` greedy episodes from seeded starts; their mean and least return.
+
+        The episodes run on the host's copy of the weights, outside
+        `strategy.run`, from the same starts and environment noise at every
+        evaluation, so any replica count reports the same numbers.
+        """
+        if not self.eval_episodes:
+            return {}
+        if self._evaluate_episodes is None:
+            self._evaluate_episodes = tf.function(self._play_greedy_episodes)
+        returns, ended = (t.numpy() for t in self._evaluate_episodes())
+        return {
+            "mean_return": float(returns.mean()),
+            "min_return": float(returns.min()),
+            "episodes_ended": int(ended.sum()),
+        }
+
+    def eval_metric_names(self) -> set[str] | None:
+        return {"mean_return", "min_return", "episodes_ended"} if self.eval_episodes else set()
+
+    def _play_greedy_episodes(self) -> tuple[tf.Tensor, tf.Tensor]:
+        count, noise_size = self.eval_episodes, self.environment.noise_size
+
+        def noise(t):
+            seed = self._seed(Noise.EVALUATION, t)
+            return tf.random.stateless_uniform([count, noise_size], seed)
+
+        start = self.environment.reset(noise(-1))
+
+        def play(t, observation, elapsed, returns, ended):
+            state = environments.State(observation, elapsed)
+            state, transition = self.environment.step(
+                state, self.greedy_actions(observation), noise(t)
+            )
+            live = tf.logical_not(ended)
+            returns += tf.where(live, tf.cast(transition.reward, tf.float32), 0.0)
+            ended = tf.logical_or(ended, tf.logical_or(transition.terminated, transition.truncated))
+            return t + 1, state.observation, state.elapsed_steps, returns, ended
+
+        def unfinished(t, observation, elapsed, returns, ended):
+            return tf.logical_and(t < self.eval_max_steps, tf.logical_not(tf.reduce_all(ended)))
+
+        _, _, _, returns, ended = tf.while_loop(
+            unfinished,
+            play,
+            (
+                tf.constant(0),
+                start.observation,
+                start.elapsed_steps,
+                tf.zeros([count]),
+                tf.zeros([count], tf.bool),
+            ),
+        )
+        return returns, ended
 
     def mean_return(self) -> tf.Tensor:
         """Mean return of the last 100 finished episodes (0 before the first one ends)."""
@@ -485,6 +572,10 @@ class ActorCriticLoop(EnvironmentLoop):
             "optimizer": self.optimizer,
             **_loss_scale_items(self.update),
         }
+
+    def greedy_actions(self, observation: tf.Tensor) -> tf.Tensor:
+        logits, _ = _float32(self.model(observation))
+        return tf.argmax(logits, axis=-1, output_type=tf.int32)
 
     def _act(self, observation, t):
         logits, value = _float32(self.model(observation))
@@ -770,8 +861,11 @@ class DQNLoop(EnvironmentLoop):
         )
         return self.epsilon_start + (self.epsilon_end - self.epsilon_start) * progress
 
+    def greedy_actions(self, observation: tf.Tensor) -> tf.Tensor:
+        return tf.argmax(_float32(self.model(observation)), axis=-1, output_type=tf.int32)
+
     def _act(self, observation, t):
-        greedy = tf.argmax(_float32(self.model(observation)), axis=-1, output_type=tf.int32)
+        greedy = self.greedy_actions(observation)
         coin, pick = tf.unstack(self.env_noise(Noise.EXPLORE, t, [2]), axis=-1)
         num_actions = self.environment.num_actions
         random = tf.minimum(tf.cast(pick * num_actions, tf.int32), num_actions - 1)

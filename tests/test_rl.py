@@ -455,3 +455,52 @@ def test_a_diverging_rl_run_follows_the_policy_and_keeps_no_nonfinite_checkpoint
             value = reader.get_tensor(name)
             if np.issubdtype(np.asarray(value).dtype, np.floating):
                 assert np.all(np.isfinite(value)), (index, name)
+
+
+# ---- Evaluation: greedy episodes. ----
+
+
+@pytest.mark.parametrize("make", [ppo_on_cartpole, dqn_on_cartpole])
+def test_greedy_episodes_give_the_same_returns_on_any_replica_count(make):
+    results = {}
+    for replicas in (1, 2):
+        loop = make(
+            strategy=loops.testing.replica_strategy(replicas),
+            num_envs=4,
+            rollout_length=8,
+            global_batch_size=16,
+            eval_episodes=5,
+            **quiet(steps_per_loop=2),
+        )
+        loop.train(2)
+        results[replicas] = loop.evaluate()
+        # The same starts and noise at every evaluation: the weights alone decide.
+        assert loop.run_evaluation() == results[replicas]
+    assert results[1] == pytest.approx(results[2], rel=1e-6)
+    metrics = results[1]
+    assert metrics["episodes_ended"] == 5
+    # CartPole pays 1 a step and no episode ends before its first step.
+    assert 1 <= metrics["min_return"] <= metrics["mean_return"] <= 500
+
+
+def test_an_episode_cut_by_eval_max_steps_counts_its_return_so_far():
+    loop = ppo_on_cartpole(
+        num_envs=2,
+        rollout_length=4,
+        global_batch_size=8,
+        eval_episodes=3,
+        eval_max_steps=2,
+        **quiet(),
+    )
+    metrics = loop.evaluate()
+    # Two steps of reward 1, unless an episode ended at the first.
+    assert metrics["min_return"] <= metrics["mean_return"] <= 2.0
+    assert metrics["episodes_ended"] <= 3
+
+
+@pytest.mark.parametrize("episodes", [-1, 1.5, True])
+def test_a_bad_eval_episodes_is_refused_with_the_value(episodes):
+    with pytest.raises(
+        ValueError, match=f"eval_episodes must be a whole number >= 0.*{episodes!r}"
+    ):
+        ppo_on_cartpole(num_envs=2, rollout_length=4, eval_episodes=episodes, **quiet())

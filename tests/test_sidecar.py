@@ -368,13 +368,43 @@ def test_the_gan_binary_evaluates_its_checkpoints_beside_its_training(tmp_path):
     assert "exported SavedModel" not in outputs[1]
 
 
-def test_the_rl_binary_says_it_has_no_evaluation_for_checkpoints(tmp_path):
+RL_RUN = [
+    "--algorithm=ppo",
+    "--num_envs=4",
+    "--rollout_length=8",
+    "--global_batch_size=16",
+    "--train_steps=4",
+    "--steps_per_loop=2",
+    "--checkpoint_every=2",
+    "--eval_every=2",
+    "--eval_episodes=3",
+]
+
+
+def test_the_rl_binary_evaluates_its_checkpoints_by_greedy_episodes(tmp_path):
+    model_dir = str(tmp_path / "run")
+    trained = run_module("loops.bin.rl", f"--model_dir={model_dir}", *RL_RUN)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    done = run_module(
+        "loops.bin.rl", f"--model_dir={model_dir}", "--mode=evaluate_checkpoints", *RL_RUN
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(os.path.join(evaluator_directory(model_dir), HISTORY_FILE)) as stream:
+        history = json.load(stream)["evaluations"]
+    assert [entry["step"] for entry in history] == [2, 4]
+    trainer = {entry["step"]: entry for entry in read_results(model_dir)["history"]}
+    for entry in history:
+        # The trainer's own evaluation ran on 2 replicas; the episodes are the same.
+        assert entry["metrics"] == pytest.approx(
+            {name: trainer[entry["step"]][name] for name in entry["metrics"]}, rel=1e-6
+        )
+        assert entry["metrics"]["episodes_ended"] == 3
+
+
+def test_the_rl_binary_needs_eval_episodes_to_evaluate_checkpoints(tmp_path):
     done = run_module("loops.bin.rl", "--mode=evaluate_checkpoints", f"--model_dir={tmp_path}")
     assert done.returncode == 1
-    assert (
-        "loops-rl has no evaluation to run on checkpoints: PPO and DQN measure the returns "
-        "of their own training episodes"
-    ) in done.stderr
+    assert "--eval_episodes is 0: pass e.g. --eval_episodes=10" in done.stderr
     assert not os.listdir(tmp_path)
 
 

@@ -43,6 +43,16 @@ with loop_flags.heading("data"):
         "Steps of every environment per train step. Default 64 (ppo), 4 (dqn).",
         lower_bound=1,
     )
+with loop_flags.heading("outputs"):
+    flags.DEFINE_integer(
+        "eval_episodes",
+        0,
+        "Episodes each evaluation plays with the greedy policy, from the same "
+        "seeded starts every time (eval metrics mean_return, min_return, e.g. "
+        "for --keep_best_metric=mean_return --keep_best_mode=max); 0: no "
+        "evaluation. Needed by --mode=evaluate_checkpoints.",
+        lower_bound=0,
+    )
 with loop_flags.heading("training"):
     flags.DEFINE_float(
         "gamma", 0.99, "Discount factor in [0, 1].", lower_bound=0.0, upper_bound=1.0
@@ -153,6 +163,7 @@ def build_loop():
         "environment": environment,
         "optimizer_fn": lambda: keras.optimizers.Adam(FLAGS.learning_rate),
         "gamma": FLAGS.gamma,
+        "eval_episodes": FLAGS.eval_episodes,
         **_given(
             num_envs=FLAGS.num_envs,
             rollout_length=FLAGS.rollout_length,
@@ -212,12 +223,11 @@ def fill_in_algorithm_defaults() -> None:
 
 
 def main(argv):
-    if loop_flags.mode() == loop_flags.EVALUATE_CHECKPOINTS:
+    if loop_flags.mode() == loop_flags.EVALUATE_CHECKPOINTS and not FLAGS.eval_episodes:
         raise app.UsageError(
-            "loops-rl has no evaluation to run on checkpoints: PPO and DQN measure the "
-            "returns of their own training episodes (results.json: mean_return_100, "
-            "TensorBoard: the train scalars), so an evaluator has nothing to compute. "
-            "Train without --mode=evaluate_checkpoints (and without loops-launch --evaluator)."
+            "loops-rl evaluates a checkpoint by playing greedy episodes, and "
+            "--eval_episodes is 0: pass e.g. --eval_episodes=10 (to the trainer too, "
+            "for the same evaluation there)."
         )
     fill_in_algorithm_defaults()
     loop_flags.run_binary(argv, build_loop, summary=summarize)
