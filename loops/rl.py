@@ -165,15 +165,7 @@ class EnvironmentLoop(Loop):
         _check_whole("rollout_length", rollout_length)
         if not 0 <= gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1], got {gamma!r}; 0.99 is usual.")
-        if (
-            isinstance(eval_episodes, bool)
-            or not isinstance(eval_episodes, int)
-            or eval_episodes < 0
-        ):
-            raise ValueError(
-                f"eval_episodes must be a whole number >= 0 (0: no evaluation), got "
-                f"{eval_episodes!r}."
-            )
+        _check_whole("eval_episodes", eval_episodes, least=0, meaning=" (0: no evaluation)")
         _check_whole("eval_max_steps", eval_max_steps)
         if loop_args.get("train_data") is not None:
             raise ValueError(f"{type(self).__name__} makes its own data; do not pass train_data.")
@@ -975,9 +967,9 @@ def _checked_model_fn(model_fn):
     return model_fn
 
 
-def _check_whole(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}.")
+def _check_whole(name: str, value, *, least: int = 1, meaning: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be a whole number >= {least}{meaning}, got {value!r}.")
 
 
 def _loss_scale_value(update: Update) -> tf.Tensor | None:

@@ -2,33 +2,23 @@
 
 import json
 import math
-import subprocess
-import sys
 
 import loops
-from conftest import ROOT, SUBPROCESS_ENV
+from conftest import run_module
 
 
 def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
     output = tmp_path / "throughput.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.throughput",
-            "--models=mlp",
-            "--replicas=1,2",
-            "--steps=6",
-            "--rounds=2",
-            "--steps_per_loop=3",
-            "--min_seconds=0",
-            f"--output={output}",
-        ],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
+    done = run_module(
+        "benchmarks.throughput",
+        "--models=mlp",
+        "--replicas=1,2",
+        "--steps=6",
+        "--rounds=2",
+        "--steps_per_loop=3",
+        "--min_seconds=0",
+        f"--output={output}",
         timeout=600,
-        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(output.read_text())
@@ -51,24 +41,16 @@ def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
 
 def test_tiny_lm_benchmark_reports_tokens_per_second_for_every_mode(tmp_path):
     output = tmp_path / "lm_throughput.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.lm_throughput",
-            "--replicas=1",
-            "--steps=3",
-            "--rounds=2",
-            "--steps_per_loop=3",
-            "--sequence_length=16",
-            "--global_batch_size=8",
-            f"--output={output}",
-        ],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
+    done = run_module(
+        "benchmarks.lm_throughput",
+        "--replicas=1",
+        "--steps=3",
+        "--rounds=2",
+        "--steps_per_loop=3",
+        "--sequence_length=16",
+        "--global_batch_size=8",
+        f"--output={output}",
         timeout=600,
-        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {row["mode"]: row for row in json.loads(output.read_text())["rows"]}

@@ -306,12 +306,13 @@ def test_recover_without_a_model_dir_is_refused():
         make_loop(stream(*examples()), on_nonfinite="recover")
 
 
-def test_recover_without_the_train_stream_a_loop_needs_is_refused():
+def test_recover_without_the_train_stream_a_loop_needs_is_refused(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"Loop has no train_data\. Pass on_nonfinite='stop' or 'skip'",
     ):
-        loops.Loop(on_nonfinite="recover", model_dir="unused")
+        loops.Loop(on_nonfinite="recover", model_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 def test_recover_under_parameter_server_is_refused():
@@ -339,9 +340,10 @@ def test_recover_under_parameter_server_is_refused():
         ),
     ],
 )
-def test_bad_recovery_arguments_name_the_value(arguments, message):
+def test_bad_recovery_arguments_name_the_value(arguments, message, tmp_path):
     with pytest.raises(ValueError, match=message):
-        make_loop(stream(*examples()), model_dir="unused", **arguments)
+        make_loop(stream(*examples()), model_dir=str(tmp_path / "run"), **arguments)
+    assert not (tmp_path / "run").exists()
 
 
 # ---- From every binary's flags. ----
