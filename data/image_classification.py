@@ -75,10 +75,15 @@ def read_split(builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset
 
 def dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
     """Input shape, class count and split sizes (empty before preparation) of `name`."""
-    info = load_builder(name, data_dir).info
+    return builder_spec(load_builder(name, data_dir))
+
+
+def builder_spec(builder: tfds.core.DatasetBuilder) -> DatasetSpec:
+    """Input shape, class count and split sizes (empty before preparation) of a builder's dataset."""
+    info = builder.info
     image_key, label_key = info.supervised_keys
     return DatasetSpec(
-        name=name,
+        name=info.name,
         input_shape=tuple(info.features[image_key].shape),
         num_classes=info.features[label_key].num_classes,
         split_sizes={split: info.splits[split].num_examples for split in info.splits},
@@ -86,8 +91,22 @@ def dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
 
 
 # Splits up to this size are read into memory once and batched from there;
-# larger ones stream through a cache and a shuffle buffer.
+# larger ones stream through a cache and a shuffle buffer (or, in the
+# binaries, from disk by index: `image_streams`).
 IN_MEMORY_BYTES = 1 << 30
+
+
+def split_fits_in_memory(builder: tfds.core.DatasetBuilder, split: str) -> bool:
+    """Whether the split's decoded images fit in `IN_MEMORY_BYTES`.
+
+    A split of unknown size (no split metadata, as under `tfds.testing.mock_data`)
+    counts as fitting: `builder_batches` reads it into memory when it does.
+    """
+    try:
+        count = builder.info.splits[split].num_examples
+    except KeyError:
+        return True
+    return _split_bytes(builder, count) <= IN_MEMORY_BYTES
 
 
 def global_batches(
@@ -124,6 +143,26 @@ def global_batches(
     Raises:
         ValueError: a bad batch size, or see `load_builder` and `read_split`.
     """
+    return builder_batches(
+        load_builder(name, data_dir),
+        split,
+        global_batch_size=global_batch_size,
+        shuffle_seed=shuffle_seed,
+        shuffle_buffer=shuffle_buffer,
+        repeat=repeat,
+    )
+
+
+def builder_batches(
+    builder: tfds.core.DatasetBuilder,
+    split: str,
+    *,
+    global_batch_size: int,
+    shuffle_seed: int | None = None,
+    shuffle_buffer: int = 10_000,
+    repeat: bool = False,
+) -> tf.data.Dataset:
+    """`global_batches` of a builder's dataset."""
     if (
         isinstance(global_batch_size, bool)
         or not isinstance(global_batch_size, int)
@@ -132,7 +171,6 @@ def global_batches(
         raise ValueError(
             f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}."
         )
-    builder = load_builder(name, data_dir)
     examples = read_split(builder, split)
     count = _split_count(builder, split, examples)
     if _split_bytes(builder, count) <= IN_MEMORY_BYTES:

@@ -21,8 +21,9 @@ from typing import TypeAlias
 import tensorflow as tf
 
 from loops import strategies
+from loops.random_access import SeekableBatches
 
-DatasetSource: TypeAlias = "tf.data.Dataset | Callable[[], tf.data.Dataset]"
+DatasetSource: TypeAlias = "tf.data.Dataset | Callable[[], tf.data.Dataset] | SeekableBatches"
 
 
 def split_global_batches(
@@ -69,8 +70,19 @@ def split_global_batches(
     return dataset.map(to_padded_slices).unbatch().map(unpad)
 
 
-def as_dataset_fn(source: DatasetSource) -> Callable[[], tf.data.Dataset]:
-    """Accepts a dataset or a function that builds one; returns the function."""
+def as_dataset_fn(
+    source: DatasetSource, *, skip_batches: int = 0
+) -> Callable[[], tf.data.Dataset]:
+    """Accepts a dataset or a function that builds one; returns the function.
+
+    With `skip_batches`, the function builds the stream from that batch on: a
+    `SeekableBatches` starts there directly, anything else skips up to it.
+    """
+    if isinstance(source, SeekableBatches):
+        return lambda: source.batches_from(skip_batches)
+    if skip_batches:
+        dataset_fn = as_dataset_fn(source)
+        return lambda: _built(dataset_fn).repeat().skip(skip_batches)
     if isinstance(source, tf.data.Dataset):
         return lambda: source
     if callable(source):
@@ -95,10 +107,11 @@ def distribute(
         source: a dataset of global batches, or a function building one (a
             function is preferred: it is called once per input pipeline).
         skip_batches: global batches to drop from the start, to resume
-            mid-stream after a restore.
+            mid-stream after a restore (a `SeekableBatches` starts there
+            without reading them; anything else is repeated and skipped).
         repeat: repeat the stream forever (training).
     """
-    dataset_fn = as_dataset_fn(source)
+    dataset_fn = as_dataset_fn(source, skip_batches=skip_batches)
     options = _input_options(strategy)
     per_replica_pipelines = options is not None
 
@@ -106,8 +119,6 @@ def distribute(
         dataset = _built(dataset_fn)
         if repeat:
             dataset = dataset.repeat()
-        if skip_batches:
-            dataset = dataset.skip(skip_batches)
         dataset = split_global_batches(dataset, input_context)
         if not per_replica_pipelines:
             return dataset.prefetch(tf.data.AUTOTUNE)
@@ -183,13 +194,10 @@ def train_iterator(
     """
     if not _shares_host_memory(strategy):
         return iter(distribute(strategy, source, skip_batches=skip_batches, repeat=True))
-    dataset = _built(as_dataset_fn(source))
+    dataset = _built(as_dataset_fn(source, skip_batches=skip_batches)).repeat()
     if not _dense(dataset.element_spec):
         # The dataset already built is handed on, not built a second time.
-        return iter(distribute(strategy, dataset, skip_batches=skip_batches, repeat=True))
-    dataset = dataset.repeat()
-    if skip_batches:
-        dataset = dataset.skip(skip_batches)
+        return iter(distribute(strategy, dataset, repeat=True))
     with tf.device("/cpu:0"):  # where every replica reads it (they are all host CPUs)
         return iter(dataset)
 

@@ -13,9 +13,43 @@ with loop_flags.heading("data"):
         "digits",
         "TFDS image-classification dataset: 'digits' (bundled, offline), 'mnist', 'cifar10', ...",
     )
-    flags.DEFINE_string("data_dir", None, "TFDS data directory (default: ~/tensorflow_datasets).")
+    flags.DEFINE_string(
+        "data_dir",
+        None,
+        "TFDS data directory (default: ~/tensorflow_datasets), or one prepared TFDS "
+        "dataset's folder (DATA_DIR/NAME/VERSION, holding dataset_info.json; --dataset "
+        "is then not used).",
+    )
+    flags.DEFINE_string(
+        "image_dir",
+        None,
+        "A folder of your own images instead of --dataset: IMAGE_DIR/train/CLASS/*.png|jpg "
+        "and IMAGE_DIR/test/CLASS/*.png|jpg (TFDS ImageFolder layout).",
+    )
     flags.DEFINE_string("train_split", "train", "Split to train on.")
     flags.DEFINE_string("eval_split", "test", "Split to evaluate on.")
+    flags.DEFINE_enum(
+        "input_from",
+        "auto",
+        ["auto", "memory", "disk"],
+        "memory: read the splits into memory once (fastest for small data); disk: read "
+        "each example from its file by index, decode and augment it on the fly (any "
+        "size; a resume starts at its step without reading earlier batches); auto: "
+        "memory when the train split fits in 1 GiB with no --augment or --image_size.",
+    )
+    flags.DEFINE_enum(
+        "augment",
+        "none",
+        ["none", "crop_flip"],
+        "Train-time augmentation of data read from disk: crop_flip = a random crop of "
+        "the image padded by an eighth of its size, flipped half the time, drawn from "
+        "(--seed, epoch, example), so a resumed run draws the same.",
+    )
+    flags.DEFINE_list(
+        "image_size",
+        None,
+        "HEIGHT,WIDTH: resize every image to it (needed for images of mixed sizes).",
+    )
 with loop_flags.heading("model"):
     flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "Classifier network.")
     flags.DEFINE_float("l2", 0.0, "L2 weight regularization factor (>= 0).", lower_bound=0.0)
@@ -74,7 +108,6 @@ def make_optimizer(name: str, learning_rate):
 def build_loop():
     """The ClassifierLoop the flags describe; ValueError for a bad combination."""
     import loops
-    import loops_data as data
     import loops_models as models
     from loops import schedules
 
@@ -89,21 +122,26 @@ def build_loop():
     )
     strategy = loop_flags.make_strategy()
     loop_flags.check_batch_fits_replicas(strategy)
-    spec = data.dataset_spec(FLAGS.dataset, FLAGS.data_dir)
+    from loops_data import image_streams
 
-    def batches(split, shuffle_seed, repeat):
-        return lambda: data.global_batches(
-            FLAGS.dataset,
-            split,
-            global_batch_size=FLAGS.global_batch_size,
-            data_dir=FLAGS.data_dir,
-            shuffle_seed=shuffle_seed,
-            repeat=repeat,
+    if FLAGS.image_dir is not None and (FLAGS["dataset"].present or FLAGS.data_dir):
+        raise ValueError(
+            f"--image_dir={FLAGS.image_dir} replaces --dataset and --data_dir; pass "
+            "one source of data."
         )
-
+    spec, train_data, eval_data = image_streams.classification_input(
+        dataset=FLAGS.dataset,
+        data_dir=FLAGS.data_dir,
+        image_dir=FLAGS.image_dir,
+        train_split=FLAGS.train_split,
+        eval_split=FLAGS.eval_split,
+        global_batch_size=FLAGS.global_batch_size,
+        seed=FLAGS.seed,
+        input_from=FLAGS.input_from,
+        augment=FLAGS.augment,
+        image_size=_image_size(FLAGS.image_size),
+    )
     # Fail now, with the data error, rather than inside the first traced step.
-    train_data = batches(FLAGS.train_split, FLAGS.seed, repeat=True)
-    eval_data = batches(FLAGS.eval_split, None, repeat=False)
     train_data(), eval_data()
 
     return loops.ClassifierLoop(
@@ -130,6 +168,21 @@ def build_loop():
             ],
         ),
     )
+
+
+def _image_size(value: list[str] | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        height, width = (int(part) for part in value)
+    except ValueError:
+        height = width = 0
+    if height < 1 or width < 1:
+        raise ValueError(
+            f"--image_size={','.join(value)} is not HEIGHT,WIDTH in pixels; pass two "
+            "whole numbers >= 1, e.g. --image_size=32,32."
+        )
+    return height, width
 
 
 def export(loop) -> str:

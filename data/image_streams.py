@@ -1,0 +1,292 @@
+"""Image classification streamed from disk by random access: TFDS dataset directories and image folders.
+
+Every example is read by its index, decoded and (for training) augmented
+with a random crop and flip keyed on (seed, epoch, index), so the train
+stream starts at any batch without reading the ones before it
+(`loops.random_access`) and a resumed run sees bit-identical batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from loops import random_access
+from loops_data import image_folders
+from loops_data.image_classification import DatasetSpec
+
+AUGMENTATIONS = ("none", "crop_flip")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageStreams:
+    """A dataset's spec, its endless train stream and a function building one eval pass."""
+
+    spec: DatasetSpec
+    train: random_access.SeekableBatches
+    eval: Callable[[], tf.data.Dataset]
+
+
+def is_tfds_directory(path: str | None) -> bool:
+    """Whether `path` is one prepared TFDS dataset (a version folder with dataset_info.json)."""
+    return bool(path) and os.path.isfile(os.path.join(str(path), "dataset_info.json"))
+
+
+def from_tfds_builder(
+    builder: tfds.core.DatasetBuilder,
+    *,
+    train_split: str,
+    eval_split: str,
+    global_batch_size: int,
+    seed: int,
+    augment: str = "none",
+    image_size: tuple[int, int] | None = None,
+) -> ImageStreams:
+    """Streams of a prepared TFDS image-classification dataset, read from its files by index.
+
+    Raises:
+        ValueError: a split that does not exist, images of no fixed size
+            without `image_size`, or a bad augmentation.
+    """
+    _check_augment(augment)
+    info = builder.info
+    name = info.name
+    keys = info.supervised_keys
+    if not keys or not isinstance(info.features[keys[1]], tfds.features.ClassLabel):
+        raise ValueError(
+            f"Dataset {name!r} at {builder.data_dir} is not image classification "
+            f"(supervised keys {keys!r}); pick one with (image, class label) pairs."
+        )
+    image_key, label_key = keys
+    shape = tuple(info.features[image_key].shape)
+    if image_size is None and any(size is None for size in shape[:2]):
+        raise ValueError(
+            f"Dataset {name!r} has images of no fixed size ({shape}); pass "
+            "--image_size=HEIGHT,WIDTH to resize them."
+        )
+    channels = shape[2]
+    height, width = image_size or shape[:2]
+    file_format = str(getattr(info.file_format, "value", info.file_format or "tfrecord"))
+
+    def records(split: str) -> random_access.RecordFiles:
+        if split not in info.splits:
+            raise ValueError(
+                f"Dataset {name!r} has no split {split!r}; it has {sorted(info.splits)}. "
+                "Pick one of them (--train_split / --eval_split)."
+            )
+        paths = [os.fspath(path) for path in info.splits[split].filepaths]
+        return random_access.RecordFiles(paths, file_format=file_format)
+
+    def parse(serialized):
+        example = info.features.deserialize_example(serialized)
+        return example[image_key], example[label_key]
+
+    train_records, eval_records = records(train_split), records(eval_split)
+    return _streams(
+        DatasetSpec(
+            name=name,
+            input_shape=(height, width, channels),
+            num_classes=info.features[label_key].num_classes,
+            split_sizes={split: info.splits[split].num_examples for split in info.splits},
+        ),
+        train_records,
+        eval_records,
+        parse,
+        global_batch_size=global_batch_size,
+        seed=seed,
+        augment=augment,
+        image_size=image_size,
+    )
+
+
+def from_tfds_directory(path: str, **options) -> ImageStreams:
+    """`from_tfds_builder` for the dataset prepared in `path` (`tfds.builder_from_directory`)."""
+    if not is_tfds_directory(path):
+        raise ValueError(
+            f"{path!r} is not a prepared TFDS dataset: it has no dataset_info.json. Point "
+            "--data_dir at the dataset's version folder (DATA_DIR/NAME/VERSION), or at the "
+            "TFDS data directory together with --dataset=NAME."
+        )
+    return from_tfds_builder(tfds.builder_from_directory(path), **options)
+
+
+def from_image_folder(
+    root: str,
+    *,
+    train_split: str,
+    eval_split: str,
+    global_batch_size: int,
+    seed: int,
+    augment: str = "none",
+    image_size: tuple[int, int] | None = None,
+) -> ImageStreams:
+    """Streams of an image folder (`loops_data.image_folders` layout), 3 channels.
+
+    Raises:
+        image_folders.BadImageFolderError: see `image_folders.read_split`, and
+            images of several sizes without `image_size`.
+    """
+    _check_augment(augment)
+    train = image_folders.read_split(root, train_split)
+    evaluation = image_folders.read_split(root, eval_split, class_names=train.class_names)
+    if image_size is None:
+        image_size = image_folders.check_one_size([train, evaluation])
+        resize = None
+    else:
+        resize = image_size
+
+    def parse(contents, label):
+        image = tf.io.decode_image(contents, channels=3, expand_animations=False)
+        return image, label
+
+    return _streams(
+        DatasetSpec(
+            name=os.path.basename(os.path.normpath(root)),
+            input_shape=(*image_size, 3),
+            num_classes=len(train.class_names),
+            split_sizes={train_split: train.num_examples, eval_split: evaluation.num_examples},
+        ),
+        train,
+        evaluation,
+        parse,
+        global_batch_size=global_batch_size,
+        seed=seed,
+        augment=augment,
+        image_size=resize,
+    )
+
+
+def _streams(
+    spec: DatasetSpec,
+    train_source,
+    eval_source,
+    parse,
+    *,
+    global_batch_size: int,
+    seed: int,
+    augment: str,
+    image_size: tuple[int, int] | None,
+) -> ImageStreams:
+    height, width, channels = spec.input_shape
+
+    def decoded(example, key, *, train: bool):
+        parts = example if isinstance(example, tuple) else (example,)
+        image, label = parse(*parts)
+        if image_size is not None:
+            image = tf.cast(
+                tf.clip_by_value(tf.round(tf.image.resize(image, image_size)), 0, 255), tf.uint8
+            )
+        image = tf.ensure_shape(image, [height, width, channels])
+        if train and augment == "crop_flip":
+            image = crop_flip(image, key)
+        return image, tf.cast(label, tf.int64)
+
+    return ImageStreams(
+        spec=spec,
+        train=random_access.shuffled_batches(
+            train_source,
+            lambda example, key: decoded(example, key, train=True),
+            global_batch_size=global_batch_size,
+            seed=seed,
+        ),
+        eval=lambda: random_access.ordered_batches(
+            eval_source,
+            lambda example, key: decoded(example, key, train=False),
+            global_batch_size=global_batch_size,
+        ),
+    )
+
+
+def crop_flip(image: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+    """A random crop of the image padded by an eighth of its size, flipped half the time; keyed."""
+    height, width, channels = image.shape
+    pad_y, pad_x = max(1, height // 8), max(1, width // 8)
+    padded = tf.pad(image, [[pad_y, pad_y], [pad_x, pad_x], [0, 0]], mode="REFLECT")
+    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+    cropped = tf.image.stateless_random_crop(padded, [height, width, channels], seed=crop_key)
+    return tf.image.stateless_random_flip_left_right(cropped, seed=flip_key)
+
+
+def _check_augment(augment: str) -> None:
+    if augment not in AUGMENTATIONS:
+        raise ValueError(f"Unknown augmentation {augment!r}; use one of {AUGMENTATIONS}.")
+
+
+INPUT_FROM = ("auto", "memory", "disk")
+
+
+def classification_input(
+    *,
+    dataset: str,
+    data_dir: str | None,
+    image_dir: str | None,
+    train_split: str,
+    eval_split: str,
+    global_batch_size: int,
+    seed: int,
+    input_from: str = "auto",
+    augment: str = "none",
+    image_size: tuple[int, int] | None = None,
+):
+    """(spec, train_data, eval_data) for a classifier, from a TFDS name, dataset folder or image folder.
+
+    `data_dir` is the TFDS data directory for `dataset`, or one prepared
+    dataset's folder (it holds dataset_info.json). `input_from`: 'memory'
+    reads the splits into memory once (the bundled digits' fast path),
+    'disk' reads every example from its file by index; 'auto' picks memory
+    for a split that fits in `image_classification.IN_MEMORY_BYTES` with no
+    augmentation or resize, disk otherwise. Image folders are always read
+    from disk.
+
+    Raises:
+        ValueError: a bad combination, with the flag that fixes it.
+    """
+    from loops_data import image_classification  # noqa: PLC0415
+
+    if input_from not in INPUT_FROM:
+        raise ValueError(f"Unknown input_from {input_from!r}; use one of {INPUT_FROM}.")
+    _check_augment(augment)
+    options = dict(
+        train_split=train_split,
+        eval_split=eval_split,
+        global_batch_size=global_batch_size,
+        seed=seed,
+        augment=augment,
+        image_size=image_size,
+    )
+    if image_dir is not None:
+        if input_from == "memory":
+            raise ValueError(
+                "--image_dir is read from disk, example by example; drop --input_from=memory."
+            )
+        streams = from_image_folder(image_dir, **options)
+        return streams.spec, streams.train, streams.eval
+    if is_tfds_directory(data_dir):
+        builder = tfds.builder_from_directory(data_dir)
+    else:
+        builder = image_classification.load_builder(dataset, data_dir)
+    fits = image_classification.split_fits_in_memory(builder, train_split)
+    if input_from == "memory" or (input_from == "auto" and fits and augment == "none" and image_size is None):
+        if augment != "none" or image_size is not None:
+            raise ValueError(
+                "--augment and --image_size apply to data read from disk; pass "
+                "--input_from=disk (or auto) with them."
+            )
+        spec = image_classification.builder_spec(builder)
+
+        def batches(split, shuffle_seed, repeat):
+            return lambda: image_classification.builder_batches(
+                builder,
+                split,
+                global_batch_size=global_batch_size,
+                shuffle_seed=shuffle_seed,
+                repeat=repeat,
+            )
+
+        return spec, batches(train_split, seed, True), batches(eval_split, None, False)
+    streams = from_tfds_builder(builder, **options)
+    return streams.spec, streams.train, streams.eval

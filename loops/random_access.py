@@ -1,0 +1,277 @@
+"""Shuffled global batches over a random-access source, startable at any batch at the cost of one.
+
+A stream that resumes by skipping re-reads (and re-decodes) every batch
+before its position: hours at step 100,000 of a large dataset. Here batch k
+of the stream is a function of k alone: its examples are the stream positions
+[k * B, (k + 1) * B), position p is example `index_shuffle(p mod N)` of epoch
+`p // N` (a new permutation of the whole dataset each epoch, drawn from the
+seed and the epoch), and those examples are read by index. Starting at batch k
+reads batch k first, whatever k is, and the batches are bit-identical to the
+ones an uninterrupted stream hands out there.
+
+A source is anything with `num_examples` and `read(indices)` that returns
+one serialized example (or file's bytes) per index, in graph mode:
+`RecordFiles` reads TFRecord and ArrayRecord files (TFDS's two formats),
+`loops_data.image_folders` reads files of a folder.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+import tensorflow as tf
+
+
+class SeekableBatches:
+    """An endless stream of global batches that can begin at any batch without reading earlier ones.
+
+    Pass it as a loop's `train_data`: a resume then builds the stream at its
+    position (`batches_from(position)`) instead of skipping `position`
+    batches. Called with no argument it is the stream from its start, so it
+    is also a plain dataset function.
+    """
+
+    def __init__(self, batches_from: Callable[[int], tf.data.Dataset]):
+        self._batches_from = batches_from
+
+    def batches_from(self, position: int) -> tf.data.Dataset:
+        """The stream's batches from batch `position` (0 is the first) on, endless."""
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"A stream position is a whole number >= 0, got {position!r}.")
+        return self._batches_from(position)
+
+    def __call__(self) -> tf.data.Dataset:
+        return self.batches_from(0)
+
+
+class RandomAccessSource(Protocol):
+    """What `shuffled_batches` reads: a count of examples and a read by index."""
+
+    @property
+    def num_examples(self) -> int: ...
+
+    def read(self, indices: tf.Tensor) -> tf.Tensor:
+        """The serialized examples at `indices` (int64 vector), as a string vector, in graph mode."""
+        ...
+
+
+def shuffled_batches(
+    source: RandomAccessSource,
+    decode: Callable[[tf.Tensor, tf.Tensor], object],
+    *,
+    global_batch_size: int,
+    seed: int,
+) -> SeekableBatches:
+    """Endless full global batches of `source`, the whole dataset shuffled anew each epoch.
+
+    Epochs follow each other with no partial batch between them (a batch may
+    end one epoch and start the next), so every batch has `global_batch_size`
+    rows and a static shape.
+
+    Args:
+        source: where examples are read by index.
+        decode: (serialized example, random key) -> one decoded example (a
+            nest of tensors). The key (an int64 pair) is drawn from the seed,
+            the epoch and the example's index, so random augmentation
+            repeats exactly in a resumed run and differs every epoch.
+        global_batch_size: rows per batch.
+        seed: picks each epoch's permutation and every example's key.
+    """
+    num_examples = _checked_count(source)
+
+    def batches_from(position: int) -> tf.data.Dataset:
+        def positions(batch):
+            first = batch * global_batch_size
+            stream = first + tf.range(global_batch_size, dtype=tf.int64)
+            return stream // num_examples, stream % num_examples
+
+        def read(epochs, slots):
+            indices = shuffled_index(slots, epochs, num_examples=num_examples, seed=seed)
+            return source.read(indices), epochs, indices
+
+        def decoded(serialized, epoch, index):
+            key = tf.stack([tf.constant(seed, tf.int64), epoch * num_examples + index])
+            return decode(serialized, key)
+
+        dataset = (
+            tf.data.Dataset.range(position, np.iinfo(np.int64).max)
+            .map(positions)
+            .map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .unbatch()
+            .map(decoded, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .batch(global_batch_size, drop_remainder=True)
+        )
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    return SeekableBatches(batches_from)
+
+
+def ordered_batches(
+    source: RandomAccessSource,
+    decode: Callable[[tf.Tensor, tf.Tensor], object],
+    *,
+    global_batch_size: int,
+) -> tf.data.Dataset:
+    """One pass over `source` in index order, the last batch maybe partial (evaluation).
+
+    `decode` gets the key (0, index); an evaluation decode ignores it.
+    """
+    num_examples = _checked_count(source)
+    read_size = min(max(global_batch_size, 1), max(num_examples, 1))
+
+    def read(first):
+        indices = tf.range(first, tf.minimum(first + read_size, num_examples), dtype=tf.int64)
+        return source.read(indices), indices
+
+    def decoded(serialized, index):
+        return decode(serialized, tf.stack([tf.constant(0, tf.int64), index]))
+
+    return (
+        tf.data.Dataset.range(0, num_examples, read_size)
+        .map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .unbatch()
+        .map(decoded, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .batch(global_batch_size)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def shuffled_index(slots, epochs, *, num_examples: int, seed: int):
+    """Which example sits at place `slots` of epoch `epochs`' permutation (int64 vectors)."""
+    count = tf.shape(slots)[0]
+    if num_examples == 1:
+        return tf.zeros_like(slots)
+    # The raw op: TF 2.21's `tf.random.experimental.index_shuffle` pads a
+    # batched [n, 2] seed along the wrong axis and rejects it.
+    return tf.raw_ops.RandomIndexShuffle(
+        index=slots,
+        seed=tf.stack([tf.fill([count], tf.constant(seed, tf.int64)), epochs, tf.zeros_like(epochs)], 1),
+        max_index=tf.fill([count], tf.constant(num_examples - 1, tf.int64)),
+        rounds=4,
+    )
+
+
+def _checked_count(source: RandomAccessSource) -> int:
+    count = source.num_examples
+    if count < 1:
+        raise ValueError(
+            f"{source!r} holds no examples: there is nothing to batch. Point it at a "
+            "split or folder that holds examples."
+        )
+    return int(count)
+
+
+class RecordFiles:
+    """Random access by index to the records of TFRecord or ArrayRecord files, in file order.
+
+    TFRecord files have no index: the first use scans each file's record
+    headers once (a seek per record, no data read) and keeps the offsets.
+    ArrayRecord files are read with the `array_record` package that
+    tensorflow-datasets installs with itself.
+
+    `records_read` counts the records handed out (tests use it to show that
+    a resume reads nothing before its position).
+    """
+
+    def __init__(self, paths: Sequence[str], *, file_format: str = "tfrecord"):
+        if not paths:
+            raise ValueError("RecordFiles needs at least one file; got none.")
+        if file_format not in ("tfrecord", "array_record"):
+            raise ValueError(
+                f"Unsupported record file format {file_format!r}: use 'tfrecord' or "
+                "'array_record' (TFDS's formats)."
+            )
+        self.paths = [os.fspath(path) for path in paths]
+        self.file_format = file_format
+        self.records_read = 0
+        self._lock = threading.Lock()
+        if file_format == "tfrecord":
+            self._files, self._offsets, self._lengths = _tfrecord_index(self.paths)
+            self._reader = None
+            self._count = len(self._offsets)
+        else:
+            from array_record.python import array_record_data_source  # noqa: PLC0415
+
+            self._reader = array_record_data_source.ArrayRecordDataSource(self.paths)
+            self._count = len(self._reader)
+
+    @property
+    def num_examples(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return f"RecordFiles({len(self.paths)} {self.file_format} files, {self._count} records)"
+
+    def read_numpy(self, indices: np.ndarray) -> np.ndarray:
+        """The records at `indices` as an object array of bytes."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= self._count):
+            raise IndexError(f"Record indices must lie in [0, {self._count}), got {indices!r}.")
+        if self._reader is not None:
+            records = self._reader.__getitems__(indices.tolist())
+        else:
+            records = [
+                _read_at(self._file_descriptor(self._files[i]), self._offsets[i], self._lengths[i])
+                for i in indices
+            ]
+        with self._lock:
+            self.records_read += len(records)
+        return np.array(records, dtype=object).reshape(indices.shape)
+
+    def read(self, indices: tf.Tensor) -> tf.Tensor:
+        records = tf.numpy_function(self.read_numpy, [indices], tf.string, stateful=False)
+        return tf.ensure_shape(records, indices.shape)
+
+    def _file_descriptor(self, file: int) -> int:
+        # Opened per process on first use: a forked or restarted reader never
+        # inherits another's descriptors.
+        descriptors = self.__dict__.setdefault("_descriptors", {})
+        key = (os.getpid(), file)
+        if key not in descriptors:
+            descriptors[key] = os.open(self.paths[file], os.O_RDONLY)
+        return descriptors[key]
+
+
+_TFRECORD_HEADER = 12  # uint64 length, uint32 masked CRC of the length
+_TFRECORD_FOOTER = 4  # uint32 masked CRC of the data
+
+
+def _tfrecord_index(paths: Sequence[str]):
+    files, offsets, lengths = [], [], []
+    for file, path in enumerate(paths):
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            position = 0
+            while position < size:
+                handle.seek(position)
+                header = handle.read(_TFRECORD_HEADER)
+                if len(header) < _TFRECORD_HEADER:
+                    raise ValueError(
+                        f"{path} ends inside a record header at byte {position}: the file is "
+                        "truncated. Write it again (or prepare the dataset again)."
+                    )
+                (length,) = struct.unpack("<Q", header[:8])
+                end = position + _TFRECORD_HEADER + length + _TFRECORD_FOOTER
+                if end > size:
+                    raise ValueError(
+                        f"{path}: the record at byte {position} claims {length} bytes but the "
+                        "file ends first: it is truncated or not a TFRecord file. Write it again."
+                    )
+                files.append(file)
+                offsets.append(position + _TFRECORD_HEADER)
+                lengths.append(length)
+                position = end
+    return (
+        np.array(files, dtype=np.int32),
+        np.array(offsets, dtype=np.int64),
+        np.array(lengths, dtype=np.int64),
+    )
+
+
+def _read_at(descriptor: int, offset: int, length: int) -> bytes:
+    return os.pread(descriptor, int(length), int(offset))
