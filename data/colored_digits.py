@@ -98,7 +98,7 @@ def generate(
     num_shards: int = 4,
     file_format: str = "tfrecord",
 ) -> str:
-    """Writes the dataset under `data_dir` (once; an existing one is reused) and returns its directory.
+    """Writes the dataset under `data_dir` (once; later calls reuse it); returns its folder.
 
     The directory is a TFDS dataset directory: `tfds.builder_from_directory`
     and `--data_dir` read it. The train split is written in `num_shards` files.

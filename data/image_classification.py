@@ -79,7 +79,7 @@ def dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
 
 
 def builder_spec(builder: tfds.core.DatasetBuilder) -> DatasetSpec:
-    """Input shape, class count and split sizes (empty before preparation) of a builder's dataset."""
+    """Input shape, class count and split sizes (empty before preparation) of a builder."""
     info = builder.info
     image_key, label_key = info.supervised_keys
     return DatasetSpec(

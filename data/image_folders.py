@@ -1,4 +1,4 @@
-"""A user's folder of images as a classification dataset (TFDS ImageFolder layout), checked up front.
+"""A user's folder of images as a classification dataset (TFDS ImageFolder layout), checked.
 
 Layout: ROOT/SPLIT/CLASS/IMAGE, e.g. photos/train/cat/001.jpg and
 photos/test/dog/7.png. Classes are the sorted names of the class folders of
@@ -50,7 +50,9 @@ class ImageFolderSplit:
         return contents, labels
 
 
-def read_split(root: str, split: str, *, class_names: tuple[str, ...] | None = None) -> ImageFolderSplit:
+def read_split(
+    root: str, split: str, *, class_names: tuple[str, ...] | None = None
+) -> ImageFolderSplit:
     """Scans ROOT/SPLIT and checks every image's header.
 
     Args:
@@ -71,7 +73,9 @@ def read_split(root: str, split: str, *, class_names: tuple[str, ...] | None = N
         )
     folder = os.path.join(root, split)
     if not os.path.isdir(folder):
-        present = sorted(name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)))
+        present = sorted(
+            name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name))
+        )
         raise BadImageFolderError(
             f"{root!r} has no {split!r} folder (it has {present or 'no folders'}). Put the "
             f"{split} images in {os.path.join(root, split, 'CLASS', 'IMAGE.png')!r}, one "

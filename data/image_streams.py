@@ -1,4 +1,4 @@
-"""Image classification streamed from disk by random access: TFDS dataset directories and image folders.
+"""Image classification read from disk by index: TFDS dataset folders and image folders.
 
 Every example is read by its index, decoded and (for training) augmented
 with a random crop and flip keyed on (seed, epoch, index), so the train
@@ -232,7 +232,7 @@ def classification_input(
     augment: str = "none",
     image_size: tuple[int, int] | None = None,
 ):
-    """(spec, train_data, eval_data) for a classifier, from a TFDS name, dataset folder or image folder.
+    """(spec, train_data, eval_data) for a classifier: a TFDS name, dataset folder or image folder.
 
     `data_dir` is the TFDS data directory for `dataset`, or one prepared
     dataset's folder (it holds dataset_info.json). `input_from`: 'memory'
@@ -270,7 +270,9 @@ def classification_input(
     else:
         builder = image_classification.load_builder(dataset, data_dir)
     fits = image_classification.split_fits_in_memory(builder, train_split)
-    if input_from == "memory" or (input_from == "auto" and fits and augment == "none" and image_size is None):
+    if input_from == "memory" or (
+        input_from == "auto" and fits and augment == "none" and image_size is None
+    ):
         if augment != "none" or image_size is not None:
             raise ValueError(
                 "--augment and --image_size apply to data read from disk; pass "

@@ -22,6 +22,8 @@ _EXPORTS = {
     "environments": "loops.environments",
     "GANLoop": "loops.gan",
     "split_global_batches": "loops.distributed_input",
+    "SeekableBatches": "loops.random_access",
+    "random_access": "loops.random_access",
     "LanguageModelLoop": "loops.lm",
     "Loop": "loops.loop",
     "Last": "loops.outputs",

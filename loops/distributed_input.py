@@ -70,9 +70,7 @@ def split_global_batches(
     return dataset.map(to_padded_slices).unbatch().map(unpad)
 
 
-def as_dataset_fn(
-    source: DatasetSource, *, skip_batches: int = 0
-) -> Callable[[], tf.data.Dataset]:
+def as_dataset_fn(source: DatasetSource, *, skip_batches: int = 0) -> Callable[[], tf.data.Dataset]:
     """Accepts a dataset or a function that builds one; returns the function.
 
     With `skip_batches`, the function builds the stream from that batch on: a

@@ -10,7 +10,8 @@ reads batch k first, whatever k is, and the batches are bit-identical to the
 ones an uninterrupted stream hands out there.
 
 A source is anything with `num_examples` and `read(indices)` that returns
-one serialized example (or file's bytes) per index, in graph mode:
+one row per index (a serialized example, or a file's bytes and its label), in
+graph mode:
 `RecordFiles` reads TFRecord and ArrayRecord files (TFDS's two formats),
 `loops_data.image_folders` reads files of a folder.
 """
@@ -28,7 +29,7 @@ import tensorflow as tf
 
 
 class SeekableBatches:
-    """An endless stream of global batches that can begin at any batch without reading earlier ones.
+    """An endless stream of global batches that begins at any batch without reading earlier ones.
 
     Pass it as a loop's `train_data`: a resume then builds the stream at its
     position (`batches_from(position)`) instead of skipping `position`
@@ -55,8 +56,12 @@ class RandomAccessSource(Protocol):
     @property
     def num_examples(self) -> int: ...
 
-    def read(self, indices: tf.Tensor) -> tf.Tensor:
-        """The serialized examples at `indices` (int64 vector), as a string vector, in graph mode."""
+    def read(self, indices: tf.Tensor):
+        """What the examples at `indices` (int64 vector) hold, one row each, in graph mode.
+
+        Serialized examples (a string vector), or a nest of vectors (an image
+        folder: file contents and labels); `decode` gets one row.
+        """
         ...
 
 
@@ -143,14 +148,28 @@ def ordered_batches(
 
 def shuffled_index(slots, epochs, *, num_examples: int, seed: int):
     """Which example sits at place `slots` of epoch `epochs`' permutation (int64 vectors)."""
-    count = tf.shape(slots)[0]
     if num_examples == 1:
         return tf.zeros_like(slots)
+    # The permutation's key is drawn (Philox) from (seed, epoch): keyed
+    # directly, small seeds such as (0, 0) give a permutation close to the
+    # identity. A batch spans one epoch or a few: one draw each.
+    first = tf.reduce_min(epochs)
+    keys = tf.map_fn(
+        lambda epoch: tf.random.stateless_uniform(
+            [3],
+            seed=tf.stack([tf.constant(seed, tf.int64), epoch]),
+            minval=None,
+            maxval=None,
+            dtype=tf.int64,
+        ),
+        tf.range(first, tf.reduce_max(epochs) + 1),
+    )
+    count = tf.shape(slots)[0]
     # The raw op: TF 2.21's `tf.random.experimental.index_shuffle` pads a
     # batched [n, 2] seed along the wrong axis and rejects it.
     return tf.raw_ops.RandomIndexShuffle(
         index=slots,
-        seed=tf.stack([tf.fill([count], tf.constant(seed, tf.int64)), epochs, tf.zeros_like(epochs)], 1),
+        seed=tf.gather(keys, epochs - first),
         max_index=tf.fill([count], tf.constant(num_examples - 1, tf.int64)),
         rounds=4,
     )

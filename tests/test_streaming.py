@@ -1,0 +1,375 @@
+"""Data read from disk by index: exact resume at any position, image folders, clear errors."""
+
+import hashlib
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_launch import ENV, RTOL, Run, largest_weight_difference
+
+from conftest import ROOT, checkpoint_weights, read_results, run_module
+from loops import exit_codes, random_access
+from loops_data import colored_digits, image_folders, image_streams
+
+TRAIN_EXAMPLES = 600  # 18.75 batches of 32: steps 19, 38 and 57 each start a new epoch
+BATCH = 32
+STEPS = 60
+
+
+@pytest.fixture(scope="session")
+def dataset_dir(tmp_path_factory):
+    """A generated TFDS dataset of PNG-encoded 32x32x3 images in 4 TFRecord shards."""
+    return colored_digits.generate(
+        str(tmp_path_factory.mktemp("colored_digits")),
+        train_examples=TRAIN_EXAMPLES,
+        test_examples=100,
+        num_shards=4,
+    )
+
+
+def streams(dataset_dir, augment="crop_flip", seed=7):
+    return image_streams.from_tfds_directory(
+        dataset_dir,
+        train_split="train",
+        eval_split="test",
+        global_batch_size=BATCH,
+        seed=seed,
+        augment=augment,
+    )
+
+
+def batch_hash(batch):
+    return hashlib.sha256(b"".join(part.numpy().tobytes() for part in batch)).hexdigest()
+
+
+def hashes(dataset, count):
+    return [batch_hash(batch) for batch in dataset.take(count)]
+
+
+def test_a_stream_started_at_any_batch_equals_the_stream_from_its_start(dataset_dir):
+    train = streams(dataset_dir).train
+    from_start = hashes(train.batches_from(0), 60)
+    for position in (1, 18, 19, 37, 41):  # in an epoch, and around epoch ends
+        assert hashes(train.batches_from(position), 60 - position) == from_start[position:]
+    assert len(set(from_start)) == 60
+
+
+def test_each_epoch_is_a_new_permutation_of_every_example_and_augmentation_differs(dataset_dir):
+    plain = streams(dataset_dir, augment="none").train.batches_from(0)
+    images = np.concatenate([batch[0].numpy() for batch in plain.take(75)])  # 4 epochs
+    epochs = images[: 4 * TRAIN_EXAMPLES].reshape(4, TRAIN_EXAMPLES, -1)
+    reference = {row.tobytes(): index for index, row in enumerate(epochs[0])}
+    assert len(reference) == TRAIN_EXAMPLES  # epoch 0 holds every example once
+    orders = [[reference[row.tobytes()] for row in epoch] for epoch in epochs]
+    for order in orders:
+        assert sorted(order) == list(range(TRAIN_EXAMPLES))
+    assert len({tuple(order) for order in orders}) == 4
+
+    augmented = streams(dataset_dir).train.batches_from(0)
+    first = next(iter(augmented))[0].numpy()
+    assert not np.array_equal(first, images[:BATCH])  # cropped and flipped
+    assert first.shape == (BATCH, 32, 32, 3) and first.dtype == np.uint8
+    # Another seed draws other epochs.
+    other = next(iter(streams(dataset_dir, augment="none", seed=8).train.batches_from(0)))
+    assert not np.array_equal(other[0].numpy(), images[:BATCH])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_every_seed_and_epoch_shuffles_well_even_zero(seed):
+    """Keyed directly, RandomIndexShuffle's seed (0, 0) is close to the identity."""
+    slots = tf.range(600, dtype=tf.int64)
+    for epoch in (0, 1, 2):
+        order = random_access.shuffled_index(
+            slots, tf.fill([600], tf.constant(epoch, tf.int64)), num_examples=600, seed=seed
+        ).numpy()
+        assert sorted(order) == list(range(600))
+        assert np.mean(order == np.arange(600)) < 0.02  # about 1 / 600 expected
+        assert abs(np.corrcoef(np.arange(600), order)[0, 1]) < 0.15
+
+
+def test_a_late_start_reads_only_the_batches_from_its_position(dataset_dir):
+    """Starting at batch 100,000 (about 5,300 epochs in) reads as few records as at batch 0."""
+    builder_files = sorted(
+        os.path.join(dataset_dir, name)
+        for name in os.listdir(dataset_dir)
+        if "-train.tfrecord-" in name
+    )
+    reads = {}
+    for position in (0, 100_000):
+        records = random_access.RecordFiles(builder_files)
+        stream = random_access.shuffled_batches(
+            records,
+            lambda serialized, key: tf.strings.length(serialized),
+            global_batch_size=BATCH,
+            seed=7,
+        )
+        iterator = iter(stream.batches_from(position))
+        next(iterator)
+        reads[position] = records.records_read
+    assert records.num_examples == TRAIN_EXAMPLES
+    # The first batch plus what prefetching read ahead, never the 3.2 million
+    # records a skip would read first.
+    assert BATCH <= reads[100_000] <= 16 * BATCH
+    assert BATCH <= reads[0] <= 16 * BATCH
+
+
+def test_tfrecord_and_array_record_files_give_the_same_batches(tmp_path, dataset_dir):
+    array_record_dir = colored_digits.generate(
+        str(tmp_path),
+        train_examples=TRAIN_EXAMPLES,
+        test_examples=100,
+        num_shards=2,
+        file_format="array_record",
+    )
+    assert any(".array_record-" in name for name in os.listdir(array_record_dir))
+    assert hashes(streams(array_record_dir).train.batches_from(30), 5) == hashes(
+        streams(dataset_dir).train.batches_from(30), 5
+    )
+
+
+def test_evaluation_reads_every_example_once_in_order(dataset_dir):
+    batches = list(streams(dataset_dir).eval())
+    assert [int(batch[1].shape[0]) for batch in batches] == [32, 32, 32, 4]
+    labels = np.concatenate([batch[1].numpy() for batch in batches])
+    plain = tf.data.Dataset.from_tensor_slices(labels)
+    assert int(plain.cardinality()) == 100
+
+
+# ---- The binary on the dataset: killed and preempted mid-epoch, on 1 and 2 workers. ----
+
+
+def stream_flags(model_dir, dataset_dir, *extra):
+    return [
+        f"--model_dir={model_dir}",
+        f"--data_dir={dataset_dir}",
+        "--input_from=disk",
+        "--augment=crop_flip",
+        f"--global_batch_size={BATCH}",
+        f"--train_steps={STEPS}",
+        "--steps_per_loop=5",
+        "--checkpoint_every=5",
+        "--eval_every=0",
+        "--export_dir=",
+        *extra,
+    ]
+
+
+def logged_run(log_file, module, *flags):
+    return Run([sys.executable, "-m", "stream_run", str(log_file), module, *flags])
+
+
+def batch_log(log_file):
+    """pid -> {position: hash} of each process that streamed batches."""
+    runs = {}
+    with open(log_file) as log:
+        for line in log:
+            pid, position, digest = line.split()
+            runs.setdefault(int(pid), {})[int(position)] = digest
+    return runs
+
+
+ENV["PYTHONPATH"] = os.path.join(ROOT, "tests") + os.pathsep + ENV["PYTHONPATH"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, dataset_dir):
+    """model_dir and batch log of a run straight through."""
+    model_dir = tmp_path_factory.mktemp("uninterrupted")
+    log_file = model_dir / "batches.log"
+    logged_run(log_file, "loops.bin.classifier", *stream_flags(model_dir, dataset_dir)).succeed()
+    (batches,) = batch_log(log_file).values()
+    assert sorted(batches)[:STEPS] == list(range(STEPS))
+    return str(model_dir), batches
+
+
+def assert_resumed_exactly(log_file, uninterrupted_batches, resumed_at):
+    """Each process's batches equal the uninterrupted run's; a restart begins at its step."""
+    runs = list(batch_log(log_file).values())
+    assert len(runs) == len(resumed_at)
+    for batches, start in zip(runs, resumed_at):
+        assert min(batches) == start  # nothing before the position was read
+        # A run made every batch up to where the next run starts (or the end),
+        # and prefetching a few more, more or fewer per run.
+        end = min([later for later in resumed_at if later > start], default=STEPS)
+        assert set(range(start, end)) <= set(batches)
+        for position, digest in batches.items():
+            assert digest == uninterrupted_batches.get(position, digest), position
+
+
+def test_sigterm_and_kill_9_mid_epoch_resume_with_the_same_batches_and_weights(
+    tmp_path, dataset_dir, uninterrupted
+):
+    reference_dir, reference_batches = uninterrupted
+    log_file = tmp_path / "batches.log"
+    command = ("loops.bin.classifier", *stream_flags(tmp_path, dataset_dir))
+
+    run = logged_run(log_file, *command)
+    run.wait_for(r"step 25/")  # in the second epoch
+    run.process.send_signal(signal.SIGTERM)
+    assert run.finish() == exit_codes.PREEMPTED, run.output[-3000:]
+    preempted_at = read_results(tmp_path)["global_step"]
+    assert 25 <= preempted_at < STEPS and preempted_at % 5 == 0
+
+    run = logged_run(log_file, *command)
+    run.wait_for(rf"step {preempted_at + 10}/")
+    run.process.kill()
+    run.finish()
+    killed_at = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
+    assert preempted_at < killed_at < STEPS
+
+    logged_run(log_file, *command).succeed()
+    assert_resumed_exactly(log_file, reference_batches, [0, preempted_at, killed_at])
+    assert read_results(tmp_path)["global_step"] == STEPS
+    got, expected = checkpoint_weights(str(tmp_path)), checkpoint_weights(reference_dir)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_two_workers_preempted_mid_epoch_resume_with_one_machines_batches(
+    tmp_path, dataset_dir, uninterrupted
+):
+    reference_dir, reference_batches = uninterrupted
+    log_file = tmp_path / "batches.log"
+    command = (
+        "loops.launch",
+        "--num_workers=2",
+        "--grace_period=5",
+        "--",
+        "stream_run",
+        str(log_file),
+        "loops.bin.classifier",
+        "--strategy=multi_worker_mirrored",
+        "--num_replicas=1",
+        *stream_flags(tmp_path, dataset_dir),
+    )
+    run = Run([sys.executable, "-m", *command])
+    worker_1 = int(run.wait_for(r"\[launch\] worker_1 pid (\d+)").group(1))
+    run.wait_for(r"\[worker_1\] step 25/")
+    os.kill(worker_1, signal.SIGTERM)
+    assert run.finish() == exit_codes.PREEMPTED, run.output[-4000:]
+    preempted_at = read_results(tmp_path)["global_step"]
+    assert 25 <= preempted_at < STEPS
+
+    Run([sys.executable, "-m", *command]).succeed()
+    assert_resumed_exactly(log_file, reference_batches, [0, 0, preempted_at, preempted_at])
+    assert largest_weight_difference(str(tmp_path), reference_dir) <= RTOL
+
+
+# ---- Image folders. ----
+
+
+def write_folder(root, sizes=None, classes=("cat", "dog", "eel"), per_class=8):
+    """An ImageFolder tree of PNGs: per split, `per_class` noisy images of each class's color."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", per_class), ("test", per_class // 2)):
+        for label, name in enumerate(classes):
+            folder = os.path.join(root, split, name)
+            os.makedirs(folder, exist_ok=True)
+            for index in range(count):
+                height, width = (sizes or {}).get((split, name, index), (12, 16))
+                pixels = rng.integers(0, 60, size=(height, width, 3))
+                pixels[..., label % 3] += 160  # each class its own color
+                png = tf.io.encode_png(tf.constant(pixels, tf.uint8)).numpy()
+                with open(os.path.join(folder, f"{index:03d}.png"), "wb") as handle:
+                    handle.write(png)
+    return str(root)
+
+
+def folder_flags(model_dir, image_dir, steps, *extra):
+    return [
+        f"--model_dir={model_dir}",
+        f"--image_dir={image_dir}",
+        "--global_batch_size=8",
+        f"--train_steps={steps}",
+        "--steps_per_loop=4",
+        "--learning_rate=0.001",
+        "--export_dir=",
+        *extra,
+    ]
+
+
+def test_image_dir_trains_and_a_resumed_run_ends_with_the_same_weights(tmp_path):
+    image_dir = write_folder(tmp_path / "images")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    done = run_module(
+        "loops.bin.classifier", *folder_flags(straight, image_dir, 40, "--augment=crop_flip")
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = read_results(straight)
+    assert results["eval"]["accuracy"] >= 0.9  # red, green and blue noise
+    assert results["eval"]["num_examples"] == 12
+    for steps in (12, 40):
+        done = run_module(
+            "loops.bin.classifier", *folder_flags(resumed, image_dir, steps, "--augment=crop_flip")
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "restored" in done.stdout
+    got, expected = checkpoint_weights(str(resumed)), checkpoint_weights(str(straight))
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def folder_error(root, **options):
+    with pytest.raises(image_folders.BadImageFolderError) as raised:
+        image_streams.from_image_folder(
+            str(root),
+            train_split="train",
+            eval_split="test",
+            global_batch_size=8,
+            seed=0,
+            **options,
+        )
+    return str(raised.value)
+
+
+def test_each_bad_folder_is_named_with_its_fix(tmp_path):
+    assert "is not a folder" in folder_error(tmp_path / "missing")
+
+    (tmp_path / "flat").mkdir()
+    message = folder_error(tmp_path / "flat")
+    assert "has no 'train' folder" in message and "CLASS" in message
+
+    (tmp_path / "noclasses" / "train").mkdir(parents=True)
+    assert "holds no class folders" in folder_error(tmp_path / "noclasses")
+
+    mixed = write_folder(tmp_path / "mixed", sizes={("train", "dog", 3): (20, 16)})
+    message = folder_error(mixed)
+    bad = os.path.join(mixed, "train", "dog", "003.png")
+    assert f"{bad} is 20x16" in message and "--image_size=" in message
+    resized = image_streams.from_image_folder(
+        mixed,
+        train_split="train",
+        eval_split="test",
+        global_batch_size=8,
+        seed=0,
+        image_size=(12, 16),
+    )
+    assert resized.spec.input_shape == (12, 16, 3)
+    assert next(iter(resized.train()))[0].shape == (8, 12, 16, 3)
+
+    broken = write_folder(tmp_path / "broken")
+    bad = os.path.join(broken, "test", "eel", "001.png")
+    with open(bad, "wb") as handle:
+        handle.write(b"not an image at all")
+    message = folder_error(broken)
+    assert f"{bad} is not a readable PNG or JPEG image" in message and "remove it" in message
+
+    empty = write_folder(tmp_path / "empty")
+    os.makedirs(os.path.join(empty, "train", "fox"))
+    assert "holds no images" in folder_error(empty)
+
+    extra = write_folder(tmp_path / "extra")
+    os.makedirs(os.path.join(extra, "test", "yak"))
+    assert "class folders the train split does not have: ['yak']" in folder_error(extra)
+
+
+def test_the_binary_names_a_bad_folder_and_a_bad_size_before_any_work(tmp_path):
+    (tmp_path / "flat").mkdir()
+    done = run_module("loops.bin.classifier", *folder_flags(tmp_path / "m", tmp_path / "flat", 4))
+    assert done.returncode != 0
+    assert "has no 'train' folder" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "m").exists()
