@@ -173,42 +173,64 @@ def _streams(
 ) -> ImageStreams:
     height, width, channels = spec.input_shape
 
-    def decoded(example, key, *, train: bool):
+    def decoded(example, key):
+        del key  # augmentation is done on whole batches (crop_flip)
         parts = example if isinstance(example, tuple) else (example,)
         image, label = parse(*parts)
         if image_size is not None:
             image = tf.cast(
                 tf.clip_by_value(tf.round(tf.image.resize(image, image_size)), 0, 255), tf.uint8
             )
-        image = tf.ensure_shape(image, [height, width, channels])
-        if train and augment == "crop_flip":
-            image = crop_flip(image, key)
-        return image, tf.cast(label, tf.int64)
+        return tf.ensure_shape(image, [height, width, channels]), tf.cast(label, tf.int64)
+
+    def augmented(batch, keys):
+        images, labels = batch
+        return crop_flip(images, keys), labels
 
     return ImageStreams(
         spec=spec,
         train=random_access.shuffled_batches(
             train_source,
-            lambda example, key: decoded(example, key, train=True),
+            decoded,
             global_batch_size=global_batch_size,
             seed=seed,
+            transform=augmented if augment == "crop_flip" else None,
         ),
         eval=lambda: random_access.ordered_batches(
-            eval_source,
-            lambda example, key: decoded(example, key, train=False),
-            global_batch_size=global_batch_size,
+            eval_source, decoded, global_batch_size=global_batch_size
         ),
     )
 
 
-def crop_flip(image: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
-    """A random crop of the image padded by an eighth of its size, flipped half the time; keyed."""
-    height, width, channels = image.shape
+def crop_flip(images: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
+    """Each image cropped at random from itself padded by an eighth of its size; half flipped.
+
+    Padding reflects the border. The crop and flip of an image are drawn from
+    its key (`random_access.keyed_integers`), for the whole batch at once: one
+    gather, about a fifth of the CPU of per-image random crops (BUILD.md).
+    """
+    count = tf.shape(images, out_type=tf.int64)[0]
+    height, width, channels = images.shape[1:]
     pad_y, pad_x = max(1, height // 8), max(1, width // 8)
-    padded = tf.pad(image, [[pad_y, pad_y], [pad_x, pad_x], [0, 0]], mode="REFLECT")
-    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
-    cropped = tf.image.stateless_random_crop(padded, [height, width, channels], seed=crop_key)
-    return tf.image.stateless_random_flip_left_right(cropped, seed=flip_key)
+    draws = random_access.keyed_integers(keys)
+    shift_y = draws % (2 * pad_y + 1) - pad_y
+    draws //= 2 * pad_y + 1
+    shift_x = draws % (2 * pad_x + 1) - pad_x
+    flip = (draws // (2 * pad_x + 1)) % 2 == 1
+    rows = _reflected(shift_y[:, None] + tf.range(height, dtype=tf.int64)[None], height)
+    columns = shift_x[:, None] + tf.range(width, dtype=tf.int64)[None]
+    columns = _reflected(tf.where(flip[:, None], tf.reverse(columns, [1]), columns), width)
+    pixels = (tf.range(count)[:, None, None] * height + rows[:, :, None]) * width + columns[
+        :, None, :
+    ]
+    flat = tf.reshape(images, [-1, channels])
+    return tf.reshape(tf.gather(flat, pixels), [count, height, width, channels])
+
+
+def _reflected(index: tf.Tensor, size: int) -> tf.Tensor:
+    """Positions past either edge mirrored back inside [0, size) (as tf.pad's REFLECT)."""
+    index = tf.abs(index)
+    return tf.where(index >= size, 2 * (size - 1) - index, index)
 
 
 def _check_augment(augment: str) -> None:

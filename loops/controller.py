@@ -430,7 +430,13 @@ class Controller:
             self.progress.line(f"stopping at step {self.loop.step}: {reason}")
 
     def close(self) -> None:
-        """Releases the model_dir lock and removes its file (a kill leaves the file, unlocked)."""
+        """Releases the train input and the model_dir lock (a kill leaves its file, unlocked).
+
+        The input goes first, while Python runs: a pipeline that reads with
+        Python (`random_access.RecordFiles`) left to the interpreter's exit
+        can hang it there, its threads waiting for a lock the exit holds.
+        """
+        self._train_input.release()
         if self._lock is not None:
             model_dir_lock.release(self._lock)
             self._lock = None
@@ -694,6 +700,11 @@ class _TrainInput:
         self._recoveries = recoveries
         self._iterator: Iterator | None = None
         # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
+        self.position = -1
+
+    def release(self) -> None:
+        """Drops the iterator (the next `at_step` makes a new one)."""
+        self._iterator = None
         self.position = -1
 
     def position_at(self, step: int) -> int:

@@ -580,10 +580,11 @@ def _build_and_train(
         loop.train(flags.FLAGS.train_steps)
     except reported as error:
         sys.exit(f"error: {error}")
+    finally:
+        loop.close()
     if summary is not None:
         loop.progress.line(summary(loop))
     report_outputs(loop)
-    loop.close()
     if loop.preempted:
         # Not 0: a scheduler must tell a preempted run (rerun it) from a finished one.
         sys.exit(exit_codes.PREEMPTED)

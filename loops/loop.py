@@ -505,8 +505,18 @@ class Loop(metaclass=_BuildsAfterInit):
         return self.controller.write_results()
 
     def close(self) -> None:
-        """Releases the model_dir lock: `Controller.close`."""
+        """Releases the inputs and the model_dir lock (`Controller.close`); call it when done.
+
+        `with loop:` calls it on leaving the block.
+        """
+        self._eval_dataset = None
         self.controller.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     # ---- The run's options and state that code outside reads, from the Controller. ----
 
