@@ -3,7 +3,7 @@
     python -m benchmarks.streaming                     # 100,000 images, cnn, 1 and 2 replicas
     python -m benchmarks.streaming --train_examples=2000 --replicas=1 --steps=20 --rounds=1
 
-Generates the colored-digits dataset (PNG-encoded 32x32x3 images in several
+Generates the colored-digits dataset (JPEG-encoded 32x32x3 images in several
 TFRecord shards, a TFDS dataset) and trains on it as `loops-classifier
 --data_dir=DATASET --input_from=disk --augment=crop_flip` does: every example
 read by index, decoded and augmented on the fly, the whole dataset shuffled

@@ -1,9 +1,10 @@
-"""A large on-disk image dataset made locally: the bundled digits as 32x32 color PNGs, perturbed.
+"""A large on-disk image dataset made locally: the bundled digits as 32x32 color JPEGs, perturbed.
 
 It stands in for a dataset that does not fit in memory (a user's many-gigabyte
 TFDS dataset) in the streaming benchmark and tests: any number of examples,
-PNG-encoded (so a pipeline decodes them), in several shard files, written
-without a download. Example i of a split is the digit
+JPEG-encoded as large real datasets are (so a pipeline decodes them; a 32x32
+PNG took 1.7x the CPU to decode), in several shard files, written without a
+download. Example i of a split is the digit
 `digits[i % 1797]` upscaled to 32x32 with a random shift and scale, a random
 foreground and background color and pixel noise, all drawn from (seed, split,
 i): the same files every time.
@@ -29,19 +30,21 @@ class ColoredDigitsConfig(tfds.core.BuilderConfig):
 
 
 class ColoredDigits(tfds.core.GeneratorBasedBuilder):
-    """Handwritten digits as 32x32x3 PNGs with random placement, colors and noise."""
+    """Handwritten digits as 32x32x3 JPEGs with random placement, colors and noise."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "First version."}
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {"1.0.0": "PNG images.", "1.1.0": "JPEG images (decoded in 0.6x the CPU)."}
     BUILDER_CONFIGS: list[ColoredDigitsConfig] = []
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
             builder=self,
-            description="The 8x8 digits upscaled to 32x32 color PNGs, shifted, colored, noised.",
+            description="The 8x8 digits upscaled to 32x32 color JPEGs, shifted, colored, noised.",
             features=tfds.features.FeaturesDict(
                 {
-                    "image": tfds.features.Image(shape=(IMAGE_SIZE, IMAGE_SIZE, 3)),
+                    "image": tfds.features.Image(
+                        shape=(IMAGE_SIZE, IMAGE_SIZE, 3), encoding_format="jpeg"
+                    ),
                     "label": tfds.features.ClassLabel(num_classes=10),
                 }
             ),

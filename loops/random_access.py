@@ -18,6 +18,7 @@ graph mode:
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import threading
@@ -264,6 +265,7 @@ class RecordFiles:
         self.records_read = 0
         self._lock = threading.Lock()
         if file_format == "tfrecord":
+            # Python lists: indexing them is several times faster than numpy arrays.
             self._files, self._offsets, self._lengths = _tfrecord_index(self.paths)
             self._reader = None
             self._count = len(self._offsets)
@@ -288,26 +290,34 @@ class RecordFiles:
         if self._reader is not None:
             records = self._reader.__getitems__(indices.tolist())
         else:
+            maps = self._memory_maps()
+            files, offsets, lengths = self._files, self._offsets, self._lengths
             records = [
-                _read_at(self._file_descriptor(self._files[i]), self._offsets[i], self._lengths[i])
-                for i in indices
+                maps[files[i]][offsets[i] : offsets[i] + lengths[i]] for i in indices.tolist()
             ]
         with self._lock:
             self.records_read += len(records)
-        return np.array(records, dtype=object).reshape(indices.shape)
+        array = np.empty(len(records), dtype=object)
+        array[:] = records
+        return array.reshape(indices.shape)
 
     def read(self, indices: tf.Tensor) -> tf.Tensor:
         records = tf.numpy_function(self.read_numpy, [indices], tf.string, stateful=False)
         return tf.ensure_shape(records, indices.shape)
 
-    def _file_descriptor(self, file: int) -> int:
-        # Opened per process on first use: a forked or restarted reader never
-        # inherits another's descriptors.
-        descriptors = self.__dict__.setdefault("_descriptors", {})
-        key = (os.getpid(), file)
-        if key not in descriptors:
-            descriptors[key] = os.open(self.paths[file], os.O_RDONLY)
-        return descriptors[key]
+    def _memory_maps(self) -> list[mmap.mmap | bytes]:
+        # Mapped per process on first use (a forked reader maps its own):
+        # slicing a map costs a quarter of a pread call per record.
+        if self.__dict__.get("_maps_pid") != os.getpid():
+            maps = []
+            for path in self.paths:
+                if not os.path.getsize(path):  # an empty shard: no records, nothing to map
+                    maps.append(b"")
+                    continue
+                with open(path, "rb") as handle:
+                    maps.append(mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ))
+            self._maps, self._maps_pid = maps, os.getpid()
+        return self._maps
 
 
 _TFRECORD_HEADER = 12  # uint64 length, uint32 masked CRC of the length
@@ -339,12 +349,4 @@ def _tfrecord_index(paths: Sequence[str]):
                 offsets.append(position + _TFRECORD_HEADER)
                 lengths.append(length)
                 position = end
-    return (
-        np.array(files, dtype=np.int32),
-        np.array(offsets, dtype=np.int64),
-        np.array(lengths, dtype=np.int64),
-    )
-
-
-def _read_at(descriptor: int, offset: int, length: int) -> bytes:
-    return os.pread(descriptor, int(length), int(offset))
+    return files, offsets, lengths

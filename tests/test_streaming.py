@@ -21,7 +21,7 @@ STEPS = 60
 
 @pytest.fixture(scope="session")
 def dataset_dir(tmp_path_factory):
-    """A generated TFDS dataset of PNG-encoded 32x32x3 images in 4 TFRecord shards."""
+    """A generated TFDS dataset of JPEG-encoded 32x32x3 images in 4 TFRecord shards."""
     return colored_digits.generate(
         str(tmp_path_factory.mktemp("colored_digits")),
         train_examples=TRAIN_EXAMPLES,
@@ -262,7 +262,10 @@ def test_two_workers_preempted_mid_epoch_resume_with_one_machines_batches(
 
 
 def write_folder(root, sizes=None, classes=("cat", "dog", "eel"), per_class=8):
-    """An ImageFolder tree of PNGs: per split, `per_class` noisy images of each class's color."""
+    """An ImageFolder tree: per split, `per_class` noisy images of each class's color.
+
+    Even-numbered images are PNGs, odd-numbered ones JPEGs.
+    """
     rng = np.random.default_rng(0)
     for split, count in (("train", per_class), ("test", per_class // 2)):
         for label, name in enumerate(classes):
@@ -272,9 +275,13 @@ def write_folder(root, sizes=None, classes=("cat", "dog", "eel"), per_class=8):
                 height, width = (sizes or {}).get((split, name, index), (12, 16))
                 pixels = rng.integers(0, 60, size=(height, width, 3))
                 pixels[..., label % 3] += 160  # each class its own color
-                png = tf.io.encode_png(tf.constant(pixels, tf.uint8)).numpy()
-                with open(os.path.join(folder, f"{index:03d}.png"), "wb") as handle:
-                    handle.write(png)
+                image = tf.constant(pixels, tf.uint8)
+                if index % 2:
+                    file_name, encoded = f"{index:03d}.jpg", tf.io.encode_jpeg(image, quality=95)
+                else:
+                    file_name, encoded = f"{index:03d}.png", tf.io.encode_png(image)
+                with open(os.path.join(folder, file_name), "wb") as handle:
+                    handle.write(encoded.numpy())
     return str(root)
 
 
@@ -337,7 +344,7 @@ def test_each_bad_folder_is_named_with_its_fix(tmp_path):
 
     mixed = write_folder(tmp_path / "mixed", sizes={("train", "dog", 3): (20, 16)})
     message = folder_error(mixed)
-    bad = os.path.join(mixed, "train", "dog", "003.png")
+    bad = os.path.join(mixed, "train", "dog", "003.jpg")  # its size read from the JPEG header
     assert f"{bad} is 20x16" in message and "--image_size=" in message
     resized = image_streams.from_image_folder(
         mixed,
