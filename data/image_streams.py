@@ -81,9 +81,32 @@ def from_tfds_builder(
         paths = [os.fspath(path) for path in info.splits[split].filepaths]
         return random_access.RecordFiles(paths, file_format=file_format)
 
+    image_feature = info.features[image_key]
+    serialized_info = info.features.get_serialized_info()
+    encoded_layout = (
+        isinstance(image_feature, tfds.features.Image)
+        and set(serialized_info) == {image_key, label_key}
+        and serialized_info[image_key].shape == ()
+        and serialized_info[image_key].dtype == tf.string
+        and serialized_info[label_key].shape == ()
+    )
+
     def parse(serialized):
-        example = info.features.deserialize_example(serialized)
-        return example[image_key], example[label_key]
+        """(encoded or decoded images, labels) of a batch of serialized examples."""
+        if not encoded_layout:  # any other layout: TFDS's own per-example decoding
+            return random_access.map_rows(
+                lambda row: _pair(info.features.deserialize_example(row), image_key, label_key),
+                serialized,
+            )
+        # One parse for the batch; only the image decode is done per image.
+        parsed = tf.io.parse_example(
+            serialized,
+            {
+                image_key: tf.io.FixedLenFeature([], tf.string),
+                label_key: tf.io.FixedLenFeature([], serialized_info[label_key].dtype),
+            },
+        )
+        return parsed[image_key], parsed[label_key]
 
     train_records, eval_records = records(train_split), records(eval_split)
     return _streams(
@@ -100,6 +123,7 @@ def from_tfds_builder(
         seed=seed,
         augment=augment,
         image_size=image_size,
+        image_format=getattr(image_feature, "encoding_format", None),
     )
 
 
@@ -139,9 +163,8 @@ def from_image_folder(
     else:
         resize = image_size
 
-    def parse(contents, label):
-        image = tf.io.decode_image(contents, channels=3, expand_animations=False)
-        return image, label
+    def parse(rows):
+        return rows  # (file contents, labels)
 
     return _streams(
         DatasetSpec(
@@ -170,34 +193,43 @@ def _streams(
     seed: int,
     augment: str,
     image_size: tuple[int, int] | None,
+    image_format: str | None = None,
 ) -> ImageStreams:
     height, width, channels = spec.input_shape
+    # A known format skips decode_image's sniffing of the bytes.
+    decoder = {"jpeg": tf.io.decode_jpeg, "png": tf.io.decode_png}.get(image_format or "")
 
-    def decoded(example, key):
-        del key  # augmentation is done on whole batches (crop_flip)
-        parts = example if isinstance(example, tuple) else (example,)
-        image, label = parse(*parts)
+    def decoded_image(image):
+        if image.dtype == tf.string and decoder is not None:
+            image = decoder(image, channels=channels)
+        elif image.dtype == tf.string:
+            image = tf.io.decode_image(image, channels=channels, expand_animations=False)
         if image_size is not None:
             image = tf.cast(
                 tf.clip_by_value(tf.round(tf.image.resize(image, image_size)), 0, 255), tf.uint8
             )
-        return tf.ensure_shape(image, [height, width, channels]), tf.cast(label, tf.int64)
+        return tf.ensure_shape(image, [height, width, channels])
 
-    def augmented(batch, keys):
-        images, labels = batch
-        return crop_flip(images, keys), labels
+    def decode(rows, keys, *, train: bool):
+        images, labels = parse(rows)
+        if images.dtype == tf.string or image_size is not None:
+            images = random_access.map_rows(decoded_image, images)
+        if train and augment == "crop_flip":
+            images = crop_flip(images, keys)
+        return images, tf.cast(labels, tf.int64)
 
     return ImageStreams(
         spec=spec,
         train=random_access.shuffled_batches(
             train_source,
-            decoded,
+            lambda rows, keys: decode(rows, keys, train=True),
             global_batch_size=global_batch_size,
             seed=seed,
-            transform=augmented if augment == "crop_flip" else None,
         ),
         eval=lambda: random_access.ordered_batches(
-            eval_source, decoded, global_batch_size=global_batch_size
+            eval_source,
+            lambda rows, keys: decode(rows, keys, train=False),
+            global_batch_size=global_batch_size,
         ),
     )
 
@@ -231,6 +263,10 @@ def _reflected(index: tf.Tensor, size: int) -> tf.Tensor:
     """Positions past either edge mirrored back inside [0, size) (as tf.pad's REFLECT)."""
     index = tf.abs(index)
     return tf.where(index >= size, 2 * (size - 1) - index, index)
+
+
+def _pair(example, image_key: str, label_key: str):
+    return example[image_key], example[label_key]
 
 
 def _check_augment(augment: str) -> None:

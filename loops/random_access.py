@@ -61,18 +61,17 @@ class RandomAccessSource(Protocol):
         """What the examples at `indices` (int64 vector) hold, one row each, in graph mode.
 
         Serialized examples (a string vector), or a nest of vectors (an image
-        folder: file contents and labels); `decode` gets one row.
+        folder: file contents and labels); `decode` gets the batch of them.
         """
         ...
 
 
 def shuffled_batches(
     source: RandomAccessSource,
-    decode: Callable[[tf.Tensor, tf.Tensor], object],
+    decode: Callable[[object, tf.Tensor], object],
     *,
     global_batch_size: int,
     seed: int,
-    transform: Callable[[object, tf.Tensor], object] | None = None,
 ) -> SeekableBatches:
     """Endless full global batches of `source`, the whole dataset shuffled anew each epoch.
 
@@ -82,15 +81,13 @@ def shuffled_batches(
 
     Args:
         source: where examples are read by index.
-        decode: (one row of `source.read`, key) -> one decoded example (a
-            nest of tensors). The key, an int64 pair (seed, epoch *
-            num_examples + index), names the example's draw: random
-            augmentation keyed on it (`keyed_integers`) repeats exactly in a
-            resumed run and differs every epoch.
+        decode: (rows of `source.read`, keys) -> one decoded batch (a nest of
+            tensors). Row i's key, an int64 pair (seed, epoch * num_examples
+            + index), names that example's draw in that epoch: augmentation
+            keyed on it (`keyed_integers`) repeats exactly in a resumed run
+            and differs every epoch. `map_rows` applies a per-example function.
         global_batch_size: rows per batch.
         seed: picks each epoch's permutation and every example's key.
-        transform: (decoded batch, keys [global_batch_size, 2]) -> batch,
-            for work done faster on a whole batch (vectorized augmentation).
     """
     num_examples = _checked_count(source)
 
@@ -100,15 +97,8 @@ def shuffled_batches(
         indices = shuffled_index(
             stream % num_examples, epochs, num_examples=num_examples, seed=seed
         )
-        keys = tf.stack(
-            [
-                tf.fill([global_batch_size], tf.constant(seed, tf.int64)),
-                epochs * num_examples + indices,
-            ],
-            1,
-        )
-        batch = decoded_rows(decode, source.read(indices), keys)
-        return batch if transform is None else transform(batch, keys)
+        seeds = tf.fill([global_batch_size], tf.constant(seed, tf.int64))
+        return decode(source.read(indices), tf.stack([seeds, epochs * num_examples + indices], 1))
 
     def batches_from(position: int) -> tf.data.Dataset:
         return (
@@ -122,20 +112,20 @@ def shuffled_batches(
 
 def ordered_batches(
     source: RandomAccessSource,
-    decode: Callable[[tf.Tensor, tf.Tensor], object],
+    decode: Callable[[object, tf.Tensor], object],
     *,
     global_batch_size: int,
 ) -> tf.data.Dataset:
     """One pass over `source` in index order, the last batch maybe partial (evaluation).
 
-    `decode` gets the key (0, index); an evaluation decode ignores it.
+    `decode` is `shuffled_batches`' with keys (0, index); an evaluation
+    decode ignores them.
     """
     num_examples = _checked_count(source)
 
     def batch_from(first):
         indices = tf.range(first, tf.minimum(first + global_batch_size, num_examples))
-        keys = tf.stack([tf.zeros_like(indices), indices], 1)
-        return decoded_rows(decode, source.read(indices), keys)
+        return decode(source.read(indices), tf.stack([tf.zeros_like(indices), indices], 1))
 
     return (
         tf.data.Dataset.range(0, num_examples, global_batch_size)
@@ -144,33 +134,33 @@ def ordered_batches(
     )
 
 
-# Batches up to this size decode their rows with one copy of `decode` per row
-# in the graph; larger ones loop (`tf.map_fn`).
+# Batches up to this size get one copy of a per-row function per row in the
+# graph (`map_rows`); larger ones loop over rows (`tf.map_fn`).
 UNROLLED_ROWS = 512
 
 
-def decoded_rows(decode, rows, keys):
-    """`decode(row, key)` for each row of `rows` (a nest of tensors) and key, stacked.
+def map_rows(function: Callable, rows):
+    """`function(row)` for each row of `rows` (a nest of tensors of one length), stacked.
 
-    A batch of static size up to `UNROLLED_ROWS` gets one copy of `decode`
-    per row, which TensorFlow runs in parallel: a tf.data map per example
-    (unbatch, map, batch) cost 1.4x the CPU per image and a `tf.map_fn`
-    1.3x (BUILD.md, "Streaming").
+    For the work that has no batched op (decoding an image). A batch of
+    static size up to `UNROLLED_ROWS` gets one copy of `function` per row,
+    which TensorFlow runs in parallel: a tf.data map per example (unbatch,
+    map, batch) cost 1.4x the CPU per image and a `tf.map_fn` 1.3x
+    (BUILD.md, "Streaming").
     """
     count = tf.nest.flatten(rows)[0].shape[0]
     if count is not None and count <= UNROLLED_ROWS:
-        decoded = [
-            decode(tf.nest.map_structure(lambda part, row=row: part[row], rows), keys[row])
+        results = [
+            function(tf.nest.map_structure(lambda part, row=row: part[row], rows))
             for row in range(count)
         ]
-        return tf.nest.map_structure(lambda *parts: tf.stack(parts), *decoded)
+        return tf.nest.map_structure(lambda *parts: tf.stack(parts), *results)
     row_spec = tf.nest.map_structure(lambda part: tf.TensorSpec(part.shape[1:], part.dtype), rows)
-    key_spec = tf.TensorSpec([2], tf.int64)
-    traced = tf.function(decode, autograph=False).get_concrete_function(row_spec, key_spec)
+    traced = tf.function(function, autograph=False).get_concrete_function(row_spec)
     signature = tf.nest.map_structure(
         lambda value: tf.TensorSpec(value.shape, value.dtype), traced.structured_outputs
     )
-    return tf.map_fn(lambda row_key: decode(*row_key), (rows, keys), fn_output_signature=signature)
+    return tf.map_fn(function, rows, fn_output_signature=signature)
 
 
 def keyed_integers(keys: tf.Tensor) -> tf.Tensor:
