@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_datasets as tfds
 from test_launch import ENV, RTOL, Run, largest_weight_difference
 
 from conftest import ROOT, checkpoint_weights, read_results, run_module
@@ -75,6 +76,81 @@ def test_each_epoch_is_a_new_permutation_of_every_example_and_augmentation_diffe
     # Another seed draws other epochs.
     other = next(iter(streams(dataset_dir, augment="none", seed=8).train.batches_from(0)))
     assert not np.array_equal(other[0].numpy(), images[:BATCH])
+
+
+class IndexedImages(tfds.core.GeneratorBasedBuilder):
+    """Images, labels and one more feature: not the (encoded image, label) layout."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=(8, 8, 3)),
+                    "label": tfds.features.ClassLabel(num_classes=3),
+                    "index": tf.int64,
+                }
+            ),
+            supervised_keys=("image", "label"),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(40), "test": self._generate_examples(9)}
+
+    def _generate_examples(self, count):
+        rng = np.random.default_rng(count)
+        for index in range(count):
+            image = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+            yield index, {"image": image, "label": index % 3, "index": index}
+
+
+def stored_examples(dataset_dir, split):
+    builder = tfds.builder_from_directory(dataset_dir)
+    examples = builder.as_dataset(  # file after file: the order of the record indices
+        split=split,
+        as_supervised=True,
+        shuffle_files=False,
+        read_config=tfds.ReadConfig(interleave_cycle_length=1),
+    )
+    images, labels = zip(*((image.numpy(), label.numpy()) for image, label in examples))
+    return np.stack(images), np.array(labels)
+
+
+@pytest.fixture(scope="module")
+def indexed_dir(tmp_path_factory):
+    builder = IndexedImages(data_dir=str(tmp_path_factory.mktemp("indexed")))
+    builder.download_and_prepare()
+    return str(builder.data_dir)
+
+
+@pytest.mark.parametrize("layout", ["encoded image and label", "other features"])
+def test_a_batch_holds_the_stored_examples_at_the_shuffled_indices(
+    layout, dataset_dir, indexed_dir
+):
+    directory = dataset_dir if layout == "encoded image and label" else indexed_dir
+    images, labels = stored_examples(directory, "train")
+    count = len(labels)
+    stream = image_streams.from_tfds_directory(
+        directory,
+        train_split="train",
+        eval_split="test",
+        global_batch_size=BATCH,
+        seed=5,
+    )
+    batch_images, batch_labels = next(iter(stream.train.batches_from(3)))
+    positions = 3 * BATCH + np.arange(BATCH)
+    indices = random_access.shuffled_index(
+        tf.constant(positions % count), tf.constant(positions // count), num_examples=count, seed=5
+    ).numpy()
+    np.testing.assert_array_equal(batch_images.numpy(), images[indices])
+    np.testing.assert_array_equal(batch_labels.numpy(), labels[indices])
+    evaluation = list(stream.eval())
+    np.testing.assert_array_equal(
+        np.concatenate([batch[1].numpy() for batch in evaluation]),
+        stored_examples(directory, "test")[1],
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
