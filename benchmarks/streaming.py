@@ -77,25 +77,31 @@ def parse_args(argv=None):
     return args
 
 
+def train_streams(dataset_dir: str, args):
+    """The streams that `loops-classifier --input_from=disk --augment=crop_flip` reads."""
+    from loops_data import image_streams
+
+    return image_streams.from_tfds_directory(
+        dataset_dir,
+        train_split="train",
+        eval_split="test",
+        global_batch_size=args.global_batch_size,
+        seed=0,
+        augment="crop_flip",
+    )
+
+
 class Setup:
     """One (model, replica count) on the streamed dataset, as `benchmarks.throughput` uses it."""
 
     def __init__(self, model_name: str, replicas: int, dataset_dir: str, args):
         import loops
         import loops_models as models
-        from loops_data import image_streams
 
         self.args = args
         self.strategy = loops.testing.replica_strategy(replicas)
         self.batch = args.global_batch_size
-        streams = image_streams.from_tfds_directory(
-            dataset_dir,
-            train_split="train",
-            eval_split="test",
-            global_batch_size=self.batch,
-            seed=0,
-            augment="crop_flip",
-        )
+        streams = train_streams(dataset_dir, args)
         self.data_fn = streams.train
         self.model_fn = lambda: models.build_classifier(
             model_name, input_shape=streams.spec.input_shape, num_classes=10, seed=0
@@ -127,21 +133,15 @@ def input_bound(setup: Setup):
 
 
 def build_modes(setup: Setup) -> dict:
-    builders = {
-        "input_bound": lambda: input_bound(setup),
-        "compute_bound": lambda: throughput.compute_bound(setup),
-        "loops": lambda: throughput.loops_mode(setup),
-        "keras_fit": lambda: throughput.keras_fit(setup, 1),
-    }
-    runners = {}
-    for name, build in builders.items():
-        try:
-            runner = build()
-            runner(min(setup.args.steps, setup.args.steps_per_loop))  # trace and warm up
-            runners[name] = runner
-        except Exception as error:  # a mode that cannot run here is reported, not fatal
-            runners[name] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
-    return runners
+    return throughput.warmed_up(
+        {
+            "input_bound": lambda: input_bound(setup),
+            "compute_bound": lambda: throughput.compute_bound(setup),
+            "loops": lambda: throughput.loops_mode(setup),
+            "keras_fit": lambda: throughput.keras_fit(setup, 1),
+        },
+        setup.args,
+    )
 
 
 def measure(args, dataset_dir: str) -> list[dict]:
@@ -176,16 +176,7 @@ def measure(args, dataset_dir: str) -> list[dict]:
 def input_memory(dataset_dir: str, args) -> dict:
     """Resident memory after each of `memory_epochs` epochs of the train input, read alone."""
 
-    from loops_data import image_streams
-
-    streams = image_streams.from_tfds_directory(
-        dataset_dir,
-        train_split="train",
-        eval_split="test",
-        global_batch_size=args.global_batch_size,
-        seed=0,
-        augment="crop_flip",
-    )
+    streams = train_streams(dataset_dir, args)
     samples = _resident_after_epochs(
         streams.train(),
         batches_per_epoch=max(1, args.train_examples // args.global_batch_size),

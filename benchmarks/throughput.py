@@ -200,18 +200,25 @@ def tutorial(setup: Setup):
 
 
 def build_modes(setup: Setup) -> dict:
-    builders = {
-        "compute_bound": lambda: compute_bound(setup),
-        "loops": lambda: loops_mode(setup),
-        "keras_fit": lambda: keras_fit(setup, 1),
-        "keras_fit_spe": lambda: keras_fit(setup, setup.args.steps_per_loop),
-        "tutorial": lambda: tutorial(setup),
-    }
+    return warmed_up(
+        {
+            "compute_bound": lambda: compute_bound(setup),
+            "loops": lambda: loops_mode(setup),
+            "keras_fit": lambda: keras_fit(setup, 1),
+            "keras_fit_spe": lambda: keras_fit(setup, setup.args.steps_per_loop),
+            "tutorial": lambda: tutorial(setup),
+        },
+        setup.args,
+    )
+
+
+def warmed_up(builders: dict, args) -> dict:
+    """name -> runner (steps -> None), each built, traced and warmed up; or the reason it failed."""
     runners = {}
     for name, build in builders.items():
         try:
             runner = build()
-            runner(min(setup.args.steps, setup.args.steps_per_loop))  # trace and warm up
+            runner(min(args.steps, args.steps_per_loop))  # trace and warm up
             runners[name] = runner
         except Exception as error:  # a mode that cannot run here is reported, not fatal
             runners[name] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"

@@ -61,3 +61,38 @@ def test_tiny_lm_benchmark_reports_tokens_per_second_for_every_mode(tmp_path):
         assert len(row["samples"]) == 2
         assert row["tokens_per_second"] == row["steps_per_second"] * tokens > 0
     assert rows["compute_bound"]["ratio_to_bound"] == 1.0
+
+
+def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(tmp_path):
+    output = tmp_path / "streaming.json"
+    done = run_module(
+        "benchmarks.streaming",
+        "--models=mlp",
+        "--replicas=1",
+        "--train_examples=300",
+        "--test_examples=20",
+        "--num_shards=2",
+        "--steps=4",
+        "--rounds=1",
+        "--steps_per_loop=2",
+        "--resume_step=20000",
+        "--resume_rounds=1",
+        "--memory_epochs=2",
+        f"--data_dir={tmp_path / 'data'}",
+        f"--output={output}",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(output.read_text())
+    rows = {row["mode"]: row for row in report["rows"]}
+    assert sorted(rows) == sorted(("input_bound", "compute_bound", "loops", "keras_fit"))
+    for row in rows.values():
+        assert (row["model"], row["replicas"]) == ("mlp", 1)
+        assert math.isfinite(row["steps_per_second"]) and row["steps_per_second"] > 0, row
+    bound = min(rows["input_bound"]["steps_per_second"], rows["compute_bound"]["steps_per_second"])
+    assert rows["loops"]["ratio_to_bound"] == rows["loops"]["steps_per_second"] / bound
+    assert sorted(report["resume_seconds"]) == ["0", "20000"]
+    assert all(0 < seconds < 300 for seconds in report["resume_seconds"].values())
+    assert report["memory"]["epochs"] == 2 and len(report["memory"]["rss_mib_per_epoch"]) == 2
+    assert report["dataset"]["train_examples"] == 300 and report["dataset"]["bytes"] > 0
+    assert "resume at step 20000" in done.stdout
