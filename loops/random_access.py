@@ -299,7 +299,7 @@ class RecordFiles:
         # Mapped per process on first use (a forked reader maps its own):
         # slicing a map costs a quarter of a pread call per record.
         if self.__dict__.get("_maps_pid") != os.getpid():
-            maps = []
+            maps: list[mmap.mmap | bytes] = []
             for path in self.paths:
                 if not os.path.getsize(path):  # an empty shard: no records, nothing to map
                     maps.append(b"")
