@@ -243,7 +243,8 @@ def crop_flip(images: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
     """
     count = tf.shape(images, out_type=tf.int64)[0]
     height, width, channels = images.shape[1:]
-    pad_y, pad_x = max(1, height // 8), max(1, width // 8)
+    # An eighth, at least 1; a side of 1 pixel has nothing to reflect.
+    pad_y, pad_x = (min(max(1, size // 8), size - 1) for size in (height, width))
     draws = random_access.keyed_integers(keys)
     shift_y = draws % (2 * pad_y + 1) - pad_y
     draws //= 2 * pad_y + 1

@@ -166,6 +166,41 @@ def test_every_seed_and_epoch_shuffles_well_even_zero(seed):
         assert abs(np.corrcoef(np.arange(600), order)[0, 1]) < 0.15
 
 
+def test_crop_flip_crops_the_reflect_padded_image_and_flips_half_keyed_per_example():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(64, 16, 8, 3), dtype=np.uint8)
+    keys = tf.stack([tf.fill([64], tf.constant(3, tf.int64)), tf.range(64, dtype=tf.int64)], 1)
+    out = image_streams.crop_flip(tf.constant(images), keys).numpy()
+    padded = np.pad(images, [[0, 0], [2, 2], [1, 1], [0, 0]], mode="reflect")
+    flips, shifts = 0, set()
+    for image, result in zip(padded, out):
+        found = [
+            (top, left, flip)
+            for top in range(5)
+            for left in range(3)
+            for flip in (False, True)
+            if np.array_equal(
+                result,
+                (lambda crop: crop[:, ::-1] if flip else crop)(
+                    image[top : top + 16, left : left + 8]
+                ),
+            )
+        ]
+        assert found, "not a crop of the padded image"
+        flips += found[0][2]
+        shifts.add(found[0][:2])
+    assert 20 <= flips <= 44 and len(shifts) >= 10
+    # The same keys give the same crops in another batch; other keys, others.
+    again = image_streams.crop_flip(tf.constant(images[::-1]), tf.reverse(keys, [0])).numpy()
+    np.testing.assert_array_equal(again[::-1], out)
+    assert not np.array_equal(
+        image_streams.crop_flip(tf.constant(images), keys + [0, 64]).numpy(), out
+    )
+    # A side of one pixel is left as it is.
+    line = tf.constant(images[:, :1])
+    assert image_streams.crop_flip(line, keys).shape == (64, 1, 8, 3)
+
+
 def test_a_late_start_reads_only_the_batches_from_its_position(dataset_dir):
     """Starting at batch 100,000 (about 5,300 epochs in) reads as few records as at batch 0."""
     builder_files = sorted(
