@@ -16,7 +16,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from loops import random_access
-from loops_data import image_folders
+from loops_data import image_classification, image_folders
 from loops_data.image_classification import DatasetSpec
 
 AUGMENTATIONS = ("none", "crop_flip")
@@ -110,11 +110,8 @@ def from_tfds_builder(
 
     train_records, eval_records = records(train_split), records(eval_split)
     return _streams(
-        DatasetSpec(
-            name=name,
-            input_shape=(height, width, channels),
-            num_classes=info.features[label_key].num_classes,
-            split_sizes={split: info.splits[split].num_examples for split in info.splits},
+        dataclasses.replace(
+            image_classification.builder_spec(builder), input_shape=(height, width, channels)
         ),
         train_records,
         eval_records,
@@ -304,8 +301,6 @@ def classification_input(
     Raises:
         ValueError: a bad combination, with the flag that fixes it.
     """
-    from loops_data import image_classification  # noqa: PLC0415
-
     if input_from not in INPUT_FROM:
         raise ValueError(f"Unknown input_from {input_from!r}; use one of {INPUT_FROM}.")
     _check_augment(augment)
