@@ -29,6 +29,12 @@ from loops.recovery import Recoveries, Recovery
 if TYPE_CHECKING:
     from loops.loop import Loop
 
+# About how long one executor call may run when it joins inner loops that
+# only reports separate (`Controller._call_reports`): long enough that a
+# call's fixed cost is under 1% of it, short enough that progress lines and a
+# SIGTERM wait for it no noticeably longer.
+JOINED_CALL_SECONDS = 0.25
+
 # Config keys a resumed run may change without a warning: how long it trains, how
 # often it evaluates and saves, where its outputs go, and the evaluator's settings
 # (`Loop.config_free_to_change`).
@@ -94,8 +100,11 @@ class Controller:
         Args:
             loop: the Loop whose steps this runs; its `executor` and
                 `global_step` exist by the time `restore` is called.
-            steps_per_loop: train steps per `tf.function` call; summaries,
-                progress and metric reads happen only between calls.
+            steps_per_loop: train steps per inner loop, the unit of
+                reporting: a progress line, summaries and the metrics actions
+                see, each over one inner loop. One `tf.function` call runs
+                one inner loop, or several in a row where nothing but their
+                reports comes between them (`_call_reports`).
             eval_every: evaluate every this many steps (and at the end of
                 `train`); None evaluates only at the end.
             checkpoint_every: save every this many steps (and at the end of
@@ -338,45 +347,58 @@ class Controller:
         loop_times: list,
         preemption: PreemptionWatcher,
     ) -> int:
-        """Runs inner loops, with what happens between them, up to `num_steps`."""
+        """Runs inner loops, with what happens between them, up to `num_steps`.
+
+        One executor call may run several inner loops back to back when only
+        their reports (summaries, progress, history) would separate them; the
+        reports are then made after the call, each over its own steps
+        (`_call_reports`).
+        """
         loop = self.loop
         while step < num_steps and self.stop_reason is None:
-            steps = self._next_loop_length(step, num_steps)
+            report_ends = self._call_reports(step, num_steps)
+            steps = report_ends[-1] - step
             if self._profiler is not None:
                 self._profiler.before_loop(step)
             started = time.perf_counter()
             run = loop.executor.run(iterator, steps)
             seconds = time.perf_counter() - started
+            first_step = step
             done, step = run.reached - step, run.reached
             logs = {name: values[:done] for name, values in run.logs.items()}
             # Stopped early, the iterator may have dequeued the next step's batches.
             self._train_input.position = (
                 self._train_input.position_at(step) if done == steps else -1
             )
-            recovered = self._nonfinite.check_steps(logs, step - done)
+            # Inner loops a call stopped early in (a non-finite step) end where it stopped.
+            ends = [end for end in report_ends if end < step] + [step]
+            inner_loops = [
+                (start, end, seconds * (end - start) / max(done, 1))
+                for start, end in zip([first_step, *ends[:-1]], ends)
+            ]
+            # The inner loops before the one holding a step that stops the run
+            # or recovers report first, as they would have from calls of their own.
+            bad_step = self._nonfinite.first_acted_on(logs, first_step)
+            while inner_loops and bad_step is not None and inner_loops[0][1] < bad_step:
+                self._report(run.kinds, logs, first_step, *inner_loops.pop(0), num_steps, history)
+            recovered = self._nonfinite.check_steps(logs, first_step)
             if recovered is None and not run.weights_finite:
                 assert self._finiteness is not None  # restore ran before any step
                 recovered = self._nonfinite.after_nonfinite_weights(
                     step, self._finiteness.nonfinite_names()
                 )
             if recovered is not None:
-                self._after_recovery(recovered, history, logged_to=step - done)
+                logged_to = inner_loops[0][0] if inner_loops else step
+                self._after_recovery(recovered, history, logged_to=logged_to)
                 step = loop.step
                 iterator = self._train_input.at_step(step)
                 continue
-            unit_output, unit = loop.throughput_unit
+            unit_output, _ = loop.throughput_unit
             processed = float(np.sum(logs[unit_output])) if unit_output in logs else None
             loop_times.append((done, seconds, processed))
             self._seconds_per_step = seconds / max(done, 1)
-            for name, values in outputs.per_step_values(run.kinds, logs).items():
-                history.setdefault(name, []).append(values)
-            rate = done / seconds if seconds > 0 else 0.0
-            rates = {"steps_per_second": rate}
-            if processed is not None:
-                rates[f"{unit}_per_second"] = processed / seconds if seconds > 0 else 0.0
-            self.last_train_metrics = outputs.aggregate_steps(run.kinds, logs)
-            self.summaries.scalars("train", step, {**self.last_train_metrics, **rates})
-            self.progress.train(step, num_steps, self.last_train_metrics, rates)
+            for inner_loop in inner_loops:
+                self._report(run.kinds, logs, first_step, *inner_loop, num_steps, history)
             if self._profiler is not None:
                 self._profiler.after_loop(step)
             if preemption.should_stop():
@@ -395,6 +417,35 @@ class Controller:
                 if self.checkpoint_every and step % self.checkpoint_every == 0:
                     self.save_checkpoint()
         return step
+
+    def _report(
+        self,
+        kinds: Mapping[str, type],
+        call_logs: Mapping[str, np.ndarray],
+        call_start: int,
+        start: int,
+        end: int,
+        seconds: float,
+        num_steps: int,
+        history: dict,
+    ) -> None:
+        """Reports the inner loop of steps start + 1..end, which took `seconds`: its history,
+        metrics, summaries and progress line, from the logs of the call that ran the steps
+        after `call_start`."""
+        logs = {
+            name: values[start - call_start : end - call_start]
+            for name, values in call_logs.items()
+        }
+        for name, values in outputs.per_step_values(kinds, logs).items():
+            history.setdefault(name, []).append(values)
+        rates = {"steps_per_second": (end - start) / seconds if seconds > 0 else 0.0}
+        unit_output, unit = self.loop.throughput_unit
+        if unit_output in logs:
+            processed = float(np.sum(logs[unit_output]))
+            rates[f"{unit}_per_second"] = processed / seconds if seconds > 0 else 0.0
+        self.last_train_metrics = outputs.aggregate_steps(kinds, logs)
+        self.summaries.scalars("train", end, {**self.last_train_metrics, **rates})
+        self.progress.train(end, num_steps, self.last_train_metrics, rates)
 
     def evaluate(self) -> dict[str, float]:
         """Runs `loop.run_evaluation`, reports the metrics, runs the actions' `after_eval`."""
@@ -530,29 +581,75 @@ class Controller:
         if names is not None:
             watched_metrics(self.actions, names)
 
-    def _next_loop_length(self, step: int, num_steps: int) -> int:
-        stop = min(step + self.steps_per_loop, num_steps)
+    def _call_reports(self, step: int, num_steps: int) -> list[int]:
+        """The steps at which the inner loops of the next executor call end, in order.
+
+        An inner loop ends after `steps_per_loop` steps or earlier at the next
+        evaluation, checkpoint, action, profiler boundary or `num_steps`
+        (`_next_loop_end`). Where an inner loop would end only because
+        `steps_per_loop` steps are done, and nothing but its report needs the
+        host there, the call goes on into the next one, up to about
+        `JOINED_CALL_SECONDS` of steps (judged from the last call's speed):
+        each call costs a fixed time on top of its steps, and the reports come
+        out the same (BUILD.md, Decisions, "Joined calls"). Only in one
+        process (several workers would have to agree on every call's length)
+        and not under on_nonfinite="recover" (`_joins_inner_loops`).
+        """
+        end, report_only = self._next_loop_end(step, num_steps)
+        ends = [end]
+        if not self._joins_inner_loops():
+            return ends
+        assert self._seconds_per_step is not None  # checked by _joins_inner_loops
+        most_steps = int(JOINED_CALL_SECONDS / self._seconds_per_step)
+        while report_only:
+            end, report_only = self._next_loop_end(ends[-1], num_steps)
+            if end - step > most_steps:
+                break
+            ends.append(end)
+        return ends
+
+    def _joins_inner_loops(self) -> bool:
+        """Whether a call may run several inner loops (see `_call_reports`)."""
+        return (
+            self._seconds_per_step is not None
+            and self._seconds_per_step > 0
+            and strategies.num_workers(self.loop.strategy) == 1
+            and self.loop.coordinator is None
+            # Weights found not finite after a call are recovered from by moving
+            # past all its steps: which those are must not depend on timing.
+            and self.loop.on_nonfinite != "recover"
+            # An action called after every inner loop may stop the run at any of them.
+            and not any(
+                action.every is None and type(action).after_loop is not Action.after_loop
+                for action in self.actions
+            )
+        )
+
+    def _next_loop_end(self, step: int, num_steps: int) -> tuple[int, bool]:
+        """Where the inner loop starting after `step` ends, and whether only steps_per_loop ends it
+        there (no evaluation, checkpoint, action, profiler boundary or end of training)."""
+        end = step + self.steps_per_loop
+        limits = [num_steps]
         if (
             self.progress_every_seconds
             and self._seconds_per_step
             and strategies.num_workers(self.loop.strategy) == 1
             and self.loop.coordinator is None
         ):
-            stop = min(
-                stop, step + max(1, int(self.progress_every_seconds / self._seconds_per_step))
-            )
+            limits.append(step + max(1, int(self.progress_every_seconds / self._seconds_per_step)))
         if self._profiler is not None:
             boundary = self._profiler.stop_before(step)
             if boundary is not None:
-                stop = min(stop, boundary)
+                limits.append(boundary)
         for every in (
             self.checkpoint_every,
             self.eval_every,
             *(action.every for action in self.actions),
         ):
             if every:
-                stop = min(stop, (step // every + 1) * every)
-        return stop - step
+                limits.append((step // every + 1) * every)
+        limit = min(limits)
+        return min(end, limit), end < limit
 
 
 class _NonFinitePolicy:
@@ -586,6 +683,14 @@ class _NonFinitePolicy:
                 "to the last checkpoint."
             )
 
+    def first_acted_on(self, logs: Mapping[str, np.ndarray], first_step: int) -> int | None:
+        """The first step in `logs` (of the steps after `first_step`) that was not finite,
+        where the policy stops or recovers; None when there is none or it skips them."""
+        flags = logs.get(outputs.NONFINITE)
+        if self._loop.on_nonfinite == "skip" or flags is None or not np.any(flags > 0):
+            return None
+        return first_step + int(np.argmax(flags > 0)) + 1
+
     def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> Recovery | None:
         """Counts skipped steps; after a non-finite step goes back to the last checkpoint and,
         under "stop", raises; under "recover", returns the recovery made.
@@ -598,9 +703,9 @@ class _NonFinitePolicy:
             return None
         if self._loop.skips_nonfinite:
             self.skipped_steps += int(np.sum(flags > 0))
-        if self._loop.on_nonfinite == "skip":
+        bad_step = self.first_acted_on(logs, first_step)
+        if bad_step is None:
             return None
-        bad_step = first_step + int(np.argmax(flags > 0)) + 1
         problem = "the loss or the gradients were not finite on at least one replica"
         if self._loop.on_nonfinite == "recover":
             return self._recover(bad_step, problem)

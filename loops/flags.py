@@ -161,7 +161,8 @@ def define_loop_flags(
         flags.DEFINE_integer(
             "steps_per_loop",
             steps_per_loop,
-            "Steps per tf.function call; logs and summaries come between calls.",
+            "Steps per inner loop: a progress line and summaries each; one tf.function call "
+            "runs one or, where nothing else comes between them, several.",
             lower_bound=1,
         )
         flags.DEFINE_float("learning_rate", learning_rate, "Optimizer learning rate (> 0).")
