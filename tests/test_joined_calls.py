@@ -29,18 +29,24 @@ class Record(loops.Action):
         self.steps.append(step)
 
 
-def trained(monkeypatch, *, joined_seconds, actions=(), num_steps=60, **options):
-    """Trains a fresh loop; returns its executor's call lengths, train summaries and history."""
+def classifier(monkeypatch, joined_seconds, **options):
+    """A fresh 1-replica loop of 3-step inner loops, calls joined up to `joined_seconds`."""
     monkeypatch.setattr(controller_module, "JOINED_CALL_SECONDS", joined_seconds)
-    loop = loops.ClassifierLoop(
+    return loops.ClassifierLoop(
         strategy=loops.testing.replica_strategy(1),
         model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
         optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        train_data=stream,
-        eval_data=stream,
         progress=loops.testing.quiet_progress(),
-        actions=list(actions),
-        **{"steps_per_loop": 3, "eval_every": 30, **options},
+        **{"train_data": stream, "steps_per_loop": 3, **options},
+    )
+
+
+def trained(monkeypatch, *, joined_seconds, actions=(), num_steps=60, **options):
+    """Trains a fresh loop; returns its executor's call lengths, train summaries and history."""
+    loop = classifier(
+        monkeypatch,
+        joined_seconds,
+        **{"eval_data": stream, "eval_every": 30, "actions": list(actions), **options},
     )
     calls = []
     run = loop.executor.run
@@ -108,28 +114,7 @@ def test_an_action_with_every_ends_calls_at_its_steps(monkeypatch):
     calls, summaries, *_ = trained(monkeypatch, joined_seconds=1e9, actions=[every_12])
     assert every_12.steps == [12, 24, 36, 48, 60]
     assert calls == [3, 9, 12, 6, 6, 12, 12]  # ends at 3, 12, 24, 30, 36, 48, 60
-    assert [step for tag, step, _ in summaries if tag == "train"] == [
-        3,
-        6,
-        9,
-        12,
-        15,
-        18,
-        21,
-        24,
-        27,
-        30,
-        33,
-        36,
-        39,
-        42,
-        45,
-        48,
-        51,
-        54,
-        57,
-        60,
-    ]
+    assert [step for tag, step, _ in summaries if tag == "train"] == list(range(3, 61, 3))
 
 
 @pytest.mark.parametrize("joined_seconds", [0.0, 1e9])
@@ -144,16 +129,7 @@ def test_a_stop_at_a_nonfinite_step_inside_a_joined_call_reports_the_loops_befor
     def poisoned():
         return tf.data.Dataset.from_tensor_slices((images, labels)).batch(8, drop_remainder=True)
 
-    monkeypatch.setattr(controller_module, "JOINED_CALL_SECONDS", joined_seconds)
-    loop = loops.ClassifierLoop(
-        strategy=loops.testing.replica_strategy(1),
-        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        train_data=poisoned,
-        steps_per_loop=3,
-        on_nonfinite="stop",
-        progress=loops.testing.quiet_progress(),
-    )
+    loop = classifier(monkeypatch, joined_seconds, train_data=poisoned, on_nonfinite="stop")
     reported = []
     scalars = loop.controller.summaries.scalars
     loop.controller.summaries.scalars = lambda tag, step, values: (
