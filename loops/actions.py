@@ -30,7 +30,9 @@ class Action:
 
     Attributes:
         every: call `after_loop` only at steps that are multiples of this, and
-            end an inner loop there; None calls it after every inner loop.
+            end an inner loop there; None calls it after every inner loop
+            (each inner loop is then a call of its own: see
+            `Controller._call_reports`).
         name: the name of the action's state in checkpoints, unique among a
             loop's actions that have state; by default the class name in
             snake_case. Set it on a class or an instance.
