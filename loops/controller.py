@@ -373,14 +373,25 @@ class Controller:
             # Inner loops a call stopped early in (a non-finite step) end where it stopped.
             ends = [end for end in report_ends if end < step] + [step]
             inner_loops = [
-                (start, end, seconds * (end - start) / max(done, 1))
+                (
+                    {
+                        name: values[start - first_step : end - first_step]
+                        for name, values in logs.items()
+                    },
+                    start,
+                    end,
+                    seconds * (end - start) / max(done, 1),
+                )
                 for start, end in zip([first_step, *ends[:-1]], ends)
             ]
             # The inner loops before the one holding a step that stops the run
             # or recovers report first, as they would have from calls of their own.
             bad_step = self._nonfinite.first_acted_on(logs, first_step)
-            while inner_loops and bad_step is not None and inner_loops[0][1] < bad_step:
-                self._report(run.kinds, logs, first_step, *inner_loops.pop(0), num_steps, history)
+            reported_to = first_step
+            while inner_loops and bad_step is not None and inner_loops[0][2] < bad_step:
+                inner_loop = inner_loops.pop(0)
+                self._report(run.kinds, *inner_loop, num_steps, history)
+                reported_to = inner_loop[2]
             recovered = self._nonfinite.check_steps(logs, first_step)
             if recovered is None and not run.weights_finite:
                 assert self._finiteness is not None  # restore ran before any step
@@ -388,8 +399,7 @@ class Controller:
                     step, self._finiteness.nonfinite_names()
                 )
             if recovered is not None:
-                logged_to = inner_loops[0][0] if inner_loops else step
-                self._after_recovery(recovered, history, logged_to=logged_to)
+                self._after_recovery(recovered, history, logged_to=reported_to)
                 step = loop.step
                 iterator = self._train_input.at_step(step)
                 continue
@@ -398,7 +408,7 @@ class Controller:
             loop_times.append((done, seconds, processed))
             self._seconds_per_step = seconds / max(done, 1)
             for inner_loop in inner_loops:
-                self._report(run.kinds, logs, first_step, *inner_loop, num_steps, history)
+                self._report(run.kinds, *inner_loop, num_steps, history)
             if self._profiler is not None:
                 self._profiler.after_loop(step)
             if preemption.should_stop():
@@ -421,21 +431,15 @@ class Controller:
     def _report(
         self,
         kinds: Mapping[str, type],
-        call_logs: Mapping[str, np.ndarray],
-        call_start: int,
+        logs: Mapping[str, np.ndarray],
         start: int,
         end: int,
         seconds: float,
         num_steps: int,
         history: dict,
     ) -> None:
-        """Reports the inner loop of steps start + 1..end, which took `seconds`: its history,
-        metrics, summaries and progress line, from the logs of the call that ran the steps
-        after `call_start`."""
-        logs = {
-            name: values[start - call_start : end - call_start]
-            for name, values in call_logs.items()
-        }
+        """Reports the inner loop of steps start + 1..end, which took `seconds`, from its
+        steps' logs: its history rows, metrics, summaries and progress line."""
         for name, values in outputs.per_step_values(kinds, logs).items():
             history.setdefault(name, []).append(values)
         rates = {"steps_per_second": (end - start) / seconds if seconds > 0 else 0.0}
@@ -613,8 +617,7 @@ class Controller:
         return (
             self._seconds_per_step is not None
             and self._seconds_per_step > 0
-            and strategies.num_workers(self.loop.strategy) == 1
-            and self.loop.coordinator is None
+            and self._one_process()
             # Weights found not finite after a call are recovered from by moving
             # past all its steps: which those are must not depend on timing.
             and self.loop.on_nonfinite != "recover"
@@ -625,17 +628,16 @@ class Controller:
             )
         )
 
+    def _one_process(self) -> bool:
+        """No other process must agree on how long each call is (no other worker, no ps)."""
+        return strategies.num_workers(self.loop.strategy) == 1 and self.loop.coordinator is None
+
     def _next_loop_end(self, step: int, num_steps: int) -> tuple[int, bool]:
         """Where the inner loop starting after `step` ends, and whether only steps_per_loop ends it
         there (no evaluation, checkpoint, action, profiler boundary or end of training)."""
         end = step + self.steps_per_loop
         limits = [num_steps]
-        if (
-            self.progress_every_seconds
-            and self._seconds_per_step
-            and strategies.num_workers(self.loop.strategy) == 1
-            and self.loop.coordinator is None
-        ):
+        if self.progress_every_seconds and self._seconds_per_step and self._one_process():
             limits.append(step + max(1, int(self.progress_every_seconds / self._seconds_per_step)))
         if self._profiler is not None:
             boundary = self._profiler.stop_before(step)
