@@ -155,71 +155,63 @@ class Executor:
         if iterator is None:
             step_function = tf.function(self.flat_train_step).get_concrete_function()
         else:
-            # The step reads batches the loop dequeued for it, so the loop can
-            # dequeue step i + 1's while step i computes: nothing orders the
-            # iterator after the step's variables. At 2 replicas on the MLP that
-            # hid most of the input's cost (BUILD.md, Measured).
             step_function = tf.function(self.flat_train_step).get_concrete_function(
                 *_input_specs(self.dequeue, iterator)
             )
         output_spec = step_function.structured_outputs
         stop_on_nonfinite = self.stop_on_nonfinite and outputs.NONFINITE in output_spec
-        # Logs of one dtype go into one TensorArray, a row a step: one write
-        # a step instead of one per log (BUILD.md, Measured).
-        # Keyed by dtype name: loop variables are nested dicts, whose keys nest sorts.
+        # The logs go into TensorArrays, a row a step: numbers and booleans
+        # all into one of float64 (exactly: see `_packed`), anything else one
+        # per dtype. One write a step instead of one per log or per dtype
+        # (BUILD.md, Measured). Keyed by name: loop variables are nested
+        # dicts, whose keys nest sorts.
         groups: dict[str, list[str]] = {}
         for name, value in output_spec.items():
-            groups.setdefault(value.dtype.name, []).append(name)
+            key = _PACKED if _packs(value.dtype) else value.dtype.name
+            groups.setdefault(key, []).append(name)
+        array_dtypes = {key: tf.float64 if key == _PACKED else tf.as_dtype(key) for key in groups}
         global_step = definition.global_step
-
-        def run_step(i, inputs, arrays):
-            logs = step_function(*inputs)
-            global_step.assign_add(1)
-            arrays = {
-                dtype: arrays[dtype].write(i, tf.stack([logs[name] for name in names]))
-                for dtype, names in groups.items()
-            }
-            return logs, arrays
 
         def inner_loop(iterator, steps):
             arrays = {
-                dtype: tf.TensorArray(tf.as_dtype(dtype), size=steps, element_shape=[len(names)])
-                for dtype, names in groups.items()
+                key: tf.TensorArray(array_dtypes[key], size=steps, element_shape=[len(names)])
+                for key, names in groups.items()
             }
-            stopped = tf.constant(False)
-            inputs = self.dequeue(iterator)
 
-            def body(i, inputs, arrays, stopped):
-                following = self.dequeue(iterator)
-                logs, arrays = run_step(i, inputs, arrays)
+            # Each step dequeues its own batches. Dequeuing step i + 1's while
+            # step i computes (a loop variable carrying them) cost 2% a step at
+            # 2 replicas on the MLP and gained nothing at 1 once the read is a
+            # synchronous kernel (BUILD.md, Measured); the distributed
+            # iterator, where used, fetches ahead by itself.
+            def body(i, arrays, stopped):
+                logs = step_function(*self.dequeue(iterator))
+                global_step.assign_add(1)
+                arrays = {
+                    key: arrays[key].write(i, _row(key, [logs[name] for name in names]))
+                    for key, names in groups.items()
+                }
                 if stop_on_nonfinite:
                     stopped = logs[outputs.NONFINITE] > 0
-                return i + 1, following, arrays, stopped
+                return i + 1, arrays, stopped
 
-            # The last step runs after the loop, so every step in it can dequeue
-            # the next one's batches unconditionally and the iterator still ends
-            # where the step count does. The stop is part of the loop's
-            # condition: a Python `break` here becomes conds around the rest
-            # of the body, a cost every step (BUILD.md, Measured).
-            _, inputs, arrays, stopped = tf.while_loop(
-                lambda i, inputs, arrays, stopped: tf.logical_and(
-                    i < steps - 1, tf.logical_not(stopped)
-                ),
+            # The stop is part of the loop's condition: a Python `break` here
+            # becomes conds around the rest of the body, a cost every step
+            # (BUILD.md, Measured).
+            _, arrays, _ = tf.while_loop(
+                lambda i, arrays, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)),
                 body,
-                (tf.constant(0), inputs, arrays, stopped),
+                (tf.constant(0), arrays, tf.constant(False)),
             )
-            # Once more unless stopped. A loop of 0 or 1 rounds, not an `if`:
-            # under MirroredStrategy the step in a tf.cond branch failed at run
-            # time ("You must feed a value for placeholder", BUILD.md fact 30).
-            for _ in tf.range(1 - tf.cast(stopped, tf.int32)):
-                arrays = run_step(steps - 1, inputs, arrays)[1]
             # Rows after an early stop are never written; the host drops them.
             # The step reached and whether the weights are finite come back with
             # the logs: separate reads from the host cost a device sync each.
             logs = {}
-            for dtype, names in groups.items():
-                rows = arrays[dtype].stack()
-                logs.update({name: rows[:, column] for column, name in enumerate(names)})
+            for key, names in groups.items():
+                rows = arrays[key].stack()
+                for column, name in enumerate(names):
+                    logs[name] = rows[:, column]
+                    if key == _PACKED:
+                        logs[name] = _unpacked(logs[name], output_spec[name].dtype)
             return logs, global_step.read_value(), definition.finiteness.all_finite()
 
         return tf.function(inner_loop)
@@ -310,6 +302,37 @@ class ScheduledExecutor(Executor):
             int(definition.global_step.numpy()),
             not definition.finiteness.nonfinite_names(),
         )
+
+
+_PACKED = "packed"  # the TensorArray key of the logs kept as float64
+
+
+def _row(key: str, values: list[tf.Tensor]) -> tf.Tensor:
+    """One step's logs of a TensorArray's group, as the row it keeps."""
+    return tf.stack([_packed(value) for value in values] if key == _PACKED else values)
+
+
+def _packs(dtype: tf.DType) -> bool:
+    """Whether logs of `dtype` go into the float64 TensorArray (numbers and booleans)."""
+    return dtype.is_floating or dtype.is_integer or dtype == tf.bool
+
+
+def _packed(value: tf.Tensor) -> tf.Tensor:
+    """`value` as float64, exactly: 64-bit integers' bits carried, the rest widened."""
+    if _wide_integer(value.dtype):  # beyond 2**53, a cast would round
+        return tf.bitcast(value, tf.float64)
+    return tf.cast(value, tf.float64)
+
+
+def _unpacked(column: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """The inverse of `_packed`: a float64 column back in the log's own dtype."""
+    if _wide_integer(dtype):
+        return tf.bitcast(column, dtype)
+    return tf.cast(column, dtype)
+
+
+def _wide_integer(dtype: tf.DType) -> bool:
+    return dtype.is_integer and dtype.size == 8
 
 
 def _input_specs(dequeue: Callable, iterator) -> tuple:

@@ -172,3 +172,36 @@ def test_a_plain_tensor_output_is_refused_with_the_kinds_to_choose_from():
     ):
         loop.train(1)
     assert loop.step == 0
+
+
+# Values a float64 column could not hold by a plain cast: 64-bit integers
+# beyond 2**53, the extremes, booleans, and floats narrower than float64.
+EXACT_LOGS = {
+    "big": tf.constant(2**62 + 1, tf.int64),
+    "lowest": tf.constant(-(2**63), tf.int64),
+    "huge_unsigned": tf.constant(2**64 - 1, tf.uint64),
+    "byte": tf.constant(255, tf.uint8),
+    "small": tf.constant(-7, tf.int32),
+    "flag": tf.constant(True),
+    "half": tf.constant(0.1, tf.float16),
+    "brain": tf.constant(0.1, tf.bfloat16),
+    "double": tf.constant(0.1, tf.float64),
+    "word": tf.constant("seen"),
+}
+
+
+def test_logs_of_every_dtype_come_back_exactly_from_the_compiled_loop():
+    class EveryDtype(loops.Loop):
+        needs_train_data = False
+
+        def train_step(self, iterator):
+            return {name: loops.Last(value) for name, value in EXACT_LOGS.items()}
+
+    loop = EveryDtype(
+        strategy=loops.testing.replica_strategy(1), progress=loops.testing.quiet_progress()
+    )
+    logs = loop.executor.run(None, 3).logs
+    for name, value in EXACT_LOGS.items():
+        expected = tf.stack([value] * 3).numpy()
+        assert logs[name].dtype == expected.dtype, name
+        np.testing.assert_array_equal(logs[name], expected, err_msg=name)
