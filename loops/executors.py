@@ -163,8 +163,8 @@ class Executor:
         # The logs go into TensorArrays, a row a step: numbers and booleans
         # all into one of float64 (exactly: see `_packed`), anything else one
         # per dtype. One write a step instead of one per log or per dtype
-        # (BUILD.md, Measured). Keyed by name: loop variables are nested
-        # dicts, whose keys nest sorts.
+        # (BUILD.md, Decisions, "One TensorArray holds a step's logs"). Keyed
+        # by name: loop variables are nested dicts, whose keys nest sorts.
         groups: dict[str, list[str]] = {}
         for name, value in output_spec.items():
             key = _PACKED if _packs(value.dtype) else value.dtype.name
@@ -178,11 +178,11 @@ class Executor:
                 for key, names in groups.items()
             }
 
-            # Each step dequeues its own batches. Dequeuing step i + 1's while
-            # step i computes (a loop variable carrying them) cost 2% a step at
-            # 2 replicas on the MLP and gained nothing at 1 once the read is a
-            # synchronous kernel (BUILD.md, Measured); the distributed
-            # iterator, where used, fetches ahead by itself.
+            # Each step dequeues its own batches: carrying step i + 1's batches
+            # as a loop variable, dequeued while step i computes, no longer
+            # paid once the read is one synchronous kernel (BUILD.md,
+            # Decisions, "Each step dequeues its own batches"); the
+            # distributed iterator, where used, buffers ahead by itself.
             def body(i, arrays, stopped):
                 logs = step_function(*self.dequeue(iterator))
                 global_step.assign_add(1)
@@ -196,7 +196,7 @@ class Executor:
 
             # The stop is part of the loop's condition: a Python `break` here
             # becomes conds around the rest of the body, a cost every step
-            # (BUILD.md, Measured).
+            # (BUILD.md, Decisions, "Each step dequeues its own batches").
             _, arrays, _ = tf.while_loop(
                 lambda i, arrays, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)),
                 body,

@@ -96,3 +96,33 @@ def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(t
     assert report["memory"]["epochs"] == 2 and len(report["memory"]["rss_mib_per_epoch"]) == 2
     assert report["dataset"]["train_examples"] == 300 and report["dataset"]["bytes"] > 0
     assert "resume at step 20000" in done.stdout
+
+
+def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
+    output = tmp_path / "inner_loop.json"
+    done = run_module(
+        "benchmarks.inner_loop",
+        "--replicas=2",
+        "--steps=5",
+        "--rounds=2",
+        "--threads=1",
+        f"--output={output}",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert report["config"]["threads"] == 1 and report["config"]["replicas"] == 2
+    assert report["machine"]["onednn"] == loops.strategies.onednn_enabled()
+    rows = {row["mode"]: row for row in report["rows"]}
+    assert list(rows) == [
+        "compute_bound",
+        "read",
+        "executor",
+        "dequeue_ahead",
+        "per_dtype_arrays",
+    ]
+    for row in rows.values():
+        assert len(row["samples"]) == 2
+        assert math.isfinite(row["us_per_step"]) and row["us_per_step"] > 0
+    assert rows["compute_bound"]["ratio_to_bound"] == 1.0
+    assert "executor" in done.stdout and "threads: 1" in done.stdout

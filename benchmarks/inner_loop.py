@@ -1,0 +1,215 @@
+"""Where a compiled inner loop's time goes: the loop's own traced step inside variants of the loop.
+
+    python -m benchmarks.inner_loop                       # mlp, 1 replica, default threads
+    python -m benchmarks.inner_loop --threads=1 --rounds=9  # CPU time: one TensorFlow thread
+    python -m benchmarks.inner_loop --replicas=2
+
+Every variant calls the same traced train step of one `ClassifierLoop` on the
+digits stream, in one process, rounds interleaved, medians in us a step and as
+a ratio of the compute bound:
+
+- compute_bound: the step repeated on one fixed batch (`throughput.repeated_step`).
+- read: the step fed from the train iterator, its outputs summed; nothing else.
+- executor: the Loop's executor as it is (`Executor.run`): the read, the
+  global step, one float64 TensorArray row of logs and the stop condition.
+- dequeue_ahead: the executor's loop as it was before 2026-11-25: step i + 1's
+  batches dequeued in step i's round and carried as a loop variable.
+- per_dtype_arrays: the executor's loop with one TensorArray per log dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+MODES = ("compute_bound", "read", "executor", "dequeue_ahead", "per_dtype_arrays")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3000, help="steps per call and round")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median taken)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="TensorFlow's intra- and inter-op threads (0: its default); 1: CPU time = wall time",
+    )
+    parser.add_argument(
+        "--output", default=os.path.join("benchmarks", "results", "inner_loop.json")
+    )
+    args = parser.parse_args(argv)
+    if args.replicas < 1 or args.steps < 1 or args.rounds < 1 or args.threads < 0:
+        parser.error("--replicas, --steps and --rounds must be >= 1 and --threads >= 0")
+    return args
+
+
+def build_modes(args) -> dict:
+    """name -> runner (steps -> None), each traced and warmed up."""
+    import keras
+    import tensorflow as tf
+
+    import loops
+    import loops_data as data
+    import loops_models as models
+    from benchmarks import throughput
+    from loops import distributed_input, outputs
+
+    strategy = loops.testing.replica_strategy(args.replicas)
+
+    def data_fn():
+        return data.global_batches(
+            "digits", "train", global_batch_size=64, shuffle_seed=0, repeat=True
+        )
+
+    loop = loops.ClassifierLoop(
+        strategy=strategy,
+        model_fn=lambda: models.build_classifier(
+            args.model, input_shape=(8, 8, 1), num_classes=10, seed=0
+        ),
+        optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+        train_data=data_fn,
+        progress=loops.testing.quiet_progress(),
+    )
+    executor = loop.executor
+    batch_spec = tf.nest.map_structure(
+        tf.type_spec_from_value,
+        distributed_input.next_batch(distributed_input.train_iterator(strategy, data_fn), strategy),
+    )
+    step = tf.function(executor.flat_train_step).get_concrete_function(batch_spec)
+    names = list(step.structured_outputs)
+
+    def inner_loop(*, ahead=False, count=True, packed=True):
+        """A traced inner loop of `steps` steps around `step`, as the executor's variants."""
+        dtypes = {name: step.structured_outputs[name].dtype for name in names}
+        groups = {"all": names} if packed else {}
+        if not packed:
+            for name in names:
+                groups.setdefault(dtypes[name].name, []).append(name)
+
+        def row(names_in_group, logs):
+            if packed:
+                return tf.stack([tf.cast(logs[name], tf.float64) for name in names_in_group])
+            return tf.stack([logs[name] for name in names_in_group])
+
+        def run(iterator, steps):
+            def read():
+                return distributed_input.next_batch(iterator, strategy)
+
+            arrays = (
+                {
+                    key: tf.TensorArray(
+                        tf.float64 if packed else dtypes[group[0]],
+                        size=steps,
+                        element_shape=[len(group)],
+                    )
+                    for key, group in groups.items()
+                }
+                if count
+                else {}
+            )
+            total = tf.constant(0.0)
+
+            def body(i, batch, arrays, stopped, total):
+                following = read() if ahead else batch
+                logs = step(batch if ahead else read())
+                if count:
+                    loop.global_step.assign_add(1)
+                    arrays = {
+                        key: arrays[key].write(i, row(group, logs)) for key, group in groups.items()
+                    }
+                    stopped = logs[outputs.NONFINITE] > 0
+                else:
+                    total += tf.add_n([tf.cast(logs[name], tf.float32) for name in names])
+                return i + 1, following, arrays, stopped, total
+
+            first = read() if ahead else tf.zeros([])
+            _, _, arrays, _, total = tf.while_loop(
+                lambda i, batch, arrays, stopped, total: tf.logical_and(
+                    i < steps, tf.logical_not(stopped)
+                ),
+                body,
+                (tf.constant(0), first, arrays, tf.constant(False), total),
+            )
+            for array in arrays.values():
+                total += tf.reduce_sum(tf.cast(array.stack(), tf.float32))
+            return total
+
+        traced = tf.function(run)
+        iterator = distributed_input.train_iterator(strategy, data_fn)
+        return lambda steps: traced(iterator, tf.constant(steps)).numpy()
+
+    executor_iterator = distributed_input.train_iterator(strategy, data_fn)
+    runners = {
+        "compute_bound": throughput.repeated_step(loop, strategy, data_fn),
+        "read": inner_loop(count=False),
+        "executor": lambda steps: executor.run(executor_iterator, steps),
+        "dequeue_ahead": inner_loop(ahead=True),
+        "per_dtype_arrays": inner_loop(packed=False),
+    }
+    for runner in runners.values():
+        runner(10)  # trace and warm up
+    return runners
+
+
+def measure(args) -> dict[str, list[float]]:
+    """Mode -> us a step in each round."""
+    runners = build_modes(args)
+    samples: dict[str, list[float]] = {name: [] for name in MODES}
+    for _ in range(args.rounds):
+        for name in MODES:
+            started = time.perf_counter()
+            runners[name](args.steps)
+            samples[name].append((time.perf_counter() - started) / args.steps * 1e6)
+    return samples
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    import loops
+
+    if args.threads:  # before anything starts TensorFlow's runtime
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    loops.configure_logical_cpus(args.replicas)
+    samples = measure(args)
+    bound = statistics.median(samples["compute_bound"])
+    rows = []
+    print(f"{'mode':18} {'us/step':>8} {'x bound':>8}  rounds")
+    for name in MODES:
+        median = statistics.median(samples[name])
+        rows.append(
+            {
+                "mode": name,
+                "us_per_step": median,
+                "ratio_to_bound": bound / median,
+                "samples": samples[name],
+            }
+        )
+        rounds = ", ".join(f"{value:.0f}" for value in samples[name])
+        print(f"{name:18} {median:8.1f} {bound / median:8.3f}  [{rounds}]")
+    onednn = loops.strategies.onednn_enabled()
+    print(
+        f"{args.model}, {args.replicas} replica(s), threads: {args.threads or 'default'}, "
+        f"oneDNN kernels: {'on' if onednn else 'off'}"
+    )
+    report = {
+        "machine": {"cpus": os.cpu_count(), "tensorflow": tf.__version__, "onednn": onednn},
+        "config": {key: value for key, value in vars(args).items() if key != "output"},
+        "rows": rows,
+    }
+    loops.reporting.write_json_atomic(args.output, report)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
