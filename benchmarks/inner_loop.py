@@ -25,6 +25,8 @@ import statistics
 import sys
 import time
 
+from benchmarks import report
+
 MODES = ("compute_bound", "read", "executor", "dequeue_ahead", "per_dtype_arrays")
 
 
@@ -201,13 +203,7 @@ def main(argv=None) -> int:
         f"{args.model}, {args.replicas} replica(s), threads: {args.threads or 'default'}, "
         f"oneDNN kernels: {'on' if onednn else 'off'}"
     )
-    report = {
-        "machine": {"cpus": os.cpu_count(), "tensorflow": tf.__version__, "onednn": onednn},
-        "config": {key: value for key, value in vars(args).items() if key != "output"},
-        "rows": rows,
-    }
-    loops.reporting.write_json_atomic(args.output, report)
-    print(f"wrote {args.output}")
+    report.write(args, rows=rows)
     return 0
 
 

@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 
+from benchmarks import report
 from benchmarks.throughput import interleaved_rates, repeated_step
 
 MODES = ("compute_bound", "loops", "keras_fit")
@@ -175,13 +176,7 @@ def main(argv=None) -> int:
             f"{row['steps_per_second']:8.2f} {row['ratio_to_bound']:8.2f} "
             f"{row['ratio_to_fit']:6.2f}"
         )
-    report = {
-        "machine": {"cpus": os.cpu_count(), "onednn": loops.strategies.onednn_enabled()},
-        "config": {k: v for k, v in vars(args).items() if k != "output"},
-        "rows": rows,
-    }
-    loops.reporting.write_json_atomic(args.output, report)
-    print(f"wrote {args.output}")
+    report.write(args, rows=rows)
     return 0
 
 

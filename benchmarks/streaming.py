@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import throughput
+from benchmarks import report, throughput
 from benchmarks.memory import resident_bytes
 
 MODES = ("input_bound", "compute_bound", "loops", "keras_fit")
@@ -337,25 +337,19 @@ def main(argv=None) -> int:
         f"{memory['rss_mib_after_last_epoch']:.0f} MiB after epoch {memory['epochs']} "
         f"({memory['growth']:+.1%})"
     )
-    report = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "onednn": loops.strategies.onednn_enabled(),
-        },
-        "config": {k: v for k, v in vars(args).items() if k != "output"},
-        "dataset": {
+    report.write(
+        args,
+        dataset={
             "train_examples": args.train_examples,
             "shards": args.num_shards,
             "bytes": dataset_bytes,
             "generated_seconds": generated_seconds,
         },
-        "rows": rows,
-        "resume_seconds": resumes,
-        "resume_samples": resume_samples,
-        "memory": memory,
-    }
-    loops.reporting.write_json_atomic(args.output, report)
-    print(f"wrote {args.output}")
+        rows=rows,
+        resume_seconds=resumes,
+        resume_samples=resume_samples,
+        memory=memory,
+    )
     return 0
 
 

@@ -26,6 +26,8 @@ import statistics
 import sys
 import time
 
+from benchmarks import report
+
 MODES = ("compute_bound", "loops", "keras_fit", "keras_fit_spe", "tutorial")
 
 
@@ -303,24 +305,12 @@ def main(argv=None) -> int:
 
     loops.configure_logical_cpus(max(args.replicas))
     rows = measure(args)
-    import tensorflow as tf
-
-    report = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "tensorflow": tf.__version__,
-            "gpus": len(tf.config.list_physical_devices("GPU")),
-            "onednn": loops.strategies.onednn_enabled(),
-        },
-        "config": {k: v for k, v in vars(args).items() if k != "output"},
-        "rows": rows,
-    }
     print(format_table(rows))
     print(
-        f"oneDNN kernels: {'on' if report['machine']['onednn'] else 'off'} (TF_ENABLE_ONEDNN_OPTS)"
+        f"oneDNN kernels: {'on' if loops.strategies.onednn_enabled() else 'off'} "
+        "(TF_ENABLE_ONEDNN_OPTS)"
     )
-    loops.reporting.write_json_atomic(args.output, report)
-    print(f"wrote {args.output}")
+    report.write(args, rows=rows)
     return 0
 
 
