@@ -164,17 +164,16 @@ class Executor:
         # all into one of float64 (exactly: see `_packed`), anything else one
         # per dtype. One write a step instead of one per log or per dtype
         # (BUILD.md, Decisions, "One TensorArray holds a step's logs"). Keyed
-        # by name: loop variables are nested dicts, whose keys nest sorts.
+        # by the array's dtype name: loop variables are nested dicts, whose
+        # keys nest sorts.
         groups: dict[str, list[str]] = {}
         for name, value in output_spec.items():
-            key = _PACKED if _packs(value.dtype) else value.dtype.name
-            groups.setdefault(key, []).append(name)
-        array_dtypes = {key: tf.float64 if key == _PACKED else tf.as_dtype(key) for key in groups}
+            groups.setdefault(_array_dtype(value.dtype).name, []).append(name)
         global_step = definition.global_step
 
         def inner_loop(iterator, steps):
             arrays = {
-                key: tf.TensorArray(array_dtypes[key], size=steps, element_shape=[len(names)])
+                key: tf.TensorArray(tf.as_dtype(key), size=steps, element_shape=[len(names)])
                 for key, names in groups.items()
             }
 
@@ -187,7 +186,7 @@ class Executor:
                 logs = step_function(*self.dequeue(iterator))
                 global_step.assign_add(1)
                 arrays = {
-                    key: arrays[key].write(i, _row(key, [logs[name] for name in names]))
+                    key: arrays[key].write(i, tf.stack([_packed(logs[name]) for name in names]))
                     for key, names in groups.items()
                 }
                 if stop_on_nonfinite:
@@ -209,9 +208,7 @@ class Executor:
             for key, names in groups.items():
                 rows = arrays[key].stack()
                 for column, name in enumerate(names):
-                    logs[name] = rows[:, column]
-                    if key == _PACKED:
-                        logs[name] = _unpacked(logs[name], output_spec[name].dtype)
+                    logs[name] = _unpacked(rows[:, column], output_spec[name].dtype)
             return logs, global_step.read_value(), definition.finiteness.all_finite()
 
         return tf.function(inner_loop)
@@ -304,28 +301,21 @@ class ScheduledExecutor(Executor):
         )
 
 
-_PACKED = "packed"  # the TensorArray key of the logs kept as float64
-
-
-def _row(key: str, values: list[tf.Tensor]) -> tf.Tensor:
-    """One step's logs of a TensorArray's group, as the row it keeps."""
-    return tf.stack([_packed(value) for value in values] if key == _PACKED else values)
-
-
-def _packs(dtype: tf.DType) -> bool:
-    """Whether logs of `dtype` go into the float64 TensorArray (numbers and booleans)."""
-    return dtype.is_floating or dtype.is_integer or dtype == tf.bool
+def _array_dtype(dtype: tf.DType) -> tf.DType:
+    """The dtype of the TensorArray that keeps logs of `dtype`: float64 for numbers and booleans."""
+    return tf.float64 if dtype.is_floating or dtype.is_integer or dtype == tf.bool else dtype
 
 
 def _packed(value: tf.Tensor) -> tf.Tensor:
-    """`value` as float64, exactly: 64-bit integers' bits carried, the rest widened."""
+    """`value` as its TensorArray keeps it, exactly: a number or boolean as float64 (64-bit
+    integers' bits carried, the rest widened), anything else as it is."""
     if _wide_integer(value.dtype):  # beyond 2**53, a cast would round
         return tf.bitcast(value, tf.float64)
-    return tf.cast(value, tf.float64)
+    return tf.cast(value, _array_dtype(value.dtype))
 
 
 def _unpacked(column: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """The inverse of `_packed`: a float64 column back in the log's own dtype."""
+    """The inverse of `_packed`: a column of a TensorArray back in the log's own dtype."""
     if _wide_integer(dtype):
         return tf.bitcast(column, dtype)
     return tf.cast(column, dtype)
