@@ -40,6 +40,8 @@ _EXPORTS = {
     "apply_gradients": "loops.reduction",
     "apply_if_finite": "loops.reduction",
     "global_count": "loops.reduction",
+    "gather_global_rows": "loops.global_rows",
+    "global_row_offset": "loops.global_rows",
     "scale_to_global_batch": "loops.reduction",
     "sum_over_replicas": "loops.reduction",
     "ActorCriticLoop": "loops.rl",

@@ -90,10 +90,7 @@ class ClassifierLoop(Loop):
         self.loss_scale = self.update.loss_scale
 
     def checkpoint_items(self):
-        items = {"model": self.model, "optimizer": self.optimizer}
-        if self.loss_scale is not None:
-            items["loss_scale"] = self.loss_scale
-        return items
+        return {"model": self.model, "optimizer": self.optimizer}
 
     def _replica_loss(self, inputs, labels):
         """This replica's share of the step's loss (the Update adds regularization)."""

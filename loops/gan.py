@@ -261,7 +261,7 @@ class GANLoop(Loop):
         self.g_steps = _counter("g_steps")
 
     def checkpoint_items(self):
-        items = {
+        return {
             "generator": self.generator,
             "discriminator": self.discriminator,
             "generator_optimizer": self.generator_optimizer,
@@ -269,13 +269,6 @@ class GANLoop(Loop):
             "d_steps": self.d_steps,
             "g_steps": self.g_steps,
         }
-        for network, update in (
-            ("discriminator", self.discriminator_update),
-            ("generator", self.generator_update),
-        ):
-            if update.loss_scale is not None:
-                items[f"{network}_loss_scale"] = update.loss_scale
-        return items
 
     def train_step(self, iterator):
         step = self.global_step.read_value()

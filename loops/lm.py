@@ -140,10 +140,7 @@ class LanguageModelLoop(Loop):
         )
 
     def checkpoint_items(self):
-        items = {"model": self.model, "optimizer": self.optimizer}
-        if self.update.loss_scale is not None:
-            items["loss_scale"] = self.update.loss_scale
-        return items
+        return {"model": self.model, "optimizer": self.optimizer}
 
     def _replica_loss(self, tokens, lengths):
         losses, mask = next_token_losses(self.model, tokens, lengths)

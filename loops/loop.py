@@ -23,6 +23,7 @@ from loops.checkpoints import Checkpointer, FinitenessCheck
 from loops.choices import NONFINITE_POLICIES
 from loops.controller import CONFIG_FREE_TO_CHANGE, Controller
 from loops.errors import NonFiniteError as NonFiniteError  # what train raises, named here too
+from loops.update import UpdateStates
 
 
 class _BuildsAfterInit(type):
@@ -220,6 +221,8 @@ class Loop(metaclass=_BuildsAfterInit):
         self.ema_decay = ema_decay
         # Filled by the Updates `build` makes, when ema_decay is set.
         self.weight_averages = weight_average.WeightAverages()
+        # Filled by the Updates `build` makes (their loss scales); saved without being listed.
+        self.update_states = UpdateStates()
         self.strategy = strategy or tf.distribute.get_strategy()
         # Under ParameterServerStrategy this process is the coordinator and the
         # steps run asynchronously on the workers (loops/parameter_server.py).
@@ -286,10 +289,17 @@ class Loop(metaclass=_BuildsAfterInit):
             with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
                 self.build()
         items = dict(self.checkpoint_items())
-        for reserved in ("global_step", "weight_averages", recovery.CHECKPOINT_NAME):
+        for reserved in (
+            "global_step",
+            "weight_averages",
+            "update_states",
+            recovery.CHECKPOINT_NAME,
+        ):
             if reserved in items:
                 raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
         items["global_step"] = self.global_step
+        if self.update_states:
+            items["update_states"] = self.update_states
         if self.ema_decay is not None:
             if not self.weight_averages:
                 raise ValueError(

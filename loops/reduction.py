@@ -22,9 +22,10 @@ def global_count(local_count: tf.Tensor) -> tf.Tensor:
     """All-reduces a per-replica count (of examples, or a weight sum) to float32.
 
     Call in replica context (inside `strategy.run`). Under gradient
-    accumulation the count is that of the micro-batch being computed, and the
-    `loops.Update` weights the micro-batch's gradients by it: a loss function
-    divides by the first count it takes (`scale_to_global_batch`).
+    accumulation the count is that of the micro-batch being computed; the
+    `loops.Update` weights the micro-batch's gradients by the count given to
+    `scale_to_global_batch`, so a loss function may take other counts too
+    (for logging) without changing its update.
     """
     context = tf.distribute.get_replica_context()
     count = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(local_count, tf.float32))
@@ -35,9 +36,15 @@ def global_count(local_count: tf.Tensor) -> tf.Tensor:
 def scale_to_global_batch(per_example_loss: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
     """Returns sum(per_example_loss) / count, and 0 when count is 0.
 
+    The count is the loss's normalizer: under gradient accumulation the
+    `loops.Update` weights each micro-batch's gradients by it. A loss function
+    divides its loss by one count (terms with another normalizer, e.g. per
+    token and per example, cannot be accumulated exactly and are refused).
+
     Args:
         per_example_loss: a vector, one loss per local example (reduction None).
-        count: the global number of examples in the step, from `global_count`.
+        count: the global number of examples in the step (or the global sum of
+            their weights, or of tokens), from `global_count`.
     """
     if per_example_loss.shape.rank != 1:
         raise ValueError(
@@ -45,6 +52,7 @@ def scale_to_global_batch(per_example_loss: tf.Tensor, count: tf.Tensor) -> tf.T
             f"{per_example_loss.shape}. Build Keras losses with reduction=None; "
             "their default reduction averages per replica (BUILD.md fact 4)."
         )
+    micro_batches.record_normalizer(count)
     total = tf.reduce_sum(tf.cast(per_example_loss, tf.float32))
     return tf.math.divide_no_nan(total, count)
 

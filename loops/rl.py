@@ -562,7 +562,6 @@ class ActorCriticLoop(EnvironmentLoop):
             **super().checkpoint_items(),
             "model": self.model,
             "optimizer": self.optimizer,
-            **_loss_scale_items(self.update),
         }
 
     def greedy_actions(self, observation: tf.Tensor) -> tf.Tensor:
@@ -841,7 +840,6 @@ class DQNLoop(EnvironmentLoop):
             "target": self.target,
             "optimizer": self.optimizer,
             "replay_buffer": self.replay,
-            **_loss_scale_items(self.update),
         }
 
     def epsilon(self) -> tf.Tensor:
@@ -991,7 +989,3 @@ def _update_flags(nonfinite, overflows, loss_scale) -> dict[str, outputs.Output]
 def _float32(model_outputs):
     """A model's outputs in float32: losses and sampling stay float32 under mixed precision."""
     return tf.nest.map_structure(lambda output: tf.cast(output, tf.float32), model_outputs)
-
-
-def _loss_scale_items(update: Update) -> dict[str, object]:
-    return {} if update.loss_scale is None else {"loss_scale": update.loss_scale}

@@ -61,6 +61,24 @@ def update_outputs(results: Sequence[UpdateResult], prefix: str = "") -> dict[st
     return step_outputs
 
 
+class UpdateStates(tf.Module):
+    """What a loop's `loops.Update`s create and must keep across a resume (their loss scales).
+
+    The loop saves it under one reserved name, so that a definition lists
+    only its own objects and a resumed float16 run keeps its scale.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="update_states")
+        self.loss_scales: list[mixed_precision.DynamicLossScale] = []
+
+    def add(self, loss_scale: mixed_precision.DynamicLossScale) -> None:
+        self.loss_scales.append(loss_scale)
+
+    def __bool__(self) -> bool:
+        return bool(self.loss_scales)
+
+
 class Update:
     """Gradients and their application for one optimizer and the variables it trains.
 
@@ -83,18 +101,23 @@ class Update:
 
     Three settings come from the loop, so that every step has them:
     - `mixed_precision="mixed_float16"`: a dynamic loss scale
-      (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`; checkpoint
-      it), whose overflows are skipped and reported as `overflow`.
+      (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`), whose
+      overflows are skipped and reported as `overflow`. The loop saves and
+      restores it with its checkpoints (`Loop.update_states`): a definition
+      lists only its own objects in `checkpoint_items`.
     - `grad_accum_steps=K`: each replica's share of the step is cut into K
       micro-batches along the first axis of every tensor of rank >= 1 in
       `args` (scalars and Python values are passed whole to every call), the
       replica function runs once per micro-batch, and the gradients are
-      added up weighted by the global count each micro-batch's loss divided
-      by (the first `loops.global_count` it takes): the update is that of
-      the whole batch at once, on any replica count, with 1/K of the
-      activations in memory. Its logs are summed over the micro-batches,
-      and random draws keyed by example (`loops.replica_random`) do not
-      change with K.
+      added up weighted by each micro-batch's normalizer: the global count
+      its loss was divided by with `loops.scale_to_global_batch` (examples,
+      a sum of weights, tokens). The update is that of the whole batch at
+      once, on any replica count, with 1/K of the activations in memory. A
+      loss function whose normalizer is not one count is refused with an
+      error (`micro_batches.normalizer`). Its logs are summed over the
+      micro-batches, and random draws keyed by example
+      (`loops.replica_random`) do not change with K. A loss that is not a
+      sum over examples (`whole_batch_loss=True`) is refused under K > 1.
     - `ema_decay`: a moving average of the trained variables
       (`loops.weight_average.WeightAverage`, `self.average`), updated after
       each applied update; the loop checkpoints it and evaluates and exports
@@ -113,6 +136,16 @@ class Update:
         clip_norm: clip the summed gradient to this global norm; None does not.
         average: keep a moving average of the trained variables when the
             loop has an `ema_decay`.
+        whole_batch_loss: the loss of an example depends on other examples
+            of the step (contrastive negatives from the whole batch, a
+            ranking loss, batch statistics), so it is not a sum over
+            examples: micro-batches would each see only their own rows.
+            The loss function then takes the other replicas' rows with
+            `loops.gather_global_rows` (exact on any replica count), and
+            `grad_accum_steps` > 1 is refused.
+
+    Raises:
+        ValueError: a bad clip_norm, or whole_batch_loss under grad_accum_steps > 1.
     """
 
     def __init__(
@@ -123,8 +156,19 @@ class Update:
         *,
         clip_norm: float | None = None,
         average: bool = True,
+        whole_batch_loss: bool = False,
     ):
         check_clip_norm(clip_norm)
+        if whole_batch_loss and loop.grad_accum_steps > 1:
+            raise ValueError(
+                f"grad_accum_steps={loop.grad_accum_steps} cuts each replica's share of a step "
+                "into micro-batches, and this Update's loss is over the whole batch "
+                "(whole_batch_loss=True): each micro-batch would see only its own rows "
+                "(its own negatives, its own statistics), which is another loss. Set "
+                "grad_accum_steps=1 (--grad_accum_steps=1) and lower the global batch size "
+                "if memory is short."
+            )
+        self.whole_batch_loss = whole_batch_loss
         self._loop = loop
         self.optimizer = optimizer
         self._trained = trained
@@ -135,6 +179,7 @@ class Update:
             self.loss_scale = mixed_precision.DynamicLossScale(
                 growth_steps=loop.loss_scale_growth_steps
             )
+            loop.update_states.add(self.loss_scale)
         self.average: WeightAverage | None = None
         if average and loop.ema_decay is not None:
             averages = loop.weight_averages
@@ -236,14 +281,7 @@ class Update:
                 loss, logs, gradients = self._loss_and_gradients(
                     replica_loss, tf.nest.pack_sequence_as(args, sliced)
                 )
-            if not computed.counts:
-                raise ValueError(
-                    f"grad_accum_steps={self.grad_accum_steps} weights each micro-batch by the "
-                    "global count its loss is divided by, and this replica function took "
-                    "none: divide its summed loss by loops.global_count(...) "
-                    "(loops.scale_to_global_batch), or set grad_accum_steps=1."
-                )
-            count = computed.counts[0]
+            count = tf.cast(micro_batches.normalizer(computed, self.grad_accum_steps), tf.float32)
             scaled = [None if g is None else count * tf.convert_to_tensor(g) for g in gradients]
             if total is None:
                 total, weighted_loss, summed_logs, weighted = count, count * loss, logs, scaled

@@ -115,5 +115,9 @@ def test_a_replica_function_without_a_global_count_is_refused():
         grad_accum_steps=2,
         progress=loops.testing.quiet_progress(),
     )
-    with pytest.raises(ValueError, match="took none: divide its summed loss by loops.global_count"):
+    with pytest.raises(
+        ValueError,
+        match="this loss function took no loops.global_count and called no "
+        "loops.scale_to_global_batch, so which count its loss was divided by is not known",
+    ):
         loop.train(1)

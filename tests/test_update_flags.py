@@ -81,13 +81,11 @@ def test_float16_with_clipping_trains_every_binary_and_checkpoints_its_loss_scal
     )
     assert updates == {"classifier": 4, "gan": 4, "rl": 8, "lm": 4}[binary]
     assert not any(name.startswith("weight_averages/updates/1/") for name in saved)
-    scales = sorted(name.split("/")[0] for name in saved if "/scale/" in name)
-    expected = {
-        "classifier": ["loss_scale"],
-        "gan": ["discriminator_loss_scale", "generator_loss_scale"],
-        "rl": ["loss_scale"],
-        "lm": ["loss_scale"],
-    }[binary]
+    # Saved by the loop for every Update, without the binary's loop listing them.
+    scales = sorted(name.split("/scale/")[0] for name in saved if "/scale/" in name)
+    expected = [
+        f"update_states/loss_scales/{index}" for index in range(len(LOSS_SCALE_OUTPUTS[binary]))
+    ]
     assert scales == expected, sorted(saved)
 
 
