@@ -126,7 +126,7 @@ def global_batches(
     start the next), so every batch is full and its batch dimension is
     static: the train step is traced for exactly that shape, about 13% less
     time a step on the digits MLP than for a batch dimension of None
-    (BUILD.md).
+    (benchmarks/RESULTS.md).
 
     Images stay uint8 (a quarter of float32's bytes through the pipeline); the
     model scales them. With `shuffle_seed`, each pass over the dataset (each

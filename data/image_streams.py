@@ -236,7 +236,7 @@ def crop_flip(images: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
 
     Padding reflects the border. The crop and flip of an image are drawn from
     its key (`random_access.keyed_integers`), for the whole batch at once: one
-    gather, about a fifth of the CPU of per-image random crops (BUILD.md).
+    gather, about a fifth of the CPU of per-image random crops (benchmarks/RESULTS.md).
     """
     count = tf.shape(images, out_type=tf.int64)[0]
     height, width, channels = images.shape[1:]

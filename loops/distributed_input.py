@@ -206,7 +206,7 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
     On a plain iterator this avoids two costs of `next` on a distributed
     one: its asynchronous kernel hands every element between threads, and
     per-replica pipelines each read the whole stream and cut their slice
-    with tf.data functions (measured in BUILD.md, "Measured"). Slices follow
+    with tf.data functions (measured in benchmarks/RESULTS.md). Slices follow
     `split_global_batches`.
     """
     if (

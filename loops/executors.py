@@ -117,7 +117,7 @@ class Executor:
         if self._train_call is None:
             self.train_function = self._make_train_function(iterator)
             # Calling the traced function itself skips tf.function's argument
-            # matching on every call (BUILD.md, Benchmarks).
+            # matching on every call (benchmarks/RESULTS.md).
             self._train_call = self.train_function.get_concrete_function(
                 iterator, tf.TensorSpec([], tf.int32)
             )

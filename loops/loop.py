@@ -405,7 +405,7 @@ class Loop(metaclass=_BuildsAfterInit):
 
         When `skips_nonfinite`, the update runs only when `finite` holds
         (`loops.apply_if_finite`), so it waits for every gradient and the
-        check: 10-20% of a step of the digits MLP (BUILD.md). Otherwise ("stop")
+        check: 10-20% of a step of the digits MLP (benchmarks/RESULTS.md). Otherwise ("stop")
         each variable's update starts as soon as its gradient is ready, the
         inner loop ends right after a non-finite step, and the Controller
         goes back to the last checkpoint.

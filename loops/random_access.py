@@ -146,7 +146,7 @@ def map_rows(function: Callable, rows):
     static size up to `UNROLLED_ROWS` gets one copy of `function` per row,
     which TensorFlow runs in parallel: a tf.data map per example (unbatch,
     map, batch) cost 1.4x the CPU per image and a `tf.map_fn` 1.3x
-    (BUILD.md, "Streaming").
+    (benchmarks/RESULTS.md, "Streaming from disk").
     """
     count = tf.nest.flatten(rows)[0].shape[0]
     if count is not None and count <= UNROLLED_ROWS:

@@ -104,7 +104,7 @@ class MovingAverage:
     first about equally, so it keeps the early weights of a network that has
     since moved far, and an average of far-apart weights is a poor network
     (a GAN generator on the ring at 0.999 covered 1 mode of 8 after 2,000
-    steps, against 8 with this schedule; BUILD.md). Here the average spans
+    steps, against 8 with this schedule; benchmarks/RESULTS.md). Here the average spans
     about the last (10 + k) / 9 updates, a tenth of the history, so it
     follows the trained weights early on (the initial weights' share is below
     1e-6 after 15 updates; a plain 0.999 average keeps 74% after 300), and it

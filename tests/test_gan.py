@@ -443,7 +443,7 @@ def test_the_averaged_generator_is_as_good_as_the_raw_one_early_in_training(tmp_
     done = run_cli(f"--model_dir={model_dir}", "--train_steps=2000", "--num_replicas=1")
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_results(model_dir)["eval"]
-    # Measured: averaged 8 modes, 0.841; raw 8 modes, 0.800 (BUILD.md). The raw
+    # Measured: averaged 8 modes, 0.841; raw 8 modes, 0.800 (benchmarks/RESULTS.md). The raw
     # generator's quality swings from step to step, hence also a floor.
     assert metrics["modes_covered"] == 8, metrics
     assert metrics["high_quality_fraction"] >= metrics["raw_high_quality_fraction"] - 0.05, metrics
