@@ -1,0 +1,195 @@
+"""The checks .ci/run adds to ruff and mypy: the size limits and the import contracts.
+
+No TensorFlow: each test runs a check in a subprocess on a scratch tree, in well
+under a second. They need none of conftest.py's fixtures (`pytest --noconftest`
+runs them without importing TensorFlow at all).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECK_SIZES = os.path.join(ROOT, ".ci", "check_sizes.py")
+
+
+def check_sizes(root, *args):
+    return subprocess.run(
+        [sys.executable, CHECK_SIZES, "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def write(root, path, source):
+    path = root / path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+
+
+def function(lines, name="f", indent=""):
+    """A `def` of exactly `lines` lines, a docstring and a comment among them."""
+    body = ['    """A docstring."""', "    # a comment", ""]
+    body += ["    x = 1"] * (lines - 1 - len(body))
+    return "".join(f"{indent}{line}\n" if line else "\n" for line in [f"def {name}():", *body])
+
+
+def klass(lines, name="C"):
+    """A `class` of exactly `lines` lines."""
+    return f"class {name}:\n" + "    x = 1\n" * (lines - 1)
+
+
+def test_a_function_over_60_lines_fails_with_its_place_its_size_and_the_limit(tmp_path):
+    write(tmp_path, "loops/module.py", '"""A module."""\n\n' + function(61))
+    done = check_sizes(tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == ["loops/module.py:3: f is 61 lines (limit 60)"]
+
+
+def test_a_function_of_60_lines_passes_and_decorators_do_not_count(tmp_path):
+    write(tmp_path, "loops/module.py", "@first\n@second\n" + function(60))
+    done = check_sizes(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert "1 functions and 0 classes" in done.stdout
+
+
+def test_methods_nested_functions_and_subpackages_are_checked_by_qualified_name(tmp_path):
+    method = function(61, name="method", indent="    ")
+    write(tmp_path, "loops/bin/module.py", "class C:\n" + method)
+    write(tmp_path, "loops/other.py", "def outer():\n" + function(61, name="inner", indent="    "))
+    done = check_sizes(tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        "loops/other.py:1: outer is 62 lines (limit 60)",
+        "loops/other.py:2: outer.inner is 61 lines (limit 60)",
+        "loops/bin/module.py:2: C.method is 61 lines (limit 60)",
+    ]
+
+
+def test_a_class_over_300_lines_fails_and_one_of_300_passes(tmp_path):
+    write(tmp_path, "loops/module.py", klass(300, "Fits") + klass(301, "TooLong"))
+    done = check_sizes(tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == ["loops/module.py:301: TooLong is 301 lines (limit 300)"]
+
+
+def test_the_baseline_lets_a_listed_item_keep_or_lower_its_size_but_not_grow(tmp_path):
+    write(tmp_path, ".ci/size_baseline.txt", "# comment\nloops/module.py:f 70\n")
+    for lines in (70, 65):
+        write(tmp_path, "loops/module.py", function(lines))
+        assert check_sizes(tmp_path).returncode == 0
+    write(tmp_path, "loops/module.py", function(71))
+    done = check_sizes(tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        "loops/module.py:1: f is 71 lines (limit 60); "
+        ".ci/size_baseline.txt lets it be 70, it may not grow"
+    ]
+
+
+def test_the_baseline_fails_on_an_entry_within_the_limit_or_gone(tmp_path):
+    write(tmp_path, ".ci/size_baseline.txt", "loops/module.py:f 70\nloops/module.py:C.g 80\n")
+    write(tmp_path, "loops/module.py", function(60))
+    done = check_sizes(tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        ".ci/size_baseline.txt: loops/module.py:f is 60 lines, within the limit 60: "
+        "remove it from the baseline",
+        ".ci/size_baseline.txt: loops/module.py:C.g no longer exists: remove it from the baseline",
+    ]
+
+
+def test_a_malformed_baseline_line_is_an_error_that_shows_the_format(tmp_path):
+    write(tmp_path, "loops/module.py", function(10))
+    write(tmp_path, ".ci/size_baseline.txt", "loops/module.py f\n")
+    done = check_sizes(tmp_path)
+    assert done.returncode == 2
+    assert "not `path:qualname N`" in done.stderr
+
+
+def test_the_framework_is_within_its_limits_and_its_baseline():
+    done = check_sizes(ROOT)
+    assert done.returncode == 0, done.stdout
+
+
+def lint_imports(tree, *contracts):
+    """`lint-imports` with this repository's setup.cfg, importing the packages from `tree`."""
+    pytest.importorskip("importlinter")
+    code = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    options = [option for contract in contracts for option in ("--contract", contract)]
+    return subprocess.run(
+        [sys.executable, "-c", code, "--config", os.path.join(ROOT, "setup.cfg"), "--no-cache"]
+        + ["--no-logo", *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tree,
+        # COLUMNS: lines as wide as they are, not wrapped at 80.
+        env=dict(os.environ, PYTHONPATH=str(tree), COLUMNS="200"),
+    )
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of the framework and the examples, under the names they install as."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    for folder, package in [("loops", "loops"), ("data", "loops_data"), ("models", "loops_models")]:
+        shutil.copytree(os.path.join(ROOT, folder), tmp_path / package, ignore=ignore)
+    return tmp_path
+
+
+LAYER_CONTRACTS = ["examples", "kinds", "kinds-use-the-run-through-loop", "layers"]
+
+
+def test_the_layer_contracts_hold_on_a_copy_of_the_tree(tree):
+    done = lint_imports(tree, *LAYER_CONTRACTS)
+    assert done.returncode == 0, done.stdout
+    assert "4 kept, 0 broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "contract, module, imported",
+    [
+        ("examples", "reduction", "loops_models"),  # the core imports an example
+        ("kinds", "gan", "loops.rl"),
+        ("kinds-use-the-run-through-loop", "lm", "loops.checkpoints"),
+        ("layers", "update", "loops.controller"),  # the core imports the run
+    ],
+)
+def test_an_import_against_a_contract_fails_lint_imports(tree, contract, module, imported):
+    with open(tree / "loops" / f"{module}.py", "a") as source:
+        source.write(f"\nimport {imported}\n")
+    done = lint_imports(tree, contract)
+    assert done.returncode == 1
+    # The report names the import and its line.
+    assert f"loops.{module} -> {imported} (l." in done.stdout, done.stdout
+
+
+def test_a_module_outside_every_layer_fails_lint_imports(tree):
+    (tree / "loops" / "new_module.py").write_text('"""A module nobody placed in a layer."""\n')
+    done = lint_imports(tree, "layers")
+    assert done.returncode == 1
+    assert "- loops.new_module" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("type_checking_import", [False, True])
+def test_an_import_cycle_fails_even_through_type_checking(tmp_path, type_checking_import):
+    for package in ("loops", "loops_data", "loops_models"):
+        write(tmp_path, f"{package}/__init__.py", "")
+    write(tmp_path, "loops/run.py", "from loops import core\n")
+    back = "from loops import run" if type_checking_import else "x = 1"
+    core = f"""
+        from typing import TYPE_CHECKING
+
+        if TYPE_CHECKING:
+            {back}
+    """
+    write(tmp_path, "loops/core.py", textwrap.dedent(core))
+    done = lint_imports(tmp_path, "acyclic")
+    assert done.returncode == int(type_checking_import), done.stdout
+    assert ("No cycles are allowed in loops." in done.stdout) == type_checking_import
