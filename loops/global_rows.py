@@ -89,12 +89,8 @@ def gather_global_rows(value: tf.Tensor, *, global_batch_size: int) -> tf.Tensor
             "loops.gather_global_rows gathers rows along the first axis and got a scalar; "
             "pass a tensor whose first axis is this replica's rows (e.g. embeddings [rows, dim])."
         )
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
-        raise ValueError(
-            f"global_batch_size must be a whole number >= 1 (the most rows a step holds), "
-            f"got {global_batch_size!r}."
-        )
-    if global_batch_size < 1:
+    whole = isinstance(global_batch_size, int) and not isinstance(global_batch_size, bool)
+    if not whole or global_batch_size < 1:
         raise ValueError(
             f"global_batch_size must be a whole number >= 1 (the most rows a step holds), "
             f"got {global_batch_size!r}."
@@ -104,19 +100,14 @@ def gather_global_rows(value: tf.Tensor, *, global_batch_size: int) -> tf.Tensor
     counts = _rows_of_every_replica(rows)
     total = tf.reduce_sum(counts)
     offset = tf.reduce_sum(counts[: context.replica_id_in_sync_group])
-    fits = tf.debugging.assert_less_equal(
-        total,
-        global_batch_size,
-        message=(
-            f"loops.gather_global_rows was given global_batch_size={global_batch_size}, "
-            "and a step holds more rows; pass the global batch size the input makes"
-        ),
+    message = (
+        f"loops.gather_global_rows was given global_batch_size={global_batch_size}, and a "
+        "step holds more rows; pass the global batch size the input makes"
     )
-    with tf.control_dependencies([fits]):
+    with tf.control_dependencies(
+        [tf.debugging.assert_less_equal(total, global_batch_size, message)]
+    ):
         after = global_batch_size - offset - rows
-    paddings = tf.concat(
-        [[[offset, after]], tf.zeros([tf.rank(value) - 1, 2], dtype=tf.int32)], axis=0
-    )
-    placed = tf.pad(value, paddings)
-    placed = tf.ensure_shape(placed, [global_batch_size, *value.shape[1:]])
+    paddings = tf.concat([[[offset, after]], tf.zeros([tf.rank(value) - 1, 2], tf.int32)], axis=0)
+    placed = tf.ensure_shape(tf.pad(value, paddings), [global_batch_size, *value.shape[1:]])
     return context.all_reduce(tf.distribute.ReduceOp.SUM, placed)[:total]

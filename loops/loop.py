@@ -219,10 +219,8 @@ class Loop(metaclass=_BuildsAfterInit):
         self.grad_accum_steps = grad_accum_steps
         weight_average.check_decay(ema_decay)
         self.ema_decay = ema_decay
-        # Filled by the Updates `build` makes, when ema_decay is set.
-        self.weight_averages = weight_average.WeightAverages()
-        # Filled by the Updates `build` makes (their loss scales); saved without being listed.
-        self.update_states = UpdateStates()
+        # Filled by the Updates `build` makes (averages when ema_decay is set, loss scales).
+        self.weight_averages, self.update_states = weight_average.WeightAverages(), UpdateStates()
         self.strategy = strategy or tf.distribute.get_strategy()
         # Under ParameterServerStrategy this process is the coordinator and the
         # steps run asynchronously on the workers (loops/parameter_server.py).
