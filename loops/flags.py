@@ -20,27 +20,16 @@ from typing import Any
 
 from absl import app, flags
 
-from loops import exit_codes, tensorflow_logs
-from loops.choices import (
-    LOCAL_REPLICA_STRATEGIES,
-    METRIC_MODES,
-    NONFINITE_POLICIES,
-    ONE_PROCESS_STRATEGIES,
-    PRECISION_POLICIES,
-    STRATEGY_NAMES,
-)
+from loops import exit_codes, settings, tensorflow_logs
+from loops.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
 
 # The headings of a binary's --help, in order; each of its flags is defined under one.
 HEADINGS = ("mode", "strategy", "data", "model", "training", "outputs", "faults")
-TRAIN = "train"
-EVALUATE_CHECKPOINTS = "evaluate_checkpoints"
-# TF_CONFIG's task type of the process that evaluates beside a cluster (TensorFlow's name).
-EVALUATOR_TASK = "evaluator"
-# Evaluations a run makes when --eval_every is unset: enough points for a curve.
-DEFAULT_EVALUATIONS = 5
-# Replicas of a mirrored or central_storage run on a machine without GPUs: the
-# smallest split of the CPU in which replicas reduce across each other.
-DEFAULT_CPU_REPLICAS = 2
+TRAIN = settings.TRAIN
+EVALUATE_CHECKPOINTS = settings.EVALUATE_CHECKPOINTS
+EVALUATOR_TASK = settings.EVALUATOR_TASK
+DEFAULT_EVALUATIONS = settings.DEFAULT_EVALUATIONS
+DEFAULT_CPU_REPLICAS = settings.DEFAULT_CPU_REPLICAS
 _HELP_ARGUMENTS = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
 
 # Flag name -> its --help heading, for every flag of the running binary (one per process).
@@ -93,227 +82,42 @@ def define_loop_flags(
     steps_per_loop: int | None = 100,
     ema_decay: float = 0.0,
 ) -> None:
-    """Defines the shared flags with this binary's defaults.
+    """Defines a flag for every shared setting (`loops.settings.SETTINGS`), with this
+    binary's defaults.
 
     A binary whose defaults depend on another flag (the RL algorithm) passes
     None and fills them in after parsing.
     """
-    with heading("mode"):
-        flags.DEFINE_enum(
-            "mode",
-            None,
-            [TRAIN, EVALUATE_CHECKPOINTS],
-            f"{TRAIN}: train (and evaluate) the model. {EVALUATE_CHECKPOINTS}: in a "
-            "process of its own, evaluate each checkpoint the run in --model_dir writes, "
-            "once, as it appears, until the run's last (--train_steps), on this host's "
-            "devices (a cluster --strategy becomes default); results in "
-            f"MODEL_DIR/evaluator. Unset: {TRAIN}, or {EVALUATE_CHECKPOINTS} on a task "
-            f"TF_CONFIG names '{EVALUATOR_TASK}' (loops-launch --evaluator).",
-        )
-        flags.DEFINE_float(
-            "evaluator_timeout",
-            3600.0,
-            f"--mode={EVALUATE_CHECKPOINTS}: give up (exit 1) when no new checkpoint "
-            "comes for this many seconds before the run ends; 0: wait for ever.",
-            lower_bound=0.0,
-        )
-    with heading("strategy"):
-        flags.DEFINE_enum(
-            "strategy",
-            "mirrored",
-            list(STRATEGY_NAMES),
-            "tf.distribute strategy to train with. central_storage keeps the "
-            "variables on one device (the CPU) and computes on --num_replicas "
-            "devices.",
-        )
-        flags.DEFINE_integer(
-            "num_replicas",
-            None,
-            "Replicas for --strategy=mirrored or central_storage: that many "
-            "GPUs when present, else the CPU split into that many logical "
-            f"devices. Default: every GPU, or {DEFAULT_CPU_REPLICAS} logical "
-            "CPUs without GPUs; 1 for the other strategies, which take their "
-            "devices from the machine or the cluster.",
-            lower_bound=1,
-        )
-        flags.DEFINE_float(
-            "cluster_timeout",
-            None,
-            "Seconds a task of a TF_CONFIG cluster (multi_worker_mirrored, "
-            "parameter_server) waits for the others to come up before it names "
-            "the missing ones and exits. Default: $LOOPS_CLUSTER_TIMEOUT_SECONDS, "
-            "else 600.",
-            lower_bound=0.0,
-        )
-    with heading("training"):
-        flags.DEFINE_integer(
-            "train_steps",
-            train_steps,
-            "Total training steps (a resumed run trains up to this step).",
-            lower_bound=1,
-        )
-        flags.DEFINE_integer(
-            "global_batch_size",
-            global_batch_size,
-            "Examples per step over all replicas.",
-            lower_bound=1,
-        )
-        flags.DEFINE_integer(
-            "steps_per_loop",
-            steps_per_loop,
-            "Steps per inner loop: a progress line and summaries each; one tf.function call "
-            "runs one or, where nothing else comes between them, several.",
-            lower_bound=1,
-        )
-        flags.DEFINE_float("learning_rate", learning_rate, "Optimizer learning rate (> 0).")
-        flags.DEFINE_integer("seed", 0, "Seed for initial weights, shuffling and noise.")
-        flags.DEFINE_bool(
-            "run_eagerly", False, "Run steps eagerly (no tf.function), for debugging."
-        )
-        flags.DEFINE_float(
-            "clip_norm",
-            None,
-            "Clip each update's gradient, summed over replicas, to this global "
-            "norm (> 0). Default: the loop's own (off for the classifier and the "
-            "GAN, 0.5 for ppo, 10 for dqn).",
-        )
-        flags.DEFINE_integer(
-            "grad_accum_steps",
-            1,
-            "Cut each replica's share of a step into this many micro-batches and "
-            "add up their gradients into one update: the update of the whole "
-            "batch, with 1/K of the activations in memory. The RL loops draw "
-            "their own minibatches and take only 1.",
-            lower_bound=1,
-        )
-        flags.DEFINE_enum(
-            "mixed_precision",
-            "none",
-            list(PRECISION_POLICIES),
-            "Compute in 16 bits with float32 variables: mixed_bfloat16, or "
-            "mixed_float16 with a dynamic loss scale agreed on by all replicas "
-            "(one per optimizer, checkpointed); none: float32.",
-        )
-        flags.DEFINE_float(
-            "ema_decay",
-            ema_decay,
-            "Keep a moving average of the trained weights with this decay "
-            "(e.g. 0.999; lowered early in training so the average follows the "
-            "weights), checkpointed beside them; evaluation, the best checkpoint's "
-            "metric and the export use it. 0: no average.",
-        )
-        flags.DEFINE_integer(
-            "eval_every",
-            None,
-            "Evaluate every this many steps, and always at the end. Default: "
-            f"about {DEFAULT_EVALUATIONS} evaluations a run, each after a "
-            "whole --steps_per_loop; 0: only at the end.",
-            lower_bound=0,
-        )
-        flags.DEFINE_string(
-            "early_stopping_metric",
-            None,
-            "Stop training once this eval metric (e.g. loss, accuracy) has not "
-            "improved for --early_stopping_patience evaluations in a row. A "
-            "rerun of a stopped run stops again at once.",
-        )
-        flags.DEFINE_enum(
-            "early_stopping_mode",
-            "min",
-            list(METRIC_MODES),
-            "min: lower --early_stopping_metric is better (loss); max: higher is "
-            "better (accuracy).",
-        )
-        flags.DEFINE_integer(
-            "early_stopping_patience",
-            3,
-            "Evaluations in a row without improvement before stopping.",
-            lower_bound=1,
-        )
-    # After the finiteness check of the heading, so that nan is called not finite.
-    flags.register_validator(
-        "clip_norm",
-        lambda value: value is None or value > 0,
-        message="--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).",
-    )
-    flags.register_validator(
-        "ema_decay",
-        lambda value: 0 <= value < 1,
-        message="--ema_decay must be in [0, 1), e.g. 0.999 (0: no average).",
-    )
-    flags.register_validator(
-        "learning_rate",
-        lambda value: value > 0,
-        message="--learning_rate must be > 0, e.g. --learning_rate=0.001.",
-    )
-    with heading("outputs"):
-        flags.DEFINE_float(
-            "progress_every_seconds",
-            10.0,
-            "End inner loops early enough that a progress line comes at least "
-            "this often (one process only; 0: --steps_per_loop alone decides).",
-            lower_bound=0.0,
-        )
-        flags.DEFINE_string(
-            "model_dir",
-            None,
-            "Directory for checkpoints, summaries and results.json. A run "
-            "pointed at a directory with a checkpoint resumes from it. "
-            "Default: a new directory under the system temp dir.",
-        )
-        flags.DEFINE_integer(
-            "checkpoint_every",
-            None,
-            "Checkpoint every this many steps (always at the end).",
-            lower_bound=1,
-        )
-        flags.DEFINE_string(
-            "keep_best_metric",
-            None,
-            "Keep a checkpoint of the best evaluation by this eval metric in "
-            "MODEL_DIR/best (with best.json: its step and value).",
-        )
-        flags.DEFINE_enum(
-            "keep_best_mode",
-            "min",
-            list(METRIC_MODES),
-            "min: lower --keep_best_metric is better (loss); max: higher is better (accuracy).",
-        )
-        flags.DEFINE_string(
-            "profile_steps",
-            None,
-            "START,END: trace train steps START to END (from 1, both included) "
-            "with TensorFlow's profiler into MODEL_DIR/summaries/train, for "
-            "TensorBoard's Profile tab (pip install tensorboard-plugin-profile). "
-            "Chief only.",
-        )
-    flags.register_validator(
-        "profile_steps",
-        lambda value: value is None or _profile_steps(value) is not None,
-        message=(
-            "--profile_steps must be START,END with 1 <= START <= END, e.g. --profile_steps=10,20."
-        ),
-    )
-    with heading("faults"):
-        flags.DEFINE_enum(
-            "on_nonfinite",
-            "stop",
-            list(NONFINITE_POLICIES),
-            "After a step whose loss or gradients are not finite on any replica: "
-            "stop with an error (nothing saved after it; back to the last "
-            "checkpoint), skip its update everywhere and go on, or recover: go "
-            "back to the last checkpoint, move the train stream past every batch "
-            "from there to the bad step, and go on (logged; not for the RL "
-            "loops or parameter_server).",
-        )
-        flags.DEFINE_integer(
-            "max_recoveries",
-            None,
-            "With --on_nonfinite=recover: recoveries a run may make (counted over "
-            "resumes) before the next non-finite step stops it with an error. "
-            "Default: 3.",
-            lower_bound=1,
-        )
+    binary_defaults = {
+        "train_steps": train_steps,
+        "global_batch_size": global_batch_size,
+        "learning_rate": learning_rate,
+        "steps_per_loop": steps_per_loop,
+        "ema_decay": ema_decay,
+    }
+    for setting in settings.SETTINGS:
+        with heading(setting.heading):
+            _define_flag(setting, binary_defaults.get(setting.name, setting.flag_default))
+        # After the finiteness check of the heading, so that nan is called not finite.
+        if setting.flag_rule is not None:
+            rule, message = setting.flag_rule
+            flags.register_validator(setting.name, rule, message=message)
+
+
+def _define_flag(setting: settings.Setting, default: Any) -> None:
+    """One absl flag of the type, bound and choices `setting` declares."""
+    name, help_text = setting.name, setting.help
+    if setting.kind == "enum":
+        flags.DEFINE_enum(name, default, list(setting.choices), help_text)
+    elif setting.kind == "bool":
+        flags.DEFINE_bool(name, default, help_text)
+    elif setting.kind == "integer":
+        bound = None if setting.lower_bound is None else int(setting.lower_bound)
+        flags.DEFINE_integer(name, default, help_text, lower_bound=bound)
+    elif setting.kind == "float":
+        flags.DEFINE_float(name, default, help_text, lower_bound=setting.lower_bound)
+    else:
+        flags.DEFINE_string(name, default, help_text)
 
 
 def define_export_dir_flag(what: str) -> None:
@@ -495,7 +299,8 @@ def flag_actions() -> list:
 
 
 def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -> dict[str, Any]:
-    """The `Loop` keyword arguments the shared flags set, with the binary's own `actions`.
+    """The `Loop` keyword arguments: one per Loop setting (`settings.LOOP_SETTINGS`), from its
+    flag, with the binary's own `actions`.
 
     Reads --train_steps and --steps_per_loop, which a binary with
     algorithm-dependent defaults fills in before. An evaluator's loop
@@ -504,28 +309,25 @@ def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -
     (loops/sidecar.py).
     """
     values = flags.FLAGS
-    evaluator = mode() == EVALUATE_CHECKPOINTS
-    return {
-        "strategy": strategy,
-        "model_dir": None if evaluator else model_dir,
-        "steps_per_loop": values.steps_per_loop,
-        "eval_every": eval_every(),
-        "checkpoint_every": values.checkpoint_every,
-        "seed": values.seed,
-        "run_eagerly": values.run_eagerly,
-        # The evaluator trains nothing: a recovery (which needs a model_dir of its
-        # own) and a profile of train steps do not apply to it.
-        "on_nonfinite": "stop" if evaluator else values.on_nonfinite,
-        "max_recoveries": None if evaluator else values.max_recoveries,
-        "mixed_precision": values.mixed_precision,
-        "grad_accum_steps": values.grad_accum_steps,
-        # Kept by the evaluator: the checkpoints hold the averages it evaluates with.
-        "ema_decay": values.ema_decay or None,
-        "actions": [] if evaluator else [*flag_actions(), *actions],
-        "progress_every_seconds": values.progress_every_seconds or None,
-        "profile_steps": None if evaluator else _profile_steps(values.profile_steps or ""),
-        "config": flag_values(),
+    arguments = {
+        setting.name: setting.from_flag(values[setting.name].value)
+        for setting in settings.LOOP_SETTINGS
     }
+    arguments.update(
+        strategy=strategy,
+        model_dir=model_dir,
+        eval_every=eval_every(),
+        actions=[*flag_actions(), *actions],
+        config=flag_values(),
+    )
+    if mode() == EVALUATE_CHECKPOINTS:
+        # The evaluator trains nothing: a recovery (which needs a model_dir of its
+        # own), a profile of train steps and the actions do not apply to it. It
+        # keeps ema_decay: the checkpoints hold the averages it evaluates with.
+        arguments.update(
+            model_dir=None, on_nonfinite="stop", max_recoveries=None, profile_steps=None, actions=[]
+        )
+    return arguments
 
 
 def run_binary(
@@ -674,12 +476,3 @@ def report_outputs(loop) -> None:
         f"--model_dir={directory} and a larger --train_steps to continue)\n"
         f"  summaries:   tensorboard --logdir {os.path.join(directory, 'summaries')}"
     )
-
-
-def _profile_steps(text: str) -> tuple[int, int] | None:
-    """ "START,END" as (START, END) when 1 <= START <= END; else None."""
-    parts = text.split(",")
-    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
-        return None
-    start, end = (int(part) for part in parts)
-    return (start, end) if 1 <= start <= end else None

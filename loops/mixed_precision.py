@@ -8,9 +8,9 @@ from collections.abc import Iterator, Sequence
 import keras
 import tensorflow as tf
 
-from loops.choices import PRECISION_POLICIES
+from loops import settings
 
-DEFAULT_GROWTH_STEPS = 2000
+DEFAULT_GROWTH_STEPS = settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
 
 
 def check_policy(name: str) -> str:
@@ -19,12 +19,7 @@ def check_policy(name: str) -> str:
     Raises:
         ValueError: naming the bad value and the choices.
     """
-    if name not in PRECISION_POLICIES:
-        raise ValueError(
-            f"mixed_precision must be one of {', '.join(PRECISION_POLICIES)}, got {name!r}; use "
-            "'mixed_bfloat16' or 'mixed_float16' to compute in 16 bits, 'none' for float32."
-        )
-    return name
+    return settings.BY_NAME["mixed_precision"].checked(name)
 
 
 def needs_loss_scale(name: str) -> bool:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from loops import settings
+
 PLUGIN_HINT = (
     "TensorBoard's profile plugin is not installed here: to view the trace, "
     "pip install tensorboard-plugin-profile, then "
@@ -25,24 +27,7 @@ PLUGIN_HINT = (
 
 def check_profile_steps(profile_steps) -> tuple[int, int] | None:
     """(start, end), whole numbers with 1 <= start <= end, or None; else ValueError naming it."""
-    if profile_steps is None:
-        return None
-    try:
-        start, end = profile_steps
-    except (TypeError, ValueError):
-        start = end = None
-    if not all(isinstance(value, int) and not isinstance(value, bool) for value in (start, end)):
-        raise ValueError(
-            f"profile_steps must be (start, end), two whole numbers, got {profile_steps!r}; "
-            "e.g. (10, 20) (--profile_steps=10,20) traces steps 10 to 20."
-        )
-    assert isinstance(start, int) and isinstance(end, int)  # checked above
-    if not 1 <= start <= end:
-        raise ValueError(
-            f"profile_steps must have 1 <= start <= end, got {profile_steps!r}; e.g. (10, 20) "
-            "traces steps 10 to 20 (counted from 1)."
-        )
-    return start, end
+    return settings.check_profile_steps("profile_steps", profile_steps)
 
 
 class StepProfiler:

@@ -8,9 +8,11 @@ from typing import TypedDict
 
 import tensorflow as tf
 
+from loops import settings
+
 # The record's name in a checkpoint, beside the loop's items (reserved: see Loop).
 CHECKPOINT_NAME = "recoveries"
-DEFAULT_MAX_RECOVERIES = 3
+DEFAULT_MAX_RECOVERIES = settings.DEFAULT_MAX_RECOVERIES
 
 
 class Recovery(TypedDict):

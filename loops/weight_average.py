@@ -16,17 +16,13 @@ from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
 
+from loops import settings
 from loops.target_networks import MovingAverage
 
 
 def check_decay(decay: float | None) -> None:
     """Raises ValueError unless `decay` is None or in (0, 1)."""
-    if decay is None:
-        return
-    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
-        raise ValueError(
-            f"ema_decay must be in (0, 1), e.g. 0.999, or None for no average; got {decay!r}."
-        )
+    settings.check_ema_decay("ema_decay", decay)
 
 
 class WeightAverage(tf.Module):
