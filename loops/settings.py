@@ -308,7 +308,7 @@ SETTINGS: tuple[Setting, ...] = (
         f"scale doubles. Default: {DEFAULT_LOSS_SCALE_GROWTH_STEPS}.",
         "integer",
         loop=True,
-        check=whole_number(1, _OFF.replace("turn it off", "the default")),
+        check=whole_number(1, " (or None for the default)"),
         lower_bound=1,
     ),
     Setting(

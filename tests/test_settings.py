@@ -1,0 +1,126 @@
+"""Each shared setting is declared once (loops/settings.py): the flags of every binary, their
+--help, the keyword arguments of loops.Loop and their checks all come from that declaration."""
+
+import inspect
+import os
+import re
+
+import pytest
+
+import loops
+from conftest import read_results, run_module
+from loops import settings
+
+BINARIES = ("classifier", "gan", "rl", "lm")
+# Loop keyword arguments that are objects, not settings a flag could carry.
+LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "config"}
+# Settings whose flag default each binary gives (`define_loop_flags` arguments).
+BINARY_OWN_DEFAULTS = {"train_steps", "global_batch_size", "learning_rate", "steps_per_loop"}
+KINDS = {
+    "integer": "int",
+    "float": "float",
+    "bool": "bool",
+    "enum": "string enum",
+    "string": "string",
+}
+
+
+def help_entries(binary):
+    """--flag -> (its --help heading, its type and default line, its help text unwrapped)."""
+    done = run_module(f"loops.bin.{binary}", "--help", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    entries, heading, name = {}, None, None
+    for line in done.stdout.splitlines():
+        if re.fullmatch(r"[a-z]+:", line):
+            heading = line[:-1]
+        elif match := re.fullmatch(r"  --(\w+) \((.*)\)", line):
+            name = match.group(1)
+            entries[name] = [heading, match.group(2), ""]
+        elif line.startswith("      ") and name is not None:
+            entries[name][2] = (entries[name][2] + " " + line.strip()).strip()
+        else:
+            name = None
+    return entries
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_every_binary_lists_every_setting_under_its_heading_with_its_declared_help(binary):
+    entries = help_entries(binary)
+    for setting in settings.SETTINGS:
+        assert setting.name in entries, f"--{setting.name} missing from {binary} --help"
+        heading, type_and_default, help_text = entries[setting.name]
+        assert heading == setting.heading, setting.name
+        choices = f"<{'|'.join(setting.choices)}>: " if setting.kind == "enum" else ""
+        # Compared without spaces: --help wraps long words (the choices) anywhere.
+        expected = choices + setting.help
+        assert help_text.replace(" ", "") == expected.replace(" ", ""), setting.name
+        kind = KINDS[setting.kind]
+        assert type_and_default.startswith(f"{kind}, default: "), (setting.name, type_and_default)
+        if setting.name in BINARY_OWN_DEFAULTS or (binary, setting.name) == ("gan", "ema_decay"):
+            continue
+        default = "unset" if setting.flag_default is None else str(setting.flag_default)
+        if setting.kind == "bool":
+            default = default.lower()
+        assert type_and_default == f"{kind}, default: {default}", setting.name
+
+
+def test_the_loop_takes_exactly_the_declared_loop_settings_with_their_defaults():
+    parameters = inspect.signature(loops.Loop.__init__).parameters
+    keywords = {
+        name
+        for name, parameter in parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    declared = {setting.name for setting in settings.LOOP_SETTINGS}
+    assert keywords - LOOP_OBJECTS == declared
+    for setting in settings.LOOP_SETTINGS:
+        assert parameters[setting.name].default == setting.default, setting.name
+
+
+@pytest.mark.parametrize(
+    "name, bad",
+    [
+        ("steps_per_loop", 0),
+        ("eval_every", -5),
+        ("checkpoint_every", 2.5),
+        ("max_checkpoints", 0),
+        ("grad_accum_steps", 0),
+        ("mixed_precision", "float16"),
+        ("ema_decay", 1.0),
+        ("progress_every_seconds", -1.0),
+        ("profile_steps", (5, 2)),
+        ("on_nonfinite", "ignore"),
+        ("seed", -1),
+        ("loss_scale_growth_steps", 0),
+    ],
+)
+def test_a_bad_keyword_gets_the_sentence_its_declaration_gives(name, bad):
+    with pytest.raises(ValueError) as declared:
+        settings.BY_NAME[name].checked(bad)
+    assert f"{name} must " in str(declared.value) and repr(bad) in str(declared.value)
+    with pytest.raises(ValueError) as from_the_loop:
+        loops.Loop(**{name: bad})
+    assert str(from_the_loop.value) == str(declared.value)
+
+
+def test_a_run_takes_its_settings_from_a_flagfile_with_command_line_overrides(tmp_path, digits_dir):
+    flagfile = tmp_path / "run.flags"
+    flagfile.write_text("--train_steps=4\n--steps_per_loop=2\n--global_batch_size=32\n")
+    model_dir = str(tmp_path / "run")
+    done = run_module(
+        "loops.bin.classifier",
+        f"--flagfile={flagfile}",
+        "--train_steps=6",
+        f"--model_dir={model_dir}",
+        f"--data_dir={digits_dir}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = read_results(model_dir)
+    assert results["global_step"] == 6
+    config = results["config"]
+    assert (config["train_steps"], config["steps_per_loop"], config["global_batch_size"]) == (
+        6,
+        2,
+        32,
+    )
+    assert os.path.exists(os.path.join(model_dir, "config.json"))
