@@ -7,9 +7,10 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from loops import checkpoints, model_dir_lock, reporting
+from loops import checkpoints, model_dir_lock, reporting, run_config
 from loops.loop import Loop
 
 HISTORY_FILE = "history.json"  # in MODEL_DIR/evaluator, next to the evaluator's summaries
@@ -30,6 +31,7 @@ def evaluate_checkpoints(
     train_steps: int | None = None,
     poll_seconds: float = DEFAULT_POLL_SECONDS,
     timeout_seconds: float | None = DEFAULT_TIMEOUT_SECONDS,
+    compared_config: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Evaluates every checkpoint the run in `model_dir` keeps, once each, until its last one.
 
@@ -53,6 +55,19 @@ def evaluate_checkpoints(
     up to its step is handled; results.json of an earlier, shorter run of the
     same directory does not count when `train_steps` is given.
 
+    First the loop's settings are checked against the run's, which the
+    trainer records in `MODEL_DIR/config.json` as it starts (read when the
+    evaluator starts, or else before it restores the first checkpoint): the
+    loop's `ema_decay` (whether there is a moving average: with one the
+    averaged weights are evaluated, without one the raw weights; its decay
+    does not change the averages the checkpoints hold), `mixed_precision`
+    (the dtype evaluation computes in) and `seed` (the noise of a GAN's
+    samples, RL's evaluation episodes, a language model's samples), and the
+    entries of the loop's `config` named by `compared_config`. A setting
+    that differs raises ValueError naming it; one the run did not record is
+    not compared. A run with checkpoints and no config.json (from a loops
+    version that did not record one) is evaluated unchecked, with a note.
+
     Example (the run's own loop class and model, without a model_dir):
 
         loop = loops.ClassifierLoop(model_fn=..., optimizer_fn=..., eval_data=...)
@@ -70,6 +85,9 @@ def evaluate_checkpoints(
         poll_seconds: how often to look for a new checkpoint.
         timeout_seconds: give up when no new checkpoint comes for this long
             and the run has not ended; None waits for ever.
+        compared_config: keys of the loop's `config` that change the
+            evaluated numbers (the model's or the eval data's settings),
+            each of which must have the value the run recorded.
 
     Returns:
         The history: one entry per checkpoint handled (also by earlier
@@ -81,11 +99,12 @@ def evaluate_checkpoints(
 
     Raises:
         ValueError: a bad argument, a loop with a model_dir or nothing to
-            evaluate, a checkpoint that does not match the loop, or another
-            live evaluator of `model_dir`.
+            evaluate, a setting that differs from the run's (see above), an
+            unreadable config.json, a checkpoint that does not match the
+            loop, or another live evaluator of `model_dir`.
         TimeoutError: no new checkpoint for `timeout_seconds` before the run ended.
     """
-    _check_arguments(loop, train_steps, poll_seconds, timeout_seconds)
+    _check_arguments(loop, train_steps, poll_seconds, timeout_seconds, compared_config)
     directory = evaluator_directory(model_dir)
     try:
         lock = model_dir_lock.acquire(directory)  # against a second evaluator, not the trainer
@@ -94,7 +113,7 @@ def evaluate_checkpoints(
     sightings = _Sightings(os.path.join(model_dir, "checkpoints"), poll_seconds)
     try:
         reporting.remove_unfinished_writes(directory)
-        watch = _Watch(loop, model_dir, train_steps=train_steps)
+        watch = _Watch(loop, model_dir, train_steps=train_steps, compared_config=compared_config)
         sightings.start()
         watch.run(sightings, poll_seconds, timeout_seconds)
         return watch.history
@@ -138,7 +157,14 @@ class _Sightings(threading.Thread):
 class _Watch:
     """The evaluator's state: the loop, the run's files, and the history so far."""
 
-    def __init__(self, loop: Loop, model_dir: str, *, train_steps: int | None):
+    def __init__(
+        self,
+        loop: Loop,
+        model_dir: str,
+        *,
+        train_steps: int | None,
+        compared_config: Sequence[str],
+    ):
         self.loop = loop
         self.model_dir = model_dir
         self.train_steps = train_steps
@@ -151,6 +177,11 @@ class _Watch:
         # The loop's own evaluation summaries (scalars, a GAN's sample grid, a
         # language model's samples) go to the evaluator's directory.
         loop.controller.summaries = reporting.Summaries(evaluator_directory(model_dir))
+        self.settings = {
+            **run_config.loop_settings(loop),
+            **{key: loop.controller.config[key] for key in compared_config},
+        }
+        self._settings_checked = False
 
     @property
     def last_step(self) -> int:
@@ -168,6 +199,7 @@ class _Watch:
             if self.history
             else ""
         )
+        self._check_settings(before_restore=False)
         self.say(f"watching {self.checkpoint_directory}{until}{earlier}")
         handled_now = 0
         waiting_since = time.monotonic()
@@ -202,6 +234,7 @@ class _Watch:
             entry["written"] = os.path.getmtime(prefix + ".index")
         except OSError:
             pass  # deleted already: noted below
+        self._check_settings(before_restore=True)
         problem = checkpoints.missing_files(prefix)
         try:
             problem = problem or checkpoints.restore_checkpoint(prefix, self.items)
@@ -227,6 +260,33 @@ class _Watch:
         reporting.write_json_atomic(
             self.history_path, {"model_dir": self.model_dir, "evaluations": self.history}
         )
+
+    def _check_settings(self, *, before_restore: bool) -> None:
+        """Refuses settings that would evaluate other numbers than the run's; checks once.
+
+        Before the first restore a missing config.json is a run that records
+        none; earlier it may be a trainer that has not written it yet.
+        """
+        if self._settings_checked:
+            return
+        recorded = run_config.read(self.model_dir)
+        if recorded is None:
+            if not before_restore:
+                return
+            self.say(run_config.unrecorded_note(self.model_dir))
+        else:
+            found = run_config.differences(self.settings, recorded, self.settings)
+            if found:
+                fixes = ", ".join(
+                    run_config.setting(item.name, item.run, as_flag=False) for item in found
+                )
+                raise ValueError(
+                    f"The evaluator's {type(self.loop).__name__} would not evaluate what the "
+                    f"run in {self.model_dir} trained: "
+                    f"{run_config.describe(found, as_flags=False)}. Build it with the run's "
+                    f"values ({fixes}), which {run_config.config_path(self.model_dir)} records."
+                )
+        self._settings_checked = True
 
     def _run_end(self) -> int | None:
         """The step results.json says the run ended at; None while it runs (or was preempted)."""
@@ -294,6 +354,7 @@ def _check_arguments(
     train_steps: int | None,
     poll_seconds: float,
     timeout_seconds: float | None,
+    compared_config: Sequence[str],
 ) -> None:
     if loop.model_dir is not None:
         raise ValueError(
@@ -323,4 +384,12 @@ def _check_arguments(
         raise ValueError(
             f"timeout_seconds must be a number of seconds > 0 (or None: wait for ever), got "
             f"{timeout_seconds!r}."
+        )
+    config = loop.controller.config
+    unknown = [key for key in compared_config if key not in config]
+    if isinstance(compared_config, str) or unknown:
+        raise ValueError(
+            f"compared_config must name keys of the loop's config, got {compared_config!r}"
+            f" (the loop's config holds {sorted(config)}); build the loop with config= "
+            "holding each setting to compare, or leave it out."
         )
