@@ -91,14 +91,18 @@ def classifier_run(tmp_path_factory, digits_dir):
     return model_dir
 
 
+# Not compared: another batch size only reorders the sums over the eval set.
+@pytest.mark.parametrize("batch_size", [[], ["--global_batch_size=50"]])
 def test_an_evaluator_given_none_of_the_runs_settings_takes_them_and_the_runs_numbers(
-    classifier_run, digits_dir, tmp_path, capsys
+    classifier_run, digits_dir, tmp_path, capsys, batch_size
 ):
     run_dir = str(tmp_path / "run")
     shutil.copytree(classifier_run, run_dir)
     capsys.readouterr()
     evaluator = ["--mode=evaluate_checkpoints", f"--model_dir={run_dir}"]
-    classifier_main(*evaluator, f"--data_dir={digits_dir}", "--strategy=default", "--train_steps=4")
+    classifier_main(
+        *evaluator, f"--data_dir={digits_dir}", "--strategy=default", "--train_steps=4", *batch_size
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (
         f"evaluator: took the run's settings from {run_dir}/config.json: "
