@@ -665,8 +665,7 @@ def _take_run_settings(model_dir: str) -> None:
     except (ValueError, OSError) as error:  # TimeoutError is an OSError
         sys.exit(f"error: {error}")
     if recorded is None:
-        print(f"evaluator: {run_config.unrecorded_note(model_dir)}", flush=True)
-        return
+        return  # a run that records none: evaluate_checkpoints says so
     found = run_config.differences(flag_values(), recorded, evaluated_settings())
     given = [item for item in found if flags.FLAGS[item.name].present]
     path = run_config.config_path(model_dir)

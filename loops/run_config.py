@@ -100,15 +100,6 @@ def wait_for(
         time.sleep(poll_seconds)
 
 
-def unrecorded_note(model_dir: str) -> str:
-    """What an evaluator says of a run with checkpoints but no config.json."""
-    return (
-        f"{config_path(model_dir)} is missing though the run has checkpoints (a run of a loops "
-        "version that did not record it): the evaluator's settings are not checked against "
-        "the run's"
-    )
-
-
 def differences(
     here: Mapping[str, Any], run: Mapping[str, Any], names: Iterable[str]
 ) -> list[Difference]:

@@ -273,7 +273,11 @@ class _Watch:
         if recorded is None:
             if not before_restore:
                 return
-            self.say(run_config.unrecorded_note(self.model_dir))
+            self.say(
+                f"{run_config.config_path(self.model_dir)} is missing though the run has "
+                "checkpoints (a run of a loops version that did not record it): this loop's "
+                "settings are not checked against the run's"
+            )
         else:
             found = run_config.differences(self.settings, recorded, self.settings)
             if found:

@@ -255,3 +255,19 @@ def test_a_python_evaluator_with_another_decay_evaluates_the_runs_averages(pytho
         assert entry["metrics"] == pytest.approx(
             {name: expected[name] for name in entry["metrics"]}, rel=1e-6, abs=0
         )
+
+
+def test_a_run_without_config_json_is_evaluated_unchecked_with_a_note(python_run, tmp_path):
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(python_run, run_dir)
+    os.remove(os.path.join(run_dir, "config.json"))
+    loop = make_loop(ema_decay=0.5)
+    lines = []
+    loop.progress.line = lines.append
+    history = loops.evaluate_checkpoints(loop, run_dir, train_steps=4, poll_seconds=0.05)
+    assert [entry["step"] for entry in history] == [2, 4]
+    assert lines[1] == (
+        f"evaluator: {run_dir}/config.json is missing though the run has checkpoints (a run "
+        "of a loops version that did not record it): this loop's settings are not checked "
+        "against the run's"
+    )
