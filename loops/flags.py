@@ -674,8 +674,9 @@ def _take_run_settings(model_dir: str) -> None:
         values = " ".join(run_config.setting(item.name, item.run, as_flag=True) for item in given)
         raise app.UsageError(
             f"--mode={EVALUATE_CHECKPOINTS} would not evaluate what the run in {model_dir} "
-            f"trained: {run_config.describe(given, as_flags=True)} ({path}). Drop {names} "
-            f"to take the run's value, or pass the run's: {values}."
+            f"trained ({path}): {run_config.describe(given, as_flags=True)}. Drop {names} "
+            f"to take the run's {'value' if len(given) == 1 else 'values'}, or pass the "
+            f"run's: {values}."
         )
     for item in found:
         flags.FLAGS[item.name].value = item.run

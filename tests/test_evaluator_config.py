@@ -129,9 +129,10 @@ def test_an_evaluator_given_other_values_than_the_run_refuses_before_building_an
     # --ema_decay=0.9 evaluates the same averages as the run's 0.5: not refused.
     assert str(raised.value) == (
         f"--mode=evaluate_checkpoints would not evaluate what the run in {classifier_run} "
-        "trained: --eval_split=test here and --eval_split=train in the run; --l2=0.001 here "
-        f"and --l2=0.01 in the run ({classifier_run}/config.json). Drop --eval_split --l2 to "
-        "take the run's value, or pass the run's: --eval_split=train --l2=0.01."
+        f"trained ({classifier_run}/config.json): --eval_split=test here and "
+        "--eval_split=train in the run; --l2=0.001 here and --l2=0.01 in the run. Drop "
+        "--eval_split --l2 to take the run's values, or pass the run's: --eval_split=train "
+        "--l2=0.01."
     )
     assert not os.path.exists(evaluator_directory(classifier_run))
 
@@ -149,8 +150,8 @@ def test_the_evaluator_binary_exits_1_naming_an_ema_decay_that_evaluates_other_w
     assert done.returncode == 1
     assert (
         f"--mode=evaluate_checkpoints would not evaluate what the run in {classifier_run} "
-        "trained: --ema_decay=0.0 here and --ema_decay=0.5 in the run (the raw weights would "
-        f"be evaluated, not the run's moving average) ({classifier_run}/config.json). Drop "
+        f"trained ({classifier_run}/config.json): --ema_decay=0.0 here and --ema_decay=0.5 in "
+        "the run (the raw weights would be evaluated, not the run's moving average). Drop "
         "--ema_decay to take the run's value, or pass the run's: --ema_decay=0.5."
     ) in done.stderr
     assert not os.path.exists(evaluator_directory(classifier_run))
