@@ -18,6 +18,7 @@ from loops import (
     profiling,
     recovery,
     reporting,
+    run_config,
     strategies,
 )
 from loops.actions import Action, watched_metrics
@@ -241,7 +242,7 @@ class Controller:
             if self.is_chief:
                 _record_config(
                     model_dir,
-                    self.config,
+                    {**run_config.loop_settings(loop), **self.config},
                     loop.checkpoint_items(),
                     resuming=restored is not None,
                     free_to_change=loop.config_free_to_change,

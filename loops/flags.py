@@ -20,11 +20,14 @@ from typing import Any
 
 from absl import app, flags
 
-from loops import exit_codes, settings, tensorflow_logs
+from loops import exit_codes, run_config, settings, tensorflow_logs
 from loops.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
 
 # The headings of a binary's --help, in order; each of its flags is defined under one.
 HEADINGS = ("mode", "strategy", "data", "model", "training", "outputs", "faults")
+# The headings whose every flag changes the numbers an evaluator reports (the model and
+# its eval data; also train-only data flags, which adopting costs nothing).
+EVALUATED_HEADINGS = ("data", "model")
 TRAIN = settings.TRAIN
 EVALUATE_CHECKPOINTS = settings.EVALUATE_CHECKPOINTS
 EVALUATOR_TASK = settings.EVALUATOR_TASK
@@ -279,6 +282,22 @@ def flag_values() -> dict[str, Any]:
     return {name: flags.FLAGS[name].value for name in _heading_of}
 
 
+def evaluated_settings() -> list[str]:
+    """The binary's flags whose value changes the numbers its evaluator reports.
+
+    Those under the data and model headings, and the Loop settings every
+    evaluation depends on (`run_config.LOOP_SETTINGS`). Not the others: the
+    strategy, replica count and batch size only change the order in which
+    the per-example sums of an evaluation are added (their metrics are sums
+    over the whole eval set), and the rest are about training or outputs.
+    """
+    return [
+        name
+        for name, flag_heading in _heading_of.items()
+        if flag_heading in EVALUATED_HEADINGS or name in run_config.LOOP_SETTINGS
+    ]
+
+
 def flag_actions() -> list:
     """The actions the shared flags ask for (early stopping, keeping the best checkpoint)."""
     from loops.actions import EarlyStopping, KeepBest
@@ -406,6 +425,7 @@ def _evaluate_checkpoints(build_loop: Callable) -> None:
             f"--mode={EVALUATE_CHECKPOINTS} evaluates the checkpoints of the run in "
             "--model_dir; pass the trainer's --model_dir."
         )
+    _take_run_settings(model_dir)
     quiet_logging()
     from loops.sidecar import evaluate_checkpoints
 
@@ -421,11 +441,50 @@ def _evaluate_checkpoints(build_loop: Callable) -> None:
                 model_dir,
                 train_steps=flags.FLAGS.train_steps,
                 timeout_seconds=flags.FLAGS.evaluator_timeout or None,
+                compared_config=evaluated_settings(),
             )
         except (ValueError, OSError) as error:  # TimeoutError is an OSError
             sys.exit(f"error: {error}")
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _take_run_settings(model_dir: str) -> None:
+    """Sets each `evaluated_settings` flag left unset to the run's value; refuses a given one.
+
+    The run's values are those its trainer recorded in MODEL_DIR/config.json
+    (waited for up to --evaluator_timeout when the trainer starts at the
+    same time). Prints the settings it takes.
+
+    Raises:
+        app.UsageError: a flag given on the command line has another value
+            than the run's.
+    """
+    try:
+        recorded = run_config.wait_for(
+            model_dir, timeout_seconds=flags.FLAGS.evaluator_timeout or None
+        )
+    except (ValueError, OSError) as error:  # TimeoutError is an OSError
+        sys.exit(f"error: {error}")
+    if recorded is None:
+        return  # a run that records none: evaluate_checkpoints says so
+    found = run_config.differences(flag_values(), recorded, evaluated_settings())
+    given = [item for item in found if flags.FLAGS[item.name].present]
+    path = run_config.config_path(model_dir)
+    if given:
+        names = " ".join(f"--{item.name}" for item in given)
+        values = " ".join(run_config.setting(item.name, item.run, as_flag=True) for item in given)
+        raise app.UsageError(
+            f"--mode={EVALUATE_CHECKPOINTS} would not evaluate what the run in {model_dir} "
+            f"trained ({path}): {run_config.describe(given, as_flags=True)}. Drop {names} "
+            f"to take the run's {'value' if len(given) == 1 else 'values'}, or pass the "
+            f"run's: {values}."
+        )
+    for item in found:
+        flags.FLAGS[item.name].value = item.run
+    if found:
+        taken = ", ".join(run_config.setting(item.name, item.run, as_flag=True) for item in found)
+        print(f"evaluator: took the run's settings from {path}: {taken}", flush=True)
 
 
 def _exit_evaluator(signum, frame) -> None:

@@ -7,9 +7,10 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from loops import checkpoints, model_dir_lock, reporting
+from loops import checkpoints, model_dir_lock, reporting, run_config
 from loops.loop import Loop
 
 HISTORY_FILE = "history.json"  # in MODEL_DIR/evaluator, next to the evaluator's summaries
@@ -30,28 +31,23 @@ def evaluate_checkpoints(
     train_steps: int | None = None,
     poll_seconds: float = DEFAULT_POLL_SECONDS,
     timeout_seconds: float | None = DEFAULT_TIMEOUT_SECONDS,
+    compared_config: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Evaluates every checkpoint the run in `model_dir` keeps, once each, until its last one.
 
     Meant for a process of its own beside training (`--mode=evaluate_checkpoints`,
-    `loops-launch --evaluator`), so that no worker stops to evaluate. It only
-    reads the run's files and writes only into `MODEL_DIR/evaluator`: it never
-    takes the model_dir's lock, so the trainer never waits for it. Each
-    checkpoint the run's state file lists (written once the checkpoint is
-    complete) is restored into `loop` in step order and evaluated with
-    `loop.evaluate()`; its metrics go to TensorBoard (`MODEL_DIR/evaluator/eval`,
-    at the checkpoint's step) and to `MODEL_DIR/evaluator/history.json`, one
-    entry per checkpoint, so an evaluator started again goes on after the last
-    one it handled. The state file is read every `poll_seconds`, also during an
-    evaluation; a checkpoint the trainer deletes (its rotation keeps the
-    newest `max_checkpoints`) before it is read is skipped, with a note in the
-    log and in the history (one that comes and goes between two reads is
-    never seen).
-
-    The run is over once the checkpoint of step `train_steps` is handled, or
-    once results.json says the run ended (not preempted) and every checkpoint
-    up to its step is handled; results.json of an earlier, shorter run of the
-    same directory does not count when `train_steps` is given.
+    `loops-launch --evaluator`). It reads the run's files and writes only
+    `MODEL_DIR/evaluator` (TensorBoard, `history.json`, so a restarted
+    evaluator goes on after the last checkpoint it handled); it never takes
+    the run's lock. Each checkpoint the state file lists is restored into
+    `loop` in step order and evaluated with `loop.evaluate()`; one the
+    trainer rotates away before it is read is recorded as skipped. The run
+    is over once the checkpoint of `train_steps` is handled, or once
+    results.json says the run ended and every checkpoint up to its step is
+    handled. First the loop's settings are checked against the run's
+    config.json (whether there is an average, `mixed_precision`, `seed`, and
+    the `config` entries `compared_config` names): one that differs raises
+    ValueError naming it.
 
     Example (the run's own loop class and model, without a model_dir):
 
@@ -70,22 +66,23 @@ def evaluate_checkpoints(
         poll_seconds: how often to look for a new checkpoint.
         timeout_seconds: give up when no new checkpoint comes for this long
             and the run has not ended; None waits for ever.
+        compared_config: keys of the loop's `config` that change the
+            evaluated numbers (the model's or the eval data's settings),
+            each of which must have the value the run recorded.
 
     Returns:
-        The history: one entry per checkpoint handled (also by earlier
-        evaluators of this model_dir), in step order, each with "step",
-        "checkpoint" (its path), "written" (when its index file was written,
-        if it was still there), "time" (when it was handled; both in seconds
-        since the epoch) and either "metrics" or "skipped" (why it was not
-        evaluated).
+        The history, one entry per checkpoint handled (also by earlier
+        evaluators), in step order: "step", "checkpoint", "written", "time",
+        and "metrics" or "skipped" (why it was not evaluated).
 
     Raises:
         ValueError: a bad argument, a loop with a model_dir or nothing to
-            evaluate, a checkpoint that does not match the loop, or another
-            live evaluator of `model_dir`.
+            evaluate, a setting that differs from the run's (see above), an
+            unreadable config.json, a checkpoint that does not match the
+            loop, or another live evaluator of `model_dir`.
         TimeoutError: no new checkpoint for `timeout_seconds` before the run ended.
     """
-    _check_arguments(loop, train_steps, poll_seconds, timeout_seconds)
+    _check_arguments(loop, train_steps, poll_seconds, timeout_seconds, compared_config)
     directory = evaluator_directory(model_dir)
     try:
         lock = model_dir_lock.acquire(directory)  # against a second evaluator, not the trainer
@@ -94,7 +91,7 @@ def evaluate_checkpoints(
     sightings = _Sightings(os.path.join(model_dir, "checkpoints"), poll_seconds)
     try:
         reporting.remove_unfinished_writes(directory)
-        watch = _Watch(loop, model_dir, train_steps=train_steps)
+        watch = _Watch(loop, model_dir, train_steps=train_steps, compared_config=compared_config)
         sightings.start()
         watch.run(sightings, poll_seconds, timeout_seconds)
         return watch.history
@@ -138,7 +135,14 @@ class _Sightings(threading.Thread):
 class _Watch:
     """The evaluator's state: the loop, the run's files, and the history so far."""
 
-    def __init__(self, loop: Loop, model_dir: str, *, train_steps: int | None):
+    def __init__(
+        self,
+        loop: Loop,
+        model_dir: str,
+        *,
+        train_steps: int | None,
+        compared_config: Sequence[str],
+    ):
         self.loop = loop
         self.model_dir = model_dir
         self.train_steps = train_steps
@@ -151,6 +155,11 @@ class _Watch:
         # The loop's own evaluation summaries (scalars, a GAN's sample grid, a
         # language model's samples) go to the evaluator's directory.
         loop.controller.summaries = reporting.Summaries(evaluator_directory(model_dir))
+        self.settings = {
+            **run_config.loop_settings(loop),
+            **{key: loop.controller.config[key] for key in compared_config},
+        }
+        self._settings_checked = False
 
     @property
     def last_step(self) -> int:
@@ -168,6 +177,7 @@ class _Watch:
             if self.history
             else ""
         )
+        self._check_settings(before_restore=False)
         self.say(f"watching {self.checkpoint_directory}{until}{earlier}")
         handled_now = 0
         waiting_since = time.monotonic()
@@ -202,6 +212,7 @@ class _Watch:
             entry["written"] = os.path.getmtime(prefix + ".index")
         except OSError:
             pass  # deleted already: noted below
+        self._check_settings(before_restore=True)
         problem = checkpoints.missing_files(prefix)
         try:
             problem = problem or checkpoints.restore_checkpoint(prefix, self.items)
@@ -227,6 +238,37 @@ class _Watch:
         reporting.write_json_atomic(
             self.history_path, {"model_dir": self.model_dir, "evaluations": self.history}
         )
+
+    def _check_settings(self, *, before_restore: bool) -> None:
+        """Refuses settings that would evaluate other numbers than the run's; checks once.
+
+        Before the first restore a missing config.json is a run that records
+        none; earlier it may be a trainer that has not written it yet.
+        """
+        if self._settings_checked:
+            return
+        recorded = run_config.read(self.model_dir)
+        if recorded is None:
+            if not before_restore:
+                return
+            self.say(
+                f"{run_config.config_path(self.model_dir)} is missing though the run has "
+                "checkpoints (a run of a loops version that did not record it): this loop's "
+                "settings are not checked against the run's"
+            )
+        else:
+            found = run_config.differences(self.settings, recorded, self.settings)
+            if found:
+                fixes = ", ".join(
+                    run_config.setting(item.name, item.run, as_flag=False) for item in found
+                )
+                raise ValueError(
+                    f"The evaluator's {type(self.loop).__name__} would not evaluate what the "
+                    f"run in {self.model_dir} trained: "
+                    f"{run_config.describe(found, as_flags=False)}. Build it with the run's "
+                    f"values ({fixes}), which {run_config.config_path(self.model_dir)} records."
+                )
+        self._settings_checked = True
 
     def _run_end(self) -> int | None:
         """The step results.json says the run ended at; None while it runs (or was preempted)."""
@@ -294,6 +336,7 @@ def _check_arguments(
     train_steps: int | None,
     poll_seconds: float,
     timeout_seconds: float | None,
+    compared_config: Sequence[str],
 ) -> None:
     if loop.model_dir is not None:
         raise ValueError(
@@ -323,4 +366,12 @@ def _check_arguments(
         raise ValueError(
             f"timeout_seconds must be a number of seconds > 0 (or None: wait for ever), got "
             f"{timeout_seconds!r}."
+        )
+    config = loop.controller.config
+    unknown = [key for key in compared_config if key not in config]
+    if isinstance(compared_config, str) or unknown:
+        raise ValueError(
+            f"compared_config must name keys of the loop's config, got {compared_config!r}"
+            f" (the loop's config holds {sorted(config)}); build the loop with config= "
+            "holding each setting to compare, or leave it out."
         )

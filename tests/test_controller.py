@@ -129,6 +129,10 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
         assert json.load(stream) == {
             "learning_rate": 0.2,
             "train_steps": 4,
+            # The loop's settings an evaluator must share, recorded without a config too.
+            "ema_decay": None,
+            "mixed_precision": "none",
+            "seed": 0,
             "checkpoint.total": type(resumed.total).__name__,
         }
     assert resumed.step == 2 and float(resumed.total.numpy()) == 2.0
