@@ -2,57 +2,32 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loops import (
-    distributed_input,
     model_dir_lock,
     outputs,
-    parameter_server,
     profiling,
     recovery,
     reporting,
     strategies,
 )
 from loops.actions import Action, watched_metrics
-from loops.checkpoints import Checkpointer, FinitenessCheck, describe_names
-from loops.errors import NonFiniteError
+from loops.checkpoints import Checkpointer, FinitenessCheck
+from loops.loop_schedule import LoopSchedule
+from loops.nonfinite_policy import NonFinitePolicy
 from loops.preemption import PreemptionWatcher
 from loops.recovery import Recoveries, Recovery
+from loops.run_config import record_config
+from loops.train_input import TrainInput
 
 if TYPE_CHECKING:
     from loops.loop import Loop
-
-# About how long one executor call may run when it joins inner loops that
-# only reports separate (`Controller._call_reports`): long enough that a
-# call's fixed cost is under 1% of it, short enough that progress lines and a
-# SIGTERM wait for it no noticeably longer.
-JOINED_CALL_SECONDS = 0.25
-
-# Config keys a resumed run may change without a warning: how long it trains, how
-# often it evaluates and saves, where its outputs go, and the evaluator's settings
-# (`Loop.config_free_to_change`).
-CONFIG_FREE_TO_CHANGE = frozenset(
-    {
-        "mode",
-        "evaluator_timeout",
-        "train_steps",
-        "model_dir",
-        "export_dir",
-        "verbosity",
-        "eval_every",
-        "checkpoint_every",
-        "steps_per_loop",
-        # Raising it is how a run that gave up recovering goes on.
-        "max_recoveries",
-    }
-)
 
 
 class Controller:
@@ -104,7 +79,7 @@ class Controller:
                 reporting: a progress line, summaries and the metrics actions
                 see, each over one inner loop. One `tf.function` call runs
                 one inner loop, or several in a row where nothing but their
-                reports comes between them (`_call_reports`).
+                reports comes between them (`loops.loop_schedule`).
             eval_every: evaluate every this many steps (and at the end of
                 `train`); None evaluates only at the end.
             checkpoint_every: save every this many steps (and at the end of
@@ -190,8 +165,8 @@ class Controller:
         self._saved_step: int | None = None
         # The run's recoveries from non-finite steps, checkpointed; they set the input's offset.
         self.recoveries = Recoveries()
-        self._train_input = _TrainInput(loop, self.recoveries)
-        self._nonfinite = _NonFinitePolicy(
+        self._train_input = TrainInput(loop, self.recoveries)
+        self._nonfinite = NonFinitePolicy(
             loop, go_back=self._go_back_to_checkpoint, recoveries=self.recoveries
         )
         self._seconds_per_step: float | None = None
@@ -239,7 +214,7 @@ class Controller:
         try:
             restored = self.checkpointer.restore()
             if self.is_chief:
-                _record_config(
+                record_config(
                     model_dir,
                     self.config,
                     loop.checkpoint_items(),
@@ -352,11 +327,12 @@ class Controller:
         One executor call may run several inner loops back to back when only
         their reports (summaries, progress, history) would separate them; the
         reports are then made after the call, each over its own steps
-        (`_call_reports`).
+        (`LoopSchedule.call_ends`).
         """
         loop = self.loop
+        schedule = self._schedule()
         while step < num_steps and self.stop_reason is None:
-            report_ends = self._call_reports(step, num_steps)
+            report_ends = schedule.call_ends(step, num_steps, self._seconds_per_step)
             steps = report_ends[-1] - step
             if self._profiler is not None:
                 self._profiler.before_loop(step)
@@ -585,302 +561,25 @@ class Controller:
         if names is not None:
             watched_metrics(self.actions, names)
 
-    def _call_reports(self, step: int, num_steps: int) -> list[int]:
-        """The steps at which the inner loops of the next executor call end, in order.
-
-        An inner loop ends after `steps_per_loop` steps or earlier at the next
-        evaluation, checkpoint, action, profiler boundary or `num_steps`
-        (`_next_loop_end`). Where an inner loop would end only because
-        `steps_per_loop` steps are done, and nothing but its report needs the
-        host there, the call goes on into the next one, up to about
-        `JOINED_CALL_SECONDS` of steps (judged from the last call's speed):
-        each call costs a fixed time on top of its steps, and the reports come
-        out the same (BUILD.md, Decisions, "Joined calls"). Only in one
-        process (several workers would have to agree on every call's length)
-        and not under on_nonfinite="recover" (`_joins_inner_loops`).
-        """
-        end, report_only = self._next_loop_end(step, num_steps)
-        ends = [end]
-        if not self._joins_inner_loops():
-            return ends
-        assert self._seconds_per_step is not None  # checked by _joins_inner_loops
-        most_steps = int(JOINED_CALL_SECONDS / self._seconds_per_step)
-        while report_only:
-            end, report_only = self._next_loop_end(ends[-1], num_steps)
-            if end - step > most_steps:
-                break
-            ends.append(end)
-        return ends
-
-    def _joins_inner_loops(self) -> bool:
-        """Whether a call may run several inner loops (see `_call_reports`)."""
-        return (
-            self._seconds_per_step is not None
-            and self._seconds_per_step > 0
-            and self._one_process()
-            # Weights found not finite after a call are recovered from by moving
-            # past all its steps: which those are must not depend on timing.
-            and self.loop.on_nonfinite != "recover"
-            # An action called after every inner loop may stop the run at any of them.
-            and not any(
+    def _schedule(self) -> LoopSchedule:
+        """Where this `train` call's inner loops end, and which of them one executor call joins."""
+        loop = self.loop
+        profiler = self._profiler
+        return LoopSchedule(
+            steps_per_loop=self.steps_per_loop,
+            eval_every=self.eval_every,
+            checkpoint_every=self.checkpoint_every,
+            action_every=tuple(action.every for action in self.actions),
+            profiler_boundary=None if profiler is None else profiler.stop_before,
+            progress_every_seconds=self.progress_every_seconds,
+            # Several workers or a ps would have to agree on every inner loop's length.
+            one_process=(strategies.num_workers(loop.strategy) == 1 and loop.coordinator is None),
+            recover=loop.on_nonfinite == "recover",
+            action_after_every_loop=any(
                 action.every is None and type(action).after_loop is not Action.after_loop
                 for action in self.actions
-            )
+            ),
         )
-
-    def _one_process(self) -> bool:
-        """No other process must agree on how long each call is (no other worker, no ps)."""
-        return strategies.num_workers(self.loop.strategy) == 1 and self.loop.coordinator is None
-
-    def _next_loop_end(self, step: int, num_steps: int) -> tuple[int, bool]:
-        """Where the inner loop starting after `step` ends, and whether only steps_per_loop ends it
-        there (no evaluation, checkpoint, action, profiler boundary or end of training)."""
-        end = step + self.steps_per_loop
-        limits = [num_steps]
-        if self.progress_every_seconds and self._seconds_per_step and self._one_process():
-            limits.append(step + max(1, int(self.progress_every_seconds / self._seconds_per_step)))
-        if self._profiler is not None:
-            boundary = self._profiler.stop_before(step)
-            if boundary is not None:
-                limits.append(boundary)
-        for every in (
-            self.checkpoint_every,
-            self.eval_every,
-            *(action.every for action in self.actions),
-        ):
-            if every:
-                limits.append((step // every + 1) * every)
-        limit = min(limits)
-        return min(end, limit), end < limit
-
-
-class _NonFinitePolicy:
-    """Carries out a loop's `on_nonfinite` after each inner loop, and counts the skipped steps.
-
-    Args:
-        loop: the loop whose `on_nonfinite`, `skips_nonfinite` and
-            `max_recoveries` say what follows.
-        go_back: restores the last checkpoint (the recovery record with
-            it); False when there is none.
-        recoveries: the run's record of recoveries, which "recover" adds to.
-    """
-
-    def __init__(self, loop: Loop, *, go_back: Callable[[], bool], recoveries: Recoveries):
-        self._loop = loop
-        self._go_back = go_back
-        self._recoveries = recoveries
-        self.skipped_steps = 0
-        # The step that left non-finite weights in memory with no checkpoint to go back to.
-        self._weights_lost_at: int | None = None
-
-    def check_can_train(self) -> None:
-        """Raises NonFiniteError when a stop left weights that are not finite in memory."""
-        if self._weights_lost_at is not None:
-            # Kernels need not show them again: oneDNN's fused ReLU turns a
-            # NaN into 0, and the next steps' loss and gradients are finite.
-            raise NonFiniteError(
-                f"At step {self._weights_lost_at} the weights were not finite and "
-                "there was no checkpoint to go back to, so this loop cannot train on. Build "
-                "it again, with a model_dir and checkpoint_every so that a stop goes back "
-                "to the last checkpoint."
-            )
-
-    def first_acted_on(self, logs: Mapping[str, np.ndarray], first_step: int) -> int | None:
-        """The first step in `logs` (of the steps after `first_step`) that was not finite,
-        where the policy stops or recovers; None when there is none or it skips them."""
-        flags = logs.get(outputs.NONFINITE)
-        if self._loop.on_nonfinite == "skip" or flags is None or not np.any(flags > 0):
-            return None
-        return first_step + int(np.argmax(flags > 0)) + 1
-
-    def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> Recovery | None:
-        """Counts skipped steps; after a non-finite step goes back to the last checkpoint and,
-        under "stop", raises; under "recover", returns the recovery made.
-
-        Raises:
-            NonFiniteError: under "stop", or under "recover" past max_recoveries.
-        """
-        flags = logs.get(outputs.NONFINITE)
-        if flags is None or not np.any(flags > 0):
-            return None
-        if self._loop.skips_nonfinite:
-            self.skipped_steps += int(np.sum(flags > 0))
-        bad_step = self.first_acted_on(logs, first_step)
-        if bad_step is None:
-            return None
-        problem = "the loss or the gradients were not finite on at least one replica"
-        if self._loop.on_nonfinite == "recover":
-            return self._recover(bad_step, problem)
-        if self._loop.skips_nonfinite:
-            state = "Its update was skipped and nothing was saved after it."
-        else:
-            state = self._back_to_checkpoint()
-        raise NonFiniteError(
-            f"Step {bad_step}: {problem}. {state} Lower the learning rate, clip gradients, "
-            "check the input, or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave "
-            "out such steps, or 'recover' to go on from the last checkpoint past the "
-            "batches that led to them."
-        )
-
-    def after_nonfinite_weights(self, step: int, nonfinite_names: list[str]) -> Recovery:
-        """Goes back to the last checkpoint (every one is finite); recovers or raises.
-
-        The loss and gradient checks cannot see an update that is itself not
-        finite (an infinite learning rate, an overflowing optimizer state), and
-        no policy can skip it after the fact: "recover" recovers as from a
-        non-finite `step` (the inner loop's last), every other policy stops.
-
-        Raises:
-            NonFiniteError: unless the policy is "recover" and it may recover.
-        """
-        if self._loop.on_nonfinite == "recover":
-            return self._recover(
-                step,
-                f"{describe_names(nonfinite_names)} not finite (NaN or inf) after it, "
-                "although the steps' loss and gradient checks passed",
-            )
-        state = self._back_to_checkpoint()
-        raise NonFiniteError(
-            f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
-            "although the steps' loss and gradient checks passed: an update itself was not "
-            f"finite. {state} Check the learning rate and the optimizer's settings (a "
-            "learning rate that is inf or huge does this), or clip gradients."
-        )
-
-    def _recover(self, bad_step: int, problem: str) -> Recovery:
-        """Goes back to the last checkpoint and moves the train stream past `bad_step`'s batches.
-
-        Raises:
-            NonFiniteError: the run has made max_recoveries recoveries already,
-                or there is no checkpoint to go back to.
-        """
-        entries = list(self._recoveries.entries)
-        limit = self._loop.max_recoveries
-        if len(entries) >= limit:
-            steps = ", ".join(str(entry["step"]) for entry in entries)
-            raise NonFiniteError(
-                f"Step {bad_step}: {problem}, and the run has recovered {len(entries)} "
-                f"time{'s' if len(entries) > 1 else ''} already (max_recoveries={limit}; "
-                f"at step{'s' if len(entries) > 1 else ''} {steps}), so it stops. "
-                f"{self._back_to_checkpoint()} Lower the learning rate, clip gradients, "
-                "check the input, or raise max_recoveries (--max_recoveries) to let it "
-                "recover again."
-            )
-        if not self._go_back():
-            self._weights_lost_at = self._loop.step
-            raise NonFiniteError(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
-        restored = self._loop.step
-        entry = Recovery(
-            step=bad_step,
-            restored_step=restored,
-            skipped_batches=(bad_step - restored) * self._loop.batches_per_step,
-        )
-        self._recoveries.entries = [*entries, entry]
-        return entry
-
-    def _back_to_checkpoint(self) -> str:
-        """Goes back to the last checkpoint after a non-finite step; says where the loop is now."""
-        if self._go_back():
-            return (
-                f"Nothing was saved after it; the loop is back at its last checkpoint "
-                f"(step {self._loop.step}), where a rerun also resumes."
-            )
-        self._weights_lost_at = self._loop.step
-        return _NO_CHECKPOINT
-
-
-_NO_CHECKPOINT = (
-    "There is no checkpoint to go back to: the weights in memory are not finite, "
-    "and nothing was saved."
-)
-
-
-class _TrainInput:
-    """A loop's train iterator, positioned after some steps' batches so a resume continues there.
-
-    Step k's batches start at k * batches_per_step plus the batches that the
-    run's recoveries moved the stream past.
-    """
-
-    def __init__(self, loop: Loop, recoveries: Recoveries):
-        self._loop = loop
-        self._recoveries = recoveries
-        self._iterator: Iterator | None = None
-        # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
-        self.position = -1
-
-    def release(self) -> None:
-        """Drops the iterator (the next `at_step` makes a new one)."""
-        self._iterator = None
-        self.position = -1
-
-    def position_at(self, step: int) -> int:
-        """Batches of the stream before step `step + 1`'s."""
-        return step * self._loop.batches_per_step + self._recoveries.skipped_batches
-
-    def at_step(self, step: int):
-        """The iterator positioned after `step` steps' batches (None without train data).
-
-        Also sets the loop's `data_offset` (the steps recoveries moved past),
-        on which loops that make their own data key it (`Loop.data_step`).
-        """
-        loop = self._loop
-        offset = self._recoveries.skipped_batches // loop.batches_per_step
-        if int(loop.data_offset.numpy()) != offset:
-            loop.data_offset.assign(offset)
-        if loop.train_data is None:
-            return None
-        if loop.coordinator is not None:
-            # Asynchronous workers read their own streams: there is no position to resume at.
-            if self._iterator is None:
-                self._iterator = parameter_server.worker_iterator(loop.coordinator, loop.train_data)
-            return self._iterator
-        position = self.position_at(step)
-        if self._iterator is None or self.position != position:
-            self._iterator = distributed_input.train_iterator(
-                loop.strategy, loop.train_data, skip_batches=position
-            )
-            self.position = position
-        return self._iterator
-
-
-def _record_config(
-    model_dir: str,
-    config: Mapping[str, Any],
-    checkpoint_items: Mapping[str, Any],
-    *,
-    resuming: bool,
-    free_to_change: frozenset[str],
-    say: Callable[[str], None],
-) -> None:
-    """Warns about settings that differ from the run that wrote model_dir; records these.
-
-    The settings are the run's config and the type of each checkpointed item.
-    """
-    current = {
-        **config,
-        **{f"checkpoint.{name}": type(item).__name__ for name, item in checkpoint_items.items()},
-    }
-    path = os.path.join(model_dir, "config.json")
-    if resuming and os.path.exists(path):
-        try:
-            with open(path) as stream:
-                previous = json.load(stream)
-        except (OSError, ValueError):
-            previous = {}
-        changed = sorted(
-            key
-            for key in set(previous) | set(current)
-            if key not in free_to_change and previous.get(key) != current.get(key)
-        )
-        for key in changed:
-            say(
-                f"warning: {key} was {previous.get(key)!r} in the run that wrote "
-                f"{model_dir} and is {current.get(key)!r} now; the checkpoint is "
-                "restored and training goes on with the new value. If that is not what "
-                "you meant, stop and rerun with the old value or a new --model_dir."
-            )
-    reporting.write_json_atomic(path, current)
 
 
 def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:

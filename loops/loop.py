@@ -21,8 +21,9 @@ from loops import mixed_precision as mixed_precision_lib
 from loops.actions import Action
 from loops.checkpoints import Checkpointer, FinitenessCheck
 from loops.choices import NONFINITE_POLICIES
-from loops.controller import CONFIG_FREE_TO_CHANGE, Controller
+from loops.controller import Controller
 from loops.errors import NonFiniteError as NonFiniteError  # what train raises, named here too
+from loops.run_config import CONFIG_FREE_TO_CHANGE
 
 
 class _BuildsAfterInit(type):

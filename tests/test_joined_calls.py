@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from loops import controller as controller_module
+from loops import loop_schedule
 
 
 def stream():
@@ -31,7 +31,7 @@ class Record(loops.Action):
 
 def classifier(monkeypatch, joined_seconds, **options):
     """A fresh 1-replica loop of 3-step inner loops, calls joined up to `joined_seconds`."""
-    monkeypatch.setattr(controller_module, "JOINED_CALL_SECONDS", joined_seconds)
+    monkeypatch.setattr(loop_schedule, "JOINED_CALL_SECONDS", joined_seconds)
     return loops.ClassifierLoop(
         strategy=loops.testing.replica_strategy(1),
         model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
