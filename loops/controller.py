@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from loops import (
     model_dir_lock,
-    outputs,
     profiling,
     recovery,
     reporting,
@@ -22,8 +22,9 @@ from loops.checkpoints import Checkpointer, FinitenessCheck
 from loops.loop_schedule import LoopSchedule
 from loops.nonfinite_policy import NonFinitePolicy
 from loops.preemption import PreemptionWatcher
-from loops.recovery import Recoveries, Recovery
+from loops.recovery import Recoveries
 from loops.run_config import record_config
+from loops.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
 from loops.train_input import TrainInput
 
 if TYPE_CHECKING:
@@ -129,9 +130,12 @@ class Controller:
         self.max_checkpoints = max_checkpoints
         self.progress_every_seconds = progress_every_seconds
         self.is_chief = strategies.is_chief(loop.strategy)
-        self.progress = progress or reporting.Progress()
-        self.summaries = reporting.Summaries(
-            os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
+        self.report = RunReport(
+            progress=progress or reporting.Progress(),
+            summaries=reporting.Summaries(
+                os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
+            ),
+            throughput_unit=loop.throughput_unit,
         )
         self.actions = _checked_actions(actions)
         trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
@@ -141,7 +145,7 @@ class Controller:
             else profiling.StepProfiler(
                 checked_profile_steps,
                 trace_dir if self.is_chief else None,
-                say=self.progress.line,
+                say=self.report.progress.line,
             )
         )
         self.config = dict(config or {})
@@ -150,15 +154,7 @@ class Controller:
         self._lock: str | None = None  # the lock file, held by the chief
         self._finiteness: FinitenessCheck | None = None  # set by restore
 
-        # The run's state; the loop forwards what code outside reads.
-        # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
-        self.eval_history: list[dict[str, Any]] = []
-        self.last_train_metrics: dict[str, float] = {}
-        self.last_eval_metrics: dict[str, float] = {}
-        self.steps_per_second = 0.0
-        # The loop's throughput_unit per second over the same inner loops; None
-        # when its steps do not return that output.
-        self.units_per_second: float | None = None
+        # The run's state; the loop forwards what code outside reads (and `report`'s).
         self.preempted = False
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
@@ -228,7 +224,7 @@ class Controller:
         if restored:
             self._checkpoint_on_disk = True
             self.progress.line(f"restored {restored} at step {loop.step}")
-            self.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
+            self.report.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
 
     # ---- The run. ----
 
@@ -249,6 +245,26 @@ class Controller:
                 loop's `on_nonfinite`).
             ValueError: a bad `num_steps`, no train_data where the loop needs it.
         """
+        self._check_can_train(num_steps)
+        self.stop_reason = None
+        self.preempted = False
+        # SIGTERM is only noted from here to the end of train, and acted on at
+        # the next boundary (after an inner loop, an evaluation or the final
+        # save): whatever moment it comes, every completed step gets saved.
+        with PreemptionWatcher(self.loop.strategy) as preemption:
+            training = _Training(num_steps, preemption)
+            self._before_train(num_steps)
+            try:
+                self._train_loops(training)
+            finally:
+                if self._profiler is not None:
+                    self._profiler.close()  # a trace cut short by an error or a stop
+            self.report.speed(training.calls)
+            self._after_train(training)
+        return training.history.arrays()
+
+    def _check_can_train(self, num_steps: int) -> None:
+        """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
         loop = self.loop
         _check_positive("num_steps", num_steps)
         self._nonfinite.check_can_train()
@@ -256,176 +272,160 @@ class Controller:
             raise ValueError(
                 f"{type(loop).__name__} has no train_data; pass train_data= to the constructor."
             )
-        self._check_watched_metrics()
-        start_step = loop.step
-        history: dict[str, list[np.ndarray]] = {}
-        self.stop_reason = None
-        self.preempted = False
-        loop_times: list[tuple[int, float, float | None]] = []
-        # SIGTERM is only noted from here to the end of train, and acted on at
-        # the next boundary (after an inner loop, an evaluation or the final
-        # save): whatever moment it comes, every completed step gets saved.
-        with PreemptionWatcher(loop.strategy) as preemption:
-            self.summaries.hparams(self.config)
-            for action in self.actions:
-                action.before_train(loop)
-            if start_step >= num_steps:
-                self.progress.line(
-                    f"already at step {start_step} >= {num_steps}: nothing to train "
-                    "(the model_dir holds a finished run; raise the step count to continue)."
-                )
-            if loop.on_nonfinite == "recover" and not self._checkpoint_on_disk:
-                self.save_checkpoint()  # where a recovery before the first save goes back to
-            iterator = self._train_input.at_step(start_step)
-            try:
-                self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
-            finally:
-                if self._profiler is not None:
-                    self._profiler.close()  # a trace cut short by an error or a stop
-            if loop_times:
-                # The first inner loop includes tracing; leave it out when there are others.
-                timed = loop_times[1:] or loop_times
-                seconds = max(sum(t for _, t, _ in timed), 1e-9)
-                self.steps_per_second = sum(n for n, _, _ in timed) / seconds
-                counts = [count for _, _, count in timed]
-                self.units_per_second = (
-                    None if None in counts else sum(c for c in counts if c is not None) / seconds
-                )
-            if not self.preempted and self._evaluated_step != loop.step:
-                self.evaluate()
-                self.preempted = preemption.should_stop()
-            if self._saved_step != loop.step and (loop_times or self.preempted):
-                self.save_checkpoint()
-            # A SIGTERM during the final save or results leaves the export (often
-            # the longest part) to the rerun, which finds nothing to train.
-            self.preempted = self.preempted or preemption.should_stop()
-            self.write_results()
-            if not self.preempted and preemption.should_stop():
-                self.preempted = True
-                self.write_results()
-            if self.preempted:
-                self.progress.line(
-                    f"preempted (SIGTERM) at step {loop.step}: every completed step is saved; "
-                    "run the same command again to continue from it"
-                )
-            else:
-                for action in self.actions:
-                    action.after_train(loop)
-        return {name: np.concatenate(parts) for name, parts in history.items()}
+        names = loop.eval_metric_names()
+        if names is not None:
+            watched_metrics(self.actions, names)
 
-    def _train_loops(
-        self,
-        iterator,
-        step: int,
-        num_steps: int,
-        history: dict,
-        loop_times: list,
-        preemption: PreemptionWatcher,
-    ) -> int:
-        """Runs inner loops, with what happens between them, up to `num_steps`.
+    def _before_train(self, num_steps: int) -> None:
+        """Records the config, runs the actions' `before_train`; saves where "recover" needs it."""
+        loop = self.loop
+        self.summaries.hparams(self.config)
+        for action in self.actions:
+            action.before_train(loop)
+        if loop.step >= num_steps:
+            self.progress.line(
+                f"already at step {loop.step} >= {num_steps}: nothing to train "
+                "(the model_dir holds a finished run; raise the step count to continue)."
+            )
+        if loop.on_nonfinite == "recover" and not self._checkpoint_on_disk:
+            self.save_checkpoint()  # where a recovery before the first save goes back to
+
+    def _train_loops(self, training: _Training) -> None:
+        """Runs inner loops, with what happens between them, up to the step count.
 
         One executor call may run several inner loops back to back when only
         their reports (summaries, progress, history) would separate them; the
         reports are then made after the call, each over its own steps
         (`LoopSchedule.call_ends`).
         """
-        loop = self.loop
         schedule = self._schedule()
-        while step < num_steps and self.stop_reason is None:
-            report_ends = schedule.call_ends(step, num_steps, self._seconds_per_step)
-            steps = report_ends[-1] - step
-            if self._profiler is not None:
-                self._profiler.before_loop(step)
-            started = time.perf_counter()
-            run = loop.executor.run(iterator, steps)
-            seconds = time.perf_counter() - started
-            first_step = step
-            done, step = run.reached - step, run.reached
-            logs = {name: values[:done] for name, values in run.logs.items()}
-            # Stopped early, the iterator may have dequeued the next step's batches.
-            self._train_input.position = (
-                self._train_input.position_at(step) if done == steps else -1
-            )
-            # Inner loops a call stopped early in (a non-finite step) end where it stopped.
-            ends = [end for end in report_ends if end < step] + [step]
-            inner_loops = [
-                (
-                    {
-                        name: values[start - first_step : end - first_step]
-                        for name, values in logs.items()
-                    },
-                    start,
-                    end,
-                    seconds * (end - start) / max(done, 1),
-                )
-                for start, end in zip([first_step, *ends[:-1]], ends)
-            ]
-            # The inner loops before the one holding a step that stops the run
-            # or recovers report first, as they would have from calls of their own.
-            bad_step = self._nonfinite.first_acted_on(logs, first_step)
-            reported_to = first_step
-            while inner_loops and bad_step is not None and inner_loops[0][2] < bad_step:
-                inner_loop = inner_loops.pop(0)
-                self._report(run.kinds, *inner_loop, num_steps, history)
-                reported_to = inner_loop[2]
-            recovered = self._nonfinite.check_steps(logs, first_step)
-            if recovered is None and not run.weights_finite:
-                assert self._finiteness is not None  # restore ran before any step
-                recovered = self._nonfinite.after_nonfinite_weights(
-                    step, self._finiteness.nonfinite_names()
-                )
-            if recovered is not None:
-                self._after_recovery(recovered, history, logged_to=reported_to)
-                step = loop.step
+        step = self.loop.step
+        iterator = self._train_input.at_step(step)
+        while step < training.num_steps and self.stop_reason is None:
+            ends = schedule.call_ends(step, training.num_steps, self._seconds_per_step)
+            call = self._call(iterator, step, ends)
+            if self._recovered(call, training):
+                step = self.loop.step
                 iterator = self._train_input.at_step(step)
                 continue
-            unit_output, _ = loop.throughput_unit
-            processed = float(np.sum(logs[unit_output])) if unit_output in logs else None
-            loop_times.append((done, seconds, processed))
-            self._seconds_per_step = seconds / max(done, 1)
-            for inner_loop in inner_loops:
-                self._report(run.kinds, *inner_loop, num_steps, history)
+            step = call.reached
+            training.calls.append(call.timed)
+            self._seconds_per_step = call.timed.seconds / max(call.timed.steps, 1)
+            for inner_loop in call.inner_loops:
+                self.report.inner_loop(call.kinds, inner_loop, training.num_steps, training.history)
             if self._profiler is not None:
                 self._profiler.after_loop(step)
-            if preemption.should_stop():
-                self.preempted = True
-                break
-            for action in self.actions:
-                if not action.every or step % action.every == 0:
-                    action.after_loop(loop, step, self.last_train_metrics)
-            # At the last step or a stop, `train` evaluates and saves.
-            if step < num_steps and self.stop_reason is None:
-                if self.eval_every and step % self.eval_every == 0:
-                    self.evaluate()
-                    if preemption.should_stop():
-                        self.preempted = True
-                        break
-                if self.checkpoint_every and step % self.checkpoint_every == 0:
-                    self.save_checkpoint()
-        return step
+            if not self._between_loops(step, training):
+                return
 
-    def _report(
-        self,
-        kinds: Mapping[str, type],
-        logs: Mapping[str, np.ndarray],
-        start: int,
-        end: int,
-        seconds: float,
-        num_steps: int,
-        history: dict,
-    ) -> None:
-        """Reports the inner loop of steps start + 1..end, which took `seconds`, from its
-        steps' logs: its history rows, metrics, summaries and progress line."""
-        for name, values in outputs.per_step_values(kinds, logs).items():
-            history.setdefault(name, []).append(values)
-        rates = {"steps_per_second": (end - start) / seconds if seconds > 0 else 0.0}
-        unit_output, unit = self.loop.throughput_unit
-        if unit_output in logs:
-            processed = float(np.sum(logs[unit_output]))
-            rates[f"{unit}_per_second"] = processed / seconds if seconds > 0 else 0.0
-        self.last_train_metrics = outputs.aggregate_steps(kinds, logs)
-        self.summaries.scalars("train", end, {**self.last_train_metrics, **rates})
-        self.progress.train(end, num_steps, self.last_train_metrics, rates)
+    def _call(self, iterator, step: int, ends: Sequence[int]) -> _Call:
+        """Runs the inner loops after `step` that end at `ends` in one executor call."""
+        if self._profiler is not None:
+            self._profiler.before_loop(step)
+        started = time.perf_counter()
+        run = self.loop.executor.run(iterator, ends[-1] - step)
+        seconds = time.perf_counter() - started
+        done = run.reached - step
+        logs = {name: values[:done] for name, values in run.logs.items()}
+        # Stopped early, the iterator may have dequeued the next step's batches.
+        stopped_early = run.reached < ends[-1]
+        self._train_input.position = (
+            -1 if stopped_early else self._train_input.position_at(run.reached)
+        )
+        # Inner loops a call stopped early in (a non-finite step) end where it stopped.
+        reached_ends = [end for end in ends if end < run.reached] + [run.reached]
+        inner_loops = [
+            InnerLoop(
+                start,
+                end,
+                {name: values[start - step : end - step] for name, values in logs.items()},
+                seconds * (end - start) / max(done, 1),
+            )
+            for start, end in zip([step, *reached_ends[:-1]], reached_ends)
+        ]
+        timed = TimedCall(done, seconds, self.report.units(logs))
+        return _Call(step, run.reached, logs, run.kinds, run.weights_finite, inner_loops, timed)
+
+    def _recovered(self, call: _Call, training: _Training) -> bool:
+        """Acts on a non-finite step or weights in `call`; whether it recovered from one.
+
+        The inner loops before the one holding a step that stops the run or
+        recovers report first, as they would have from calls of their own.
+
+        Raises:
+            NonFiniteError: the policy stops the run.
+        """
+        bad_step = self._nonfinite.first_acted_on(call.logs, call.first_step)
+        reported_to = call.first_step
+        for inner_loop in call.inner_loops:
+            if bad_step is None or inner_loop.end >= bad_step:
+                break
+            self.report.inner_loop(call.kinds, inner_loop, training.num_steps, training.history)
+            reported_to = inner_loop.end
+        recovered = self._nonfinite.check_steps(call.logs, call.first_step)
+        if recovered is None and not call.weights_finite:
+            assert self._finiteness is not None  # restore ran before any step
+            recovered = self._nonfinite.after_nonfinite_weights(
+                call.reached, self._finiteness.nonfinite_names()
+            )
+        if recovered is None:
+            return False
+        # Forget what the steps the recovery undid logged.
+        training.history.drop_last(max(reported_to - recovered["restored_step"], 0))
+        self.report.recovery(
+            recovered,
+            count=len(self.recoveries.entries),
+            max_recoveries=self.loop.max_recoveries,
+        )
+        return True
+
+    def _between_loops(self, step: int, training: _Training) -> bool:
+        """After the inner loops that ended at `step`: the actions, evaluation and checkpoint.
+
+        Returns whether training goes on (False when preempted). At the last
+        step or a stop, `_after_train` evaluates and saves instead.
+        """
+        if training.preemption.should_stop():
+            self.preempted = True
+            return False
+        for action in self.actions:
+            if not action.every or step % action.every == 0:
+                action.after_loop(self.loop, step, self.report.last_train_metrics)
+        if step >= training.num_steps or self.stop_reason is not None:
+            return True
+        if self.eval_every and step % self.eval_every == 0:
+            self.evaluate()
+            if training.preemption.should_stop():
+                self.preempted = True
+                return False
+        if self.checkpoint_every and step % self.checkpoint_every == 0:
+            self.save_checkpoint()
+        return True
+
+    def _after_train(self, training: _Training) -> None:
+        """Evaluates and saves at the end (unless done there), writes results, ends the actions."""
+        loop = self.loop
+        preemption = training.preemption
+        if not self.preempted and self._evaluated_step != loop.step:
+            self.evaluate()
+            self.preempted = preemption.should_stop()
+        if self._saved_step != loop.step and (training.calls or self.preempted):
+            self.save_checkpoint()
+        # A SIGTERM during the final save or results leaves the export (often
+        # the longest part) to the rerun, which finds nothing to train.
+        self.preempted = self.preempted or preemption.should_stop()
+        self.write_results()
+        if not self.preempted and preemption.should_stop():
+            self.preempted = True
+            self.write_results()
+        if self.preempted:
+            self.progress.line(
+                f"preempted (SIGTERM) at step {loop.step}: every completed step is saved; "
+                "run the same command again to continue from it"
+            )
+            return
+        for action in self.actions:
+            action.after_train(loop)
 
     def evaluate(self) -> dict[str, float]:
         """Runs `loop.run_evaluation`, reports the metrics, runs the actions' `after_eval`."""
@@ -435,15 +435,23 @@ class Controller:
             metrics = loop.run_evaluation()
         step = loop.step
         self._evaluated_step = step
-        if metrics:
-            self.last_eval_metrics = metrics
-            self.eval_history = [entry for entry in self.eval_history if entry["step"] < step]
-            self.eval_history.append({"step": step, **metrics})
-            self.summaries.scalars("eval", step, metrics)
-            self.progress.eval(step, metrics)
+        self.report.evaluation(step, metrics)
         for action in self.actions:
             action.after_eval(loop, step, metrics)
         return metrics
+
+    @property
+    def progress(self) -> reporting.Progress:
+        return self.report.progress
+
+    @property
+    def summaries(self) -> reporting.Summaries:
+        """Where TensorBoard scalars go; the sidecar evaluator sets its own."""
+        return self.report.summaries
+
+    @summaries.setter
+    def summaries(self, summaries: reporting.Summaries) -> None:
+        self.report.summaries = summaries
 
     @property
     def skipped_steps(self) -> int:
@@ -494,20 +502,13 @@ class Controller:
             "strategy": strategies.strategy_name(loop.strategy),
             "num_replicas": loop.num_replicas,
             "global_step": loop.step,
-            "train": self.last_train_metrics,
-            "eval": self.last_eval_metrics,
-            "steps_per_second": self.steps_per_second,
-            **(
-                {}
-                if self.units_per_second is None
-                else {f"{loop.throughput_unit[1]}_per_second": self.units_per_second}
-            ),
+            **self.report.results(),
             "skipped_steps": self.skipped_steps,
             "recoveries": list(self.recoveries.entries),
             "preempted": self.preempted,
             "stop_reason": self.stop_reason,
             "config": self.config,
-            "history": self.eval_history,
+            "history": self.report.eval_history,
             "versions": reporting.library_versions(),
             **loop.results_extra(),
         }
@@ -526,40 +527,6 @@ class Controller:
             return False
         self._train_input.position = -1
         return True
-
-    def _after_recovery(self, entry: Recovery, history: dict, *, logged_to: int) -> None:
-        """Forgets what the steps a recovery undid logged, and reports the recovery.
-
-        Args:
-            entry: the recovery, the loop back at its restored step.
-            history: the per-step logs of this `train` call, up to step `logged_to`.
-        """
-        restored = entry["restored_step"]
-        undone = max(logged_to - restored, 0)
-        for parts in history.values():
-            values = np.concatenate(parts)
-            parts[:] = [values[: max(len(values) - undone, 0)]]
-        self.eval_history = [item for item in self.eval_history if item["step"] <= restored]
-        count = len(self.recoveries.entries)
-        self.summaries.scalars("train", entry["step"], {"recoveries": count})
-        steps = (
-            f"step {entry['step']}'s"
-            if entry["step"] == restored + 1
-            else f"those of steps {restored + 1} to {entry['step']}"
-        )
-        skipped = entry["skipped_batches"]
-        self.progress.line(
-            f"step {entry['step']} was not finite: recovery {count} of at most "
-            f"{self.loop.max_recoveries}, back at the checkpoint of step {restored}; the "
-            f"train stream moved past {skipped} batch{'es' if skipped > 1 else ''} ({steps}), "
-            "and training goes on"
-        )
-
-    def _check_watched_metrics(self) -> None:
-        """Fails before any step when an action watches an eval metric the loop does not report."""
-        names = self.loop.eval_metric_names()
-        if names is not None:
-            watched_metrics(self.actions, names)
 
     def _schedule(self) -> LoopSchedule:
         """Where this `train` call's inner loops end, and which of them one executor call joins."""
@@ -580,6 +547,28 @@ class Controller:
                 for action in self.actions
             ),
         )
+
+
+@dataclass
+class _Training:
+    """One `train` call: its step count, SIGTERM watcher, logged steps and timed calls."""
+
+    num_steps: int
+    preemption: PreemptionWatcher
+    history: TrainHistory = field(default_factory=TrainHistory)
+    calls: list[TimedCall] = field(default_factory=list)  # those training went on from
+
+
+class _Call(NamedTuple):
+    """One executor call: steps first_step + 1..reached, and its inner loops."""
+
+    first_step: int
+    reached: int
+    logs: dict[str, np.ndarray]  # output columns, a row per step run
+    kinds: dict[str, type]  # output name -> Mean | Ratio | Sum | Last
+    weights_finite: bool
+    inner_loops: list[InnerLoop]
+    timed: TimedCall
 
 
 def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:

@@ -547,20 +547,20 @@ class Loop(metaclass=_BuildsAfterInit):
 
     @property
     def last_train_metrics(self) -> dict[str, float]:
-        return self.controller.last_train_metrics
+        return self.controller.report.last_train_metrics
 
     @property
     def last_eval_metrics(self) -> dict[str, float]:
-        return self.controller.last_eval_metrics
+        return self.controller.report.last_eval_metrics
 
     @property
     def steps_per_second(self) -> float:
-        return self.controller.steps_per_second
+        return self.controller.report.steps_per_second
 
     @property
     def units_per_second(self) -> float | None:
         """`throughput_unit` per second (examples, tokens, ...); None when not counted."""
-        return self.controller.units_per_second
+        return self.controller.report.units_per_second
 
     @property
     def skipped_steps(self) -> int:

@@ -89,7 +89,7 @@ def test_inner_loops_are_joined_between_evaluations_and_report_the_same(monkeypa
     for name in separate[2]:
         np.testing.assert_allclose(joined[2][name], separate[2][name], rtol=1e-6, err_msg=name)
     assert len(joined[3]) == len(separate[3])  # a progress line per inner loop either way
-    assert [entry["step"] for entry in joined[4].controller.eval_history] == [30, 60]
+    assert [entry["step"] for entry in joined[4].controller.report.eval_history] == [30, 60]
 
 
 def test_a_call_is_as_long_as_the_time_it_may_take(monkeypatch):
