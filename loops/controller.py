@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from loops import (
-    model_dir_lock,
     profiling,
     recovery,
     reporting,
@@ -23,7 +22,9 @@ from loops.loop_schedule import LoopSchedule
 from loops.nonfinite_policy import NonFinitePolicy
 from loops.preemption import PreemptionWatcher
 from loops.recovery import Recoveries
+from loops.run_checkpoints import RunCheckpoints, action_state
 from loops.run_config import record_config
+from loops.run_options import RunOptions, check_positive
 from loops.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
 from loops.train_input import TrainInput
 
@@ -51,114 +52,44 @@ class Controller:
     concluded from the evaluation at its step.
     """
 
-    def __init__(
-        self,
-        *,
-        # The definition: its steps, executor, global step and hooks.
-        loop: Loop,
-        # Outer loop.
-        steps_per_loop: int,
-        eval_every: int | None,
-        checkpoint_every: int | None,
-        # Outputs.
-        model_dir: str | None,
-        max_checkpoints: int,
-        progress: reporting.Progress | None,
-        progress_every_seconds: float | None,
-        profile_steps: tuple[int, int] | None,
-        # Host-side callbacks.
-        actions: Sequence[Action],
-        # What the run was asked to do, recorded with its results.
-        config: Mapping[str, Any] | None,
-    ):
-        """Checks the options; builds nothing (`restore` does, after the loop's `build`).
+    def __init__(self, *, loop: Loop, options: RunOptions):
+        """Builds nothing (`restore` does, after the loop's `build`).
 
         Args:
             loop: the Loop whose steps this runs; its `executor` and
                 `global_step` exist by the time `restore` is called.
-            steps_per_loop: train steps per inner loop, the unit of
-                reporting: a progress line, summaries and the metrics actions
-                see, each over one inner loop. One `tf.function` call runs
-                one inner loop, or several in a row where nothing but their
-                reports comes between them (`loops.loop_schedule`).
-            eval_every: evaluate every this many steps (and at the end of
-                `train`); None evaluates only at the end.
-            checkpoint_every: save every this many steps (and at the end of
-                `train`); None saves only at the end.
-            model_dir: where checkpoints, summaries and results.json go; None
-                keeps everything in memory.
-            max_checkpoints: how many recent checkpoints to keep.
-            progress: where progress lines go; stdout if None.
-            progress_every_seconds: end inner loops early enough (judged from
-                the last one's speed) that a progress line comes at least this
-                often; None leaves it to steps_per_loop. Only in one process
-                (several workers must agree on every inner loop's length).
-            profile_steps: (start, end): trace steps start..end (from 1,
-                both included) with TensorFlow's profiler into
-                model_dir/summaries/train (chief only; `loops.profiling`).
-            actions: `loops.Action`s run between inner loops, after
-                evaluations and at the ends of `train`; their state is saved
-                with the checkpoints.
-            config: the run's configuration (a binary's flag values, or a
-                user's hyperparameters), JSON-serializable; written into
-                results.json under "config".
-
-        Raises:
-            ValueError: a bad option.
-            TypeError: an action that is not a `loops.Action`.
+            options: how to run it, checked (`loops.run_options.RunOptions`).
         """
-        _check_positive("steps_per_loop", steps_per_loop)
-        _check_positive("eval_every", eval_every, optional=True)
-        _check_positive("checkpoint_every", checkpoint_every, optional=True)
-        _check_positive("max_checkpoints", max_checkpoints)
-        if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
-            raise ValueError(
-                f"model_dir {model_dir!r} is a file, not a directory; pass a "
-                "directory path (it is created if missing)."
-            )
-        if progress_every_seconds is not None and not progress_every_seconds > 0:
-            raise ValueError(
-                f"progress_every_seconds must be > 0 (or None to turn it off), got "
-                f"{progress_every_seconds!r}."
-            )
-        checked_profile_steps = profiling.check_profile_steps(profile_steps)
         self.loop = loop
-        self.steps_per_loop = steps_per_loop
-        self.eval_every = eval_every
-        self.checkpoint_every = checkpoint_every
-        self.model_dir = model_dir
-        self.max_checkpoints = max_checkpoints
-        self.progress_every_seconds = progress_every_seconds
+        self.options = options
         self.is_chief = strategies.is_chief(loop.strategy)
+        model_dir = options.model_dir
         self.report = RunReport(
-            progress=progress or reporting.Progress(),
+            progress=options.progress or reporting.Progress(),
             summaries=reporting.Summaries(
                 os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
             ),
             throughput_unit=loop.throughput_unit,
         )
-        self.actions = _checked_actions(actions)
-        trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
-        self._profiler = (
-            None
-            if checked_profile_steps is None
-            else profiling.StepProfiler(
-                checked_profile_steps,
-                trace_dir if self.is_chief else None,
-                say=self.report.progress.line,
+        self.actions = tuple(options.actions)
+        self.config = dict(options.config or {})
+        self._profiler = None
+        if options.profile_steps is not None:
+            trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
+            self._profiler = profiling.StepProfiler(
+                options.profile_steps, trace_dir if self.is_chief else None, say=self.progress.line
             )
+        self._checkpoints = RunCheckpoints(
+            model_dir=model_dir,
+            max_checkpoints=options.max_checkpoints,
+            is_chief=self.is_chief,
+            say=self.progress.line,
         )
-        self.config = dict(config or {})
-        self.checkpointer: Checkpointer | None = None
-        self._checkpoint_on_disk = False  # whether restore found one or this run saved one
-        self._lock: str | None = None  # the lock file, held by the chief
         self._finiteness: FinitenessCheck | None = None  # set by restore
-
         # The run's state; the loop forwards what code outside reads (and `report`'s).
         self.preempted = False
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
-        self._saved_step: int | None = None
         # The run's recoveries from non-finite steps, checkpointed; they set the input's offset.
         self.recoveries = Recoveries()
         self._train_input = TrainInput(loop, self.recoveries)
@@ -188,27 +119,20 @@ class Controller:
         with strategies.variable_scope(loop.strategy):
             for action in self.actions:
                 action.build(loop)
-        action_state = _action_state(self.actions)
+        # Optional: checkpoints from before the recovery record restore as no recovery.
+        optional_items = {**action_state(self.actions), recovery.CHECKPOINT_NAME: self.recoveries}
         self._finiteness = finiteness
-        model_dir = self.model_dir
+        model_dir = self.options.model_dir
         if model_dir is None:
             return
-        if self.is_chief:
-            self._lock = model_dir_lock.acquire(model_dir)
-            # Holding the lock, whatever a killed writer left half-written is stale.
-            reporting.remove_unfinished_writes(model_dir)
-        self.checkpointer = Checkpointer(
+        self._checkpoints.open(
             strategy=loop.strategy,
-            directory=os.path.join(model_dir, "checkpoints"),
             items=items,
             step_counter=loop.global_step,
-            max_to_keep=self.max_checkpoints,
-            # Optional: checkpoints from before the recovery record restore as no recovery.
-            optional_items={**action_state, recovery.CHECKPOINT_NAME: self.recoveries},
-            say=self.progress.line,
+            optional_items=optional_items,
         )
         try:
-            restored = self.checkpointer.restore()
+            restored = self._checkpoints.restore()
             if self.is_chief:
                 record_config(
                     model_dir,
@@ -222,7 +146,6 @@ class Controller:
             self.close()
             raise
         if restored:
-            self._checkpoint_on_disk = True
             self.progress.line(f"restored {restored} at step {loop.step}")
             self.report.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
 
@@ -266,7 +189,7 @@ class Controller:
     def _check_can_train(self, num_steps: int) -> None:
         """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
         loop = self.loop
-        _check_positive("num_steps", num_steps)
+        check_positive("num_steps", num_steps)
         self._nonfinite.check_can_train()
         if loop.train_data is None and loop.needs_train_data:
             raise ValueError(
@@ -287,7 +210,7 @@ class Controller:
                 f"already at step {loop.step} >= {num_steps}: nothing to train "
                 "(the model_dir holds a finished run; raise the step count to continue)."
             )
-        if loop.on_nonfinite == "recover" and not self._checkpoint_on_disk:
+        if loop.on_nonfinite == "recover" and not self._checkpoints.on_disk:
             self.save_checkpoint()  # where a recovery before the first save goes back to
 
     def _train_loops(self, training: _Training) -> None:
@@ -393,12 +316,12 @@ class Controller:
                 action.after_loop(self.loop, step, self.report.last_train_metrics)
         if step >= training.num_steps or self.stop_reason is not None:
             return True
-        if self.eval_every and step % self.eval_every == 0:
+        if self.options.eval_every and step % self.options.eval_every == 0:
             self.evaluate()
             if training.preemption.should_stop():
                 self.preempted = True
                 return False
-        if self.checkpoint_every and step % self.checkpoint_every == 0:
+        if self.options.checkpoint_every and step % self.options.checkpoint_every == 0:
             self.save_checkpoint()
         return True
 
@@ -409,7 +332,7 @@ class Controller:
         if not self.preempted and self._evaluated_step != loop.step:
             self.evaluate()
             self.preempted = preemption.should_stop()
-        if self._saved_step != loop.step and (training.calls or self.preempted):
+        if self._checkpoints.saved_step != loop.step and (training.calls or self.preempted):
             self.save_checkpoint()
         # A SIGTERM during the final save or results leaves the export (often
         # the longest part) to the rerun, which finds nothing to train.
@@ -439,6 +362,10 @@ class Controller:
         for action in self.actions:
             action.after_eval(loop, step, metrics)
         return metrics
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        return self._checkpoints.checkpointer
 
     @property
     def progress(self) -> reporting.Progress:
@@ -476,9 +403,7 @@ class Controller:
         can hang it there, its threads waiting for a lock the exit holds.
         """
         self._train_input.release()
-        if self._lock is not None:
-            model_dir_lock.release(self._lock)
-            self._lock = None
+        self._checkpoints.close()
 
     def save_checkpoint(self) -> str | None:
         """Saves the loop's state now (every worker must call it); returns the path.
@@ -487,12 +412,7 @@ class Controller:
             NonFiniteWeightsError: a variable is not finite; nothing is saved.
             OSError: the checkpoint cannot be written; the earlier ones are intact.
         """
-        if self.checkpointer is None:
-            return None
-        path = self.checkpointer.save()
-        self._saved_step = self.loop.step
-        self._checkpoint_on_disk = True
-        return path
+        return self._checkpoints.save(self.loop.step)
 
     def write_results(self) -> dict[str, Any]:
         """Writes model_dir/results.json (chief only) and returns its contents."""
@@ -512,8 +432,9 @@ class Controller:
             "versions": reporting.library_versions(),
             **loop.results_extra(),
         }
-        if self.model_dir and self.is_chief:
-            reporting.write_json_atomic(os.path.join(self.model_dir, "results.json"), results)
+        model_dir = self.options.model_dir
+        if model_dir and self.is_chief:
+            reporting.write_json_atomic(os.path.join(model_dir, "results.json"), results)
         return results
 
     # ---- Between inner loops. ----
@@ -523,7 +444,7 @@ class Controller:
         if self.checkpointer is None:
             return False
         self.recoveries.entries = []  # what a checkpoint without the record stands for
-        if self.checkpointer.restore() is None:
+        if self._checkpoints.restore() is None:
             return False
         self._train_input.position = -1
         return True
@@ -533,12 +454,12 @@ class Controller:
         loop = self.loop
         profiler = self._profiler
         return LoopSchedule(
-            steps_per_loop=self.steps_per_loop,
-            eval_every=self.eval_every,
-            checkpoint_every=self.checkpoint_every,
+            steps_per_loop=self.options.steps_per_loop,
+            eval_every=self.options.eval_every,
+            checkpoint_every=self.options.checkpoint_every,
             action_every=tuple(action.every for action in self.actions),
             profiler_boundary=None if profiler is None else profiler.stop_before,
-            progress_every_seconds=self.progress_every_seconds,
+            progress_every_seconds=self.options.progress_every_seconds,
             # Several workers or a ps would have to agree on every inner loop's length.
             one_process=(strategies.num_workers(loop.strategy) == 1 and loop.coordinator is None),
             recover=loop.on_nonfinite == "recover",
@@ -569,41 +490,3 @@ class _Call(NamedTuple):
     weights_finite: bool
     inner_loops: list[InnerLoop]
     timed: TimedCall
-
-
-def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
-    actions = tuple(actions)
-    for action in actions:
-        if not isinstance(action, Action):
-            raise TypeError(
-                f"actions must be loops.Action objects, got {action!r}; subclass "
-                "loops.Action and override its hooks."
-            )
-        _check_positive(f"{type(action).__name__}.every", action.every, optional=True)
-    return actions
-
-
-def _action_state(actions: Sequence[Action]) -> dict[str, dict]:
-    """Checkpoint name -> variables of every action that has state."""
-    state = {}
-    for action in actions:
-        variables = dict(action.checkpoint_items())
-        if not variables:
-            continue
-        key = f"action_{action.name}"
-        if key in state:
-            raise ValueError(
-                f"Two actions with state are named {action.name!r}; each needs its "
-                "own name in the checkpoint: set `name` on one of them, e.g. "
-                f"action.name = '{action.name}_2'."
-            )
-        state[key] = variables
-    return state
-
-
-def _check_positive(name: str, value, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        hint = " (or None to turn it off)" if optional else ""
-        raise ValueError(f"{name} must be a whole number >= 1{hint}, got {value!r}.")

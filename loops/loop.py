@@ -24,6 +24,7 @@ from loops.choices import NONFINITE_POLICIES
 from loops.controller import Controller
 from loops.errors import NonFiniteError as NonFiniteError  # what train raises, named here too
 from loops.run_config import CONFIG_FREE_TO_CHANGE
+from loops.run_options import RunOptions
 
 
 class _BuildsAfterInit(type):
@@ -141,7 +142,7 @@ class Loop(metaclass=_BuildsAfterInit):
             eval_data: a finite dataset of global batches for `evaluate`.
             steps_per_loop, eval_every, checkpoint_every, model_dir, max_checkpoints,
                 progress, progress_every_seconds, profile_steps, actions, config: the run's
-                options, documented in `loops.Controller`, which gets them.
+                options (`loops.run_options.RunOptions`, checked there), which the Controller gets.
             seed: the seed steps key their randomness on.
             run_eagerly: run steps without `tf.function`, for debugging.
             on_nonfinite: what a step whose loss or gradients are not finite
@@ -266,7 +267,7 @@ class Loop(metaclass=_BuildsAfterInit):
         """Builds the loop in the strategy's scope, then has its Controller restore it."""
         # First, so bad options fail before anything is built, and so `build`
         # and the actions' `build` can read them (self.model_dir, self.progress).
-        self.controller = Controller(loop=self, **self._run_options)
+        self.controller = Controller(loop=self, options=RunOptions(**self._run_options))
         del self._run_options  # the Controller's now
         with strategies.variable_scope(self.strategy):
             self.global_step = tf.Variable(
@@ -523,11 +524,11 @@ class Loop(metaclass=_BuildsAfterInit):
 
     @property
     def model_dir(self) -> str | None:
-        return self.controller.model_dir
+        return self.controller.options.model_dir
 
     @property
     def eval_every(self) -> int | None:
-        return self.controller.eval_every
+        return self.controller.options.eval_every
 
     @property
     def is_chief(self) -> bool:

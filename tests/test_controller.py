@@ -88,7 +88,7 @@ def test_bad_run_options_fail_before_anything_is_built():
         CountsBuilds(actions=["stop"], progress=loops.testing.quiet_progress())
     assert CountsBuilds.builds == 0
     loop = CountsBuilds(steps_per_loop=3, progress=loops.testing.quiet_progress())
-    assert CountsBuilds.builds == 1 and loop.controller.steps_per_loop == 3
+    assert CountsBuilds.builds == 1 and loop.controller.options.steps_per_loop == 3
 
 
 class Counter(loops.Loop):
