@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,12 +24,10 @@ from loops.preemption import PreemptionWatcher
 from loops.recovery import Recoveries
 from loops.run_checkpoints import RunCheckpoints, action_state
 from loops.run_config import record_config
+from loops.run_context import RunDefinition
 from loops.run_options import RunOptions, check_positive
 from loops.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
 from loops.train_input import TrainInput
-
-if TYPE_CHECKING:
-    from loops.loop import Loop
 
 
 class Controller:
@@ -52,7 +50,7 @@ class Controller:
     concluded from the evaluation at its step.
     """
 
-    def __init__(self, *, loop: Loop, options: RunOptions):
+    def __init__(self, *, loop: RunDefinition, options: RunOptions):
         """Builds nothing (`restore` does, after the loop's `build`).
 
         Args:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,9 +10,7 @@ from loops import outputs
 from loops.checkpoints import describe_names
 from loops.errors import NonFiniteError
 from loops.recovery import Recoveries, Recovery
-
-if TYPE_CHECKING:
-    from loops.loop import Loop
+from loops.run_context import RunDefinition
 
 
 class NonFinitePolicy:
@@ -27,7 +24,7 @@ class NonFinitePolicy:
         recoveries: the run's record of recoveries, which "recover" adds to.
     """
 
-    def __init__(self, loop: Loop, *, go_back: Callable[[], bool], recoveries: Recoveries):
+    def __init__(self, loop: RunDefinition, *, go_back: Callable[[], bool], recoveries: Recoveries):
         self._loop = loop
         self._go_back = go_back
         self._recoveries = recoveries

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from loops import distributed_input, parameter_server
 from loops.recovery import Recoveries
-
-if TYPE_CHECKING:
-    from loops.loop import Loop
+from loops.run_context import RunDefinition
 
 
 class TrainInput:
@@ -19,7 +16,7 @@ class TrainInput:
     run's recoveries moved the stream past.
     """
 
-    def __init__(self, loop: Loop, recoveries: Recoveries):
+    def __init__(self, loop: RunDefinition, recoveries: Recoveries):
         self._loop = loop
         self._recoveries = recoveries
         self._iterator: Iterator | None = None
