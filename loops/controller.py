@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +14,9 @@ from loops import (
     reporting,
     strategies,
 )
-from loops.actions import Action, watched_metrics
-from loops.checkpoints import Checkpointer, FinitenessCheck
+from loops.actions import watched_metrics
+from loops.checkpoints import Checkpointer
+from loops.inner_loops import InnerLoops
 from loops.loop_schedule import LoopSchedule
 from loops.nonfinite_policy import NonFinitePolicy
 from loops.preemption import PreemptionWatcher
@@ -26,7 +25,7 @@ from loops.run_checkpoints import RunCheckpoints, action_state
 from loops.run_config import record_config
 from loops.run_context import RunDefinition
 from loops.run_options import RunOptions, check_positive
-from loops.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
+from loops.run_report import RunReport, TimedCall, TrainHistory
 from loops.train_input import TrainInput
 
 
@@ -83,7 +82,6 @@ class Controller:
             is_chief=self.is_chief,
             say=self.progress.line,
         )
-        self._finiteness: FinitenessCheck | None = None  # set by restore
         # The run's state; the loop forwards what code outside reads (and `report`'s).
         self.preempted = False
         self.stop_reason: str | None = None
@@ -94,9 +92,16 @@ class Controller:
         self._nonfinite = NonFinitePolicy(
             loop, go_back=self._go_back_to_checkpoint, recoveries=self.recoveries
         )
-        self._seconds_per_step: float | None = None
+        self._inner_loops = InnerLoops(
+            loop=loop,
+            train_input=self._train_input,
+            nonfinite=self._nonfinite,
+            recoveries=self.recoveries,
+            report=self.report,
+            profiler=self._profiler,
+        )
 
-    def restore(self, items: Mapping[str, Any], finiteness: FinitenessCheck) -> None:
+    def restore(self, items: Mapping[str, Any]) -> None:
         """Builds the actions, then restores the newest checkpoint in model_dir under its lock.
 
         The loop calls it once, right after its `build`.
@@ -104,8 +109,6 @@ class Controller:
         Args:
             items: name -> trackable a checkpoint holds: the loop's
                 `checkpoint_items` and its global step.
-            finiteness: the check of `items` for NaN and inf that the
-                executor runs after every inner loop; names the culprits.
 
         Raises:
             ValueError: a checkpoint in model_dir that does not match the
@@ -119,7 +122,6 @@ class Controller:
                 action.build(loop)
         # Optional: checkpoints from before the recovery record restore as no recovery.
         optional_items = {**action_state(self.actions), recovery.CHECKPOINT_NAME: self.recoveries}
-        self._finiteness = finiteness
         model_dir = self.options.model_dir
         if model_dir is None:
             return
@@ -172,17 +174,35 @@ class Controller:
         # SIGTERM is only noted from here to the end of train, and acted on at
         # the next boundary (after an inner loop, an evaluation or the final
         # save): whatever moment it comes, every completed step gets saved.
+        history = TrainHistory()
+        calls: list[TimedCall] = []  # the executor calls training went on from
         with PreemptionWatcher(self.loop.strategy) as preemption:
-            training = _Training(num_steps, preemption)
             self._before_train(num_steps)
             try:
-                self._train_loops(training)
+                if self.stop_reason is None:  # an action's before_train may stop it
+                    calls = self._inner_loops.run(
+                        self._schedule(),
+                        num_steps,
+                        history,
+                        between=lambda step: self._between_loops(step, num_steps, preemption),
+                    )
             finally:
                 if self._profiler is not None:
                     self._profiler.close()  # a trace cut short by an error or a stop
-            self.report.speed(training.calls)
-            self._after_train(training)
-        return training.history.arrays()
+            self.report.speed(calls)
+            self._after_train(preemption, trained=bool(calls))
+        return history.arrays()
+
+    def _schedule(self) -> LoopSchedule:
+        loop = self.loop
+        return LoopSchedule.of_run(
+            self.options,
+            self.actions,
+            profiler=self._profiler,
+            # Several workers or a ps would have to agree on every inner loop's length.
+            one_process=strategies.num_workers(loop.strategy) == 1 and loop.coordinator is None,
+            recover=loop.on_nonfinite == "recover",
+        )
 
     def _check_can_train(self, num_steps: int) -> None:
         """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
@@ -211,126 +231,41 @@ class Controller:
         if loop.on_nonfinite == "recover" and not self._checkpoints.on_disk:
             self.save_checkpoint()  # where a recovery before the first save goes back to
 
-    def _train_loops(self, training: _Training) -> None:
-        """Runs inner loops, with what happens between them, up to the step count.
-
-        One executor call may run several inner loops back to back when only
-        their reports (summaries, progress, history) would separate them; the
-        reports are then made after the call, each over its own steps
-        (`LoopSchedule.call_ends`).
-        """
-        schedule = self._schedule()
-        step = self.loop.step
-        iterator = self._train_input.at_step(step)
-        while step < training.num_steps and self.stop_reason is None:
-            ends = schedule.call_ends(step, training.num_steps, self._seconds_per_step)
-            call = self._call(iterator, step, ends)
-            if self._recovered(call, training):
-                step = self.loop.step
-                iterator = self._train_input.at_step(step)
-                continue
-            step = call.reached
-            training.calls.append(call.timed)
-            self._seconds_per_step = call.timed.seconds / max(call.timed.steps, 1)
-            for inner_loop in call.inner_loops:
-                self.report.inner_loop(call.kinds, inner_loop, training.num_steps, training.history)
-            if self._profiler is not None:
-                self._profiler.after_loop(step)
-            if not self._between_loops(step, training):
-                return
-
-    def _call(self, iterator, step: int, ends: Sequence[int]) -> _Call:
-        """Runs the inner loops after `step` that end at `ends` in one executor call."""
-        if self._profiler is not None:
-            self._profiler.before_loop(step)
-        started = time.perf_counter()
-        run = self.loop.executor.run(iterator, ends[-1] - step)
-        seconds = time.perf_counter() - started
-        done = run.reached - step
-        logs = {name: values[:done] for name, values in run.logs.items()}
-        # Stopped early, the iterator may have dequeued the next step's batches.
-        stopped_early = run.reached < ends[-1]
-        self._train_input.position = (
-            -1 if stopped_early else self._train_input.position_at(run.reached)
-        )
-        # Inner loops a call stopped early in (a non-finite step) end where it stopped.
-        reached_ends = [end for end in ends if end < run.reached] + [run.reached]
-        inner_loops = [
-            InnerLoop(
-                start,
-                end,
-                {name: values[start - step : end - step] for name, values in logs.items()},
-                seconds * (end - start) / max(done, 1),
-            )
-            for start, end in zip([step, *reached_ends[:-1]], reached_ends)
-        ]
-        timed = TimedCall(done, seconds, self.report.units(logs))
-        return _Call(step, run.reached, logs, run.kinds, run.weights_finite, inner_loops, timed)
-
-    def _recovered(self, call: _Call, training: _Training) -> bool:
-        """Acts on a non-finite step or weights in `call`; whether it recovered from one.
-
-        The inner loops before the one holding a step that stops the run or
-        recovers report first, as they would have from calls of their own.
-
-        Raises:
-            NonFiniteError: the policy stops the run.
-        """
-        bad_step = self._nonfinite.first_acted_on(call.logs, call.first_step)
-        reported_to = call.first_step
-        for inner_loop in call.inner_loops:
-            if bad_step is None or inner_loop.end >= bad_step:
-                break
-            self.report.inner_loop(call.kinds, inner_loop, training.num_steps, training.history)
-            reported_to = inner_loop.end
-        recovered = self._nonfinite.check_steps(call.logs, call.first_step)
-        if recovered is None and not call.weights_finite:
-            assert self._finiteness is not None  # restore ran before any step
-            recovered = self._nonfinite.after_nonfinite_weights(
-                call.reached, self._finiteness.nonfinite_names()
-            )
-        if recovered is None:
-            return False
-        # Forget what the steps the recovery undid logged.
-        training.history.drop_last(max(reported_to - recovered["restored_step"], 0))
-        self.report.recovery(
-            recovered,
-            count=len(self.recoveries.entries),
-            max_recoveries=self.loop.max_recoveries,
-        )
-        return True
-
-    def _between_loops(self, step: int, training: _Training) -> bool:
+    def _between_loops(self, step: int, num_steps: int, preemption: PreemptionWatcher) -> bool:
         """After the inner loops that ended at `step`: the actions, evaluation and checkpoint.
 
-        Returns whether training goes on (False when preempted). At the last
-        step or a stop, `_after_train` evaluates and saves instead.
+        Returns whether training goes on: False when preempted, stopped or
+        done (then `_after_train` evaluates and saves instead).
         """
-        if training.preemption.should_stop():
+        if preemption.should_stop():
             self.preempted = True
             return False
         for action in self.actions:
             if not action.every or step % action.every == 0:
                 action.after_loop(self.loop, step, self.report.last_train_metrics)
-        if step >= training.num_steps or self.stop_reason is not None:
-            return True
+        if step >= num_steps or self.stop_reason is not None:
+            return False
         if self.options.eval_every and step % self.options.eval_every == 0:
             self.evaluate()
-            if training.preemption.should_stop():
+            if preemption.should_stop():
                 self.preempted = True
                 return False
         if self.options.checkpoint_every and step % self.options.checkpoint_every == 0:
             self.save_checkpoint()
-        return True
+        return self.stop_reason is None  # an action's after_eval may have stopped it
 
-    def _after_train(self, training: _Training) -> None:
-        """Evaluates and saves at the end (unless done there), writes results, ends the actions."""
+    def _after_train(self, preemption: PreemptionWatcher, *, trained: bool) -> None:
+        """Evaluates and saves at the end (unless done there), writes results, ends the actions.
+
+        Args:
+            trained: whether any executor call trained on (without one,
+                nothing new needs saving unless preempted).
+        """
         loop = self.loop
-        preemption = training.preemption
         if not self.preempted and self._evaluated_step != loop.step:
             self.evaluate()
             self.preempted = preemption.should_stop()
-        if self._checkpoints.saved_step != loop.step and (training.calls or self.preempted):
+        if self._checkpoints.saved_step != loop.step and (trained or self.preempted):
             self.save_checkpoint()
         # A SIGTERM during the final save or results leaves the export (often
         # the longest part) to the rerun, which finds nothing to train.
@@ -446,45 +381,3 @@ class Controller:
             return False
         self._train_input.position = -1
         return True
-
-    def _schedule(self) -> LoopSchedule:
-        """Where this `train` call's inner loops end, and which of them one executor call joins."""
-        loop = self.loop
-        profiler = self._profiler
-        return LoopSchedule(
-            steps_per_loop=self.options.steps_per_loop,
-            eval_every=self.options.eval_every,
-            checkpoint_every=self.options.checkpoint_every,
-            action_every=tuple(action.every for action in self.actions),
-            profiler_boundary=None if profiler is None else profiler.stop_before,
-            progress_every_seconds=self.options.progress_every_seconds,
-            # Several workers or a ps would have to agree on every inner loop's length.
-            one_process=(strategies.num_workers(loop.strategy) == 1 and loop.coordinator is None),
-            recover=loop.on_nonfinite == "recover",
-            action_after_every_loop=any(
-                action.every is None and type(action).after_loop is not Action.after_loop
-                for action in self.actions
-            ),
-        )
-
-
-@dataclass
-class _Training:
-    """One `train` call: its step count, SIGTERM watcher, logged steps and timed calls."""
-
-    num_steps: int
-    preemption: PreemptionWatcher
-    history: TrainHistory = field(default_factory=TrainHistory)
-    calls: list[TimedCall] = field(default_factory=list)  # those training went on from
-
-
-class _Call(NamedTuple):
-    """One executor call: steps first_step + 1..reached, and its inner loops."""
-
-    first_step: int
-    reached: int
-    logs: dict[str, np.ndarray]  # output columns, a row per step run
-    kinds: dict[str, type]  # output name -> Mean | Ratio | Sum | Last
-    weights_finite: bool
-    inner_loops: list[InnerLoop]
-    timed: TimedCall

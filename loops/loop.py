@@ -304,7 +304,7 @@ class Loop(metaclass=_BuildsAfterInit):
         # What a save would write, checked for NaN and inf after every inner loop.
         finiteness = FinitenessCheck(tf.train.Checkpoint(**items))
         self.executor = self._make_executor(finiteness)
-        self.controller.restore(items, finiteness)
+        self.controller.restore(items)
 
     # ---- Hooks a kind of training overrides. ----
 

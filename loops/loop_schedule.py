@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from loops.actions import Action
+from loops.profiling import StepProfiler
+from loops.run_options import RunOptions
 
 # About how long one executor call may run when it joins inner loops that
 # only reports separate (`LoopSchedule.call_ends`): long enough that a call's
@@ -56,6 +60,32 @@ class LoopSchedule:
     one_process: bool
     recover: bool
     action_after_every_loop: bool
+
+    @classmethod
+    def of_run(
+        cls,
+        options: RunOptions,
+        actions: Sequence[Action],
+        *,
+        profiler: StepProfiler | None,
+        one_process: bool,
+        recover: bool,
+    ) -> LoopSchedule:
+        """The schedule of a run with these options and actions (see the attributes)."""
+        return cls(
+            steps_per_loop=options.steps_per_loop,
+            eval_every=options.eval_every,
+            checkpoint_every=options.checkpoint_every,
+            action_every=tuple(action.every for action in actions),
+            profiler_boundary=None if profiler is None else profiler.stop_before,
+            progress_every_seconds=options.progress_every_seconds,
+            one_process=one_process,
+            recover=recover,
+            action_after_every_loop=any(
+                action.every is None and type(action).after_loop is not Action.after_loop
+                for action in actions
+            ),
+        )
 
     def next_end(self, step: int, num_steps: int, seconds_per_step: float | None) -> LoopEnd:
         """Where the inner loop starting after `step` ends (training ends at `num_steps`).

@@ -94,7 +94,7 @@ def test_inner_loops_are_joined_between_evaluations_and_report_the_same(monkeypa
 
 def test_a_call_is_as_long_as_the_time_it_may_take(monkeypatch):
     calls, *_, loop = trained(monkeypatch, joined_seconds=0.5, eval_every=None, num_steps=600)
-    seconds_per_step = loop.controller._seconds_per_step
+    seconds_per_step = loop.controller._inner_loops.seconds_per_step
     assert calls[0] == 3 and sum(calls) == 600
     # Every joined call is a whole number of inner loops within the budget
     # judged from the call before it (its speed is not the last call's).
