@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,9 @@ from loops.actions import watched_metrics
 from loops.checkpoints import Checkpointer
 from loops.inner_loops import InnerLoops
 from loops.loop_schedule import LoopSchedule
-from loops.nonfinite_policy import NonFinitePolicy
 from loops.preemption import PreemptionWatcher
 from loops.recovery import Recoveries
 from loops.run_checkpoints import RunCheckpoints, action_state
-from loops.run_config import record_config
 from loops.run_context import RunDefinition
 from loops.run_options import RunOptions, check_positive
 from loops.run_report import RunReport, TimedCall, TrainHistory
@@ -61,21 +60,15 @@ class Controller:
         self.options = options
         self.is_chief = strategies.is_chief(loop.strategy)
         model_dir = options.model_dir
+        summaries = os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
         self.report = RunReport(
             progress=options.progress or reporting.Progress(),
-            summaries=reporting.Summaries(
-                os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
-            ),
+            summaries=reporting.Summaries(summaries),
             throughput_unit=loop.throughput_unit,
         )
         self.actions = tuple(options.actions)
         self.config = dict(options.config or {})
-        self._profiler = None
-        if options.profile_steps is not None:
-            trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
-            self._profiler = profiling.StepProfiler(
-                options.profile_steps, trace_dir if self.is_chief else None, say=self.progress.line
-            )
+        self._profiler = _profiler(options, is_chief=self.is_chief, say=self.progress.line)
         self._checkpoints = RunCheckpoints(
             model_dir=model_dir,
             max_checkpoints=options.max_checkpoints,
@@ -89,13 +82,10 @@ class Controller:
         # The run's recoveries from non-finite steps, checkpointed; they set the input's offset.
         self.recoveries = Recoveries()
         self._train_input = TrainInput(loop, self.recoveries)
-        self._nonfinite = NonFinitePolicy(
-            loop, go_back=self._go_back_to_checkpoint, recoveries=self.recoveries
-        )
         self._inner_loops = InnerLoops(
             loop=loop,
             train_input=self._train_input,
-            nonfinite=self._nonfinite,
+            checkpoints=self._checkpoints,
             recoveries=self.recoveries,
             report=self.report,
             profiler=self._profiler,
@@ -125,26 +115,15 @@ class Controller:
         model_dir = self.options.model_dir
         if model_dir is None:
             return
-        self._checkpoints.open(
+        restored = self._checkpoints.open(
             strategy=loop.strategy,
             items=items,
             step_counter=loop.global_step,
             optional_items=optional_items,
+            config=self.config,
+            config_items=loop.checkpoint_items(),
+            config_free_to_change=loop.config_free_to_change,
         )
-        try:
-            restored = self._checkpoints.restore()
-            if self.is_chief:
-                record_config(
-                    model_dir,
-                    self.config,
-                    loop.checkpoint_items(),
-                    resuming=restored is not None,
-                    free_to_change=loop.config_free_to_change,
-                    say=self.progress.line,
-                )
-        except (ValueError, OSError):
-            self.close()
-            raise
         if restored:
             self.progress.line(f"restored {restored} at step {loop.step}")
             self.report.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
@@ -175,40 +154,27 @@ class Controller:
         # the next boundary (after an inner loop, an evaluation or the final
         # save): whatever moment it comes, every completed step gets saved.
         history = TrainHistory()
-        calls: list[TimedCall] = []  # the executor calls training went on from
+        calls: list[TimedCall] = []  # the executor calls that training went on from
         with PreemptionWatcher(self.loop.strategy) as preemption:
             self._before_train(num_steps)
+            schedule = LoopSchedule.of_run(
+                self.options, self.actions, loop=self.loop, profiler=self._profiler
+            )
+            between = functools.partial(self._between_loops, preemption, num_steps)
             try:
                 if self.stop_reason is None:  # an action's before_train may stop it
-                    calls = self._inner_loops.run(
-                        self._schedule(),
-                        num_steps,
-                        history,
-                        between=lambda step: self._between_loops(step, num_steps, preemption),
-                    )
+                    calls = self._inner_loops.run(schedule, num_steps, history, between)
             finally:
                 if self._profiler is not None:
                     self._profiler.close()  # a trace cut short by an error or a stop
-            self.report.speed(calls)
             self._after_train(preemption, trained=bool(calls))
         return history.arrays()
-
-    def _schedule(self) -> LoopSchedule:
-        loop = self.loop
-        return LoopSchedule.of_run(
-            self.options,
-            self.actions,
-            profiler=self._profiler,
-            # Several workers or a ps would have to agree on every inner loop's length.
-            one_process=strategies.num_workers(loop.strategy) == 1 and loop.coordinator is None,
-            recover=loop.on_nonfinite == "recover",
-        )
 
     def _check_can_train(self, num_steps: int) -> None:
         """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
         loop = self.loop
         check_positive("num_steps", num_steps)
-        self._nonfinite.check_can_train()
+        self._inner_loops.nonfinite.check_can_train()
         if loop.train_data is None and loop.needs_train_data:
             raise ValueError(
                 f"{type(loop).__name__} has no train_data; pass train_data= to the constructor."
@@ -231,7 +197,7 @@ class Controller:
         if loop.on_nonfinite == "recover" and not self._checkpoints.on_disk:
             self.save_checkpoint()  # where a recovery before the first save goes back to
 
-    def _between_loops(self, step: int, num_steps: int, preemption: PreemptionWatcher) -> bool:
+    def _between_loops(self, preemption: PreemptionWatcher, num_steps: int, step: int) -> bool:
         """After the inner loops that ended at `step`: the actions, evaluation and checkpoint.
 
         Returns whether training goes on: False when preempted, stopped or
@@ -255,12 +221,7 @@ class Controller:
         return self.stop_reason is None  # an action's after_eval may have stopped it
 
     def _after_train(self, preemption: PreemptionWatcher, *, trained: bool) -> None:
-        """Evaluates and saves at the end (unless done there), writes results, ends the actions.
-
-        Args:
-            trained: whether any executor call trained on (without one,
-                nothing new needs saving unless preempted).
-        """
+        """Evaluates and saves at the end (unless done there), writes results, ends the actions."""
         loop = self.loop
         if not self.preempted and self._evaluated_step != loop.step:
             self.evaluate()
@@ -316,7 +277,7 @@ class Controller:
     @property
     def skipped_steps(self) -> int:
         """Steps whose update was left out because it was not finite."""
-        return self._nonfinite.skipped_steps
+        return self._inner_loops.nonfinite.skipped_steps
 
     def request_stop(self, reason: str) -> None:
         """Ends `train` after the inner loop in progress; see the class docstring.
@@ -349,35 +310,26 @@ class Controller:
 
     def write_results(self) -> dict[str, Any]:
         """Writes model_dir/results.json (chief only) and returns its contents."""
-        loop = self.loop
-        results = {
-            "loop": loop.name,
-            "strategy": strategies.strategy_name(loop.strategy),
-            "num_replicas": loop.num_replicas,
-            "global_step": loop.step,
-            **self.report.results(),
-            "skipped_steps": self.skipped_steps,
-            "recoveries": list(self.recoveries.entries),
-            "preempted": self.preempted,
-            "stop_reason": self.stop_reason,
-            "config": self.config,
-            "history": self.report.eval_history,
-            "versions": reporting.library_versions(),
-            **loop.results_extra(),
-        }
+        results = self.report.results(
+            self.loop,
+            skipped_steps=self.skipped_steps,
+            recoveries=self.recoveries.entries,
+            preempted=self.preempted,
+            stop_reason=self.stop_reason,
+            config=self.config,
+        )
         model_dir = self.options.model_dir
         if model_dir and self.is_chief:
             reporting.write_json_atomic(os.path.join(model_dir, "results.json"), results)
         return results
 
-    # ---- Between inner loops. ----
 
-    def _go_back_to_checkpoint(self) -> bool:
-        """Restores the last checkpoint, the train stream resuming there; False without one."""
-        if self.checkpointer is None:
-            return False
-        self.recoveries.entries = []  # what a checkpoint without the record stands for
-        if self._checkpoints.restore() is None:
-            return False
-        self._train_input.position = -1
-        return True
+def _profiler(
+    options: RunOptions, *, is_chief: bool, say: Callable[[str], None]
+) -> profiling.StepProfiler | None:
+    """The profiler of `options.profile_steps`, tracing on the chief only; None without them."""
+    if options.profile_steps is None:
+        return None
+    model_dir = options.model_dir
+    trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
+    return profiling.StepProfiler(options.profile_steps, trace_dir if is_chief else None, say=say)

@@ -12,6 +12,7 @@ from loops.loop_schedule import LoopSchedule
 from loops.nonfinite_policy import NonFinitePolicy
 from loops.profiling import StepProfiler
 from loops.recovery import Recoveries
+from loops.run_checkpoints import RunCheckpoints
 from loops.run_context import RunDefinition
 from loops.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
 from loops.train_input import TrainInput
@@ -41,7 +42,7 @@ class InnerLoops:
     Args:
         loop: the loop whose executor runs the steps.
         train_input: the train stream's position.
-        nonfinite: the policy for non-finite steps and weights.
+        checkpoints: the run's checkpoints, which a recovery or stop goes back to.
         recoveries: the run's record of recoveries.
         report: where each inner loop and recovery is reported.
         profiler: traces a range of steps; None when not asked for.
@@ -52,15 +53,18 @@ class InnerLoops:
         *,
         loop: RunDefinition,
         train_input: TrainInput,
-        nonfinite: NonFinitePolicy,
+        checkpoints: RunCheckpoints,
         recoveries: Recoveries,
         report: RunReport,
         profiler: StepProfiler | None,
     ):
         self._loop = loop
         self._train_input = train_input
-        self._nonfinite = nonfinite
         self._recoveries = recoveries
+        # The policy for non-finite steps and weights, acted on after each call.
+        self.nonfinite = NonFinitePolicy(
+            loop, checkpoints=checkpoints, train_input=train_input, recoveries=recoveries
+        )
         self._report = report
         self._profiler = profiler
         # The last call's speed, which plans the next calls (also those of the next train).
@@ -83,7 +87,8 @@ class InnerLoops:
                 (actions, evaluation, checkpoint); False ends training.
 
         Returns:
-            The executor calls that training went on from, timed.
+            The executor calls that training went on from, timed (the
+            report's speeds are set from them).
 
         Raises:
             NonFiniteError: the non-finite policy stops the run.
@@ -107,6 +112,7 @@ class InnerLoops:
                 self._profiler.after_loop(step)
             if not between(step):
                 break
+        self._report.speed(calls)
         return calls
 
     def _call(self, iterator, step: int, ends: Sequence[int]) -> ExecutorCall:
@@ -148,17 +154,17 @@ class InnerLoops:
         Raises:
             NonFiniteError: the policy stops the run.
         """
-        bad_step = self._nonfinite.first_acted_on(call.logs, call.first_step)
+        bad_step = self.nonfinite.first_acted_on(call.logs, call.first_step)
         reported_to = call.first_step
         for inner_loop in call.inner_loops:
             if bad_step is None or inner_loop.end >= bad_step:
                 break
             self._report.inner_loop(call.kinds, inner_loop, num_steps, history)
             reported_to = inner_loop.end
-        recovered = self._nonfinite.check_steps(call.logs, call.first_step)
+        recovered = self.nonfinite.check_steps(call.logs, call.first_step)
         if recovered is None and not call.weights_finite:
             finiteness = self._loop.executor.definition.finiteness
-            recovered = self._nonfinite.after_nonfinite_weights(
+            recovered = self.nonfinite.after_nonfinite_weights(
                 call.reached, finiteness.nonfinite_names()
             )
         if recovered is None:

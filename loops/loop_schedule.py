@@ -6,8 +6,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from loops import strategies
 from loops.actions import Action
 from loops.profiling import StepProfiler
+from loops.run_context import RunDefinition
 from loops.run_options import RunOptions
 
 # About how long one executor call may run when it joins inner loops that
@@ -67,11 +69,10 @@ class LoopSchedule:
         options: RunOptions,
         actions: Sequence[Action],
         *,
+        loop: RunDefinition,
         profiler: StepProfiler | None,
-        one_process: bool,
-        recover: bool,
     ) -> LoopSchedule:
-        """The schedule of a run with these options and actions (see the attributes)."""
+        """The schedule of a run of `loop` with these options, actions and profiler."""
         return cls(
             steps_per_loop=options.steps_per_loop,
             eval_every=options.eval_every,
@@ -79,8 +80,9 @@ class LoopSchedule:
             action_every=tuple(action.every for action in actions),
             profiler_boundary=None if profiler is None else profiler.stop_before,
             progress_every_seconds=options.progress_every_seconds,
-            one_process=one_process,
-            recover=recover,
+            # Several workers or a ps would have to agree on every inner loop's length.
+            one_process=(strategies.num_workers(loop.strategy) == 1 and loop.coordinator is None),
+            recover=loop.on_nonfinite == "recover",
             action_after_every_loop=any(
                 action.every is None and type(action).after_loop is not Action.after_loop
                 for action in actions

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -10,7 +10,9 @@ from loops import outputs
 from loops.checkpoints import describe_names
 from loops.errors import NonFiniteError
 from loops.recovery import Recoveries, Recovery
+from loops.run_checkpoints import RunCheckpoints
 from loops.run_context import RunDefinition
+from loops.train_input import TrainInput
 
 
 class NonFinitePolicy:
@@ -19,14 +21,23 @@ class NonFinitePolicy:
     Args:
         loop: the loop whose `on_nonfinite`, `skips_nonfinite` and
             `max_recoveries` say what follows.
-        go_back: restores the last checkpoint (the recovery record with
-            it); False when there is none.
+        checkpoints: the run's checkpoints, the last of which a stop or a
+            recovery goes back to.
+        train_input: the train stream, which resumes where the loop goes back to.
         recoveries: the run's record of recoveries, which "recover" adds to.
     """
 
-    def __init__(self, loop: RunDefinition, *, go_back: Callable[[], bool], recoveries: Recoveries):
+    def __init__(
+        self,
+        loop: RunDefinition,
+        *,
+        checkpoints: RunCheckpoints,
+        train_input: TrainInput,
+        recoveries: Recoveries,
+    ):
         self._loop = loop
-        self._go_back = go_back
+        self._checkpoints = checkpoints
+        self._train_input = train_input
         self._recoveries = recoveries
         self.skipped_steps = 0
         # The step that left non-finite weights in memory with no checkpoint to go back to.
@@ -136,6 +147,16 @@ class NonFinitePolicy:
         )
         self._recoveries.entries = [*entries, entry]
         return entry
+
+    def _go_back(self) -> bool:
+        """Restores the last checkpoint, the train stream resuming there; False without one."""
+        if self._checkpoints.checkpointer is None:
+            return False
+        self._recoveries.entries = []  # what a checkpoint without the record stands for
+        if self._checkpoints.restore() is None:
+            return False
+        self._train_input.position = -1
+        return True
 
     def _back_to_checkpoint(self) -> str:
         """Goes back to the last checkpoint after a non-finite step; says where the loop is now."""

@@ -11,6 +11,7 @@ import tensorflow as tf
 from loops import model_dir_lock, reporting
 from loops.actions import Action
 from loops.checkpoints import Checkpointer
+from loops.run_config import record_config
 
 
 class RunCheckpoints:
@@ -47,15 +48,30 @@ class RunCheckpoints:
         items: Mapping[str, Any],
         step_counter: tf.Variable,
         optional_items: Mapping[str, Any],
-    ) -> None:
-        """Takes model_dir's lock (chief) and makes the checkpointer of `items`.
+        config: Mapping[str, Any],
+        config_items: Mapping[str, Any],
+        config_free_to_change: frozenset[str],
+    ) -> str | None:
+        """Takes model_dir's lock (chief), restores the newest checkpoint, records the config.
+
+        Args:
+            items: name -> trackable, saved and restored.
+            step_counter: the variable whose value numbers the checkpoints.
+            optional_items: name -> trackable, restored only when present.
+            config, config_items, config_free_to_change: the run's config,
+                the items whose types it records, and the keys a resume may
+                change silently (`loops.run_config.record_config`).
+
+        Returns:
+            The restored checkpoint's path; None when there is none (or no model_dir).
 
         Raises:
-            OSError: model_dir cannot be written, or another run holds its lock.
+            ValueError: a checkpoint that does not match `items`.
+            OSError: model_dir cannot be written or read, or another run holds its lock.
         """
         model_dir = self._model_dir
         if model_dir is None:
-            return
+            return None
         if self._is_chief:
             self._lock = model_dir_lock.acquire(model_dir)
             # Holding the lock, whatever a killed writer left half-written is stale.
@@ -69,6 +85,21 @@ class RunCheckpoints:
             optional_items=optional_items,
             say=self._say,
         )
+        try:
+            restored = self.restore()
+            if self._is_chief:
+                record_config(
+                    model_dir,
+                    config,
+                    config_items,
+                    resuming=restored is not None,
+                    free_to_change=config_free_to_change,
+                    say=self._say,
+                )
+        except (ValueError, OSError):
+            self.close()
+            raise
+        return restored
 
     def restore(self) -> str | None:
         """Restores the newest checkpoint; returns its path, or None when there is none."""

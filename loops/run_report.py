@@ -1,4 +1,4 @@
-"""What a run reports: each inner loop's metrics and speed, its evaluations and its recoveries."""
+"""What a run reports: each inner loop's metrics and speed, evaluations, recoveries, results."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from loops import outputs, reporting
+from loops import outputs, reporting, strategies
 from loops.recovery import Recovery
+from loops.run_context import RunDefinition
 
 
 class InnerLoop(NamedTuple):
@@ -144,9 +145,22 @@ class RunReport:
             None if None in units else sum(u for u in units if u is not None) / seconds
         )
 
-    def results(self) -> dict[str, Any]:
-        """The entries of results.json that say how training went: metrics and speeds."""
+    def results(
+        self,
+        loop: RunDefinition,
+        *,
+        skipped_steps: int,
+        recoveries: Sequence[Recovery],
+        preempted: bool,
+        stop_reason: str | None,
+        config: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """What results.json holds: the run, its metrics and speeds, how it ended, its config."""
         return {
+            "loop": loop.name,
+            "strategy": strategies.strategy_name(loop.strategy),
+            "num_replicas": loop.num_replicas,
+            "global_step": loop.step,
             "train": self.last_train_metrics,
             "eval": self.last_eval_metrics,
             "steps_per_second": self.steps_per_second,
@@ -155,4 +169,12 @@ class RunReport:
                 if self.units_per_second is None
                 else {f"{self.throughput_unit[1]}_per_second": self.units_per_second}
             ),
+            "skipped_steps": skipped_steps,
+            "recoveries": list(recoveries),
+            "preempted": preempted,
+            "stop_reason": stop_reason,
+            "config": config,
+            "history": self.eval_history,
+            "versions": reporting.library_versions(),
+            **loop.results_extra(),
         }
