@@ -11,6 +11,7 @@ import tensorflow as tf
 from loops import (
     distributed_input,
     executors,
+    nonfinite_policy,
     recovery,
     reduction,
     reporting,
@@ -234,7 +235,12 @@ class Loop(metaclass=_BuildsAfterInit):
                 "--strategy=multi_worker_mirrored or mirrored."
             )
         if on_nonfinite == "recover":
-            self._check_can_recover(train_data, model_dir)
+            nonfinite_policy.check_can_recover(
+                type(self).__name__,
+                self.strategy,
+                has_train_data=train_data is not None or not self.needs_train_data,
+                model_dir=model_dir,
+            )
         if parameter_server:
             self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
                 self.strategy
@@ -445,31 +451,6 @@ class Loop(metaclass=_BuildsAfterInit):
             return executors.ScheduledExecutor(definition, coordinator=self.coordinator)
         executor_class = executors.EagerExecutor if self.run_eagerly else executors.Executor
         return executor_class(definition, stop_on_nonfinite=self.on_nonfinite != "skip")
-
-    def _check_can_recover(self, train_data, model_dir: str | None) -> None:
-        """Raises ValueError when on_nonfinite='recover' cannot work for this loop."""
-        name = type(self).__name__
-        if strategies.strategy_name(self.strategy) == "parameter_server":
-            raise ValueError(
-                "on_nonfinite='recover' moves the train stream past the batches that led "
-                "to a non-finite step, and under ParameterServerStrategy each worker reads "
-                "its own stream, at no position a checkpoint records. Pass "
-                "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
-                "non-finite update under every policy) or 'stop'."
-            )
-        # A loop that makes its own data (RL) draws new data after a recovery (data_step).
-        if train_data is None and self.needs_train_data:
-            raise ValueError(
-                f"on_nonfinite='recover' goes back to the last checkpoint and moves the train "
-                f"stream past the batches that led to a non-finite step, and {name} has no "
-                "train_data. Pass on_nonfinite='stop' or 'skip' (--on_nonfinite=stop or skip)."
-            )
-        if model_dir is None:
-            raise ValueError(
-                f"on_nonfinite='recover' goes back to the last checkpoint, and {name} has "
-                "model_dir=None, so it keeps none. Pass model_dir= (a checkpoint of step 0 is "
-                "saved when training starts), or on_nonfinite='stop' or 'skip'."
-            )
 
     def averaged_weights(self):
         """A context in which the trained variables hold their moving averages (host only).

@@ -1,12 +1,13 @@
-"""The non-finite policy on the host: after an inner loop, count skipped steps, stop or recover."""
+"""The non-finite policy on the host: can it recover; after a call, skip, stop or recover."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 import numpy as np
+import tensorflow as tf
 
-from loops import outputs
+from loops import outputs, strategies
 from loops.checkpoints import describe_names
 from loops.errors import NonFiniteError
 from loops.recovery import Recoveries, Recovery
@@ -173,3 +174,38 @@ _NO_CHECKPOINT = (
     "There is no checkpoint to go back to: the weights in memory are not finite, "
     "and nothing was saved."
 )
+
+
+def check_can_recover(
+    name: str,
+    strategy: tf.distribute.Strategy,
+    *,
+    has_train_data: bool,
+    model_dir: str | None,
+) -> None:
+    """Raises ValueError when on_nonfinite='recover' cannot work for the loop `name`.
+
+    Args:
+        has_train_data: whether the loop has train data, or makes its own
+            (RL), drawing new data after a recovery (`Loop.data_step`).
+    """
+    if strategies.strategy_name(strategy) == "parameter_server":
+        raise ValueError(
+            "on_nonfinite='recover' moves the train stream past the batches that led "
+            "to a non-finite step, and under ParameterServerStrategy each worker reads "
+            "its own stream, at no position a checkpoint records. Pass "
+            "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
+            "non-finite update under every policy) or 'stop'."
+        )
+    if not has_train_data:
+        raise ValueError(
+            f"on_nonfinite='recover' goes back to the last checkpoint and moves the train "
+            f"stream past the batches that led to a non-finite step, and {name} has no "
+            "train_data. Pass on_nonfinite='stop' or 'skip' (--on_nonfinite=stop or skip)."
+        )
+    if model_dir is None:
+        raise ValueError(
+            f"on_nonfinite='recover' goes back to the last checkpoint, and {name} has "
+            "model_dir=None, so it keeps none. Pass model_dir= (a checkpoint of step 0 is "
+            "saved when training starts), or on_nonfinite='stop' or 'skip'."
+        )
