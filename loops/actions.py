@@ -24,7 +24,8 @@ class Action:
     an action that decides only from them decides the same on every worker:
     all workers then request a stop at the same step and all take part in any
     checkpoint save, as MultiWorkerMirroredStrategy needs (BUILD.md fact 11).
-    Write files only where `loop.is_chief`.
+    Write files only where `loop.is_chief`. Each hook gets the loop itself;
+    its type, `loops.run_context.RunContext`, names what an action may use.
 
     Attributes:
         every: call `after_loop` only at steps that are multiples of this, and
