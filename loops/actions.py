@@ -6,16 +6,14 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tensorflow as tf
 
 from loops import reporting
 from loops.checkpoints import Checkpointer
 from loops.choices import METRIC_MODES
-
-if TYPE_CHECKING:
-    from loops.loop import Loop
+from loops.run_context import RunContext
 
 
 class Action:
@@ -26,13 +24,14 @@ class Action:
     an action that decides only from them decides the same on every worker:
     all workers then request a stop at the same step and all take part in any
     checkpoint save, as MultiWorkerMirroredStrategy needs (BUILD.md fact 11).
-    Write files only where `loop.is_chief`.
+    Write files only where `loop.is_chief`. Each hook gets the loop itself;
+    its type, `loops.run_context.RunContext`, names what an action may use.
 
     Attributes:
         every: call `after_loop` only at steps that are multiples of this, and
             end an inner loop there; None calls it after every inner loop
             (each inner loop is then a call of its own: see
-            `Controller._call_reports`).
+            `loops.loop_schedule.LoopSchedule.call_ends`).
         name: the name of the action's state in checkpoints, unique among a
             loop's actions that have state; by default the class name in
             snake_case. Set it on a class or an instance.
@@ -62,7 +61,7 @@ class Action:
     def name(self, value: str) -> None:
         self.__dict__["_name"] = value
 
-    def build(self, loop: Loop) -> None:
+    def build(self, loop: RunContext) -> None:
         """Creates the action's state; runs once in the loop's strategy scope, before restoring."""
 
     def checkpoint_items(self) -> Mapping[str, tf.Variable]:
@@ -73,16 +72,16 @@ class Action:
         """
         return {}
 
-    def before_train(self, loop: Loop) -> None:
+    def before_train(self, loop: RunContext) -> None:
         """At the start of `Loop.train`, after the loop restored its checkpoint."""
 
-    def after_loop(self, loop: Loop, step: int, train_metrics: Mapping[str, float]) -> None:
+    def after_loop(self, loop: RunContext, step: int, train_metrics: Mapping[str, float]) -> None:
         """After an inner loop that ended at `step` (see `every`); metrics averaged over it."""
 
-    def after_eval(self, loop: Loop, step: int, eval_metrics: Mapping[str, float]) -> None:
+    def after_eval(self, loop: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
         """After each evaluation; `eval_metrics` is empty when the loop evaluates nothing."""
 
-    def after_train(self, loop: Loop) -> None:
+    def after_train(self, loop: RunContext) -> None:
         """When `Loop.train` ends (not when preempted), after the last checkpoint and results."""
 
 
@@ -112,7 +111,7 @@ class _WatchesMetric(Action):
         self.mode = mode
         self.min_delta = float(min_delta)
 
-    def build(self, loop: Loop) -> None:
+    def build(self, loop: RunContext) -> None:
         # The worst possible value, so the first finite one is an improvement.
         self.best = _state_variable(math.inf if self.mode == "min" else -math.inf, "best")
 
@@ -187,7 +186,7 @@ class EarlyStopping(_WatchesMetric):
             )
         self.patience = patience
 
-    def build(self, loop: Loop) -> None:
+    def build(self, loop: RunContext) -> None:
         if not loop.eval_every:
             raise ValueError(
                 f"EarlyStopping({self.metric!r}) compares evaluations, but the loop evaluates "
@@ -199,11 +198,11 @@ class EarlyStopping(_WatchesMetric):
     def checkpoint_items(self):
         return {"best": self.best, "wait": self.evaluations_without_improvement}
 
-    def before_train(self, loop: Loop) -> None:
+    def before_train(self, loop: RunContext) -> None:
         if self._exhausted():
             loop.request_stop(self._reason())
 
-    def after_eval(self, loop: Loop, step: int, eval_metrics: Mapping[str, float]) -> None:
+    def after_eval(self, loop: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
         value = self.watched_value(eval_metrics)
         if self.improves(value):
             self.best.assign(value)
@@ -268,7 +267,7 @@ class KeepBest(_WatchesMetric):
         self.directory = directory
         self._checkpointer: Checkpointer | None = None
 
-    def build(self, loop: Loop) -> None:
+    def build(self, loop: RunContext) -> None:
         if loop.model_dir is None:
             raise ValueError(
                 f"KeepBest({self.metric!r}) saves the loop's checkpoints, which "
@@ -281,7 +280,7 @@ class KeepBest(_WatchesMetric):
     def checkpoint_items(self):
         return {"best": self.best, "step": self.best_step}
 
-    def after_eval(self, loop: Loop, step: int, eval_metrics: Mapping[str, float]) -> None:
+    def after_eval(self, loop: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
         value = self.watched_value(eval_metrics)
         if not self.improves(value):
             return
@@ -349,7 +348,7 @@ class ExportOnEnd(Action):
         self.export = export
         self.description = description
 
-    def after_train(self, loop: Loop) -> None:
+    def after_train(self, loop: RunContext) -> None:
         if not loop.is_chief:
             return
         with loop.averaged_weights():  # the moving average, when the loop keeps one

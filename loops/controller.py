@@ -2,58 +2,31 @@
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from loops import (
-    distributed_input,
-    model_dir_lock,
-    outputs,
-    parameter_server,
     profiling,
     recovery,
     reporting,
     run_config,
     strategies,
 )
-from loops.actions import Action, watched_metrics
-from loops.checkpoints import Checkpointer, FinitenessCheck, describe_names
-from loops.errors import NonFiniteError
+from loops.actions import watched_metrics
+from loops.checkpoints import Checkpointer
+from loops.inner_loops import InnerLoops
+from loops.loop_schedule import LoopSchedule
 from loops.preemption import PreemptionWatcher
-from loops.recovery import Recoveries, Recovery
-
-if TYPE_CHECKING:
-    from loops.loop import Loop
-
-# About how long one executor call may run when it joins inner loops that
-# only reports separate (`Controller._call_reports`): long enough that a
-# call's fixed cost is under 1% of it, short enough that progress lines and a
-# SIGTERM wait for it no noticeably longer.
-JOINED_CALL_SECONDS = 0.25
-
-# Config keys a resumed run may change without a warning: how long it trains, how
-# often it evaluates and saves, where its outputs go, and the evaluator's settings
-# (`Loop.config_free_to_change`).
-CONFIG_FREE_TO_CHANGE = frozenset(
-    {
-        "mode",
-        "evaluator_timeout",
-        "train_steps",
-        "model_dir",
-        "export_dir",
-        "verbosity",
-        "eval_every",
-        "checkpoint_every",
-        "steps_per_loop",
-        # Raising it is how a run that gave up recovering goes on.
-        "max_recoveries",
-    }
-)
+from loops.recovery import Recoveries
+from loops.run_checkpoints import RunCheckpoints, action_state
+from loops.run_context import RunDefinition
+from loops.run_options import RunOptions, check_positive
+from loops.run_report import RunReport, TimedCall, TrainHistory
+from loops.train_input import TrainInput
 
 
 class Controller:
@@ -76,128 +49,50 @@ class Controller:
     concluded from the evaluation at its step.
     """
 
-    def __init__(
-        self,
-        *,
-        # The definition: its steps, executor, global step and hooks.
-        loop: Loop,
-        # Outer loop.
-        steps_per_loop: int,
-        eval_every: int | None,
-        checkpoint_every: int | None,
-        # Outputs.
-        model_dir: str | None,
-        max_checkpoints: int,
-        progress: reporting.Progress | None,
-        progress_every_seconds: float | None,
-        profile_steps: tuple[int, int] | None,
-        # Host-side callbacks.
-        actions: Sequence[Action],
-        # What the run was asked to do, recorded with its results.
-        config: Mapping[str, Any] | None,
-    ):
-        """Checks the options; builds nothing (`restore` does, after the loop's `build`).
+    def __init__(self, *, loop: RunDefinition, options: RunOptions):
+        """Builds nothing (`restore` does, after the loop's `build`).
 
         Args:
             loop: the Loop whose steps this runs; its `executor` and
                 `global_step` exist by the time `restore` is called.
-            steps_per_loop: train steps per inner loop, the unit of
-                reporting: a progress line, summaries and the metrics actions
-                see, each over one inner loop. One `tf.function` call runs
-                one inner loop, or several in a row where nothing but their
-                reports comes between them (`_call_reports`).
-            eval_every: evaluate every this many steps (and at the end of
-                `train`); None evaluates only at the end.
-            checkpoint_every: save every this many steps (and at the end of
-                `train`); None saves only at the end.
-            model_dir: where checkpoints, summaries and results.json go; None
-                keeps everything in memory.
-            max_checkpoints: how many recent checkpoints to keep.
-            progress: where progress lines go; stdout if None.
-            progress_every_seconds: end inner loops early enough (judged from
-                the last one's speed) that a progress line comes at least this
-                often; None leaves it to steps_per_loop. Only in one process
-                (several workers must agree on every inner loop's length).
-            profile_steps: (start, end): trace steps start..end (from 1,
-                both included) with TensorFlow's profiler into
-                model_dir/summaries/train (chief only; `loops.profiling`).
-            actions: `loops.Action`s run between inner loops, after
-                evaluations and at the ends of `train`; their state is saved
-                with the checkpoints.
-            config: the run's configuration (a binary's flag values, or a
-                user's hyperparameters), JSON-serializable; written into
-                results.json under "config".
-
-        Raises:
-            ValueError: a bad option.
-            TypeError: an action that is not a `loops.Action`.
+            options: how to run it, checked (`loops.run_options.RunOptions`).
         """
-        _check_positive("steps_per_loop", steps_per_loop)
-        _check_positive("eval_every", eval_every, optional=True)
-        _check_positive("checkpoint_every", checkpoint_every, optional=True)
-        _check_positive("max_checkpoints", max_checkpoints)
-        if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
-            raise ValueError(
-                f"model_dir {model_dir!r} is a file, not a directory; pass a "
-                "directory path (it is created if missing)."
-            )
-        if progress_every_seconds is not None and not progress_every_seconds > 0:
-            raise ValueError(
-                f"progress_every_seconds must be > 0 (or None to turn it off), got "
-                f"{progress_every_seconds!r}."
-            )
-        checked_profile_steps = profiling.check_profile_steps(profile_steps)
         self.loop = loop
-        self.steps_per_loop = steps_per_loop
-        self.eval_every = eval_every
-        self.checkpoint_every = checkpoint_every
-        self.model_dir = model_dir
-        self.max_checkpoints = max_checkpoints
-        self.progress_every_seconds = progress_every_seconds
+        self.options = options
         self.is_chief = strategies.is_chief(loop.strategy)
-        self.progress = progress or reporting.Progress()
-        self.summaries = reporting.Summaries(
-            os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
+        model_dir = options.model_dir
+        summaries = os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
+        self.report = RunReport(
+            progress=options.progress or reporting.Progress(),
+            summaries=reporting.Summaries(summaries),
+            throughput_unit=loop.throughput_unit,
         )
-        self.actions = _checked_actions(actions)
-        trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
-        self._profiler = (
-            None
-            if checked_profile_steps is None
-            else profiling.StepProfiler(
-                checked_profile_steps,
-                trace_dir if self.is_chief else None,
-                say=self.progress.line,
-            )
+        self.actions = tuple(options.actions)
+        self.config = dict(options.config or {})
+        self._profiler = _profiler(options, is_chief=self.is_chief, say=self.progress.line)
+        self._checkpoints = RunCheckpoints(
+            model_dir=model_dir,
+            max_checkpoints=options.max_checkpoints,
+            is_chief=self.is_chief,
+            say=self.progress.line,
         )
-        self.config = dict(config or {})
-        self.checkpointer: Checkpointer | None = None
-        self._checkpoint_on_disk = False  # whether restore found one or this run saved one
-        self._lock: str | None = None  # the lock file, held by the chief
-        self._finiteness: FinitenessCheck | None = None  # set by restore
-
-        # The run's state; the loop forwards what code outside reads.
-        # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
-        self.eval_history: list[dict[str, Any]] = []
-        self.last_train_metrics: dict[str, float] = {}
-        self.last_eval_metrics: dict[str, float] = {}
-        self.steps_per_second = 0.0
-        # The loop's throughput_unit per second over the same inner loops; None
-        # when its steps do not return that output.
-        self.units_per_second: float | None = None
+        # The run's state; the loop forwards what code outside reads (and `report`'s).
         self.preempted = False
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
-        self._saved_step: int | None = None
         # The run's recoveries from non-finite steps, checkpointed; they set the input's offset.
         self.recoveries = Recoveries()
-        self._train_input = _TrainInput(loop, self.recoveries)
-        self._nonfinite = _NonFinitePolicy(
-            loop, go_back=self._go_back_to_checkpoint, recoveries=self.recoveries
+        self._train_input = TrainInput(loop, self.recoveries)
+        self._inner_loops = InnerLoops(
+            loop=loop,
+            train_input=self._train_input,
+            checkpoints=self._checkpoints,
+            recoveries=self.recoveries,
+            report=self.report,
+            profiler=self._profiler,
         )
-        self._seconds_per_step: float | None = None
 
-    def restore(self, items: Mapping[str, Any], finiteness: FinitenessCheck) -> None:
+    def restore(self, items: Mapping[str, Any]) -> None:
         """Builds the actions, then restores the newest checkpoint in model_dir under its lock.
 
         The loop calls it once, right after its `build`.
@@ -205,8 +100,6 @@ class Controller:
         Args:
             items: name -> trackable a checkpoint holds: the loop's
                 `checkpoint_items` and its global step.
-            finiteness: the check of `items` for NaN and inf that the
-                executor runs after every inner loop; names the culprits.
 
         Raises:
             ValueError: a checkpoint in model_dir that does not match the
@@ -218,43 +111,24 @@ class Controller:
         with strategies.variable_scope(loop.strategy):
             for action in self.actions:
                 action.build(loop)
-        action_state = _action_state(self.actions)
-        self._finiteness = finiteness
-        model_dir = self.model_dir
+        # Optional: checkpoints from before the recovery record restore as no recovery.
+        optional_items = {**action_state(self.actions), recovery.CHECKPOINT_NAME: self.recoveries}
+        model_dir = self.options.model_dir
         if model_dir is None:
             return
-        if self.is_chief:
-            self._lock = model_dir_lock.acquire(model_dir)
-            # Holding the lock, whatever a killed writer left half-written is stale.
-            reporting.remove_unfinished_writes(model_dir)
-        self.checkpointer = Checkpointer(
+        restored = self._checkpoints.open(
             strategy=loop.strategy,
-            directory=os.path.join(model_dir, "checkpoints"),
             items=items,
             step_counter=loop.global_step,
-            max_to_keep=self.max_checkpoints,
-            # Optional: checkpoints from before the recovery record restore as no recovery.
-            optional_items={**action_state, recovery.CHECKPOINT_NAME: self.recoveries},
-            say=self.progress.line,
+            optional_items=optional_items,
+            # The loop's own settings an evaluator must share, also when no config was given.
+            config={**run_config.loop_settings(loop), **self.config},
+            config_items=loop.checkpoint_items(),
+            config_free_to_change=loop.config_free_to_change,
         )
-        try:
-            restored = self.checkpointer.restore()
-            if self.is_chief:
-                _record_config(
-                    model_dir,
-                    {**run_config.loop_settings(loop), **self.config},
-                    loop.checkpoint_items(),
-                    resuming=restored is not None,
-                    free_to_change=loop.config_free_to_change,
-                    say=self.progress.line,
-                )
-        except (ValueError, OSError):
-            self.close()
-            raise
         if restored:
-            self._checkpoint_on_disk = True
             self.progress.line(f"restored {restored} at step {loop.step}")
-            self.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
+            self.report.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
 
     # ---- The run. ----
 
@@ -275,182 +149,102 @@ class Controller:
                 loop's `on_nonfinite`).
             ValueError: a bad `num_steps`, no train_data where the loop needs it.
         """
+        self._check_can_train(num_steps)
+        self.stop_reason = None
+        self.preempted = False
+        # SIGTERM is only noted from here to the end of train, and acted on at
+        # the next boundary (after an inner loop, an evaluation or the final
+        # save): whatever moment it comes, every completed step gets saved.
+        history = TrainHistory()
+        calls: list[TimedCall] = []  # the executor calls that training went on from
+        with PreemptionWatcher(self.loop.strategy) as preemption:
+            self._before_train(num_steps)
+            schedule = LoopSchedule.of_run(
+                self.options, self.actions, loop=self.loop, profiler=self._profiler
+            )
+            between = functools.partial(self._between_loops, preemption, num_steps)
+            try:
+                if self.stop_reason is None:  # an action's before_train may stop it
+                    calls = self._inner_loops.run(schedule, num_steps, history, between)
+            finally:
+                if self._profiler is not None:
+                    self._profiler.close()  # a trace cut short by an error or a stop
+            self._after_train(preemption, trained=bool(calls))
+        return history.arrays()
+
+    def _check_can_train(self, num_steps: int) -> None:
+        """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
         loop = self.loop
-        _check_positive("num_steps", num_steps)
-        self._nonfinite.check_can_train()
+        check_positive("num_steps", num_steps)
+        self._inner_loops.nonfinite.check_can_train()
         if loop.train_data is None and loop.needs_train_data:
             raise ValueError(
                 f"{type(loop).__name__} has no train_data; pass train_data= to the constructor."
             )
-        self._check_watched_metrics()
-        start_step = loop.step
-        history: dict[str, list[np.ndarray]] = {}
-        self.stop_reason = None
-        self.preempted = False
-        loop_times: list[tuple[int, float, float | None]] = []
-        # SIGTERM is only noted from here to the end of train, and acted on at
-        # the next boundary (after an inner loop, an evaluation or the final
-        # save): whatever moment it comes, every completed step gets saved.
-        with PreemptionWatcher(loop.strategy) as preemption:
-            self.summaries.hparams(self.config)
-            for action in self.actions:
-                action.before_train(loop)
-            if start_step >= num_steps:
-                self.progress.line(
-                    f"already at step {start_step} >= {num_steps}: nothing to train "
-                    "(the model_dir holds a finished run; raise the step count to continue)."
-                )
-            if loop.on_nonfinite == "recover" and not self._checkpoint_on_disk:
-                self.save_checkpoint()  # where a recovery before the first save goes back to
-            iterator = self._train_input.at_step(start_step)
-            try:
-                self._train_loops(iterator, start_step, num_steps, history, loop_times, preemption)
-            finally:
-                if self._profiler is not None:
-                    self._profiler.close()  # a trace cut short by an error or a stop
-            if loop_times:
-                # The first inner loop includes tracing; leave it out when there are others.
-                timed = loop_times[1:] or loop_times
-                seconds = max(sum(t for _, t, _ in timed), 1e-9)
-                self.steps_per_second = sum(n for n, _, _ in timed) / seconds
-                counts = [count for _, _, count in timed]
-                self.units_per_second = (
-                    None if None in counts else sum(c for c in counts if c is not None) / seconds
-                )
-            if not self.preempted and self._evaluated_step != loop.step:
-                self.evaluate()
-                self.preempted = preemption.should_stop()
-            if self._saved_step != loop.step and (loop_times or self.preempted):
-                self.save_checkpoint()
-            # A SIGTERM during the final save or results leaves the export (often
-            # the longest part) to the rerun, which finds nothing to train.
-            self.preempted = self.preempted or preemption.should_stop()
-            self.write_results()
-            if not self.preempted and preemption.should_stop():
-                self.preempted = True
-                self.write_results()
-            if self.preempted:
-                self.progress.line(
-                    f"preempted (SIGTERM) at step {loop.step}: every completed step is saved; "
-                    "run the same command again to continue from it"
-                )
-            else:
-                for action in self.actions:
-                    action.after_train(loop)
-        return {name: np.concatenate(parts) for name, parts in history.items()}
+        names = loop.eval_metric_names()
+        if names is not None:
+            watched_metrics(self.actions, names)
 
-    def _train_loops(
-        self,
-        iterator,
-        step: int,
-        num_steps: int,
-        history: dict,
-        loop_times: list,
-        preemption: PreemptionWatcher,
-    ) -> int:
-        """Runs inner loops, with what happens between them, up to `num_steps`.
-
-        One executor call may run several inner loops back to back when only
-        their reports (summaries, progress, history) would separate them; the
-        reports are then made after the call, each over its own steps
-        (`_call_reports`).
-        """
+    def _before_train(self, num_steps: int) -> None:
+        """Records the config, runs the actions' `before_train`; saves where "recover" needs it."""
         loop = self.loop
-        while step < num_steps and self.stop_reason is None:
-            report_ends = self._call_reports(step, num_steps)
-            steps = report_ends[-1] - step
-            if self._profiler is not None:
-                self._profiler.before_loop(step)
-            started = time.perf_counter()
-            run = loop.executor.run(iterator, steps)
-            seconds = time.perf_counter() - started
-            first_step = step
-            done, step = run.reached - step, run.reached
-            logs = {name: values[:done] for name, values in run.logs.items()}
-            # Stopped early, the iterator may have dequeued the next step's batches.
-            self._train_input.position = (
-                self._train_input.position_at(step) if done == steps else -1
+        self.summaries.hparams(self.config)
+        for action in self.actions:
+            action.before_train(loop)
+        if loop.step >= num_steps:
+            self.progress.line(
+                f"already at step {loop.step} >= {num_steps}: nothing to train "
+                "(the model_dir holds a finished run; raise the step count to continue)."
             )
-            # Inner loops a call stopped early in (a non-finite step) end where it stopped.
-            ends = [end for end in report_ends if end < step] + [step]
-            inner_loops = [
-                (
-                    {
-                        name: values[start - first_step : end - first_step]
-                        for name, values in logs.items()
-                    },
-                    start,
-                    end,
-                    seconds * (end - start) / max(done, 1),
-                )
-                for start, end in zip([first_step, *ends[:-1]], ends)
-            ]
-            # The inner loops before the one holding a step that stops the run
-            # or recovers report first, as they would have from calls of their own.
-            bad_step = self._nonfinite.first_acted_on(logs, first_step)
-            reported_to = first_step
-            while inner_loops and bad_step is not None and inner_loops[0][2] < bad_step:
-                inner_loop = inner_loops.pop(0)
-                self._report(run.kinds, *inner_loop, num_steps, history)
-                reported_to = inner_loop[2]
-            recovered = self._nonfinite.check_steps(logs, first_step)
-            if recovered is None and not run.weights_finite:
-                assert self._finiteness is not None  # restore ran before any step
-                recovered = self._nonfinite.after_nonfinite_weights(
-                    step, self._finiteness.nonfinite_names()
-                )
-            if recovered is not None:
-                self._after_recovery(recovered, history, logged_to=reported_to)
-                step = loop.step
-                iterator = self._train_input.at_step(step)
-                continue
-            unit_output, _ = loop.throughput_unit
-            processed = float(np.sum(logs[unit_output])) if unit_output in logs else None
-            loop_times.append((done, seconds, processed))
-            self._seconds_per_step = seconds / max(done, 1)
-            for inner_loop in inner_loops:
-                self._report(run.kinds, *inner_loop, num_steps, history)
-            if self._profiler is not None:
-                self._profiler.after_loop(step)
+        if loop.on_nonfinite == "recover" and not self._checkpoints.on_disk:
+            self.save_checkpoint()  # where a recovery before the first save goes back to
+
+    def _between_loops(self, preemption: PreemptionWatcher, num_steps: int, step: int) -> bool:
+        """After the inner loops that ended at `step`: the actions, evaluation and checkpoint.
+
+        Returns whether training goes on: False when preempted, stopped or
+        done (then `_after_train` evaluates and saves instead).
+        """
+        if preemption.should_stop():
+            self.preempted = True
+            return False
+        for action in self.actions:
+            if not action.every or step % action.every == 0:
+                action.after_loop(self.loop, step, self.report.last_train_metrics)
+        if step >= num_steps or self.stop_reason is not None:
+            return False
+        if self.options.eval_every and step % self.options.eval_every == 0:
+            self.evaluate()
             if preemption.should_stop():
                 self.preempted = True
-                break
-            for action in self.actions:
-                if not action.every or step % action.every == 0:
-                    action.after_loop(loop, step, self.last_train_metrics)
-            # At the last step or a stop, `train` evaluates and saves.
-            if step < num_steps and self.stop_reason is None:
-                if self.eval_every and step % self.eval_every == 0:
-                    self.evaluate()
-                    if preemption.should_stop():
-                        self.preempted = True
-                        break
-                if self.checkpoint_every and step % self.checkpoint_every == 0:
-                    self.save_checkpoint()
-        return step
+                return False
+        if self.options.checkpoint_every and step % self.options.checkpoint_every == 0:
+            self.save_checkpoint()
+        return self.stop_reason is None  # an action's after_eval may have stopped it
 
-    def _report(
-        self,
-        kinds: Mapping[str, type],
-        logs: Mapping[str, np.ndarray],
-        start: int,
-        end: int,
-        seconds: float,
-        num_steps: int,
-        history: dict,
-    ) -> None:
-        """Reports the inner loop of steps start + 1..end, which took `seconds`, from its
-        steps' logs: its history rows, metrics, summaries and progress line."""
-        for name, values in outputs.per_step_values(kinds, logs).items():
-            history.setdefault(name, []).append(values)
-        rates = {"steps_per_second": (end - start) / seconds if seconds > 0 else 0.0}
-        unit_output, unit = self.loop.throughput_unit
-        if unit_output in logs:
-            processed = float(np.sum(logs[unit_output]))
-            rates[f"{unit}_per_second"] = processed / seconds if seconds > 0 else 0.0
-        self.last_train_metrics = outputs.aggregate_steps(kinds, logs)
-        self.summaries.scalars("train", end, {**self.last_train_metrics, **rates})
-        self.progress.train(end, num_steps, self.last_train_metrics, rates)
+    def _after_train(self, preemption: PreemptionWatcher, *, trained: bool) -> None:
+        """Evaluates and saves at the end (unless done there), writes results, ends the actions."""
+        loop = self.loop
+        if not self.preempted and self._evaluated_step != loop.step:
+            self.evaluate()
+            self.preempted = preemption.should_stop()
+        if self._checkpoints.saved_step != loop.step and (trained or self.preempted):
+            self.save_checkpoint()
+        # A SIGTERM during the final save or results leaves the export (often
+        # the longest part) to the rerun, which finds nothing to train.
+        self.preempted = self.preempted or preemption.should_stop()
+        self.write_results()
+        if not self.preempted and preemption.should_stop():
+            self.preempted = True
+            self.write_results()
+        if self.preempted:
+            self.progress.line(
+                f"preempted (SIGTERM) at step {loop.step}: every completed step is saved; "
+                "run the same command again to continue from it"
+            )
+            return
+        for action in self.actions:
+            action.after_train(loop)
 
     def evaluate(self) -> dict[str, float]:
         """Runs `loop.run_evaluation`, reports the metrics, runs the actions' `after_eval`."""
@@ -460,20 +254,32 @@ class Controller:
             metrics = loop.run_evaluation()
         step = loop.step
         self._evaluated_step = step
-        if metrics:
-            self.last_eval_metrics = metrics
-            self.eval_history = [entry for entry in self.eval_history if entry["step"] < step]
-            self.eval_history.append({"step": step, **metrics})
-            self.summaries.scalars("eval", step, metrics)
-            self.progress.eval(step, metrics)
+        self.report.evaluation(step, metrics)
         for action in self.actions:
             action.after_eval(loop, step, metrics)
         return metrics
 
     @property
+    def checkpointer(self) -> Checkpointer | None:
+        return self._checkpoints.checkpointer
+
+    @property
+    def progress(self) -> reporting.Progress:
+        return self.report.progress
+
+    @property
+    def summaries(self) -> reporting.Summaries:
+        """Where TensorBoard scalars go; the sidecar evaluator sets its own."""
+        return self.report.summaries
+
+    @summaries.setter
+    def summaries(self, summaries: reporting.Summaries) -> None:
+        self.report.summaries = summaries
+
+    @property
     def skipped_steps(self) -> int:
         """Steps whose update was left out because it was not finite."""
-        return self._nonfinite.skipped_steps
+        return self._inner_loops.nonfinite.skipped_steps
 
     def request_stop(self, reason: str) -> None:
         """Ends `train` after the inner loop in progress; see the class docstring.
@@ -493,9 +299,7 @@ class Controller:
         can hang it there, its threads waiting for a lock the exit holds.
         """
         self._train_input.release()
-        if self._lock is not None:
-            model_dir_lock.release(self._lock)
-            self._lock = None
+        self._checkpoints.close()
 
     def save_checkpoint(self) -> str | None:
         """Saves the loop's state now (every worker must call it); returns the path.
@@ -504,419 +308,30 @@ class Controller:
             NonFiniteWeightsError: a variable is not finite; nothing is saved.
             OSError: the checkpoint cannot be written; the earlier ones are intact.
         """
-        if self.checkpointer is None:
-            return None
-        path = self.checkpointer.save()
-        self._saved_step = self.loop.step
-        self._checkpoint_on_disk = True
-        return path
+        return self._checkpoints.save(self.loop.step)
 
     def write_results(self) -> dict[str, Any]:
         """Writes model_dir/results.json (chief only) and returns its contents."""
-        loop = self.loop
-        results = {
-            "loop": loop.name,
-            "strategy": strategies.strategy_name(loop.strategy),
-            "num_replicas": loop.num_replicas,
-            "global_step": loop.step,
-            "train": self.last_train_metrics,
-            "eval": self.last_eval_metrics,
-            "steps_per_second": self.steps_per_second,
-            **(
-                {}
-                if self.units_per_second is None
-                else {f"{loop.throughput_unit[1]}_per_second": self.units_per_second}
-            ),
-            "skipped_steps": self.skipped_steps,
-            "recoveries": list(self.recoveries.entries),
-            "preempted": self.preempted,
-            "stop_reason": self.stop_reason,
-            "config": self.config,
-            "history": self.eval_history,
-            "versions": reporting.library_versions(),
-            **loop.results_extra(),
-        }
-        if self.model_dir and self.is_chief:
-            reporting.write_json_atomic(os.path.join(self.model_dir, "results.json"), results)
+        results = self.report.results(
+            self.loop,
+            skipped_steps=self.skipped_steps,
+            recoveries=self.recoveries.entries,
+            preempted=self.preempted,
+            stop_reason=self.stop_reason,
+            config=self.config,
+        )
+        model_dir = self.options.model_dir
+        if model_dir and self.is_chief:
+            reporting.write_json_atomic(os.path.join(model_dir, "results.json"), results)
         return results
 
-    # ---- Between inner loops. ----
 
-    def _go_back_to_checkpoint(self) -> bool:
-        """Restores the last checkpoint, the train stream resuming there; False without one."""
-        if self.checkpointer is None:
-            return False
-        self.recoveries.entries = []  # what a checkpoint without the record stands for
-        if self.checkpointer.restore() is None:
-            return False
-        self._train_input.position = -1
-        return True
-
-    def _after_recovery(self, entry: Recovery, history: dict, *, logged_to: int) -> None:
-        """Forgets what the steps a recovery undid logged, and reports the recovery.
-
-        Args:
-            entry: the recovery, the loop back at its restored step.
-            history: the per-step logs of this `train` call, up to step `logged_to`.
-        """
-        restored = entry["restored_step"]
-        undone = max(logged_to - restored, 0)
-        for parts in history.values():
-            values = np.concatenate(parts)
-            parts[:] = [values[: max(len(values) - undone, 0)]]
-        self.eval_history = [item for item in self.eval_history if item["step"] <= restored]
-        count = len(self.recoveries.entries)
-        self.summaries.scalars("train", entry["step"], {"recoveries": count})
-        steps = (
-            f"step {entry['step']}'s"
-            if entry["step"] == restored + 1
-            else f"those of steps {restored + 1} to {entry['step']}"
-        )
-        skipped = entry["skipped_batches"]
-        self.progress.line(
-            f"step {entry['step']} was not finite: recovery {count} of at most "
-            f"{self.loop.max_recoveries}, back at the checkpoint of step {restored}; the "
-            f"train stream moved past {skipped} batch{'es' if skipped > 1 else ''} ({steps}), "
-            "and training goes on"
-        )
-
-    def _check_watched_metrics(self) -> None:
-        """Fails before any step when an action watches an eval metric the loop does not report."""
-        names = self.loop.eval_metric_names()
-        if names is not None:
-            watched_metrics(self.actions, names)
-
-    def _call_reports(self, step: int, num_steps: int) -> list[int]:
-        """The steps at which the inner loops of the next executor call end, in order.
-
-        An inner loop ends after `steps_per_loop` steps or earlier at the next
-        evaluation, checkpoint, action, profiler boundary or `num_steps`
-        (`_next_loop_end`). Where an inner loop would end only because
-        `steps_per_loop` steps are done, and nothing but its report needs the
-        host there, the call goes on into the next one, up to about
-        `JOINED_CALL_SECONDS` of steps (judged from the last call's speed):
-        each call costs a fixed time on top of its steps, and the reports come
-        out the same (BUILD.md, Decisions, "Joined calls"). Only in one
-        process (several workers would have to agree on every call's length)
-        and not under on_nonfinite="recover" (`_joins_inner_loops`).
-        """
-        end, report_only = self._next_loop_end(step, num_steps)
-        ends = [end]
-        if not self._joins_inner_loops():
-            return ends
-        assert self._seconds_per_step is not None  # checked by _joins_inner_loops
-        most_steps = int(JOINED_CALL_SECONDS / self._seconds_per_step)
-        while report_only:
-            end, report_only = self._next_loop_end(ends[-1], num_steps)
-            if end - step > most_steps:
-                break
-            ends.append(end)
-        return ends
-
-    def _joins_inner_loops(self) -> bool:
-        """Whether a call may run several inner loops (see `_call_reports`)."""
-        return (
-            self._seconds_per_step is not None
-            and self._seconds_per_step > 0
-            and self._one_process()
-            # Weights found not finite after a call are recovered from by moving
-            # past all its steps: which those are must not depend on timing.
-            and self.loop.on_nonfinite != "recover"
-            # An action called after every inner loop may stop the run at any of them.
-            and not any(
-                action.every is None and type(action).after_loop is not Action.after_loop
-                for action in self.actions
-            )
-        )
-
-    def _one_process(self) -> bool:
-        """No other process must agree on how long each call is (no other worker, no ps)."""
-        return strategies.num_workers(self.loop.strategy) == 1 and self.loop.coordinator is None
-
-    def _next_loop_end(self, step: int, num_steps: int) -> tuple[int, bool]:
-        """Where the inner loop starting after `step` ends, and whether only steps_per_loop ends it
-        there (no evaluation, checkpoint, action, profiler boundary or end of training)."""
-        end = step + self.steps_per_loop
-        limits = [num_steps]
-        if self.progress_every_seconds and self._seconds_per_step and self._one_process():
-            limits.append(step + max(1, int(self.progress_every_seconds / self._seconds_per_step)))
-        if self._profiler is not None:
-            boundary = self._profiler.stop_before(step)
-            if boundary is not None:
-                limits.append(boundary)
-        for every in (
-            self.checkpoint_every,
-            self.eval_every,
-            *(action.every for action in self.actions),
-        ):
-            if every:
-                limits.append((step // every + 1) * every)
-        limit = min(limits)
-        return min(end, limit), end < limit
-
-
-class _NonFinitePolicy:
-    """Carries out a loop's `on_nonfinite` after each inner loop, and counts the skipped steps.
-
-    Args:
-        loop: the loop whose `on_nonfinite`, `skips_nonfinite` and
-            `max_recoveries` say what follows.
-        go_back: restores the last checkpoint (the recovery record with
-            it); False when there is none.
-        recoveries: the run's record of recoveries, which "recover" adds to.
-    """
-
-    def __init__(self, loop: Loop, *, go_back: Callable[[], bool], recoveries: Recoveries):
-        self._loop = loop
-        self._go_back = go_back
-        self._recoveries = recoveries
-        self.skipped_steps = 0
-        # The step that left non-finite weights in memory with no checkpoint to go back to.
-        self._weights_lost_at: int | None = None
-
-    def check_can_train(self) -> None:
-        """Raises NonFiniteError when a stop left weights that are not finite in memory."""
-        if self._weights_lost_at is not None:
-            # Kernels need not show them again: oneDNN's fused ReLU turns a
-            # NaN into 0, and the next steps' loss and gradients are finite.
-            raise NonFiniteError(
-                f"At step {self._weights_lost_at} the weights were not finite and "
-                "there was no checkpoint to go back to, so this loop cannot train on. Build "
-                "it again, with a model_dir and checkpoint_every so that a stop goes back "
-                "to the last checkpoint."
-            )
-
-    def first_acted_on(self, logs: Mapping[str, np.ndarray], first_step: int) -> int | None:
-        """The first step in `logs` (of the steps after `first_step`) that was not finite,
-        where the policy stops or recovers; None when there is none or it skips them."""
-        flags = logs.get(outputs.NONFINITE)
-        if self._loop.on_nonfinite == "skip" or flags is None or not np.any(flags > 0):
-            return None
-        return first_step + int(np.argmax(flags > 0)) + 1
-
-    def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> Recovery | None:
-        """Counts skipped steps; after a non-finite step goes back to the last checkpoint and,
-        under "stop", raises; under "recover", returns the recovery made.
-
-        Raises:
-            NonFiniteError: under "stop", or under "recover" past max_recoveries.
-        """
-        flags = logs.get(outputs.NONFINITE)
-        if flags is None or not np.any(flags > 0):
-            return None
-        if self._loop.skips_nonfinite:
-            self.skipped_steps += int(np.sum(flags > 0))
-        bad_step = self.first_acted_on(logs, first_step)
-        if bad_step is None:
-            return None
-        problem = "the loss or the gradients were not finite on at least one replica"
-        if self._loop.on_nonfinite == "recover":
-            return self._recover(bad_step, problem)
-        if self._loop.skips_nonfinite:
-            state = "Its update was skipped and nothing was saved after it."
-        else:
-            state = self._back_to_checkpoint()
-        raise NonFiniteError(
-            f"Step {bad_step}: {problem}. {state} Lower the learning rate, clip gradients, "
-            "check the input, or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave "
-            "out such steps, or 'recover' to go on from the last checkpoint past the "
-            "batches that led to them."
-        )
-
-    def after_nonfinite_weights(self, step: int, nonfinite_names: list[str]) -> Recovery:
-        """Goes back to the last checkpoint (every one is finite); recovers or raises.
-
-        The loss and gradient checks cannot see an update that is itself not
-        finite (an infinite learning rate, an overflowing optimizer state), and
-        no policy can skip it after the fact: "recover" recovers as from a
-        non-finite `step` (the inner loop's last), every other policy stops.
-
-        Raises:
-            NonFiniteError: unless the policy is "recover" and it may recover.
-        """
-        if self._loop.on_nonfinite == "recover":
-            return self._recover(
-                step,
-                f"{describe_names(nonfinite_names)} not finite (NaN or inf) after it, "
-                "although the steps' loss and gradient checks passed",
-            )
-        state = self._back_to_checkpoint()
-        raise NonFiniteError(
-            f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
-            "although the steps' loss and gradient checks passed: an update itself was not "
-            f"finite. {state} Check the learning rate and the optimizer's settings (a "
-            "learning rate that is inf or huge does this), or clip gradients."
-        )
-
-    def _recover(self, bad_step: int, problem: str) -> Recovery:
-        """Goes back to the last checkpoint and moves the train stream past `bad_step`'s batches.
-
-        Raises:
-            NonFiniteError: the run has made max_recoveries recoveries already,
-                or there is no checkpoint to go back to.
-        """
-        entries = list(self._recoveries.entries)
-        limit = self._loop.max_recoveries
-        if len(entries) >= limit:
-            steps = ", ".join(str(entry["step"]) for entry in entries)
-            raise NonFiniteError(
-                f"Step {bad_step}: {problem}, and the run has recovered {len(entries)} "
-                f"time{'s' if len(entries) > 1 else ''} already (max_recoveries={limit}; "
-                f"at step{'s' if len(entries) > 1 else ''} {steps}), so it stops. "
-                f"{self._back_to_checkpoint()} Lower the learning rate, clip gradients, "
-                "check the input, or raise max_recoveries (--max_recoveries) to let it "
-                "recover again."
-            )
-        if not self._go_back():
-            self._weights_lost_at = self._loop.step
-            raise NonFiniteError(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
-        restored = self._loop.step
-        entry = Recovery(
-            step=bad_step,
-            restored_step=restored,
-            skipped_batches=(bad_step - restored) * self._loop.batches_per_step,
-        )
-        self._recoveries.entries = [*entries, entry]
-        return entry
-
-    def _back_to_checkpoint(self) -> str:
-        """Goes back to the last checkpoint after a non-finite step; says where the loop is now."""
-        if self._go_back():
-            return (
-                f"Nothing was saved after it; the loop is back at its last checkpoint "
-                f"(step {self._loop.step}), where a rerun also resumes."
-            )
-        self._weights_lost_at = self._loop.step
-        return _NO_CHECKPOINT
-
-
-_NO_CHECKPOINT = (
-    "There is no checkpoint to go back to: the weights in memory are not finite, "
-    "and nothing was saved."
-)
-
-
-class _TrainInput:
-    """A loop's train iterator, positioned after some steps' batches so a resume continues there.
-
-    Step k's batches start at k * batches_per_step plus the batches that the
-    run's recoveries moved the stream past.
-    """
-
-    def __init__(self, loop: Loop, recoveries: Recoveries):
-        self._loop = loop
-        self._recoveries = recoveries
-        self._iterator: Iterator | None = None
-        # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
-        self.position = -1
-
-    def release(self) -> None:
-        """Drops the iterator (the next `at_step` makes a new one)."""
-        self._iterator = None
-        self.position = -1
-
-    def position_at(self, step: int) -> int:
-        """Batches of the stream before step `step + 1`'s."""
-        return step * self._loop.batches_per_step + self._recoveries.skipped_batches
-
-    def at_step(self, step: int):
-        """The iterator positioned after `step` steps' batches (None without train data).
-
-        Also sets the loop's `data_offset` (the steps recoveries moved past),
-        on which loops that make their own data key it (`Loop.data_step`).
-        """
-        loop = self._loop
-        offset = self._recoveries.skipped_batches // loop.batches_per_step
-        if int(loop.data_offset.numpy()) != offset:
-            loop.data_offset.assign(offset)
-        if loop.train_data is None:
-            return None
-        if loop.coordinator is not None:
-            # Asynchronous workers read their own streams: there is no position to resume at.
-            if self._iterator is None:
-                self._iterator = parameter_server.worker_iterator(loop.coordinator, loop.train_data)
-            return self._iterator
-        position = self.position_at(step)
-        if self._iterator is None or self.position != position:
-            self._iterator = distributed_input.train_iterator(
-                loop.strategy, loop.train_data, skip_batches=position
-            )
-            self.position = position
-        return self._iterator
-
-
-def _record_config(
-    model_dir: str,
-    config: Mapping[str, Any],
-    checkpoint_items: Mapping[str, Any],
-    *,
-    resuming: bool,
-    free_to_change: frozenset[str],
-    say: Callable[[str], None],
-) -> None:
-    """Warns about settings that differ from the run that wrote model_dir; records these.
-
-    The settings are the run's config and the type of each checkpointed item.
-    """
-    current = {
-        **config,
-        **{f"checkpoint.{name}": type(item).__name__ for name, item in checkpoint_items.items()},
-    }
-    path = os.path.join(model_dir, "config.json")
-    if resuming and os.path.exists(path):
-        try:
-            with open(path) as stream:
-                previous = json.load(stream)
-        except (OSError, ValueError):
-            previous = {}
-        changed = sorted(
-            key
-            for key in set(previous) | set(current)
-            if key not in free_to_change and previous.get(key) != current.get(key)
-        )
-        for key in changed:
-            say(
-                f"warning: {key} was {previous.get(key)!r} in the run that wrote "
-                f"{model_dir} and is {current.get(key)!r} now; the checkpoint is "
-                "restored and training goes on with the new value. If that is not what "
-                "you meant, stop and rerun with the old value or a new --model_dir."
-            )
-    reporting.write_json_atomic(path, current)
-
-
-def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
-    actions = tuple(actions)
-    for action in actions:
-        if not isinstance(action, Action):
-            raise TypeError(
-                f"actions must be loops.Action objects, got {action!r}; subclass "
-                "loops.Action and override its hooks."
-            )
-        _check_positive(f"{type(action).__name__}.every", action.every, optional=True)
-    return actions
-
-
-def _action_state(actions: Sequence[Action]) -> dict[str, dict]:
-    """Checkpoint name -> variables of every action that has state."""
-    state = {}
-    for action in actions:
-        variables = dict(action.checkpoint_items())
-        if not variables:
-            continue
-        key = f"action_{action.name}"
-        if key in state:
-            raise ValueError(
-                f"Two actions with state are named {action.name!r}; each needs its "
-                "own name in the checkpoint: set `name` on one of them, e.g. "
-                f"action.name = '{action.name}_2'."
-            )
-        state[key] = variables
-    return state
-
-
-def _check_positive(name: str, value, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        hint = " (or None to turn it off)" if optional else ""
-        raise ValueError(f"{name} must be a whole number >= 1{hint}, got {value!r}.")
+def _profiler(
+    options: RunOptions, *, is_chief: bool, say: Callable[[str], None]
+) -> profiling.StepProfiler | None:
+    """The profiler of `options.profile_steps`, tracing on the chief only; None without them."""
+    if options.profile_steps is None:
+        return None
+    model_dir = options.model_dir
+    trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
+    return profiling.StepProfiler(options.profile_steps, trace_dir if is_chief else None, say=say)

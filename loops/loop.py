@@ -11,18 +11,21 @@ import tensorflow as tf
 from loops import (
     distributed_input,
     executors,
+    nonfinite_policy,
     recovery,
     reduction,
     reporting,
+    settings,
     strategies,
     weight_average,
 )
 from loops import mixed_precision as mixed_precision_lib
 from loops.actions import Action
 from loops.checkpoints import Checkpointer, FinitenessCheck
-from loops.choices import NONFINITE_POLICIES
-from loops.controller import CONFIG_FREE_TO_CHANGE, Controller
+from loops.controller import Controller
 from loops.errors import NonFiniteError as NonFiniteError  # what train raises, named here too
+from loops.run_config import CONFIG_FREE_TO_CHANGE
+from loops.run_options import RunOptions
 from loops.update import UpdateStates
 
 
@@ -141,7 +144,7 @@ class Loop(metaclass=_BuildsAfterInit):
             eval_data: a finite dataset of global batches for `evaluate`.
             steps_per_loop, eval_every, checkpoint_every, model_dir, max_checkpoints,
                 progress, progress_every_seconds, profile_steps, actions, config: the run's
-                options, documented in `loops.Controller`, which gets them.
+                options (`loops.run_options.RunOptions`, checked there), which the Controller gets.
             seed: the seed steps key their randomness on.
             run_eagerly: run steps without `tf.function`, for debugging.
             on_nonfinite: what a step whose loss or gradients are not finite
@@ -188,21 +191,18 @@ class Loop(metaclass=_BuildsAfterInit):
             ValueError: a bad argument, or a checkpoint in model_dir that does
                 not match this loop.
         """
-        if on_nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(
-                f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {on_nonfinite!r}."
-            )
+        # Checked by their declarations (loops/settings.py), as the flags are.
+        settings.check_loop_settings({"on_nonfinite": on_nonfinite})
         self.max_recoveries = recovery.check_max_recoveries(max_recoveries, on_nonfinite)
-        if (
-            isinstance(grad_accum_steps, bool)
-            or not isinstance(grad_accum_steps, int)
-            or grad_accum_steps < 1
-        ):
-            raise ValueError(
-                f"grad_accum_steps must be a whole number >= 1 (1: no accumulation), got "
-                f"{grad_accum_steps!r}."
-            )
-        self.mixed_precision = mixed_precision_lib.check_policy(mixed_precision)
+        checked = settings.check_loop_settings(
+            {
+                "grad_accum_steps": grad_accum_steps,
+                "mixed_precision": mixed_precision,
+                "loss_scale_growth_steps": loss_scale_growth_steps,
+                "ema_decay": ema_decay,
+                "seed": seed,
+            }
+        )
         if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
             mixed_precision
         ):
@@ -212,13 +212,11 @@ class Loop(metaclass=_BuildsAfterInit):
                 "switch to float16."
             )
         self.loss_scale_growth_steps = (
-            mixed_precision_lib.DEFAULT_GROWTH_STEPS
-            if loss_scale_growth_steps is None
-            else loss_scale_growth_steps
+            loss_scale_growth_steps or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
         )
-        self.grad_accum_steps = grad_accum_steps
-        weight_average.check_decay(ema_decay)
-        self.ema_decay = ema_decay
+        self.grad_accum_steps = checked["grad_accum_steps"]
+        self.mixed_precision = checked["mixed_precision"]
+        self.ema_decay = checked["ema_decay"]
         # Filled by the Updates `build` makes (averages when ema_decay is set, loss scales).
         self.weight_averages, self.update_states = weight_average.WeightAverages(), UpdateStates()
         self.strategy = strategy or tf.distribute.get_strategy()
@@ -233,7 +231,12 @@ class Loop(metaclass=_BuildsAfterInit):
                 "--strategy=multi_worker_mirrored or mirrored."
             )
         if on_nonfinite == "recover":
-            self._check_can_recover(train_data, model_dir)
+            nonfinite_policy.check_can_recover(
+                type(self).__name__,
+                self.strategy,
+                has_train_data=train_data is not None or not self.needs_train_data,
+                model_dir=model_dir,
+            )
         if parameter_server:
             self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
                 self.strategy
@@ -266,7 +269,7 @@ class Loop(metaclass=_BuildsAfterInit):
         """Builds the loop in the strategy's scope, then has its Controller restore it."""
         # First, so bad options fail before anything is built, and so `build`
         # and the actions' `build` can read them (self.model_dir, self.progress).
-        self.controller = Controller(loop=self, **self._run_options)
+        self.controller = Controller(loop=self, options=RunOptions(**self._run_options))
         del self._run_options  # the Controller's now
         with strategies.variable_scope(self.strategy):
             self.global_step = tf.Variable(
@@ -310,7 +313,7 @@ class Loop(metaclass=_BuildsAfterInit):
         # What a save would write, checked for NaN and inf after every inner loop.
         finiteness = FinitenessCheck(tf.train.Checkpoint(**items))
         self.executor = self._make_executor(finiteness)
-        self.controller.restore(items, finiteness)
+        self.controller.restore(items)
 
     # ---- Hooks a kind of training overrides. ----
 
@@ -452,31 +455,6 @@ class Loop(metaclass=_BuildsAfterInit):
         executor_class = executors.EagerExecutor if self.run_eagerly else executors.Executor
         return executor_class(definition, stop_on_nonfinite=self.on_nonfinite != "skip")
 
-    def _check_can_recover(self, train_data, model_dir: str | None) -> None:
-        """Raises ValueError when on_nonfinite='recover' cannot work for this loop."""
-        name = type(self).__name__
-        if strategies.strategy_name(self.strategy) == "parameter_server":
-            raise ValueError(
-                "on_nonfinite='recover' moves the train stream past the batches that led "
-                "to a non-finite step, and under ParameterServerStrategy each worker reads "
-                "its own stream, at no position a checkpoint records. Pass "
-                "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
-                "non-finite update under every policy) or 'stop'."
-            )
-        # A loop that makes its own data (RL) draws new data after a recovery (data_step).
-        if train_data is None and self.needs_train_data:
-            raise ValueError(
-                f"on_nonfinite='recover' goes back to the last checkpoint and moves the train "
-                f"stream past the batches that led to a non-finite step, and {name} has no "
-                "train_data. Pass on_nonfinite='stop' or 'skip' (--on_nonfinite=stop or skip)."
-            )
-        if model_dir is None:
-            raise ValueError(
-                f"on_nonfinite='recover' goes back to the last checkpoint, and {name} has "
-                "model_dir=None, so it keeps none. Pass model_dir= (a checkpoint of step 0 is "
-                "saved when training starts), or on_nonfinite='stop' or 'skip'."
-            )
-
     def averaged_weights(self):
         """A context in which the trained variables hold their moving averages (host only).
 
@@ -530,11 +508,11 @@ class Loop(metaclass=_BuildsAfterInit):
 
     @property
     def model_dir(self) -> str | None:
-        return self.controller.model_dir
+        return self.controller.options.model_dir
 
     @property
     def eval_every(self) -> int | None:
-        return self.controller.eval_every
+        return self.controller.options.eval_every
 
     @property
     def is_chief(self) -> bool:
@@ -554,20 +532,20 @@ class Loop(metaclass=_BuildsAfterInit):
 
     @property
     def last_train_metrics(self) -> dict[str, float]:
-        return self.controller.last_train_metrics
+        return self.controller.report.last_train_metrics
 
     @property
     def last_eval_metrics(self) -> dict[str, float]:
-        return self.controller.last_eval_metrics
+        return self.controller.report.last_eval_metrics
 
     @property
     def steps_per_second(self) -> float:
-        return self.controller.steps_per_second
+        return self.controller.report.steps_per_second
 
     @property
     def units_per_second(self) -> float | None:
         """`throughput_unit` per second (examples, tokens, ...); None when not counted."""
-        return self.controller.units_per_second
+        return self.controller.report.units_per_second
 
     @property
     def skipped_steps(self) -> int:

@@ -1,7 +1,8 @@
-"""The settings a run records in MODEL_DIR/config.json, and which of them an evaluator must share.
+"""The settings a run records in MODEL_DIR/config.json: the warning when a resume changes
+them, and which of them an evaluator must share.
 
-Nothing here imports TensorFlow: a binary's evaluator reads and checks the
-run's settings before TensorFlow's import and before it builds anything.
+Nothing here imports TensorFlow at load: a binary's evaluator reads and checks
+the run's settings before TensorFlow's import and before it builds anything.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as the run starts
@@ -18,6 +19,27 @@ CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as t
 # dtype it computes in, seed the noise of the loops that draw some to evaluate (a GAN's
 # samples, RL's episodes, a language model's samples).
 LOOP_SETTINGS = ("ema_decay", "mixed_precision", "seed")
+
+
+# Config keys a resumed run may change without a warning: how long it trains, how
+# often it evaluates and saves, where its outputs go, and the evaluator's settings
+# (`Loop.config_free_to_change`).
+CONFIG_FREE_TO_CHANGE = frozenset(
+    {
+        "mode",
+        "evaluator_timeout",
+        "train_steps",
+        "model_dir",
+        "export_dir",
+        "verbosity",
+        "eval_every",
+        "checkpoint_every",
+        "steps_per_loop",
+        "max_checkpoints",
+        # Raising it is how a run that gave up recovering goes on.
+        "max_recoveries",
+    }
+)
 
 
 class Difference(NamedTuple):
@@ -148,3 +170,44 @@ def _consequence(item: Difference) -> str:
     if item.run:
         return " (the raw weights would be evaluated, not the run's moving average)"
     return " (the run kept no moving average to evaluate)"
+
+
+def record_config(
+    model_dir: str,
+    config: Mapping[str, Any],
+    checkpoint_items: Mapping[str, Any],
+    *,
+    resuming: bool,
+    free_to_change: frozenset[str],
+    say: Callable[[str], None],
+) -> None:
+    """Warns about settings that differ from the run that wrote model_dir; records these.
+
+    The settings are the run's config and the type of each checkpointed item.
+    """
+    current = {
+        **config,
+        **{f"checkpoint.{name}": type(item).__name__ for name, item in checkpoint_items.items()},
+    }
+    from loops import reporting  # here: it imports TensorFlow, which flag parsing must not
+
+    path = config_path(model_dir)
+    if resuming and os.path.exists(path):
+        try:
+            with open(path) as stream:
+                previous = json.load(stream)
+        except (OSError, ValueError):
+            previous = {}
+        changed = sorted(
+            key
+            for key in set(previous) | set(current)
+            if key not in free_to_change and previous.get(key) != current.get(key)
+        )
+        for key in changed:
+            say(
+                f"warning: {key} was {previous.get(key)!r} in the run that wrote "
+                f"{model_dir} and is {current.get(key)!r} now; the checkpoint is "
+                "restored and training goes on with the new value. If that is not what "
+                "you meant, stop and rerun with the old value or a new --model_dir."
+            )
+    reporting.write_json_atomic(path, current)

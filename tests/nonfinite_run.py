@@ -19,13 +19,13 @@ import sys
 def arm(bad_batches: list[int]) -> None:
     import tensorflow as tf
 
-    from loops import controller, update
+    from loops import train_input, update
 
     # Batches the run's recoveries moved the stream past, set on the host whenever
     # the Controller positions the train stream (made then: no op may run before
     # the binary splits the CPU into replicas).
     skipped: list[tf.Variable] = []
-    at_step = controller._TrainInput.at_step
+    at_step = train_input.TrainInput.at_step
 
     def positioned_at_step(self, step):
         if not skipped:
@@ -33,7 +33,7 @@ def arm(bad_batches: list[int]) -> None:
         skipped[0].assign(self._recoveries.skipped_batches)
         return at_step(self, step)
 
-    controller._TrainInput.at_step = positioned_at_step
+    train_input.TrainInput.at_step = positioned_at_step
     original_call = update.Update.__call__
 
     def poisoned_call(self, replica_loss, args=()):

@@ -52,14 +52,14 @@ def test_the_loop_forwards_the_run_state_of_its_controller(tmp_path):
     assert loop.skipped_steps == controller.skipped_steps == 2
     assert loop.stop_reason == controller.stop_reason == "enough at step 4"
     assert loop.preempted is controller.preempted is False
-    assert loop.last_train_metrics is controller.last_train_metrics
+    assert loop.last_train_metrics is controller.report.last_train_metrics
     assert loop.last_train_metrics["nonfinite"] == 1  # the last inner loop: steps 3 and 4
-    assert [entry["step"] for entry in controller.eval_history] == [2, 4]
-    assert loop.last_eval_metrics is controller.last_eval_metrics
+    assert [entry["step"] for entry in controller.report.eval_history] == [2, 4]
+    assert loop.last_eval_metrics is controller.report.last_eval_metrics
     assert loop.last_eval_metrics == {
-        name: value for name, value in controller.eval_history[-1].items() if name != "step"
+        name: value for name, value in controller.report.eval_history[-1].items() if name != "step"
     }
-    assert loop.steps_per_second == controller.steps_per_second > 0
+    assert loop.steps_per_second == controller.report.steps_per_second > 0
     assert loop.checkpointer is controller.checkpointer
     assert loop.checkpointer.restore() is not None and loop.step == 4  # saved at the stop
     assert (loop.model_dir, loop.eval_every, loop.is_chief) == (str(tmp_path), 2, True)
@@ -88,7 +88,7 @@ def test_bad_run_options_fail_before_anything_is_built():
         CountsBuilds(actions=["stop"], progress=loops.testing.quiet_progress())
     assert CountsBuilds.builds == 0
     loop = CountsBuilds(steps_per_loop=3, progress=loops.testing.quiet_progress())
-    assert CountsBuilds.builds == 1 and loop.controller.steps_per_loop == 3
+    assert CountsBuilds.builds == 1 and loop.controller.options.steps_per_loop == 3
 
 
 class Counter(loops.Loop):

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from loops import controller as controller_module
+from loops import loop_schedule
 
 
 def stream():
@@ -31,7 +31,7 @@ class Record(loops.Action):
 
 def classifier(monkeypatch, joined_seconds, **options):
     """A fresh 1-replica loop of 3-step inner loops, calls joined up to `joined_seconds`."""
-    monkeypatch.setattr(controller_module, "JOINED_CALL_SECONDS", joined_seconds)
+    monkeypatch.setattr(loop_schedule, "JOINED_CALL_SECONDS", joined_seconds)
     return loops.ClassifierLoop(
         strategy=loops.testing.replica_strategy(1),
         model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
@@ -89,12 +89,12 @@ def test_inner_loops_are_joined_between_evaluations_and_report_the_same(monkeypa
     for name in separate[2]:
         np.testing.assert_allclose(joined[2][name], separate[2][name], rtol=1e-6, err_msg=name)
     assert len(joined[3]) == len(separate[3])  # a progress line per inner loop either way
-    assert [entry["step"] for entry in joined[4].controller.eval_history] == [30, 60]
+    assert [entry["step"] for entry in joined[4].controller.report.eval_history] == [30, 60]
 
 
 def test_a_call_is_as_long_as_the_time_it_may_take(monkeypatch):
     calls, *_, loop = trained(monkeypatch, joined_seconds=0.5, eval_every=None, num_steps=600)
-    seconds_per_step = loop.controller._seconds_per_step
+    seconds_per_step = loop.controller._inner_loops.seconds_per_step
     assert calls[0] == 3 and sum(calls) == 600
     # Every joined call is a whole number of inner loops within the budget
     # judged from the call before it (its speed is not the last call's).

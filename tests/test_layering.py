@@ -113,3 +113,36 @@ def test_the_controller_and_the_actions_do_not_import_the_loop_module():
     assert done.returncode == 0, done.stderr[-3000:]
     # The second line shows the check sees the module once something does import it.
     assert done.stdout.split() == ["False", "True"]
+
+
+def imported_framework_modules(path, modules):
+    """The framework modules a module imports, TYPE_CHECKING imports included."""
+    tree = ast.parse(open(path).read(), filename=path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if name in modules and name != "loops"}
+
+
+def test_no_framework_modules_import_each_other_in_a_circle():
+    paths = {
+        "loops." + os.path.relpath(path, FRAMEWORK)[:-3].replace(os.sep, "."): path
+        for path in framework_modules()
+    }
+    modules = {name.removesuffix(".__init__"): path for name, path in paths.items()}
+    imports = {name: imported_framework_modules(path, modules) for name, path in modules.items()}
+    assert "loops.run_context" in imports["loops.actions"]  # the scan sees `from x import y`
+
+    def reaches(start, target, seen):
+        for name in imports[start] - seen:
+            seen.add(name)
+            if name == target or reaches(name, target, seen):
+                return True
+        return False
+
+    circles = sorted(name for name in imports if reaches(name, name, set()))
+    assert circles == []
