@@ -14,7 +14,7 @@ from loops import settings
 BINARIES = ("classifier", "gan", "rl", "lm")
 # Loop keyword arguments that are objects, not settings a flag could carry.
 LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "config"}
-# Settings whose flag default each binary gives (`define_loop_flags` arguments).
+# Settings whose flag default each binary gives (`define_binary_flags` keywords).
 BINARY_OWN_DEFAULTS = {"train_steps", "global_batch_size", "learning_rate", "steps_per_loop"}
 KINDS = {
     "integer": "int",
