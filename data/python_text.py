@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import re
 import sysconfig
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -192,6 +194,28 @@ def corpus_summary(sequence_length: int) -> dict[str, int]:
         summary[f"{split}_examples"] = int(tokens.shape[0])
         summary[f"{split}_tokens"] = int(np.sum(lengths - 1))
     return summary
+
+
+def loop_data(*, sequence_length: int, global_batch_size: int, seed: int) -> dict[str, Any]:
+    """`loops.LanguageModelLoop`'s data keywords: the splits' batches, the baseline, the corpus.
+
+    The train batches are endless and shuffled with `seed`; the eval split is one pass.
+    """
+    return dict(
+        train_data=lambda: global_batches(
+            "train",
+            sequence_length=sequence_length,
+            global_batch_size=global_batch_size,
+            shuffle_seed=seed,
+            repeat=True,
+        ),
+        eval_data=lambda: global_batches(
+            "eval", sequence_length=sequence_length, global_batch_size=global_batch_size
+        ),
+        unigram_perplexity=unigram_perplexity(sequence_length),
+        # The text is the running Python's own: another version reads other counts.
+        corpus={"python": platform.python_version(), **corpus_summary(sequence_length)},
+    )
 
 
 def _check_split(split: str) -> None:

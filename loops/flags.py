@@ -1,4 +1,5 @@
-"""The command-line flags every loop binary shares, its --help, and the Loop arguments they give.
+"""A loop binary's flags (from `loops.settings.Setting` declarations), its --help, the Loop
+arguments they give, and the scaffolding every binary shares (`entry_points`).
 
 Nothing here imports TensorFlow when loaded: a binary answers --help or a bad
 flag before TensorFlow's seconds-long import.
@@ -9,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import itertools
 import json
 import math
 import os
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from absl import app, flags
@@ -77,28 +79,23 @@ def binary_flag_names() -> list[str]:
     return list(_heading_of)
 
 
-def define_loop_flags(
-    *,
-    train_steps: int | None,
-    global_batch_size: int | None,
-    learning_rate: float,
-    steps_per_loop: int | None = 100,
-    ema_decay: float = 0.0,
-) -> None:
-    """Defines a flag for every shared setting (`loops.settings.SETTINGS`), with this
-    binary's defaults.
+def define_settings(declarations: Iterable[settings.Setting], **binary_defaults: Any) -> None:
+    """Defines a flag for each of `declarations`, under its heading, with its bounds and rule.
 
-    A binary whose defaults depend on another flag (the RL algorithm) passes
-    None and fills them in after parsing.
+    Args:
+        declarations: the settings the binary takes, in --help order within each heading.
+        **binary_defaults: setting name -> this binary's default, instead of the declared
+            `flag_default`. None for a default the binary fills in after parsing (the RL
+            algorithm's).
+
+    Raises:
+        ValueError: a default for a setting not in `declarations`.
     """
-    binary_defaults = {
-        "train_steps": train_steps,
-        "global_batch_size": global_batch_size,
-        "learning_rate": learning_rate,
-        "steps_per_loop": steps_per_loop,
-        "ema_decay": ema_decay,
-    }
-    for setting in settings.SETTINGS:
+    declarations = tuple(declarations)
+    unknown = set(binary_defaults) - {setting.name for setting in declarations}
+    if unknown:
+        raise ValueError(f"Defaults for undeclared settings: {', '.join(sorted(unknown))}.")
+    for setting in declarations:
         with heading(setting.heading):
             _define_flag(setting, binary_defaults.get(setting.name, setting.flag_default))
         # After the finiteness check of the heading, so that nan is called not finite.
@@ -107,32 +104,71 @@ def define_loop_flags(
             flags.register_validator(setting.name, rule, message=message)
 
 
+def define_binary_flags(
+    own: Iterable[Iterable[settings.Setting]], *, export: str | None = None, **defaults: Any
+) -> None:
+    """Defines a binary's flags: the shared settings, then its `own` declarations.
+
+    Args:
+        own: the declaration tuples of the binary's own settings (data, model, training).
+        export: what the binary exports at the end of training (`define_export_dir_flag`);
+            None: it exports nothing.
+        **defaults: this binary's defaults (`define_settings`).
+    """
+    define_settings((*settings.SETTINGS, *itertools.chain.from_iterable(own)), **defaults)
+    if export is not None:
+        define_export_dir_flag(export)
+
+
 def _define_flag(setting: settings.Setting, default: Any) -> None:
-    """One absl flag of the type, bound and choices `setting` declares."""
+    """One absl flag of the type, bounds and choices `setting` declares."""
     name, help_text = setting.name, setting.help
+    lower, upper = setting.lower_bound, setting.upper_bound
     if setting.kind == "enum":
         flags.DEFINE_enum(name, default, list(setting.choices), help_text)
     elif setting.kind == "bool":
         flags.DEFINE_bool(name, default, help_text)
     elif setting.kind == "integer":
-        bound = None if setting.lower_bound is None else int(setting.lower_bound)
-        flags.DEFINE_integer(name, default, help_text, lower_bound=bound)
+        flags.DEFINE_integer(
+            name,
+            default,
+            help_text,
+            lower_bound=None if lower is None else int(lower),
+            upper_bound=None if upper is None else int(upper),
+        )
     elif setting.kind == "float":
-        flags.DEFINE_float(name, default, help_text, lower_bound=setting.lower_bound)
+        flags.DEFINE_float(name, default, help_text, lower_bound=lower, upper_bound=upper)
+    elif setting.kind == "list":
+        flags.DEFINE_list(name, default, help_text)
     else:
         flags.DEFINE_string(name, default, help_text)
 
 
+def setting_values(declarations: Iterable[settings.Setting]) -> dict[str, Any]:
+    """Each declared setting's value from its flag (through its `from_flag`), by name.
+
+    Raises:
+        ValueError: a `from_flag` refuses its flag's value.
+    """
+    return {
+        setting.name: setting.from_flag(flags.FLAGS[setting.name].value) for setting in declarations
+    }
+
+
 def define_export_dir_flag(what: str) -> None:
     """Defines --export_dir for a binary that exports `what` at the end of training."""
-    with heading("outputs"):
-        flags.DEFINE_string(
-            "export_dir",
-            None,
-            f"Where to export {what} as a SavedModel at the end of training "
-            "(a directory that exists must hold an earlier export). Default: "
-            "MODEL_DIR/export.",
+    define_settings(
+        (
+            settings.Setting(
+                "export_dir",
+                "outputs",
+                f"Where to export {what} as a SavedModel at the end of training "
+                "(a directory that exists must hold an earlier export). Default: "
+                "MODEL_DIR/export.",
+                "string",
+            ),
         )
+    )
 
 
 def resolve_export_dir(loop) -> str:
@@ -347,6 +383,77 @@ def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -
             model_dir=None, on_nonfinite="stop", max_recoveries=None, profile_steps=None, actions=[]
         )
     return arguments
+
+
+def binary_arguments(
+    run_name: str,
+    *,
+    export: Callable[[Any, str], str] | None = None,
+    signature: str = "",
+    check_batch: bool = True,
+) -> dict[str, Any]:
+    """The keyword arguments every binary gives its loop, from the shared flags.
+
+    The strategy (made first: it sets up the devices before any other
+    TensorFlow work), --clip_norm where given (else the loop's own default),
+    and `loop_arguments` with the default model_dir named after `run_name`.
+
+    Args:
+        run_name: names the default --model_dir (`resolve_model_dir`).
+        export: (loop, --export_dir or MODEL_DIR/export) -> the path it wrote; exported
+            when training ends (`loops.ExportOnEnd`). None: no export.
+        signature: what the export's serving_default signature takes and gives.
+        check_batch: refuse a --global_batch_size smaller than the replica count
+            (`check_batch_fits_replicas`).
+
+    Raises:
+        ValueError: the batch does not fit the replicas.
+    """
+    strategy = make_strategy()
+    if check_batch:
+        check_batch_fits_replicas(strategy)
+    actions = []
+    if export is not None:
+        from loops.actions import ExportOnEnd
+
+        actions.append(
+            ExportOnEnd(
+                lambda loop: export(loop, resolve_export_dir(loop)),
+                description=f"signature serving_default: {signature}",
+            )
+        )
+    arguments = loop_arguments(strategy, resolve_model_dir(run_name), actions=actions)
+    if flags.FLAGS.clip_norm is not None:
+        arguments["clip_norm"] = flags.FLAGS.clip_norm
+    return arguments
+
+
+def entry_points(
+    build_loop: Callable,
+    *,
+    description: str,
+    summary: Callable | None = None,
+    prepare: Callable[[], None] | None = None,
+) -> tuple[Callable[[list[str]], None], Callable[[], None]]:
+    """A binary's `main` (what `app.run` calls, or a test) and `run` (its console script).
+
+    Args:
+        build_loop: () -> the loop from the flags (`run_binary`).
+        description: the first lines of its --help (its module docstring).
+        summary: loop -> one line to print after training, or None.
+        prepare: called first in main, with the flags parsed: checks or fills in
+            flags before the mode is acted on.
+    """
+
+    def main(argv: list[str]) -> None:
+        if prepare is not None:
+            prepare()
+        run_binary(argv, build_loop, summary=summary)
+
+    def console_script() -> None:
+        run(main, description=description)
+
+    return main, console_script
 
 
 def run_binary(

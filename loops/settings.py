@@ -1,6 +1,6 @@
 """Every setting the binaries share, declared once: its type, defaults, help, heading and check.
 
-The command-line flags and their --help (`loops.flags.define_loop_flags`),
+The command-line flags and their --help (`loops.flags.define_binary_flags`),
 the checks of `loops.Loop`'s keyword arguments, and the config a run records
 (results.json, config.json) all come from the declarations below, so a
 setting cannot mean one thing on the command line and another in Python.
@@ -118,13 +118,15 @@ def _zero_is_none(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One setting: a flag of every binary, and where `loop` is set a `loops.Loop` keyword.
+    """One setting: a flag of the binaries that declare it, and where `loop` is set a
+    `loops.Loop` keyword.
 
     Attributes:
         name: the flag's name and the keyword argument's.
         heading: the --help heading it is listed under.
         help: what it does, as --help says it.
-        kind: the flag's type: "integer", "float", "bool", "string" or "enum".
+        kind: the flag's type: "integer", "float", "bool", "string", "enum" or "list"
+            (comma-separated strings).
         flag_default: the flag's default (a binary may pass its own).
         loop: whether `loops.Loop` takes it as a keyword argument.
         default: the keyword argument's default (where `loop`).
@@ -132,6 +134,7 @@ class Setting:
         from_flag: the flag's value -> the keyword argument's value.
         choices: the values an "enum" flag takes.
         lower_bound: the flag's lower bound, checked while parsing.
+        upper_bound: the flag's upper bound, checked while parsing.
         flag_rule: (a rule the flag's value must meet, the sentence when it does not),
             for flags whose range differs from the keyword's (0 meaning "off").
     """
@@ -147,6 +150,7 @@ class Setting:
     from_flag: Callable[[Any], Any] = lambda value: value
     choices: tuple[str, ...] = ()
     lower_bound: float | None = None
+    upper_bound: float | None = None
     flag_rule: tuple[Callable[[Any], bool], str] | None = None
 
     def checked(self, value: Any) -> Any:

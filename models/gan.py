@@ -114,3 +114,10 @@ def image_discriminator(
         ],
         name="image_discriminator",
     )
+
+
+# loops.bin.gan's --dataset -> (its generator, its discriminator).
+NETWORKS = {
+    "ring": (ring_generator, ring_discriminator),
+    "digits": (image_generator, image_discriminator),
+}

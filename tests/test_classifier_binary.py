@@ -89,6 +89,8 @@ def test_flag_values_are_checked_when_parsed(argv, message):
             "warmup_steps must lie in \\[0, total_steps=600\\)",
         ),
         (["--lr_schedule=step", "--lr_step_factor=1.5"], "0 < step_factor <= 1"),
+        (["--image_dir=/nowhere"], "--image_dir=/nowhere replaces --dataset and --data_dir"),
+        (["--image_size=8,x"], "--image_size=8,x is not HEIGHT,WIDTH in pixels"),
     ],
 )
 def test_bad_combinations_are_usage_errors(argv, message, digits_dir, tmp_path):

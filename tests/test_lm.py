@@ -207,3 +207,10 @@ def test_the_default_binary_beats_half_the_unigram_perplexity(tmp_path):
     text = served["text"].numpy()
     assert text.startswith(b"def ") and len(text) == 24
     print(json.dumps(evaluation))
+
+
+def test_a_width_the_heads_do_not_divide_is_refused_with_one_that_fits(tmp_path):
+    done = run_module("loops.bin.lm", "--width=130", "--num_heads=4", f"--model_dir={tmp_path}")
+    assert done.returncode != 0
+    assert "--width=130 is not a multiple of --num_heads=4; pass e.g. --width=128." in done.stderr
+    assert not os.listdir(tmp_path)

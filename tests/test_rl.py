@@ -412,6 +412,13 @@ def test_a_bad_flag_combination_exits_with_the_fix(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_a_flag_past_its_declared_upper_bound_is_refused_when_parsed(tmp_path):
+    done = run_cli("--gamma=1.5", f"--model_dir={tmp_path}")
+    assert done.returncode != 0
+    assert "flag --gamma=1.5: 1.5 is not a number in the range [0.0, 1.0]" in done.stderr
+    assert not os.listdir(tmp_path)
+
+
 def test_dqn_clearly_beats_a_random_policy():
     loop = dqn_on_cartpole(progress=loops.testing.quiet_progress(), steps_per_loop=200)
     loop.train(800)

@@ -1,20 +1,28 @@
-"""Each shared setting is declared once (loops/settings.py): the flags of every binary, their
---help, the keyword arguments of loops.Loop and their checks all come from that declaration."""
+"""Each setting is declared once: the shared ones in loops/settings.py, a binary's own next to
+what they configure. The flags of every binary, their --help, the keyword arguments of
+loops.Loop and their checks all come from those declarations."""
 
+import ast
 import inspect
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 import loops
-from conftest import read_results, run_module
+from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module
+from loops import flags as loop_flags
 from loops import settings
+from loops.bin import training_settings
+from loops_data import settings as data_settings
+from loops_models import settings as model_settings
 
 BINARIES = ("classifier", "gan", "rl", "lm")
 # Loop keyword arguments that are objects, not settings a flag could carry.
 LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "config"}
-# Settings whose flag default each binary gives (`define_loop_flags` arguments).
+# Settings whose flag default each binary gives (`define_binary_flags` keywords).
 BINARY_OWN_DEFAULTS = {"train_steps", "global_batch_size", "learning_rate", "steps_per_loop"}
 KINDS = {
     "integer": "int",
@@ -22,7 +30,29 @@ KINDS = {
     "bool": "bool",
     "enum": "string enum",
     "string": "string",
+    "list": "comma separated list of strings",
 }
+# Each binary's own declarations (what it passes `define_binary_flags`), by binary.
+OWN_SETTINGS = {
+    "classifier": (
+        *data_settings.IMAGE_CLASSIFICATION,
+        *model_settings.CLASSIFIER,
+        *training_settings.OPTIMIZER,
+    ),
+    "gan": (*data_settings.GAN_DATA, *training_settings.GAN),
+    "rl": (
+        *training_settings.ENVIRONMENT_LOOP,
+        *training_settings.ACTOR_CRITIC,
+        *training_settings.DQN,
+    ),
+    "lm": (
+        *data_settings.PYTHON_TEXT,
+        *model_settings.TRANSFORMER_LM,
+        *training_settings.LANGUAGE_MODEL,
+    ),
+}
+# The binaries that export at the end of training: they also take --export_dir.
+EXPORTING = {"classifier", "gan", "lm"}
 
 
 def help_entries(binary):
@@ -43,25 +73,70 @@ def help_entries(binary):
     return entries
 
 
+def assert_listed_as_declared(entries, setting, *, default_too=True):
+    """--help lists `setting` under its heading, with its help, type and (if asked) default."""
+    assert setting.name in entries, f"--{setting.name} missing from --help"
+    heading, type_and_default, help_text = entries[setting.name]
+    assert heading == setting.heading, setting.name
+    choices = f"<{'|'.join(setting.choices)}>: " if setting.kind == "enum" else ""
+    # Compared without spaces: --help wraps long words (the choices) anywhere.
+    expected = choices + setting.help
+    assert help_text.replace(" ", "") == expected.replace(" ", ""), setting.name
+    kind = KINDS[setting.kind]
+    assert type_and_default.startswith(f"{kind}, default: "), (setting.name, type_and_default)
+    if not default_too:
+        return
+    default = "unset" if setting.flag_default is None else str(setting.flag_default)
+    if setting.kind == "bool":
+        default = default.lower()
+    assert type_and_default == f"{kind}, default: {default}", setting.name
+
+
 @pytest.mark.parametrize("binary", BINARIES)
 def test_every_binary_lists_every_setting_under_its_heading_with_its_declared_help(binary):
     entries = help_entries(binary)
     for setting in settings.SETTINGS:
-        assert setting.name in entries, f"--{setting.name} missing from {binary} --help"
-        heading, type_and_default, help_text = entries[setting.name]
-        assert heading == setting.heading, setting.name
-        choices = f"<{'|'.join(setting.choices)}>: " if setting.kind == "enum" else ""
-        # Compared without spaces: --help wraps long words (the choices) anywhere.
-        expected = choices + setting.help
-        assert help_text.replace(" ", "") == expected.replace(" ", ""), setting.name
-        kind = KINDS[setting.kind]
-        assert type_and_default.startswith(f"{kind}, default: "), (setting.name, type_and_default)
-        if setting.name in BINARY_OWN_DEFAULTS or (binary, setting.name) == ("gan", "ema_decay"):
-            continue
-        default = "unset" if setting.flag_default is None else str(setting.flag_default)
-        if setting.kind == "bool":
-            default = default.lower()
-        assert type_and_default == f"{kind}, default: {default}", setting.name
+        own_default = setting.name in BINARY_OWN_DEFAULTS or (binary, setting.name) == (
+            "gan",
+            "ema_decay",
+        )
+        assert_listed_as_declared(entries, setting, default_too=not own_default)
+    for setting in OWN_SETTINGS[binary]:
+        assert_listed_as_declared(entries, setting)
+    # Nothing else: every flag of the binary is a declared setting.
+    declared = {setting.name for setting in (*settings.SETTINGS, *OWN_SETTINGS[binary])}
+    assert set(entries) - declared == ({"export_dir"} if binary in EXPORTING else set())
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_a_binary_defines_its_flags_only_through_declarations(binary):
+    # absl files each flag under the module that defined it: loops.flags, for declared ones.
+    code = (
+        f"import loops.bin.{binary}\nfrom absl import flags\n"
+        "print(sorted(flags.FLAGS.flags_by_module_dict()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    modules = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert [module for module in modules if not module.startswith("absl.")] == ["loops.flags"]
+
+
+def test_each_setting_is_declared_once_per_binary():
+    for binary, own in OWN_SETTINGS.items():
+        names = [setting.name for setting in (*settings.SETTINGS, *own)]
+        assert len(names) == len(set(names)), binary
+
+
+def test_a_default_for_an_undeclared_setting_is_refused():
+    with pytest.raises(ValueError, match="Defaults for undeclared settings: no_such_setting"):
+        loop_flags.define_settings(settings.SETTINGS, no_such_setting=1)
 
 
 def test_the_loop_takes_exactly_the_declared_loop_settings_with_their_defaults():

@@ -1,0 +1,131 @@
+"""The settings of the example data, declared once (`loops.settings.Setting`): a binary's flags.
+
+Nothing here imports TensorFlow: a binary declares its flags from these before
+--help, which answers without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loops.settings import Setting
+
+
+def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:
+    """--image_size's HEIGHT,WIDTH as (height, width); ValueError with the fix."""
+    if value is None:
+        return None
+    try:
+        height, width = (int(part) for part in value)
+    except ValueError:
+        height = width = 0
+    if height < 1 or width < 1:
+        raise ValueError(
+            f"--image_size={','.join(value)} is not HEIGHT,WIDTH in pixels; pass two "
+            "whole numbers >= 1, e.g. --image_size=32,32."
+        )
+    return height, width
+
+
+# loops.bin.classifier: a TFDS dataset, a prepared dataset's folder, or a folder of images
+# (the keyword arguments of `loops_data.image_streams.classification_input`).
+IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
+    Setting(
+        "dataset",
+        "data",
+        "TFDS image-classification dataset: 'digits' (bundled, offline), 'mnist', 'cifar10', ...",
+        "string",
+        flag_default="digits",
+    ),
+    Setting(
+        "data_dir",
+        "data",
+        "TFDS data directory (default: ~/tensorflow_datasets), or one prepared TFDS "
+        "dataset's folder (DATA_DIR/NAME/VERSION, holding dataset_info.json; --dataset "
+        "is then not used).",
+        "string",
+    ),
+    Setting(
+        "image_dir",
+        "data",
+        "A folder of your own images instead of --dataset: IMAGE_DIR/train/CLASS/*.png|jpg "
+        "and IMAGE_DIR/test/CLASS/*.png|jpg (TFDS ImageFolder layout).",
+        "string",
+    ),
+    Setting("train_split", "data", "Split to train on.", "string", flag_default="train"),
+    Setting("eval_split", "data", "Split to evaluate on.", "string", flag_default="test"),
+    Setting(
+        "input_from",
+        "data",
+        "memory: read the splits into memory once (fastest for small data); disk: read "
+        "each example from its file by index, decode and augment it on the fly (any "
+        "size; a resume starts at its step without reading earlier batches); auto: "
+        "memory when the train split fits in 1 GiB with no --augment or --image_size.",
+        "enum",
+        flag_default="auto",
+        choices=("auto", "memory", "disk"),
+    ),
+    Setting(
+        "augment",
+        "data",
+        "Train-time augmentation of data read from disk: crop_flip = a random crop of "
+        "the image padded by an eighth of its size, flipped half the time, drawn from "
+        "(--seed, epoch, example), so a resumed run draws the same.",
+        "enum",
+        flag_default="none",
+        choices=("none", "crop_flip"),
+    ),
+    Setting(
+        "image_size",
+        "data",
+        "HEIGHT,WIDTH: resize every image to it (needed for images of mixed sizes).",
+        "list",
+        from_flag=parse_image_size,
+    ),
+)
+
+
+def check_one_image_source(values: dict[str, Any], *, dataset_given: bool) -> None:
+    """Refuses an --image_dir given with --dataset (`dataset_given`) or --data_dir.
+
+    Raises:
+        ValueError: both sources, and which to drop.
+    """
+    if values["image_dir"] is not None and (dataset_given or values["data_dir"]):
+        raise ValueError(
+            f"--image_dir={values['image_dir']} replaces --dataset and --data_dir; pass "
+            "one source of data."
+        )
+
+
+# loops.bin.gan: what the GAN learns to draw (it also picks the networks).
+GAN_DATA: tuple[Setting, ...] = (
+    Setting(
+        "dataset",
+        "data",
+        "'ring': 8 Gaussians on a circle (2-D points, mode-coverage metrics); "
+        "'digits': the bundled 8x8 digit images (sample grids as PNG). For digits "
+        "a shorter run is enough, e.g. --train_steps=2000 --global_batch_size=128.",
+        "enum",
+        flag_default="ring",
+        choices=("ring", "digits"),
+    ),
+    Setting(
+        "data_dir",
+        "data",
+        "TFDS data directory for digits (default: ~/tensorflow_datasets).",
+        "string",
+    ),
+)
+
+# loops.bin.lm: windows of Python's own source (`loops_data.python_text`).
+PYTHON_TEXT: tuple[Setting, ...] = (
+    Setting(
+        "sequence_length",
+        "data",
+        "Bytes the model reads per window (a row holds one more: the targets are shifted).",
+        "integer",
+        flag_default=128,
+        lower_bound=1,
+    ),
+)

@@ -1,0 +1,357 @@
+"""The binaries' own training settings (`loops.settings.Setting`): what each kind of loop takes.
+
+The optimizer and learning-rate schedule of the classifier, and the keywords of
+the GAN, RL and LM loops that a binary exposes as flags. Nothing here imports
+TensorFlow: a binary declares its flags from these before --help.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from absl import app, flags
+
+from loops import flags as loop_flags
+from loops.settings import Setting
+
+# loops.bin.classifier: `optimizer_fn`.
+OPTIMIZER: tuple[Setting, ...] = (
+    Setting(
+        "optimizer",
+        "training",
+        "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.",
+        "enum",
+        flag_default="adam",
+        choices=("adam", "sgd", "momentum"),
+    ),
+    Setting(
+        "lr_schedule",
+        "training",
+        "Learning-rate schedule over the run (peak: --learning_rate).",
+        "enum",
+        flag_default="constant",
+        choices=("constant", "step", "cosine", "warmup_cosine"),
+    ),
+    Setting(
+        "lr_warmup_steps",
+        "training",
+        "warmup_cosine: linear warm-up steps.",
+        "integer",
+        flag_default=0,
+        lower_bound=0,
+    ),
+    Setting(
+        "lr_step_size",
+        "training",
+        "step: steps between rate drops.",
+        "integer",
+        flag_default=1000,
+        lower_bound=1,
+    ),
+    Setting(
+        "lr_step_factor",
+        "training",
+        "step: factor of each drop, in (0, 1].",
+        "float",
+        flag_default=0.1,
+    ),
+    Setting(
+        "lr_final_fraction",
+        "training",
+        "cosine, warmup_cosine: final rate as a fraction of --learning_rate.",
+        "float",
+        flag_default=0.0,
+    ),
+)
+
+
+def optimizer_fn(
+    values: dict[str, Any], *, learning_rate: float, total_steps: int
+) -> Callable[[], Any]:
+    """() -> the optimizer the OPTIMIZER settings name (Adam, SGD or SGD with momentum 0.9),
+    at the learning rate of their schedule.
+
+    Raises:
+        ValueError: a schedule setting out of its range (`loops.schedules`).
+    """
+    import keras
+
+    from loops import schedules
+
+    rate = schedules.make_schedule(
+        values["lr_schedule"],
+        learning_rate=learning_rate,
+        total_steps=total_steps,
+        warmup_steps=values["lr_warmup_steps"],
+        step_size=values["lr_step_size"],
+        step_factor=values["lr_step_factor"],
+        final_fraction=values["lr_final_fraction"],
+    )
+    if values["optimizer"] == "adam":
+        return adam_fn(rate)
+    return lambda: keras.optimizers.SGD(
+        rate, momentum=0.9 if values["optimizer"] == "momentum" else 0.0
+    )
+
+
+def adam_fn(learning_rate: Any, **options: Any) -> Callable[[], Any]:
+    """() -> a new Adam optimizer at `learning_rate` (a float or a schedule) with `options`."""
+
+    def optimizer():
+        import keras
+
+        return keras.optimizers.Adam(learning_rate, **options)
+
+    return optimizer
+
+
+# loops.bin.gan: `loops.GANLoop`'s keywords, and its optimizers' beta_1.
+GAN: tuple[Setting, ...] = (
+    Setting(
+        "gan_loss",
+        "training",
+        "'non_saturating': the DCGAN loss; 'wgan_gp': Wasserstein loss with a "
+        "gradient penalty, usually with --n_critic=5 (on the ring it covers the "
+        "modes but sharpens them more slowly than the default).",
+        "enum",
+        flag_default="non_saturating",
+        choices=("non_saturating", "wgan_gp"),
+    ),
+    Setting(
+        "n_critic",
+        "training",
+        "Discriminator updates per generator update, each on its own batch.",
+        "integer",
+        flag_default=1,
+        lower_bound=1,
+    ),
+    Setting(
+        "gp_weight",
+        "training",
+        "Gradient penalty weight for --gan_loss=wgan_gp.",
+        "float",
+        flag_default=10.0,
+        lower_bound=0.0,
+    ),
+    Setting(
+        "beta_1",
+        "training",
+        "Adam's first-moment decay for both optimizers.",
+        "float",
+        flag_default=0.5,
+        flag_rule=(lambda value: 0 <= value < 1, "--beta_1 must be in [0, 1), e.g. 0.5."),
+    ),
+)
+
+# loops.bin.lm: `loops.LanguageModelLoop`'s samples.
+LANGUAGE_MODEL: tuple[Setting, ...] = (
+    Setting(
+        "sample_length",
+        "outputs",
+        "Bytes each sample continues its prompt by, at every evaluation "
+        "(TensorBoard text and MODEL_DIR/samples).",
+        "integer",
+        flag_default=80,
+        lower_bound=1,
+    ),
+)
+
+# loops.bin.rl: shared settings whose best value depends on --algorithm; unset, they take
+# these (the other knobs' defaults are the loop classes' own).
+ALGORITHM_DEFAULTS = {
+    # 250 rollouts of 16 x 64 steps; the mean return passes 195 after about 50
+    # of them and reaches 500 after about 200.
+    "ppo": {"train_steps": 250, "steps_per_loop": 10},
+    # 1500 steps of 8 x 4 transitions, each followed by 2 updates.
+    "dqn": {"train_steps": 1500, "steps_per_loop": 100},
+}
+
+
+def prepare_rl_flags() -> None:
+    """Refuses an RL evaluator that plays no episodes; gives the unset shared flags of
+    ALGORITHM_DEFAULTS the --algorithm's values.
+
+    Raises:
+        app.UsageError: --mode=evaluate_checkpoints with --eval_episodes=0.
+    """
+    values = flags.FLAGS
+    if loop_flags.mode() == loop_flags.EVALUATE_CHECKPOINTS and not values.eval_episodes:
+        raise app.UsageError(
+            "loops-rl evaluates a checkpoint by playing greedy episodes, and "
+            "--eval_episodes is 0: pass e.g. --eval_episodes=10 (to the trainer too, "
+            "for the same evaluation there)."
+        )
+    for name, value in ALGORITHM_DEFAULTS[values.algorithm].items():
+        if values[name].value is None:
+            values[name].value = value
+
+
+# The environment loop's keywords (None: the loop's default).
+ENVIRONMENT_LOOP: tuple[Setting, ...] = (
+    Setting(
+        "algorithm",
+        "training",
+        "ppo: actor-critic (PPO with GAE); dqn: double DQN with a replay buffer. "
+        "Unset shared flags take the algorithm's defaults: --train_steps 250 (ppo) "
+        "or 1500 (dqn), --steps_per_loop 10 or 100, --global_batch_size (samples "
+        "per update) 256 or 128.",
+        "enum",
+        flag_default="ppo",
+        choices=tuple(ALGORITHM_DEFAULTS),
+    ),
+    Setting(
+        "num_envs",
+        "data",
+        "Environments stepped in parallel over all replicas (a multiple of the "
+        "replica count). Default 16 (ppo), 8 (dqn).",
+        "integer",
+        lower_bound=1,
+    ),
+    Setting(
+        "rollout_length",
+        "data",
+        "Steps of every environment per train step. Default 64 (ppo), 4 (dqn).",
+        "integer",
+        lower_bound=1,
+    ),
+    Setting(
+        "eval_episodes",
+        "outputs",
+        "Episodes each evaluation plays with the greedy policy, from the same "
+        "seeded starts every time (eval metrics mean_return, min_return, e.g. "
+        "for --keep_best_metric=mean_return --keep_best_mode=max); 0: no "
+        "evaluation. Needed by --mode=evaluate_checkpoints.",
+        "integer",
+        flag_default=0,
+        lower_bound=0,
+    ),
+    Setting(
+        "gamma",
+        "training",
+        "Discount factor in [0, 1].",
+        "float",
+        flag_default=0.99,
+        lower_bound=0.0,
+        upper_bound=1.0,
+    ),
+)
+# `loops.ActorCriticLoop`'s keywords (--ppo_epochs is its `epochs`).
+ACTOR_CRITIC: tuple[Setting, ...] = (
+    Setting(
+        "gae_lambda",
+        "training",
+        "ppo: GAE lambda in [0, 1].",
+        "float",
+        flag_default=0.95,
+        lower_bound=0.0,
+        upper_bound=1.0,
+    ),
+    Setting(
+        "ppo_epochs",
+        "training",
+        "ppo: passes over each rollout (1 with "
+        "--global_batch_size=num_envs*rollout_length is A2C).",
+        "integer",
+        flag_default=4,
+        lower_bound=1,
+    ),
+    Setting(
+        "clip_ratio",
+        "training",
+        "ppo: probability-ratio clip epsilon (> 0).",
+        "float",
+        flag_default=0.2,
+        flag_rule=(lambda value: value > 0, "--clip_ratio must be > 0, e.g. --clip_ratio=0.2."),
+    ),
+    Setting(
+        "value_coefficient",
+        "training",
+        "ppo: weight of the value loss.",
+        "float",
+        flag_default=0.5,
+        lower_bound=0.0,
+    ),
+    Setting(
+        "entropy_coefficient",
+        "training",
+        "ppo: weight of the entropy bonus.",
+        "float",
+        flag_default=0.01,
+        lower_bound=0.0,
+    ),
+)
+# `loops.DQNLoop`'s keywords.
+DQN: tuple[Setting, ...] = (
+    Setting(
+        "buffer_capacity",
+        "training",
+        "dqn: transitions the replay buffer keeps.",
+        "integer",
+        flag_default=50_000,
+        lower_bound=1,
+    ),
+    Setting(
+        "learning_starts",
+        "training",
+        "dqn: transitions collected before the first update.",
+        "integer",
+        flag_default=1_000,
+        lower_bound=0,
+    ),
+    Setting(
+        "updates_per_step",
+        "training",
+        "dqn: gradient updates per train step.",
+        "integer",
+        flag_default=2,
+        lower_bound=1,
+    ),
+    Setting(
+        "epsilon_start",
+        "training",
+        "dqn: exploration rate at the start.",
+        "float",
+        flag_default=1.0,
+        lower_bound=0.0,
+        upper_bound=1.0,
+    ),
+    Setting(
+        "epsilon_end",
+        "training",
+        "dqn: exploration rate after --exploration_steps.",
+        "float",
+        flag_default=0.05,
+        lower_bound=0.0,
+        upper_bound=1.0,
+    ),
+    Setting(
+        "exploration_steps",
+        "training",
+        "dqn: environment steps over which epsilon falls linearly.",
+        "integer",
+        flag_default=10_000,
+        lower_bound=1,
+    ),
+    Setting(
+        "target_update_every",
+        "training",
+        "dqn: copy the online net into the "
+        "target every this many train steps (default 50, unless --target_tau "
+        "is set).",
+        "integer",
+        lower_bound=1,
+    ),
+    Setting(
+        "target_tau",
+        "training",
+        "dqn: instead of copies, move the target towards "
+        "the online net by this fraction every train step (in (0, 1], e.g. "
+        "0.005).",
+        "float",
+        flag_rule=(
+            lambda value: value is None or 0 < value <= 1,
+            "--target_tau must be in (0, 1], e.g. --target_tau=0.005.",
+        ),
+    ),
+)
