@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from loops import (
@@ -21,9 +20,10 @@ from loops import (
 )
 from loops import mixed_precision as mixed_precision_lib
 from loops.actions import Action
-from loops.checkpoints import Checkpointer, FinitenessCheck
+from loops.checkpoints import FinitenessCheck
 from loops.controller import Controller
 from loops.errors import NonFiniteError as NonFiniteError  # what train raises, named here too
+from loops.loop_run_state import LoopRunState
 from loops.run_config import CONFIG_FREE_TO_CHANGE
 from loops.run_options import RunOptions
 from loops.update import UpdateStates
@@ -38,7 +38,7 @@ class _BuildsAfterInit(type):
         return loop
 
 
-class Loop(metaclass=_BuildsAfterInit):
+class Loop(LoopRunState, metaclass=_BuildsAfterInit):
     """A kind of training: its state, its train and eval steps, and the services they use.
 
     A subclass creates its objects in `build` and says what one step does in
@@ -47,7 +47,8 @@ class Loop(metaclass=_BuildsAfterInit):
     `model_dir`, inner loops of `steps_per_loop` steps, and between them
     evaluations, checkpoints, summaries, progress and `actions`. `train`,
     `evaluate`, `request_stop`, `save_checkpoint`, `write_results` and `close`
-    delegate to it, and the Loop forwards the run state that code outside reads.
+    delegate to it, and the run state that code outside reads is read from it
+    (`loops.loop_run_state.LoopRunState`).
 
     Example (README.md runs it with comments and clipping):
 
@@ -468,27 +469,7 @@ class Loop(metaclass=_BuildsAfterInit):
         """Inside `averaged_weights`: the trained variables' own values for a while."""
         return self.weight_averages.raw()
 
-    # ---- The run: the Controller's. ----
-
-    def train(self, num_steps: int) -> dict[str, np.ndarray]:
-        """Trains until the global step reaches `num_steps`: `Controller.train`."""
-        return self.controller.train(num_steps)
-
-    def evaluate(self) -> dict[str, float]:
-        """Evaluates now and reports it: `Controller.evaluate`."""
-        return self.controller.evaluate()
-
-    def request_stop(self, reason: str) -> None:
-        """Ends `train` after the inner loop in progress: `Controller.request_stop`."""
-        self.controller.request_stop(reason)
-
-    def save_checkpoint(self) -> str | None:
-        """Saves the loop's state now (every worker must call it): `Controller.save_checkpoint`."""
-        return self.controller.save_checkpoint()
-
-    def write_results(self) -> dict[str, Any]:
-        """Writes model_dir/results.json (chief only): `Controller.write_results`."""
-        return self.controller.write_results()
+    # ---- The run's end (the run itself: LoopRunState). ----
 
     def close(self) -> None:
         """Releases the inputs and the model_dir lock (`Controller.close`); call it when done.
@@ -503,58 +484,3 @@ class Loop(metaclass=_BuildsAfterInit):
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-    # ---- The run's options and state that code outside reads, from the Controller. ----
-
-    @property
-    def model_dir(self) -> str | None:
-        return self.controller.options.model_dir
-
-    @property
-    def eval_every(self) -> int | None:
-        return self.controller.options.eval_every
-
-    @property
-    def is_chief(self) -> bool:
-        return self.controller.is_chief
-
-    @property
-    def progress(self) -> reporting.Progress:
-        return self.controller.progress
-
-    @property
-    def summaries(self) -> reporting.Summaries:
-        return self.controller.summaries
-
-    @property
-    def checkpointer(self) -> Checkpointer | None:
-        return self.controller.checkpointer
-
-    @property
-    def last_train_metrics(self) -> dict[str, float]:
-        return self.controller.report.last_train_metrics
-
-    @property
-    def last_eval_metrics(self) -> dict[str, float]:
-        return self.controller.report.last_eval_metrics
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.controller.report.steps_per_second
-
-    @property
-    def units_per_second(self) -> float | None:
-        """`throughput_unit` per second (examples, tokens, ...); None when not counted."""
-        return self.controller.report.units_per_second
-
-    @property
-    def skipped_steps(self) -> int:
-        return self.controller.skipped_steps
-
-    @property
-    def stop_reason(self) -> str | None:
-        return self.controller.stop_reason
-
-    @property
-    def preempted(self) -> bool:
-        return self.controller.preempted
