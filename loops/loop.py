@@ -14,7 +14,7 @@ from loops import (
     recovery,
     reduction,
     reporting,
-    settings,
+    step_options,
     strategies,
     weight_average,
 )
@@ -139,85 +139,36 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
     ):
         """Records the loop's settings; `build` and the restore run after every `__init__`.
 
+        Each setting is declared, with its help and check, in loops/settings.py;
+        what it means is documented where it is checked: `loops.step_options.StepOptions`
+        (seed, run_eagerly, on_nonfinite, max_recoveries, mixed_precision,
+        loss_scale_growth_steps, grad_accum_steps, ema_decay) and
+        `loops.run_options.RunOptions` (the rest, which the Controller gets).
+
         Args:
             strategy: where the steps run; the current (default) strategy if None.
             train_data: the training stream of global batches; repeated forever.
             eval_data: a finite dataset of global batches for `evaluate`.
-            steps_per_loop, eval_every, checkpoint_every, model_dir, max_checkpoints,
-                progress, progress_every_seconds, profile_steps, actions, config: the run's
-                options (`loops.run_options.RunOptions`, checked there), which the Controller gets.
-            seed: the seed steps key their randomness on.
-            run_eagerly: run steps without `tf.function`, for debugging.
-            on_nonfinite: what a step whose loss or gradients are not finite
-                on some replica (its `nonfinite` output is set) leads to.
-                "stop": the inner loop ends right after it, nothing is saved
-                after it, the loop goes back to its last checkpoint and
-                NonFiniteError names the step (without a checkpoint, the
-                loop then refuses to train on). "skip": its update is not
-                applied on any replica and training goes on; every update
-                then waits for the finiteness check (see `apply_update`).
-                "recover": as "stop", but then training goes on from the
-                last checkpoint (step s) with the train stream moved past
-                every batch from there to the bad step b, so steps s + 1,
-                ... read the batches that came after step b's; each
-                recovery is logged (progress, TensorBoard `recoveries`,
-                results.json `recoveries`) and checkpointed. Weights found
-                not finite after an inner loop recover the same way, b
-                being its last step. Needs a model_dir (a checkpoint of
-                step 0 is saved when there is none) and train_data, and
-                does not run under ParameterServerStrategy.
-            max_recoveries: under "recover", how many recoveries a run may
-                make (counted over resumes: the count is checkpointed)
-                before the next non-finite step raises NonFiniteError;
-                default 3.
-            mixed_precision: "none" (float32), "mixed_bfloat16" or
-                "mixed_float16": the Keras dtype policy `build` runs under
-                (layers given an explicit dtype keep it; variables stay
-                float32). Under "mixed_float16" every `loops.Update` keeps a
-                dynamic loss scale.
-            loss_scale_growth_steps: under "mixed_float16", finite steps in a
-                row after which the loss scale doubles (default 2000).
-            grad_accum_steps: micro-batches each `loops.Update` cuts a
-                replica's share of a step into, accumulating their
-                gradients into one update: the whole batch's update,
-                computed one micro-batch at a time.
-            ema_decay: keep a moving average of the weights every
-                `loops.Update` trains (debiased early in training:
-                `loops.weight_average`), checkpointed beside them;
-                evaluation and `ExportOnEnd` exports use the averages
-                (`averaged_weights`), training the weights themselves.
-                None: no average.
 
         Raises:
             ValueError: a bad argument, or a checkpoint in model_dir that does
                 not match this loop.
         """
-        # Checked by their declarations (loops/settings.py), as the flags are.
-        settings.check_loop_settings({"on_nonfinite": on_nonfinite})
-        self.max_recoveries = recovery.check_max_recoveries(max_recoveries, on_nonfinite)
-        checked = settings.check_loop_settings(
-            {
-                "grad_accum_steps": grad_accum_steps,
-                "mixed_precision": mixed_precision,
-                "loss_scale_growth_steps": loss_scale_growth_steps,
-                "ema_decay": ema_decay,
-                "seed": seed,
-            }
+        options = step_options.checked(
+            seed=seed,
+            run_eagerly=run_eagerly,
+            on_nonfinite=on_nonfinite,
+            max_recoveries=max_recoveries,
+            mixed_precision=mixed_precision,
+            loss_scale_growth_steps=loss_scale_growth_steps,
+            grad_accum_steps=grad_accum_steps,
+            ema_decay=ema_decay,
         )
-        if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
-            mixed_precision
-        ):
-            raise ValueError(
-                f"loss_scale_growth_steps={loss_scale_growth_steps!r} applies only to "
-                f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
-                "switch to float16."
-            )
-        self.loss_scale_growth_steps = (
-            loss_scale_growth_steps or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
-        )
-        self.grad_accum_steps = checked["grad_accum_steps"]
-        self.mixed_precision = checked["mixed_precision"]
-        self.ema_decay = checked["ema_decay"]
+        self.seed, self.run_eagerly = options.seed, options.run_eagerly
+        self.on_nonfinite, self.max_recoveries = options.on_nonfinite, options.max_recoveries
+        self.mixed_precision = options.mixed_precision
+        self.loss_scale_growth_steps = options.loss_scale_growth_steps
+        self.grad_accum_steps, self.ema_decay = options.grad_accum_steps, options.ema_decay
         # Filled by the Updates `build` makes (averages when ema_decay is set, loss scales).
         self.weight_averages, self.update_states = weight_average.WeightAverages(), UpdateStates()
         self.strategy = strategy or tf.distribute.get_strategy()
@@ -244,9 +195,6 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
             )
         self.train_data = train_data
         self.eval_data = eval_data
-        self.seed = seed
-        self.run_eagerly = run_eagerly
-        self.on_nonfinite = on_nonfinite
         self._eval_dataset: Any = None
         # The Controller is made in _build_and_restore, once every __init__
         # of a subclass has returned (_BuildsAfterInit); these are its options.
