@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -10,9 +11,9 @@ import tensorflow as tf
 from loops import (
     distributed_input,
     executors,
+    loop_execution,
     nonfinite_policy,
     recovery,
-    reduction,
     reporting,
     step_options,
     strategies,
@@ -104,6 +105,9 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
     # The Sum output counting what a step processes, and the unit's name: progress
     # lines, TensorBoard and results.json give "<unit>_per_second" beside steps/s.
     throughput_unit: tuple[str, str] = ("num_examples", "examples")
+    # Made once every __init__ has returned (`_build_and_restore`).
+    global_step: tf.Variable
+    executor: executors.Executor
 
     def __init__(
         self,
@@ -137,33 +141,15 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
         # What the run was asked to do, recorded with its results.
         config: Mapping[str, Any] | None = None,
     ):
-        """Records the loop's settings; `build` and the restore run after every `__init__`.
+        """Checks and records the settings; `build` and the restore run after every `__init__`.
 
-        Each setting is declared, with its help and check, in loops/settings.py;
-        what it means is documented where it is checked: `loops.step_options.StepOptions`
-        (seed, run_eagerly, on_nonfinite, max_recoveries, mixed_precision,
-        loss_scale_growth_steps, grad_accum_steps, ema_decay) and
-        `loops.run_options.RunOptions` (the rest, which the Controller gets).
-
-        Args:
-            strategy: where the steps run; the current (default) strategy if None.
-            train_data: the training stream of global batches; repeated forever.
-            eval_data: a finite dataset of global batches for `evaluate`.
-
-        Raises:
-            ValueError: a bad argument, or a checkpoint in model_dir that does
-                not match this loop.
+        strategy: where the steps run (default: the current one); train_data: the train
+        stream of global batches, repeated forever; eval_data: a finite dataset of global
+        batches for `evaluate`. The rest are declared in loops/settings.py and documented in
+        `loops.step_options.StepOptions` and `loops.run_options.RunOptions`; ValueError: a bad one.
         """
-        options = step_options.checked(
-            seed=seed,
-            run_eagerly=run_eagerly,
-            on_nonfinite=on_nonfinite,
-            max_recoveries=max_recoveries,
-            mixed_precision=mixed_precision,
-            loss_scale_growth_steps=loss_scale_growth_steps,
-            grad_accum_steps=grad_accum_steps,
-            ema_decay=ema_decay,
-        )
+        arguments = dict(locals())  # the keyword arguments by name: nothing else is defined yet
+        options = step_options.checked(**_named(arguments, step_options.StepOptions))
         self.seed, self.run_eagerly = options.seed, options.run_eagerly
         self.on_nonfinite, self.max_recoveries = options.on_nonfinite, options.max_recoveries
         self.mixed_precision = options.mixed_precision
@@ -172,47 +158,17 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
         # Filled by the Updates `build` makes (averages when ema_decay is set, loss scales).
         self.weight_averages, self.update_states = weight_average.WeightAverages(), UpdateStates()
         self.strategy = strategy or tf.distribute.get_strategy()
-        # Under ParameterServerStrategy this process is the coordinator and the
-        # steps run asynchronously on the workers (loops/parameter_server.py).
-        self.coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None = None
-        parameter_server = strategies.strategy_name(self.strategy) == "parameter_server"
-        if parameter_server and not self.supports_parameter_server:
-            raise ValueError(
-                f"{type(self).__name__} does not train under ParameterServerStrategy "
-                "(its steps need synchronous replicas). Use "
-                "--strategy=multi_worker_mirrored or mirrored."
-            )
-        if on_nonfinite == "recover":
-            nonfinite_policy.check_can_recover(
-                type(self).__name__,
-                self.strategy,
-                has_train_data=train_data is not None or not self.needs_train_data,
-                model_dir=model_dir,
-            )
-        if parameter_server:
-            self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
-                self.strategy
-            )
-        self.train_data = train_data
-        self.eval_data = eval_data
-        self._eval_dataset: Any = None
-        # The Controller is made in _build_and_restore, once every __init__
-        # of a subclass has returned (_BuildsAfterInit); these are its options.
-        self._run_options: dict[str, Any] = dict(
-            steps_per_loop=steps_per_loop,
-            eval_every=eval_every,
-            checkpoint_every=checkpoint_every,
+        loop_execution.check_can_run(
+            type(self),
+            self.strategy,
+            on_nonfinite=on_nonfinite,
+            has_train_data=train_data is not None or not self.needs_train_data,
             model_dir=model_dir,
-            max_checkpoints=max_checkpoints,
-            progress=progress,
-            progress_every_seconds=progress_every_seconds,
-            profile_steps=profile_steps,
-            actions=actions,
-            config=config,
         )
-        self.controller: Controller
-        self.global_step: tf.Variable
-        self.executor: executors.Executor
+        self.coordinator = loop_execution.coordinator(self.strategy)
+        self.train_data, self.eval_data = train_data, eval_data
+        # The Controller's; it is made once every __init__ has returned (_BuildsAfterInit).
+        self._run_options = _named(arguments, RunOptions)
 
     def _build_and_restore(self) -> None:
         """Builds the loop in the strategy's scope, then has its Controller restore it."""
@@ -220,49 +176,38 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
         # and the actions' `build` can read them (self.model_dir, self.progress).
         self.controller = Controller(loop=self, options=RunOptions(**self._run_options))
         del self._run_options  # the Controller's now
+        self._nonfinite_updates = nonfinite_policy.NonFiniteUpdates(
+            self.strategy,
+            on_nonfinite=self.on_nonfinite,
+            mixed_precision=self.mixed_precision,
+            coordinated=self.coordinator is not None,
+        )
+        self._eval_input = loop_execution.EvalInput(self.strategy, self.coordinator)
         with strategies.variable_scope(self.strategy):
-            self.global_step = tf.Variable(
-                0,
-                dtype=tf.int64,
-                trainable=False,
-                name="global_step",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
+            self.global_step = _step_counter("global_step")
             # Not checkpointed: the Controller sets it from the recovery record it restores.
-            self.data_offset = tf.Variable(
-                0,
-                dtype=tf.int64,
-                trainable=False,
-                name="data_offset",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
+            self.data_offset = _step_counter("data_offset")
             with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
                 self.build()
-        items = dict(self.checkpoint_items())
-        for reserved in (
-            "global_step",
-            "weight_averages",
-            "update_states",
-            recovery.CHECKPOINT_NAME,
-        ):
-            if reserved in items:
-                raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
-        items["global_step"] = self.global_step
-        if self.update_states:
-            items["update_states"] = self.update_states
-        if self.ema_decay is not None:
-            if not self.weight_averages:
-                raise ValueError(
-                    f"ema_decay={self.ema_decay} averages the weights each loops.Update "
-                    f"trains, and {type(self).__name__}.build made no Update that averages. "
-                    "Make the step's updates with loops.Update, or drop ema_decay."
-                )
-            items["weight_averages"] = self.weight_averages
-        self._saved_items = items
+        self._saved_items = _everything_saved(self)
         # What a save would write, checked for NaN and inf after every inner loop.
-        finiteness = FinitenessCheck(tf.train.Checkpoint(**items))
-        self.executor = self._make_executor(finiteness)
-        self.controller.restore(items)
+        finiteness = FinitenessCheck(tf.train.Checkpoint(**self._saved_items))
+        definition = executors.StepDefinition(
+            name=type(self).__name__,
+            strategy=self.strategy,
+            train_step=self.train_step,
+            eval_step=self.eval_step,
+            batches_per_step=self.batches_per_step,
+            global_step=self.global_step,
+            finiteness=finiteness,
+        )
+        self.executor = loop_execution.make_executor(
+            definition,
+            coordinator=self.coordinator,
+            run_eagerly=self.run_eagerly,
+            stop_on_nonfinite=self.on_nonfinite != "skip",
+        )
+        self.controller.restore(self._saved_items)
 
     # ---- Hooks a kind of training overrides. ----
 
@@ -291,15 +236,8 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
         )
 
     def run_evaluation(self) -> dict[str, float]:
-        """Computes the eval metrics; by default one pass over `eval_data`."""
-        if self.eval_data is None:
-            return {}
-        if self._eval_dataset is None and self.coordinator is not None:
-            # The coordinator evaluates by itself, reading the weights from the ps.
-            self._eval_dataset = distributed_input.as_dataset_fn(self.eval_data)()
-        elif self._eval_dataset is None:
-            self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
-        return self.executor.evaluate(iter(self._eval_dataset))
+        """Computes the eval metrics; by default one pass of `eval_step` over `eval_data`."""
+        return self._eval_input.evaluate(self.eval_data, self.executor)
 
     def results_extra(self) -> dict[str, Any]:
         """Entries a kind of training adds to results.json."""
@@ -328,42 +266,17 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
 
     @property
     def skips_nonfinite(self) -> bool:
-        """Whether `apply_update` leaves out non-finite updates (else it applies every update).
-
-        Under a float16 loss scale an overflow is routine and skipped. Under
-        ParameterServerStrategy the workers go on with the steps already
-        scheduled while the coordinator decides, so there even "stop" skips.
-        """
-        return (
-            self.on_nonfinite == "skip"
-            or self.coordinator is not None
-            # An overflow is routine under a loss scale: its update is always left out.
-            or mixed_precision_lib.needs_loss_scale(self.mixed_precision)
-        )
+        """Whether `apply_update` leaves out non-finite updates: `NonFiniteUpdates.skips`."""
+        return self._nonfinite_updates.skips
 
     def apply_update(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
-        """Runs `strategy.run(apply_fn, args)` the way `on_nonfinite` asks; cross-replica context.
+        """Applies a step's update as `on_nonfinite` asks; returns the step's `nonfinite` output.
 
-        Args:
-            finite: the per-replica result of `loops.all_finite` over the
-                step's loss and gradients (the same on every replica).
-            apply_fn: the replica function that applies the update.
-
-        Returns:
-            1.0 when the step was not finite on some replica, else 0.0: the
-            step's `nonfinite` output.
-
-        When `skips_nonfinite`, the update runs only when `finite` holds
-        (`loops.apply_if_finite`), so it waits for every gradient and the
-        check: 10-20% of a step of the digits MLP (benchmarks/RESULTS.md). Otherwise ("stop")
-        each variable's update starts as soon as its gradient is ready, the
-        inner loop ends right after a non-finite step, and the Controller
-        goes back to the last checkpoint.
+        `loops.nonfinite_policy.NonFiniteUpdates.apply`: cross-replica context;
+        `finite` is `loops.all_finite` over the loss and gradients, `apply_fn`
+        the replica function that applies the update.
         """
-        if self.skips_nonfinite:
-            return reduction.apply_if_finite(self.strategy, finite, apply_fn, *args)
-        self.strategy.run(apply_fn, args=args)
-        return 1.0 - tf.cast(self.strategy.experimental_local_results(finite)[0], tf.float32)
+        return self._nonfinite_updates.apply(finite, apply_fn, *args)
 
     def eval_metric_names(self) -> set[str] | None:
         """The names `evaluate` reports, found by tracing `eval_step`; None when not known.
@@ -381,28 +294,7 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
         A loop whose `run_evaluation` adds metrics to the eval pass's builds
         its `eval_metric_names` on this.
         """
-        if self.eval_data is None:
-            return set()
-        if self.coordinator is not None:
-            return None
-        if self._eval_dataset is None:
-            self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
-        return self.executor.eval_output_names(self._eval_dataset.element_spec)
-
-    def _make_executor(self, finiteness: FinitenessCheck) -> executors.Executor:
-        definition = executors.StepDefinition(
-            name=type(self).__name__,
-            strategy=self.strategy,
-            train_step=self.train_step,
-            eval_step=self.eval_step,
-            batches_per_step=self.batches_per_step,
-            global_step=self.global_step,
-            finiteness=finiteness,
-        )
-        if self.coordinator is not None:
-            return executors.ScheduledExecutor(definition, coordinator=self.coordinator)
-        executor_class = executors.EagerExecutor if self.run_eagerly else executors.Executor
-        return executor_class(definition, stop_on_nonfinite=self.on_nonfinite != "skip")
+        return self._eval_input.output_names(self.eval_data, self.executor)
 
     def averaged_weights(self):
         """A context in which the trained variables hold their moving averages (host only).
@@ -424,7 +316,7 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
 
         `with loop:` calls it on leaving the block.
         """
-        self._eval_dataset = None
+        self._eval_input.release()
         self.controller.close()
 
     def __enter__(self):
@@ -432,3 +324,45 @@ class Loop(LoopRunState, metaclass=_BuildsAfterInit):
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _named(arguments: Mapping[str, Any], options: type) -> dict[str, Any]:
+    """The entries of `arguments` that are fields of the dataclass `options`."""
+    return {field.name: arguments[field.name] for field in dataclasses.fields(options)}
+
+
+def _step_counter(name: str) -> tf.Variable:
+    """A step count, the same on every replica; made in the strategy's variable scope."""
+    return tf.Variable(
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name=name,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
+
+
+def _everything_saved(loop: Loop) -> dict[str, Any]:
+    """What a checkpoint of `loop` holds: its `checkpoint_items()`, and what the run and
+    its `loops.Update`s made (the global step, loss scales, weight averages), unlisted.
+
+    Raises:
+        ValueError: checkpoint_items() uses a reserved name, or ema_decay is set
+            and `build` made no Update that averages.
+    """
+    items = dict(loop.checkpoint_items())
+    for reserved in ("global_step", "weight_averages", "update_states", recovery.CHECKPOINT_NAME):
+        if reserved in items:
+            raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
+    items["global_step"] = loop.global_step
+    if loop.update_states:
+        items["update_states"] = loop.update_states
+    if loop.ema_decay is not None:
+        if not loop.weight_averages:
+            raise ValueError(
+                f"ema_decay={loop.ema_decay} averages the weights each loops.Update "
+                f"trains, and {type(loop).__name__}.build made no Update that averages. "
+                "Make the step's updates with loops.Update, or drop ema_decay."
+            )
+        items["weight_averages"] = loop.weight_averages
+    return items
