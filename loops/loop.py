@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from loops import (
     distributed_input,
     executors,
+    loop_execution,
     nonfinite_policy,
     recovery,
-    reduction,
     reporting,
-    settings,
+    step_options,
     strategies,
     weight_average,
 )
 from loops import mixed_precision as mixed_precision_lib
 from loops.actions import Action
-from loops.checkpoints import Checkpointer, FinitenessCheck
+from loops.checkpoints import FinitenessCheck
 from loops.controller import Controller
 from loops.errors import NonFiniteError as NonFiniteError  # what train raises, named here too
+from loops.loop_run_state import LoopRunState
 from loops.run_config import CONFIG_FREE_TO_CHANGE
 from loops.run_options import RunOptions
 from loops.update import UpdateStates
@@ -38,7 +39,7 @@ class _BuildsAfterInit(type):
         return loop
 
 
-class Loop(metaclass=_BuildsAfterInit):
+class Loop(LoopRunState, metaclass=_BuildsAfterInit):
     """A kind of training: its state, its train and eval steps, and the services they use.
 
     A subclass creates its objects in `build` and says what one step does in
@@ -47,7 +48,8 @@ class Loop(metaclass=_BuildsAfterInit):
     `model_dir`, inner loops of `steps_per_loop` steps, and between them
     evaluations, checkpoints, summaries, progress and `actions`. `train`,
     `evaluate`, `request_stop`, `save_checkpoint`, `write_results` and `close`
-    delegate to it, and the Loop forwards the run state that code outside reads.
+    delegate to it, and the run state that code outside reads is read from it
+    (`loops.loop_run_state.LoopRunState`).
 
     Example (README.md runs it with comments and clipping):
 
@@ -103,6 +105,9 @@ class Loop(metaclass=_BuildsAfterInit):
     # The Sum output counting what a step processes, and the unit's name: progress
     # lines, TensorBoard and results.json give "<unit>_per_second" beside steps/s.
     throughput_unit: tuple[str, str] = ("num_examples", "examples")
+    # Made once every __init__ has returned (`_build_and_restore`).
+    global_step: tf.Variable
+    executor: executors.Executor
 
     def __init__(
         self,
@@ -136,134 +141,34 @@ class Loop(metaclass=_BuildsAfterInit):
         # What the run was asked to do, recorded with its results.
         config: Mapping[str, Any] | None = None,
     ):
-        """Records the loop's settings; `build` and the restore run after every `__init__`.
+        """Checks and records the settings; `build` and the restore run after every `__init__`.
 
-        Args:
-            strategy: where the steps run; the current (default) strategy if None.
-            train_data: the training stream of global batches; repeated forever.
-            eval_data: a finite dataset of global batches for `evaluate`.
-            steps_per_loop, eval_every, checkpoint_every, model_dir, max_checkpoints,
-                progress, progress_every_seconds, profile_steps, actions, config: the run's
-                options (`loops.run_options.RunOptions`, checked there), which the Controller gets.
-            seed: the seed steps key their randomness on.
-            run_eagerly: run steps without `tf.function`, for debugging.
-            on_nonfinite: what a step whose loss or gradients are not finite
-                on some replica (its `nonfinite` output is set) leads to.
-                "stop": the inner loop ends right after it, nothing is saved
-                after it, the loop goes back to its last checkpoint and
-                NonFiniteError names the step (without a checkpoint, the
-                loop then refuses to train on). "skip": its update is not
-                applied on any replica and training goes on; every update
-                then waits for the finiteness check (see `apply_update`).
-                "recover": as "stop", but then training goes on from the
-                last checkpoint (step s) with the train stream moved past
-                every batch from there to the bad step b, so steps s + 1,
-                ... read the batches that came after step b's; each
-                recovery is logged (progress, TensorBoard `recoveries`,
-                results.json `recoveries`) and checkpointed. Weights found
-                not finite after an inner loop recover the same way, b
-                being its last step. Needs a model_dir (a checkpoint of
-                step 0 is saved when there is none) and train_data, and
-                does not run under ParameterServerStrategy.
-            max_recoveries: under "recover", how many recoveries a run may
-                make (counted over resumes: the count is checkpointed)
-                before the next non-finite step raises NonFiniteError;
-                default 3.
-            mixed_precision: "none" (float32), "mixed_bfloat16" or
-                "mixed_float16": the Keras dtype policy `build` runs under
-                (layers given an explicit dtype keep it; variables stay
-                float32). Under "mixed_float16" every `loops.Update` keeps a
-                dynamic loss scale.
-            loss_scale_growth_steps: under "mixed_float16", finite steps in a
-                row after which the loss scale doubles (default 2000).
-            grad_accum_steps: micro-batches each `loops.Update` cuts a
-                replica's share of a step into, accumulating their
-                gradients into one update: the whole batch's update,
-                computed one micro-batch at a time.
-            ema_decay: keep a moving average of the weights every
-                `loops.Update` trains (debiased early in training:
-                `loops.weight_average`), checkpointed beside them;
-                evaluation and `ExportOnEnd` exports use the averages
-                (`averaged_weights`), training the weights themselves.
-                None: no average.
-
-        Raises:
-            ValueError: a bad argument, or a checkpoint in model_dir that does
-                not match this loop.
+        strategy: where the steps run (default: the current one); train_data: the train
+        stream of global batches, repeated forever; eval_data: a finite dataset of global
+        batches for `evaluate`. The rest are declared in loops/settings.py and documented in
+        `loops.step_options.StepOptions` and `loops.run_options.RunOptions`; ValueError: a bad one.
         """
-        # Checked by their declarations (loops/settings.py), as the flags are.
-        settings.check_loop_settings({"on_nonfinite": on_nonfinite})
-        self.max_recoveries = recovery.check_max_recoveries(max_recoveries, on_nonfinite)
-        checked = settings.check_loop_settings(
-            {
-                "grad_accum_steps": grad_accum_steps,
-                "mixed_precision": mixed_precision,
-                "loss_scale_growth_steps": loss_scale_growth_steps,
-                "ema_decay": ema_decay,
-                "seed": seed,
-            }
-        )
-        if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
-            mixed_precision
-        ):
-            raise ValueError(
-                f"loss_scale_growth_steps={loss_scale_growth_steps!r} applies only to "
-                f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
-                "switch to float16."
-            )
-        self.loss_scale_growth_steps = (
-            loss_scale_growth_steps or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
-        )
-        self.grad_accum_steps = checked["grad_accum_steps"]
-        self.mixed_precision = checked["mixed_precision"]
-        self.ema_decay = checked["ema_decay"]
+        arguments = dict(locals())  # the keyword arguments by name: nothing else is defined yet
+        options = step_options.checked(**_named(arguments, step_options.StepOptions))
+        self.seed, self.run_eagerly = options.seed, options.run_eagerly
+        self.on_nonfinite, self.max_recoveries = options.on_nonfinite, options.max_recoveries
+        self.mixed_precision = options.mixed_precision
+        self.loss_scale_growth_steps = options.loss_scale_growth_steps
+        self.grad_accum_steps, self.ema_decay = options.grad_accum_steps, options.ema_decay
         # Filled by the Updates `build` makes (averages when ema_decay is set, loss scales).
         self.weight_averages, self.update_states = weight_average.WeightAverages(), UpdateStates()
         self.strategy = strategy or tf.distribute.get_strategy()
-        # Under ParameterServerStrategy this process is the coordinator and the
-        # steps run asynchronously on the workers (loops/parameter_server.py).
-        self.coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None = None
-        parameter_server = strategies.strategy_name(self.strategy) == "parameter_server"
-        if parameter_server and not self.supports_parameter_server:
-            raise ValueError(
-                f"{type(self).__name__} does not train under ParameterServerStrategy "
-                "(its steps need synchronous replicas). Use "
-                "--strategy=multi_worker_mirrored or mirrored."
-            )
-        if on_nonfinite == "recover":
-            nonfinite_policy.check_can_recover(
-                type(self).__name__,
-                self.strategy,
-                has_train_data=train_data is not None or not self.needs_train_data,
-                model_dir=model_dir,
-            )
-        if parameter_server:
-            self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
-                self.strategy
-            )
-        self.train_data = train_data
-        self.eval_data = eval_data
-        self.seed = seed
-        self.run_eagerly = run_eagerly
-        self.on_nonfinite = on_nonfinite
-        self._eval_dataset: Any = None
-        # The Controller is made in _build_and_restore, once every __init__
-        # of a subclass has returned (_BuildsAfterInit); these are its options.
-        self._run_options: dict[str, Any] = dict(
-            steps_per_loop=steps_per_loop,
-            eval_every=eval_every,
-            checkpoint_every=checkpoint_every,
+        loop_execution.check_can_run(
+            type(self),
+            self.strategy,
+            on_nonfinite=on_nonfinite,
+            has_train_data=train_data is not None or not self.needs_train_data,
             model_dir=model_dir,
-            max_checkpoints=max_checkpoints,
-            progress=progress,
-            progress_every_seconds=progress_every_seconds,
-            profile_steps=profile_steps,
-            actions=actions,
-            config=config,
         )
-        self.controller: Controller
-        self.global_step: tf.Variable
-        self.executor: executors.Executor
+        self.coordinator = loop_execution.coordinator(self.strategy)
+        self.train_data, self.eval_data = train_data, eval_data
+        # The Controller's; it is made once every __init__ has returned (_BuildsAfterInit).
+        self._run_options = _named(arguments, RunOptions)
 
     def _build_and_restore(self) -> None:
         """Builds the loop in the strategy's scope, then has its Controller restore it."""
@@ -271,49 +176,38 @@ class Loop(metaclass=_BuildsAfterInit):
         # and the actions' `build` can read them (self.model_dir, self.progress).
         self.controller = Controller(loop=self, options=RunOptions(**self._run_options))
         del self._run_options  # the Controller's now
+        self._nonfinite_updates = nonfinite_policy.NonFiniteUpdates(
+            self.strategy,
+            on_nonfinite=self.on_nonfinite,
+            mixed_precision=self.mixed_precision,
+            coordinated=self.coordinator is not None,
+        )
+        self._eval_input = loop_execution.EvalInput(self.strategy, self.coordinator)
         with strategies.variable_scope(self.strategy):
-            self.global_step = tf.Variable(
-                0,
-                dtype=tf.int64,
-                trainable=False,
-                name="global_step",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
+            self.global_step = _step_counter("global_step")
             # Not checkpointed: the Controller sets it from the recovery record it restores.
-            self.data_offset = tf.Variable(
-                0,
-                dtype=tf.int64,
-                trainable=False,
-                name="data_offset",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
+            self.data_offset = _step_counter("data_offset")
             with mixed_precision_lib.dtype_policy_scope(self.mixed_precision):
                 self.build()
-        items = dict(self.checkpoint_items())
-        for reserved in (
-            "global_step",
-            "weight_averages",
-            "update_states",
-            recovery.CHECKPOINT_NAME,
-        ):
-            if reserved in items:
-                raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
-        items["global_step"] = self.global_step
-        if self.update_states:
-            items["update_states"] = self.update_states
-        if self.ema_decay is not None:
-            if not self.weight_averages:
-                raise ValueError(
-                    f"ema_decay={self.ema_decay} averages the weights each loops.Update "
-                    f"trains, and {type(self).__name__}.build made no Update that averages. "
-                    "Make the step's updates with loops.Update, or drop ema_decay."
-                )
-            items["weight_averages"] = self.weight_averages
-        self._saved_items = items
+        self._saved_items = _everything_saved(self)
         # What a save would write, checked for NaN and inf after every inner loop.
-        finiteness = FinitenessCheck(tf.train.Checkpoint(**items))
-        self.executor = self._make_executor(finiteness)
-        self.controller.restore(items)
+        finiteness = FinitenessCheck(tf.train.Checkpoint(**self._saved_items))
+        definition = executors.StepDefinition(
+            name=type(self).__name__,
+            strategy=self.strategy,
+            train_step=self.train_step,
+            eval_step=self.eval_step,
+            batches_per_step=self.batches_per_step,
+            global_step=self.global_step,
+            finiteness=finiteness,
+        )
+        self.executor = loop_execution.make_executor(
+            definition,
+            coordinator=self.coordinator,
+            run_eagerly=self.run_eagerly,
+            stop_on_nonfinite=self.on_nonfinite != "skip",
+        )
+        self.controller.restore(self._saved_items)
 
     # ---- Hooks a kind of training overrides. ----
 
@@ -342,15 +236,8 @@ class Loop(metaclass=_BuildsAfterInit):
         )
 
     def run_evaluation(self) -> dict[str, float]:
-        """Computes the eval metrics; by default one pass over `eval_data`."""
-        if self.eval_data is None:
-            return {}
-        if self._eval_dataset is None and self.coordinator is not None:
-            # The coordinator evaluates by itself, reading the weights from the ps.
-            self._eval_dataset = distributed_input.as_dataset_fn(self.eval_data)()
-        elif self._eval_dataset is None:
-            self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
-        return self.executor.evaluate(iter(self._eval_dataset))
+        """Computes the eval metrics; by default one pass of `eval_step` over `eval_data`."""
+        return self._eval_input.evaluate(self.eval_data, self.executor)
 
     def results_extra(self) -> dict[str, Any]:
         """Entries a kind of training adds to results.json."""
@@ -379,42 +266,17 @@ class Loop(metaclass=_BuildsAfterInit):
 
     @property
     def skips_nonfinite(self) -> bool:
-        """Whether `apply_update` leaves out non-finite updates (else it applies every update).
-
-        Under a float16 loss scale an overflow is routine and skipped. Under
-        ParameterServerStrategy the workers go on with the steps already
-        scheduled while the coordinator decides, so there even "stop" skips.
-        """
-        return (
-            self.on_nonfinite == "skip"
-            or self.coordinator is not None
-            # An overflow is routine under a loss scale: its update is always left out.
-            or mixed_precision_lib.needs_loss_scale(self.mixed_precision)
-        )
+        """Whether `apply_update` leaves out non-finite updates: `NonFiniteUpdates.skips`."""
+        return self._nonfinite_updates.skips
 
     def apply_update(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
-        """Runs `strategy.run(apply_fn, args)` the way `on_nonfinite` asks; cross-replica context.
+        """Applies a step's update as `on_nonfinite` asks; returns the step's `nonfinite` output.
 
-        Args:
-            finite: the per-replica result of `loops.all_finite` over the
-                step's loss and gradients (the same on every replica).
-            apply_fn: the replica function that applies the update.
-
-        Returns:
-            1.0 when the step was not finite on some replica, else 0.0: the
-            step's `nonfinite` output.
-
-        When `skips_nonfinite`, the update runs only when `finite` holds
-        (`loops.apply_if_finite`), so it waits for every gradient and the
-        check: 10-20% of a step of the digits MLP (benchmarks/RESULTS.md). Otherwise ("stop")
-        each variable's update starts as soon as its gradient is ready, the
-        inner loop ends right after a non-finite step, and the Controller
-        goes back to the last checkpoint.
+        `loops.nonfinite_policy.NonFiniteUpdates.apply`: cross-replica context;
+        `finite` is `loops.all_finite` over the loss and gradients, `apply_fn`
+        the replica function that applies the update.
         """
-        if self.skips_nonfinite:
-            return reduction.apply_if_finite(self.strategy, finite, apply_fn, *args)
-        self.strategy.run(apply_fn, args=args)
-        return 1.0 - tf.cast(self.strategy.experimental_local_results(finite)[0], tf.float32)
+        return self._nonfinite_updates.apply(finite, apply_fn, *args)
 
     def eval_metric_names(self) -> set[str] | None:
         """The names `evaluate` reports, found by tracing `eval_step`; None when not known.
@@ -432,28 +294,7 @@ class Loop(metaclass=_BuildsAfterInit):
         A loop whose `run_evaluation` adds metrics to the eval pass's builds
         its `eval_metric_names` on this.
         """
-        if self.eval_data is None:
-            return set()
-        if self.coordinator is not None:
-            return None
-        if self._eval_dataset is None:
-            self._eval_dataset = distributed_input.distribute(self.strategy, self.eval_data)
-        return self.executor.eval_output_names(self._eval_dataset.element_spec)
-
-    def _make_executor(self, finiteness: FinitenessCheck) -> executors.Executor:
-        definition = executors.StepDefinition(
-            name=type(self).__name__,
-            strategy=self.strategy,
-            train_step=self.train_step,
-            eval_step=self.eval_step,
-            batches_per_step=self.batches_per_step,
-            global_step=self.global_step,
-            finiteness=finiteness,
-        )
-        if self.coordinator is not None:
-            return executors.ScheduledExecutor(definition, coordinator=self.coordinator)
-        executor_class = executors.EagerExecutor if self.run_eagerly else executors.Executor
-        return executor_class(definition, stop_on_nonfinite=self.on_nonfinite != "skip")
+        return self._eval_input.output_names(self.eval_data, self.executor)
 
     def averaged_weights(self):
         """A context in which the trained variables hold their moving averages (host only).
@@ -468,34 +309,14 @@ class Loop(metaclass=_BuildsAfterInit):
         """Inside `averaged_weights`: the trained variables' own values for a while."""
         return self.weight_averages.raw()
 
-    # ---- The run: the Controller's. ----
-
-    def train(self, num_steps: int) -> dict[str, np.ndarray]:
-        """Trains until the global step reaches `num_steps`: `Controller.train`."""
-        return self.controller.train(num_steps)
-
-    def evaluate(self) -> dict[str, float]:
-        """Evaluates now and reports it: `Controller.evaluate`."""
-        return self.controller.evaluate()
-
-    def request_stop(self, reason: str) -> None:
-        """Ends `train` after the inner loop in progress: `Controller.request_stop`."""
-        self.controller.request_stop(reason)
-
-    def save_checkpoint(self) -> str | None:
-        """Saves the loop's state now (every worker must call it): `Controller.save_checkpoint`."""
-        return self.controller.save_checkpoint()
-
-    def write_results(self) -> dict[str, Any]:
-        """Writes model_dir/results.json (chief only): `Controller.write_results`."""
-        return self.controller.write_results()
+    # ---- The run's end (the run itself: LoopRunState). ----
 
     def close(self) -> None:
         """Releases the inputs and the model_dir lock (`Controller.close`); call it when done.
 
         `with loop:` calls it on leaving the block.
         """
-        self._eval_dataset = None
+        self._eval_input.release()
         self.controller.close()
 
     def __enter__(self):
@@ -504,57 +325,44 @@ class Loop(metaclass=_BuildsAfterInit):
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    # ---- The run's options and state that code outside reads, from the Controller. ----
 
-    @property
-    def model_dir(self) -> str | None:
-        return self.controller.options.model_dir
+def _named(arguments: Mapping[str, Any], options: type) -> dict[str, Any]:
+    """The entries of `arguments` that are fields of the dataclass `options`."""
+    return {field.name: arguments[field.name] for field in dataclasses.fields(options)}
 
-    @property
-    def eval_every(self) -> int | None:
-        return self.controller.options.eval_every
 
-    @property
-    def is_chief(self) -> bool:
-        return self.controller.is_chief
+def _step_counter(name: str) -> tf.Variable:
+    """A step count, the same on every replica; made in the strategy's variable scope."""
+    return tf.Variable(
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name=name,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
 
-    @property
-    def progress(self) -> reporting.Progress:
-        return self.controller.progress
 
-    @property
-    def summaries(self) -> reporting.Summaries:
-        return self.controller.summaries
+def _everything_saved(loop: Loop) -> dict[str, Any]:
+    """What a checkpoint of `loop` holds: its `checkpoint_items()`, and what the run and
+    its `loops.Update`s made (the global step, loss scales, weight averages), unlisted.
 
-    @property
-    def checkpointer(self) -> Checkpointer | None:
-        return self.controller.checkpointer
-
-    @property
-    def last_train_metrics(self) -> dict[str, float]:
-        return self.controller.report.last_train_metrics
-
-    @property
-    def last_eval_metrics(self) -> dict[str, float]:
-        return self.controller.report.last_eval_metrics
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.controller.report.steps_per_second
-
-    @property
-    def units_per_second(self) -> float | None:
-        """`throughput_unit` per second (examples, tokens, ...); None when not counted."""
-        return self.controller.report.units_per_second
-
-    @property
-    def skipped_steps(self) -> int:
-        return self.controller.skipped_steps
-
-    @property
-    def stop_reason(self) -> str | None:
-        return self.controller.stop_reason
-
-    @property
-    def preempted(self) -> bool:
-        return self.controller.preempted
+    Raises:
+        ValueError: checkpoint_items() uses a reserved name, or ema_decay is set
+            and `build` made no Update that averages.
+    """
+    items = dict(loop.checkpoint_items())
+    for reserved in ("global_step", "weight_averages", "update_states", recovery.CHECKPOINT_NAME):
+        if reserved in items:
+            raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
+    items["global_step"] = loop.global_step
+    if loop.update_states:
+        items["update_states"] = loop.update_states
+    if loop.ema_decay is not None:
+        if not loop.weight_averages:
+            raise ValueError(
+                f"ema_decay={loop.ema_decay} averages the weights each loops.Update "
+                f"trains, and {type(loop).__name__}.build made no Update that averages. "
+                "Make the step's updates with loops.Update, or drop ema_decay."
+            )
+        items["weight_averages"] = loop.weight_averages
+    return items
