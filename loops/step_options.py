@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from loops import mixed_precision as mixed_precision_lib
 from loops import recovery, settings
@@ -53,35 +54,34 @@ class StepOptions:
             the averages (`Loop.averaged_weights`), training the weights
             themselves. None: no average.
 
-    Made by `checked`, which fills in the defaults.
+    Made by `checked`, which fills in the defaults of None.
     """
 
-    seed: int = 0
-    run_eagerly: bool = False
-    on_nonfinite: str = "stop"
-    max_recoveries: int = settings.DEFAULT_MAX_RECOVERIES
-    mixed_precision: str = "none"
-    loss_scale_growth_steps: int = settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
-    grad_accum_steps: int = 1
-    ema_decay: float | None = None
+    seed: int
+    run_eagerly: bool
+    on_nonfinite: str
+    max_recoveries: int
+    mixed_precision: str
+    loss_scale_growth_steps: int
+    grad_accum_steps: int
+    ema_decay: float | None
 
 
-def checked(
-    *,
-    seed: int = 0,
-    run_eagerly: bool = False,
-    on_nonfinite: str = "stop",
-    max_recoveries: int | None = None,
-    mixed_precision: str = "none",
-    loss_scale_growth_steps: int | None = None,
-    grad_accum_steps: int = 1,
-    ema_decay: float | None = None,
-) -> StepOptions:
+def checked(**values: Any) -> StepOptions:
     """A Loop's step options, checked by their declarations; None: the default.
+
+    Args:
+        values: each field of `StepOptions`, as the Loop's keyword arguments
+            gave it (their defaults are the Loop's, which tests/test_settings.py
+            holds equal to the declarations').
 
     Raises:
         ValueError: the first bad option, named with the fix.
     """
+    seed, run_eagerly = values["seed"], values["run_eagerly"]
+    on_nonfinite, max_recoveries = values["on_nonfinite"], values["max_recoveries"]
+    mixed_precision, grad_accum_steps = values["mixed_precision"], values["grad_accum_steps"]
+    loss_scale_growth_steps, ema_decay = values["loss_scale_growth_steps"], values["ema_decay"]
     settings.check_loop_settings({"on_nonfinite": on_nonfinite})
     recoveries = recovery.check_max_recoveries(max_recoveries, on_nonfinite)
     settings.check_loop_settings(
