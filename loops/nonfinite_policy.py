@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from loops import gradients, outputs, strategies
 from loops import mixed_precision as mixed_precision_lib
-from loops import outputs, reduction, strategies
 from loops.checkpoints import describe_names
 from loops.errors import NonFiniteError
 from loops.recovery import Recoveries, Recovery
@@ -221,7 +221,7 @@ class NonFiniteUpdates:
         goes back to the last checkpoint.
         """
         if self.skips:
-            return reduction.apply_if_finite(self._strategy, finite, apply_fn, *args)
+            return gradients.apply_if_finite(self._strategy, finite, apply_fn, *args)
         self._strategy.run(apply_fn, args=args)
         return 1.0 - tf.cast(self._strategy.experimental_local_results(finite)[0], tf.float32)
 

@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from loops import distributed_input, micro_batches, mixed_precision, outputs, reduction
+from loops.gradients import all_finite, apply_gradients
 from loops.weight_average import WeightAverage
 
 # A replica function's result: its share of the loss (already divided by the
@@ -221,7 +222,7 @@ class Update:
         gradients = [
             tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
         ]
-        finite = reduction.all_finite([loss, *gradients])
+        finite = all_finite([loss, *gradients])
         return {"loss": loss, **logs}, gradients, finite
 
     def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
@@ -297,9 +298,7 @@ class Update:
         )
 
     def _replica_apply(self, gradients) -> None:
-        reduction.apply_gradients(
-            self.optimizer, gradients, self.variables(), clip_norm=self.clip_norm
-        )
+        apply_gradients(self.optimizer, gradients, self.variables(), clip_norm=self.clip_norm)
 
 
 def check_clip_norm(clip_norm: float | None) -> None:
