@@ -58,10 +58,8 @@ def make_schedule(
         learning_rate: the peak (and starting, without warm-up) rate.
         total_steps: the step where cosine decay ends (the run's length).
         warmup_steps: warmup_cosine: steps of linear warm-up from 0.
-        step_size, step_factor: step: multiply the rate by step_factor every
-            step_size steps.
-        final_fraction: cosine, warmup_cosine: the final rate as a fraction
-            of learning_rate.
+        step_size, step_factor: step: multiply the rate by step_factor every step_size steps.
+        final_fraction: cosine, warmup_cosine: the final rate as a fraction of learning_rate.
 
     Raises:
         ValueError: an unknown name or a value out of range, with the fix.
