@@ -1,4 +1,14 @@
-"""Evaluates each checkpoint of a run's model_dir once, as it appears, in its own process."""
+"""Evaluates each checkpoint of a run's model_dir once, as it appears, in its own process.
+
+The evaluator is meant for a process of its own beside training (`--mode=evaluate_checkpoints`,
+`loops-launch --evaluator`). It reads the run's files and writes only `MODEL_DIR/evaluator`
+(TensorBoard, `history.json`, so a restarted evaluator goes on after the last checkpoint it
+handled); it never takes the run's lock. Each checkpoint the state file lists is restored
+into the loop in step order and evaluated with `loop.evaluate()`; one the trainer rotates away
+before it is read is recorded as skipped. The run is over once the checkpoint of `train_steps`
+is handled, or once results.json says the run ended and every checkpoint up to its step is
+handled.
+"""
 
 from __future__ import annotations
 
@@ -35,19 +45,9 @@ def evaluate_checkpoints(
 ) -> list[dict[str, Any]]:
     """Evaluates every checkpoint the run in `model_dir` keeps, once each, until its last one.
 
-    Meant for a process of its own beside training (`--mode=evaluate_checkpoints`,
-    `loops-launch --evaluator`). It reads the run's files and writes only
-    `MODEL_DIR/evaluator` (TensorBoard, `history.json`, so a restarted
-    evaluator goes on after the last checkpoint it handled); it never takes
-    the run's lock. Each checkpoint the state file lists is restored into
-    `loop` in step order and evaluated with `loop.evaluate()`; one the
-    trainer rotates away before it is read is recorded as skipped. The run
-    is over once the checkpoint of `train_steps` is handled, or once
-    results.json says the run ended and every checkpoint up to its step is
-    handled. First the loop's settings are checked against the run's
-    config.json (whether there is an average, `mixed_precision`, `seed`, and
-    the `config` entries `compared_config` names): one that differs raises
-    ValueError naming it.
+    First the loop's settings are checked against the run's config.json (whether there is
+    an average, `mixed_precision`, `seed`, and the `config` entries `compared_config` names):
+    one that differs raises ValueError naming it.
 
     Example (the run's own loop class and model, without a model_dir):
 
@@ -55,31 +55,27 @@ def evaluate_checkpoints(
         loops.evaluate_checkpoints(loop, "/tmp/run1", train_steps=600)
 
     Args:
-        loop: a Loop built with `model_dir=None` on this process's own
-            strategy, whose `checkpoint_items` match the run's and that
-            evaluates (`eval_data`, or its own `run_evaluation`).
+        loop: a Loop built with `model_dir=None` on this process's own strategy, whose
+            `checkpoint_items` match the run's and that evaluates (`eval_data`, or its own
+            `run_evaluation`).
         model_dir: the run's directory.
-        train_steps: the step the run trains to (its `--train_steps`); None:
-            the evaluator stops when results.json says the run ended (then a
-            results.json left by an earlier run of a resumed directory could
-            stop it early).
+        train_steps: the step the run trains to (its `--train_steps`); None: the evaluator
+            stops when results.json says the run ended (then a results.json left by an
+            earlier run of a resumed directory could stop it early).
         poll_seconds: how often to look for a new checkpoint.
-        timeout_seconds: give up when no new checkpoint comes for this long
-            and the run has not ended; None waits for ever.
-        compared_config: keys of the loop's `config` that change the
-            evaluated numbers (the model's or the eval data's settings),
-            each of which must have the value the run recorded.
+        timeout_seconds: give up when no new checkpoint comes for this long and the run has
+            not ended; None waits for ever.
+        compared_config: keys of the loop's `config` that change the evaluated numbers (the
+            model's or the eval data's settings); each must have the value the run recorded.
 
     Returns:
-        The history, one entry per checkpoint handled (also by earlier
-        evaluators), in step order: "step", "checkpoint", "written", "time",
-        and "metrics" or "skipped" (why it was not evaluated).
+        The history, one entry per checkpoint handled (also by earlier evaluators), in step order:
+        "step", "checkpoint", "written", "time", and "metrics" or "skipped" (why not evaluated).
 
     Raises:
-        ValueError: a bad argument, a loop with a model_dir or nothing to
-            evaluate, a setting that differs from the run's (see above), an
-            unreadable config.json, a checkpoint that does not match the
-            loop, or another live evaluator of `model_dir`.
+        ValueError: a bad argument, a loop with a model_dir or nothing to evaluate, a
+            setting that differs from the run's (see above), an unreadable config.json, a
+            checkpoint that does not match the loop, or another live evaluator of `model_dir`.
         TimeoutError: no new checkpoint for `timeout_seconds` before the run ended.
     """
     _check_arguments(loop, train_steps, poll_seconds, timeout_seconds, compared_config)
