@@ -147,17 +147,19 @@ class Executor:
             optional = iterator.get_next_as_optional()
         return totals
 
-    def _make_train_function(self, iterator):
-        definition = self.definition
+    def _traced_step(self, iterator):
         # The step is traced once on its own to learn the outputs' names and
         # dtypes (the TensorArrays must exist before the loop); the loop then
         # calls this same trace instead of tracing the step a second time.
         if iterator is None:
-            step_function = tf.function(self.flat_train_step).get_concrete_function()
-        else:
-            step_function = tf.function(self.flat_train_step).get_concrete_function(
-                *_input_specs(self.dequeue, iterator)
-            )
+            return tf.function(self.flat_train_step).get_concrete_function()
+        return tf.function(self.flat_train_step).get_concrete_function(
+            *_input_specs(self.dequeue, iterator)
+        )
+
+    def _make_train_function(self, iterator):
+        definition = self.definition
+        step_function = self._traced_step(iterator)
         output_spec = step_function.structured_outputs
         stop_on_nonfinite = self.stop_on_nonfinite and outputs.NONFINITE in output_spec
         # The logs go into TensorArrays, a row a step: numbers and booleans
