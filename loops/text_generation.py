@@ -84,6 +84,31 @@ def generate(
             f"temperature must be a finite number >= 0, got {temperature}; pass 0 for greedy "
             "decoding."
         )
+    tokens = _checked_prompt(prompt_tokens)
+    length = _checked_length(length)
+    seed = _checked_seed(temperature, seed)
+    return _decode(model, tokens, length, sequence_length, temperature, seed)
+
+
+def _checked_seed(temperature: float, seed: tf.Tensor | None) -> tf.Tensor | None:
+    """`seed` as a tensor when sampling; raises ValueError for a missing or bad one."""
+    if temperature > 0:
+        if seed is None:
+            raise ValueError(
+                f"Sampling (temperature {temperature}) needs a seed, a shape [2] integer "
+                "tensor such as tf.constant([0, 1]); or pass temperature=0 for greedy decoding."
+            )
+        seed = tf.convert_to_tensor(seed)
+        if seed.shape != (2,) or not seed.dtype.is_integer:
+            raise ValueError(
+                f"seed must be a shape [2] integer tensor such as tf.constant([0, 1]), got "
+                f"{seed.dtype.name} of shape {seed.shape}."
+            )
+    return seed
+
+
+def _checked_prompt(prompt_tokens: tf.Tensor | np.ndarray) -> tf.Tensor:
+    """The prompts as int32 (batch, prompt_length); raises ValueError for bad ones."""
     tokens = tf.convert_to_tensor(prompt_tokens)
     if tokens.shape.rank != 2 or not tokens.dtype.is_integer:
         raise ValueError(
@@ -102,23 +127,27 @@ def generate(
         tf.debugging.assert_positive(
             tf.shape(tokens)[1], message="generate: prompt_tokens must hold at least one token."
         )
+    return tokens
+
+
+def _checked_length(length: int | tf.Tensor) -> tf.Tensor:
+    """`length` as an int32 tensor; raises ValueError (or asserts, for a tensor) if negative."""
     if tf.is_tensor(length):
         tf.debugging.assert_non_negative(length, message="generate: length must be >= 0.")
     elif length < 0:
         raise ValueError(f"length must be >= 0 new tokens, got {length}.")
-    length = tf.cast(length, tf.int32)
-    if temperature > 0:
-        if seed is None:
-            raise ValueError(
-                f"Sampling (temperature {temperature}) needs a seed, a shape [2] integer "
-                "tensor such as tf.constant([0, 1]); or pass temperature=0 for greedy decoding."
-            )
-        seed = tf.convert_to_tensor(seed)
-        if seed.shape != (2,) or not seed.dtype.is_integer:
-            raise ValueError(
-                f"seed must be a shape [2] integer tensor such as tf.constant([0, 1]), got "
-                f"{seed.dtype.name} of shape {seed.shape}."
-            )
+    return tf.cast(length, tf.int32)
+
+
+def _decode(
+    model: keras.Model,
+    tokens: tf.Tensor,
+    length: tf.Tensor,
+    sequence_length: int,
+    temperature: float,
+    seed: tf.Tensor | None,
+) -> tf.Tensor:
+    """Appends `length` tokens to `tokens` in a tf.while_loop (see `generate`)."""
 
     def next_token(index: tf.Tensor, context: tf.Tensor) -> tf.Tensor:
         window = context[:, -sequence_length:]
