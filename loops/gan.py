@@ -101,27 +101,23 @@ def image_grid(images: np.ndarray, rows: int, columns: int) -> np.ndarray:
 class GANLoop(Loop):
     """Trains a generator against a critic: n_critic critic updates, then one generator update.
 
-    One train step dequeues `n_critic` global batches of real examples. Each
-    critic (discriminator) update uses one of them with fresh noise and reads
-    the weights the previous update wrote; the generator update then uses fresh
-    noise for as many examples as the last real batch held. Every loss is a
-    per-example loss summed and divided by the real global number of examples,
-    and noise and interpolation weights are keyed on (seed, step, substep,
-    global example index), so 1 and N replicas compute the same numbers. The
-    global step counts generator updates; `d_steps` and `g_steps` count the
-    updates of each network. With the Loop's `ema_decay`, the generator's
-    `loops.Update` keeps a moving average of its weights (debiased early in
-    training: `loops.weight_average`), updated after every applied generator
-    update and checkpointed with its update count (the discriminator's is not
-    averaged). An update whose loss or gradients
-    are not finite on some replica is reported as `nonfinite` and applied or
-    skipped as the Loop's `on_nonfinite` says (`Loop.apply_update`).
+    One train step dequeues `n_critic` global batches of real examples. Each critic
+    (discriminator) update uses one of them with fresh noise and reads the weights the previous
+    update wrote; the generator update then uses fresh noise for as many examples as the last
+    real batch held. Every loss is a per-example loss summed and divided by the real global
+    number of examples, and noise and interpolation weights are keyed on (seed, step, substep,
+    global example index), so 1 and N replicas compute the same numbers. The global step counts
+    generator updates; `d_steps` and `g_steps` count the updates of each network. With the
+    Loop's `ema_decay`, the generator's `loops.Update` keeps a moving average of its weights
+    (debiased early in training: `loops.weight_average`), updated after every applied generator
+    update and checkpointed with its update count (the discriminator's is not averaged). An
+    update whose loss or gradients are not finite on some replica is reported as `nonfinite` and
+    applied or skipped as the Loop's `on_nonfinite` says (`Loop.apply_update`).
 
-    Each evaluation draws `num_eval_samples` samples from fixed noise, from the
-    generator: its moving average when there is one (the trained generator's
-    results are then prefixed `raw_`), else the trained generator.
-    `sample_metrics` turns them into metrics, and with `sample_grid` a grid of
-    image samples is written as a PNG into model_dir and as a TensorBoard image
+    Each evaluation draws `num_eval_samples` samples from fixed noise, from the generator: its
+    moving average when there is one (the trained generator's results are then prefixed `raw_`),
+    else the trained generator. `sample_metrics` turns them into metrics, and with `sample_grid`
+    a grid of image samples is written as a PNG into model_dir and as a TensorBoard image
     summary.
 
     Example:
@@ -183,30 +179,7 @@ class GANLoop(Loop):
         Raises:
             ValueError: a bad argument, with the fix.
         """
-        check_clip_norm(clip_norm)
-        if gan_loss not in GAN_LOSSES:
-            raise ValueError(
-                f"Unknown gan_loss {gan_loss!r}; choose one of {', '.join(GAN_LOSSES)}."
-            )
-        if isinstance(n_critic, bool) or not isinstance(n_critic, int) or n_critic < 1:
-            raise ValueError(f"n_critic must be a whole number >= 1, got {n_critic!r}.")
-        if not gp_weight >= 0:
-            raise ValueError(f"gp_weight must be >= 0, got {gp_weight!r}.")
-        if (
-            isinstance(num_eval_samples, bool)
-            or not isinstance(num_eval_samples, int)
-            or num_eval_samples < 1
-        ):
-            raise ValueError(
-                f"num_eval_samples must be a whole number >= 1, got {num_eval_samples!r}."
-            )
-        if sample_grid is not None:
-            rows, columns = sample_grid
-            if rows < 1 or columns < 1 or rows * columns > num_eval_samples:
-                raise ValueError(
-                    f"sample_grid {sample_grid!r} needs 1 <= rows * columns <= "
-                    f"num_eval_samples ({num_eval_samples})."
-                )
+        _check_arguments(clip_norm, gan_loss, n_critic, gp_weight, num_eval_samples, sample_grid)
         self.generator_fn = generator_fn
         self.discriminator_fn = discriminator_fn
         self.generator_optimizer_fn = generator_optimizer_fn
@@ -338,7 +311,7 @@ class GANLoop(Loop):
     def _evaluate_samples(self, prefix: str) -> dict[str, float]:
         samples = self.sample(self.num_eval_samples)
         if self.sample_grid is not None:
-            self._write_grid(samples, prefix)
+            _write_grid(self, samples, prefix)
         if self.sample_metrics is None:
             return {}
         return {prefix + name: value for name, value in self.sample_metrics(samples).items()}
@@ -426,21 +399,6 @@ class GANLoop(Loop):
             per_example = non_saturating_generator_loss(fake_scores)
         return reduction.scale_to_global_batch(per_example, count), {}
 
-    def _write_grid(self, samples: np.ndarray, prefix: str) -> None:
-        assert self.sample_grid is not None  # only called with a sample grid
-        grid = image_grid(samples, *self.sample_grid)
-        writer = self.summaries.writer("eval")
-        if writer is not None:
-            with writer.as_default(step=self.step):
-                tf.summary.image(prefix + "samples", grid[None])
-            writer.flush()
-        if self.model_dir and self.is_chief:
-            path = os.path.join(self.model_dir, f"{prefix}samples-{self.step:06d}.png")
-            os.makedirs(self.model_dir, exist_ok=True)
-            tf.io.write_file(path, tf.io.encode_png(grid))
-            self.sample_files.append(path)
-            self.progress.line(f"samples at step {self.step} in {path}")
-
 
 def _built(model: keras.Model, source: str) -> keras.Model:
     if (
@@ -463,3 +421,51 @@ def _counter(name: str) -> keras.Variable:
     return keras.Variable(
         0, dtype="int64", trainable=False, name=name, aggregation="only_first_replica"
     )
+
+
+def _check_arguments(
+    clip_norm: float | None,
+    gan_loss: str,
+    n_critic: int,
+    gp_weight: float,
+    num_eval_samples: int,
+    sample_grid: tuple[int, int] | None,
+) -> None:
+    """Raises ValueError, with the fix, for a bad argument of GANLoop."""
+    check_clip_norm(clip_norm)
+    if gan_loss not in GAN_LOSSES:
+        raise ValueError(f"Unknown gan_loss {gan_loss!r}; choose one of {', '.join(GAN_LOSSES)}.")
+    if isinstance(n_critic, bool) or not isinstance(n_critic, int) or n_critic < 1:
+        raise ValueError(f"n_critic must be a whole number >= 1, got {n_critic!r}.")
+    if not gp_weight >= 0:
+        raise ValueError(f"gp_weight must be >= 0, got {gp_weight!r}.")
+    if (
+        isinstance(num_eval_samples, bool)
+        or not isinstance(num_eval_samples, int)
+        or num_eval_samples < 1
+    ):
+        raise ValueError(f"num_eval_samples must be a whole number >= 1, got {num_eval_samples!r}.")
+    if sample_grid is not None:
+        rows, columns = sample_grid
+        if rows < 1 or columns < 1 or rows * columns > num_eval_samples:
+            raise ValueError(
+                f"sample_grid {sample_grid!r} needs 1 <= rows * columns <= "
+                f"num_eval_samples ({num_eval_samples})."
+            )
+
+
+def _write_grid(loop: GANLoop, samples: np.ndarray, prefix: str) -> None:
+    """Writes `samples` as a grid: a TensorBoard image, and on the chief a PNG in model_dir."""
+    assert loop.sample_grid is not None  # only called with a sample grid
+    grid = image_grid(samples, *loop.sample_grid)
+    writer = loop.summaries.writer("eval")
+    if writer is not None:
+        with writer.as_default(step=loop.step):
+            tf.summary.image(prefix + "samples", grid[None])
+        writer.flush()
+    if loop.model_dir and loop.is_chief:
+        path = os.path.join(loop.model_dir, f"{prefix}samples-{loop.step:06d}.png")
+        os.makedirs(loop.model_dir, exist_ok=True)
+        tf.io.write_file(path, tf.io.encode_png(grid))
+        loop.sample_files.append(path)
+        loop.progress.line(f"samples at step {loop.step} in {path}")
