@@ -36,11 +36,13 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def whole_number(least: int, note: str = "") -> Callable[[str, Any], Any]:
-    """A check: a whole number >= least (None passes: optional settings say so in `note`)."""
+def whole_number(
+    least: int, note: str = "", *, optional: bool = False
+) -> Callable[[str, Any], Any]:
+    """A check: a whole number >= least, or None where `optional` (`note` says what None does)."""
 
     def check(name: str, value: Any) -> Any:
-        if value is None and "None" in note:
+        if value is None and optional:
             return None
         if not _is_whole(value) or value < least:
             raise ValueError(f"{name} must be a whole number >= {least}{note}, got {value!r}.")
@@ -312,7 +314,7 @@ SETTINGS: tuple[Setting, ...] = (
         f"scale doubles. Default: {DEFAULT_LOSS_SCALE_GROWTH_STEPS}.",
         "integer",
         loop=True,
-        check=whole_number(1, " (or None for the default)"),
+        check=whole_number(1, " (or None for the default)", optional=True),
         lower_bound=1,
     ),
     Setting(
@@ -339,7 +341,7 @@ SETTINGS: tuple[Setting, ...] = (
         "0: only at the end.",
         "integer",
         loop=True,
-        check=whole_number(1, _OFF),
+        check=whole_number(1, _OFF, optional=True),
         from_flag=_zero_is_none,
         lower_bound=0,
     ),
@@ -393,7 +395,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Checkpoint every this many steps (always at the end).",
         "integer",
         loop=True,
-        check=whole_number(1, _OFF),
+        check=whole_number(1, _OFF, optional=True),
         lower_bound=1,
     ),
     Setting(
