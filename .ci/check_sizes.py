@@ -91,7 +91,7 @@ def read_baseline(path: str) -> dict[str, int]:
             if ":" not in key or not size.isdigit():
                 raise ValueError(
                     f"{path}:{number}: {line!r} is not `path:qualname N`, "
-                    "e.g. `loops/loop.py:Loop.__init__ 160`"
+                    "e.g. `loops/run/loop.py:Loop.__init__ 160`"
                 )
             baseline[key] = int(size)
     return baseline

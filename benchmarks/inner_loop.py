@@ -60,7 +60,8 @@ def build_modes(args) -> dict:
     import loops_data as data
     import loops_models as models
     from benchmarks import throughput
-    from loops import distributed_input, outputs
+    from loops.core import outputs
+    from loops.input import distributed_input
 
     strategy = loops.testing.replica_strategy(args.replicas)
 
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
         )
         rounds = ", ".join(f"{value:.0f}" for value in samples[name])
         print(f"{name:18} {median:8.1f} {bound / median:8.3f}  [{rounds}]")
-    onednn = loops.strategies.onednn_enabled()
+    onednn = loops.cluster.strategies.onednn_enabled()
     print(
         f"{args.model}, {args.replicas} replica(s), threads: {args.threads or 'default'}, "
         f"oneDNN kernels: {'on' if onednn else 'off'}"

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     strategy = loops.testing.replica_strategy(args.replicas)
     samples: dict[int, int] = {}
 
-    class Sampling(loops.reporting.Progress):
+    class Sampling(loops.core.reporting.Progress):
         def train(self, step, total, metrics, steps_per_second):
             samples[step] = resident_bytes()
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         f"{final / 2**20:.1f} MiB at step {max(samples)}: growth {report['growth']:+.2%}; "
         f"traces: train {traces['train']}, eval {traces['eval']}"
     )
-    loops.reporting.write_json_atomic(args.output, report)
+    loops.core.reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return 0
 

@@ -20,11 +20,11 @@ def write(args, **numbers: Any) -> dict:
             "cpus": os.cpu_count(),
             "tensorflow": tf.__version__,
             "gpus": len(tf.config.list_physical_devices("GPU")),
-            "onednn": loops.strategies.onednn_enabled(),
+            "onednn": loops.cluster.strategies.onednn_enabled(),
         },
         "config": {key: value for key, value in vars(args).items() if key != "output"},
         **numbers,
     }
-    loops.reporting.write_json_atomic(args.output, report)
+    loops.core.reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return report

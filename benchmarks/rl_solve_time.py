@@ -33,7 +33,7 @@ SOLVED_RETURN = 475.0
 def time_to_solve(num_replicas: int, *, max_train_steps: int, seed: int) -> dict:
     """Trains the default ActorCriticLoop until solved; returns the numbers of the run."""
     import loops
-    from loops import rl
+    from loops.kinds import rl
     from loops_data import cartpole
     from loops_models import rl as rl_models
 
@@ -74,7 +74,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
     counts = [int(count) for count in FLAGS.replica_counts]
     import loops
-    from loops import flags as loop_flags
+    from loops.cli import flags as loop_flags
 
     loop_flags.quiet_logging()
 

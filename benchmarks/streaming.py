@@ -112,7 +112,7 @@ def input_bound(setup: Setup):
     """steps -> None: the loop's train iterator read `steps` times in one tf.function, no model."""
     import tensorflow as tf
 
-    from loops import distributed_input
+    from loops.input import distributed_input
 
     strategy = setup.strategy
     iterator = distributed_input.train_iterator(strategy, setup.data_fn)

@@ -307,7 +307,7 @@ def main(argv=None) -> int:
     rows = measure(args)
     print(format_table(rows))
     print(
-        f"oneDNN kernels: {'on' if loops.strategies.onednn_enabled() else 'off'} "
+        f"oneDNN kernels: {'on' if loops.cluster.strategies.onednn_enabled() else 'off'} "
         "(TF_ENABLE_ONEDNN_OPTS)"
     )
     report.write(args, rows=rows)

@@ -25,7 +25,7 @@ import math
 
 import tensorflow as tf
 
-from loops import environments
+from loops.input import environments
 
 GRAVITY = 9.8
 CART_MASS = 1.0

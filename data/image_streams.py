@@ -15,7 +15,7 @@ from collections.abc import Callable
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from loops import random_access
+from loops.input import random_access
 from loops_data import image_classification, image_folders
 from loops_data.image_classification import DatasetSpec
 

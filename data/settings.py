@@ -1,4 +1,5 @@
-"""The settings of the example data, declared once (`loops.settings.Setting`): a binary's flags.
+"""The settings of the example data, declared once
+(`loops.vocabulary.settings.Setting`): a binary's flags.
 
 Nothing here imports TensorFlow: a binary declares its flags from these before
 --help, which answers without it.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loops.settings import Setting
+from loops.vocabulary.settings import Setting
 
 
 def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:

@@ -20,8 +20,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import reporting, strategies
-from loops.loop import Loop
+from loops.cluster import strategies
+from loops.core import reporting
+from loops.run.loop import Loop
 
 
 def replica_strategy(num_replicas: int, name: str = "mirrored") -> tf.distribute.Strategy:

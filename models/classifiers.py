@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import keras
 
-from loops.replica_random import StatelessDropout
+from loops.core.replica_random import StatelessDropout
 
 
 def _initializer(seed: int, index: int):

@@ -1,4 +1,5 @@
-"""The settings of the example models, declared once (`loops.settings.Setting`): a binary's flags.
+"""The settings of the example models, declared once
+(`loops.vocabulary.settings.Setting`): a binary's flags.
 
 Nothing here imports TensorFlow or Keras: a binary declares its flags from these
 before --help, which answers without them.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loops.settings import Setting
+from loops.vocabulary.settings import Setting
 
 # loops.bin.classifier: `loops_models.classifiers.build_classifier(model, l2=..., ...)`.
 CLASSIFIER: tuple[Setting, ...] = (

@@ -19,7 +19,8 @@ import sys
 def arm(bad_batches: list[int]) -> None:
     import tensorflow as tf
 
-    from loops import train_input, update
+    from loops.core import update
+    from loops.run import train_input
 
     # Batches the run's recoveries moved the stream past, set on the host whenever
     # the Controller positions the train stream (made then: no op may run before

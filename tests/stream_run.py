@@ -15,7 +15,7 @@ def log_batches(log_file: str) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from loops import random_access
+    from loops.input import random_access
 
     batches_from = random_access.SeekableBatches.batches_from
 

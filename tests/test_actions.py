@@ -15,8 +15,8 @@ from absl.testing import flagsaver
 
 import loops
 from conftest import read_results, tiny_batches
-from loops.actions import UnknownMetricError
 from loops.bin import classifier as classifier_binary
+from loops.run.actions import UnknownMetricError
 
 # The eval loss each scripted loop reports at a step (evaluations every 2 steps).
 SCRIPT = {2: 5.0, 4: 4.0, 6: 4.5, 8: 4.2, 10: 4.1, 12: 3.0, 14: 2.0, 16: 1.0}

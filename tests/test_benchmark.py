@@ -23,7 +23,7 @@ def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["machine"]["cpus"] >= 1 and report["config"]["rounds"] == 2
-    assert report["machine"]["onednn"] == loops.strategies.onednn_enabled()
+    assert report["machine"]["onednn"] == loops.cluster.strategies.onednn_enabled()
     rows = {(row["replicas"], row["mode"]): row for row in report["rows"]}
     modes = ("compute_bound", "loops", "keras_fit", "keras_fit_spe", "tutorial")
     assert sorted(rows) == sorted((r, m) for r in (1, 2) for m in modes)
@@ -112,7 +112,7 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["config"]["threads"] == 1 and report["config"]["replicas"] == 2
-    assert report["machine"]["onednn"] == loops.strategies.onednn_enabled()
+    assert report["machine"]["onednn"] == loops.cluster.strategies.onednn_enabled()
     rows = {row["mode"]: row for row in report["rows"]}
     assert list(rows) == [
         "compute_bound",

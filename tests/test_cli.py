@@ -13,10 +13,10 @@ from absl import app, flags
 from absl.testing import flagsaver
 
 from conftest import ROOT, SUBPROCESS_ENV, read_results
-from loops import flags as loop_flags
-from loops import tensorflow_logs
 from loops.bin import classifier as classifier_binary
-from loops.choices import STRATEGY_NAMES
+from loops.cli import flags as loop_flags
+from loops.cli import tensorflow_logs
+from loops.vocabulary.choices import STRATEGY_NAMES
 
 BINARIES = ("classifier", "gan", "rl", "lm")
 CONSOLE_SCRIPTS = {
@@ -33,7 +33,7 @@ DEFAULT_LEARNING_RATES = {"classifier": 0.002, "gan": 0.002, "rl": 0.001, "lm": 
 PROBE = textwrap.dedent("""
     import contextlib, io, json, sys
     from absl import flags
-    from loops import flags as loop_flags
+    from loops.cli import flags as loop_flags
     import loops.bin.{binary} as binary
 
     def answer(*argv):

@@ -14,7 +14,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT
-from loops import exit_codes, launch, parameter_server, strategies
+from loops.cluster import launch, strategies
+from loops.run import parameter_server
+from loops.vocabulary import exit_codes
 
 ENV = {
     name: value
@@ -27,10 +29,10 @@ BOUND = 4
 # Imports TensorFlow first, so the time it prints is make_strategy's alone.
 MAKE_STRATEGY = """
 import sys, time
-import loops.strategies
+import loops.cluster.strategies
 started = time.monotonic()
 try:
-    loops.strategies.make_strategy(sys.argv[1])
+    loops.cluster.strategies.make_strategy(sys.argv[1])
 finally:
     print(f"make_strategy returned after {time.monotonic() - started:.2f} s", flush=True)
 """

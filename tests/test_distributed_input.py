@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops import distributed_input
+from loops.input import distributed_input
 
 
 def slices(rows, num_replicas, num_pipelines=1, pipeline_id=0):

@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops import environments, rl
+from loops.input import environments
+from loops.kinds import rl
 from loops_data import cartpole
 
 PAYOFF = (0.2, 0.8)  # the chance that each arm pays a reward of 1

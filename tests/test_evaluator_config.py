@@ -12,9 +12,9 @@ from absl.testing import flagsaver
 
 import loops
 from conftest import read_results, run_module, tiny_batches
-from loops import run_config
 from loops.bin import classifier as classifier_binary
-from loops.sidecar import HISTORY_FILE, evaluator_directory
+from loops.model_dir import run_config
+from loops.run.sidecar import HISTORY_FILE, evaluator_directory
 
 # ---- What changes the numbers, and how a difference reads (no run needed). ----
 

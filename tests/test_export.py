@@ -10,7 +10,7 @@ from test_loop import make_loop
 
 import loops
 from conftest import run_module, tiny_examples
-from loops.export import export_classifier, export_generator
+from loops.model_dir.export import export_classifier, export_generator
 
 
 def test_export_reloads_with_and_without_a_strategy_and_matches_the_model(tmp_path):
@@ -85,7 +85,7 @@ def test_generator_export_serves_the_moving_average_outside_and_inside_a_strateg
 
 
 def test_the_gan_binary_exports_the_generator_it_trained(tmp_path):
-    from loops.gan import GANLoop
+    from loops.kinds.gan import GANLoop
     from loops_models import gan as gan_models
 
     model_dir = str(tmp_path / "ring")

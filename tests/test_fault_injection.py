@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT, checkpoint_weights, read_results
 from conftest import SUBPROCESS_ENV as ENV
-from loops import exit_codes
+from loops.vocabulary import exit_codes
 
 FLAGS = [
     "--train_steps=8",

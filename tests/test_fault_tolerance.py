@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from conftest import ROOT, checkpoint_weights, read_results
 from conftest import SUBPROCESS_ENV as ENV
-from loops import exit_codes
+from loops.vocabulary import exit_codes
 
 
 def classifier(model_dir, digits_dir, *extra):

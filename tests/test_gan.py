@@ -10,7 +10,8 @@ import tensorflow as tf
 
 import loops
 from conftest import read_results, run_module
-from loops import gan, target_networks
+from loops.core import target_networks
+from loops.kinds import gan
 from loops_data.ring import Ring
 from loops_models import gan as gan_models
 
@@ -241,7 +242,7 @@ def test_a_non_finite_update_is_skipped_on_every_replica_and_reported():
     assert all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
 
     stopping = make_gan(n_critic=1, train_data=batches_with_a_nan)
-    with pytest.raises(loops.loop.NonFiniteError, match="Step 2"):
+    with pytest.raises(loops.run.loop.NonFiniteError, match="Step 2"):
         stopping.train(3)
 
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from loops import loop_schedule
+from loops.run import loop_schedule
 
 
 def stream():

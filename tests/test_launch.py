@@ -19,8 +19,9 @@ import tensorflow as tf
 
 from conftest import ROOT, checkpoint_weights
 from conftest import read_results as results
-from loops import exit_codes, launch
+from loops.cluster import launch
 from loops.testing import relative_error
+from loops.vocabulary import exit_codes
 
 ENV = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
 ENV["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
@@ -54,7 +55,7 @@ def two_workers(model_dir, digits_dir, *extra):
     return [
         sys.executable,
         "-m",
-        "loops.launch",
+        "loops.cluster.launch",
         "--num_workers=2",
         "--grace_period=5",
         "--",
@@ -320,7 +321,7 @@ def test_gan_rl_and_lm_on_two_workers_give_one_machines_step_losses_and_weights(
             [
                 sys.executable,
                 "-m",
-                "loops.launch",
+                "loops.cluster.launch",
                 "--num_workers=2",
                 "--",
                 binary,
@@ -698,7 +699,10 @@ def test_the_help_lists_the_exit_codes(capsys):
             ["--num_workers=2", "--grace_period=0", "--", "loops.bin.classifier"],
             "--grace_period=0.0 must be > 0 seconds",
         ),
-        (["--num_workers=2"], "no `--` and no command after it; e.g. python -m loops.launch"),
+        (
+            ["--num_workers=2"],
+            "no `--` and no command after it; e.g. loops-launch",
+        ),
         (["--num_workers=2", "--"], "No command after `--`"),
         (
             ["--num_workers=2", "loops.bin.classifier"],
@@ -741,7 +745,7 @@ def test_a_module_runs_with_this_python_and_a_program_as_given():
 
 def test_the_launcher_starts_without_importing_tensorflow():
     check = (
-        "import sys, loops, loops.launch; "
+        "import sys, loops, loops.cluster.launch; "
         "assert 'tensorflow' not in sys.modules, sorted(m for m in sys.modules if 'tensorflow' in m)[:3]; "  # noqa: E501
         "loops.Loop; assert 'tensorflow' in sys.modules; print('lazy')"
     )

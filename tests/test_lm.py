@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import loops
 from conftest import read_results, run_module
-from loops.lm import LanguageModelLoop, next_token_losses
+from loops.kinds.lm import LanguageModelLoop, next_token_losses
 from loops_data import python_text
 from loops_models import lm as lm_models
 

@@ -12,8 +12,8 @@ from test_classifier_binary import run_in_process
 import loops
 import loops_models as models
 from conftest import read_results, run_module, tiny_batches
-from loops.export import export_classifier
-from loops.mixed_precision import DynamicLossScale
+from loops.core.mixed_precision import DynamicLossScale
+from loops.model_dir.export import export_classifier
 
 INITIAL_SCALE = 2.0**15
 

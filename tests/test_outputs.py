@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import loops
 from conftest import read_results
-from loops import outputs, reporting
+from loops.core import outputs, reporting
 
 # Per-step values of an inner loop of 3 steps; the second step's update was left out.
 VALUES = np.array([1.0, 100.0, 4.0], np.float32)

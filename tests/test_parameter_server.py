@@ -10,7 +10,8 @@ from test_launch import Run, launch_in_process
 
 import loops
 from conftest import read_results as results
-from loops import launch, parameter_server, strategies
+from loops.cluster import launch, strategies
+from loops.run import parameter_server
 
 TRAIN_STEPS = 300
 MORE_STEPS = 360
@@ -20,7 +21,7 @@ def parameter_server_run(model_dir, digits_dir, train_steps):
     return [
         sys.executable,
         "-m",
-        "loops.launch",
+        "loops.cluster.launch",
         "--num_workers=2",
         "--num_ps=1",
         "--grace_period=5",

@@ -10,7 +10,7 @@ from test_new_step import WeightedRegression, data
 
 import loops
 from conftest import run_module
-from loops.profiling import check_profile_steps
+from loops.run.profiling import check_profile_steps
 
 
 def build(strategy, progress=None, **args):
@@ -36,7 +36,7 @@ def test_the_trace_holds_the_chosen_steps_inner_loops(tmp_path):
         loops.testing.replica_strategy(2),
         model_dir=str(tmp_path),
         profile_steps=(4, 5),
-        progress=loops.reporting.Progress(stream),
+        progress=loops.core.reporting.Progress(stream),
     )
     loop.train(8)
     loop.close()

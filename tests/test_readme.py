@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from conftest import ROOT, SUBPROCESS_ENV
-from loops.export import export_text_generator
-from loops.text_generation import decode, encode, generate
+from loops.core.text_generation import decode, encode, generate
+from loops.model_dir.export import export_text_generator
 from loops_models.lm import transformer_lm
 
 

@@ -422,7 +422,7 @@ def test_two_workers_recover_as_one_process_does(tmp_path, digits_dir, recovered
         [
             sys.executable,
             "-m",
-            "loops.launch",
+            "loops.cluster.launch",
             "--num_workers=2",
             "--grace_period=5",
             "--",

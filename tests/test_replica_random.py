@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import loops
 from conftest import tiny_batches
-from loops.replica_random import StatelessDropout, keyed_on
+from loops.core.replica_random import StatelessDropout, keyed_on
 
 RATE = 0.5
 WIDTH = 64

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 import loops
 from conftest import read_results, run_module
-from loops import rl, target_networks
+from loops.core import target_networks
+from loops.kinds import rl
 from loops_data import cartpole
 from loops_models import rl as rl_models
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 import loops
 import loops_models as models
 from conftest import tiny_batches
-from loops import schedules
+from loops.core import schedules
 
 
 def rates(schedule, steps):

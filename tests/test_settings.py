@@ -1,6 +1,6 @@
-"""Each setting is declared once: the shared ones in loops/settings.py, a binary's own next to
-what they configure. The flags of every binary, their --help, the keyword arguments of
-loops.Loop and their checks all come from those declarations."""
+"""Each setting is declared once: the shared ones in loops/vocabulary/settings.py, a
+binary's own next to what they configure. The flags of every binary, their --help, the
+keyword arguments of loops.Loop and their checks all come from those declarations."""
 
 import ast
 import inspect
@@ -13,9 +13,9 @@ import pytest
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module
-from loops import flags as loop_flags
-from loops import settings
 from loops.bin import training_settings
+from loops.cli import flags as loop_flags
+from loops.vocabulary import settings
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
@@ -110,7 +110,7 @@ def test_every_binary_lists_every_setting_under_its_heading_with_its_declared_he
 
 @pytest.mark.parametrize("binary", BINARIES)
 def test_a_binary_defines_its_flags_only_through_declarations(binary):
-    # absl files each flag under the module that defined it: loops.flags, for declared ones.
+    # absl files each flag under the module that defined it: loops.cli.flags, for declared ones.
     code = (
         f"import loops.bin.{binary}\nfrom absl import flags\n"
         "print(sorted(flags.FLAGS.flags_by_module_dict()))"
@@ -125,7 +125,7 @@ def test_a_binary_defines_its_flags_only_through_declarations(binary):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     modules = ast.literal_eval(done.stdout.strip().splitlines()[-1])
-    assert [module for module in modules if not module.startswith("absl.")] == ["loops.flags"]
+    assert [module for module in modules if not module.startswith("absl.")] == ["loops.cli.flags"]
 
 
 def test_each_setting_is_declared_once_per_binary():

@@ -22,11 +22,12 @@ import loops
 import loops_data as data
 import loops_models as models
 from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module, tiny_batches
-from loops import checkpoints, reporting
-from loops import flags as loop_flags
 from loops.bin import classifier as classifier_binary
-from loops.lm import LanguageModelLoop
-from loops.sidecar import HISTORY_FILE, evaluator_directory
+from loops.cli import flags as loop_flags
+from loops.core import reporting
+from loops.kinds.lm import LanguageModelLoop
+from loops.model_dir import checkpoints
+from loops.run.sidecar import HISTORY_FILE, evaluator_directory
 from loops_models import lm as lm_models
 
 TRAIN_STEPS = 10
@@ -513,7 +514,7 @@ def test_an_evaluator_task_evaluates_every_checkpoint_the_chief_kept_then_exits(
     classifier += ["--global_batch_size=64"]
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "loops.launch", "--num_workers=2", "--evaluator", "--"]
+        [sys.executable, "-m", "loops.cluster.launch", "--num_workers=2", "--evaluator", "--"]
         + ["loops.bin.classifier", *classifier],
         capture_output=True,
         text=True,

@@ -12,7 +12,8 @@ import tensorflow_datasets as tfds
 from test_launch import ENV, RTOL, Run, largest_weight_difference
 
 from conftest import ROOT, checkpoint_weights, read_results, run_module
-from loops import exit_codes, random_access
+from loops.input import random_access
+from loops.vocabulary import exit_codes
 from loops_data import colored_digits, image_folders, image_streams
 
 TRAIN_EXAMPLES = 600  # 18.75 batches of 32: steps 19, 38 and 57 each start a new epoch
@@ -345,7 +346,7 @@ def test_two_workers_preempted_mid_epoch_resume_with_one_machines_batches(
     reference_dir, reference_batches = uninterrupted
     log_file = tmp_path / "batches.log"
     command = (
-        "loops.launch",
+        "loops.cluster.launch",
         "--num_workers=2",
         "--grace_period=5",
         "--",

@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops.errors import NonFiniteWeightsError
-from loops.export import export_text_generator
-from loops.mixed_precision import dtype_policy_scope
-from loops.text_generation import decode, encode, generate
+from loops.core.mixed_precision import dtype_policy_scope
+from loops.core.text_generation import decode, encode, generate
+from loops.model_dir.export import export_text_generator
+from loops.vocabulary.errors import NonFiniteWeightsError
 from loops_models.lm import transformer_lm
 
 SEQUENCE_LENGTH = 8

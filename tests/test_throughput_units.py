@@ -36,7 +36,7 @@ def test_examples_per_second_is_the_counted_examples_over_the_same_time(tmp_path
         train_data=full_batches,
         steps_per_loop=2,
         model_dir=str(tmp_path),
-        progress=loops.reporting.Progress(stream),
+        progress=loops.core.reporting.Progress(stream),
     )
     loop.train(8)
     loop.close()
@@ -70,7 +70,7 @@ def test_a_loop_without_the_counted_output_reports_steps_per_second_alone(tmp_pa
             return {"total": loops.Last(self.total.read_value())}
 
     stream = io.StringIO()
-    loop = Counter(model_dir=str(tmp_path), progress=loops.reporting.Progress(stream))
+    loop = Counter(model_dir=str(tmp_path), progress=loops.core.reporting.Progress(stream))
     loop.train(3)
     loop.close()
     results = read_results(str(tmp_path))

@@ -7,7 +7,7 @@ import tensorflow as tf
 from test_environments import TwoArmedBandit, policy_value_network, q_network
 
 import loops
-from loops import gan, rl
+from loops.kinds import gan, rl
 from loops_data.ring import Ring
 from loops_models import gan as gan_models
 

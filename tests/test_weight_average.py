@@ -8,7 +8,7 @@ import test_parity as parity
 
 import loops
 from conftest import read_results
-from loops.weight_average import WeightAverage
+from loops.core.weight_average import WeightAverage
 
 DECAY = 0.8
 

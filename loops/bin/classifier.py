@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops import flags as loop_flags
 from loops.bin import training_settings
+from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
@@ -23,7 +23,7 @@ def build_loop():
     """The ClassifierLoop the flags describe; ValueError for a bad combination."""
     import loops
     import loops_models as models
-    from loops.export import export_classifier
+    from loops.model_dir.export import export_classifier
     from loops_data import image_streams
 
     arguments = loop_flags.binary_arguments(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops import flags as loop_flags
 from loops.bin import summaries, training_settings
+from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 
 loop_flags.define_binary_flags(
@@ -22,8 +22,8 @@ FLAGS = flags.FLAGS
 
 def build_loop():
     """The GANLoop the flags describe; ValueError for a bad combination."""
-    from loops.export import export_generator
-    from loops.gan import GANLoop
+    from loops.kinds.gan import GANLoop
+    from loops.model_dir.export import export_generator
     from loops_data import gan_data
     from loops_models import gan as gan_models
 

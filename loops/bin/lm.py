@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops import flags as loop_flags
 from loops.bin import summaries, training_settings
+from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
@@ -22,8 +22,8 @@ FLAGS = flags.FLAGS
 
 def build_loop():
     """The LanguageModelLoop the flags describe; ValueError for a bad combination."""
-    from loops.export import export_text_generator
-    from loops.lm import LanguageModelLoop
+    from loops.kinds.lm import LanguageModelLoop
+    from loops.model_dir.export import export_text_generator
     from loops_data import python_text
     from loops_models import lm as lm_models
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops import flags as loop_flags
 from loops.bin import summaries, training_settings
+from loops.cli import flags as loop_flags
 
 # None: the --algorithm's default (training_settings.prepare_rl_flags).
 loop_flags.define_binary_flags(
@@ -20,7 +20,7 @@ FLAGS = flags.FLAGS
 
 def build_loop():
     """The RL loop the flags describe, on CartPole; ValueError for a bad combination."""
-    from loops import rl
+    from loops.kinds import rl
     from loops_data import cartpole
     from loops_models import rl as rl_models
 

@@ -1,4 +1,5 @@
-"""The binaries' own training settings (`loops.settings.Setting`): what each kind of loop takes.
+"""The binaries' own training settings (`loops.vocabulary.settings.Setting`): what each kind
+of loop takes.
 
 The optimizer and learning-rate schedule of the classifier, and the keywords of
 the GAN, RL and LM loops that a binary exposes as flags. Nothing here imports
@@ -12,8 +13,8 @@ from typing import Any
 
 from absl import app, flags
 
-from loops import flags as loop_flags
-from loops.settings import Setting
+from loops.cli import flags as loop_flags
+from loops.vocabulary.settings import Setting
 
 # loops.bin.classifier: `optimizer_fn`.
 OPTIMIZER: tuple[Setting, ...] = (
@@ -73,11 +74,11 @@ def optimizer_fn(
     at the learning rate of their schedule.
 
     Raises:
-        ValueError: a schedule setting out of its range (`loops.schedules`).
+        ValueError: a schedule setting out of its range (`loops.core.schedules`).
     """
     import keras
 
-    from loops import schedules
+    from loops.core import schedules
 
     rate = schedules.make_schedule(
         values["lr_schedule"],

@@ -1,0 +1,2 @@
+"""The command line: flags generated from the settings' declarations, and the
+application runner of the binaries."""

@@ -1,0 +1,646 @@
+"""A loop binary's flags (from `loops.vocabulary.settings.Setting` declarations), its
+--help, the Loop arguments they give, and the scaffolding every binary shares (`entry_points`).
+
+Nothing here imports TensorFlow when loaded: a binary answers --help or a bad
+flag before TensorFlow's seconds-long import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import itertools
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from absl import app, flags
+
+from loops.cli import tensorflow_logs
+from loops.model_dir import run_config
+from loops.vocabulary import exit_codes, settings
+from loops.vocabulary.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
+
+# The headings of a binary's --help, in order; each of its flags is defined under one.
+HEADINGS = ("mode", "strategy", "data", "model", "training", "outputs", "faults")
+# The headings whose every flag changes the numbers an evaluator reports (the model and
+# its eval data; also train-only data flags, which adopting costs nothing).
+EVALUATED_HEADINGS = ("data", "model")
+TRAIN = settings.TRAIN
+EVALUATE_CHECKPOINTS = settings.EVALUATE_CHECKPOINTS
+EVALUATOR_TASK = settings.EVALUATOR_TASK
+DEFAULT_EVALUATIONS = settings.DEFAULT_EVALUATIONS
+DEFAULT_CPU_REPLICAS = settings.DEFAULT_CPU_REPLICAS
+_HELP_ARGUMENTS = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
+
+# Flag name -> its --help heading, for every flag of the running binary (one per process).
+_heading_of: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def heading(name: str) -> Iterator[None]:
+    """Files the flags defined inside under `name`: in --help, in results.json's config.
+
+    A float flag defined inside must also be finite: inf and nan are flag errors.
+    """
+    if name not in HEADINGS:
+        raise ValueError(f"Unknown flag heading {name!r}; use one of {', '.join(HEADINGS)}.")
+    before = set(flags.FLAGS)
+    yield
+    for key in flags.FLAGS:
+        flag = flags.FLAGS[key]
+        if key not in before and flag.name not in _heading_of:
+            _heading_of[flag.name] = name
+            if isinstance(flag.parser, flags.FloatParser):
+                _require_finite(flag)
+
+
+def _require_finite(flag: flags.Flag) -> None:
+    example = (
+        f"e.g. --{flag.name}={flag.default}" if flag.default is not None else "or leave it unset"
+    )
+
+    def check(value):
+        if value is not None and not math.isfinite(value):
+            raise flags.ValidationError(
+                f"{value} is not a finite number; pass a finite --{flag.name}, {example}."
+            )
+        return True
+
+    flags.register_validator(flag.name, check)
+
+
+def binary_flag_names() -> list[str]:
+    """The running binary's own flags (the ones its --help lists), in definition order."""
+    return list(_heading_of)
+
+
+def define_settings(declarations: Iterable[settings.Setting], **binary_defaults: Any) -> None:
+    """Defines a flag for each of `declarations`, under its heading, with its bounds and rule.
+
+    Args:
+        declarations: the settings the binary takes, in --help order within each heading.
+        **binary_defaults: setting name -> this binary's default, instead of the declared
+            `flag_default`. None for a default the binary fills in after parsing (the RL
+            algorithm's).
+
+    Raises:
+        ValueError: a default for a setting not in `declarations`.
+    """
+    declarations = tuple(declarations)
+    unknown = set(binary_defaults) - {setting.name for setting in declarations}
+    if unknown:
+        raise ValueError(f"Defaults for undeclared settings: {', '.join(sorted(unknown))}.")
+    for setting in declarations:
+        with heading(setting.heading):
+            _define_flag(setting, binary_defaults.get(setting.name, setting.flag_default))
+        # After the finiteness check of the heading, so that nan is called not finite.
+        if setting.flag_rule is not None:
+            rule, message = setting.flag_rule
+            flags.register_validator(setting.name, rule, message=message)
+
+
+def define_binary_flags(
+    own: Iterable[Iterable[settings.Setting]], *, export: str | None = None, **defaults: Any
+) -> None:
+    """Defines a binary's flags: the shared settings, then its `own` declarations.
+
+    Args:
+        own: the declaration tuples of the binary's own settings (data, model, training).
+        export: what the binary exports at the end of training (`define_export_dir_flag`);
+            None: it exports nothing.
+        **defaults: this binary's defaults (`define_settings`).
+    """
+    define_settings((*settings.SETTINGS, *itertools.chain.from_iterable(own)), **defaults)
+    if export is not None:
+        define_export_dir_flag(export)
+
+
+def _define_flag(setting: settings.Setting, default: Any) -> None:
+    """One absl flag of the type, bounds and choices `setting` declares."""
+    name, help_text = setting.name, setting.help
+    lower, upper = setting.lower_bound, setting.upper_bound
+    if setting.kind == "enum":
+        flags.DEFINE_enum(name, default, list(setting.choices), help_text)
+    elif setting.kind == "bool":
+        flags.DEFINE_bool(name, default, help_text)
+    elif setting.kind == "integer":
+        flags.DEFINE_integer(
+            name,
+            default,
+            help_text,
+            lower_bound=None if lower is None else int(lower),
+            upper_bound=None if upper is None else int(upper),
+        )
+    elif setting.kind == "float":
+        flags.DEFINE_float(name, default, help_text, lower_bound=lower, upper_bound=upper)
+    elif setting.kind == "list":
+        flags.DEFINE_list(name, default, help_text)
+    else:
+        flags.DEFINE_string(name, default, help_text)
+
+
+def setting_values(declarations: Iterable[settings.Setting]) -> dict[str, Any]:
+    """Each declared setting's value from its flag (through its `from_flag`), by name.
+
+    Raises:
+        ValueError: a `from_flag` refuses its flag's value.
+    """
+    return {
+        setting.name: setting.from_flag(flags.FLAGS[setting.name].value) for setting in declarations
+    }
+
+
+def define_export_dir_flag(what: str) -> None:
+    """Defines --export_dir for a binary that exports `what` at the end of training."""
+    define_settings(
+        (
+            settings.Setting(
+                "export_dir",
+                "outputs",
+                f"Where to export {what} as a SavedModel at the end of training "
+                "(a directory that exists must hold an earlier export). Default: "
+                "MODEL_DIR/export.",
+                "string",
+            ),
+        )
+    )
+
+
+def resolve_export_dir(loop) -> str:
+    """--export_dir, or model_dir/export."""
+    return flags.FLAGS.export_dir or os.path.join(loop.model_dir, "export")
+
+
+def check_export_dir() -> None:
+    """Refuses, before any training, an --export_dir that the export would have to replace.
+
+    Raises:
+        app.UsageError: --export_dir exists and is not a SavedModel directory.
+    """
+    path = flags.FLAGS.export_dir if "export_dir" in flags.FLAGS else None
+    if not path or not os.path.exists(path):
+        return
+    # A SavedModel directory holds saved_model.pb (or .pbtxt); checking the name
+    # spares loading TensorFlow for it.
+    if not any(
+        os.path.isfile(os.path.join(path, name)) for name in ("saved_model.pb", "saved_model.pbtxt")
+    ):
+        raise app.UsageError(
+            f"--export_dir={path} exists and holds no SavedModel, so the export at the end "
+            "would have to replace it; pass a new directory (or an earlier export) as "
+            "--export_dir, or move that one away."
+        )
+
+
+def help_text(description: str) -> str:
+    """The binary's --help: `description`, then each of its flags under its heading."""
+    lines = [description.strip(), ""]
+    for name in HEADINGS:
+        names = [flag for flag, flag_heading in _heading_of.items() if flag_heading == name]
+        if not names:
+            continue
+        lines.append(f"{name}:")
+        for flag_name in names:
+            flag = flags.FLAGS[flag_name]
+            default = "unset" if flag.default is None else str(flag.default_as_str).strip("'")
+            lines.append(f"  --{flag_name} ({flag.flag_type()}, default: {default})")
+            lines.append(flags.text_wrap(flag.help, length=80, indent="      "))
+        lines.append("")
+    lines.append(
+        "logging:\n  -v N, --verbosity=N\n      Also show TensorFlow's own log lines "
+        "(as does setting TF_CPP_MIN_LOG_LEVEL);\n      N >= 0 adds absl INFO lines."
+    )
+    return "\n".join(lines)
+
+
+def parse_flags(argv: list[str], *, description: str) -> list[str]:
+    """Parses argv for `app.run`: --help prints `help_text` and exits 0; a bad flag exits 1.
+
+    Returns what is left of argv (the program name and any stray argument).
+    """
+    options = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
+    if any(option in _HELP_ARGUMENTS for option in options):
+        print(help_text(description))
+        sys.exit(0)
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        sys.exit(f"error: {error}\nPass --help to see every flag of this binary.")
+
+
+def run(main: Callable[[list[str]], None], *, description: str) -> None:
+    """`app.run(main)` with this module's flag parsing and --help."""
+    app.run(main, flags_parser=functools.partial(parse_flags, description=description))
+
+
+def resolve_model_dir(name: str) -> str:
+    """--model_dir, or a new timestamped directory under the temp dir."""
+    if flags.FLAGS.model_dir:
+        return flags.FLAGS.model_dir
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join(tempfile.gettempdir(), "loops", f"{name}-{stamp}")
+
+
+def num_replicas() -> int:
+    """--num_replicas, or what --strategy implies when it is unset (see its help)."""
+    if flags.FLAGS.num_replicas is not None:
+        return flags.FLAGS.num_replicas
+    if flags.FLAGS.strategy not in LOCAL_REPLICA_STRATEGIES:
+        return 1
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU")) or DEFAULT_CPU_REPLICAS
+
+
+def strategy_name() -> str:
+    """--strategy, but `default` for an evaluator given a cluster's (it runs on its own)."""
+    name = flags.FLAGS.strategy
+    if mode() == EVALUATE_CHECKPOINTS and name not in ONE_PROCESS_STRATEGIES:
+        return "default"
+    return name
+
+
+def make_strategy():
+    """The tf.distribute strategy --strategy and --num_replicas ask for (see `strategy_name`)."""
+    from loops.cluster import strategies
+
+    return strategies.make_strategy(
+        strategy_name(), num_replicas(), cluster_timeout=flags.FLAGS.cluster_timeout
+    )
+
+
+def tf_config_task_type() -> str | None:
+    """The task type TF_CONFIG gives this process; None without one (or an unreadable one)."""
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return task.get("type")
+    except (ValueError, AttributeError):
+        return None  # make_strategy names what is wrong with it, where it matters
+
+
+def mode() -> str:
+    """--mode, or evaluate_checkpoints on a task TF_CONFIG names `evaluator`, else train."""
+    if flags.FLAGS.mode is not None:
+        return flags.FLAGS.mode
+    return EVALUATE_CHECKPOINTS if tf_config_task_type() == EVALUATOR_TASK else TRAIN
+
+
+def check_batch_fits_replicas(strategy) -> None:
+    """Raises ValueError when the global batch cannot give every replica an example."""
+    batch, replicas = flags.FLAGS.global_batch_size, strategy.num_replicas_in_sync
+    if batch < replicas:
+        raise ValueError(
+            f"--global_batch_size={batch} is smaller than the {replicas} replicas, so some "
+            f"replicas would never get an example; pass --global_batch_size>={replicas}."
+        )
+
+
+def eval_every() -> int | None:
+    """--eval_every (0: None, only at the end), or the default cadence when it is unset.
+
+    The default rounds train_steps / DEFAULT_EVALUATIONS to whole inner loops,
+    so evaluating never shortens a tf.function call.
+    """
+    values = flags.FLAGS
+    if values.eval_every is not None:
+        return values.eval_every or None
+    loops_per_evaluation = round(values.train_steps / DEFAULT_EVALUATIONS / values.steps_per_loop)
+    return max(1, loops_per_evaluation) * values.steps_per_loop
+
+
+def flag_values() -> dict[str, Any]:
+    """The running binary's own flags and their values, for results.json's config."""
+    return {name: flags.FLAGS[name].value for name in _heading_of}
+
+
+def evaluated_settings() -> list[str]:
+    """The binary's flags whose value changes the numbers its evaluator reports.
+
+    Those under the data and model headings, and the Loop settings every
+    evaluation depends on (`run_config.LOOP_SETTINGS`). Not the others: the
+    strategy, replica count and batch size only change the order in which
+    the per-example sums of an evaluation are added (their metrics are sums
+    over the whole eval set), and the rest are about training or outputs.
+    """
+    return [
+        name
+        for name, flag_heading in _heading_of.items()
+        if flag_heading in EVALUATED_HEADINGS or name in run_config.LOOP_SETTINGS
+    ]
+
+
+def flag_actions() -> list:
+    """The actions the shared flags ask for (early stopping, keeping the best checkpoint)."""
+    from loops.run.actions import EarlyStopping, KeepBest
+
+    values = flags.FLAGS
+    actions: list = []
+    if values.early_stopping_metric:
+        actions.append(
+            EarlyStopping(
+                values.early_stopping_metric,
+                mode=values.early_stopping_mode,
+                patience=values.early_stopping_patience,
+            )
+        )
+    if values.keep_best_metric:
+        actions.append(KeepBest(values.keep_best_metric, mode=values.keep_best_mode))
+    return actions
+
+
+def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -> dict[str, Any]:
+    """The `Loop` keyword arguments: one per Loop setting (`settings.LOOP_SETTINGS`), from its
+    flag, with the binary's own `actions`.
+
+    Reads --train_steps and --steps_per_loop, which a binary with
+    algorithm-dependent defaults fills in before. An evaluator's loop
+    (--mode=evaluate_checkpoints) gets no model_dir and no actions: it
+    evaluates the run's checkpoints and writes only into MODEL_DIR/evaluator
+    (loops/run/sidecar.py).
+    """
+    values = flags.FLAGS
+    arguments = {
+        setting.name: setting.from_flag(values[setting.name].value)
+        for setting in settings.LOOP_SETTINGS
+    }
+    arguments.update(
+        strategy=strategy,
+        model_dir=model_dir,
+        eval_every=eval_every(),
+        actions=[*flag_actions(), *actions],
+        config=flag_values(),
+    )
+    if mode() == EVALUATE_CHECKPOINTS:
+        # The evaluator trains nothing: a recovery (which needs a model_dir of its
+        # own), a profile of train steps and the actions do not apply to it. It
+        # keeps ema_decay: the checkpoints hold the averages it evaluates with.
+        arguments.update(
+            model_dir=None, on_nonfinite="stop", max_recoveries=None, profile_steps=None, actions=[]
+        )
+    return arguments
+
+
+def binary_arguments(
+    run_name: str,
+    *,
+    export: Callable[[Any, str], str] | None = None,
+    signature: str = "",
+    check_batch: bool = True,
+) -> dict[str, Any]:
+    """The keyword arguments every binary gives its loop, from the shared flags.
+
+    The strategy (made first: it sets up the devices before any other
+    TensorFlow work), --clip_norm where given (else the loop's own default),
+    and `loop_arguments` with the default model_dir named after `run_name`.
+
+    Args:
+        run_name: names the default --model_dir (`resolve_model_dir`).
+        export: (loop, --export_dir or MODEL_DIR/export) -> the path it wrote; exported
+            when training ends (`loops.ExportOnEnd`). None: no export.
+        signature: what the export's serving_default signature takes and gives.
+        check_batch: refuse a --global_batch_size smaller than the replica count
+            (`check_batch_fits_replicas`).
+
+    Raises:
+        ValueError: the batch does not fit the replicas.
+    """
+    strategy = make_strategy()
+    if check_batch:
+        check_batch_fits_replicas(strategy)
+    actions = []
+    if export is not None:
+        from loops.run.actions import ExportOnEnd
+
+        actions.append(
+            ExportOnEnd(
+                lambda loop: export(loop, resolve_export_dir(loop)),
+                description=f"signature serving_default: {signature}",
+            )
+        )
+    arguments = loop_arguments(strategy, resolve_model_dir(run_name), actions=actions)
+    if flags.FLAGS.clip_norm is not None:
+        arguments["clip_norm"] = flags.FLAGS.clip_norm
+    return arguments
+
+
+def entry_points(
+    build_loop: Callable,
+    *,
+    description: str,
+    summary: Callable | None = None,
+    prepare: Callable[[], None] | None = None,
+) -> tuple[Callable[[list[str]], None], Callable[[], None]]:
+    """A binary's `main` (what `app.run` calls, or a test) and `run` (its console script).
+
+    Args:
+        build_loop: () -> the loop from the flags (`run_binary`).
+        description: the first lines of its --help (its module docstring).
+        summary: loop -> one line to print after training, or None.
+        prepare: called first in main, with the flags parsed: checks or fills in
+            flags before the mode is acted on.
+    """
+
+    def main(argv: list[str]) -> None:
+        if prepare is not None:
+            prepare()
+        run_binary(argv, build_loop, summary=summary)
+
+    def console_script() -> None:
+        run(main, description=description)
+
+    return main, console_script
+
+
+def run_binary(
+    argv: Sequence[str], build_loop: Callable, *, summary: Callable | None = None
+) -> None:
+    """The body of every binary's main: build the loop, train, say where outputs went.
+
+    Args:
+        argv: what absl left after parsing flags; anything there is an error.
+        build_loop: () -> Loop from the flags; ValueError for a bad combination.
+        summary: loop -> one line to print after training, or None.
+    """
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
+    if mode() == EVALUATE_CHECKPOINTS:
+        _evaluate_checkpoints(build_loop)
+        return
+    if tf_config_task_type() == EVALUATOR_TASK:
+        raise app.UsageError(
+            f"TF_CONFIG names this task '{EVALUATOR_TASK}', which evaluates the checkpoints "
+            f"of the cluster's run; drop --mode={TRAIN} (an evaluator task runs "
+            f"--mode={EVALUATE_CHECKPOINTS})."
+        )
+    check_export_dir()
+    quiet_logging()
+    from loops.run import parameter_server
+    from loops.run.actions import UnknownMetricError
+    from loops.run.loop import NonFiniteError
+
+    if flags.FLAGS.strategy == "parameter_server":
+        try:
+            parameter_server.serve_unless_chief()  # a worker or ps task never returns
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
+    # Until train watches for it, a SIGTERM has no completed step to save: exit at
+    # once. The caller's handler comes back afterwards (tests call main in-process).
+    previous_handler = signal.signal(signal.SIGTERM, _exit_preempted)
+    try:
+        _build_and_train(build_loop, summary, NonFiniteError, UnknownMetricError)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _build_and_train(
+    build_loop: Callable, summary: Callable | None, *errors_to_report: type[Exception]
+) -> None:
+    try:
+        loop = build_loop()
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    reported: tuple[type[Exception], ...] = (*errors_to_report, OSError)
+    try:
+        loop.train(flags.FLAGS.train_steps)
+    except reported as error:
+        sys.exit(f"error: {error}")
+    finally:
+        loop.close()
+    if summary is not None:
+        loop.progress.line(summary(loop))
+    report_outputs(loop)
+    if loop.preempted:
+        # Not 0: a scheduler must tell a preempted run (rerun it) from a finished one.
+        sys.exit(exit_codes.PREEMPTED)
+
+
+def _evaluate_checkpoints(build_loop: Callable) -> None:
+    """--mode=evaluate_checkpoints: the loop, built on this host, evaluates the run's checkpoints.
+
+    Exits 1 with the reason when evaluation fails or times out, and 42
+    (preempted) on SIGTERM: the history so far is on disk, and the same
+    command goes on after it.
+    """
+    model_dir = flags.FLAGS.model_dir
+    if not model_dir:
+        raise app.UsageError(
+            f"--mode={EVALUATE_CHECKPOINTS} evaluates the checkpoints of the run in "
+            "--model_dir; pass the trainer's --model_dir."
+        )
+    _take_run_settings(model_dir)
+    quiet_logging()
+    from loops.run.sidecar import evaluate_checkpoints
+
+    previous_handler = signal.signal(signal.SIGTERM, _exit_evaluator)
+    try:
+        try:
+            loop = build_loop()
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
+        try:
+            evaluate_checkpoints(
+                loop,
+                model_dir,
+                train_steps=flags.FLAGS.train_steps,
+                timeout_seconds=flags.FLAGS.evaluator_timeout or None,
+                compared_config=evaluated_settings(),
+            )
+        except (ValueError, OSError) as error:  # TimeoutError is an OSError
+            sys.exit(f"error: {error}")
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _take_run_settings(model_dir: str) -> None:
+    """Sets each `evaluated_settings` flag left unset to the run's value; refuses a given one.
+
+    The run's values are those its trainer recorded in MODEL_DIR/config.json
+    (waited for up to --evaluator_timeout when the trainer starts at the
+    same time). Prints the settings it takes.
+
+    Raises:
+        app.UsageError: a flag given on the command line has another value
+            than the run's.
+    """
+    try:
+        recorded = run_config.wait_for(
+            model_dir, timeout_seconds=flags.FLAGS.evaluator_timeout or None
+        )
+    except (ValueError, OSError) as error:  # TimeoutError is an OSError
+        sys.exit(f"error: {error}")
+    if recorded is None:
+        return  # a run that records none: evaluate_checkpoints says so
+    found = run_config.differences(flag_values(), recorded, evaluated_settings())
+    given = [item for item in found if flags.FLAGS[item.name].present]
+    path = run_config.config_path(model_dir)
+    if given:
+        names = " ".join(f"--{item.name}" for item in given)
+        values = " ".join(run_config.setting(item.name, item.run, as_flag=True) for item in given)
+        raise app.UsageError(
+            f"--mode={EVALUATE_CHECKPOINTS} would not evaluate what the run in {model_dir} "
+            f"trained ({path}): {run_config.describe(given, as_flags=True)}. Drop {names} "
+            f"to take the run's {'value' if len(given) == 1 else 'values'}, or pass the "
+            f"run's: {values}."
+        )
+    for item in found:
+        flags.FLAGS[item.name].value = item.run
+    if found:
+        taken = ", ".join(run_config.setting(item.name, item.run, as_flag=True) for item in found)
+        print(f"evaluator: took the run's settings from {path}: {taken}", flush=True)
+
+
+def _exit_evaluator(signum, frame) -> None:
+    del signum, frame
+    print(
+        "evaluator stopped (SIGTERM); its history is on disk: the same command goes on "
+        "after the last checkpoint it handled",
+        file=sys.stderr,
+    )
+    sys.exit(exit_codes.PREEMPTED)
+
+
+def _exit_preempted(signum, frame) -> None:
+    del signum, frame
+    print("preempted (SIGTERM) before training started: nothing to save", file=sys.stderr)
+    sys.exit(exit_codes.PREEMPTED)
+
+
+def quiet_logging() -> None:
+    """Keeps TensorFlow's and TFDS's log lines out of the progress lines, and loads TensorFlow.
+
+    An explicit --verbosity (or -v), or the user's own TF_CPP_MIN_LOG_LEVEL,
+    brings TensorFlow's lines back.
+    """
+    from absl import logging
+
+    verbose = flags.FLAGS["verbosity"].present
+    if not verbose:
+        logging.set_verbosity(logging.WARNING)
+    tensorflow_logs.import_tensorflow(
+        quiet=not verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    )
+    if not verbose:
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")
+
+
+def report_outputs(loop) -> None:
+    """Tells the user where the run's outputs went."""
+    if not loop.is_chief:
+        return
+    directory = loop.model_dir
+    loop.progress.line(
+        f"outputs in {directory}\n"
+        f"  results:     {os.path.join(directory, 'results.json')}\n"
+        f"  checkpoints: {os.path.join(directory, 'checkpoints')} (rerun with "
+        f"--model_dir={directory} and a larger --train_steps to continue)\n"
+        f"  summaries:   tensorboard --logdir {os.path.join(directory, 'summaries')}"
+    )

@@ -1,0 +1,279 @@
+"""Builds a tf.distribute strategy from a name and a replica count."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+
+import tensorflow as tf
+
+from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.cluster.strategies.X keeps working)
+    AWAITED_TASK_TYPES,
+    CLUSTER_TIMEOUT_VARIABLE,
+    DEFAULT_CLUSTER_TIMEOUT_SECONDS,
+    cluster_timeout_seconds,
+    host_and_port,
+    wait_for_cluster,
+)
+from loops.vocabulary.choices import STRATEGY_NAMES
+
+
+def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:
+    """Splits the host CPU into `count` logical devices and returns them.
+
+    Must run before TensorFlow initializes its runtime (before any op runs).
+    If the CPU is already split into at least `count` devices, nothing changes.
+
+    Raises:
+        ValueError: `count` is below 1.
+        RuntimeError: the runtime is already initialized with fewer devices.
+    """
+    if count < 1:
+        raise ValueError(f"Logical CPU count must be >= 1, got {count}.")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    existing = tf.config.get_logical_device_configuration(cpu)
+    if existing is not None and len(existing) >= count:
+        return tf.config.list_logical_devices("CPU")[:count]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
+    except RuntimeError as error:
+        have = len(tf.config.list_logical_devices("CPU"))
+        raise RuntimeError(
+            f"Cannot split the CPU into {count} logical devices: TensorFlow "
+            f"already started with {have}. Call "
+            f"loops.configure_logical_cpus({count}) (or make_strategy) before "
+            "any TensorFlow op runs."
+        ) from error
+    return tf.config.list_logical_devices("CPU")[:count]
+
+
+def _local_devices(num_replicas: int) -> list[str]:
+    """`num_replicas` GPUs when present, else as many logical CPUs."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= num_replicas:
+        return [f"/gpu:{i}" for i in range(num_replicas)]
+    if gpus:
+        raise ValueError(
+            f"--num_replicas={num_replicas} asks for more replicas than the "
+            f"{len(gpus)} GPUs present; pass --num_replicas<={len(gpus)}."
+        )
+    return [d.name for d in configure_logical_cpus(num_replicas)]
+
+
+_mirrored_count = 0
+
+
+def _mirrored(devices: list[str]) -> tf.distribute.Strategy:
+    # Collective group keys start from a class-wide base, so a second
+    # MirroredStrategy in one process (a notebook, a parity test) reuses the
+    # first one's keys and its collectives abort ("joining a group with size 4,
+    # but that group has size 2"). A fresh key range per strategy avoids it;
+    # TensorFlow's own tests do the same.
+    global _mirrored_count
+    _mirrored_count += 1
+    tf.distribute.MirroredStrategy._collective_key_base = _mirrored_count * 100_000
+    return tf.distribute.MirroredStrategy(devices)
+
+
+def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
+    """The TF_CONFIG cluster for --strategy=`name`, checked for what that strategy needs.
+
+    Every address is checked before any work (see `host_and_port`), so a typo
+    fails here with its value instead of hanging or failing inside TensorFlow.
+
+    Raises:
+        ValueError: TF_CONFIG is not JSON, holds a bad address, gives this task
+            an index its cluster lacks, or (parameter_server) lacks a ps, a
+            worker or exactly one chief task.
+    """
+    raw = os.environ.get("TF_CONFIG", "")
+    try:
+        config = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"TF_CONFIG is not valid JSON ({error}): {raw!r}. Set it to "
+            '{"cluster": {...}, "task": {"type": ..., "index": ...}} or unset it.'
+        ) from error
+    cluster = config.get("cluster", {})
+    if name == "parameter_server" and not (cluster.get("ps") and cluster.get("worker")):
+        raise ValueError(
+            "--strategy=parameter_server needs TF_CONFIG naming 'ps' and "
+            f"'worker' tasks (and one 'chief'), got cluster={cluster!r}. Set TF_CONFIG "
+            "on every task (see BUILD.md, 'Several machines'), or start the run with "
+            "loops-launch --num_workers=N --num_ps=M."
+        )
+    if name == "parameter_server" and len(cluster.get("chief", [])) != 1:
+        raise ValueError(
+            "--strategy=parameter_server needs exactly one 'chief' task in TF_CONFIG "
+            "(the coordinator that runs the training loop), got "
+            f"chief={cluster.get('chief', [])!r}. Pass --num_ps to loops-launch, which "
+            "adds one, or add a chief task to TF_CONFIG on every task."
+        )
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = resolver.cluster_spec()
+    for task_type in spec.jobs:
+        for index in spec.task_indices(task_type):
+            host_and_port(f"{task_type}_{index}", spec.task_address(task_type, index))
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if task_type in spec.jobs and task_id not in spec.task_indices(task_type):
+        raise ValueError(
+            f"TF_CONFIG names this task {task_type}_{task_id}, but its cluster has "
+            f"{spec.num_tasks(task_type)} {task_type} task(s) (indices "
+            f"{sorted(spec.task_indices(task_type))}); give each task its own index "
+            'among those in TF_CONFIG\'s "task".'
+        )
+    return resolver
+
+
+def make_strategy(
+    name: str = "default", num_replicas: int = 1, *, cluster_timeout: float | None = None
+) -> tf.distribute.Strategy:
+    """Returns the strategy called `name` with `num_replicas` local replicas.
+
+    Args:
+        name: one of STRATEGY_NAMES.
+        num_replicas: replicas on this host. With `mirrored` and
+            `central_storage` these are GPUs when enough are present, else
+            logical devices split from the CPU (which must happen before any
+            TensorFlow op runs). Other strategies take their devices from the
+            hardware and accept only 1 here.
+        cluster_timeout: seconds `multi_worker_mirrored` and the chief of
+            `parameter_server` wait for the other TF_CONFIG tasks to come up (see
+            `cluster_wait.wait_for_cluster`); None: $LOOPS_CLUSTER_TIMEOUT_SECONDS, else 600.
+
+    Raises:
+        ValueError: an unknown name, an impossible replica count, a bad
+            TF_CONFIG or cluster_timeout, or a task that did not come up in time.
+    """
+    if name not in STRATEGY_NAMES:
+        raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}.")
+    if not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a whole number >= 1, got {num_replicas!r}.")
+    if name == "mirrored":
+        return _mirrored(_local_devices(num_replicas))
+    if name == "central_storage":
+        # Variables live on one device (the CPU when there are several replicas),
+        # each replica computes on its own device and the gradients are summed there.
+        return tf.distribute.experimental.CentralStorageStrategy(
+            compute_devices=_local_devices(num_replicas)
+        )
+    if num_replicas != 1:
+        raise ValueError(
+            f"num_replicas={num_replicas} applies only to --strategy=mirrored or "
+            f"central_storage; --strategy={name} takes its devices from the machine. "
+            "Pass --num_replicas=1 or use --strategy=mirrored."
+        )
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "one_device":
+        device = "/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0"
+        return tf.distribute.OneDeviceStrategy(device)
+    if name in AWAITED_TASK_TYPES:
+        timeout_seconds = cluster_timeout_seconds(cluster_timeout)
+        resolver = cluster_resolver(name)
+        wait_for_cluster(resolver, name, timeout_seconds)
+        if name == "multi_worker_mirrored":
+            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        return tf.distribute.experimental.ParameterServerStrategy(resolver)
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        raise ValueError(
+            f"--strategy=tpu found no reachable TPU ({error}). Run on a TPU VM "
+            "or pick --strategy=mirrored."
+        ) from error
+    return tf.distribute.TPUStrategy(resolver)
+
+
+@contextlib.contextmanager
+def variable_scope(strategy: tf.distribute.Strategy) -> Iterator[None]:
+    """`strategy.scope()`, adjusted so state a replica writes works under every strategy.
+
+    CentralStorageStrategy holds one copy of each variable and refuses an
+    assignment in replica context unless the variable has an aggregation;
+    Keras 3 creates batch-norm moving statistics with none and assigns them
+    there. In this scope such variables (not trainable, aggregation NONE) get
+    ONLY_FIRST_REPLICA: synchronized statistics are equal on every replica, and
+    a mirrored strategy saves replica 0's copy too. Trainable variables change
+    only through the optimizer, in cross-replica context, and keep theirs.
+    """
+    with strategy.scope():
+        if strategy_name(strategy) != "central_storage":
+            yield
+            return
+
+        def first_replica_writes(next_creator, **kwargs):
+            # trainable=None (tf.Variable's default) means trainable.
+            if kwargs.get("trainable") is False and kwargs.get("aggregation") in (
+                None,
+                tf.VariableAggregation.NONE,
+            ):
+                kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+            return next_creator(**kwargs)
+
+        with tf.variable_creator_scope(first_replica_writes):
+            yield
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the one task that writes summaries, results and the checkpoint."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return task_type == "worker" and task_id == 0 and not has_chief
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    """Worker (and chief) tasks in the strategy's cluster; 1 outside a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
+
+
+def task_name(strategy: tf.distribute.Strategy) -> str:
+    """`worker_1`-style name of this task; `local` outside a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return "local"
+    return f"{resolver.task_type}_{resolver.task_id}"
+
+
+_NAMES_BY_CLASS = {
+    "MirroredStrategy": "mirrored",
+    "CentralStorageStrategy": "central_storage",
+    "OneDeviceStrategy": "one_device",
+    "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
+    "CollectiveAllReduceStrategy": "multi_worker_mirrored",
+    "ParameterServerStrategy": "parameter_server",
+    "ParameterServerStrategyV2": "parameter_server",
+    "TPUStrategy": "tpu",
+    "TPUStrategyV2": "tpu",
+    "_DefaultDistributionStrategy": "default",
+}
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow runs its oneDNN CPU kernels.
+
+    TF_ENABLE_ONEDNN_OPTS decides; unset, TensorFlow turns them on only on CPUs
+    with AVX-512 VNNI or BF16, AVX-VNNI or AMX, so only TensorFlow can answer.
+    """
+    from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own answer, read at import
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The --strategy name of a strategy object (its class name if unknown)."""
+    class_name = type(strategy).__name__
+    return _NAMES_BY_CLASS.get(class_name, class_name)

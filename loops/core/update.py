@@ -1,0 +1,308 @@
+"""The one update path every step uses: from each replica's share of a loss to applied weights.
+
+A step describes only its loss; `Update` does the rest the same way for the
+classifier, both GAN networks, PPO and DQN: the model's regularization
+losses added once, a float16 loss scale, the gradients, a finiteness check
+that covers every replica, clipping by the global norm of the summed
+gradient, and applying (or leaving out) the update as the loop's
+`on_nonfinite` policy says; with gradient accumulation, all of it over the
+sum of K micro-batches' gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+import keras
+import tensorflow as tf
+
+from loops.core import micro_batches, mixed_precision, outputs, reduction
+from loops.core.gradients import all_finite, apply_gradients
+from loops.core.weight_average import WeightAverage
+from loops.input import distributed_input
+
+# A replica function's result: its share of the loss (already divided by the
+# real global count, `loops.scale_to_global_batch`) and scalars to sum over replicas.
+ReplicaLoss = Callable[..., "tuple[tf.Tensor, Mapping[str, tf.Tensor]]"]
+
+
+class UpdateResult(NamedTuple):
+    """What one update did, in cross-replica context."""
+
+    sums: dict[str, tf.Tensor]  # "loss" and the replica function's logs, summed over replicas
+    skipped: tf.Tensor  # 1.0 when the update was left out on every replica
+    # 1.0 when the loss or a gradient was not finite on some replica for a reason a
+    # loss scale does not explain: what the loop's on_nonfinite policy acts on.
+    nonfinite: tf.Tensor
+    overflow: tf.Tensor  # 1.0 when it was skipped as a float16 loss-scale overflow
+    loss_scale: tf.Tensor | None  # the loss scale it used; None without one
+
+    @property
+    def outputs(self) -> dict[str, outputs.Output]:
+        """ "nonfinite" (and "loss_scale", "overflow") as step outputs."""
+        return update_outputs([self])
+
+
+def update_outputs(results: Sequence[UpdateResult], prefix: str = "") -> dict[str, outputs.Output]:
+    """The step outputs of a step's updates of one optimizer, in order.
+
+    `nonfinite` is 1 when any of them was not finite; under a loss scale,
+    `<prefix>loss_scale` is the scale the last one used and
+    `<prefix>overflow` counts the overflows.
+    """
+    flags = tf.stack([result.nonfinite for result in results])
+    step_outputs: dict[str, outputs.Output] = {
+        outputs.NONFINITE: outputs.Sum(tf.cast(tf.reduce_max(flags), tf.int32))
+    }
+    if results[-1].loss_scale is not None:
+        overflows = tf.add_n([result.overflow for result in results])
+        step_outputs[prefix + "loss_scale"] = outputs.Last(results[-1].loss_scale)
+        step_outputs[prefix + "overflow"] = outputs.Sum(tf.cast(overflows, tf.int32))
+    return step_outputs
+
+
+class UpdateStates(tf.Module):
+    """What a loop's `loops.Update`s create and must keep across a resume (their loss scales).
+
+    The loop saves it under one reserved name, so that a definition lists
+    only its own objects and a resumed float16 run keeps its scale.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="update_states")
+        self.loss_scales: list[mixed_precision.DynamicLossScale] = []
+
+    def add(self, loss_scale: mixed_precision.DynamicLossScale) -> None:
+        self.loss_scales.append(loss_scale)
+
+    def __bool__(self) -> bool:
+        return bool(self.loss_scales)
+
+
+class Update:
+    """Gradients and their application for one optimizer and the variables it trains.
+
+    Create it in `build` (after building the optimizer) and call it in
+    `train_step`, in cross-replica context:
+
+        self.update = loops.Update(self, self.optimizer, self.model, clip_norm=1.0)
+        ...
+        result = self.update(self._replica_loss, args=(inputs, labels))
+        return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
+
+    `result.outputs` holds `nonfinite` (and, under a float16 loss scale,
+    `loss_scale` and `overflow`); a step of several updates combines theirs
+    with `update_outputs`.
+
+    The replica function gets `args` and returns its share of the loss,
+    divided by the real global count of what it sums over
+    (`loops.global_count`, `loops.scale_to_global_batch`), and a dict of
+    scalars that are sums over its examples (counts, sums of a metric).
+
+    Three settings come from the loop, so that every step has them:
+    - `mixed_precision="mixed_float16"`: a dynamic loss scale
+      (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`), whose
+      overflows are skipped and reported as `overflow`. The loop saves and
+      restores it with its checkpoints (`Loop.update_states`): a definition
+      lists only its own objects in `checkpoint_items`.
+    - `grad_accum_steps=K`: each replica's share of the step is cut into K
+      micro-batches along the first axis of every tensor of rank >= 1 in
+      `args` (scalars and Python values are passed whole to every call), the
+      replica function runs once per micro-batch, and the gradients are
+      added up weighted by each micro-batch's normalizer: the global count
+      its loss was divided by with `loops.scale_to_global_batch` (examples,
+      a sum of weights, tokens). The update is that of the whole batch at
+      once, on any replica count, with 1/K of the activations in memory. A
+      loss function whose normalizer is not one count is refused with an
+      error (`micro_batches.normalizer`). Its logs are summed over the
+      micro-batches, and random draws keyed by example
+      (`loops.replica_random`) do not change with K. A loss that is not a
+      sum over examples (`whole_batch_loss=True`) is refused under K > 1.
+    - `ema_decay`: a moving average of the trained variables
+      (`loops.core.weight_average.WeightAverage`, `self.average`), updated after
+      each applied update; the loop checkpoints it and evaluates and exports
+      with it. `average=False` leaves this update's variables out (the GAN's
+      discriminator, which neither evaluation nor export uses).
+
+    Args:
+        loop: the loop whose strategy runs the replicas, whose
+            `on_nonfinite` policy (`Loop.apply_update`) decides what a
+            non-finite update leads to, and whose `mixed_precision` and
+            `grad_accum_steps` apply.
+        optimizer: a built Keras optimizer.
+        trained: a Keras model (its trainable variables, and its
+            regularization losses added once to the loss), or a function
+            returning the variables to train.
+        clip_norm: clip the summed gradient to this global norm; None does not.
+        average: keep a moving average of the trained variables when the
+            loop has an `ema_decay`.
+        whole_batch_loss: the loss of an example depends on other examples
+            of the step (contrastive negatives from the whole batch, a
+            ranking loss, batch statistics), so it is not a sum over
+            examples: micro-batches would each see only their own rows.
+            The loss function then takes the other replicas' rows with
+            `loops.gather_global_rows` (exact on any replica count), and
+            `grad_accum_steps` > 1 is refused.
+
+    Raises:
+        ValueError: a bad clip_norm, or whole_batch_loss under grad_accum_steps > 1.
+    """
+
+    def __init__(
+        self,
+        loop,
+        optimizer: keras.optimizers.Optimizer,
+        trained: keras.Model | Callable[[], Sequence[tf.Variable]],
+        *,
+        clip_norm: float | None = None,
+        average: bool = True,
+        whole_batch_loss: bool = False,
+    ):
+        check_clip_norm(clip_norm)
+        if whole_batch_loss and loop.grad_accum_steps > 1:
+            raise ValueError(
+                f"grad_accum_steps={loop.grad_accum_steps} cuts each replica's share of a step "
+                "into micro-batches, and this Update's loss is over the whole batch "
+                "(whole_batch_loss=True): each micro-batch would see only its own rows "
+                "(its own negatives, its own statistics), which is another loss. Set "
+                "grad_accum_steps=1 (--grad_accum_steps=1) and lower the global batch size "
+                "if memory is short."
+            )
+        self.whole_batch_loss = whole_batch_loss
+        self._loop = loop
+        self.optimizer = optimizer
+        self._trained = trained
+        self.clip_norm = clip_norm
+        self.grad_accum_steps = loop.grad_accum_steps
+        self.loss_scale = None
+        if mixed_precision.needs_loss_scale(loop.mixed_precision):
+            self.loss_scale = mixed_precision.DynamicLossScale(
+                growth_steps=loop.loss_scale_growth_steps
+            )
+            loop.update_states.add(self.loss_scale)
+        self.average: WeightAverage | None = None
+        if average and loop.ema_decay is not None:
+            averages = loop.weight_averages
+            self.average = WeightAverage(
+                self.variables(), decay=loop.ema_decay, name=f"update_{len(averages.updates)}"
+            )
+            averages.add(self.average)
+
+    def variables(self) -> list[tf.Variable]:
+        if isinstance(self._trained, keras.Model):
+            return list(self._trained.trainable_variables)
+        return list(self._trained())
+
+    def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
+        """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
+        strategy = self._loop.strategy
+        logs, gradients, finite = strategy.run(
+            functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
+        )
+        skipped = self._loop.apply_update(finite, self._replica_apply, gradients)
+        sums = reduction.sum_over_replicas(strategy, logs)
+        if self.average is not None:
+            self.average.update(applied=1.0 - skipped)
+        if self.loss_scale is None:
+            return UpdateResult(sums, skipped, skipped, tf.zeros_like(skipped), None)
+        scale = self.loss_scale.update(skipped=skipped, loss=sums["loss"])
+        return UpdateResult(
+            sums, skipped, scale["nonfinite"], scale["overflow"], scale["loss_scale"]
+        )
+
+    def _replica_gradients(self, replica_loss: ReplicaLoss, *args):
+        if self.grad_accum_steps == 1:
+            loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
+        else:
+            loss, logs, gradients = self._accumulated(replica_loss, args)
+        # Dense: Keras' Adam squares each row of an IndexedSlices gradient (an
+        # embedding's) before summing duplicate rows, which is not the update of the
+        # summed gradient and changes with how the rows are split (BUILD.md, LM).
+        gradients = [
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
+        ]
+        finite = all_finite([loss, *gradients])
+        return {"loss": loss, **logs}, gradients, finite
+
+    def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
+        variables = self.variables()
+        with tf.GradientTape() as tape:
+            loss, logs = replica_loss(*args)
+            if isinstance(self._trained, keras.Model) and self._trained.losses:
+                # Every replica adds it, so each adds its 1/num_replicas share.
+                loss += tf.nn.scale_regularization_loss(tf.add_n(self._trained.losses))
+            # Scaling up keeps small float16 gradients from flushing to zero.
+            target = loss if self.loss_scale is None else self.loss_scale.scale_loss(loss)
+        gradients = tape.gradient(target, variables)
+        if self.loss_scale is not None:
+            gradients = self.loss_scale.unscale(gradients)
+        return loss, dict(logs), gradients
+
+    def _accumulated(self, replica_loss: ReplicaLoss, args: Sequence):
+        """The loss, logs and gradients of the whole share, computed micro-batch by micro-batch.
+
+        Each micro-batch's loss is divided by its own global count c_k; the
+        share's is sum_k c_k * loss_k / sum_k c_k, and so are its gradients.
+        The micro-batches are unrolled (their all-reduces cannot sit in a
+        `tf.while_loop` under MirroredStrategy), and each one's input waits
+        for the previous one's gradients, so that one micro-batch's
+        activations are alive at a time.
+        """
+        parts = tf.nest.flatten(args)
+        batched = [isinstance(part, tf.Tensor) and part.shape.rank != 0 for part in parts]
+        if not any(batched):
+            raise ValueError(
+                f"grad_accum_steps={self.grad_accum_steps} splits a step's examples into "
+                "micro-batches along the first axis of the tensors in the Update's args, and "
+                "these args hold no tensor of rank >= 1. Pass the step's batch in args, or "
+                "set grad_accum_steps=1."
+            )
+        rows = tf.shape(parts[batched.index(True)])[0]
+        context = tf.distribute.get_replica_context()
+        step_rows = context.all_reduce(tf.distribute.ReduceOp.SUM, rows)
+        replica_start, _ = distributed_input.replica_bounds(
+            step_rows, context.replica_id_in_sync_group, context.num_replicas_in_sync
+        )
+        size = -(-rows // self.grad_accum_steps)  # ceil: the last micro-batches may be short
+        total = weighted_loss = None
+        summed_logs: dict[str, tf.Tensor] = {}
+        weighted: list[tf.Tensor | None] = []
+        for index in range(self.grad_accum_steps):
+            start = tf.minimum(index * size, rows)
+            stop = tf.minimum(start + size, rows)
+            with tf.control_dependencies([g for g in weighted if g is not None]):
+                sliced = [
+                    tf.identity(part[start:stop]) if cut else part
+                    for part, cut in zip(parts, batched)
+                ]
+            with micro_batches.computing(
+                micro_batches.MicroBatch(step_rows=step_rows, first_row=replica_start + start)
+            ) as computed:
+                loss, logs, gradients = self._loss_and_gradients(
+                    replica_loss, tf.nest.pack_sequence_as(args, sliced)
+                )
+            count = tf.cast(micro_batches.normalizer(computed, self.grad_accum_steps), tf.float32)
+            scaled = [None if g is None else count * tf.convert_to_tensor(g) for g in gradients]
+            if total is None:
+                total, weighted_loss, summed_logs, weighted = count, count * loss, logs, scaled
+                continue
+            total += count
+            weighted_loss += count * loss
+            summed_logs = {name: summed_logs[name] + logs[name] for name in summed_logs}
+            weighted = [None if w is None else w + g for w, g in zip(weighted, scaled)]
+        return (
+            tf.math.divide_no_nan(weighted_loss, total),
+            summed_logs,
+            [None if w is None else tf.math.divide_no_nan(w, total) for w in weighted],
+        )
+
+    def _replica_apply(self, gradients) -> None:
+        apply_gradients(self.optimizer, gradients, self.variables(), clip_norm=self.clip_norm)
+
+
+def check_clip_norm(clip_norm: float | None) -> None:
+    """Raises ValueError unless clip_norm is None or > 0 (loops check it before building)."""
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")

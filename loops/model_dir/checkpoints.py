@@ -1,0 +1,388 @@
+"""Saves and restores a loop's state: the chief into model_dir, others to scratch."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+
+import keras
+import tensorflow as tf
+
+from loops.cluster import strategies
+from loops.vocabulary.errors import DamagedCheckpointError, NonFiniteWeightsError
+
+# What a CheckpointManager writes for step N: PREFIX.index and PREFIX.data-K-of-M.
+_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
+_DATA = re.compile(r"^ckpt-(\d+)\.data-(\d+)-of-(\d+)$")
+_PREFIX = re.compile(r"^ckpt-(\d+)$")
+# A save in progress writes its shards into PREFIX_temp/ first; a kill leaves it behind.
+_TEMPORARY = re.compile(r"^ckpt-\d+_temp$")
+STATE_FILE = "checkpoint"  # TensorFlow's name for the list of a directory's checkpoints
+
+
+class Checkpointer:
+    """A tf.train.CheckpointManager that every worker calls and only the chief keeps.
+
+    Under MultiWorkerMirroredStrategy every worker must take part in the
+    collectives of a save (BUILD.md, fact 11), so non-chief workers save too,
+    into a scratch directory that is removed right after.
+
+    It never trusts TensorFlow's state file alone: `restore` looks at the
+    checkpoint files themselves, restores the newest one that reads, and says
+    which newer ones it passed over and why, so a lost or damaged state file
+    or a damaged newest checkpoint never restarts a run from step 0 (where the
+    manager would then write over the intact older checkpoints). Every save
+    first checks that the variables are finite, so no checkpoint holds a NaN
+    or an inf.
+
+    `optional_items` are saved like `items` but restored only when the
+    checkpoint holds them, so state added to a run later (an action's, such
+    as an early-stopping wait count) starts fresh instead of failing the
+    restore.
+    """
+
+    def __init__(
+        self,
+        *,
+        strategy: tf.distribute.Strategy,
+        directory: str,
+        items: Mapping[str, object],
+        step_counter: tf.Variable,
+        max_to_keep: int,
+        optional_items: Mapping[str, object] | None = None,
+        say: Callable[[str], None] = print,
+    ):
+        """
+        Args:
+            strategy: the strategy the items live in.
+            directory: where the chief keeps the checkpoints.
+            items: name -> trackable, saved and restored.
+            step_counter: the variable whose value numbers the checkpoints.
+            max_to_keep: how many recent checkpoints the chief keeps.
+            optional_items: name -> trackable, restored only when present.
+            say: where notes about damaged files go (a progress line).
+        """
+        self._is_chief = strategies.is_chief(strategy)
+        self._chief_directory = directory
+        self.directory = directory
+        if not self._is_chief:
+            self.directory = os.path.join(directory, f".scratch_{strategies.task_name(strategy)}")
+        self.items = dict(items)
+        self.optional_items = dict(optional_items or {})
+        self.checkpoint = tf.train.Checkpoint(**self.items, **self.optional_items)
+        self._max_to_keep = max_to_keep
+        self._step_counter = step_counter
+        self._say = say
+        self._finiteness = FinitenessCheck(self.checkpoint)
+        self._manager: tf.train.CheckpointManager | None = None
+
+    @property
+    def latest(self) -> str | None:
+        """The newest checkpoint whose files are all there (not read; see `restore`)."""
+        complete = [
+            prefix
+            for _, prefix in _checkpoint_files(self._chief_directory)
+            if missing_files(prefix) is None
+        ]
+        return complete[0] if complete else None
+
+    def restore(self) -> str | None:
+        """Restores the newest checkpoint that reads, if there are checkpoint files; returns it.
+
+        A newer checkpoint that is incomplete or does not read is passed over
+        with a note naming it; it is left in place (the run replaces it when
+        it saves that step again).
+
+        Raises:
+            ValueError: a checkpoint reads but does not match the loop's objects.
+            DamagedCheckpointError: there are checkpoint files and none reads.
+        """
+        found = _checkpoint_files(self._chief_directory)
+        if self._is_chief:
+            _remove_unfinished_saves(self._chief_directory)
+        else:
+            shutil.rmtree(self.directory, ignore_errors=True)  # this worker's own scratch
+        damaged: list[tuple[str, str]] = []
+        restored = None
+        for _, prefix in found:
+            problem = missing_files(prefix) or restore_checkpoint(
+                prefix, self.items, optional_items=self.optional_items
+            )
+            if problem is None:
+                restored = prefix
+                break
+            damaged.append((prefix, problem))
+        if found and restored is None:
+            listing = "; ".join(f"{prefix}: {problem}" for prefix, problem in damaged)
+            raise DamagedCheckpointError(
+                f"{self._chief_directory} holds checkpoint files, but none can be read "
+                f"({listing}). Nothing was changed. Move the damaged files out of the "
+                "directory to start over there, restore them from a backup, or point "
+                "--model_dir at a new directory."
+            )
+        for prefix, problem in damaged:
+            self._say(
+                f"checkpoint {prefix} is damaged ({problem}); restoring the newest "
+                f"intact one, {restored}, instead. The damaged files are left in place "
+                "and replaced when the run saves that step again."
+            )
+        passed_over = {prefix for prefix, _ in damaged}
+        kept = [
+            prefix
+            for _, prefix in found
+            if restored is not None
+            and prefix not in passed_over
+            and _step_of(prefix) <= _step_of(restored)
+            and missing_files(prefix) is None
+        ]
+        self._open_manager(restored, kept)
+        return restored
+
+    def _open_manager(self, restored: str | None, kept: list[str]) -> None:
+        """The manager, with a state file that lists the intact checkpoints up to `restored`.
+
+        TensorFlow's manager rotates (deletes) only the checkpoints its state
+        file lists; listing exactly the intact ones it may rotate keeps it
+        from trusting a damaged or missing file.
+        """
+        if self._is_chief and restored is not None:
+            state = tf.train.get_checkpoint_state(self._chief_directory)
+            listed = [
+                self._in_directory(path)
+                for path in (state.all_model_checkpoint_paths if state else [])
+            ]
+            wanted = sorted(kept, key=_step_of)
+            stale = state is None or self._in_directory(state.model_checkpoint_path) != restored
+            if stale:
+                self._say(
+                    f"the checkpoint state file {os.path.join(self._chief_directory, STATE_FILE)} "
+                    "was missing, damaged or out of date; rebuilt it from the checkpoint "
+                    f"files ({len(wanted)} intact, newest {os.path.basename(restored)})."
+                )
+            if stale or listed != wanted:
+                _write_state_file(self._chief_directory, restored, wanted)
+        self._manager = tf.train.CheckpointManager(
+            self.checkpoint,
+            self.directory,
+            max_to_keep=self._max_to_keep,
+            step_counter=self._step_counter,
+        )
+
+    def _in_directory(self, path: str) -> str:
+        return os.path.join(self._chief_directory, os.path.basename(path))
+
+    def save(self) -> str | None:
+        """Saves at the current step; returns the kept path (None off the chief).
+
+        Raises:
+            NonFiniteWeightsError: a variable is not finite; nothing is written.
+            OSError: the directory cannot be written (full disk, read-only);
+                the earlier checkpoints are intact.
+        """
+        bad = self._finiteness.nonfinite_names()
+        if bad:
+            raise NonFiniteWeightsError(
+                f"Refusing to save a checkpoint at step {int(self._step_counter.numpy())}: "
+                f"{describe_names(bad)} not finite (NaN or inf). The checkpoints already in "
+                f"{self._chief_directory} are intact."
+            )
+        if self._manager is None:
+            self._open_manager(None, [])
+        assert self._manager is not None  # opened just above
+        try:
+            path = self._manager.save(checkpoint_number=self._step_counter)
+        except (OSError, tf.errors.OpError) as error:
+            reason = getattr(error, "strerror", None) or str(error).splitlines()[0][:200]
+            raise OSError(
+                f"Could not write a checkpoint into {self.directory} ({reason}). Free space "
+                "or make the directory writable (or pass another --model_dir); the "
+                "checkpoints already there are intact."
+            ) from error
+        if not self._is_chief:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return None
+        return path
+
+
+class FinitenessCheck:
+    """Tells, in one traced pass, which floating-point variables of a checkpoint are not finite.
+
+    The variables are the checkpoint's own (models, optimizer slots, moving
+    averages), so what is checked is exactly what a save would write.
+    """
+
+    def __init__(self, root: tf.train.Checkpoint | tf.Module | keras.Model):
+        self._variables = _float_variables(root)
+        self._check: Callable | None = None
+
+    def finite_flags(self) -> tf.Tensor:
+        """One bool a variable: whether it is finite (callable inside a tf.function)."""
+        if not self._variables:
+            return tf.ones([0], tf.bool)
+        return tf.stack(
+            [
+                tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(variable)))
+                for variable in self._variables
+            ]
+        )
+
+    def all_finite(self) -> tf.Tensor:
+        """Whether every variable is finite: a scalar bool (callable inside a tf.function)."""
+        return tf.reduce_all(self.finite_flags())
+
+    def nonfinite_names(self) -> list[str]:
+        """Names of the variables holding a NaN or an inf (empty when all are finite)."""
+        if not self._variables:
+            return []
+        if self._check is None:
+            self._check = tf.function(self.finite_flags)
+        flags = self._check().numpy()
+        return [_variable_name(v) for v, finite in zip(self._variables, flags) if not finite]
+
+
+def describe_names(names: list[str]) -> str:
+    """'3 variables (a, b, c) are' style text for an error, with at most five names."""
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return f"{len(names)} variable{'s' if len(names) > 1 else ''} ({shown}) " + (
+        "are" if len(names) > 1 else "is"
+    )
+
+
+def restore_checkpoint(
+    prefix: str, items: Mapping[str, object], *, optional_items: Mapping[str, object] | None = None
+) -> str | None:
+    """Restores checkpoint `prefix` into `items`; None when it worked, else why it does not read.
+
+    Objects the checkpoint holds beyond `items` (an action's state) are left
+    alone; `optional_items` are restored when the checkpoint holds them.
+
+    Raises:
+        ValueError: it reads, but does not match `items` (another model or loop).
+    """
+    try:
+        saved = {name.split("/")[0] for name, _ in tf.train.list_variables(prefix)}
+        present = {name: item for name, item in (optional_items or {}).items() if name in saved}
+        # What it holds beyond `items` stays unread, without a warning about it.
+        status = tf.train.Checkpoint(**items, **present).restore(prefix).expect_partial()
+        status.assert_existing_objects_matched()
+        return None
+    except (AssertionError, ValueError, IndexError, tf.errors.OpError) as error:
+        unreadable = _unreadable(prefix)
+        if unreadable is not None:
+            return unreadable
+        reason = str(error).splitlines()[0][:240]
+        raise ValueError(
+            f"The checkpoint {prefix} does not match this loop ({reason}...). "
+            "It comes from a different model or loop: point --model_dir at "
+            "a new directory, or rebuild the loop that wrote it."
+        ) from error
+
+
+def listed_checkpoints(directory: str) -> list[tuple[int, str]]:
+    """(step, prefix) of the checkpoints TensorFlow's state file lists, oldest first.
+
+    A `CheckpointManager` rewrites the state file (atomically) only after a
+    checkpoint's files are all written, so a listed checkpoint is complete;
+    its files may still go before they are read (the manager lists the
+    newest, deletes the oldest beyond `max_to_keep`, then lists again).
+    Empty when there is no state file or it does not parse.
+    """
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except ValueError:  # a state file that names no newest checkpoint
+        state = None
+    paths = state.all_model_checkpoint_paths if state else []
+    prefixes = {os.path.join(directory, os.path.basename(path)) for path in paths}
+    return sorted(
+        (_step_of(prefix), prefix) for prefix in prefixes if _PREFIX.match(os.path.basename(prefix))
+    )
+
+
+def _float_variables(root) -> list:
+    variables, seen = [], set()
+    for item in tf.train.TrackableView(root).descendants():
+        if isinstance(item, tf.Variable):
+            floating = item.dtype.is_floating
+        elif isinstance(item, keras.Variable):
+            floating = tf.as_dtype(item.dtype).is_floating
+        else:
+            continue
+        if floating and id(item) not in seen:
+            seen.add(id(item))
+            variables.append(item)
+    return variables
+
+
+def _variable_name(variable) -> str:
+    return getattr(variable, "path", None) or variable.name
+
+
+def _step_of(prefix: str) -> int:
+    return int(prefix.rsplit("-", 1)[1])
+
+
+def _checkpoint_files(directory: str) -> list[tuple[int, str]]:
+    """(step, prefix) of every checkpoint with any file in `directory`, newest first."""
+    steps = set()
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        match = _INDEX.match(name) or _DATA.match(name)
+        if match:
+            steps.add(int(match.group(1)))
+    return [(step, os.path.join(directory, f"ckpt-{step}")) for step in sorted(steps, reverse=True)]
+
+
+def missing_files(prefix: str) -> str | None:
+    """Which of a checkpoint's files are missing; None when all are there."""
+    if not os.path.exists(prefix + ".index"):
+        return f"{os.path.basename(prefix)}.index is missing"
+    shards = glob.glob(glob.escape(prefix) + ".data-*-of-*")
+    if not shards:
+        return f"{os.path.basename(prefix)}.data-* is missing"
+    match = _DATA.match(os.path.basename(shards[0]))
+    if match is None:
+        return f"{os.path.basename(shards[0])} is not a data shard's name"
+    total = int(match.group(3))
+    for shard in range(total):
+        name = f"{prefix}.data-{shard:05d}-of-{total:05d}"
+        if not os.path.exists(name):
+            return f"{os.path.basename(name)} is missing"
+    return None
+
+
+def _unreadable(prefix: str) -> str | None:
+    """Why a checkpoint's files do not read (every tensor is read); None when they do."""
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except (IndexError, ValueError, tf.errors.OpError) as error:
+        return f"its files do not read: {str(error).splitlines()[0][:160]}"
+    return None
+
+
+def _write_state_file(directory: str, newest: str, kept: list[str]) -> None:
+    """Writes TensorFlow's checkpoint state file (a text CheckpointState proto), atomically.
+
+    Each checkpoint gets its index file's time as its timestamp: the manager
+    keeps only the entries that have one, and rotates those it keeps.
+    """
+    times = [os.path.getmtime(prefix + ".index") for prefix in kept]
+    lines = [f'model_checkpoint_path: "{os.path.basename(newest)}"']
+    lines += [f'all_model_checkpoint_paths: "{os.path.basename(prefix)}"' for prefix in kept]
+    lines += [f"all_model_checkpoint_timestamps: {time!r}" for time in times]
+    # Older than every entry: the manager treats entries up to it as kept forever.
+    lines.append(f"last_preserved_timestamp: {min(times, default=1.0) - 1.0!r}")
+    temporary = os.path.join(directory, f".{STATE_FILE}.tmp")
+    with open(temporary, "w") as stream:
+        stream.write("\n".join(lines) + "\n")
+    os.replace(temporary, os.path.join(directory, STATE_FILE))
+
+
+def _remove_unfinished_saves(directory: str) -> None:
+    """Removes the temporary shard folders of saves a kill interrupted (chief, holding the lock)."""
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        if _TEMPORARY.match(name):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)

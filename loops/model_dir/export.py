@@ -1,0 +1,146 @@
+"""Exports trained models as SavedModels: a classifier, a GAN generator and a text generator."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from loops.core.reporting import current_umask
+from loops.core.text_generation import generate
+from loops.model_dir.checkpoints import FinitenessCheck, describe_names
+from loops.vocabulary.errors import NonFiniteWeightsError
+
+
+class _Server(tf.Module):
+    """Holds a model (so its variables are saved) and one traced serving function."""
+
+    def __init__(self, model: keras.Model, serve: Callable, input_signature: tf.TensorSpec):
+        super().__init__()
+        self.model = model
+        self.serve = tf.function(serve, input_signature=[input_signature])
+
+
+def export_classifier(model: keras.Model, export_dir: str, *, input_dtype=tf.uint8) -> str:
+    """Saves `model` with a `serve` signature: raw images in, logits and probabilities out.
+
+    The preprocessing lives in the model (the classifiers scale pixels
+    themselves), so a client sends images as they come, of `input_dtype`.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists and is not a SavedModel directory.
+    """
+
+    def serve(images):
+        logits = tf.cast(model(images, training=False), tf.float32)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+    signature = tf.TensorSpec([None, *model.input_shape[1:]], input_dtype, name="images")
+    return _save(_Server(model, serve, signature), export_dir)
+
+
+def export_generator(generator: keras.Model, export_dir: str) -> str:
+    """Saves a GAN generator with a `serve` signature: noise in, samples out.
+
+    A client draws the noise itself (float32, shaped like the generator's
+    input, e.g. from a standard normal as in training), so the same noise
+    gives the same samples.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists and is not a SavedModel directory.
+    """
+
+    def serve(noise):
+        return {"samples": tf.cast(generator(noise, training=False), tf.float32)}
+
+    signature = tf.TensorSpec([None, *generator.input_shape[1:]], tf.float32, name="noise")
+    return _save(_Server(generator, serve, signature), export_dir)
+
+
+def export_text_generator(model: keras.Model, export_dir: str, *, sequence_length: int) -> str:
+    """Saves a byte-level language model with a `serve` signature: text in, continued text out.
+
+    A client sends `prompt` (a scalar string of any bytes) and `length` (a
+    scalar int32, >= 0) and gets `text`: the prompt followed by `length` bytes
+    chosen greedily by `loops.core.text_generation.generate` over the model's last
+    `sequence_length` tokens. An empty prompt is continued as if it were a
+    newline, the start of a line; the newline is not part of `text`. The
+    SavedModel runs with TensorFlow alone.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists and is not a SavedModel directory.
+    """
+    byte_strings = tf.constant([bytes([value]) for value in range(256)])
+    newline = tf.constant([ord("\n")], tf.int32)
+
+    def serve(request):
+        prompt_tokens = tf.cast(tf.io.decode_raw(request["prompt"], tf.uint8), tf.int32)
+        context = tf.cond(tf.size(prompt_tokens) > 0, lambda: prompt_tokens, lambda: newline)
+        tokens = generate(model, context[None], request["length"], sequence_length=sequence_length)
+        continuation = tf.gather(byte_strings, tokens[0, tf.size(context) :])
+        return {"text": request["prompt"] + tf.strings.reduce_join(continuation)}
+
+    signature = {
+        "prompt": tf.TensorSpec([], tf.string, name="prompt"),
+        "length": tf.TensorSpec([], tf.int32, name="length"),
+    }
+    return _save(_Server(model, serve, signature), export_dir)
+
+
+def _save(server: _Server, export_dir: str) -> str:
+    """Saves next to `export_dir`, then renames: a crash never leaves half an export."""
+    if os.path.exists(export_dir) and not tf.saved_model.contains_saved_model(export_dir):
+        raise ValueError(
+            f"export_dir {export_dir!r} exists and holds no SavedModel; refusing to replace "
+            "it. Pass a new directory or remove it."
+        )
+    bad = FinitenessCheck(server.model).nonfinite_names()
+    if bad:
+        raise NonFiniteWeightsError(
+            f"Refusing to export to {export_dir}: {describe_names(bad)} not finite (NaN or inf)."
+        )
+    parent = os.path.dirname(os.path.abspath(export_dir))
+    os.makedirs(parent, exist_ok=True)
+    _remove_abandoned_staging(parent)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".export-{os.getpid()}-")
+    try:
+        os.chmod(staging, 0o777 & ~current_umask())
+        tf.saved_model.save(server, staging, signatures={"serving_default": server.serve})
+        if os.path.exists(export_dir):
+            shutil.rmtree(export_dir)
+        os.replace(staging, export_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return export_dir
+
+
+def _remove_abandoned_staging(parent: str) -> None:
+    """Removes staging folders of exports whose process is gone (killed mid-export)."""
+    for name in os.listdir(parent):
+        match = re.match(r"^\.export-(\d+)-", name)
+        if match and not _process_alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True

@@ -1,0 +1,213 @@
+"""The settings a run records in MODEL_DIR/config.json: the warning when a resume changes
+them, and which of them an evaluator must share.
+
+Nothing here imports TensorFlow at load: a binary's evaluator reads and checks
+the run's settings before TensorFlow's import and before it builds anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+
+CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as the run starts
+# The Loop's own settings that change every evaluation, whatever the kind of training:
+# ema_decay whether the averaged or the raw weights are evaluated, mixed_precision the
+# dtype it computes in, seed the noise of the loops that draw some to evaluate (a GAN's
+# samples, RL's episodes, a language model's samples).
+LOOP_SETTINGS = ("ema_decay", "mixed_precision", "seed")
+
+
+# Config keys a resumed run may change without a warning: how long it trains, how
+# often it evaluates and saves, where its outputs go, and the evaluator's settings
+# (`Loop.config_free_to_change`).
+CONFIG_FREE_TO_CHANGE = frozenset(
+    {
+        "mode",
+        "evaluator_timeout",
+        "train_steps",
+        "model_dir",
+        "export_dir",
+        "verbosity",
+        "eval_every",
+        "checkpoint_every",
+        "steps_per_loop",
+        "max_checkpoints",
+        # Raising it is how a run that gave up recovering goes on.
+        "max_recoveries",
+    }
+)
+
+
+class Difference(NamedTuple):
+    """One setting that changes the evaluated numbers: its value here and in the run."""
+
+    name: str
+    here: Any
+    run: Any
+
+
+def loop_settings(loop: Any) -> dict[str, Any]:
+    """The loop's `LOOP_SETTINGS`, which config.json records also when the run gives no config.
+
+    The run's own config (a binary's flags) records them too and has the last word.
+    """
+    return {name: getattr(loop, name) for name in LOOP_SETTINGS}
+
+
+def config_path(model_dir: str) -> str:
+    return os.path.join(model_dir, CONFIG_FILE)
+
+
+def read(model_dir: str) -> dict[str, Any] | None:
+    """The settings the run in `model_dir` recorded; None while it has recorded none.
+
+    Raises:
+        ValueError: config.json is there but is not a JSON object.
+    """
+    path = config_path(model_dir)
+    try:
+        with open(path) as stream:
+            text = stream.read()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise ValueError(
+            f"Cannot read {path}, the settings of the run the evaluator checks its own "
+            f"against: {error}. Make it readable by this user."
+        ) from error
+    try:
+        recorded = json.loads(text)
+    except ValueError as error:
+        recorded = error
+    if not isinstance(recorded, dict):
+        raise ValueError(
+            f"{path} holds no JSON object of settings ({recorded}), so the evaluator cannot "
+            "check that it evaluates what the run trained. The trainer rewrites it when it "
+            "starts: rerun the trainer with this --model_dir, or delete the file to evaluate "
+            "without the check."
+        )
+    return recorded
+
+
+def wait_for(
+    model_dir: str, *, timeout_seconds: float | None, poll_seconds: float = 1.0
+) -> dict[str, Any] | None:
+    """The run's recorded settings, waiting for a trainer started at the same time to write them.
+
+    The trainer writes config.json before its first checkpoint, so a run
+    with checkpoints and no config.json is one of a loops version that did
+    not record it: None then.
+
+    Raises:
+        ValueError: config.json is not a JSON object.
+        TimeoutError: neither config.json nor a checkpoint came in `timeout_seconds`.
+    """
+    state_file = os.path.join(model_dir, "checkpoints", "checkpoint")
+    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    while True:
+        recorded = read(model_dir)
+        if recorded is not None or os.path.exists(state_file):
+            return recorded
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"No {config_path(model_dir)} and no checkpoint after {timeout_seconds:g} s: "
+                "the run has not started (its trainer writes config.json as it starts). Start "
+                f"the trainer with --model_dir={model_dir}, or give it longer with "
+                "--evaluator_timeout."
+            )
+        time.sleep(poll_seconds)
+
+
+def differences(
+    here: Mapping[str, Any], run: Mapping[str, Any], names: Iterable[str]
+) -> list[Difference]:
+    """Each of `names` the run recorded whose value `here` would give other evaluated numbers.
+
+    A name the run did not record (a setting newer than the run) is not compared.
+    """
+    return [
+        Difference(name, here.get(name), run[name])
+        for name in names
+        if name in run and not _same_numbers(name, here.get(name), run[name])
+    ]
+
+
+def _same_numbers(name: str, here: Any, run: Any) -> bool:
+    if name == "ema_decay":
+        # Only whether there is an average counts: its decay shaped the averages the
+        # checkpoint holds, and an evaluation swaps those in, whatever decay it is given.
+        return bool(here) == bool(run)
+    return here == run
+
+
+def describe(found: Iterable[Difference], *, as_flags: bool) -> str:
+    """Each difference as "X here and Y in the run", joined by "; ", as flags or as arguments."""
+    return "; ".join(
+        f"{setting(item.name, item.here, as_flag=as_flags)} here and "
+        f"{setting(item.name, item.run, as_flag=as_flags)} in the run{_consequence(item)}"
+        for item in found
+    )
+
+
+def setting(name: str, value: Any, *, as_flag: bool) -> str:
+    """`--name=value` (a flag) or `name=value` (a Python argument)."""
+    if not as_flag:
+        return f"{name}={value!r}"
+    if value is None:
+        return f"--{name} unset"
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(part) for part in value)
+    return f"--{name}={value}"
+
+
+def _consequence(item: Difference) -> str:
+    if item.name != "ema_decay":
+        return ""
+    if item.run:
+        return " (the raw weights would be evaluated, not the run's moving average)"
+    return " (the run kept no moving average to evaluate)"
+
+
+def record_config(
+    model_dir: str,
+    config: Mapping[str, Any],
+    checkpoint_items: Mapping[str, Any],
+    *,
+    resuming: bool,
+    free_to_change: frozenset[str],
+    say: Callable[[str], None],
+) -> None:
+    """Warns about settings that differ from the run that wrote model_dir; records these.
+
+    The settings are the run's config and the type of each checkpointed item.
+    """
+    current = {
+        **config,
+        **{f"checkpoint.{name}": type(item).__name__ for name, item in checkpoint_items.items()},
+    }
+    from loops.core import reporting  # here: it imports TensorFlow, which flag parsing must not
+
+    path = config_path(model_dir)
+    if resuming and os.path.exists(path):
+        try:
+            with open(path) as stream:
+                previous = json.load(stream)
+        except (OSError, ValueError):
+            previous = {}
+        changed = sorted(
+            key
+            for key in set(previous) | set(current)
+            if key not in free_to_change and previous.get(key) != current.get(key)
+        )
+        for key in changed:
+            say(
+                f"warning: {key} was {previous.get(key)!r} in the run that wrote "
+                f"{model_dir} and is {current.get(key)!r} now; the checkpoint is "
+                "restored and training goes on with the new value. If that is not what "
+                "you meant, stop and rerun with the old value or a new --model_dir."
+            )
+    reporting.write_json_atomic(path, current)

@@ -1,0 +1,114 @@
+"""Where a Loop's steps run: the strategy's check, the coordinator, the executor, the eval input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from loops.cluster import strategies
+from loops.input import distributed_input
+from loops.run import executors, nonfinite_policy
+
+
+def check_can_run(
+    loop_class: type,
+    strategy: tf.distribute.Strategy,
+    *,
+    on_nonfinite: str,
+    has_train_data: bool,
+    model_dir: str | None,
+) -> None:
+    """Raises ValueError when a loop of `loop_class` cannot train under `strategy` so.
+
+    Args:
+        loop_class: the Loop subclass; its `supports_parameter_server` says
+            whether its steps are right for asynchronous workers.
+        has_train_data: whether the loop has train data, or makes its own.
+    """
+    name = loop_class.__name__
+    if strategies.strategy_name(strategy) == "parameter_server" and not getattr(
+        loop_class, "supports_parameter_server", False
+    ):
+        raise ValueError(
+            f"{name} does not train under ParameterServerStrategy "
+            "(its steps need synchronous replicas). Use "
+            "--strategy=multi_worker_mirrored or mirrored."
+        )
+    if on_nonfinite == "recover":
+        nonfinite_policy.check_can_recover(
+            name, strategy, has_train_data=has_train_data, model_dir=model_dir
+        )
+
+
+def coordinator(
+    strategy: tf.distribute.Strategy,
+) -> tf.distribute.experimental.coordinator.ClusterCoordinator | None:
+    """Under ParameterServerStrategy, the coordinator this process is; else None.
+
+    There the steps run asynchronously on the workers (loops/run/parameter_server.py).
+    """
+    if strategies.strategy_name(strategy) != "parameter_server":
+        return None
+    return tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+
+def make_executor(
+    definition: executors.StepDefinition,
+    *,
+    coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None,
+    run_eagerly: bool,
+    stop_on_nonfinite: bool,
+) -> executors.Executor:
+    """The executor of a loop's steps: scheduled on the workers, eager, or compiled."""
+    if coordinator is not None:
+        return executors.ScheduledExecutor(definition, coordinator=coordinator)
+    executor_class = executors.EagerExecutor if run_eagerly else executors.Executor
+    return executor_class(definition, stop_on_nonfinite=stop_on_nonfinite)
+
+
+class EvalInput:
+    """A loop's eval data as its executor reads it: distributed once, kept until `release`.
+
+    Args:
+        strategy: the loop's strategy, which distributes the eval batches.
+        coordinator: under ParameterServerStrategy, the coordinator, which
+            evaluates by itself (reading the weights from the parameter servers).
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None,
+    ):
+        self._strategy = strategy
+        self._coordinator = coordinator
+        self._dataset: Any = None
+
+    def evaluate(
+        self, eval_data: distributed_input.DatasetSource | None, executor: executors.Executor
+    ) -> dict[str, float]:
+        """One pass of the executor's eval step over `eval_data`; {} without eval data."""
+        if eval_data is None:
+            return {}
+        if self._dataset is None and self._coordinator is not None:
+            self._dataset = distributed_input.as_dataset_fn(eval_data)()
+        elif self._dataset is None:
+            self._dataset = distributed_input.distribute(self._strategy, eval_data)
+        return executor.evaluate(iter(self._dataset))
+
+    def output_names(
+        self, eval_data: distributed_input.DatasetSource | None, executor: executors.Executor
+    ) -> set[str] | None:
+        """The eval step's outputs, found by tracing it (nothing runs); None when unknown."""
+        if eval_data is None:
+            return set()
+        if self._coordinator is not None:
+            return None
+        if self._dataset is None:
+            self._dataset = distributed_input.distribute(self._strategy, eval_data)
+        return executor.eval_output_names(self._dataset.element_spec)
+
+    def release(self) -> None:
+        """Drops the distributed dataset (and its iterators' buffers)."""
+        self._dataset = None

@@ -1,0 +1,268 @@
+"""The non-finite policy: in the graph, how an update is applied; on the host, after a call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from loops.cluster import strategies
+from loops.core import gradients, outputs
+from loops.core import mixed_precision as mixed_precision_lib
+from loops.model_dir.checkpoints import describe_names
+from loops.run.recovery import Recoveries, Recovery
+from loops.run.run_checkpoints import RunCheckpoints
+from loops.run.run_context import RunDefinition
+from loops.run.train_input import TrainInput
+from loops.vocabulary.errors import NonFiniteError
+
+
+class NonFinitePolicy:
+    """Carries out a loop's `on_nonfinite` after each inner loop, and counts the skipped steps.
+
+    Args:
+        loop: the loop whose `on_nonfinite`, `skips_nonfinite` and
+            `max_recoveries` say what follows.
+        checkpoints: the run's checkpoints, the last of which a stop or a
+            recovery goes back to.
+        train_input: the train stream, which resumes where the loop goes back to.
+        recoveries: the run's record of recoveries, which "recover" adds to.
+    """
+
+    def __init__(
+        self,
+        loop: RunDefinition,
+        *,
+        checkpoints: RunCheckpoints,
+        train_input: TrainInput,
+        recoveries: Recoveries,
+    ):
+        self._loop = loop
+        self._checkpoints = checkpoints
+        self._train_input = train_input
+        self._recoveries = recoveries
+        self.skipped_steps = 0
+        # The step that left non-finite weights in memory with no checkpoint to go back to.
+        self._weights_lost_at: int | None = None
+
+    def check_can_train(self) -> None:
+        """Raises NonFiniteError when a stop left weights that are not finite in memory."""
+        if self._weights_lost_at is not None:
+            # Kernels need not show them again: oneDNN's fused ReLU turns a
+            # NaN into 0, and the next steps' loss and gradients are finite.
+            raise NonFiniteError(
+                f"At step {self._weights_lost_at} the weights were not finite and "
+                "there was no checkpoint to go back to, so this loop cannot train on. Build "
+                "it again, with a model_dir and checkpoint_every so that a stop goes back "
+                "to the last checkpoint."
+            )
+
+    def first_acted_on(self, logs: Mapping[str, np.ndarray], first_step: int) -> int | None:
+        """The first step in `logs` (of the steps after `first_step`) that was not finite,
+        where the policy stops or recovers; None when there is none or it skips them."""
+        flags = logs.get(outputs.NONFINITE)
+        if self._loop.on_nonfinite == "skip" or flags is None or not np.any(flags > 0):
+            return None
+        return first_step + int(np.argmax(flags > 0)) + 1
+
+    def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> Recovery | None:
+        """Counts skipped steps; after a non-finite step goes back to the last checkpoint and,
+        under "stop", raises; under "recover", returns the recovery made.
+
+        Raises:
+            NonFiniteError: under "stop", or under "recover" past max_recoveries.
+        """
+        flags = logs.get(outputs.NONFINITE)
+        if flags is None or not np.any(flags > 0):
+            return None
+        if self._loop.skips_nonfinite:
+            self.skipped_steps += int(np.sum(flags > 0))
+        bad_step = self.first_acted_on(logs, first_step)
+        if bad_step is None:
+            return None
+        problem = "the loss or the gradients were not finite on at least one replica"
+        if self._loop.on_nonfinite == "recover":
+            return self._recover(bad_step, problem)
+        if self._loop.skips_nonfinite:
+            state = "Its update was skipped and nothing was saved after it."
+        else:
+            state = self._back_to_checkpoint()
+        raise NonFiniteError(
+            f"Step {bad_step}: {problem}. {state} Lower the learning rate, clip gradients, "
+            "check the input, or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave "
+            "out such steps, or 'recover' to go on from the last checkpoint past the "
+            "batches that led to them."
+        )
+
+    def after_nonfinite_weights(self, step: int, nonfinite_names: list[str]) -> Recovery:
+        """Goes back to the last checkpoint (every one is finite); recovers or raises.
+
+        The loss and gradient checks cannot see an update that is itself not
+        finite (an infinite learning rate, an overflowing optimizer state), and
+        no policy can skip it after the fact: "recover" recovers as from a
+        non-finite `step` (the inner loop's last), every other policy stops.
+
+        Raises:
+            NonFiniteError: unless the policy is "recover" and it may recover.
+        """
+        if self._loop.on_nonfinite == "recover":
+            return self._recover(
+                step,
+                f"{describe_names(nonfinite_names)} not finite (NaN or inf) after it, "
+                "although the steps' loss and gradient checks passed",
+            )
+        state = self._back_to_checkpoint()
+        raise NonFiniteError(
+            f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
+            "although the steps' loss and gradient checks passed: an update itself was not "
+            f"finite. {state} Check the learning rate and the optimizer's settings (a "
+            "learning rate that is inf or huge does this), or clip gradients."
+        )
+
+    def _recover(self, bad_step: int, problem: str) -> Recovery:
+        """Goes back to the last checkpoint and moves the train stream past `bad_step`'s batches.
+
+        Raises:
+            NonFiniteError: the run has made max_recoveries recoveries already,
+                or there is no checkpoint to go back to.
+        """
+        entries = list(self._recoveries.entries)
+        limit = self._loop.max_recoveries
+        if len(entries) >= limit:
+            steps = ", ".join(str(entry["step"]) for entry in entries)
+            raise NonFiniteError(
+                f"Step {bad_step}: {problem}, and the run has recovered {len(entries)} "
+                f"time{'s' if len(entries) > 1 else ''} already (max_recoveries={limit}; "
+                f"at step{'s' if len(entries) > 1 else ''} {steps}), so it stops. "
+                f"{self._back_to_checkpoint()} Lower the learning rate, clip gradients, "
+                "check the input, or raise max_recoveries (--max_recoveries) to let it "
+                "recover again."
+            )
+        if not self._go_back():
+            self._weights_lost_at = self._loop.step
+            raise NonFiniteError(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
+        restored = self._loop.step
+        entry = Recovery(
+            step=bad_step,
+            restored_step=restored,
+            skipped_batches=(bad_step - restored) * self._loop.batches_per_step,
+        )
+        self._recoveries.entries = [*entries, entry]
+        return entry
+
+    def _go_back(self) -> bool:
+        """Restores the last checkpoint, the train stream resuming there; False without one."""
+        if self._checkpoints.checkpointer is None:
+            return False
+        self._recoveries.entries = []  # what a checkpoint without the record stands for
+        if self._checkpoints.restore() is None:
+            return False
+        self._train_input.position = -1
+        return True
+
+    def _back_to_checkpoint(self) -> str:
+        """Goes back to the last checkpoint after a non-finite step; says where the loop is now."""
+        if self._go_back():
+            return (
+                f"Nothing was saved after it; the loop is back at its last checkpoint "
+                f"(step {self._loop.step}), where a rerun also resumes."
+            )
+        self._weights_lost_at = self._loop.step
+        return _NO_CHECKPOINT
+
+
+class NonFiniteUpdates:
+    """The non-finite policy in the graph: how a step's update is applied (`Loop.apply_update`).
+
+    Args:
+        strategy: the loop's strategy, which runs the update on its replicas.
+        on_nonfinite: the loop's policy ("stop", "skip" or "recover").
+        mixed_precision: the loop's dtype policy; under "mixed_float16" an
+            overflow is routine and its update always left out.
+        coordinated: whether the steps run under ParameterServerStrategy,
+            where the workers go on with the steps already scheduled while
+            the coordinator decides, so that even "stop" skips.
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        *,
+        on_nonfinite: str,
+        mixed_precision: str,
+        coordinated: bool,
+    ):
+        self._strategy = strategy
+        # Whether `apply` leaves out non-finite updates (else it applies every update).
+        self.skips = (
+            on_nonfinite == "skip"
+            or coordinated
+            or mixed_precision_lib.needs_loss_scale(mixed_precision)
+        )
+
+    def apply(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
+        """Runs `strategy.run(apply_fn, args)` the way the policy asks; cross-replica context.
+
+        Args:
+            finite: the per-replica result of `loops.all_finite` over the
+                step's loss and gradients (the same on every replica).
+            apply_fn: the replica function that applies the update.
+
+        Returns:
+            1.0 when the step was not finite on some replica, else 0.0: the
+            step's `nonfinite` output.
+
+        When `skips`, the update runs only when `finite` holds
+        (`loops.apply_if_finite`), so it waits for every gradient and the
+        check: 10-20% of a step of the digits MLP (benchmarks/RESULTS.md). Otherwise ("stop")
+        each variable's update starts as soon as its gradient is ready, the
+        inner loop ends right after a non-finite step, and the Controller
+        goes back to the last checkpoint.
+        """
+        if self.skips:
+            return gradients.apply_if_finite(self._strategy, finite, apply_fn, *args)
+        self._strategy.run(apply_fn, args=args)
+        return 1.0 - tf.cast(self._strategy.experimental_local_results(finite)[0], tf.float32)
+
+
+_NO_CHECKPOINT = (
+    "There is no checkpoint to go back to: the weights in memory are not finite, "
+    "and nothing was saved."
+)
+
+
+def check_can_recover(
+    name: str,
+    strategy: tf.distribute.Strategy,
+    *,
+    has_train_data: bool,
+    model_dir: str | None,
+) -> None:
+    """Raises ValueError when on_nonfinite='recover' cannot work for the loop `name`.
+
+    Args:
+        has_train_data: whether the loop has train data, or makes its own
+            (RL), drawing new data after a recovery (`Loop.data_step`).
+    """
+    if strategies.strategy_name(strategy) == "parameter_server":
+        raise ValueError(
+            "on_nonfinite='recover' moves the train stream past the batches that led "
+            "to a non-finite step, and under ParameterServerStrategy each worker reads "
+            "its own stream, at no position a checkpoint records. Pass "
+            "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
+            "non-finite update under every policy) or 'stop'."
+        )
+    if not has_train_data:
+        raise ValueError(
+            f"on_nonfinite='recover' goes back to the last checkpoint and moves the train "
+            f"stream past the batches that led to a non-finite step, and {name} has no "
+            "train_data. Pass on_nonfinite='stop' or 'skip' (--on_nonfinite=stop or skip)."
+        )
+    if model_dir is None:
+        raise ValueError(
+            f"on_nonfinite='recover' goes back to the last checkpoint, and {name} has "
+            "model_dir=None, so it keeps none. Pass model_dir= (a checkpoint of step 0 is "
+            "saved when training starts), or on_nonfinite='stop' or 'skip'."
+        )

@@ -1,0 +1,74 @@
+"""The record of a run's recoveries from non-finite steps: saved in every checkpoint, it says
+how many batches the train stream has moved past."""
+
+from __future__ import annotations
+
+import json
+from typing import TypedDict
+
+import tensorflow as tf
+
+from loops.vocabulary import settings
+
+# The record's name in a checkpoint, beside the loop's items (reserved: see Loop).
+CHECKPOINT_NAME = "recoveries"
+DEFAULT_MAX_RECOVERIES = settings.DEFAULT_MAX_RECOVERIES
+
+
+class Recovery(TypedDict):
+    """One recovery, as results.json lists it."""
+
+    step: int  # the step whose loss, gradients or weights were not finite
+    restored_step: int  # the checkpoint the run went back to
+    skipped_batches: int  # global batches moved past: those of steps restored_step + 1 .. step
+
+
+class Recoveries(tf.train.experimental.PythonState):
+    """Every recovery of a run so far, in order; checkpointed as JSON with the run's state.
+
+    The train stream of step k starts at batch k * batches_per_step +
+    `skipped_batches`, so a resume from a checkpoint continues at the batch
+    the run that saved it would have read next. A checkpoint written before
+    this record existed restores as no recovery.
+    """
+
+    def __init__(self) -> None:
+        self.entries: list[Recovery] = []
+
+    @property
+    def skipped_batches(self) -> int:
+        """Global batches every recovery so far moved the train stream past, in total."""
+        return sum(entry["skipped_batches"] for entry in self.entries)
+
+    def serialize(self) -> str:
+        return json.dumps(self.entries)
+
+    def deserialize(self, string_value) -> None:
+        text = string_value.decode() if isinstance(string_value, bytes) else string_value
+        self.entries = json.loads(text)
+
+
+def check_max_recoveries(max_recoveries: int | None, on_nonfinite: str) -> int:
+    """`max_recoveries`, or the default when None; a ValueError for a bad one.
+
+    Raises:
+        ValueError: not a whole number >= 1, or given with a policy other than "recover".
+    """
+    if max_recoveries is None:
+        return DEFAULT_MAX_RECOVERIES
+    if on_nonfinite != "recover":
+        raise ValueError(
+            f"max_recoveries={max_recoveries!r} applies only to on_nonfinite='recover' "
+            f"(got {on_nonfinite!r}); drop it, or pass on_nonfinite='recover' "
+            "(--on_nonfinite=recover)."
+        )
+    if (
+        isinstance(max_recoveries, bool)
+        or not isinstance(max_recoveries, int)
+        or max_recoveries < 1
+    ):
+        raise ValueError(
+            f"max_recoveries must be a whole number >= 1, got {max_recoveries!r}; to stop at "
+            "the first non-finite step, pass on_nonfinite='stop' instead."
+        )
+    return max_recoveries

@@ -1,0 +1,154 @@
+"""A run's checkpoints in model_dir: the directory's lock, the restore, each save, the way back."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from loops.core import reporting
+from loops.model_dir import model_dir_lock
+from loops.model_dir.checkpoints import Checkpointer
+from loops.model_dir.run_config import record_config
+from loops.run.actions import Action
+
+
+class RunCheckpoints:
+    """The checkpoints of a run, kept in model_dir under its lock; none without a model_dir.
+
+    Args:
+        model_dir: where the run's files go; None keeps no checkpoint.
+        max_checkpoints: how many recent checkpoints to keep.
+        is_chief: whether this process holds the lock and keeps the checkpoints.
+        say: writes a progress line.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_dir: str | None,
+        max_checkpoints: int,
+        is_chief: bool,
+        say: Callable[[str], None],
+    ):
+        self._model_dir = model_dir
+        self._max_checkpoints = max_checkpoints
+        self._is_chief = is_chief
+        self._say = say
+        self._lock: str | None = None  # the lock file, held by the chief
+        self.checkpointer: Checkpointer | None = None
+        self.on_disk = False  # whether the restore found one or this run saved one
+        self.saved_step: int | None = None
+
+    def open(
+        self,
+        *,
+        strategy: tf.distribute.Strategy,
+        items: Mapping[str, Any],
+        step_counter: tf.Variable,
+        optional_items: Mapping[str, Any],
+        config: Mapping[str, Any],
+        config_items: Mapping[str, Any],
+        config_free_to_change: frozenset[str],
+    ) -> str | None:
+        """Takes model_dir's lock (chief), restores the newest checkpoint, records the config.
+
+        Args:
+            items: name -> trackable, saved and restored.
+            step_counter: the variable whose value numbers the checkpoints.
+            optional_items: name -> trackable, restored only when present.
+            config, config_items, config_free_to_change: the run's config,
+                the items whose types it records, and the keys a resume may
+                change silently (`loops.model_dir.run_config.record_config`).
+
+        Returns:
+            The restored checkpoint's path; None when there is none (or no model_dir).
+
+        Raises:
+            ValueError: a checkpoint that does not match `items`.
+            OSError: model_dir cannot be written or read, or another run holds its lock.
+        """
+        model_dir = self._model_dir
+        if model_dir is None:
+            return None
+        if self._is_chief:
+            self._lock = model_dir_lock.acquire(model_dir)
+            # Holding the lock, whatever a killed writer left half-written is stale.
+            reporting.remove_unfinished_writes(model_dir)
+        self.checkpointer = Checkpointer(
+            strategy=strategy,
+            directory=os.path.join(model_dir, "checkpoints"),
+            items=items,
+            step_counter=step_counter,
+            max_to_keep=self._max_checkpoints,
+            optional_items=optional_items,
+            say=self._say,
+        )
+        try:
+            restored = self.restore()
+            if self._is_chief:
+                record_config(
+                    model_dir,
+                    config,
+                    config_items,
+                    resuming=restored is not None,
+                    free_to_change=config_free_to_change,
+                    say=self._say,
+                )
+        except (ValueError, OSError):
+            self.close()
+            raise
+        return restored
+
+    def restore(self) -> str | None:
+        """Restores the newest checkpoint; returns its path, or None when there is none."""
+        if self.checkpointer is None:
+            return None
+        restored = self.checkpointer.restore()
+        if restored:
+            self.on_disk = True
+        return restored
+
+    def save(self, step: int) -> str | None:
+        """Saves the state now, at `step` (every worker must call it); returns the path.
+
+        Raises:
+            NonFiniteWeightsError: a variable is not finite; nothing is saved.
+            OSError: the checkpoint cannot be written; the earlier ones are intact.
+        """
+        if self.checkpointer is None:
+            return None
+        path = self.checkpointer.save()
+        self.saved_step = step
+        self.on_disk = True
+        return path
+
+    def close(self) -> None:
+        """Releases model_dir's lock (a kill leaves its file, unlocked)."""
+        if self._lock is not None:
+            model_dir_lock.release(self._lock)
+            self._lock = None
+
+
+def action_state(actions: Sequence[Action]) -> dict[str, dict]:
+    """Checkpoint name -> variables of every action that has state.
+
+    Raises:
+        ValueError: two actions with state have one name.
+    """
+    state = {}
+    for action in actions:
+        variables = dict(action.checkpoint_items())
+        if not variables:
+            continue
+        key = f"action_{action.name}"
+        if key in state:
+            raise ValueError(
+                f"Two actions with state are named {action.name!r}; each needs its "
+                "own name in the checkpoint: set `name` on one of them, e.g. "
+                f"action.name = '{action.name}_2'."
+            )
+        state[key] = variables
+    return state

@@ -1,0 +1,106 @@
+"""The options of a run: its inner loops, evaluations, checkpoints, outputs and actions, checked."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loops.core import reporting
+from loops.run.actions import Action
+from loops.vocabulary import settings
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a Loop's Controller runs it; every option is checked when the options are made.
+
+    Attributes:
+        steps_per_loop: train steps per inner loop, the unit of reporting: a
+            progress line, summaries and the metrics actions see, each over
+            one inner loop. One `tf.function` call runs one inner loop, or
+            several in a row where nothing but their reports comes between
+            them (`loops.run.loop_schedule`).
+        eval_every: evaluate every this many steps (and at the end of
+            `train`); None evaluates only at the end.
+        checkpoint_every: save every this many steps (and at the end of
+            `train`); None saves only at the end.
+        model_dir: where checkpoints, summaries and results.json go; None
+            keeps everything in memory.
+        max_checkpoints: how many recent checkpoints to keep.
+        progress: where progress lines go; stdout if None.
+        progress_every_seconds: end inner loops early enough (judged from the
+            last one's speed) that a progress line comes at least this often;
+            None leaves it to steps_per_loop. Only in one process (several
+            workers must agree on every inner loop's length).
+        profile_steps: (start, end): trace steps start..end (from 1, both
+            included) with TensorFlow's profiler into
+            model_dir/summaries/train (chief only; `loops.run.profiling`).
+        actions: `loops.Action`s run between inner loops, after evaluations
+            and at the ends of `train`; their state is saved with the
+            checkpoints.
+        config: the run's configuration (a binary's flag values, or a user's
+            hyperparameters), JSON-serializable; written into results.json
+            under "config".
+
+    Raises (when made):
+        ValueError: a bad option.
+        TypeError: an action that is not a `loops.Action`.
+    """
+
+    steps_per_loop: int = 100
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    model_dir: str | None = None
+    max_checkpoints: int = 3
+    progress: reporting.Progress | None = None
+    progress_every_seconds: float | None = None
+    profile_steps: tuple[int, int] | None = None
+    actions: Sequence[Action] = ()
+    config: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # Checked by their declarations (loops/vocabulary/settings.py), as the flags are; frozen, so
+        # the checked forms replace what was passed.
+        for name in _DECLARED:
+            object.__setattr__(self, name, settings.BY_NAME[name].checked(getattr(self, name)))
+        model_dir = self.model_dir
+        if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ValueError(
+                f"model_dir {model_dir!r} is a file, not a directory; pass a "
+                "directory path (it is created if missing)."
+            )
+        object.__setattr__(self, "actions", _checked_actions(self.actions))
+
+
+# The options that are settings, in the order they are checked.
+_DECLARED = (
+    "steps_per_loop",
+    "eval_every",
+    "checkpoint_every",
+    "max_checkpoints",
+    "progress_every_seconds",
+    "profile_steps",
+)
+
+
+def check_positive(name: str, value, *, optional: bool = False) -> None:
+    """Raises ValueError unless `value` is a whole number >= 1 (or None, when optional)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        hint = " (or None to turn it off)" if optional else ""
+        raise ValueError(f"{name} must be a whole number >= 1{hint}, got {value!r}.")
+
+
+def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
+    actions = tuple(actions)
+    for action in actions:
+        if not isinstance(action, Action):
+            raise TypeError(
+                f"actions must be loops.Action objects, got {action!r}; subclass "
+                "loops.Action and override its hooks."
+            )
+        check_positive(f"{type(action).__name__}.every", action.every, optional=True)
+    return actions

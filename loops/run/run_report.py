@@ -1,0 +1,181 @@
+"""What a run reports: each inner loop's metrics and speed, evaluations, recoveries, results."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from loops.cluster import strategies
+from loops.core import outputs, reporting
+from loops.run.recovery import Recovery
+from loops.run.run_context import RunDefinition
+
+
+class InnerLoop(NamedTuple):
+    """One inner loop of a call: steps start + 1..end, their logs, the seconds they took."""
+
+    start: int
+    end: int
+    logs: dict[str, np.ndarray]  # output columns, a row per step
+    seconds: float
+
+
+class TimedCall(NamedTuple):
+    """One executor call that training went on from: what its speed is judged on."""
+
+    steps: int
+    seconds: float
+    # The throughput unit its steps processed (the loop's `throughput_unit`
+    # output summed); None when its steps do not return that output.
+    units: float | None
+
+
+class TrainHistory:
+    """The per-step values of one `train` call by output name: what `train` returns."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list[np.ndarray]] = {}
+
+    def add(self, values: Mapping[str, np.ndarray]) -> None:
+        """Appends some steps' values (name -> an array with a row per step)."""
+        for name, column in values.items():
+            self._parts.setdefault(name, []).append(column)
+
+    def drop_last(self, count: int) -> None:
+        """Forgets the values of the last `count` steps logged (those a recovery undid)."""
+        for parts in self._parts.values():
+            values = np.concatenate(parts)
+            parts[:] = [values[: max(len(values) - count, 0)]]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: np.concatenate(parts) for name, parts in self._parts.items()}
+
+
+class RunReport:
+    """A run's progress lines and TensorBoard scalars, and the metrics and speeds it last reported.
+
+    Args:
+        progress: where progress lines go.
+        summaries: where TensorBoard scalars go (the sidecar evaluator swaps it).
+        throughput_unit: (the Sum output counting what a step processes, its
+            unit's name), reported as "<unit>_per_second" beside steps/s.
+    """
+
+    def __init__(
+        self,
+        *,
+        progress: reporting.Progress,
+        summaries: reporting.Summaries,
+        throughput_unit: tuple[str, str],
+    ):
+        self.progress = progress
+        self.summaries = summaries
+        self.throughput_unit = throughput_unit
+        # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
+        self.eval_history: list[dict[str, Any]] = []
+        self.last_train_metrics: dict[str, float] = {}
+        self.last_eval_metrics: dict[str, float] = {}
+        self.steps_per_second = 0.0
+        # The throughput unit per second over the same inner loops; None when
+        # the loop's steps do not return that output.
+        self.units_per_second: float | None = None
+
+    def units(self, logs: Mapping[str, np.ndarray]) -> float | None:
+        """How much of the throughput unit the steps of `logs` processed; None if not counted."""
+        unit_output = self.throughput_unit[0]
+        return float(np.sum(logs[unit_output])) if unit_output in logs else None
+
+    def inner_loop(
+        self,
+        kinds: Mapping[str, type],
+        inner_loop: InnerLoop,
+        num_steps: int,
+        history: TrainHistory,
+    ) -> None:
+        """Reports an inner loop from its steps' logs: history, metrics, summaries, progress."""
+        start, end, logs, seconds = inner_loop
+        history.add(outputs.per_step_values(kinds, logs))
+        rates = {"steps_per_second": (end - start) / seconds if seconds > 0 else 0.0}
+        units = self.units(logs)
+        if units is not None:
+            rates[f"{self.throughput_unit[1]}_per_second"] = units / seconds if seconds > 0 else 0.0
+        self.last_train_metrics = outputs.aggregate_steps(kinds, logs)
+        self.summaries.scalars("train", end, {**self.last_train_metrics, **rates})
+        self.progress.train(end, num_steps, self.last_train_metrics, rates)
+
+    def evaluation(self, step: int, metrics: dict[str, float]) -> None:
+        """Reports an evaluation at `step` (nothing when it has no metrics)."""
+        if not metrics:
+            return
+        self.last_eval_metrics = metrics
+        self.eval_history = [entry for entry in self.eval_history if entry["step"] < step]
+        self.eval_history.append({"step": step, **metrics})
+        self.summaries.scalars("eval", step, metrics)
+        self.progress.eval(step, metrics)
+
+    def recovery(self, entry: Recovery, *, count: int, max_recoveries: int) -> None:
+        """Reports the run's `count`-th recovery and forgets the evaluations it undid."""
+        restored = entry["restored_step"]
+        self.eval_history = [item for item in self.eval_history if item["step"] <= restored]
+        self.summaries.scalars("train", entry["step"], {"recoveries": count})
+        steps = (
+            f"step {entry['step']}'s"
+            if entry["step"] == restored + 1
+            else f"those of steps {restored + 1} to {entry['step']}"
+        )
+        skipped = entry["skipped_batches"]
+        self.progress.line(
+            f"step {entry['step']} was not finite: recovery {count} of at most "
+            f"{max_recoveries}, back at the checkpoint of step {restored}; the "
+            f"train stream moved past {skipped} batch{'es' if skipped > 1 else ''} ({steps}), "
+            "and training goes on"
+        )
+
+    def speed(self, calls: Sequence[TimedCall]) -> None:
+        """Sets steps_per_second and units_per_second from a `train` call's executor calls."""
+        if not calls:
+            return
+        # The first call includes tracing; leave it out when there are others.
+        timed = calls[1:] or calls
+        seconds = max(sum(call.seconds for call in timed), 1e-9)
+        self.steps_per_second = sum(call.steps for call in timed) / seconds
+        units = [call.units for call in timed]
+        self.units_per_second = (
+            None if None in units else sum(u for u in units if u is not None) / seconds
+        )
+
+    def results(
+        self,
+        loop: RunDefinition,
+        *,
+        skipped_steps: int,
+        recoveries: Sequence[Recovery],
+        preempted: bool,
+        stop_reason: str | None,
+        config: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """What results.json holds: the run, its metrics and speeds, how it ended, its config."""
+        return {
+            "loop": loop.name,
+            "strategy": strategies.strategy_name(loop.strategy),
+            "num_replicas": loop.num_replicas,
+            "global_step": loop.step,
+            "train": self.last_train_metrics,
+            "eval": self.last_eval_metrics,
+            "steps_per_second": self.steps_per_second,
+            **(
+                {}
+                if self.units_per_second is None
+                else {f"{self.throughput_unit[1]}_per_second": self.units_per_second}
+            ),
+            "skipped_steps": skipped_steps,
+            "recoveries": list(recoveries),
+            "preempted": preempted,
+            "stop_reason": stop_reason,
+            "config": config,
+            "history": self.eval_history,
+            "versions": reporting.library_versions(),
+            **loop.results_extra(),
+        }

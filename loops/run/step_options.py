@@ -1,0 +1,117 @@
+"""How a Loop's steps compute, beside how its run goes (`loops.run.run_options`): checked
+when made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loops.core import mixed_precision as mixed_precision_lib
+from loops.run import recovery
+from loops.vocabulary import settings
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """The options of a Loop's steps and of the `loops.Update`s they make, checked.
+
+    Each is declared, with its type, default, help and check, in
+    loops/vocabulary/settings.py (as the flags are); this says what it means to a Loop.
+
+    Attributes:
+        seed: the seed steps key their randomness on.
+        run_eagerly: run steps without `tf.function`, for debugging.
+        on_nonfinite: what a step whose loss or gradients are not finite on
+            some replica (its `nonfinite` output is set) leads to. "stop":
+            the inner loop ends right after it, nothing is saved after it,
+            the loop goes back to its last checkpoint and NonFiniteError
+            names the step (without a checkpoint, the loop then refuses to
+            train on). "skip": its update is not applied on any replica and
+            training goes on; every update then waits for the finiteness
+            check (`Loop.apply_update`). "recover": as "stop", but then
+            training goes on from the last checkpoint (step s) with the train
+            stream moved past every batch from there to the bad step b, so
+            steps s + 1, ... read the batches that came after step b's; each
+            recovery is logged (progress, TensorBoard `recoveries`,
+            results.json `recoveries`) and checkpointed. Weights found not
+            finite after an inner loop recover the same way, b being its last
+            step. Needs a model_dir (a checkpoint of step 0 is saved when
+            there is none) and train_data, and does not run under
+            ParameterServerStrategy.
+        max_recoveries: under "recover", how many recoveries a run may make
+            (counted over resumes: the count is checkpointed) before the next
+            non-finite step raises NonFiniteError (default 3).
+        mixed_precision: "none" (float32), "mixed_bfloat16" or
+            "mixed_float16": the Keras dtype policy `build` runs under (layers
+            given an explicit dtype keep it; variables stay float32). Under
+            "mixed_float16" every `loops.Update` keeps a dynamic loss scale.
+        loss_scale_growth_steps: under "mixed_float16", finite steps in a row
+            after which the loss scale doubles (default 2000).
+        grad_accum_steps: micro-batches each `loops.Update` cuts a replica's
+            share of a step into, accumulating their gradients into one
+            update: the whole batch's update, computed one micro-batch at a time.
+        ema_decay: keep a moving average of the weights every `loops.Update`
+            trains (debiased early in training: `loops.core.weight_average`),
+            checkpointed beside them; evaluation and `ExportOnEnd` exports use
+            the averages (`Loop.averaged_weights`), training the weights
+            themselves. None: no average.
+
+    Made by `checked`, which fills in the defaults of None.
+    """
+
+    seed: int
+    run_eagerly: bool
+    on_nonfinite: str
+    max_recoveries: int
+    mixed_precision: str
+    loss_scale_growth_steps: int
+    grad_accum_steps: int
+    ema_decay: float | None
+
+
+def checked(**values: Any) -> StepOptions:
+    """A Loop's step options, checked by their declarations; None: the default.
+
+    Args:
+        values: each field of `StepOptions`, as the Loop's keyword arguments
+            gave it (their defaults are the Loop's, which tests/test_settings.py
+            holds equal to the declarations').
+
+    Raises:
+        ValueError: the first bad option, named with the fix.
+    """
+    seed, run_eagerly = values["seed"], values["run_eagerly"]
+    on_nonfinite, max_recoveries = values["on_nonfinite"], values["max_recoveries"]
+    mixed_precision, grad_accum_steps = values["mixed_precision"], values["grad_accum_steps"]
+    loss_scale_growth_steps, ema_decay = values["loss_scale_growth_steps"], values["ema_decay"]
+    settings.check_loop_settings({"on_nonfinite": on_nonfinite})
+    recoveries = recovery.check_max_recoveries(max_recoveries, on_nonfinite)
+    settings.check_loop_settings(
+        {
+            "grad_accum_steps": grad_accum_steps,
+            "mixed_precision": mixed_precision,
+            "loss_scale_growth_steps": loss_scale_growth_steps,
+            "ema_decay": ema_decay,
+            "seed": seed,
+        }
+    )
+    if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
+        mixed_precision
+    ):
+        raise ValueError(
+            f"loss_scale_growth_steps={loss_scale_growth_steps!r} applies only to "
+            f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
+            "switch to float16."
+        )
+    return StepOptions(
+        seed=seed,
+        run_eagerly=run_eagerly,
+        on_nonfinite=on_nonfinite,
+        max_recoveries=recoveries,
+        mixed_precision=mixed_precision,
+        loss_scale_growth_steps=(
+            loss_scale_growth_steps or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
+        ),
+        grad_accum_steps=grad_accum_steps,
+        ema_decay=ema_decay,
+    )

@@ -1,0 +1,59 @@
+"""The train input's position: a loop's train iterator placed where the run's next step reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from loops.input import distributed_input
+from loops.run import parameter_server
+from loops.run.recovery import Recoveries
+from loops.run.run_context import RunDefinition
+
+
+class TrainInput:
+    """A loop's train iterator, positioned after some steps' batches so a resume continues there.
+
+    Step k's batches start at k * batches_per_step plus the batches that the
+    run's recoveries moved the stream past.
+    """
+
+    def __init__(self, loop: RunDefinition, recoveries: Recoveries):
+        self._loop = loop
+        self._recoveries = recoveries
+        self._iterator: Iterator | None = None
+        # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
+        self.position = -1
+
+    def release(self) -> None:
+        """Drops the iterator (the next `at_step` makes a new one)."""
+        self._iterator = None
+        self.position = -1
+
+    def position_at(self, step: int) -> int:
+        """Batches of the stream before step `step + 1`'s."""
+        return step * self._loop.batches_per_step + self._recoveries.skipped_batches
+
+    def at_step(self, step: int):
+        """The iterator positioned after `step` steps' batches (None without train data).
+
+        Also sets the loop's `data_offset` (the steps recoveries moved past),
+        on which loops that make their own data key it (`Loop.data_step`).
+        """
+        loop = self._loop
+        offset = self._recoveries.skipped_batches // loop.batches_per_step
+        if int(loop.data_offset.numpy()) != offset:
+            loop.data_offset.assign(offset)
+        if loop.train_data is None:
+            return None
+        if loop.coordinator is not None:
+            # Asynchronous workers read their own streams: there is no position to resume at.
+            if self._iterator is None:
+                self._iterator = parameter_server.worker_iterator(loop.coordinator, loop.train_data)
+            return self._iterator
+        position = self.position_at(step)
+        if self._iterator is None or self.position != position:
+            self._iterator = distributed_input.train_iterator(
+                loop.strategy, loop.train_data, skip_batches=position
+            )
+            self.position = position
+        return self._iterator

@@ -1,0 +1,2 @@
+"""The words every layer shares: the settings' declarations, the choices, the errors
+and the exit codes."""
