@@ -71,10 +71,13 @@ def check_images(
     for path in paths:
         try:
             stats[path] = os.stat(path)
+            # Opened even when known: a chmod since the check leaves size and mtime alone.
+            open(path, "rb").close()
         except OSError as error:
-            bad[path] = f"cannot be read ({error.strerror}): fix its permissions"
+            stats.pop(path, None)
+            bad[path] = _unreadable(error)
             continue
-        entry = known.get(path)
+        entry = known.get(os.path.relpath(path, folder))
         if entry is not None and entry[:2] == [stats[path].st_size, stats[path].st_mtime_ns]:
             sizes[path] = (entry[2], entry[3])
     from_cache = len(sizes)
@@ -87,7 +90,15 @@ def check_images(
     if to_decode:
         _write_cache(
             cache_file,
-            {path: [stats[path].st_size, stats[path].st_mtime_ns, *sizes[path]] for path in sizes},
+            {
+                # Relative to the folder: about half the size of a large folder's cache.
+                os.path.relpath(path, folder): [
+                    stats[path].st_size,
+                    stats[path].st_mtime_ns,
+                    *sizes[path],
+                ]
+                for path in sizes
+            },
         )
     if say is not None:
         say(
@@ -122,7 +133,7 @@ def _decoded_size(path: str) -> tuple[str, tuple[int, int] | str]:
         with open(path, "rb") as handle:
             contents = handle.read()
     except OSError as error:
-        return path, f"cannot be read ({error.strerror}): fix its permissions"
+        return path, _unreadable(error)
     if not contents.startswith((_PNG_SIGNATURE, _JPEG_START)):
         return path, NOT_AN_IMAGE
     try:
@@ -130,6 +141,12 @@ def _decoded_size(path: str) -> tuple[str, tuple[int, int] | str]:
     except tf.errors.InvalidArgumentError:
         return path, DOES_NOT_DECODE
     return path, (int(shape[0]), int(shape[1]))
+
+
+def _unreadable(error: OSError) -> str:
+    if isinstance(error, FileNotFoundError):
+        return "cannot be read (a broken symbolic link, or removed since it was listed)"
+    return f"cannot be read ({error.strerror}): fix its permissions"
 
 
 def cache_path(folder: str) -> str:
@@ -140,7 +157,7 @@ def cache_path(folder: str) -> str:
 
 
 def _read_cache(cache_file: str) -> dict[str, list[int]]:
-    """path -> [size, mtime_ns, height, width]; {} for a missing or damaged file."""
+    """path in the folder -> [size, mtime_ns, height, width]; {} for a missing or damaged file."""
     try:
         with open(cache_file) as stream:
             cached = json.load(stream)

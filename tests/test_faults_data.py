@@ -72,6 +72,27 @@ DAMAGED_FILES = [
 ]
 
 
+def empty(path):
+    open(path, "wb").close()
+
+
+def break_link(path):
+    os.remove(path)
+    os.symlink(path + ".gone", path)
+
+
+# Damage the header check before this one also found: still named, the same way.
+MORE_DAMAGED_FILES = [
+    ("zero-byte PNG", "train/blue/000.png", empty, NOT_AN_IMAGE),
+    (
+        "broken symlink",
+        "test/red/001.jpg",
+        break_link,
+        "cannot be read (a broken symbolic link, or removed since it was listed)",
+    ),
+]
+
+
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     """Each test's check results in its own cache directory (in-process and in subprocesses)."""
@@ -85,7 +106,7 @@ def folder_streams(root, **options):
     )
 
 
-@pytest.mark.parametrize("case, relative, damage, why", DAMAGED_FILES)
+@pytest.mark.parametrize("case, relative, damage, why", DAMAGED_FILES + MORE_DAMAGED_FILES)
 def test_each_damaged_file_is_named_with_the_fix(tmp_path, case, relative, damage, why):
     root = write_folder(tmp_path / "images")
     path = os.path.join(root, relative)
