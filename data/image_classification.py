@@ -22,6 +22,8 @@ class DatasetSpec:
     input_shape: tuple[int, ...]
     num_classes: int
     split_sizes: dict[str, int]
+    # (path, why) of each file of the data left out as unusable (--skip_bad_images).
+    left_out: tuple[tuple[str, str], ...] = ()
 
 
 def load_builder(name: str, data_dir: str | None = None) -> tfds.core.DatasetBuilder:

@@ -2,24 +2,28 @@
 
 Layout: ROOT/SPLIT/CLASS/IMAGE, e.g. photos/train/cat/001.jpg and
 photos/test/dog/7.png. Classes are the sorted names of the class folders of
-the train split; labels are their positions. Every image file's header is read
-before training starts (not its pixels), so a folder with no classes, a file
-that is no PNG or JPEG, or images of different sizes without a resize fail at
-once with a sentence naming the file and the fix.
+the train split; labels are their positions. Every image is decoded in full
+before training starts (`loops_data.image_check`: in parallel, and only once
+per file while it does not change), so a folder with no classes, a folder
+that cannot be read, a file that is no PNG or JPEG or does not decode
+completely, or images of different sizes without a resize fail at once with
+a sentence naming them and the fix. With `skip_bad_images` the files that
+do not decode are left out instead, and listed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import struct
+from collections.abc import Callable
 
 import tensorflow as tf
 
+from loops_data import image_check
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# JPEG start-of-frame markers (they carry the size); C4, C8 and CC are other segments.
-_JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# A refusal names this many bad files, then counts the rest.
+NAMED_BAD_FILES = 10
 
 
 class BadImageFolderError(ValueError):
@@ -37,6 +41,8 @@ class ImageFolderSplit:
     class_names: tuple[str, ...]
     # Each (height, width) found, with the first file of that size.
     sizes: tuple[tuple[tuple[int, int], str], ...]
+    # (path, why) of each file left out (skip_bad_images).
+    left_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def num_examples(self) -> int:
@@ -50,22 +56,140 @@ class ImageFolderSplit:
         return contents, labels
 
 
-def read_split(
-    root: str, split: str, *, class_names: tuple[str, ...] | None = None
-) -> ImageFolderSplit:
-    """Scans ROOT/SPLIT and checks every image's header.
+def read_splits(
+    root: str,
+    splits: tuple[str, ...],
+    *,
+    skip_bad_images: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> list[ImageFolderSplit]:
+    """Scans ROOT/SPLIT of each split, then decodes every image (`image_check.check_images`).
+
+    The class folders of the first split are the classes; every other
+    split's must be among them. All splits are checked before any bad file is
+    refused, so one refusal names the bad files of every split.
 
     Args:
         root: the folder holding one folder per split.
-        split: 'train', 'test', ...
-        class_names: the train split's classes, when reading another split:
-            its class folders must be among them.
+        splits: e.g. ('train', 'test'), the train split first.
+        skip_bad_images: leave out the files that are no PNG or JPEG or do
+            not decode (listed in each split's `left_out`) instead of refusing them.
+        say: prints the check's progress and outcome; None: silent.
 
     Raises:
-        BadImageFolderError: a missing folder, no classes, a class with no
-            images, a class unknown to the train split, or a file that is no
-            readable PNG or JPEG.
+        BadImageFolderError: a missing or unreadable folder, no classes, a
+            class with no (usable) images, a class unknown to the first
+            split, or (without skip_bad_images) a file that is no PNG or JPEG
+            or does not decode completely.
     """
+    scanned: list[tuple[str, dict[str, list[str]]]] = []
+    class_names: tuple[str, ...] | None = None
+    for split in splits:
+        images = _scan_split(root, split, class_names)
+        class_names = class_names or tuple(images)
+        scanned.append((split, images))
+    checks = [
+        image_check.check_images(
+            [path for paths in images.values() for path in paths],
+            folder=os.path.join(root, split),
+            say=say,
+        )
+        for split, images in scanned
+    ]
+    bad = {path: why for checked in checks for path, why in checked.bad.items()}
+    if bad and not skip_bad_images:
+        raise BadImageFolderError(bad_files_sentence(bad))
+    assert class_names is not None
+    return [
+        _usable_split(root, split, images, checked, class_names)
+        for (split, images), checked in zip(scanned, checks)
+    ]
+
+
+def _scan_split(root: str, split: str, class_names: tuple[str, ...] | None) -> dict[str, list[str]]:
+    """Class name -> its image files, of ROOT/SPLIT; `class_names`: the classes it may have."""
+    folder = _split_folder(root, split)
+    found = sorted(
+        name
+        for name in _listed(folder, "split folder")
+        if os.path.isdir(os.path.join(folder, name)) and not name.startswith(".")
+    )
+    if not found:
+        raise BadImageFolderError(
+            f"{folder!r} holds no class folders. Put each class's images in a folder "
+            f"named after the class: {os.path.join(folder, 'CLASS', 'IMAGE.png')!r}."
+        )
+    unknown = [name for name in found if class_names is not None and name not in class_names]
+    if unknown:
+        raise BadImageFolderError(
+            f"{folder!r} has class folders the train split does not have: {unknown}. "
+            f"The train split's classes are {list(class_names or ())}; rename or remove "
+            "the others."
+        )
+    return {name: _class_images(os.path.join(folder, name)) for name in found}
+
+
+def _usable_split(
+    root: str,
+    split: str,
+    images: dict[str, list[str]],
+    checked: image_check.ImageCheck,
+    class_names: tuple[str, ...],
+) -> ImageFolderSplit:
+    """The split of the `images` that decode (`checked`); the others are its `left_out`."""
+    files, labels, sizes = _usable_files(images, checked, class_names)
+    return ImageFolderSplit(
+        root=root,
+        split=split,
+        files=tuple(files),
+        labels=tuple(labels),
+        class_names=class_names,
+        sizes=tuple(sizes.items()),
+        left_out=tuple(checked.bad.items()),
+    )
+
+
+def _usable_files(
+    images: dict[str, list[str]], checked: image_check.ImageCheck, class_names: tuple[str, ...]
+) -> tuple[list[str], list[int], dict[tuple[int, int], str]]:
+    """(files, labels, each size with its first file) of the images that decode, by class."""
+    files: list[str] = []
+    labels: list[int] = []
+    sizes: dict[tuple[int, int], str] = {}
+    for name, paths in images.items():
+        usable = [path for path in paths if path not in checked.bad]
+        if not usable:
+            raise BadImageFolderError(
+                f"Class folder {os.path.dirname(paths[0])!r} holds no image that decodes "
+                f"(--skip_bad_images left out all {len(paths)}). Add valid images to it or "
+                "remove the folder."
+            )
+        for path in usable:
+            sizes.setdefault(checked.sizes[path], path)
+        files.extend(usable)
+        labels.extend([class_names.index(name)] * len(usable))
+    return files, labels, sizes
+
+
+def bad_files_sentence(bad: dict[str, str]) -> str:
+    """The refusal of the files in `bad` (path -> why): the first few named, the rest counted."""
+    named = "; ".join(f"{path} {why}" for path, why in list(bad.items())[:NAMED_BAD_FILES])
+    more = len(bad) - NAMED_BAD_FILES
+    if len(bad) == 1:
+        return (
+            f"{named}. Replace it with a valid image or remove it, or pass "
+            "--skip_bad_images to train without it (results.json lists it)."
+        )
+    return (
+        f"{len(bad)} image files are not usable: {named}"
+        + (f"; and {more} more" if more > 0 else "")
+        + ". Replace them with valid images or remove them, or pass --skip_bad_images "
+        "to train without them (results.json lists them)."
+    )
+
+
+def _split_folder(root: str, split: str) -> str:
+    """ROOT/SPLIT, checked to be a folder."""
     if not os.path.isdir(root):
         raise BadImageFolderError(
             f"--image_dir={root!r} is not a folder. Point it at a folder laid out as "
@@ -74,59 +198,42 @@ def read_split(
     folder = os.path.join(root, split)
     if not os.path.isdir(folder):
         present = sorted(
-            name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name))
+            name
+            for name in _listed(root, "--image_dir folder")
+            if os.path.isdir(os.path.join(root, name))
         )
         raise BadImageFolderError(
             f"{root!r} has no {split!r} folder (it has {present or 'no folders'}). Put the "
             f"{split} images in {os.path.join(root, split, 'CLASS', 'IMAGE.png')!r}, one "
             "folder per class, or pick a split that exists (--train_split / --eval_split)."
         )
-    found = sorted(
-        name
-        for name in os.listdir(folder)
-        if os.path.isdir(os.path.join(folder, name)) and not name.startswith(".")
+    return folder
+
+
+def _class_images(class_folder: str) -> list[str]:
+    """The paths of the image files in a class folder, sorted; refuses a class with none."""
+    images = sorted(
+        entry
+        for entry in _listed(class_folder, "class folder")
+        if entry.lower().endswith(IMAGE_SUFFIXES) and not entry.startswith(".")
     )
-    if not found:
+    if not images:
         raise BadImageFolderError(
-            f"{folder!r} holds no class folders. Put each class's images in a folder "
-            f"named after the class: {os.path.join(folder, 'CLASS', 'IMAGE.png')!r}."
+            f"Class folder {class_folder!r} holds no images ({', '.join(IMAGE_SUFFIXES)}). "
+            "Add images to it or remove the folder."
         )
-    if class_names is None:
-        class_names = tuple(found)
-    unknown = [name for name in found if name not in class_names]
-    if unknown:
+    return [os.path.join(class_folder, image) for image in images]
+
+
+def _listed(folder: str, what: str) -> list[str]:
+    """os.listdir(folder); a folder that cannot be read is named with the fix."""
+    try:
+        return os.listdir(folder)
+    except OSError as error:
         raise BadImageFolderError(
-            f"{folder!r} has class folders the train split does not have: {unknown}. "
-            f"The train split's classes are {list(class_names)}; rename or remove the others."
-        )
-    files: list[str] = []
-    labels: list[int] = []
-    sizes: dict[tuple[int, int], str] = {}
-    for name in found:
-        class_folder = os.path.join(folder, name)
-        images = sorted(
-            entry
-            for entry in os.listdir(class_folder)
-            if entry.lower().endswith(IMAGE_SUFFIXES) and not entry.startswith(".")
-        )
-        if not images:
-            raise BadImageFolderError(
-                f"Class folder {class_folder!r} holds no images ({', '.join(IMAGE_SUFFIXES)}). "
-                "Add images to it or remove the folder."
-            )
-        for image in images:
-            path = os.path.join(class_folder, image)
-            sizes.setdefault(image_size(path), path)
-            files.append(path)
-            labels.append(class_names.index(name))
-    return ImageFolderSplit(
-        root=root,
-        split=split,
-        files=tuple(files),
-        labels=tuple(labels),
-        class_names=tuple(class_names),
-        sizes=tuple(sizes.items()),
-    )
+            f"Cannot read the {what} {folder!r} ({error.strerror}). Give the user running "
+            f"training read and search rights on it (e.g. chmod a+rx {folder!r}) or remove it."
+        ) from error
 
 
 def check_one_size(splits: list[ImageFolderSplit]) -> tuple[int, int]:
@@ -151,49 +258,18 @@ def check_one_size(splits: list[ImageFolderSplit]) -> tuple[int, int]:
     return next(iter(seen))
 
 
-def image_size(path: str) -> tuple[int, int]:
-    """(height, width) of a PNG or JPEG file, from its header alone.
+def changed_files(
+    root: str, splits: tuple[str, ...], *, trained_without: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """path -> why, of the files of `splits` that are not usable now (e.g. changed after the check).
 
-    Raises:
-        BadImageFolderError: the file cannot be read or is no PNG or JPEG.
+    Decodes again only the files changed since the check (`image_check`'s
+    cache); `trained_without` (files left out at the start) are not named.
     """
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(1 << 16)
-    except OSError as error:
-        raise BadImageFolderError(
-            f"Cannot read {path}: {error.strerror}. Fix its permissions or remove it."
-        ) from error
-    size = _png_size(head) or _jpeg_size(head)
-    if size is None:
-        raise BadImageFolderError(
-            f"{path} is not a readable PNG or JPEG image (its first bytes are {head[:8]!r}). "
-            "Replace it with a valid image or remove it."
-        )
-    return size
-
-
-def _png_size(head: bytes) -> tuple[int, int] | None:
-    if not head.startswith(_PNG_SIGNATURE) or head[12:16] != b"IHDR" or len(head) < 24:
-        return None
-    width, height = struct.unpack(">II", head[16:24])
-    return (height, width) if width and height else None
-
-
-def _jpeg_size(head: bytes) -> tuple[int, int] | None:
-    if not head.startswith(b"\xff\xd8"):
-        return None
-    position = 2
-    while position + 9 <= len(head):
-        if head[position] != 0xFF:
-            return None
-        marker = head[position + 1]
-        if marker == 0xFF:  # fill byte
-            position += 1
-            continue
-        (length,) = struct.unpack(">H", head[position + 2 : position + 4])
-        if marker in _JPEG_FRAME_MARKERS:
-            height, width = struct.unpack(">HH", head[position + 5 : position + 9])
-            return (height, width) if width and height else None
-        position += 2 + length
-    return None
+        now = read_splits(root, splits, skip_bad_images=True)
+    except BadImageFolderError:
+        return {}  # the folder changed as a whole: nothing to name file by file
+    return {
+        path: why for split in now for path, why in split.left_out if path not in trained_without
+    }

@@ -144,16 +144,22 @@ def from_image_folder(
     seed: int,
     augment: str = "none",
     image_size: tuple[int, int] | None = None,
+    skip_bad_images: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> ImageStreams:
     """Streams of an image folder (`loops_data.image_folders` layout), 3 channels.
 
+    `skip_bad_images` and `say` are `image_folders.read_splits`'s; the spec's
+    `left_out` lists the files left out.
+
     Raises:
-        image_folders.BadImageFolderError: see `image_folders.read_split`, and
+        image_folders.BadImageFolderError: see `image_folders.read_splits`, and
             images of several sizes without `image_size`.
     """
     _check_augment(augment)
-    train = image_folders.read_split(root, train_split)
-    evaluation = image_folders.read_split(root, eval_split, class_names=train.class_names)
+    train, evaluation = image_folders.read_splits(
+        root, (train_split, eval_split), skip_bad_images=skip_bad_images, say=say
+    )
     if image_size is None:
         image_size = image_folders.check_one_size([train, evaluation])
         resize = None
@@ -169,6 +175,7 @@ def from_image_folder(
             input_shape=(*image_size, 3),
             num_classes=len(train.class_names),
             split_sizes={train_split: train.num_examples, eval_split: evaluation.num_examples},
+            left_out=train.left_out + evaluation.left_out,
         ),
         train,
         evaluation,
@@ -287,6 +294,8 @@ def classification_input(
     input_from: str = "auto",
     augment: str = "none",
     image_size: tuple[int, int] | None = None,
+    skip_bad_images: bool = False,
+    say: Callable[[str], None] | None = None,
 ):
     """(spec, train_data, eval_data) for a classifier: a TFDS name, dataset folder or image folder.
 
@@ -296,7 +305,8 @@ def classification_input(
     'disk' reads every example from its file by index; 'auto' picks memory
     for a split that fits in `image_classification.IN_MEMORY_BYTES` with no
     augmentation or resize, disk otherwise. Image folders are always read
-    from disk.
+    from disk, and checked first (`skip_bad_images` and `say`: see
+    `image_folders.read_splits`).
 
     Raises:
         ValueError: a bad combination, with the flag that fixes it.
@@ -317,7 +327,7 @@ def classification_input(
             raise ValueError(
                 "--image_dir is read from disk, example by example; drop --input_from=memory."
             )
-        streams = from_image_folder(image_dir, **options)
+        streams = from_image_folder(image_dir, skip_bad_images=skip_bad_images, say=say, **options)
         return streams.spec, streams.train, streams.eval
     if is_tfds_directory(data_dir):
         builder = tfds.builder_from_directory(data_dir)

@@ -7,6 +7,7 @@ Nothing here imports TensorFlow: a binary declares its flags from these before
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from loops.vocabulary.settings import Setting
@@ -28,6 +29,17 @@ def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:
     return height, width
 
 
+def _data_dir_is_no_file(value: str | None) -> bool:
+    return value is None or not os.path.exists(value) or os.path.isdir(value)
+
+
+# A path to a file given as --data_dir: refused while the flags are parsed, before any work.
+_DATA_DIR_IS_A_FOLDER = (
+    _data_dir_is_no_file,
+    "--data_dir names a file, not a folder; point it at the TFDS data directory or at "
+    "one prepared dataset's folder (DATA_DIR/NAME/VERSION), or leave it unset.",
+)
+
 # loops.bin.classifier: a TFDS dataset, a prepared dataset's folder, or a folder of images
 # (the keyword arguments of `loops_data.image_streams.classification_input`).
 IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
@@ -45,13 +57,25 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "dataset's folder (DATA_DIR/NAME/VERSION, holding dataset_info.json; --dataset "
         "is then not used).",
         "string",
+        flag_rule=_DATA_DIR_IS_A_FOLDER,
     ),
     Setting(
         "image_dir",
         "data",
         "A folder of your own images instead of --dataset: IMAGE_DIR/train/CLASS/*.png|jpg "
-        "and IMAGE_DIR/test/CLASS/*.png|jpg (TFDS ImageFolder layout).",
+        "and IMAGE_DIR/test/CLASS/*.png|jpg (TFDS ImageFolder layout). Every image is "
+        "decoded before training (once per file while it does not change: the outcome is "
+        "kept in ~/.cache/loops/image_checks).",
         "string",
+    ),
+    Setting(
+        "skip_bad_images",
+        "data",
+        "--image_dir: leave out the files that are no PNG or JPEG or do not decode "
+        "completely (truncated or corrupt), listed in results.json, instead of refusing "
+        "to start.",
+        "bool",
+        flag_default=False,
     ),
     Setting("train_split", "data", "Split to train on.", "string", flag_default="train"),
     Setting("eval_split", "data", "Split to evaluate on.", "string", flag_default="test"),
@@ -87,11 +111,17 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
 
 
 def check_one_image_source(values: dict[str, Any], *, dataset_given: bool) -> None:
-    """Refuses an --image_dir given with --dataset (`dataset_given`) or --data_dir.
+    """Refuses an --image_dir given with --dataset (`dataset_given`) or --data_dir, and
+    --skip_bad_images without --image_dir.
 
     Raises:
-        ValueError: both sources, and which to drop.
+        ValueError: both sources, and which to drop; --skip_bad_images, and what it needs.
     """
+    if values["skip_bad_images"] and values["image_dir"] is None:
+        raise ValueError(
+            "--skip_bad_images leaves files out of an --image_dir; pass --image_dir, or "
+            "drop --skip_bad_images."
+        )
     if values["image_dir"] is not None and (dataset_given or values["data_dir"]):
         raise ValueError(
             f"--image_dir={values['image_dir']} replaces --dataset and --data_dir; pass "
@@ -116,6 +146,7 @@ GAN_DATA: tuple[Setting, ...] = (
         "data",
         "TFDS data directory for digits (default: ~/tensorflow_datasets).",
         "string",
+        flag_rule=_DATA_DIR_IS_A_FOLDER,
     ),
 )
 

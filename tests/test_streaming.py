@@ -474,7 +474,8 @@ def test_each_bad_folder_is_named_with_its_fix(tmp_path):
     with open(bad, "wb") as handle:
         handle.write(b"not an image at all")
     message = folder_error(broken)
-    assert f"{bad} is not a readable PNG or JPEG image" in message and "remove it" in message
+    assert f"{bad} is not a PNG or JPEG image" in message and "remove it" in message
+    assert "not an image at all" not in message  # never the file's bytes
 
     empty = write_folder(tmp_path / "empty")
     os.makedirs(os.path.join(empty, "train", "fox"))

@@ -436,6 +436,7 @@ def entry_points(
     description: str,
     summary: Callable | None = None,
     prepare: Callable[[], None] | None = None,
+    explain_failure: Callable[[Any, Exception], str | None] | None = None,
 ) -> tuple[Callable[[list[str]], None], Callable[[], None]]:
     """A binary's `main` (what `app.run` calls, or a test) and `run` (its console script).
 
@@ -445,12 +446,15 @@ def entry_points(
         summary: loop -> one line to print after training, or None.
         prepare: called first in main, with the flags parsed: checks or fills in
             flags before the mode is acted on.
+        explain_failure: (loop, a TensorFlow error training raised) -> the
+            sentence to exit with, naming its cause and the fix, or None to
+            let the error through (`run_binary`).
     """
 
     def main(argv: list[str]) -> None:
         if prepare is not None:
             prepare()
-        run_binary(argv, build_loop, summary=summary)
+        run_binary(argv, build_loop, summary=summary, explain_failure=explain_failure)
 
     def console_script() -> None:
         run(main, description=description)
@@ -459,7 +463,11 @@ def entry_points(
 
 
 def run_binary(
-    argv: Sequence[str], build_loop: Callable, *, summary: Callable | None = None
+    argv: Sequence[str],
+    build_loop: Callable,
+    *,
+    summary: Callable | None = None,
+    explain_failure: Callable[[Any, Exception], str | None] | None = None,
 ) -> None:
     """The body of every binary's main: build the loop, train, say where outputs went.
 
@@ -467,6 +475,9 @@ def run_binary(
         argv: what absl left after parsing flags; anything there is an error.
         build_loop: () -> Loop from the flags; ValueError for a bad combination.
         summary: loop -> one line to print after training, or None.
+        explain_failure: (loop, a `tf.errors.OpError` training raised) -> the
+            sentence to exit with (e.g. naming the data file that failed), or
+            None to let the error through.
     """
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
@@ -494,14 +505,19 @@ def run_binary(
     # once. The caller's handler comes back afterwards (tests call main in-process).
     previous_handler = signal.signal(signal.SIGTERM, _exit_preempted)
     try:
-        _build_and_train(build_loop, summary, NonFiniteError, UnknownMetricError)
+        _build_and_train(build_loop, summary, explain_failure, NonFiniteError, UnknownMetricError)
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
 
 
 def _build_and_train(
-    build_loop: Callable, summary: Callable | None, *errors_to_report: type[Exception]
+    build_loop: Callable,
+    summary: Callable | None,
+    explain_failure: Callable[[Any, Exception], str | None] | None,
+    *errors_to_report: type[Exception],
 ) -> None:
+    import tensorflow as tf
+
     try:
         loop = build_loop()
     except ValueError as error:
@@ -511,6 +527,11 @@ def _build_and_train(
         loop.train(flags.FLAGS.train_steps)
     except reported as error:
         sys.exit(f"error: {error}")
+    except tf.errors.OpError as error:
+        explained = None if explain_failure is None else explain_failure(loop, error)
+        if explained is None:
+            raise
+        sys.exit(f"error: {explained}")
     finally:
         loop.close()
     if summary is not None:

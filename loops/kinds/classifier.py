@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -50,6 +51,7 @@ class ClassifierLoop(Loop):
         optimizer_fn: Callable[[], keras.optimizers.Optimizer],
         loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = sparse_softmax_cross_entropy,
         clip_norm: float | None = None,
+        data_notes: Mapping[str, Any] | None = None,
         **loop_args,
     ):
         """
@@ -60,6 +62,8 @@ class ClassifierLoop(Loop):
             loss_fn: (labels, logits) -> one loss per example. A Keras `Loss`
                 must use reduction=None.
             clip_norm: clip the summed gradient to this global norm; None: no clip.
+            data_notes: what the data left out or holds (e.g. the image files it
+                skipped), recorded in results.json under "data".
             **loop_args: the `Loop` arguments, among them `mixed_precision`
                 (the loss is computed in float32 either way) and
                 `grad_accum_steps`.
@@ -74,6 +78,7 @@ class ClassifierLoop(Loop):
         self.optimizer_fn = optimizer_fn
         self.loss_fn = loss_fn
         self.clip_norm = clip_norm
+        self.data_notes = dict(data_notes or {})
         super().__init__(**loop_args)
 
     def build(self) -> None:
@@ -91,6 +96,9 @@ class ClassifierLoop(Loop):
 
     def checkpoint_items(self):
         return {"model": self.model, "optimizer": self.optimizer}
+
+    def results_extra(self) -> dict[str, Any]:
+        return {"data": self.data_notes} if self.data_notes else {}
 
     def _replica_loss(self, inputs, labels):
         """This replica's share of the step's loss (the Update adds regularization)."""
