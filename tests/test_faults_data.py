@@ -286,7 +286,7 @@ def test_a_file_damaged_during_training_is_named_after_the_last_checkpoint(tmp_p
     # Right after the checkpoint at step 4 the file is cut short: a later step reads it.
     code = f"""
         import os
-        from loops.controller import Controller
+        from loops.run.controller import Controller
         save = Controller.save_checkpoint
         def save_then_damage(self):
             path = save(self)
