@@ -22,7 +22,7 @@ from typing import Any
 
 from absl import app, flags
 
-from loops import exit_codes, run_config, settings, tensorflow_logs
+from loops import exit_codes, run_config, settings, startup_preemption, tensorflow_logs
 from loops.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
 
 # The headings of a binary's --help, in order; each of its flags is defined under one.
@@ -234,8 +234,13 @@ def parse_flags(argv: list[str], *, description: str) -> list[str]:
 
 
 def run(main: Callable[[list[str]], None], *, description: str) -> None:
-    """`app.run(main)` with this module's flag parsing and --help."""
-    app.run(main, flags_parser=functools.partial(parse_flags, description=description))
+    """`app.run(main)` with this module's flag parsing and --help.
+
+    From here on SIGTERM is the preemption exit (`startup_preemption`): a binary's
+    console script calls this first, so no moment of its start-up ends by the signal.
+    """
+    with startup_preemption.sigterm_handler():
+        app.run(main, flags_parser=functools.partial(parse_flags, description=description))
 
 
 def resolve_model_dir(name: str) -> str:
@@ -478,23 +483,30 @@ def run_binary(
             f"--mode={EVALUATE_CHECKPOINTS})."
         )
     check_export_dir()
-    quiet_logging()
-    from loops import parameter_server
-    from loops.actions import UnknownMetricError
-    from loops.loop import NonFiniteError
+    # Until train watches for it, a SIGTERM has no completed step to save: exit at
+    # once, TensorFlow's import included. The caller's handler comes back
+    # afterwards (tests call main in-process).
+    with startup_preemption.sigterm_handler():
+        quiet_logging()
+        from loops.actions import UnknownMetricError
+        from loops.loop import NonFiniteError
 
-    if flags.FLAGS.strategy == "parameter_server":
+        if flags.FLAGS.strategy == "parameter_server":
+            _serve_unless_chief()
+        _build_and_train(build_loop, summary, NonFiniteError, UnknownMetricError)
+
+
+def _serve_unless_chief() -> None:
+    """A parameter-server cluster's worker or ps task serves until killed; the chief returns."""
+    from loops import parameter_server
+
+    # A server waits in TensorFlow's C++ and never comes back to Python to run
+    # a handler: SIGTERM ends it the default way.
+    with startup_preemption.sigterm_handler(signal.SIG_DFL):
         try:
-            parameter_server.serve_unless_chief()  # a worker or ps task never returns
+            parameter_server.serve_unless_chief()
         except ValueError as error:
             raise app.UsageError(str(error)) from error
-    # Until train watches for it, a SIGTERM has no completed step to save: exit at
-    # once. The caller's handler comes back afterwards (tests call main in-process).
-    previous_handler = signal.signal(signal.SIGTERM, _exit_preempted)
-    try:
-        _build_and_train(build_loop, summary, NonFiniteError, UnknownMetricError)
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
 
 
 def _build_and_train(
@@ -532,12 +544,11 @@ def _evaluate_checkpoints(build_loop: Callable) -> None:
             f"--mode={EVALUATE_CHECKPOINTS} evaluates the checkpoints of the run in "
             "--model_dir; pass the trainer's --model_dir."
         )
-    _take_run_settings(model_dir)
-    quiet_logging()
-    from loops.sidecar import evaluate_checkpoints
+    with startup_preemption.sigterm_handler(_exit_evaluator):
+        _take_run_settings(model_dir)
+        quiet_logging()
+        from loops.sidecar import evaluate_checkpoints
 
-    previous_handler = signal.signal(signal.SIGTERM, _exit_evaluator)
-    try:
         try:
             loop = build_loop()
         except ValueError as error:
@@ -552,8 +563,6 @@ def _evaluate_checkpoints(build_loop: Callable) -> None:
             )
         except (ValueError, OSError) as error:  # TimeoutError is an OSError
             sys.exit(f"error: {error}")
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
 
 
 def _take_run_settings(model_dir: str) -> None:
@@ -601,12 +610,6 @@ def _exit_evaluator(signum, frame) -> None:
         "after the last checkpoint it handled",
         file=sys.stderr,
     )
-    sys.exit(exit_codes.PREEMPTED)
-
-
-def _exit_preempted(signum, frame) -> None:
-    del signum, frame
-    print("preempted (SIGTERM) before training started: nothing to save", file=sys.stderr)
     sys.exit(exit_codes.PREEMPTED)
 
 
