@@ -35,6 +35,8 @@ EVALUATE_CHECKPOINTS = settings.EVALUATE_CHECKPOINTS
 EVALUATOR_TASK = settings.EVALUATOR_TASK
 DEFAULT_EVALUATIONS = settings.DEFAULT_EVALUATIONS
 DEFAULT_CPU_REPLICAS = settings.DEFAULT_CPU_REPLICAS
+# The largest finite float32: a larger flag value becomes inf once TensorFlow holds it.
+FLOAT32_MAX = 3.4028234663852886e38
 _HELP_ARGUMENTS = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
 
 # Flag name -> its --help heading, for every flag of the running binary (one per process).
@@ -45,7 +47,8 @@ _heading_of: dict[str, str] = {}
 def heading(name: str) -> Iterator[None]:
     """Files the flags defined inside under `name`: in --help, in results.json's config.
 
-    A float flag defined inside must also be finite: inf and nan are flag errors.
+    A float flag defined inside must also be finite as a float32 (TensorFlow's
+    number): inf, nan and numbers beyond float32's range are flag errors.
     """
     if name not in HEADINGS:
         raise ValueError(f"Unknown flag heading {name!r}; use one of {', '.join(HEADINGS)}.")
@@ -68,6 +71,12 @@ def _require_finite(flag: flags.Flag) -> None:
         if value is not None and not math.isfinite(value):
             raise flags.ValidationError(
                 f"{value} is not a finite number; pass a finite --{flag.name}, {example}."
+            )
+        if value is not None and abs(value) > FLOAT32_MAX:
+            raise flags.ValidationError(
+                f"{value} is beyond float32's range (up to {FLOAT32_MAX:.4g} in magnitude): "
+                f"TensorFlow computes in float32, where it is infinite; pass a smaller "
+                f"--{flag.name}, {example}."
             )
         return True
 
@@ -296,13 +305,42 @@ def mode() -> str:
 
 
 def check_batch_fits_replicas(strategy) -> None:
-    """Raises ValueError when the global batch cannot give every replica an example."""
+    """Raises ValueError when the global batch cannot give every replica an example, or
+    every micro-batch of a replica a row (`check_micro_batches`)."""
     batch, replicas = flags.FLAGS.global_batch_size, strategy.num_replicas_in_sync
     if batch < replicas:
         raise ValueError(
             f"--global_batch_size={batch} is smaller than the {replicas} replicas, so some "
             f"replicas would never get an example; pass --global_batch_size>={replicas}."
         )
+    check_micro_batches(replicas)
+
+
+def check_micro_batches(replicas: int = 1) -> None:
+    """Raises ValueError when --grad_accum_steps is more than the rows some replica holds.
+
+    A replica's share of a step is cut into --grad_accum_steps micro-batches;
+    with fewer rows than that, some are empty and the step is mostly wasted
+    work. The fewest rows a replica holds is global_batch_size // replicas
+    (the first global_batch_size % replicas hold one more). Before the
+    strategy exists, `replicas` 1 checks against the whole batch, which bounds
+    every replica's share.
+    """
+    micro_batches, batch = flags.FLAGS.grad_accum_steps, flags.FLAGS.global_batch_size
+    rows = batch // replicas
+    if micro_batches <= rows:
+        return
+    held = (
+        f"the {batch} rows of --global_batch_size={batch}"
+        if replicas == 1
+        else f"the {rows} rows a replica holds (--global_batch_size={batch} over {replicas} "
+        "replicas)"
+    )
+    raise ValueError(
+        f"--grad_accum_steps={micro_batches} cuts a replica's share of each step into more "
+        f"micro-batches than {held}, so some would hold no example; pass "
+        f"--grad_accum_steps<={rows} or a larger --global_batch_size."
+    )
 
 
 def eval_every() -> int | None:
@@ -483,6 +521,10 @@ def run_binary(
             f"--mode={EVALUATE_CHECKPOINTS})."
         )
     check_export_dir()
+    try:
+        check_micro_batches()  # against the rows per replica again once the strategy exists
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
     # Until train watches for it, a SIGTERM has no completed step to save: exit at
     # once, TensorFlow's import included. The caller's handler comes back
     # afterwards (tests call main in-process).

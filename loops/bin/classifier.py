@@ -53,7 +53,9 @@ def build_loop():
     )
 
 
-main, run = loop_flags.entry_points(build_loop, description=__doc__)
+main, run = loop_flags.entry_points(
+    build_loop, description=__doc__, prepare=training_settings.check_schedule_flags
+)
 
 if __name__ == "__main__":
     run()
