@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from absl import flags
+from absl import app, flags
 
 from loops import flags as loop_flags
 from loops.bin import summaries, training_settings
@@ -37,6 +37,13 @@ def build_loop():
     model = loop_flags.setting_values(model_settings.TRANSFORMER_LM)
     model_settings.check_width_fits_heads(model)
     length, seed = FLAGS.sequence_length, FLAGS.seed
+    replicas = arguments["strategy"].num_replicas_in_sync
+    model_settings.check_attention_fits(
+        model,
+        sequence_length=length,
+        rows=-(-FLAGS.global_batch_size // replicas),  # the most a replica holds
+        memory=model_settings.memory_bytes(),
+    )
     return LanguageModelLoop(
         model_fn=lambda: lm_models.transformer_lm(
             vocab_size=python_text.VOCAB_SIZE, sequence_length=length, seed=seed, **model
@@ -51,8 +58,29 @@ def build_loop():
     )
 
 
+def check_sequence_length() -> None:
+    """Refuses, before TensorFlow loads, a --sequence_length whose attention for one example
+    cannot fit in this machine's memory (`build_loop` checks a replica's rows).
+
+    Raises:
+        app.UsageError: the length, and the longest that fits.
+    """
+    try:
+        model_settings.check_attention_fits(
+            loop_flags.setting_values(model_settings.TRANSFORMER_LM),
+            sequence_length=FLAGS.sequence_length,
+            rows=1,
+            memory=model_settings.memory_bytes(),
+        )
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+
+
 main, run = loop_flags.entry_points(
-    build_loop, description=__doc__, summary=summaries.language_model
+    build_loop,
+    description=__doc__,
+    summary=summaries.language_model,
+    prepare=check_sequence_length,
 )
 
 if __name__ == "__main__":
