@@ -6,9 +6,17 @@ Nothing here imports TensorFlow: a binary declares its flags from these before
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from loops.settings import Setting
+
+# --data_dir's rule: TFDS would try to make folders under a file and fail with a traceback.
+DATA_DIR_RULE = (
+    lambda value: value is None or not os.path.exists(value) or os.path.isdir(value),
+    "--data_dir names something that is not a directory; pass a TFDS data directory "
+    "(e.g. ~/tensorflow_datasets) or a prepared dataset's folder, or leave it unset.",
+)
 
 
 def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:
@@ -44,6 +52,7 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "dataset's folder (DATA_DIR/NAME/VERSION, holding dataset_info.json; --dataset "
         "is then not used).",
         "string",
+        flag_rule=DATA_DIR_RULE,
     ),
     Setting(
         "image_dir",
@@ -115,6 +124,7 @@ GAN_DATA: tuple[Setting, ...] = (
         "data",
         "TFDS data directory for digits (default: ~/tensorflow_datasets).",
         "string",
+        flag_rule=DATA_DIR_RULE,
     ),
 )
 
