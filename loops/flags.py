@@ -313,10 +313,10 @@ def check_batch_fits_replicas(strategy) -> None:
             f"--global_batch_size={batch} is smaller than the {replicas} replicas, so some "
             f"replicas would never get an example; pass --global_batch_size>={replicas}."
         )
-    check_micro_batches(replicas)
+    check_micro_batches(flags.FLAGS.grad_accum_steps, batch, replicas)
 
 
-def check_micro_batches(replicas: int = 1) -> None:
+def check_micro_batches(grad_accum_steps: int, global_batch_size: int, replicas: int) -> None:
     """Raises ValueError when --grad_accum_steps is more than the rows some replica holds.
 
     A replica's share of a step is cut into --grad_accum_steps micro-batches;
@@ -325,19 +325,21 @@ def check_micro_batches(replicas: int = 1) -> None:
     (the first global_batch_size % replicas hold one more). Before the
     strategy exists, `replicas` 1 checks against the whole batch, which bounds
     every replica's share.
+
+    Raises:
+        ValueError: the flag, the rows it is more than, and the most it may be.
     """
-    micro_batches, batch = flags.FLAGS.grad_accum_steps, flags.FLAGS.global_batch_size
-    rows = batch // replicas
-    if micro_batches <= rows:
+    rows = global_batch_size // replicas
+    if grad_accum_steps <= rows:
         return
     held = (
-        f"the {batch} rows of --global_batch_size={batch}"
+        f"the {global_batch_size} rows of --global_batch_size={global_batch_size}"
         if replicas == 1
-        else f"the {rows} rows a replica holds (--global_batch_size={batch} over {replicas} "
-        "replicas)"
+        else f"the {rows} rows a replica holds (--global_batch_size={global_batch_size} "
+        f"over {replicas} replicas)"
     )
     raise ValueError(
-        f"--grad_accum_steps={micro_batches} cuts a replica's share of each step into more "
+        f"--grad_accum_steps={grad_accum_steps} cuts a replica's share of each step into more "
         f"micro-batches than {held}, so some would hold no example; pass "
         f"--grad_accum_steps<={rows} or a larger --global_batch_size."
     )
@@ -522,7 +524,8 @@ def run_binary(
         )
     check_export_dir()
     try:
-        check_micro_batches()  # against the rows per replica again once the strategy exists
+        # Against the whole batch now; against a replica's rows once the strategy exists.
+        check_micro_batches(flags.FLAGS.grad_accum_steps, flags.FLAGS.global_batch_size, 1)
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     # Until train watches for it, a SIGTERM has no completed step to save: exit at
