@@ -523,11 +523,13 @@ def run_binary(
             f"--mode={EVALUATE_CHECKPOINTS})."
         )
     check_export_dir()
-    try:
-        # Against the whole batch now; against a replica's rows once the strategy exists.
-        check_micro_batches(flags.FLAGS.grad_accum_steps, flags.FLAGS.global_batch_size, 1)
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
+    # Against the whole batch now; against a replica's rows once the strategy exists.
+    # (Unset, the batch is the loop's own: the RL loops', which take no micro-batches.)
+    if flags.FLAGS.global_batch_size is not None:
+        try:
+            check_micro_batches(flags.FLAGS.grad_accum_steps, flags.FLAGS.global_batch_size, 1)
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
     # Until train watches for it, a SIGTERM has no completed step to save: exit at
     # once, TensorFlow's import included. The caller's handler comes back
     # afterwards (tests call main in-process).
