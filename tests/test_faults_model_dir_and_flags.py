@@ -302,3 +302,25 @@ def test_sigterm_while_tensorflow_imports_is_the_preemption_exit(tmp_path):
     assert "preempted (SIGTERM) before training started: nothing to save" in stderr
     assert "Traceback" not in stderr
     assert snapshot(model_dir) == before
+
+
+def test_sigterm_while_an_evaluator_waits_for_the_runs_config_is_the_preemption_exit(tmp_path):
+    model_dir = str(tmp_path)  # no run has recorded its config.json here yet
+    process = subprocess.Popen(
+        binary("gan", model_dir, "--mode=evaluate_checkpoints", "--evaluator_timeout=300"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+    )
+    time.sleep(1)  # by then waiting, as a rule (TensorFlow is imported only after the wait)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=REFUSAL_SECONDS)
+    assert process.returncode == exit_codes.PREEMPTED, stderr[-2000:]
+    # On a machine slow enough to be still starting, the start's own line.
+    assert (
+        "evaluator stopped (SIGTERM); its history is on disk" in stderr
+        or "preempted (SIGTERM) before training started: nothing to save" in stderr
+    ), stderr[-2000:]
+    assert os.listdir(model_dir) == []
