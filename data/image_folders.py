@@ -273,3 +273,42 @@ def changed_files(
     return {
         path: why for split in now for path, why in split.left_out if path not in trained_without
     }
+
+
+# results.json names this many of the files --skip_bad_images left out, and counts all.
+NAMED_LEFT_OUT = 100
+
+
+def left_out_notes(left_out: tuple[tuple[str, str], ...]) -> dict:
+    """results.json's "data" entry for the files left out; {} when none were."""
+    if not left_out:
+        return {}
+    return {
+        "left_out_images": len(left_out),
+        "left_out": [{"path": path, "why": why} for path, why in left_out[:NAMED_LEFT_OUT]],
+    }
+
+
+def explain_changed_images(root: str | None, splits: tuple[str, ...], loop) -> str | None:
+    """The sentence a run stopped by an image of `root` that no longer decodes ends with;
+    None when `root` is None or no file changed (the error is something else).
+
+    The check before training decoded every file, so a failure now is a file
+    changed since: the check, run again, decodes the changed files and names them.
+    `loop`: the ClassifierLoop that stopped (its data notes and checkpoints).
+    """
+    if root is None:
+        return None
+    left_out = frozenset(entry["path"] for entry in loop.data_notes.get("left_out", ()))
+    changed = changed_files(root, splits, trained_without=left_out)
+    if not changed:
+        return None
+    files = "; ".join(f"{path} {why}" for path, why in changed.items())
+    newest = loop.checkpointer.latest if loop.checkpointer is not None else None
+    resume = (
+        f"it goes on from {newest}" if newest else "no checkpoint was saved yet: it starts over"
+    )
+    return (
+        "training stopped: an image changed after the check before training and no longer "
+        f"decodes: {files}. Replace or remove it, then run the same command again ({resume})."
+    )

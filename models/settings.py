@@ -7,6 +7,8 @@ before --help, which answers without them.
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
 from loops.vocabulary.settings import Setting
@@ -75,3 +77,54 @@ def check_width_fits_heads(values: dict[str, Any]) -> None:
             f"--width={width} is not a multiple of --num_heads={num_heads}; "
             f"pass e.g. --width={num_heads * max(1, width // num_heads)}."
         )
+
+
+# Bytes of one attention probability (float32): the least a score costs while it is kept.
+_ATTENTION_PROBABILITY_BYTES = 4
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+def check_attention_fits(
+    values: dict[str, Any], *, sequence_length: int, rows: int = 1, memory: int | None = None
+) -> None:
+    """Refuses a --sequence_length whose attention alone cannot fit in `memory` bytes.
+
+    Training keeps every block's attention probabilities for the backward
+    pass: rows x num_heads x sequence_length² float32 numbers per block. That
+    is a lower bound of what a step needs (activations, the MLP and the
+    optimizer come on top), so a length refused here could never train;
+    one allowed may still be too long for an accelerator's memory.
+
+    Args:
+        values: the TRANSFORMER_LM settings (num_layers, num_heads).
+        sequence_length: --sequence_length.
+        rows: the examples one replica holds in a step (1 before the strategy exists).
+        memory: the bytes to fit in (default: `memory_bytes()`); 0 checks nothing.
+
+    Raises:
+        ValueError: the length, what it needs, and the longest length that fits.
+    """
+    memory = memory_bytes() if memory is None else memory
+    per_score = rows * values["num_layers"] * values["num_heads"] * _ATTENTION_PROBABILITY_BYTES
+    needed = per_score * sequence_length**2
+    if not memory or needed <= memory:
+        return
+    longest = math.isqrt(memory // per_score)
+    gib = 2**30
+    whose, fewer_rows = "one example", ""
+    if rows > 1:
+        whose, fewer_rows = f"a replica's {rows} rows", ", or a smaller --global_batch_size"
+    raise ValueError(
+        f"--sequence_length={sequence_length} is more than this machine can train: the "
+        f"attention probabilities of {whose} alone ({values['num_layers']} blocks x "
+        f"{values['num_heads']} heads x {sequence_length}² x 4 bytes) need "
+        f"{needed / gib:,.0f} GiB, and it has {memory / gib:,.0f} GiB of memory; pass "
+        f"--sequence_length<={longest} (or fewer --num_layers or --num_heads{fewer_rows})."
+    )

@@ -75,6 +75,7 @@ def state_file(model_dir):
         ("truncate the newest data", 4, "ckpt-6 is damaged (its files do not read"),
         ("delete the state file", 6, "state file"),
         ("garble the state file", 6, "state file"),
+        ("fill the state file with binary bytes", 6, "state file"),
         ("point the state file at a missing checkpoint", 6, "state file"),
     ],
 )
@@ -91,6 +92,9 @@ def test_resumes_from_the_newest_intact_checkpoint(trained_dir, damage, restored
     elif damage == "garble the state file":
         with open(state_file(trained_dir), "w") as stream:
             stream.write("model_checkpoint_path: {{{ not a proto")
+    elif damage == "fill the state file with binary bytes":
+        with open(state_file(trained_dir), "wb") as stream:
+            stream.write(b"\x80\x81\xff\x00 not text")
     else:
         with open(state_file(trained_dir), "w") as stream:
             stream.write(
@@ -128,6 +132,19 @@ def test_refuses_when_no_checkpoint_reads_and_changes_nothing(trained_dir):
     assert checkpoint_bytes(trained_dir, [2, 4, 6]) == before
     # The refused loop gave its lock back.
     assert not os.path.exists(os.path.join(trained_dir, ".lock"))
+
+
+def test_a_state_file_that_does_not_read_with_no_checkpoint_is_dropped(tmp_path):
+    os.makedirs(os.path.join(tmp_path, "checkpoints"))
+    with open(state_file(str(tmp_path)), "wb") as stream:
+        stream.write(b"\x80\x81\xff\x00 not text")
+    loop, output = resume(str(tmp_path))
+    assert f"the checkpoint state file {state_file(str(tmp_path))} did not read" in output
+    assert loop.step == 0
+    loop.train(2)
+    loop.close()
+    _, output = resume(str(tmp_path))
+    assert "at step 2" in output and "did not read" not in output
 
 
 def test_a_killed_save_leaves_nothing_the_next_run_keeps(trained_dir):

@@ -37,6 +37,8 @@ def build_loop():
     model = loop_flags.setting_values(model_settings.TRANSFORMER_LM)
     model_settings.check_width_fits_heads(model)
     length, seed = FLAGS.sequence_length, FLAGS.seed
+    replica_rows = -(-FLAGS.global_batch_size // arguments["strategy"].num_replicas_in_sync)
+    model_settings.check_attention_fits(model, sequence_length=length, rows=replica_rows)
     return LanguageModelLoop(
         model_fn=lambda: lm_models.transformer_lm(
             vocab_size=python_text.VOCAB_SIZE, sequence_length=length, seed=seed, **model
@@ -51,8 +53,17 @@ def build_loop():
     )
 
 
+def check_sequence_length() -> None:
+    """Refuses, before TensorFlow, a --sequence_length one example's attention cannot fit."""
+    model = loop_flags.setting_values(model_settings.TRANSFORMER_LM)
+    model_settings.check_attention_fits(model, sequence_length=FLAGS.sequence_length)
+
+
 main, run = loop_flags.entry_points(
-    build_loop, description=__doc__, summary=summaries.language_model
+    build_loop,
+    description=__doc__,
+    summary=summaries.language_model,
+    prepare=check_sequence_length,
 )
 
 if __name__ == "__main__":

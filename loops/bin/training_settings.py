@@ -56,15 +56,41 @@ OPTIMIZER: tuple[Setting, ...] = (
         "step: factor of each drop, in (0, 1].",
         "float",
         flag_default=0.1,
+        flag_rule=(
+            lambda value: 0 < value <= 1,
+            "--lr_step_factor must lie in (0, 1]: each drop multiplies the rate by it; "
+            "e.g. --lr_step_factor=0.1.",
+        ),
     ),
     Setting(
         "lr_final_fraction",
         "training",
-        "cosine, warmup_cosine: final rate as a fraction of --learning_rate.",
+        "cosine, warmup_cosine: final rate as a fraction of --learning_rate, in [0, 1].",
         "float",
         flag_default=0.0,
+        flag_rule=(
+            lambda value: 0 <= value <= 1,
+            "--lr_final_fraction must lie in [0, 1]: the rate decays to that fraction of "
+            "--learning_rate; e.g. --lr_final_fraction=0.1.",
+        ),
     ),
 )
+
+
+def check_schedule_flags() -> None:
+    """Refuses a warm-up that does not end before the run does (`loops.core.schedules`' range).
+
+    Raises:
+        ValueError: --lr_warmup_steps >= --train_steps under warmup_cosine.
+    """
+    values = flags.FLAGS
+    warmup, train_steps = values.lr_warmup_steps, values.train_steps
+    if values.lr_schedule == "warmup_cosine" and warmup >= train_steps:
+        raise ValueError(
+            f"--lr_warmup_steps={warmup} is not below --train_steps={train_steps}: the "
+            "warm-up must end before the run does (the rate then decays over the rest); "
+            f"pass --lr_warmup_steps<{train_steps} or a larger --train_steps."
+        )
 
 
 def optimizer_fn(

@@ -22,7 +22,7 @@ from typing import Any
 
 from absl import app, flags
 
-from loops.cli import tensorflow_logs
+from loops.cli import startup_preemption, tensorflow_logs
 from loops.model_dir import run_config
 from loops.vocabulary import exit_codes, settings
 from loops.vocabulary.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
@@ -37,6 +37,8 @@ EVALUATE_CHECKPOINTS = settings.EVALUATE_CHECKPOINTS
 EVALUATOR_TASK = settings.EVALUATOR_TASK
 DEFAULT_EVALUATIONS = settings.DEFAULT_EVALUATIONS
 DEFAULT_CPU_REPLICAS = settings.DEFAULT_CPU_REPLICAS
+# The largest finite float32: a larger flag value becomes inf once TensorFlow holds it.
+FLOAT32_MAX = 3.4028234663852886e38
 _HELP_ARGUMENTS = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
 
 # Flag name -> its --help heading, for every flag of the running binary (one per process).
@@ -47,7 +49,8 @@ _heading_of: dict[str, str] = {}
 def heading(name: str) -> Iterator[None]:
     """Files the flags defined inside under `name`: in --help, in results.json's config.
 
-    A float flag defined inside must also be finite: inf and nan are flag errors.
+    A float flag defined inside must also be finite as a float32 (TensorFlow's
+    number): inf, nan and numbers beyond float32's range are flag errors.
     """
     if name not in HEADINGS:
         raise ValueError(f"Unknown flag heading {name!r}; use one of {', '.join(HEADINGS)}.")
@@ -70,6 +73,12 @@ def _require_finite(flag: flags.Flag) -> None:
         if value is not None and not math.isfinite(value):
             raise flags.ValidationError(
                 f"{value} is not a finite number; pass a finite --{flag.name}, {example}."
+            )
+        if value is not None and abs(value) > FLOAT32_MAX:
+            raise flags.ValidationError(
+                f"{value} is beyond float32's range (up to {FLOAT32_MAX:.4g} in magnitude): "
+                f"TensorFlow computes in float32, where it is infinite; pass a smaller "
+                f"--{flag.name}, {example}."
             )
         return True
 
@@ -236,8 +245,13 @@ def parse_flags(argv: list[str], *, description: str) -> list[str]:
 
 
 def run(main: Callable[[list[str]], None], *, description: str) -> None:
-    """`app.run(main)` with this module's flag parsing and --help."""
-    app.run(main, flags_parser=functools.partial(parse_flags, description=description))
+    """`app.run(main)` with this module's flag parsing and --help.
+
+    From here on SIGTERM is the preemption exit (`startup_preemption`): a binary's
+    console script calls this first, so no moment of its start-up ends by the signal.
+    """
+    with startup_preemption.sigterm_handler():
+        app.run(main, flags_parser=functools.partial(parse_flags, description=description))
 
 
 def resolve_model_dir(name: str) -> str:
@@ -293,13 +307,44 @@ def mode() -> str:
 
 
 def check_batch_fits_replicas(strategy) -> None:
-    """Raises ValueError when the global batch cannot give every replica an example."""
+    """Raises ValueError when the global batch cannot give every replica an example, or
+    every micro-batch of a replica a row (`check_micro_batches`)."""
     batch, replicas = flags.FLAGS.global_batch_size, strategy.num_replicas_in_sync
     if batch < replicas:
         raise ValueError(
             f"--global_batch_size={batch} is smaller than the {replicas} replicas, so some "
             f"replicas would never get an example; pass --global_batch_size>={replicas}."
         )
+    check_micro_batches(flags.FLAGS.grad_accum_steps, batch, replicas)
+
+
+def check_micro_batches(grad_accum_steps: int, global_batch_size: int, replicas: int) -> None:
+    """Raises ValueError when --grad_accum_steps is more than the rows some replica holds.
+
+    A replica's share of a step is cut into --grad_accum_steps micro-batches;
+    with fewer rows than that, some are empty and the step is mostly wasted
+    work. The fewest rows a replica holds is global_batch_size // replicas
+    (the first global_batch_size % replicas hold one more). Before the
+    strategy exists, `replicas` 1 checks against the whole batch, which bounds
+    every replica's share.
+
+    Raises:
+        ValueError: the flag, the rows it is more than, and the most it may be.
+    """
+    rows = global_batch_size // replicas
+    if grad_accum_steps <= rows:
+        return
+    held = (
+        f"the {global_batch_size} rows of --global_batch_size={global_batch_size}"
+        if replicas == 1
+        else f"the {rows} rows a replica holds (--global_batch_size={global_batch_size} "
+        f"over {replicas} replicas)"
+    )
+    raise ValueError(
+        f"--grad_accum_steps={grad_accum_steps} cuts a replica's share of each step into more "
+        f"micro-batches than {held}, so some would hold no example; pass "
+        f"--grad_accum_steps<={rows} or a larger --global_batch_size."
+    )
 
 
 def eval_every() -> int | None:
@@ -445,7 +490,7 @@ def entry_points(
         description: the first lines of its --help (its module docstring).
         summary: loop -> one line to print after training, or None.
         prepare: called first in main, with the flags parsed: checks or fills in
-            flags before the mode is acted on.
+            flags before the mode is acted on; a ValueError is a usage error.
         explain_failure: (loop, a TensorFlow error training raised) -> the
             sentence to exit with, naming its cause and the fix, or None to
             let the error through (`run_binary`).
@@ -453,7 +498,10 @@ def entry_points(
 
     def main(argv: list[str]) -> None:
         if prepare is not None:
-            prepare()
+            try:
+                prepare()
+            except ValueError as error:
+                raise app.UsageError(str(error)) from error
         run_binary(argv, build_loop, summary=summary, explain_failure=explain_failure)
 
     def console_script() -> None:
@@ -491,23 +539,37 @@ def run_binary(
             f"--mode={EVALUATE_CHECKPOINTS})."
         )
     check_export_dir()
-    quiet_logging()
-    from loops.run import parameter_server
-    from loops.run.actions import UnknownMetricError
-    from loops.run.loop import NonFiniteError
-
-    if flags.FLAGS.strategy == "parameter_server":
+    # Against the whole batch now; against a replica's rows once the strategy exists.
+    # (Unset, the batch is the loop's own: the RL loops', which take no micro-batches.)
+    if flags.FLAGS.global_batch_size is not None:
         try:
-            parameter_server.serve_unless_chief()  # a worker or ps task never returns
+            check_micro_batches(flags.FLAGS.grad_accum_steps, flags.FLAGS.global_batch_size, 1)
         except ValueError as error:
             raise app.UsageError(str(error)) from error
     # Until train watches for it, a SIGTERM has no completed step to save: exit at
-    # once. The caller's handler comes back afterwards (tests call main in-process).
-    previous_handler = signal.signal(signal.SIGTERM, _exit_preempted)
-    try:
+    # once, TensorFlow's import included. The caller's handler comes back
+    # afterwards (tests call main in-process).
+    with startup_preemption.sigterm_handler():
+        quiet_logging()
+        from loops.run.actions import UnknownMetricError
+        from loops.run.loop import NonFiniteError
+
+        if flags.FLAGS.strategy == "parameter_server":
+            _serve_unless_chief()
         _build_and_train(build_loop, summary, explain_failure, NonFiniteError, UnknownMetricError)
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _serve_unless_chief() -> None:
+    """A parameter-server cluster's worker or ps task serves until killed; the chief returns."""
+    from loops.run import parameter_server
+
+    # A server waits in TensorFlow's C++ and never comes back to Python to run
+    # a handler: SIGTERM ends it the default way.
+    with startup_preemption.sigterm_handler(signal.SIG_DFL):
+        try:
+            parameter_server.serve_unless_chief()
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
 
 
 def _build_and_train(
@@ -555,12 +617,11 @@ def _evaluate_checkpoints(build_loop: Callable) -> None:
             f"--mode={EVALUATE_CHECKPOINTS} evaluates the checkpoints of the run in "
             "--model_dir; pass the trainer's --model_dir."
         )
-    _take_run_settings(model_dir)
-    quiet_logging()
-    from loops.run.sidecar import evaluate_checkpoints
+    with startup_preemption.sigterm_handler(_exit_evaluator):
+        _take_run_settings(model_dir)
+        quiet_logging()
+        from loops.run.sidecar import evaluate_checkpoints
 
-    previous_handler = signal.signal(signal.SIGTERM, _exit_evaluator)
-    try:
         try:
             loop = build_loop()
         except ValueError as error:
@@ -575,8 +636,6 @@ def _evaluate_checkpoints(build_loop: Callable) -> None:
             )
         except (ValueError, OSError) as error:  # TimeoutError is an OSError
             sys.exit(f"error: {error}")
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
 
 
 def _take_run_settings(model_dir: str) -> None:
@@ -624,12 +683,6 @@ def _exit_evaluator(signum, frame) -> None:
         "after the last checkpoint it handled",
         file=sys.stderr,
     )
-    sys.exit(exit_codes.PREEMPTED)
-
-
-def _exit_preempted(signum, frame) -> None:
-    del signum, frame
-    print("preempted (SIGTERM) before training started: nothing to save", file=sys.stderr)
     sys.exit(exit_codes.PREEMPTED)
 
 

@@ -32,22 +32,24 @@ def import_tensorflow(*, quiet: bool) -> None:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     sys.stderr.flush()
     stderr = os.dup(2)
-    imported = False
+    failed = False
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:
             import tensorflow  # noqa: F401
-
-            imported = True
+        except Exception:
+            failed = True
+            raise
         finally:
             sys.stderr.flush()
             os.dup2(stderr, 2)
             os.close(stderr)
             held.seek(0)
             lines = held.read().decode(errors="replace").splitlines(keepends=True)
-            # A failed import shows everything: its log lines may say why.
+            # A failed import shows everything: its log lines may say why. An
+            # import a signal ended (SystemExit, KeyboardInterrupt) has none to show.
             sys.stderr.write(
-                "".join(line for line in lines if not (imported and _is_tensorflow_log(line)))
+                "".join(line for line in lines if failed or not _is_tensorflow_log(line))
             )
 
 

@@ -148,8 +148,10 @@ class Checkpointer:
         file lists; listing exactly the intact ones it may rotate keeps it
         from trusting a damaged or missing file.
         """
+        if self._is_chief and restored is None:
+            self._drop_unreadable_state_file()
         if self._is_chief and restored is not None:
-            state = tf.train.get_checkpoint_state(self._chief_directory)
+            state = read_state_file(self._chief_directory)
             listed = [
                 self._in_directory(path)
                 for path in (state.all_model_checkpoint_paths if state else [])
@@ -170,6 +172,20 @@ class Checkpointer:
             max_to_keep=self._max_to_keep,
             step_counter=self._step_counter,
         )
+
+    def _drop_unreadable_state_file(self) -> None:
+        """Removes a state file that does not read where no checkpoint file is left to list.
+
+        TensorFlow's manager reads the state file as it opens and fails on one
+        that does not read; with no checkpoint there it lists nothing to keep.
+        """
+        path = os.path.join(self._chief_directory, STATE_FILE)
+        if os.path.exists(path) and read_state_file(self._chief_directory) is None:
+            os.remove(path)
+            self._say(
+                f"the checkpoint state file {path} did not read and no checkpoint files are "
+                "there; removed it, the run starts at step 0."
+            )
 
     def _in_directory(self, path: str) -> str:
         return os.path.join(self._chief_directory, os.path.basename(path))
@@ -290,15 +306,24 @@ def listed_checkpoints(directory: str) -> list[tuple[int, str]]:
     newest, deletes the oldest beyond `max_to_keep`, then lists again).
     Empty when there is no state file or it does not parse.
     """
-    try:
-        state = tf.train.get_checkpoint_state(directory)
-    except ValueError:  # a state file that names no newest checkpoint
-        state = None
+    state = read_state_file(directory)
     paths = state.all_model_checkpoint_paths if state else []
     prefixes = {os.path.join(directory, os.path.basename(path)) for path in paths}
     return sorted(
         (_step_of(prefix), prefix) for prefix in prefixes if _PREFIX.match(os.path.basename(prefix))
     )
+
+
+def read_state_file(directory: str):
+    """TensorFlow's CheckpointState of `directory`; None when there is none or it does not read.
+
+    A damaged state file (binary bytes, not a proto, no newest checkpoint) is
+    as good as none: the restore decides from the checkpoint files themselves.
+    """
+    try:
+        return tf.train.get_checkpoint_state(directory)
+    except (ValueError, tf.errors.OpError):  # UnicodeDecodeError is a ValueError
+        return None
 
 
 def _float_variables(root) -> list:

@@ -1,0 +1,43 @@
+"""SIGTERM while a binary starts (flags, TensorFlow's import, the strategy, the build): exit 42."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from loops.vocabulary import exit_codes
+
+
+def exit_preempted(signum, frame) -> None:
+    """The handler until training watches for SIGTERM: no completed step to save, so stop now."""
+    del signum, frame
+    print("preempted (SIGTERM) before training started: nothing to save", file=sys.stderr)
+    sys.exit(exit_codes.PREEMPTED)
+
+
+@contextlib.contextmanager
+def sigterm_handler(handler: Callable[[int, Any], None] | int = exit_preempted) -> Iterator[None]:
+    """SIGTERM goes to `handler` inside; the handler before comes back after.
+
+    A binary's start enters it first, before absl parses its flags and long
+    before TensorFlow's import, so that a scheduler's SIGTERM at any moment of
+    start-up is the preemption exit (42) with a line, as it is during training
+    (where `loops.run.preemption.PreemptionWatcher` takes SIGTERM over, to save
+    first, and gives this handler back after). A Python handler runs only
+    when the main thread is back in Python: code that blocks in TensorFlow's
+    C++ until killed enters it with `signal.SIG_DFL`.
+
+    Off the main thread (where Python installs no handler) it changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
