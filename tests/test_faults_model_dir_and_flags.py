@@ -113,13 +113,7 @@ FLAG_CASES = [
         "the run does (the rate then decays over the rest); pass --lr_warmup_steps<600 or a "
         "larger --train_steps.",
     ),
-    (
-        "classifier",
-        ["--data_dir=A_FILE"],
-        "flag --data_dir=A_FILE: --data_dir names something that is not a directory; pass a "
-        "TFDS data directory (e.g. ~/tensorflow_datasets) or a prepared dataset's folder, or "
-        "leave it unset.",
-    ),
+    # --data_dir naming a file: tests/test_faults_data.py.
 ]
 
 
