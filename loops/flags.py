@@ -22,7 +22,7 @@ from typing import Any
 
 from absl import app, flags
 
-from loops import exit_codes, run_config, settings, tensorflow_logs
+from loops import cluster_config, exit_codes, run_config, settings, tensorflow_logs
 from loops.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
 
 # The headings of a binary's --help, in order; each of its flags is defined under one.
@@ -477,8 +477,17 @@ def run_binary(
             f"of the cluster's run; drop --mode={TRAIN} (an evaluator task runs "
             f"--mode={EVALUATE_CHECKPOINTS})."
         )
+    check_cluster()
     check_export_dir()
-    quiet_logging()
+    if strategy_name() in cluster_config.CLUSTER_STRATEGIES:
+        from loops.startup_watchdog import sigterm_blocked
+
+        # The threads TensorFlow starts at import never take a SIGTERM, which
+        # keeps it from TensorFlow's own handler during the cluster's start-up.
+        with sigterm_blocked():
+            quiet_logging()
+    else:
+        quiet_logging()
     from loops import parameter_server
     from loops.actions import UnknownMetricError
     from loops.loop import NonFiniteError
@@ -495,6 +504,19 @@ def run_binary(
         _build_and_train(build_loop, summary, NonFiniteError, UnknownMetricError)
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
+
+
+def check_cluster() -> None:
+    """Exits 1 with a sentence when --strategy needs a TF_CONFIG cluster that is missing or bad.
+
+    Runs before TensorFlow loads: a task refused for its TF_CONFIG never starts it.
+    """
+    if strategy_name() not in cluster_config.CLUSTER_STRATEGIES:
+        return
+    try:
+        cluster_config.check_cluster(strategy_name())
+    except ValueError as error:
+        sys.exit(f"error: {error}")
 
 
 def _build_and_train(
