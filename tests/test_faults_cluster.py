@@ -361,3 +361,42 @@ def test_sigterm_inside_tensorflows_start_exits_42(model_dir):
     print(f"exited {time.monotonic() - sent:.2f} s after SIGTERM")
     assert code == exit_codes.PREEMPTED
     assert PREEMPTED_LINE.format(task="worker_1") in stderr
+
+
+# ---- Local clusters and the network. ----
+
+# Starts TensorFlow's server on a 127.0.0.1 address, then prints the local
+# addresses the kernel lists as listening on its port (/proc/net/tcp and tcp6).
+LISTEN_ADDRESSES = """
+import sys
+import tensorflow as tf
+port = int(sys.argv[1])
+cluster = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{port}"]})
+tf.distribute.Server(cluster, job_name="worker", task_index=0, start=True)
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    with open(table) as rows:
+        for row in list(rows)[1:]:
+            local, state = row.split()[1], row.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                print(address)
+"""
+
+
+def test_tensorflows_server_listens_on_every_interface_as_the_launcher_says():
+    # TensorFlow 2.21 binds 0.0.0.0:PORT whatever host TF_CONFIG gives, so the
+    # launcher warns (launch.OPEN_SERVERS_NOTE). Should a later TensorFlow bind
+    # the given host, this fails: then bind loops-launch clusters to 127.0.0.1.
+    (port,) = launch.free_ports(1)
+    done = subprocess.run(
+        [sys.executable, "-c", LISTEN_ADDRESSES, str(port)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=HANG_BOUND_SECONDS,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    listening = done.stdout.split()
+    assert listening, done.stderr[-3000:]
+    # All zeros: the wildcard address (0.0.0.0 or ::), every interface.
+    assert all(set(address) == {"0"} for address in listening), listening
