@@ -186,6 +186,10 @@ def _set_c_handler(number: int, address: int | None) -> int | None:
 def _watch(argv: list[str]) -> None:
     """The watchdog process: argv is the task's pid, the pipe's fd, the two bounds,
     the preempted exit code and the three sentences of `StartupWatchdog._messages`."""
+    # A SIGTERM or Ctrl-C sent to the whole process group reaches the task too,
+    # where this process must see it, not die of it first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     task_pid, read_fd = int(argv[0]), int(argv[1])
     wait_seconds, start_seconds = float(argv[2]), float(argv[3])
     preempted_code = int(argv[4])

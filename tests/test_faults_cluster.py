@@ -63,7 +63,9 @@ def start_binary(model_dir, config, strategy="multi_worker_mirrored", *python, *
     if config is not None:
         environment["TF_CONFIG"] = config
     return subprocess.Popen(
-        [sys.executable, *python, "-m", "loops.bin.classifier", f"--strategy={strategy}"]
+        # A process group of its own, for the cases that signal the whole group.
+        start_new_session=True,
+        args=[sys.executable, *python, "-m", "loops.bin.classifier", f"--strategy={strategy}"]
         + [f"--model_dir={model_dir}", f"--data_dir={model_dir}-data", "--num_replicas=1"],
         env=environment,
         cwd=ROOT,
@@ -323,14 +325,18 @@ PREEMPTED_LINE = (
 )
 
 
-def sigterm_when(task, ready, timeout=HANG_BOUND_SECONDS):
-    """Sends SIGTERM to `task` once `ready()` holds; returns when it was sent."""
+def sigterm_when(task, ready, timeout=HANG_BOUND_SECONDS, *, group=False):
+    """Sends SIGTERM to `task` (or its whole process group) once `ready()` holds;
+    returns when it was sent."""
     deadline = time.monotonic() + timeout
     while not ready():
         assert task.poll() is None, task.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the moment to signal never came"
         time.sleep(0.05)
-    task.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(task.pid, signal.SIGTERM)  # as a scheduler that stops every process may
+    else:
+        task.send_signal(signal.SIGTERM)
     return time.monotonic()
 
 
@@ -348,13 +354,14 @@ def test_sigterm_while_waiting_for_peers_exits_42(model_dir):
     assert PREEMPTED_LINE.format(task="worker_0") in lines
 
 
-def test_sigterm_inside_tensorflows_start_exits_42(model_dir):
+@pytest.mark.parametrize("group", [False, True], ids=["to the task", "to its process group"])
+def test_sigterm_inside_tensorflows_start_exits_42(model_dir, group):
     cluster = addresses(2)
     impostor = Impostor(cluster[0], "http2")
     try:
         task = start_binary(model_dir, tf_config({"worker": cluster}, index=1))
         # The wait's probe is the first connection; TensorFlow's start makes the second.
-        sent = sigterm_when(task, lambda: len(impostor.connections) >= 2)
+        sent = sigterm_when(task, lambda: len(impostor.connections) >= 2, group=group)
         code, stderr, _ = finish(task, sent)
     finally:
         impostor.close()
