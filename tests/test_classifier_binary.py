@@ -1,5 +1,6 @@
 """The loops-classifier binary: end to end on digits, resume, and its flag errors."""
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from absl.testing import flagsaver
 
 from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module
 from loops.bin import classifier as binary
+from loops.cluster import launch
 
 
 def run_cli(*argv):
@@ -111,14 +113,25 @@ def test_model_dir_that_is_a_file_is_a_usage_error(digits_dir, tmp_path):
     assert path.read_text() == "keep me"
 
 
-def test_multi_worker_mirrored_runs_as_a_single_worker_without_tf_config(tmp_path, digits_dir):
+def test_multi_worker_mirrored_runs_as_a_one_worker_cluster_its_tf_config_names(
+    tmp_path, digits_dir
+):
+    # Without TF_CONFIG it is refused (test_faults_cluster.py); a cluster of one worker trains.
     model_dir = str(tmp_path / "mwms")
-    done = run_cli(
-        "--strategy=multi_worker_mirrored",
-        "--train_steps=60",
-        "--steps_per_loop=30",
-        f"--model_dir={model_dir}",
-        f"--data_dir={digits_dir}",
+    (port,) = launch.free_ports(1)
+    one_worker = {
+        "cluster": {"worker": [f"127.0.0.1:{port}"]},
+        "task": {"type": "worker", "index": 0},
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "loops.bin.classifier", "--strategy=multi_worker_mirrored"]
+        + ["--train_steps=60", "--steps_per_loop=30", f"--model_dir={model_dir}"]
+        + [f"--data_dir={digits_dir}"],
+        capture_output=True,
+        text=True,
+        env=dict(SUBPROCESS_ENV, TF_CONFIG=json.dumps(one_worker)),
+        timeout=900,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)

@@ -1,5 +1,6 @@
 """A cluster task whose peers never come up, or whose TF_CONFIG is wrong, says so in time."""
 
+import contextlib
 import json
 import os
 import re
@@ -139,8 +140,9 @@ def test_sigterm_while_waiting_exits_promptly_as_preempted():
     print(f"exited {seconds:.2f} s after SIGTERM")
     assert code == exit_codes.PREEMPTED == 42
     assert task.stderr.read().startswith(
-        "worker_0 received SIGTERM while waiting for its cluster, before any work; exiting "
-        "with code 42 (preempted): rerun the same command to start again.\n"
+        "worker_0 received SIGTERM while starting its cluster (waiting for its peers or in "
+        "TensorFlow's start-up), before any work; exiting with code 42 (preempted): rerun the "
+        "same command to start again.\n"
     )
     assert seconds < 5  # inside TensorFlow's own wait SIGTERM did nothing
 
@@ -163,8 +165,12 @@ def test_waiting_tasks_see_each_other_and_stop_waiting():
         else:
             return
         seen_worker_0.set()
-        with socket.create_server(("127.0.0.1", ports[1])):
-            time.sleep(3)
+        # Up as a waiting task (or TensorFlow's server) is: answering HTTP/2's SETTINGS.
+        with socket.create_server(("127.0.0.1", ports[1])) as server:
+            server.settimeout(3)
+            with contextlib.suppress(OSError), server.accept()[0] as probe:
+                probe.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+                probe.recv(64)
 
     thread = threading.Thread(target=worker_1)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(

@@ -167,10 +167,9 @@ def test_a_task_of_another_type_is_refused(monkeypatch):
 
 
 def test_the_chief_goes_on_to_train(monkeypatch):
-    monkeypatch.setenv(
-        "TF_CONFIG",
-        tf_config({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}),
-    )
+    # Free ports: the chief's own port is checked to be free before any work.
+    chief, worker, ps = (f"127.0.0.1:{port}" for port in launch.free_ports(3))
+    monkeypatch.setenv("TF_CONFIG", tf_config({"chief": [chief], "worker": [worker], "ps": [ps]}))
     assert parameter_server.serve_unless_chief() is None
     assert strategies.cluster_resolver("parameter_server").task_type == "chief"
 

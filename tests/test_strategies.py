@@ -72,6 +72,10 @@ def test_replicas_apply_only_to_mirrored():
 
 def test_parameter_server_needs_a_cluster(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="no cluster was found: TF_CONFIG is unset. Set TF_CONFIG"):
+        loops.make_strategy("parameter_server")
+    workers_only = {"cluster": {"worker": ["127.0.0.1:2222"]}, "task": {"type": "worker"}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(workers_only))
     with pytest.raises(ValueError, match="needs TF_CONFIG naming 'ps' and 'worker'.*Set TF_CONFIG"):
         loops.make_strategy("parameter_server")
 

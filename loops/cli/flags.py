@@ -23,6 +23,7 @@ from typing import Any
 from absl import app, flags
 
 from loops.cli import startup_preemption, tensorflow_logs
+from loops.cluster import cluster_config
 from loops.model_dir import run_config
 from loops.vocabulary import exit_codes, settings
 from loops.vocabulary.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
@@ -538,6 +539,7 @@ def run_binary(
             f"of the cluster's run; drop --mode={TRAIN} (an evaluator task runs "
             f"--mode={EVALUATE_CHECKPOINTS})."
         )
+    check_cluster()
     check_export_dir()
     # Against the whole batch now; against a replica's rows once the strategy exists.
     # (Unset, the batch is the loop's own: the RL loops', which take no micro-batches.)
@@ -550,7 +552,15 @@ def run_binary(
     # once, TensorFlow's import included. The caller's handler comes back
     # afterwards (tests call main in-process).
     with startup_preemption.sigterm_handler():
-        quiet_logging()
+        if strategy_name() in cluster_config.CLUSTER_STRATEGIES:
+            from loops.cluster.startup_watchdog import sigterm_blocked
+
+            # The threads TensorFlow starts at import never take a SIGTERM, which
+            # keeps it from TensorFlow's own handler during the cluster's start-up.
+            with sigterm_blocked():
+                quiet_logging()
+        else:
+            quiet_logging()
         from loops.run.actions import UnknownMetricError
         from loops.run.loop import NonFiniteError
 
@@ -570,6 +580,19 @@ def _serve_unless_chief() -> None:
             parameter_server.serve_unless_chief()
         except ValueError as error:
             raise app.UsageError(str(error)) from error
+
+
+def check_cluster() -> None:
+    """Exits 1 with a sentence when --strategy needs a TF_CONFIG cluster that is missing or bad.
+
+    Runs before TensorFlow loads: a task refused for its TF_CONFIG never starts it.
+    """
+    if strategy_name() not in cluster_config.CLUSTER_STRATEGIES:
+        return
+    try:
+        cluster_config.check_cluster(strategy_name())
+    except ValueError as error:
+        sys.exit(f"error: {error}")
 
 
 def _build_and_train(

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import signal
+import select
 import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
+from loops.cluster.cluster_config import bind_own_port, host_and_port
 
-from loops.vocabulary import exit_codes
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 CLUSTER_TIMEOUT_VARIABLE = "LOOPS_CLUSTER_TIMEOUT_SECONDS"
 # Long enough for a scheduler to place and start every task of a real cluster.
@@ -22,42 +23,26 @@ DEFAULT_CLUSTER_TIMEOUT_SECONDS = 600.0
 # The tasks a task cannot start without, by strategy: TensorFlow blocks in C++
 # until they all answer (MultiWorkerMirroredStrategy's coordination service
 # waits for every chief and worker; ParameterServerStrategy's chief connects
-# to every worker and ps), and meanwhile SIGTERM goes to TensorFlow's own handler.
+# to every worker and ps), and meanwhile the main thread holds the GIL, so no
+# Python signal handler or thread runs (see `startup_watchdog`).
 AWAITED_TASK_TYPES = {
     "multi_worker_mirrored": ("chief", "worker"),
     "parameter_server": ("worker", "ps"),
 }
 _PROBE_INTERVAL_SECONDS = 0.25
-
-
-def host_and_port(task: str, address: str) -> tuple[str, int]:
-    """The host and port of `task`'s TF_CONFIG `address` (`host:port`, `[v6]:port`).
-
-    Raises:
-        ValueError: `address` is not host:port, its port is outside 1..65535,
-            or its host does not resolve.
-    """
-    host, colon, port_text = str(address).rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not (colon and host and port_text.isdigit()):
-        raise ValueError(
-            f"TF_CONFIG gives {task} the address {address!r}, which is not host:port; "
-            "write it like 10.0.0.2:2222 (the same cluster on every task)."
-        )
-    port = int(port_text)
-    if not 1 <= port <= 65535:
-        raise ValueError(
-            f"TF_CONFIG gives {task} port {port} (in {address!r}), outside 1..65535; "
-            "pick a free port in that range (the same cluster on every task)."
-        )
-    try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as error:
-        raise ValueError(
-            f"TF_CONFIG gives {task} the host {host!r} (in {address!r}), which does not "
-            f"resolve ({error.strerror}); fix its spelling or give its IP address."
-        ) from error
-    return host, port
+# A task's port that keeps answering without speaking HTTP/2 for this long is
+# some other program's: the task itself could not listen there.
+FOREIGN_GRACE_SECONDS = 5.0
+# What a gRPC client sends first (RFC 9113, 3.4): the connection preface and an
+# empty SETTINGS frame (length 0, type 4, no flags, stream 0). A gRPC server,
+# TensorFlow's included, answers with a SETTINGS frame of its own; a waiting
+# task answers the same way.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_FRAME_HEADER_BYTES = 9
+_SETTINGS_FRAME_TYPE = 4
+# The answers a task's address gives a probe.
+DOWN, FOREIGN, UP = "nothing accepts connections there", "a foreign program", "up"
 
 
 def cluster_timeout_seconds(cluster_timeout: float | None = None) -> float:
@@ -86,17 +71,18 @@ def cluster_timeout_seconds(cluster_timeout: float | None = None) -> float:
 def wait_for_cluster(
     resolver: tf.distribute.cluster_resolver.ClusterResolver, name: str, timeout_seconds: float
 ) -> None:
-    """Returns once every task --strategy=`name` needs accepts connections at its address.
+    """Returns once every task --strategy=`name` needs answers at its address as a gRPC server.
 
-    Without this TensorFlow blocks in C++ on a missing task, with no deadline
-    and with SIGTERM taken by its own handler. Meanwhile this task listens on
-    its own port, so peers waiting the same way see it up; it frees the port
-    on return for TensorFlow's server. SIGTERM during the wait exits with
-    exit_codes.PREEMPTED: nothing has run yet, so rerunning loses nothing.
+    Without this TensorFlow blocks in C++ on a missing task, with no deadline.
+    Meanwhile this task listens on its own port and answers as TensorFlow's
+    server would, so peers waiting the same way see it up; it frees the port
+    on return for TensorFlow's server. A port that accepts connections but
+    does not answer as a gRPC server is another program's, and is named.
 
     Raises:
         ValueError: a task did not come up within `timeout_seconds` (the
-            message names each), or this task's own port is taken.
+            message names each), a task's address answers as a foreign
+            program, or this task's own port is taken.
     """
     spec = resolver.cluster_spec()
     this_task = f"{resolver.task_type}_{resolver.task_id}"
@@ -109,109 +95,135 @@ def wait_for_cluster(
     awaited.pop(this_task, None)
     if not awaited:
         return
+    own_address = None
+    if resolver.task_type in spec.jobs:
+        own_address = spec.task_address(resolver.task_type, resolver.task_id)
+    with _WaitingListener(this_task, own_address):
+        _probe_until_up(this_task, awaited, timeout_seconds)
+
+
+def _probe_until_up(
+    this_task: str,
+    awaited: Mapping[str, str],
+    timeout_seconds: float,
+) -> None:
     endpoints = {task: host_and_port(task, address) for task, address in awaited.items()}
     deadline = time.monotonic() + timeout_seconds
-    with contextlib.ExitStack() as stack:
-        own_port = None
-        if resolver.task_type in spec.jobs:
-            own_port = stack.enter_context(
-                _listening(this_task, spec.task_address(resolver.task_type, resolver.task_id))
-            )
-        stack.enter_context(_exit_on_sigterm(this_task))
-        missing = list(awaited)
-        told = False
-        while True:
-            missing = [task for task in missing if not _accepts(*endpoints[task], deadline)]
-            if not missing:
-                return
-            named = ", ".join(f"{task} at {awaited[task]}" for task in missing)
-            if time.monotonic() >= deadline:
-                them, they_need = ("it", "it needs") if len(missing) == 1 else ("them", "they need")
-                raise ValueError(
-                    f"{this_task} waited {timeout_seconds:g} s for its cluster, but {named} "
-                    f"did not come up (nothing accepts connections there); start {them} "
-                    f"with the same TF_CONFIG cluster, or set {CLUSTER_TIMEOUT_VARIABLE} "
-                    f"(or make_strategy's cluster_timeout) higher if {they_need} longer."
-                )
-            if not told:
-                print(
-                    f"{this_task} waiting up to {timeout_seconds:g} s for {named}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                told = True
-            if own_port is not None:
-                _answer(own_port)
-            time.sleep(_PROBE_INTERVAL_SECONDS)
-
-
-@contextlib.contextmanager
-def _listening(task: str, address: str) -> Iterator[socket.socket]:
-    """A socket listening on `address`'s port on every interface, as TensorFlow's server will."""
-    host, port = host_and_port(task, address)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        # Connections of an earlier run in TIME_WAIT must not block the port.
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind(("", port))
-        except OSError as error:
-            if error.errno != errno.EADDRINUSE:
-                raise
-            raise ValueError(
-                f"Port {port} of {task} ({address} in TF_CONFIG) is taken by another "
-                "process; stop it (an earlier run's task?) or give this task a free "
-                "port in TF_CONFIG on every task."
-            ) from error
-        listener.listen(16)
-        listener.setblocking(False)
-        yield listener
-    finally:
-        listener.close()
-
-
-def _answer(listener: socket.socket) -> None:
-    """Accepts and closes the peers' probes, so they never fill the listen queue."""
+    foreign_since: dict[str, float] = {}
+    missing = list(awaited)
+    told = False
     while True:
-        try:
-            connection, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
+        answers = {task: probe(*endpoints[task], deadline) for task in missing}
+        now = time.monotonic()
+        for task, answer in answers.items():
+            if answer != FOREIGN:
+                foreign_since.pop(task, None)
+            else:
+                foreign_since.setdefault(task, now)
+        missing = [task for task in missing if answers[task] != UP]
+        if not missing:
             return
-        connection.close()
+        foreign = [
+            task for task, since in foreign_since.items() if now - since >= FOREIGN_GRACE_SECONDS
+        ]
+        if foreign or (foreign_since and now >= deadline):
+            raise ValueError(_foreign_message(this_task, foreign or list(foreign_since), endpoints))
+        named = ", ".join(f"{task} at {awaited[task]}" for task in missing)
+        if now >= deadline:
+            them, they_need = ("it", "it needs") if len(missing) == 1 else ("them", "they need")
+            raise ValueError(
+                f"{this_task} waited {timeout_seconds:g} s for its cluster, but {named} "
+                f"did not come up (nothing accepts connections there); start {them} "
+                f"with the same TF_CONFIG cluster, or set {CLUSTER_TIMEOUT_VARIABLE} "
+                f"(or make_strategy's cluster_timeout) higher if {they_need} longer."
+            )
+        if not told:
+            print(
+                f"{this_task} waiting up to {timeout_seconds:g} s for {named}",
+                file=sys.stderr,
+                flush=True,
+            )
+            told = True
+        time.sleep(_PROBE_INTERVAL_SECONDS)
 
 
-def _accepts(host: str, port: int, deadline: float) -> bool:
-    """Whether something accepts a TCP connection at `host`:`port`."""
-    # A host that drops packets must not hold the wait past its deadline.
+def _foreign_message(
+    this_task: str, foreign: list[str], endpoints: Mapping[str, tuple[str, int]]
+) -> str:
+    task = foreign[0]
+    host, port = endpoints[task]
+    return (
+        f"{this_task} cannot start its cluster: port {port} on {host} ({task}'s address in "
+        "TF_CONFIG) answers but is not a TensorFlow server of this cluster (it accepts "
+        "connections but does not speak gRPC): another program listens there. Stop that "
+        f"program, or give {task} a free port in TF_CONFIG on every task."
+    )
+
+
+def probe(host: str, port: int, deadline: float) -> str:
+    """What answers at `host`:`port`: UP (a gRPC server or a waiting task), FOREIGN or DOWN."""
+    # A host that drops packets, or a program that never answers, must not
+    # hold the wait past its deadline.
     timeout = min(1.0, max(0.05, deadline - time.monotonic()))
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
+        connection = socket.create_connection((host, port), timeout=timeout)
     except OSError:
-        return False
+        return DOWN
+    with connection:
+        try:
+            connection.sendall(_HTTP2_PREFACE + _HTTP2_EMPTY_SETTINGS)
+            header = b""
+            while len(header) < _FRAME_HEADER_BYTES:
+                received = connection.recv(_FRAME_HEADER_BYTES - len(header))
+                if not received:
+                    break
+                header += received
+        except OSError:  # a reset or a timeout: not a gRPC server's answer
+            return FOREIGN
+    is_settings = (
+        len(header) == _FRAME_HEADER_BYTES
+        and header[3] == _SETTINGS_FRAME_TYPE
+        and header[5:9] == bytes(4)  # stream 0
+    )
+    return UP if is_settings else FOREIGN
 
 
-@contextlib.contextmanager
-def _exit_on_sigterm(task: str) -> Iterator[None]:
-    """SIGTERM exits with exit_codes.PREEMPTED and a sentence (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _WaitingListener:
+    """This task's port while it waits: a thread answers peers' probes as its gRPC server will.
 
-    def exit_preempted(signum, frame):
-        del signum, frame
-        print(
-            f"{task} received SIGTERM while waiting for its cluster, before any work; "
-            f"exiting with code {exit_codes.PREEMPTED} (preempted): rerun the same command "
-            "to start again.",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise SystemExit(exit_codes.PREEMPTED)
+    A thread, because two waiting tasks probe each other at once: each must
+    answer while its own probe waits for the other's answer.
+    """
 
-    previous = signal.signal(signal.SIGTERM, exit_preempted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def __init__(self, task: str, address: str | None):
+        self._task, self._address = task, address
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _WaitingListener:
+        if self._address is not None:
+            listener = bind_own_port(self._task, self._address)
+            listener.listen(16)
+            self._thread = threading.Thread(
+                target=self._answer, args=(listener,), name=f"{self._task}-waiting", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _answer(self, listener: socket.socket) -> None:
+        with listener:
+            while not self._stop.is_set():
+                ready, _, _ = select.select([listener], [], [], _PROBE_INTERVAL_SECONDS)
+                if not ready:
+                    continue
+                with contextlib.suppress(OSError), listener.accept()[0] as connection:
+                    # The peer's preface first: closing with unread input would reset
+                    # the connection and could drop the answer.
+                    connection.settimeout(_PROBE_INTERVAL_SECONDS)
+                    connection.recv(len(_HTTP2_PREFACE) + len(_HTTP2_EMPTY_SETTINGS))
+                    connection.sendall(_HTTP2_EMPTY_SETTINGS)

@@ -66,6 +66,16 @@ _POLL_SECONDS = 0.05
 
 
 EVALUATOR = "evaluator"  # the task type of TensorFlow's evaluator beside a cluster
+# TensorFlow's gRPC server binds "0.0.0.0:PORT" (grpc_server_lib.cc; ServerDef
+# has a port but no host) and takes no credentials, so 127.0.0.1 addresses do
+# not keep a cluster's servers to this machine.
+OPEN_SERVERS_NOTE = (
+    "note: the tasks' TensorFlow servers listen on every network interface of this machine, "
+    "not only 127.0.0.1 (TensorFlow has no setting to bind them to one), and accept anyone "
+    "without authentication: whoever reaches their ports can run operations as this user. "
+    "Run clusters only on machines whose ports are closed to untrusted networks (a firewall "
+    "or a private network)."
+)
 
 
 @dataclasses.dataclass
@@ -270,6 +280,8 @@ class Launcher:
 
     def _start(self) -> None:
         self.say(f"starting {len(self.tasks)} tasks: {shlex.join(self.command)}")
+        if any(task.address is not None for task in self.tasks):
+            self.say(OPEN_SERVERS_NOTE)
         for task in self.tasks:
             env = dict(self._env, TF_CONFIG=tf_config(self.tasks, task), PYTHONUNBUFFERED="1")
             try:

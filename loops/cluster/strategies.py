@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from collections.abc import Iterator
 
 import tensorflow as tf
 
+from loops.cluster import cluster_config
+from loops.cluster.cluster_config import host_and_port  # noqa: F401  (re-exported)
 from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.cluster.strategies.X keeps working)
     AWAITED_TASK_TYPES,
     CLUSTER_TIMEOUT_VARIABLE,
     DEFAULT_CLUSTER_TIMEOUT_SECONDS,
     cluster_timeout_seconds,
-    host_and_port,
     wait_for_cluster,
 )
+from loops.cluster.startup_watchdog import StartupWatchdog
+from loops.vocabulary import exit_codes
 from loops.vocabulary.choices import STRATEGY_NAMES
 
 
@@ -82,51 +83,34 @@ def _mirrored(devices: list[str]) -> tf.distribute.Strategy:
 def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
     """The TF_CONFIG cluster for --strategy=`name`, checked for what that strategy needs.
 
-    Every address is checked before any work (see `host_and_port`), so a typo
-    fails here with its value instead of hanging or failing inside TensorFlow.
+    TF_CONFIG is checked before any work (see `cluster_config.check_cluster`),
+    so a typo fails here with its value instead of hanging or failing inside
+    TensorFlow.
 
     Raises:
-        ValueError: TF_CONFIG is not JSON, holds a bad address, gives this task
-            an index its cluster lacks, or (parameter_server) lacks a ps, a
-            worker or exactly one chief task.
+        ValueError: no cluster, TF_CONFIG is not JSON, holds a bad address,
+            names a task its cluster lacks, gives this task a port another
+            process holds, or (parameter_server) lacks a ps, a worker or
+            exactly one chief task.
     """
-    raw = os.environ.get("TF_CONFIG", "")
-    try:
-        config = json.loads(raw) if raw else {}
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"TF_CONFIG is not valid JSON ({error}): {raw!r}. Set it to "
-            '{"cluster": {...}, "task": {"type": ..., "index": ...}} or unset it.'
-        ) from error
-    cluster = config.get("cluster", {})
-    if name == "parameter_server" and not (cluster.get("ps") and cluster.get("worker")):
-        raise ValueError(
-            "--strategy=parameter_server needs TF_CONFIG naming 'ps' and "
-            f"'worker' tasks (and one 'chief'), got cluster={cluster!r}. Set TF_CONFIG "
-            "on every task (see BUILD.md, 'Several machines'), or start the run with "
-            "loops-launch --num_workers=N --num_ps=M."
-        )
-    if name == "parameter_server" and len(cluster.get("chief", [])) != 1:
-        raise ValueError(
-            "--strategy=parameter_server needs exactly one 'chief' task in TF_CONFIG "
-            "(the coordinator that runs the training loop), got "
-            f"chief={cluster.get('chief', [])!r}. Pass --num_ps to loops-launch, which "
-            "adds one, or add a chief task to TF_CONFIG on every task."
-        )
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    spec = resolver.cluster_spec()
-    for task_type in spec.jobs:
-        for index in spec.task_indices(task_type):
-            host_and_port(f"{task_type}_{index}", spec.task_address(task_type, index))
-    task_type, task_id = resolver.task_type, resolver.task_id
-    if task_type in spec.jobs and task_id not in spec.task_indices(task_type):
-        raise ValueError(
-            f"TF_CONFIG names this task {task_type}_{task_id}, but its cluster has "
-            f"{spec.num_tasks(task_type)} {task_type} task(s) (indices "
-            f"{sorted(spec.task_indices(task_type))}); give each task its own index "
-            'among those in TF_CONFIG\'s "task".'
-        )
-    return resolver
+    cluster_config.check_cluster(name)
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def _start_cluster_strategy(name: str, timeout_seconds: float) -> tf.distribute.Strategy:
+    """The multi-process strategy `name`, its start-up bounded end to end (see `startup_watchdog`).
+
+    The task waits up to `timeout_seconds` for its peers, then gives
+    TensorFlow's own start as long again; SIGTERM meanwhile exits 42.
+    """
+    resolver = cluster_resolver(name)
+    task = f"{resolver.task_type}_{resolver.task_id}"
+    with StartupWatchdog(task, timeout_seconds, timeout_seconds, exit_codes.PREEMPTED) as watchdog:
+        wait_for_cluster(resolver, name, timeout_seconds)
+        watchdog.tensorflow_starts()
+        if name == "multi_worker_mirrored":
+            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        return tf.distribute.experimental.ParameterServerStrategy(resolver)
 
 
 def make_strategy(
@@ -143,11 +127,16 @@ def make_strategy(
             hardware and accept only 1 here.
         cluster_timeout: seconds `multi_worker_mirrored` and the chief of
             `parameter_server` wait for the other TF_CONFIG tasks to come up (see
-            `cluster_wait.wait_for_cluster`); None: $LOOPS_CLUSTER_TIMEOUT_SECONDS, else 600.
+            `cluster_wait.wait_for_cluster`), and then give TensorFlow's own
+            start; None: $LOOPS_CLUSTER_TIMEOUT_SECONDS, else 600.
 
     Raises:
         ValueError: an unknown name, an impossible replica count, a bad
             TF_CONFIG or cluster_timeout, or a task that did not come up in time.
+
+    A cluster strategy whose TensorFlow start outlasts its bound ends the
+    process with a sentence and exit code 1, and SIGTERM during its start-up
+    with exit_codes.PREEMPTED (`startup_watchdog`).
     """
     if name not in STRATEGY_NAMES:
         raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}.")
@@ -173,12 +162,7 @@ def make_strategy(
         device = "/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0"
         return tf.distribute.OneDeviceStrategy(device)
     if name in AWAITED_TASK_TYPES:
-        timeout_seconds = cluster_timeout_seconds(cluster_timeout)
-        resolver = cluster_resolver(name)
-        wait_for_cluster(resolver, name, timeout_seconds)
-        if name == "multi_worker_mirrored":
-            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
-        return tf.distribute.experimental.ParameterServerStrategy(resolver)
+        return _start_cluster_strategy(name, cluster_timeout_seconds(cluster_timeout))
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
         tf.config.experimental_connect_to_cluster(resolver)

@@ -16,12 +16,12 @@ until it is killed, and lets the `chief` go on to build and train the Loop.
 
 from __future__ import annotations
 
+import signal
+
 import tensorflow as tf
 
 from loops.cluster import strategies
 from loops.input import distributed_input
-
-SERVER_TASKS = ("worker", "ps")
 
 
 def worker_iterator(
@@ -58,18 +58,12 @@ def serve_unless_chief() -> None:
     """On a `worker` or `ps` task of TF_CONFIG, serves the cluster until killed; the chief returns.
 
     Raises:
-        ValueError: TF_CONFIG names no chief, or this task is neither chief,
-            worker nor ps.
+        ValueError: TF_CONFIG is bad for it (`strategies.cluster_resolver`).
     """
     resolver = strategies.cluster_resolver("parameter_server")
     task_type, task_id = resolver.task_type, resolver.task_id
     if task_type == "chief":
         return
-    if task_type not in SERVER_TASKS:
-        raise ValueError(
-            f"--strategy=parameter_server runs tasks of type chief, worker or ps; TF_CONFIG "
-            f"names this task {task_type!r}. Give it one of those types."
-        )
     server = tf.distribute.Server(
         resolver.cluster_spec(),
         job_name=task_type,
@@ -78,4 +72,7 @@ def serve_unless_chief() -> None:
         start=True,
     )
     print(f"{task_type}_{task_id} serving at {server.target} until stopped", flush=True)
+    # join blocks in C++ holding the GIL, so a Python SIGTERM handler (a binary
+    # installs one at its start) would never run: the default action ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     server.join()
