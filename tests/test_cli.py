@@ -207,7 +207,7 @@ def test_a_default_run_from_a_directory_with_its_own_data_and_models_is_quiet_an
 def test_importing_tensorflow_quietly_holds_back_only_its_log_lines(quiet):
     env = {key: value for key, value in SUBPROCESS_ENV.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     code = (
-        "import sys; from loops import tensorflow_logs; "
+        "import sys; from loops.cli import tensorflow_logs; "
         f"tensorflow_logs.import_tensorflow(quiet={quiet}); "
         "print('from python', file=sys.stderr)"
     )
