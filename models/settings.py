@@ -91,6 +91,14 @@ def memory_bytes() -> int:
         return 0
 
 
+def check_transformer_fits(values: dict[str, Any], *, sequence_length: int, rows: int) -> None:
+    """Refuses TRANSFORMER_LM settings that cannot build (`check_width_fits_heads`) or whose
+    attention for a replica's `rows` cannot fit in this machine's memory
+    (`check_attention_fits`); ValueError with the fix."""
+    check_width_fits_heads(values)
+    check_attention_fits(values, sequence_length=sequence_length, rows=rows)
+
+
 def check_attention_fits(
     values: dict[str, Any], *, sequence_length: int, rows: int = 1, memory: int | None = None
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops.bin import training_settings
+from loops.bin import flag_checks, training_settings
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -31,11 +31,9 @@ def build_loop():
         export=lambda loop, path: export_classifier(loop.model, path),
         signature="images -> logits, probabilities",
     )
+    data = loop_flags.setting_values(data_settings.IMAGE_CLASSIFICATION)
     spec, train_data, eval_data = image_streams.classification_input(
-        **loop_flags.setting_values(data_settings.IMAGE_CLASSIFICATION),
-        global_batch_size=FLAGS.global_batch_size,
-        seed=FLAGS.seed,
-        say=lambda line: print(line, flush=True),
+        **data, global_batch_size=FLAGS.global_batch_size, seed=FLAGS.seed, say=loop_flags.say
     )
     train_data(), eval_data()  # fail now, with the data error, not inside the first step
     model = loop_flags.setting_values(model_settings.CLASSIFIER)
@@ -55,24 +53,7 @@ def build_loop():
     )
 
 
-def prepare() -> None:
-    """Refuses two sources of data, or a warm-up past the run, before TensorFlow loads."""
-    values = loop_flags.setting_values(data_settings.IMAGE_CLASSIFICATION)
-    data_settings.check_one_image_source(values, dataset_given=FLAGS["dataset"].present)
-    training_settings.check_schedule_flags()
-
-
-def explain_failure(loop, error: Exception) -> str | None:
-    """An --image_dir file that stopped decoding during training, named; else None."""
-    from loops_data import image_folders
-
-    splits = (FLAGS.train_split, FLAGS.eval_split)
-    return image_folders.explain_changed_images(FLAGS.image_dir, splits, loop)
-
-
-main, run = loop_flags.entry_points(
-    build_loop, description=__doc__, prepare=prepare, explain_failure=explain_failure
-)
+main, run = loop_flags.entry_points(build_loop, description=__doc__, **flag_checks.CLASSIFIER)
 
 if __name__ == "__main__":
     run()

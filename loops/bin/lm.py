@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops.bin import summaries, training_settings
+from loops.bin import flag_checks, summaries, training_settings
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -35,10 +35,9 @@ def build_loop():
         signature="prompt, length -> text",
     )
     model = loop_flags.setting_values(model_settings.TRANSFORMER_LM)
-    model_settings.check_width_fits_heads(model)
     length, seed = FLAGS.sequence_length, FLAGS.seed
     replica_rows = -(-FLAGS.global_batch_size // arguments["strategy"].num_replicas_in_sync)
-    model_settings.check_attention_fits(model, sequence_length=length, rows=replica_rows)
+    model_settings.check_transformer_fits(model, sequence_length=length, rows=replica_rows)
     return LanguageModelLoop(
         model_fn=lambda: lm_models.transformer_lm(
             vocab_size=python_text.VOCAB_SIZE, sequence_length=length, seed=seed, **model
@@ -53,17 +52,8 @@ def build_loop():
     )
 
 
-def check_sequence_length() -> None:
-    """Refuses, before TensorFlow, a --sequence_length one example's attention cannot fit."""
-    model = loop_flags.setting_values(model_settings.TRANSFORMER_LM)
-    model_settings.check_attention_fits(model, sequence_length=FLAGS.sequence_length)
-
-
 main, run = loop_flags.entry_points(
-    build_loop,
-    description=__doc__,
-    summary=summaries.language_model,
-    prepare=check_sequence_length,
+    build_loop, description=__doc__, summary=summaries.language_model, **flag_checks.LANGUAGE_MODEL
 )
 
 if __name__ == "__main__":

@@ -77,22 +77,6 @@ OPTIMIZER: tuple[Setting, ...] = (
 )
 
 
-def check_schedule_flags() -> None:
-    """Refuses a warm-up that does not end before the run does (`loops.core.schedules`' range).
-
-    Raises:
-        ValueError: --lr_warmup_steps >= --train_steps under warmup_cosine.
-    """
-    values = flags.FLAGS
-    warmup, train_steps = values.lr_warmup_steps, values.train_steps
-    if values.lr_schedule == "warmup_cosine" and warmup >= train_steps:
-        raise ValueError(
-            f"--lr_warmup_steps={warmup} is not below --train_steps={train_steps}: the "
-            "warm-up must end before the run does (the rate then decays over the rest); "
-            f"pass --lr_warmup_steps<{train_steps} or a larger --train_steps."
-        )
-
-
 def optimizer_fn(
     values: dict[str, Any], *, learning_rate: float, total_steps: int
 ) -> Callable[[], Any]:

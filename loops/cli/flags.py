@@ -274,6 +274,11 @@ def num_replicas() -> int:
     return len(tf.config.list_physical_devices("GPU")) or DEFAULT_CPU_REPLICAS
 
 
+def say(line: str) -> None:
+    """Prints a binary's line now (e.g. the data check's progress, before the loop exists)."""
+    print(line, flush=True)
+
+
 def strategy_name() -> str:
     """--strategy, but `default` for an evaluator given a cluster's (it runs on its own)."""
     name = flags.FLAGS.strategy
