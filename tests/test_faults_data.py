@@ -310,19 +310,24 @@ def test_a_file_damaged_during_training_is_named_after_the_last_checkpoint(tmp_p
     assert int(last.rsplit("-", 1)[1]) >= 4 and os.path.exists(last + ".index")
 
 
-@pytest.mark.parametrize("module", ["loops.bin.classifier", "loops.bin.gan"])
-def test_a_data_dir_that_is_a_file_is_refused_before_work(tmp_path, module):
-    a_file = tmp_path / "passwd"
-    a_file.write_text(SECRET)
-    model_dir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", module, f"--data_dir={a_file}", f"--model_dir={model_dir}"],
+def run_module(module, *argv):
+    """`python -m module argv...`, for a refusal that comes before any work."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv],
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,
         timeout=120,
         cwd=ROOT,
     )
+
+
+@pytest.mark.parametrize("module", ["loops.bin.classifier", "loops.bin.gan"])
+def test_a_data_dir_that_is_a_file_is_refused_before_work(tmp_path, module):
+    a_file = tmp_path / "passwd"
+    a_file.write_text(SECRET)
+    model_dir = tmp_path / "run"
+    done = run_module(module, f"--data_dir={a_file}", f"--model_dir={model_dir}")
     assert done.returncode == 1
     assert (
         "--data_dir names a file, not a folder; point it at the TFDS data directory or at "
@@ -334,21 +339,9 @@ def test_a_data_dir_that_is_a_file_is_refused_before_work(tmp_path, module):
 
 
 def test_skip_bad_images_without_an_image_dir_is_refused(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loops.bin.classifier",
-            "--skip_bad_images",
-            f"--model_dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=120,
-        cwd=ROOT,
-    )
+    model_dir = tmp_path / "run"
+    done = run_module("loops.bin.classifier", "--skip_bad_images", f"--model_dir={model_dir}")
     assert done.returncode == 1
     assert "--skip_bad_images leaves files out of an --image_dir; pass --image_dir" in done.stderr
     assert "Traceback" not in done.stderr
-    assert not (tmp_path / "run").exists()
+    assert not model_dir.exists()
