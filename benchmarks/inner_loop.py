@@ -70,12 +70,14 @@ def build_modes(args) -> dict:
             "digits", "train", global_batch_size=64, shuffle_seed=0, repeat=True
         )
 
-    loop = loops.ClassifierLoop(
-        strategy=strategy,
-        model_fn=lambda: models.build_classifier(
-            args.model, input_shape=(8, 8, 1), num_classes=10, seed=0
+    loop = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.build_classifier(
+                args.model, input_shape=(8, 8, 1), num_classes=10, seed=0
+            ),
+            optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
         ),
-        optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+        strategy=strategy,
         train_data=data_fn,
         progress=loops.testing.quiet_progress(),
     )

@@ -82,12 +82,14 @@ def lm_loop(setup: Setup, **loop_args):
 
     import loops
 
-    return loops.LanguageModelLoop(
+    return loops.Trainer(
+        loops.LanguageModelLoop(
+            model_fn=setup.model_fn,
+            optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+            sequence_length=setup.args.sequence_length,
+            sample_prompts=(),
+        ),
         strategy=setup.strategy,
-        model_fn=setup.model_fn,
-        optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
-        sequence_length=setup.args.sequence_length,
-        sample_prompts=(),
         train_data=setup.data_fn,
         progress=loops.testing.quiet_progress(),
         **loop_args,

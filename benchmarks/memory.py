@@ -54,10 +54,12 @@ def main(argv=None) -> int:
         )
 
     with tempfile.TemporaryDirectory() as model_dir:
-        loop = loops.ClassifierLoop(
+        loop = loops.Trainer(
+            loops.ClassifierLoop(
+                model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
+                optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+            ),
             strategy=strategy,
-            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
-            optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
             train_data=batches("train", 0, True),
             eval_data=batches("test", None, False),
             steps_per_loop=args.steps_per_loop,

@@ -39,14 +39,16 @@ def time_to_solve(num_replicas: int, *, max_train_steps: int, seed: int) -> dict
 
     started = time.perf_counter()
     environment = cartpole.CartPole()
-    loop = rl.ActorCriticLoop(
-        strategy=loops.testing.replica_strategy(num_replicas),
-        environment=environment,
-        model_fn=lambda: rl_models.policy_value_network(
-            observation_size=environment.observation_size,
-            num_actions=environment.num_actions,
-            seed=seed,
+    loop = loops.Trainer(
+        rl.ActorCriticLoop(
+            environment=environment,
+            model_fn=lambda: rl_models.policy_value_network(
+                observation_size=environment.observation_size,
+                num_actions=environment.num_actions,
+                seed=seed,
+            ),
         ),
+        strategy=loops.testing.replica_strategy(num_replicas),
         steps_per_loop=10,
         seed=seed,
         progress=loops.testing.quiet_progress(),
@@ -54,9 +56,9 @@ def time_to_solve(num_replicas: int, *, max_train_steps: int, seed: int) -> dict
     mean_return = 0.0
     while loop.step < max_train_steps and mean_return < SOLVED_RETURN:
         loop.train(min(loop.step + loop.steps_per_loop, max_train_steps))
-        mean_return = float(loop.mean_return().numpy())
+        mean_return = float(loop.definition.mean_return().numpy())
     seconds = time.perf_counter() - started
-    results = loop.results_extra()
+    results = loop.definition.results_extra()
     return {
         "num_replicas": num_replicas,
         "solved": mean_return >= SOLVED_RETURN,

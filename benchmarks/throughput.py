@@ -93,10 +93,11 @@ def compute_bound(setup: Setup):
 
     import loops
 
-    loop = loops.ClassifierLoop(
+    loop = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=setup.model_fn, optimizer_fn=lambda: keras.optimizers.Adam(1e-3)
+        ),
         strategy=setup.strategy,
-        model_fn=setup.model_fn,
-        optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
         train_data=setup.data_fn,
         progress=loops.testing.quiet_progress(),
     )
@@ -104,7 +105,7 @@ def compute_bound(setup: Setup):
 
 
 def repeated_step(loop, strategy, data_fn):
-    """steps -> None: `loop.train_step` that many times in one tf.function on one fixed batch.
+    """steps -> None: the definition's `train_step` that many times in one tf.function, one batch.
 
     The compute bound: no input pipeline and no host reads between steps.
     """
@@ -127,7 +128,7 @@ def repeated_step(loop, strategy, data_fn):
         # that the train step does.
         total = tf.constant(0.0)
         for _ in tf.range(steps):
-            outputs = tf.nest.flatten(loop.train_step(FixedBatch()))  # typed outputs' tensors
+            outputs = tf.nest.flatten(loop.definition.train_step(FixedBatch()))  # typed outputs
             total += tf.add_n([tf.cast(value, tf.float32) for value in outputs])
         return total
 
@@ -142,10 +143,11 @@ def loops_mode(setup: Setup):
 
     import loops
 
-    loop = loops.ClassifierLoop(
+    loop = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=setup.model_fn, optimizer_fn=lambda: keras.optimizers.Adam(1e-3)
+        ),
         strategy=setup.strategy,
-        model_fn=setup.model_fn,
-        optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
         train_data=setup.data_fn,
         steps_per_loop=setup.args.steps_per_loop,
         progress=loops.testing.quiet_progress(),

@@ -25,23 +25,20 @@ def digits_images(global_batch_size: int, *, seed: int, data_dir: str | None = N
     ).map(lambda images, labels: tf.cast(images, tf.float32) / 127.5 - 1.0)
 
 
-def gan_data(
-    *, dataset: str, data_dir: str | None, global_batch_size: int, seed: int
-) -> dict[str, Any]:
-    """`loops.GANLoop`'s train_data and evaluation keywords for `dataset` ('ring' or 'digits').
+def train_data(*, dataset: str, data_dir: str | None, global_batch_size: int, seed: int):
+    """The Trainer's `train_data` for `dataset` ('ring' or 'digits'): a function of the batches."""
+    if dataset == "ring":
+        ring = Ring()
+        return lambda: ring.global_batches(global_batch_size, seed=seed)
+    return lambda: digits_images(global_batch_size, seed=seed, data_dir=data_dir)
+
+
+def evaluation(dataset: str) -> dict[str, Any]:
+    """`loops.GANLoop`'s evaluation keywords for `dataset` ('ring' or 'digits').
 
     The ring is judged by its mode-coverage metrics on RING_EVAL_SAMPLES samples;
     the digits by a SAMPLE_GRID of samples drawn as an image.
     """
     if dataset == "ring":
-        ring = Ring()
-        return dict(
-            train_data=lambda: ring.global_batches(global_batch_size, seed=seed),
-            sample_metrics=ring.quality,
-            num_eval_samples=RING_EVAL_SAMPLES,
-        )
-    return dict(
-        train_data=lambda: digits_images(global_batch_size, seed=seed, data_dir=data_dir),
-        sample_grid=SAMPLE_GRID,
-        num_eval_samples=SAMPLE_GRID[0] * SAMPLE_GRID[1],
-    )
+        return {"sample_metrics": Ring().quality, "num_eval_samples": RING_EVAL_SAMPLES}
+    return {"sample_grid": SAMPLE_GRID, "num_eval_samples": SAMPLE_GRID[0] * SAMPLE_GRID[1]}

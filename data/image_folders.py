@@ -289,22 +289,23 @@ def left_out_notes(left_out: tuple[tuple[str, str], ...]) -> dict:
     }
 
 
-def explain_changed_images(root: str | None, splits: tuple[str, ...], loop) -> str | None:
+def explain_changed_images(root: str | None, splits: tuple[str, ...], trainer) -> str | None:
     """The sentence a run stopped by an image of `root` that no longer decodes ends with;
     None when `root` is None or no file changed (the error is something else).
 
     The check before training decoded every file, so a failure now is a file
     changed since: the check, run again, decodes the changed files and names them.
-    `loop`: the ClassifierLoop that stopped (its data notes and checkpoints).
+    `trainer`: the Trainer of the ClassifierLoop that stopped (its data notes, checkpoints).
     """
     if root is None:
         return None
-    left_out = frozenset(entry["path"] for entry in loop.data_notes.get("left_out", ()))
+    left_out = trainer.definition.data_notes.get("left_out", ())
+    left_out = frozenset(entry["path"] for entry in left_out)
     changed = changed_files(root, splits, trained_without=left_out)
     if not changed:
         return None
     files = "; ".join(f"{path} {why}" for path, why in changed.items())
-    newest = loop.checkpointer.latest if loop.checkpointer is not None else None
+    newest = trainer.checkpointer.latest if trainer.checkpointer is not None else None
     resume = (
         f"it goes on from {newest}" if newest else "no checkpoint was saved yet: it starts over"
     )

@@ -196,11 +196,8 @@ def corpus_summary(sequence_length: int) -> dict[str, int]:
     return summary
 
 
-def loop_data(*, sequence_length: int, global_batch_size: int, seed: int) -> dict[str, Any]:
-    """`loops.LanguageModelLoop`'s data keywords: the splits' batches, the baseline, the corpus.
-
-    The train batches are endless and shuffled with `seed`; the eval split is one pass.
-    """
+def splits(*, sequence_length: int, global_batch_size: int, seed: int) -> dict[str, Any]:
+    """The Trainer's `train_data` and `eval_data`: endless, shuffled with `seed`; one pass."""
     return dict(
         train_data=lambda: global_batches(
             "train",
@@ -212,6 +209,12 @@ def loop_data(*, sequence_length: int, global_batch_size: int, seed: int) -> dic
         eval_data=lambda: global_batches(
             "eval", sequence_length=sequence_length, global_batch_size=global_batch_size
         ),
+    )
+
+
+def corpus_notes(sequence_length: int) -> dict[str, Any]:
+    """`loops.LanguageModelLoop`'s keywords about the text: the unigram baseline, the corpus."""
+    return dict(
         unigram_perplexity=unigram_perplexity(sequence_length),
         # The text is the running Python's own: another version reads other counts.
         corpus={"python": platform.python_version(), **corpus_summary(sequence_length)},

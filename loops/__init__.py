@@ -52,6 +52,7 @@ _EXPORTS = {
     "configure_logical_cpus": "loops.cluster.strategies",
     "make_strategy": "loops.cluster.strategies",
     "testing": "loops.testing",
+    "Trainer": "loops.run.trainer",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,4 @@
-"""Checks that a Loop gives the same numbers on 1 and N replicas, for users' tests too.
+"""Checks that a definition trains to the same numbers on 1 and N replicas, for users' tests too.
 
 Usage (the CPU must be split before any TensorFlow op runs, e.g. in conftest.py):
 
@@ -6,7 +6,7 @@ Usage (the CPU must be split before any TensorFlow op runs, e.g. in conftest.py)
 
     def test_my_loop_parity():
         loops.testing.assert_replica_parity(
-            lambda strategy: MyLoop(strategy=strategy, train_data=..., seed=1),
+            lambda strategy: loops.Trainer(MyLoop(), strategy=strategy, train_data=..., seed=1),
             num_steps=5)
 """
 
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from loops.cluster import strategies
 from loops.core import reporting
-from loops.run.loop import Loop
+from loops.run.trainer import Trainer
 
 
 def replica_strategy(num_replicas: int, name: str = "mirrored") -> tf.distribute.Strategy:
@@ -49,15 +49,15 @@ def _variables(value) -> list:
     return list(getattr(value, "variables", []) or [])
 
 
-def loop_weights(loop: Loop, *, check_replicas_agree: bool = True) -> dict[str, np.ndarray]:
-    """Every variable the loop checkpoints, keyed `item/index/name`.
+def loop_weights(trainer: Trainer, *, check_replicas_agree: bool = True) -> dict[str, np.ndarray]:
+    """Every variable the trainer checkpoints, keyed `item/index/name`.
 
     Args:
         check_replicas_agree: also assert that every replica's copy of a
             mirrored variable holds the same value.
     """
-    weights = {"global_step": loop.global_step.numpy()}
-    for item_name, item in loop.saved_items().items():
+    weights = {"global_step": trainer.global_step.numpy()}
+    for item_name, item in trainer.saved_items().items():
         if item_name == "global_step":
             continue
         for index, variable in enumerate(_variables(item)):
@@ -68,7 +68,7 @@ def loop_weights(loop: Loop, *, check_replicas_agree: bool = True) -> dict[str, 
             # A Keras variable wraps its tf.Variable in `.value`; on a tf.Variable
             # `.value` is a method.
             tensor = variable if isinstance(variable, tf.Variable) else variable.value
-            copies = [np.asarray(v) for v in loop.strategy.experimental_local_results(tensor)]
+            copies = [np.asarray(v) for v in trainer.strategy.experimental_local_results(tensor)]
             if check_replicas_agree:
                 for replica, copy in enumerate(copies[1:], start=1):
                     np.testing.assert_array_equal(
@@ -111,17 +111,17 @@ def assert_close(
 
 
 def train_run(
-    build_loop: Callable[[tf.distribute.Strategy], Loop],
+    build_trainer: Callable[[tf.distribute.Strategy], Trainer],
     strategy: tf.distribute.Strategy,
     *,
     num_steps: int,
 ) -> dict:
-    """Trains a fresh loop on `strategy`; returns {"logs", "weights", "eval"} to compare."""
-    loop = build_loop(strategy)
-    if loop.strategy is not strategy:
-        raise AssertionError(f"build_loop ignored the strategy it was given: {strategy!r}.")
-    logs = loop.train(num_steps)
-    return {"logs": logs, "weights": loop_weights(loop), "eval": loop.last_eval_metrics}
+    """Trains a fresh Trainer on `strategy`; returns {"logs", "weights", "eval"} to compare."""
+    trainer = build_trainer(strategy)
+    if trainer.strategy is not strategy:
+        raise AssertionError(f"build_trainer ignored the strategy it was given: {strategy!r}.")
+    logs = trainer.train(num_steps)
+    return {"logs": logs, "weights": loop_weights(trainer), "eval": trainer.last_eval_metrics}
 
 
 def assert_runs_agree(
@@ -150,7 +150,7 @@ def assert_runs_agree(
 
 
 def assert_replica_parity(
-    build_loop: Callable[[tf.distribute.Strategy], Loop],
+    build_trainer: Callable[[tf.distribute.Strategy], Trainer],
     *,
     num_steps: int,
     replica_counts: Sequence[int] = (1, 2, 4),
@@ -161,7 +161,7 @@ def assert_replica_parity(
     """Trains one loop per replica count and asserts they agree.
 
     Args:
-        build_loop: strategy -> a fresh Loop (same seed, same data) on it.
+        build_trainer: strategy -> a fresh Trainer (same seed, same data) on it.
         num_steps: steps each loop trains.
         replica_counts: the counts compared; the first is the reference.
         compare_logs: per-step `train_step` outputs to compare; all if None.
@@ -175,7 +175,7 @@ def assert_replica_parity(
         AssertionError: naming the first entry that differs and by how much.
     """
     runs = {
-        count: train_run(build_loop, replica_strategy(count, strategy_name), num_steps=num_steps)
+        count: train_run(build_trainer, replica_strategy(count, strategy_name), num_steps=num_steps)
         for count in replica_counts
     }
     reference = replica_counts[0]

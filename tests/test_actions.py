@@ -44,7 +44,8 @@ class ScriptedLoop(loops.Loop):
 
 
 def scripted(model_dir=None, *, actions=(), eval_every=2, steps_per_loop=2, **kwargs):
-    return ScriptedLoop(
+    return loops.Trainer(
+        ScriptedLoop(),
         strategy=loops.testing.replica_strategy(2),
         model_dir=model_dir,
         eval_every=eval_every,
@@ -176,13 +177,15 @@ class ScriptedClassifier(loops.ClassifierLoop):
 def scripted_classifier(script, model_dir, actions=()):
     import loops_models as models
 
-    return ScriptedClassifier(
-        script,
-        strategy=loops.testing.replica_strategy(2),
-        model_fn=lambda: models.build_classifier(
-            "mlp", input_shape=(8, 8, 1), num_classes=10, seed=7
+    return loops.Trainer(
+        ScriptedClassifier(
+            script,
+            model_fn=lambda: models.build_classifier(
+                "mlp", input_shape=(8, 8, 1), num_classes=10, seed=7
+            ),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         ),
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        strategy=loops.testing.replica_strategy(2),
         train_data=tiny_batches(8, 21, shuffle_seed=2),
         eval_every=2,
         steps_per_loop=2,
@@ -215,17 +218,17 @@ def test_keep_best_keeps_the_checkpoint_of_the_best_evaluation(tmp_path):
 
     # A fresh loop with the best checkpoint read into its objects holds the step-4 weights.
     fresh = scripted_classifier(script, None)
-    tf.train.Checkpoint(**fresh.checkpoint_items(), global_step=fresh.global_step).restore(
-        record["checkpoint"]
-    ).assert_existing_objects_matched()
-    expected = loop.weights_at[4]
+    tf.train.Checkpoint(
+        **fresh.definition.checkpoint_items(), global_step=fresh.global_step
+    ).restore(record["checkpoint"]).assert_existing_objects_matched()
+    expected = loop.definition.weights_at[4]
     got = loops.testing.loop_weights(fresh)
     assert sorted(got) == sorted(expected) and got["global_step"] == 4
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     # The weights moved after step 4, so the comparison tells the steps apart.
     assert any(
-        not np.array_equal(loop.weights_at[10][name], expected[name])
+        not np.array_equal(loop.definition.weights_at[10][name], expected[name])
         for name in expected
         if name.startswith("model/")
     )

@@ -26,10 +26,9 @@ def make_loop(model_dir, lines=None):
     progress = loops.testing.quiet_progress()
     if lines is not None:
         progress.line = lines.append
-    return loops.ClassifierLoop(
+    return loops.Trainer(
+        loops.ClassifierLoop(model_fn=model_fn, optimizer_fn=lambda: keras.optimizers.SGD(0.01)),
         strategy=loops.testing.replica_strategy(1),
-        model_fn=model_fn,
-        optimizer_fn=lambda: keras.optimizers.SGD(0.01),
         train_data=tiny_batches(),
         steps_per_loop=2,
         checkpoint_every=2,
@@ -213,7 +212,9 @@ def test_no_checkpoint_ever_holds_a_nonfinite_variable(tmp_path):
     class PoisonAfterStep4(loops.Action):
         def after_loop(self, loop, step, train_metrics):
             if step == 4:
-                loop.model.layers[-1].kernel.assign(np.full((64, 10), np.inf, np.float32))
+                loop.definition.model.layers[-1].kernel.assign(
+                    np.full((64, 10), np.inf, np.float32)
+                )
 
     loop = make_loop(str(tmp_path))
     loop.controller.actions = (PoisonAfterStep4(),)
@@ -250,10 +251,11 @@ def test_an_update_that_is_not_finite_stops_the_run_at_its_last_finite_checkpoin
             ]
         )
 
-    loop = loops.ClassifierLoop(
+    loop = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=model_fn, optimizer_fn=lambda: keras.optimizers.SGD(InfiniteAfterStep2())
+        ),
         strategy=loops.testing.replica_strategy(2),
-        model_fn=model_fn,
-        optimizer_fn=lambda: keras.optimizers.SGD(InfiniteAfterStep2()),
         train_data=tiny_batches(),
         steps_per_loop=4,
         checkpoint_every=1,

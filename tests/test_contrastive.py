@@ -70,7 +70,8 @@ def views(count=19):
 
 def build(strategy, **kwargs):
     # 19 rows in batches of 8: the third batch holds 3 rows, one replica of 4 holds none.
-    return TwoViewContrastive(
+    return loops.Trainer(
+        TwoViewContrastive(),
         strategy=strategy,
         train_data=lambda: tf.data.Dataset.from_tensor_slices(views()).batch(8),
         steps_per_loop=3,
@@ -99,7 +100,7 @@ def test_negatives_from_the_whole_batch_give_the_same_numbers_on_1_2_and_4_repli
     # Step 1 of 4 replicas is the loss of the whole first batch of 8 on one device.
     fresh = build(loops.testing.replica_strategy(1))
     view1, view2 = views()
-    expected = nt_xent(lambda v: fresh.model(v).numpy(), view1[:8], view2[:8])
+    expected = nt_xent(lambda v: fresh.definition.model(v).numpy(), view1[:8], view2[:8])
     np.testing.assert_allclose(losses[0], expected, rtol=1e-5)
 
 

@@ -28,11 +28,12 @@ class StopAtStep4(loops.Action):
 
 
 def test_the_loop_forwards_the_run_state_of_its_controller(tmp_path):
-    loop = loops.ClassifierLoop(
+    loop = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        ),
         strategy=loops.testing.replica_strategy(2),
-        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        # A NaN on replica 1 in step 2's batch, on replica 0 in step 3's.
         train_data=images_and_labels(nan_rows=(8 + 6, 16 + 1)),
         eval_data=images_and_labels(),
         steps_per_loop=2,
@@ -83,11 +84,11 @@ def test_bad_run_options_fail_before_anything_is_built():
             type(self).builds += 1
 
     with pytest.raises(ValueError, match="steps_per_loop must be a whole number >= 1, got 0"):
-        CountsBuilds(steps_per_loop=0, progress=loops.testing.quiet_progress())
+        loops.Trainer(CountsBuilds(), steps_per_loop=0, progress=loops.testing.quiet_progress())
     with pytest.raises(TypeError, match="actions must be loops.Action objects, got 'stop'"):
-        CountsBuilds(actions=["stop"], progress=loops.testing.quiet_progress())
+        loops.Trainer(CountsBuilds(), actions=["stop"], progress=loops.testing.quiet_progress())
     assert CountsBuilds.builds == 0
-    loop = CountsBuilds(steps_per_loop=3, progress=loops.testing.quiet_progress())
+    loop = loops.Trainer(CountsBuilds(), steps_per_loop=3, progress=loops.testing.quiet_progress())
     assert CountsBuilds.builds == 1 and loop.controller.options.steps_per_loop == 3
 
 
@@ -109,8 +110,11 @@ class Counter(loops.Loop):
 
 def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones(tmp_path):
     def counter(config):
-        return Counter(
-            model_dir=str(tmp_path), progress=loops.testing.quiet_progress(), config=config
+        return loops.Trainer(
+            Counter(),
+            model_dir=str(tmp_path),
+            progress=loops.testing.quiet_progress(),
+            config=config,
         )
 
     first = counter({"learning_rate": 0.1, "train_steps": 2})
@@ -133,7 +137,7 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
             "ema_decay": None,
             "mixed_precision": "none",
             "seed": 0,
-            "checkpoint.total": type(resumed.total).__name__,
+            "checkpoint.total": type(resumed.definition.total).__name__,
         }
-    assert resumed.step == 2 and float(resumed.total.numpy()) == 2.0
+    assert resumed.step == 2 and float(resumed.definition.total.numpy()) == 2.0
     resumed.close()

@@ -58,14 +58,16 @@ def q_network():
 
 
 def bandit_ppo(**args):
-    return rl.ActorCriticLoop(
-        environment=TwoArmedBandit(),
-        model_fn=policy_value_network,
-        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
-        num_envs=8,
-        rollout_length=8,
-        global_batch_size=32,
-        epochs=2,
+    return loops.Trainer(
+        rl.ActorCriticLoop(
+            environment=TwoArmedBandit(),
+            model_fn=policy_value_network,
+            optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+            num_envs=8,
+            rollout_length=8,
+            global_batch_size=32,
+            epochs=2,
+        ),
         seed=1,
         progress=loops.testing.quiet_progress(),
         **args,
@@ -75,10 +77,10 @@ def bandit_ppo(**args):
 def test_ppo_learns_to_pull_the_better_arm():
     loop = bandit_ppo(steps_per_loop=20)
     loop.train(40)
-    results = loop.results_extra()
+    results = loop.definition.results_extra()
     # Every step of every environment ends an episode.
     assert results["episodes"] == results["env_steps"] == 40 * 8 * 8
-    logits, _ = loop.model(tf.ones([1, 1]))
+    logits, _ = loop.definition.model(tf.ones([1, 1]))
     better_arm = float(tf.nn.softmax(logits)[0, 1])
     assert better_arm > 0.99, better_arm
     # The uniform policy it starts from earns 0.5 a pull, the better arm 0.8.
@@ -86,26 +88,28 @@ def test_ppo_learns_to_pull_the_better_arm():
 
 
 def test_dqn_learns_the_value_of_each_arm():
-    loop = rl.DQNLoop(
-        environment=TwoArmedBandit(),
-        model_fn=q_network,
-        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
-        num_envs=8,
-        rollout_length=4,
-        global_batch_size=32,
-        buffer_capacity=1024,
-        learning_starts=64,
-        exploration_steps=640,
+    loop = loops.Trainer(
+        rl.DQNLoop(
+            environment=TwoArmedBandit(),
+            model_fn=q_network,
+            optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+            num_envs=8,
+            rollout_length=4,
+            global_batch_size=32,
+            buffer_capacity=1024,
+            learning_starts=64,
+            exploration_steps=640,
+        ),
         steps_per_loop=20,
         seed=1,
         progress=loops.testing.quiet_progress(),
     )
     loop.train(40)
     # An episode of one step has no future: each arm's value is its chance of paying.
-    values = loop.model(tf.ones([1, 1])).numpy()[0]
+    values = loop.definition.model(tf.ones([1, 1])).numpy()[0]
     np.testing.assert_allclose(values, PAYOFF, atol=0.08)
     # Greedy on the better arm after exploring, with epsilon 0.05 it earns about 0.785.
-    assert loop.results_extra()["mean_return_100"] >= 0.65
+    assert loop.definition.results_extra()["mean_return_100"] >= 0.65
 
 
 def test_a_users_environment_gives_the_same_numbers_on_1_and_2_replicas():

@@ -170,10 +170,9 @@ def make_loop(*, model_dir=None, ema_decay=None, config=None):
             ]
         )
 
-    return loops.ClassifierLoop(
+    return loops.Trainer(
+        loops.ClassifierLoop(model_fn=model_fn, optimizer_fn=lambda: keras.optimizers.SGD(0.001)),
         strategy=loops.testing.replica_strategy(1),
-        model_fn=model_fn,
-        optimizer_fn=lambda: keras.optimizers.SGD(0.001),
         train_data=tiny_batches(global_batch_size=8, count=40),
         eval_data=tiny_batches(global_batch_size=8, count=21, seed=5),
         steps_per_loop=2,

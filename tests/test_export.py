@@ -17,8 +17,8 @@ def test_export_reloads_with_and_without_a_strategy_and_matches_the_model(tmp_pa
     loop = make_loop(loops.testing.replica_strategy(2), model="cnn")
     loop.train(3)
     images, _ = tiny_examples(21, seed=4)
-    expected = loop.model(images, training=False).numpy()
-    path = export_classifier(loop.model, str(tmp_path / "export"))
+    expected = loop.definition.model(images, training=False).numpy()
+    path = export_classifier(loop.definition.model, str(tmp_path / "export"))
 
     outside = tf.saved_model.load(path)
     served = outside.signatures["serving_default"](images=tf.constant(images))
@@ -36,13 +36,13 @@ def test_export_reloads_with_and_without_a_strategy_and_matches_the_model(tmp_pa
 
 def test_export_replaces_an_old_export_but_not_other_files(tmp_path):
     loop = make_loop(loops.testing.replica_strategy(1))
-    export_classifier(loop.model, str(tmp_path / "export"))
-    export_classifier(loop.model, str(tmp_path / "export"))
+    export_classifier(loop.definition.model, str(tmp_path / "export"))
+    export_classifier(loop.definition.model, str(tmp_path / "export"))
     assert tf.saved_model.contains_saved_model(str(tmp_path / "export"))
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "mine.txt").write_text("keep")
     with pytest.raises(ValueError, match="holds no SavedModel; refusing to replace it"):
-        export_classifier(loop.model, str(tmp_path / "notes"))
+        export_classifier(loop.definition.model, str(tmp_path / "notes"))
     assert (tmp_path / "notes" / "mine.txt").read_text() == "keep"
 
 
@@ -70,17 +70,21 @@ def test_generator_export_serves_the_moving_average_outside_and_inside_a_strateg
 
     loop = make_gan(loops.testing.replica_strategy(2), ema_decay=0.5)
     loop.train(3)
-    noise = np.random.default_rng(0).standard_normal((7, *loop.noise_shape)).astype(np.float32)
-    trained = [v.numpy() for v in loop.generator.weights]
-    raw = loop.generator(noise).numpy()
+    noise = (
+        np.random.default_rng(0)
+        .standard_normal((7, *loop.definition.noise_shape))
+        .astype(np.float32)
+    )
+    trained = [v.numpy() for v in loop.definition.generator.weights]
+    raw = loop.definition.generator(noise).numpy()
     with loop.averaged_weights():
-        average = loop.generator(noise).numpy()
+        average = loop.definition.generator(noise).numpy()
         # The average differs from the trained generator, so serving the wrong one would fail.
         assert np.max(np.abs(raw - average)) > 1e-3
-        path = export_generator(loop.generator, str(tmp_path / "gen"))
-        assert_serves_the_generator(path, loop.generator, noise)
+        path = export_generator(loop.definition.generator, str(tmp_path / "gen"))
+        assert_serves_the_generator(path, loop.definition.generator, noise)
     # Out of the context the trained weights are back, bit for bit.
-    for before, after in zip(trained, loop.generator.weights):
+    for before, after in zip(trained, loop.definition.generator.weights):
         np.testing.assert_array_equal(before, after.numpy())
 
 
@@ -104,17 +108,23 @@ def test_the_gan_binary_exports_the_generator_it_trained(tmp_path):
         in done.stdout
     )
     # The same networks restored from the run's checkpoint: its average serves the same samples.
-    restored = GANLoop(
-        generator_fn=lambda: gan_models.ring_generator(seed=0),
-        discriminator_fn=lambda: gan_models.ring_discriminator(seed=0),
-        generator_optimizer_fn=lambda: keras.optimizers.Adam(),
-        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(),
+    restored = loops.Trainer(
+        GANLoop(
+            generator_fn=lambda: gan_models.ring_generator(seed=0),
+            discriminator_fn=lambda: gan_models.ring_discriminator(seed=0),
+            generator_optimizer_fn=lambda: keras.optimizers.Adam(),
+            discriminator_optimizer_fn=lambda: keras.optimizers.Adam(),
+        ),
         ema_decay=0.5,
         model_dir=model_dir,
         progress=loops.testing.quiet_progress(),
     )
     assert restored.step == 4
-    noise = np.random.default_rng(1).standard_normal((5, *restored.noise_shape)).astype(np.float32)
+    noise = (
+        np.random.default_rng(1)
+        .standard_normal((5, *restored.definition.noise_shape))
+        .astype(np.float32)
+    )
     with restored.averaged_weights():
-        assert_serves_the_generator(export, restored.generator, noise)
+        assert_serves_the_generator(export, restored.definition.generator, noise)
     restored.close()

@@ -52,13 +52,17 @@ def make_gan(
     # unit whose slope is the same for every real and fake example) and so pure
     # rounding noise that differs with the summation order; Adam's default
     # epsilon (1e-7) would turn that noise into a full learning-rate step.
-    return gan.GANLoop(
+    return loops.Trainer(
+        gan.GANLoop(
+            generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01, beta_1=0.5, epsilon=1e-3),
+            discriminator_optimizer_fn=lambda: keras.optimizers.Adam(
+                0.02, beta_1=0.5, epsilon=1e-3
+            ),
+            gan_loss=gan_loss,
+            n_critic=n_critic,
+        ),
         strategy=strategy or loops.testing.replica_strategy(1),
         **networks,
-        generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01, beta_1=0.5, epsilon=1e-3),
-        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(0.02, beta_1=0.5, epsilon=1e-3),
-        gan_loss=gan_loss,
-        n_critic=n_critic,
         ema_decay=ema_decay,
         train_data=train_data,
         steps_per_loop=2,
@@ -84,9 +88,9 @@ def test_k_steps_make_n_critic_times_k_critic_updates_and_k_generator_updates():
     loop = make_gan(n_critic=3)
     logs = loop.train(4)
     assert loop.step == 4
-    assert int(loop.d_steps.numpy()) == 12 and int(loop.g_steps.numpy()) == 4
-    assert int(loop.discriminator_optimizer.iterations.numpy()) == 12
-    assert int(loop.generator_optimizer.iterations.numpy()) == 4
+    assert int(loop.definition.d_steps.numpy()) == 12 and int(loop.definition.g_steps.numpy()) == 4
+    assert int(loop.definition.discriminator_optimizer.iterations.numpy()) == 12
+    assert int(loop.definition.generator_optimizer.iterations.numpy()) == 4
     assert logs["d_loss"].shape == logs["g_loss"].shape == (4,)
     results = loop.write_results()
     assert (results["d_steps"], results["g_steps"]) == (12, 4)
@@ -109,29 +113,29 @@ def test_a_critic_update_leaves_the_generator_and_a_generator_update_the_critic(
     real = next(iter(loops.distribute(loop.strategy, partial_ring_batches)))
     step = tf.constant(0, tf.int64)
     # Only the generator is averaged: evaluation and the export use it alone.
-    assert loop.discriminator_update.average is None
-    generator_average = loop.generator_update.average
+    assert loop.definition.discriminator_update.average is None
+    generator_average = loop.definition.generator_update.average
     generator, critic, average = (
-        weights_of(loop.generator),
-        weights_of(loop.discriminator),
+        weights_of(loop.definition.generator),
+        weights_of(loop.definition.discriminator),
         weights_of(generator_average.averages),
     )
 
-    loop.discriminator_step(real, step, 0)
-    assert not any(changed(generator, weights_of(loop.generator)))
+    loop.definition.discriminator_step(real, step, 0)
+    assert not any(changed(generator, weights_of(loop.definition.generator)))
     assert not any(changed(average, weights_of(generator_average.averages)))
-    assert all(changed(critic, weights_of(loop.discriminator)))
-    critic = weights_of(loop.discriminator)
+    assert all(changed(critic, weights_of(loop.definition.discriminator)))
+    critic = weights_of(loop.definition.discriminator)
 
-    loop.generator_step(real, step)
-    assert not any(changed(critic, weights_of(loop.discriminator)))
-    assert all(changed(generator, weights_of(loop.generator)))
+    loop.definition.generator_step(real, step)
+    assert not any(changed(critic, weights_of(loop.definition.discriminator)))
+    assert all(changed(generator, weights_of(loop.definition.generator)))
     # The first update of the average decays by min(0.5, 1 / 10), not by 0.5.
     for old, new, mean in zip(
-        generator, weights_of(loop.generator), weights_of(generator_average.averages)
+        generator, weights_of(loop.definition.generator), weights_of(generator_average.averages)
     ):
         np.testing.assert_allclose(mean, 0.1 * old + 0.9 * new, rtol=1e-6, atol=1e-7)
-    assert (int(loop.d_steps.numpy()), int(loop.g_steps.numpy())) == (1, 1)
+    assert (int(loop.definition.d_steps.numpy()), int(loop.definition.g_steps.numpy())) == (1, 1)
     assert int(generator_average.num_updates.numpy()) == 1
 
 
@@ -196,8 +200,8 @@ def test_each_critic_update_reads_the_weights_the_previous_one_wrote():
     for step in range(2):
         for substep in range(3):
             real = next(batches)
-            eager.discriminator_step(real, tf.constant(step, tf.int64), substep)
-        eager.generator_step(real, tf.constant(step, tf.int64))
+            eager.definition.discriminator_step(real, tf.constant(step, tf.int64), substep)
+        eager.definition.generator_step(real, tf.constant(step, tf.int64))
         eager.global_step.assign_add(1)
     loops.testing.assert_close(
         loops.testing.loop_weights(traced),
@@ -212,7 +216,11 @@ def test_resume_continues_with_the_next_batches_and_the_counters(tmp_path):
     uninterrupted.train(4)
     make_gan(n_critic=2, model_dir=str(tmp_path)).train(2)
     resumed = make_gan(n_critic=2, model_dir=str(tmp_path))
-    assert (resumed.step, int(resumed.d_steps.numpy()), int(resumed.g_steps.numpy())) == (2, 4, 2)
+    assert (
+        resumed.step,
+        int(resumed.definition.d_steps.numpy()),
+        int(resumed.definition.g_steps.numpy()),
+    ) == (2, 4, 2)
     resumed.train(4)
     loops.testing.assert_close(
         loops.testing.loop_weights(resumed),
@@ -237,8 +245,8 @@ def test_a_non_finite_update_is_skipped_on_every_replica_and_reported():
     logs = loop.train(3)
     np.testing.assert_array_equal(logs["nonfinite"], [0, 1, 0])
     # The critic skipped its update on the NaN batch; the generator (noise only) did not.
-    assert (int(loop.d_steps.numpy()), int(loop.g_steps.numpy())) == (2, 3)
-    assert int(loop.discriminator_optimizer.iterations.numpy()) == 2
+    assert (int(loop.definition.d_steps.numpy()), int(loop.definition.g_steps.numpy())) == (2, 3)
+    assert int(loop.definition.discriminator_optimizer.iterations.numpy()) == 2
     assert all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
 
     stopping = make_gan(n_critic=1, train_data=batches_with_a_nan)

@@ -110,7 +110,8 @@ def test_a_replica_function_without_a_global_count_is_refused():
     data = tf.data.Dataset.from_tensor_slices(
         (np.ones((8, 3), np.float32), np.ones((8,), np.float32))
     ).batch(4)
-    loop = Unnormalized(
+    loop = loops.Trainer(
+        Unnormalized(),
         train_data=lambda: data.repeat(),
         grad_accum_steps=2,
         progress=loops.testing.quiet_progress(),

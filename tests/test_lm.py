@@ -47,12 +47,14 @@ def build(strategy, *, batch=8, **loop_args):
         data = tf.data.Dataset.from_tensor_slices((tokens, lengths))
         return data.concatenate(data.take(5)).batch(batch)
 
-    return LanguageModelLoop(
+    return loops.Trainer(
+        LanguageModelLoop(
+            model_fn=tiny_model,
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+            sequence_length=SEQUENCE,
+            sample_prompts=(),
+        ),
         strategy=strategy,
-        model_fn=tiny_model,
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        sequence_length=SEQUENCE,
-        sample_prompts=(),
         train_data=batches,
         eval_data=batches,
         steps_per_loop=3,
@@ -94,16 +96,20 @@ def test_the_token_weighted_loss_is_the_single_device_one_and_a_per_replica_mean
     tokens, lengths = uneven_rows()
     rows = [0, 4]
     batch = (tokens[rows], lengths[rows])
-    loop = LanguageModelLoop(
+    loop = loops.Trainer(
+        LanguageModelLoop(
+            model_fn=tiny_model,
+            optimizer_fn=lambda: keras.optimizers.SGD(0.0),
+            sequence_length=SEQUENCE,
+            sample_prompts=(),
+        ),
         strategy=loops.testing.replica_strategy(2),
-        model_fn=tiny_model,
-        optimizer_fn=lambda: keras.optimizers.SGD(0.0),
-        sequence_length=SEQUENCE,
-        sample_prompts=(),
         train_data=lambda: tf.data.Dataset.from_tensors(batch),
         progress=loops.testing.quiet_progress(),
     )
-    losses, mask = (t.numpy() for t in next_token_losses(loop.model, *map(tf.constant, batch)))
+    losses, mask = (
+        t.numpy() for t in next_token_losses(loop.definition.model, *map(tf.constant, batch))
+    )
     assert mask.sum(axis=1).tolist() == [12, 1]
     token_weighted = losses.sum() / mask.sum()
     per_replica_mean = np.mean([losses[r].sum() / mask[r].sum() for r in range(2)])
@@ -119,7 +125,7 @@ def test_eval_perplexity_equals_a_float64_computation_over_the_same_weights():
     metrics = loop.last_eval_metrics
     total, count = 0.0, 0
     for tokens, lengths in build(loops.testing.replica_strategy(1)).eval_data():
-        logits = loop.model(tokens[:, :-1]).numpy().astype(np.float64)
+        logits = loop.definition.model(tokens[:, :-1]).numpy().astype(np.float64)
         shifted = logits - logits.max(-1, keepdims=True)
         log_probabilities = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
         targets = tokens[:, 1:].numpy()
@@ -137,13 +143,15 @@ def test_eval_perplexity_equals_a_float64_computation_over_the_same_weights():
 def test_samples_are_the_same_text_on_1_and_2_replicas(tmp_path):
     texts = {}
     for replicas in (1, 2):
-        loop = LanguageModelLoop(
+        loop = loops.Trainer(
+            LanguageModelLoop(
+                model_fn=tiny_model,
+                optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+                sequence_length=SEQUENCE,
+                sample_prompts=("def ", "x"),
+                sample_length=10,
+            ),
             strategy=loops.testing.replica_strategy(replicas),
-            model_fn=tiny_model,
-            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-            sequence_length=SEQUENCE,
-            sample_prompts=("def ", "x"),
-            sample_length=10,
             train_data=build(loops.testing.replica_strategy(1)).train_data,
             eval_data=build(loops.testing.replica_strategy(1)).eval_data,
             model_dir=str(tmp_path / str(replicas)),

@@ -14,12 +14,14 @@ from conftest import tiny_batches
 
 
 def make_loop(strategy=None, model_dir=None, *, steps_per_loop=3, model="mlp", **kwargs):
-    return loops.ClassifierLoop(
-        strategy=strategy or loops.testing.replica_strategy(2),
-        model_fn=lambda: models.build_classifier(
-            model, input_shape=(8, 8, 1), num_classes=10, l2=1e-3, seed=7
+    return loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.build_classifier(
+                model, input_shape=(8, 8, 1), num_classes=10, l2=1e-3, seed=7
+            ),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         ),
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        strategy=strategy or loops.testing.replica_strategy(2),
         train_data=tiny_batches(8, 21, shuffle_seed=2),
         eval_data=tiny_batches(8, 21, seed=1),
         steps_per_loop=steps_per_loop,
@@ -162,10 +164,12 @@ def test_step_outputs_must_be_reduced_scalars():
             )
             return {"loss": loops.Mean(per_example)}
 
-    loop = Unreduced(
+    loop = loops.Trainer(
+        Unreduced(
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
+            optimizer_fn=lambda: keras.optimizers.SGD(0.1),
+        ),
         strategy=loops.testing.replica_strategy(1),
-        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10),
-        optimizer_fn=lambda: keras.optimizers.SGD(0.1),
         train_data=tiny_batches(),
         progress=loops.testing.quiet_progress(),
     )
@@ -175,17 +179,19 @@ def test_step_outputs_must_be_reduced_scalars():
 
 def test_gradient_clipping_bounds_the_update():
     strategy = loops.testing.replica_strategy(2)
-    loop = loops.ClassifierLoop(
+    loop = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=1),
+            optimizer_fn=lambda: keras.optimizers.SGD(1.0),
+            clip_norm=1e-3,
+        ),
         strategy=strategy,
-        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=1),
-        optimizer_fn=lambda: keras.optimizers.SGD(1.0),
-        clip_norm=1e-3,
         train_data=tiny_batches(),
         progress=loops.testing.quiet_progress(),
     )
-    before = [v.numpy() for v in loop.model.trainable_variables]
+    before = [v.numpy() for v in loop.definition.model.trainable_variables]
     loop.train(1)
-    after = [v.numpy() for v in loop.model.trainable_variables]
+    after = [v.numpy() for v in loop.definition.model.trainable_variables]
     update_norm = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(after, before)))
     assert update_norm == pytest.approx(1e-3, rel=1e-4)
 
@@ -215,13 +221,15 @@ def test_a_loop_that_makes_its_own_data_needs_no_dataset():
             self.total.assign_add(value)
             return {"value": loops.Mean(value)}
 
-    loop = Counting(
-        strategy=loops.testing.replica_strategy(2), progress=loops.testing.quiet_progress()
+    loop = loops.Trainer(
+        Counting(),
+        strategy=loops.testing.replica_strategy(2),
+        progress=loops.testing.quiet_progress(),
     )
     logs = loop.train(3)
     # Replica ids 0 + 1, plus the step index once per replica.
     np.testing.assert_array_equal(logs["value"], [1.0, 3.0, 5.0])
-    assert loop.total.numpy() == 9.0
+    assert loop.definition.total.numpy() == 9.0
 
 
 class TwoBatchesDeclaredOneTaken(loops.ClassifierLoop):
@@ -278,7 +286,8 @@ def test_logs_of_every_dtype_come_back_step_by_step(num_replicas):
                 "step": loops.Last(tf.cast(self.global_step, tf.float64)),
             }
 
-    loop = Summing(
+    loop = loops.Trainer(
+        Summing(),
         strategy=loops.testing.replica_strategy(num_replicas),
         train_data=lambda: tf.data.Dataset.range(10).batch(4),
         steps_per_loop=3,
@@ -290,4 +299,4 @@ def test_logs_of_every_dtype_come_back_step_by_step(num_replicas):
     assert logs["total"].tolist() == np.cumsum(values).tolist()
     assert logs["half"].dtype == np.float32 and logs["half"].tolist() == [v / 2 for v in values]
     assert logs["step"].dtype == np.float64 and logs["step"].tolist() == list(range(7))
-    assert loop.step == 7 and int(loop.total.numpy()) == 96
+    assert loop.step == 7 and int(loop.definition.total.numpy()) == 96

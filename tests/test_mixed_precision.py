@@ -28,10 +28,12 @@ def batches_with_bad_example_on_replica_2(value, count=24):
 
 
 def make_loop(train_data, *, mixed_precision="mixed_float16", num_replicas=4, **kwargs):
-    return loops.ClassifierLoop(
+    return loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        ),
         strategy=loops.testing.replica_strategy(num_replicas),
-        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         train_data=train_data,
         steps_per_loop=4,
         mixed_precision=mixed_precision,
@@ -59,8 +61,8 @@ def test_inf_on_one_replica_of_four_skips_the_step_on_all_and_halves_the_scale()
     assert logs["nonfinite"].tolist() == [1.0]
     assert logs["overflow"].tolist() == [0.0]
     assert logs["loss_scale"].tolist() == [INITIAL_SCALE]
-    assert loop.loss_scale.scale.numpy() == INITIAL_SCALE / 2
-    assert loop.loss_scale.finite_steps.numpy() == 0
+    assert loop.definition.loss_scale.scale.numpy() == INITIAL_SCALE / 2
+    assert loop.definition.loss_scale.finite_steps.numpy() == 0
 
     logs = loop.train(4)
     assert logs["nonfinite"].tolist() == [0.0, 0.0]
@@ -94,7 +96,7 @@ def test_scale_doubles_after_growth_steps_finite_steps():
     assert logs["loss_scale"].tolist() == [INITIAL_SCALE] * 3 + [INITIAL_SCALE * 2] * 3 + [
         INITIAL_SCALE * 4
     ]
-    assert loop.loss_scale.finite_steps.numpy() == 1
+    assert loop.definition.loss_scale.finite_steps.numpy() == 1
 
 
 def test_scale_update_rule_floor_and_ceiling():
@@ -116,14 +118,18 @@ def test_scale_update_rule_floor_and_ceiling():
 def test_variables_stay_float32_and_hidden_layers_compute_in_16_bits(policy, compute_dtype):
     loop = make_loop(tiny_batches(8, 16), mixed_precision=policy, num_replicas=2)
     loop.train(2)
-    hidden = [layer for layer in loop.model.layers if isinstance(layer, keras.layers.Dense)]
+    hidden = [
+        layer for layer in loop.definition.model.layers if isinstance(layer, keras.layers.Dense)
+    ]
     assert [layer.compute_dtype for layer in hidden] == [compute_dtype] * 2 + ["float32"]
     assert hidden[-1].name == "logits"
-    assert {v.dtype for v in loop.model.variables} == {"float32"}
-    assert {v.dtype for v in loop.optimizer.variables if v.dtype != "int64"} == {"float32"}
+    assert {v.dtype for v in loop.definition.model.variables} == {"float32"}
+    assert {v.dtype for v in loop.definition.optimizer.variables if v.dtype != "int64"} == {
+        "float32"
+    }
     assert keras.config.dtype_policy().name == "float32"  # the global policy is restored
-    assert loop.model(np.zeros((1, 8, 8, 1), np.float32)).dtype == "float32"
-    assert "loss_scale" not in loop.checkpoint_items()  # the loop saves it, unlisted
+    assert loop.definition.model(np.zeros((1, 8, 8, 1), np.float32)).dtype == "float32"
+    assert "loss_scale" not in loop.definition.checkpoint_items()  # the loop saves it, unlisted
     assert ("update_states" in loop.saved_items()) == (policy == "mixed_float16")
 
 
@@ -133,8 +139,8 @@ def test_mixed_model_exports_float32_outputs(tmp_path):
     images = np.random.default_rng(3).integers(0, 256, size=(5, 8, 8, 1), dtype=np.uint8)
     # Traced, as the export is: eager float16 kernels round between ops that a
     # graph fuses (oneDNN), a difference of float16's own size.
-    expected = tf.function(lambda x: loop.model(x, training=False))(images).numpy()
-    served = tf.saved_model.load(export_classifier(loop.model, str(tmp_path / "export")))
+    expected = tf.function(lambda x: loop.definition.model(x, training=False))(images).numpy()
+    served = tf.saved_model.load(export_classifier(loop.definition.model, str(tmp_path / "export")))
     outputs = served.signatures["serving_default"](images=tf.constant(images))
     assert outputs["logits"].dtype == tf.float32 and outputs["probabilities"].dtype == tf.float32
     np.testing.assert_allclose(outputs["logits"].numpy(), expected, rtol=1e-6, atol=1e-6)
@@ -159,8 +165,8 @@ def test_resume_continues_the_loss_scale(tmp_path):
     first.close()
     resumed = build(str(tmp_path))
     assert resumed.step == 3
-    assert resumed.loss_scale.scale.numpy() == INITIAL_SCALE / 2
-    assert resumed.loss_scale.finite_steps.numpy() == 1
+    assert resumed.definition.loss_scale.scale.numpy() == INITIAL_SCALE / 2
+    assert resumed.definition.loss_scale.finite_steps.numpy() == 1
     logs = resumed.train(6)
     assert (
         logs["loss_scale"].tolist()

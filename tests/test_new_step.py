@@ -78,7 +78,8 @@ def data(poison_row=None):
 
 
 def build(strategy, **args):
-    return WeightedRegression(
+    return loops.Trainer(
+        WeightedRegression(),
         strategy=strategy,
         train_data=data(),
         eval_data=data(),
@@ -141,8 +142,8 @@ def test_gradient_accumulation_on_weighted_partial_batches():
 def test_mixed_float16_gets_a_loss_scale_the_step_does_not_write():
     loop = build(loops.testing.replica_strategy(2), mixed_precision="mixed_float16")
     logs = loop.train(8)
-    assert loop.model.layers[0].compute_dtype == "float16"
-    assert loop.model.layers[0].kernel.dtype == "float32"
+    assert loop.definition.model.layers[0].compute_dtype == "float16"
+    assert loop.definition.model.layers[0].kernel.dtype == "float32"
     scales, overflows = logs["loss_scale"].tolist(), logs["overflow"].tolist()
     assert scales[0] == 2.0**15
     # Each overflow is skipped and halves the next step's scale; nothing else moves it.
@@ -154,7 +155,8 @@ def test_mixed_float16_gets_a_loss_scale_the_step_does_not_write():
 
 @pytest.mark.parametrize("policy", ["skip", "stop"])
 def test_a_nan_on_one_replica_follows_the_policy(policy, tmp_path):
-    loop = WeightedRegression(
+    loop = loops.Trainer(
+        WeightedRegression(),
         strategy=loops.testing.replica_strategy(2),
         train_data=data(poison_row=12 + 7),
         steps_per_loop=4,

@@ -96,7 +96,8 @@ EVAL_WEIGHTS = np.array([0, 1, 2, 3, 0, 5, 1], np.float32)
 
 def test_progress_tensorboard_and_results_show_each_kind_as_declared(tmp_path):
     stream = io.StringIO()
-    loop = Scripted(
+    loop = loops.Trainer(
+        Scripted(),
         strategy=loops.testing.replica_strategy(1),
         steps_per_loop=3,
         eval_data=lambda: tf.data.Dataset.from_tensor_slices((EVAL_LOSSES, EVAL_WEIGHTS)).batch(3),
@@ -142,7 +143,8 @@ def test_progress_tensorboard_and_results_show_each_kind_as_declared(tmp_path):
 
 @pytest.mark.parametrize("num_replicas", [1, 2])
 def test_a_weighted_evaluation_is_exact_on_any_replica_count(num_replicas):
-    loop = Scripted(
+    loop = loops.Trainer(
+        Scripted(),
         strategy=loops.testing.replica_strategy(num_replicas),
         eval_data=lambda: tf.data.Dataset.from_tensor_slices((EVAL_LOSSES, EVAL_WEIGHTS)).batch(3),
         progress=loops.testing.quiet_progress(),
@@ -161,8 +163,8 @@ def test_a_plain_tensor_output_is_refused_with_the_kinds_to_choose_from():
         def train_step(self, iterator):
             return {"loss": tf.constant(1.0)}
 
-    loop = Plain(
-        strategy=loops.testing.replica_strategy(1), progress=loops.testing.quiet_progress()
+    loop = loops.Trainer(
+        Plain(), strategy=loops.testing.replica_strategy(1), progress=loops.testing.quiet_progress()
     )
     with pytest.raises(
         TypeError,
@@ -197,8 +199,10 @@ def test_logs_of_every_dtype_come_back_exactly_from_the_compiled_loop():
         def train_step(self, iterator):
             return {name: loops.Last(value) for name, value in EXACT_LOGS.items()}
 
-    loop = EveryDtype(
-        strategy=loops.testing.replica_strategy(1), progress=loops.testing.quiet_progress()
+    loop = loops.Trainer(
+        EveryDtype(),
+        strategy=loops.testing.replica_strategy(1),
+        progress=loops.testing.quiet_progress(),
     )
     logs = loop.executor.run(None, 3).logs
     for name, value in EXACT_LOGS.items():

@@ -182,5 +182,5 @@ def test_loops_whose_steps_need_synchronous_replicas_refuse_parameter_server():
         match="Loop does not train under ParameterServerStrategy .* "
         "Use --strategy=multi_worker_mirrored or mirrored",
     ):
-        loops.Loop(strategy=strategy)
+        loops.Trainer(loops.Loop(), strategy=strategy)
     assert loops.ClassifierLoop.supports_parameter_server

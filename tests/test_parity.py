@@ -26,21 +26,21 @@ def classifier_builder(
     **loop_args,
 ):
     def build(strategy):
-        return loops.ClassifierLoop(
-            strategy=strategy,
-            model_fn=lambda: models.build_classifier(
-                model,
-                input_shape=(8, 8, 1),
-                num_classes=10,
-                l2=l2,
-                batch_norm=batch_norm,
-                dropout=dropout,
-                seed=3,
+        return loops.Trainer(
+            loops.ClassifierLoop(
+                model_fn=lambda: models.build_classifier(
+                    model,
+                    input_shape=(8, 8, 1),
+                    num_classes=10,
+                    l2=l2,
+                    batch_norm=batch_norm,
+                    dropout=dropout,
+                    seed=3,
+                ),
+                optimizer_fn=optimizer_factory(optimizer),
+                clip_norm=clip_norm,
             ),
-            optimizer_fn=optimizer_factory(optimizer),
-            clip_norm=clip_norm,
-            # 17 examples, global batch 8: every third step holds 1 example,
-            # split [1, 0, 0, 0] on 4 replicas and [1, 0] on 2 (empty replicas).
+            strategy=strategy,
             train_data=tiny_batches(8, examples, shuffle_seed=5),
             eval_data=tiny_batches(8, examples, seed=1),
             steps_per_loop=4,
@@ -102,7 +102,7 @@ def test_evaluation_matches_the_model_on_numpy():
     loop = classifier_builder("adam")(loops.testing.replica_strategy(4))
     metrics = loop.evaluate()
     images, labels = tiny_examples(17, seed=1)
-    logits = loop.model(images, training=False).numpy()
+    logits = loop.definition.model(images, training=False).numpy()
     expected_loss = np.mean(loops.sparse_softmax_cross_entropy(labels, logits).numpy())
     assert metrics["num_examples"] == 17
     # Reported in the outputs' own float32.
@@ -123,10 +123,12 @@ def test_parity_check_catches_a_loss_averaged_per_replica():
             }
 
     def build(strategy):
-        return PerReplicaMean(
+        return loops.Trainer(
+            PerReplicaMean(
+                model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=3),
+                optimizer_fn=lambda: keras.optimizers.SGD(0.1),
+            ),
             strategy=strategy,
-            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=3),
-            optimizer_fn=lambda: keras.optimizers.SGD(0.1),
             train_data=tiny_batches(8, 21),
             progress=loops.testing.quiet_progress(),
         )

@@ -43,10 +43,12 @@ def stream(images, labels):
 
 
 def make_loop(train_data, num_replicas=2, **kwargs):
-    return loops.ClassifierLoop(
+    return loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        ),
         strategy=loops.testing.replica_strategy(num_replicas),
-        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         train_data=train_data,
         steps_per_loop=3,
         progress=loops.testing.quiet_progress(),
@@ -217,7 +219,7 @@ def test_a_checkpoint_from_before_the_recovery_record_restores_as_no_recovery(tm
     old.train(4)
     # What a checkpoint held before the record existed: the loop's items and the step.
     tf.train.CheckpointManager(
-        tf.train.Checkpoint(**old.checkpoint_items(), global_step=old.global_step),
+        tf.train.Checkpoint(**old.definition.checkpoint_items(), global_step=old.global_step),
         str(tmp_path / "checkpoints"),
         max_to_keep=1,
     ).save(checkpoint_number=4)
@@ -274,7 +276,8 @@ def test_weights_found_not_finite_after_an_inner_loop_recover_past_all_its_steps
     poisoned[4] = np.inf  # batch 5 (of 1 value): steps 5-7 are one inner loop
 
     def running_sum(data, **kwargs):
-        return RunningSum(
+        return loops.Trainer(
+            RunningSum(),
             strategy=loops.testing.replica_strategy(1),
             train_data=lambda: tf.data.Dataset.from_tensor_slices(data).batch(1),
             steps_per_loop=3,
@@ -290,7 +293,7 @@ def test_weights_found_not_finite_after_an_inner_loop_recover_past_all_its_steps
     assert loop.controller.recoveries.entries == [
         {"step": 7, "restored_step": 4, "skipped_batches": 3}
     ]
-    assert float(loop.total.numpy()) == float(np.sum(values[:4]) + np.sum(values[7:13]))
+    assert float(loop.definition.total.numpy()) == float(np.sum(values[:4]) + np.sum(values[7:13]))
     loop.close()
 
 
@@ -311,7 +314,7 @@ def test_recover_without_the_train_stream_a_loop_needs_is_refused(tmp_path):
         ValueError,
         match=r"Loop has no train_data\. Pass on_nonfinite='stop' or 'skip'",
     ):
-        loops.Loop(on_nonfinite="recover", model_dir=str(tmp_path / "run"))
+        loops.Trainer(loops.Loop(), on_nonfinite="recover", model_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()  # refused before anything is written
 
 

@@ -79,10 +79,9 @@ def test_the_classifier_loop_draws_new_masks_every_step():
             ]
         )
 
-    loop = loops.ClassifierLoop(
+    loop = loops.Trainer(
+        loops.ClassifierLoop(model_fn=model, optimizer_fn=lambda: keras.optimizers.SGD(0.0)),
         strategy=loops.testing.replica_strategy(2),
-        model_fn=model,
-        optimizer_fn=lambda: keras.optimizers.SGD(0.0),
         train_data=tiny_batches(8, 8),
         steps_per_loop=3,
         progress=loops.testing.quiet_progress(),

@@ -24,10 +24,11 @@ def make_loop(model_dir):
             ]
         )
 
-    return loops.ClassifierLoop(
+    return loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=model_fn, optimizer_fn=lambda: keras.optimizers.SGD(CONFIG["learning_rate"])
+        ),
         strategy=loops.testing.replica_strategy(2),
-        model_fn=model_fn,
-        optimizer_fn=lambda: keras.optimizers.SGD(CONFIG["learning_rate"]),
         train_data=tiny_batches(),
         eval_data=tiny_batches(),
         steps_per_loop=2,
@@ -98,12 +99,14 @@ def test_progress_comes_at_least_every_progress_every_seconds():
     lines = []
     progress = loops.testing.quiet_progress()
     progress.line = lines.append
-    loop = loops.ClassifierLoop(
-        strategy=loops.testing.replica_strategy(1),
-        model_fn=lambda: keras.Sequential(
-            [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]
+    loop = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: keras.Sequential(
+                [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]
+            ),
+            optimizer_fn=lambda: keras.optimizers.SGD(0.01),
         ),
-        optimizer_fn=lambda: keras.optimizers.SGD(0.01),
+        strategy=loops.testing.replica_strategy(1),
         train_data=tiny_batches(),
         steps_per_loop=5,
         progress=progress,

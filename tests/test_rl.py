@@ -247,12 +247,12 @@ def test_dqn_loop_copies_its_target_network_every_k_steps():
     )
     changed_at = []
     for step in range(1, 7):
-        before = loop.target.get_weights()
+        before = loop.definition.target.get_weights()
         loop.train(step)
-        after = loop.target.get_weights()
+        after = loop.definition.target.get_weights()
         if any(not np.array_equal(a, b) for a, b in zip(after, before)):
             changed_at.append(step)
-            for got, want in zip(after, loop.model.get_weights()):
+            for got, want in zip(after, loop.definition.model.get_weights()):
                 np.testing.assert_array_equal(got, want)
     # Updates start at step 1 (8 transitions stored), so every copy changes the target.
     assert changed_at == [2, 4, 6]
@@ -423,7 +423,7 @@ def test_a_flag_past_its_declared_upper_bound_is_refused_when_parsed(tmp_path):
 def test_dqn_clearly_beats_a_random_policy():
     loop = dqn_on_cartpole(progress=loops.testing.quiet_progress(), steps_per_loop=200)
     loop.train(800)
-    results = loop.results_extra()
+    results = loop.definition.results_extra()
     assert results["env_steps"] == 800 * 8 * 4
     # A random policy scores about 22.
     assert results["mean_return_100"] >= 100, results
@@ -483,7 +483,7 @@ def test_greedy_episodes_give_the_same_returns_on_any_replica_count(make):
         loop.train(2)
         results[replicas] = loop.evaluate()
         # The same starts and noise at every evaluation: the weights alone decide.
-        assert loop.run_evaluation() == results[replicas]
+        assert loop.definition.run_evaluation(loop) == results[replicas]
     assert results[1] == pytest.approx(results[2], rel=1e-6)
     metrics = results[1]
     assert metrics["episodes_ended"] == 5

@@ -64,10 +64,12 @@ def make_loop(model_dir):
     schedule = schedules.make_schedule(
         "warmup_cosine", learning_rate=0.1, total_steps=8, warmup_steps=2
     )
-    return loops.ClassifierLoop(
+    return loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=1),
+            optimizer_fn=lambda: keras.optimizers.SGD(schedule),
+        ),
         strategy=loops.testing.replica_strategy(2),
-        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=1),
-        optimizer_fn=lambda: keras.optimizers.SGD(schedule),
         train_data=tiny_batches(),
         steps_per_loop=2,
         model_dir=model_dir,

@@ -52,10 +52,9 @@ def make_loop(*, model_dir=None, replicas=1, width=16, lines=None):
     progress = loops.testing.quiet_progress()
     if lines is not None:
         progress.line = lines.append
-    return loops.ClassifierLoop(
+    return loops.Trainer(
+        loops.ClassifierLoop(model_fn=model_fn, optimizer_fn=lambda: keras.optimizers.Adam(0.01)),
         strategy=loops.testing.replica_strategy(replicas),
-        model_fn=model_fn,
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         train_data=tiny_batches(global_batch_size=8, count=40, shuffle_seed=1),
         eval_data=tiny_batches(global_batch_size=8, count=21, seed=5),
         steps_per_loop=2,
@@ -87,8 +86,8 @@ def run_dir(finished_run, tmp_path):
 
 def in_process_evaluation(loop, prefix):
     """The metrics of `loop` (no model_dir) given the weights of the checkpoint `prefix`."""
-    tf.train.Checkpoint(model=loop.model).read(prefix).expect_partial()
-    return loop.run_evaluation()
+    tf.train.Checkpoint(model=loop.definition.model).read(prefix).expect_partial()
+    return loop.definition.run_evaluation(loop)
 
 
 def eval_scalars(directory):
@@ -222,11 +221,13 @@ def test_no_new_checkpoint_before_the_run_ends_times_out_and_a_rerun_goes_on(run
 
 
 def test_wrong_loops_and_arguments_are_refused_with_the_fix(run_dir, tmp_path):
-    with pytest.raises(ValueError, match="needs a loop built with model_dir=None"):
+    with pytest.raises(ValueError, match="needs a Trainer made with model_dir=None"):
         loops.evaluate_checkpoints(make_loop(model_dir=str(tmp_path / "own")), run_dir)
-    nothing = loops.ClassifierLoop(
-        model_fn=lambda: keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)]),
-        optimizer_fn=lambda: keras.optimizers.SGD(0.1),
+    nothing = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)]),
+            optimizer_fn=lambda: keras.optimizers.SGD(0.1),
+        ),
         progress=loops.testing.quiet_progress(),
     )
     with pytest.raises(ValueError, match="ClassifierLoop has nothing to evaluate: it has no"):
@@ -288,15 +289,17 @@ def test_a_language_models_evaluator_writes_its_metrics_and_samples_like_the_tra
     lengths = np.full([24], 13, np.int32)
 
     def make_lm(model_dir=None):
-        return LanguageModelLoop(
-            strategy=loops.testing.replica_strategy(1),
-            model_fn=lambda: lm_models.transformer_lm(
-                vocab_size=128, sequence_length=12, width=16, num_layers=1, num_heads=2, seed=5
+        return loops.Trainer(
+            LanguageModelLoop(
+                model_fn=lambda: lm_models.transformer_lm(
+                    vocab_size=128, sequence_length=12, width=16, num_layers=1, num_heads=2, seed=5
+                ),
+                optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+                sequence_length=12,
+                sample_prompts=("def ",),
+                sample_length=6,
             ),
-            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-            sequence_length=12,
-            sample_prompts=("def ",),
-            sample_length=6,
+            strategy=loops.testing.replica_strategy(1),
             train_data=lambda: tf.data.Dataset.from_tensor_slices((tokens, lengths)).batch(8),
             eval_data=lambda: tf.data.Dataset.from_tensor_slices((tokens, lengths)).batch(8),
             steps_per_loop=3,
@@ -542,12 +545,14 @@ def test_an_evaluator_task_evaluates_every_checkpoint_the_chief_kept_then_exits(
 
     # Each equals an evaluation of that checkpoint here, in this process, on 1 replica ...
     spec = data.dataset_spec("digits", digits_dir)
-    reference = loops.ClassifierLoop(
-        strategy=loops.testing.replica_strategy(1),
-        model_fn=lambda: models.build_classifier(
-            "mlp", input_shape=spec.input_shape, num_classes=spec.num_classes, seed=0
+    reference = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.build_classifier(
+                "mlp", input_shape=spec.input_shape, num_classes=spec.num_classes, seed=0
+            ),
+            optimizer_fn=lambda: keras.optimizers.Adam(2e-3),
         ),
-        optimizer_fn=lambda: keras.optimizers.Adam(2e-3),
+        strategy=loops.testing.replica_strategy(1),
         eval_data=lambda: data.global_batches(
             "digits", "test", global_batch_size=64, data_dir=digits_dir
         ),

@@ -29,10 +29,12 @@ def tensorboard_scalars(model_dir):
 
 def test_examples_per_second_is_the_counted_examples_over_the_same_time(tmp_path):
     stream = io.StringIO()
-    loop = loops.ClassifierLoop(
+    loop = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10),
+            optimizer_fn=optimizer_factory("adam"),
+        ),
         strategy=loops.testing.replica_strategy(2),
-        model_fn=lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10),
-        optimizer_fn=optimizer_factory("adam"),
         train_data=full_batches,
         steps_per_loop=2,
         model_dir=str(tmp_path),
@@ -70,7 +72,9 @@ def test_a_loop_without_the_counted_output_reports_steps_per_second_alone(tmp_pa
             return {"total": loops.Last(self.total.read_value())}
 
     stream = io.StringIO()
-    loop = Counter(model_dir=str(tmp_path), progress=loops.core.reporting.Progress(stream))
+    loop = loops.Trainer(
+        Counter(), model_dir=str(tmp_path), progress=loops.core.reporting.Progress(stream)
+    )
     loop.train(3)
     loop.close()
     results = read_results(str(tmp_path))

@@ -135,12 +135,14 @@ def test_an_update_clips_the_summed_gradient_and_adds_regularization_once():
     x = np.array([[1.0], [2.0], [3.0], [6.0]], np.float32)
     for clip_norm, expected_step in [(None, 3.0 + 1.0), (0.5, 0.5)]:
         # Gradient: mean(x) = 3, plus d(0.5 * w^2)/dw = 1 at w = 1.
-        loop = Linear(
-            clip_norm=clip_norm,
+        loop = loops.Trainer(
+            Linear(clip_norm=clip_norm),
             strategy=strategy,
             train_data=lambda: tf.data.Dataset.from_tensors(x),
             progress=loops.testing.quiet_progress(),
         )
         logs = loop.train(1)
         assert logs["loss"].tolist() == [3.0 + 0.5]
-        assert float(loop.model.weights[0].numpy()[0, 0]) == pytest.approx(1.0 - expected_step)
+        assert float(loop.definition.model.weights[0].numpy()[0, 0]) == pytest.approx(
+            1.0 - expected_step
+        )

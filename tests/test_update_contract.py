@@ -65,8 +65,8 @@ def weighted_data():
 
 
 def build(strategy, variant="scaled", **kwargs):
-    return SampleWeighted(
-        variant=variant,
+    return loops.Trainer(
+        SampleWeighted(variant=variant),
         strategy=strategy,
         train_data=weighted_data(),
         steps_per_loop=4,
@@ -151,7 +151,8 @@ def test_a_float16_definition_that_lists_only_its_own_objects_resumes_with_its_l
     y = x.sum(axis=1)
 
     def make(model_dir):
-        return Float16Regression(
+        return loops.Trainer(
+            Float16Regression(),
             strategy=loops.testing.replica_strategy(2),
             train_data=lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(8),
             steps_per_loop=3,
@@ -169,8 +170,8 @@ def test_a_float16_definition_that_lists_only_its_own_objects_resumes_with_its_l
     assert logs["overflow"].tolist() == [0] * 5
     resumed = make(tmp_path)
     assert resumed.step == 5
-    assert resumed.update.loss_scale.scale.numpy() == 2.0**17
-    assert resumed.update.loss_scale.finite_steps.numpy() == 1
+    assert resumed.definition.update.loss_scale.scale.numpy() == 2.0**17
+    assert resumed.definition.update.loss_scale.finite_steps.numpy() == 1
     assert resumed.train(6)["loss_scale"].tolist() == [2.0**17]
-    assert resumed.update.loss_scale.scale.numpy() == 2.0**18
+    assert resumed.definition.update.loss_scale.scale.numpy() == 2.0**18
     resumed.close()

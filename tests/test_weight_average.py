@@ -19,12 +19,12 @@ def build(ema_decay=DECAY, **loop_args):
 
 
 def trainable_values(loop):
-    return [v.numpy() for v in loop.model.trainable_variables]
+    return [v.numpy() for v in loop.definition.model.trainable_variables]
 
 
 def test_the_average_is_the_debiased_recurrence_of_the_trained_weights():
     loop = build()(loops.testing.replica_strategy(1))
-    average = loop.update.average
+    average = loop.definition.update.average
     history = [trainable_values(loop)]
     for step in range(1, 13):
         loop.train(step)
@@ -53,17 +53,17 @@ def test_evaluation_uses_the_averages_and_leaves_the_trained_weights(tmp_path):
     loop = build(model_dir=str(tmp_path))(loops.testing.replica_strategy(2))
     loop.train(6)
     trained = trainable_values(loop)
-    raw_metrics = loop.run_evaluation()
+    raw_metrics = loop.definition.run_evaluation(loop)
     with loop.averaged_weights():
         swapped = trainable_values(loop)
-        averaged_metrics = loop.run_evaluation()
+        averaged_metrics = loop.definition.run_evaluation(loop)
         with loop.raw_weights():
             for before, now in zip(trained, trainable_values(loop)):
                 np.testing.assert_array_equal(before, now)
     metrics = loop.evaluate()
     assert metrics == averaged_metrics
     assert abs(metrics["loss"] - raw_metrics["loss"]) > 1e-4
-    for value, average in zip(swapped, loop.update.average.averages):
+    for value, average in zip(swapped, loop.definition.update.average.averages):
         np.testing.assert_array_equal(value, average.numpy())
     for before, now in zip(trained, trainable_values(loop)):
         np.testing.assert_array_equal(before, now)
@@ -72,7 +72,7 @@ def test_evaluation_uses_the_averages_and_leaves_the_trained_weights(tmp_path):
     saved_average = [
         name for name, _ in tf.train.list_variables(path) if name.startswith("weight_averages/")
     ]
-    assert len(saved_average) == len(loop.model.trainable_variables) + 1
+    assert len(saved_average) == len(loop.definition.model.trainable_variables) + 1
     loop.close()
     restored = build(model_dir=str(tmp_path))(loops.testing.replica_strategy(2))
     assert restored.step == 6
@@ -97,7 +97,7 @@ def test_a_resumed_run_averages_exactly_as_an_uninterrupted_one(tmp_path):
         rtol=1e-6,
         label="resumed vs uninterrupted",
     )
-    assert int(resumed.update.average.num_updates.numpy()) == 8
+    assert int(resumed.definition.update.average.num_updates.numpy()) == 8
     resumed.close()
 
 
@@ -113,7 +113,7 @@ def test_a_skipped_update_leaves_the_average_alone():
         progress=loops.testing.quiet_progress(),
     )
     loop.train(2)
-    average = loop.update.average
+    average = loop.definition.update.average
     before = [v.numpy() for v in average.averages]
     logs = loop.train(3)
     assert logs["nonfinite"].tolist() == [1]
@@ -130,7 +130,7 @@ def test_a_new_kind_of_step_gets_the_average_from_its_update():
 
     loop = build_regression(loops.testing.replica_strategy(2), ema_decay=0.5)
     loop.train(4)
-    assert int(loop.update.average.num_updates.numpy()) == 4
+    assert int(loop.definition.update.average.num_updates.numpy()) == 4
     assert "weight_averages" in loop.saved_items()
 
 
@@ -146,7 +146,7 @@ def test_a_loop_without_an_averaging_update_refuses_ema_decay():
             self.counter = tf.Variable(0)
 
     with pytest.raises(ValueError, match="made no Update that averages"):
-        NoUpdates(ema_decay=0.9, progress=loops.testing.quiet_progress())
+        loops.Trainer(NoUpdates(), ema_decay=0.9, progress=loops.testing.quiet_progress())
 
 
 def test_an_unbuilt_model_is_refused_when_its_average_is_made():
@@ -173,5 +173,5 @@ def test_the_evaluator_beside_a_run_evaluates_its_averaged_weights(tmp_path):
         )
     # And the averages are what made the difference: the trained weights score otherwise.
     with evaluator.averaged_weights(), evaluator.raw_weights():
-        raw_loss = evaluator.run_evaluation()["loss"]
+        raw_loss = evaluator.definition.run_evaluation(evaluator)["loss"]
     assert abs(raw_loss - history[-1]["metrics"]["loss"]) > 1e-4

@@ -28,7 +28,7 @@ def build_loop():
 
     arguments = loop_flags.binary_arguments(
         "classifier",
-        export=lambda loop, path: export_classifier(loop.model, path),
+        export=lambda definition, path: export_classifier(definition.model, path),
         signature="images -> logits, probabilities",
     )
     data = loop_flags.setting_values(data_settings.IMAGE_CLASSIFICATION)
@@ -39,18 +39,17 @@ def build_loop():
     model = loop_flags.setting_values(model_settings.CLASSIFIER)
     name = model.pop("model")
     model.update(input_shape=spec.input_shape, num_classes=spec.num_classes, seed=FLAGS.seed)
-    return loops.ClassifierLoop(
+    definition = loops.ClassifierLoop(
         model_fn=lambda: models.build_classifier(name, **model),
         optimizer_fn=training_settings.optimizer_fn(
             loop_flags.setting_values(training_settings.OPTIMIZER),
             learning_rate=FLAGS.learning_rate,
             total_steps=FLAGS.train_steps,
         ),
-        train_data=train_data,
-        eval_data=eval_data,
         data_notes=image_folders.left_out_notes(spec.left_out),
-        **arguments,
+        **loop_flags.clip_norm_argument(),
     )
+    return loops.Trainer(definition, train_data=train_data, eval_data=eval_data, **arguments)
 
 
 main, run = loop_flags.entry_points(build_loop, description=__doc__, **flag_checks.CLASSIFIER)

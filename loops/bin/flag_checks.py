@@ -42,13 +42,13 @@ def check_schedule_flags() -> None:
         )
 
 
-def explain_classifier_failure(loop, error: Exception) -> str | None:
+def explain_classifier_failure(trainer, error: Exception) -> str | None:
     """An --image_dir file that stopped decoding during training, named; else None."""
     del error  # the file is found by checking the folder again, whatever TensorFlow said
     from loops_data import image_folders
 
     splits = (FLAGS.train_split, FLAGS.eval_split)
-    return image_folders.explain_changed_images(FLAGS.image_dir, splits, loop)
+    return image_folders.explain_changed_images(FLAGS.image_dir, splits, trainer)
 
 
 def prepare_lm_flags() -> None:

@@ -24,12 +24,13 @@ def build_loop():
     """The GANLoop the flags describe; ValueError for a bad combination."""
     from loops.kinds.gan import GANLoop
     from loops.model_dir.export import export_generator
+    from loops.run.trainer import Trainer
     from loops_data import gan_data
     from loops_models import gan as gan_models
 
     arguments = loop_flags.binary_arguments(
         f"gan-{FLAGS.dataset}",
-        export=lambda loop, path: export_generator(loop.generator, path),
+        export=lambda definition, path: export_generator(definition.generator, path),
         signature="noise -> samples",
     )
     data = loop_flags.setting_values(data_settings.GAN_DATA)
@@ -37,15 +38,17 @@ def build_loop():
     optimizer = training_settings.adam_fn(FLAGS.learning_rate, beta_1=training.pop("beta_1"))
     generator, discriminator = gan_models.NETWORKS[data["dataset"]]
     seed = FLAGS.seed
-    return GANLoop(
+    definition = GANLoop(
         generator_fn=lambda: generator(seed=seed),
         discriminator_fn=lambda: discriminator(seed=seed),
         generator_optimizer_fn=optimizer,
         discriminator_optimizer_fn=optimizer,
-        **gan_data.gan_data(**data, global_batch_size=FLAGS.global_batch_size, seed=seed),
+        **gan_data.evaluation(data["dataset"]),
         **training,
-        **arguments,
+        **loop_flags.clip_norm_argument(),
     )
+    train_data = gan_data.train_data(**data, global_batch_size=FLAGS.global_batch_size, seed=seed)
+    return Trainer(definition, train_data=train_data, **arguments)
 
 
 main, run = loop_flags.entry_points(build_loop, description=__doc__, summary=summaries.gan)

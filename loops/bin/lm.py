@@ -24,32 +24,31 @@ def build_loop():
     """The LanguageModelLoop the flags describe; ValueError for a bad combination."""
     from loops.kinds.lm import LanguageModelLoop
     from loops.model_dir.export import export_text_generator
+    from loops.run.trainer import Trainer
     from loops_data import python_text
     from loops_models import lm as lm_models
 
+    length, seed, batch = FLAGS.sequence_length, FLAGS.seed, FLAGS.global_batch_size
     arguments = loop_flags.binary_arguments(
         "lm",
-        export=lambda loop, path: export_text_generator(
-            loop.model, path, sequence_length=loop.sequence_length
-        ),
+        export=lambda lm, path: export_text_generator(lm.model, path, sequence_length=length),
         signature="prompt, length -> text",
     )
     model = loop_flags.setting_values(model_settings.TRANSFORMER_LM)
-    length, seed = FLAGS.sequence_length, FLAGS.seed
-    replica_rows = -(-FLAGS.global_batch_size // arguments["strategy"].num_replicas_in_sync)
+    replica_rows = -(-batch // arguments["strategy"].num_replicas_in_sync)
     model_settings.check_transformer_fits(model, sequence_length=length, rows=replica_rows)
-    return LanguageModelLoop(
+    definition = LanguageModelLoop(
         model_fn=lambda: lm_models.transformer_lm(
             vocab_size=python_text.VOCAB_SIZE, sequence_length=length, seed=seed, **model
         ),
         optimizer_fn=training_settings.adam_fn(FLAGS.learning_rate),
         sequence_length=length,
         sample_length=FLAGS.sample_length,
-        **python_text.loop_data(
-            sequence_length=length, global_batch_size=FLAGS.global_batch_size, seed=seed
-        ),
-        **arguments,
+        **python_text.corpus_notes(length),
+        **loop_flags.clip_norm_argument(),
     )
+    data = python_text.splits(sequence_length=length, global_batch_size=batch, seed=seed)
+    return Trainer(definition, **data, **arguments)
 
 
 main, run = loop_flags.entry_points(

@@ -21,6 +21,7 @@ FLAGS = flags.FLAGS
 def build_loop():
     """The RL loop the flags describe, on CartPole; ValueError for a bad combination."""
     from loops.kinds import rl
+    from loops.run.trainer import Trainer
     from loops_data import cartpole
     from loops_models import rl as rl_models
 
@@ -33,7 +34,7 @@ def build_loop():
     common["global_batch_size"] = FLAGS.global_batch_size
     # None: the loop's own default (num_envs, rollout_length, global_batch_size).
     common = {name: value for name, value in common.items() if value is not None}
-    common.update(environment=environment, **arguments)
+    common.update(environment=environment, **loop_flags.clip_norm_argument())
     common["optimizer_fn"] = training_settings.adam_fn(FLAGS.learning_rate)
     loop_class: type[rl.EnvironmentLoop]
     if common.pop("algorithm") == "ppo":
@@ -43,7 +44,7 @@ def build_loop():
     else:
         loop_class, model_fn = rl.DQNLoop, rl_models.q_network
         own = loop_flags.setting_values(training_settings.DQN)
-    return loop_class(model_fn=lambda: model_fn(**network), **own, **common)
+    return Trainer(loop_class(model_fn=lambda: model_fn(**network), **own, **common), **arguments)
 
 
 main, run = loop_flags.entry_points(

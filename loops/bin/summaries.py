@@ -8,11 +8,11 @@ SOLVED_RETURN = 475.0
 LEARNED_RETURN = 195.0
 
 
-def gan(loop) -> str:
+def gan(trainer) -> str:
     """Steps of each network, and on the ring the modes the generator covers."""
     from loops_data.ring import Ring
 
-    results, metrics = loop.results_extra(), loop.last_eval_metrics
+    results, metrics = trainer.definition.results_extra(), trainer.last_eval_metrics
     summary = f"trained {results['g_steps']} generator and {results['d_steps']} discriminator steps"
     if "modes_covered" in metrics:
         summary += (
@@ -22,9 +22,9 @@ def gan(loop) -> str:
     return summary
 
 
-def language_model(loop) -> str:
+def language_model(trainer) -> str:
     """The eval perplexity, against the train split's byte frequencies."""
-    metrics = loop.last_eval_metrics
+    metrics = trainer.last_eval_metrics
     if "perplexity" not in metrics:
         return "no evaluation"
     return (
@@ -34,9 +34,9 @@ def language_model(loop) -> str:
     )
 
 
-def reinforcement_learning(loop) -> str:
+def reinforcement_learning(trainer) -> str:
     """The mean return of the last 100 episodes, and whether it solved CartPole."""
-    results = loop.results_extra()
+    results = trainer.definition.results_extra()
     mean_return = results["mean_return_100"]
     verdict = (
         "solved (>= 475)"
@@ -48,5 +48,5 @@ def reinforcement_learning(loop) -> str:
     return (
         f"{results['algorithm']}: mean return of the last 100 episodes {mean_return:.1f}, "
         f"{verdict}; {results['episodes']} episodes, {results['env_steps']} environment "
-        f"steps at {loop.units_per_second or 0:.0f} per second"
+        f"steps at {trainer.units_per_second or 0:.0f} per second"
     )

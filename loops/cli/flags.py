@@ -183,9 +183,9 @@ def define_export_dir_flag(what: str) -> None:
     )
 
 
-def resolve_export_dir(loop) -> str:
+def resolve_export_dir(model_dir: str) -> str:
     """--export_dir, or model_dir/export."""
-    return flags.FLAGS.export_dir or os.path.join(loop.model_dir, "export")
+    return flags.FLAGS.export_dir or os.path.join(model_dir, "export")
 
 
 def check_export_dir() -> None:
@@ -445,15 +445,16 @@ def binary_arguments(
     signature: str = "",
     check_batch: bool = True,
 ) -> dict[str, Any]:
-    """The keyword arguments every binary gives its loop, from the shared flags.
+    """The keyword arguments every binary gives its `loops.Trainer`, from the shared flags.
 
     The strategy (made first: it sets up the devices before any other
-    TensorFlow work), --clip_norm where given (else the loop's own default),
-    and `loop_arguments` with the default model_dir named after `run_name`.
+    TensorFlow work) and `loop_arguments` with the default model_dir named
+    after `run_name`. (--clip_norm is the definition's: `clip_norm_argument`.)
 
     Args:
         run_name: names the default --model_dir (`resolve_model_dir`).
-        export: (loop, --export_dir or MODEL_DIR/export) -> the path it wrote; exported
+        export: (the trained definition, --export_dir or MODEL_DIR/export) -> the
+            path it wrote; exported
             when training ends (`loops.ExportOnEnd`). None: no export.
         signature: what the export's serving_default signature takes and gives.
         check_batch: refuse a --global_batch_size smaller than the replica count
@@ -466,19 +467,24 @@ def binary_arguments(
     if check_batch:
         check_batch_fits_replicas(strategy)
     actions = []
+    model_dir = resolve_model_dir(run_name)
     if export is not None:
         from loops.run.actions import ExportOnEnd
 
+        export_dir = resolve_export_dir(model_dir)
         actions.append(
             ExportOnEnd(
-                lambda loop: export(loop, resolve_export_dir(loop)),
+                lambda definition: export(definition, export_dir),
                 description=f"signature serving_default: {signature}",
             )
         )
-    arguments = loop_arguments(strategy, resolve_model_dir(run_name), actions=actions)
-    if flags.FLAGS.clip_norm is not None:
-        arguments["clip_norm"] = flags.FLAGS.clip_norm
-    return arguments
+    return loop_arguments(strategy, model_dir, actions=actions)
+
+
+def clip_norm_argument() -> dict[str, Any]:
+    """{"clip_norm": --clip_norm} where it is given; else {} (the definition's own default)."""
+    clip_norm = flags.FLAGS.clip_norm
+    return {} if clip_norm is None else {"clip_norm": clip_norm}
 
 
 def entry_points(

@@ -161,9 +161,10 @@ class Update:
         whole_batch_loss: bool = False,
     ):
         check_clip_norm(clip_norm)
-        if whole_batch_loss and loop.grad_accum_steps > 1:
+        grad_accum_steps = loop.options.grad_accum_steps
+        if whole_batch_loss and grad_accum_steps > 1:
             raise ValueError(
-                f"grad_accum_steps={loop.grad_accum_steps} cuts each replica's share of a step "
+                f"grad_accum_steps={grad_accum_steps} cuts each replica's share of a step "
                 "into micro-batches, and this Update's loss is over the whole batch "
                 "(whole_batch_loss=True): each micro-batch would see only its own rows "
                 "(its own negatives, its own statistics), which is another loss. Set "
@@ -175,18 +176,20 @@ class Update:
         self.optimizer = optimizer
         self._trained = trained
         self.clip_norm = clip_norm
-        self.grad_accum_steps = loop.grad_accum_steps
+        self.grad_accum_steps = grad_accum_steps
         self.loss_scale = None
-        if mixed_precision.needs_loss_scale(loop.mixed_precision):
+        if mixed_precision.needs_loss_scale(loop.options.mixed_precision):
             self.loss_scale = mixed_precision.DynamicLossScale(
-                growth_steps=loop.loss_scale_growth_steps
+                growth_steps=loop.options.loss_scale_growth_steps
             )
             loop.update_states.add(self.loss_scale)
         self.average: WeightAverage | None = None
-        if average and loop.ema_decay is not None:
+        if average and loop.options.ema_decay is not None:
             averages = loop.weight_averages
             self.average = WeightAverage(
-                self.variables(), decay=loop.ema_decay, name=f"update_{len(averages.updates)}"
+                self.variables(),
+                decay=loop.options.ema_decay,
+                name=f"update_{len(averages.updates)}",
             )
             averages.add(self.average)
 

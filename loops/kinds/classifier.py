@@ -52,7 +52,6 @@ class ClassifierLoop(Loop):
         loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = sparse_softmax_cross_entropy,
         clip_norm: float | None = None,
         data_notes: Mapping[str, Any] | None = None,
-        **loop_args,
     ):
         """
         Args:
@@ -64,9 +63,6 @@ class ClassifierLoop(Loop):
             clip_norm: clip the summed gradient to this global norm; None: no clip.
             data_notes: what the data left out or holds (e.g. the image files it
                 skipped), recorded in results.json under "data".
-            **loop_args: the `Loop` arguments, among them `mixed_precision`
-                (the loss is computed in float32 either way) and
-                `grad_accum_steps`.
         """
         if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction not in (None, "none"):
             raise ValueError(
@@ -79,7 +75,6 @@ class ClassifierLoop(Loop):
         self.loss_fn = loss_fn
         self.clip_norm = clip_norm
         self.data_notes = dict(data_notes or {})
-        super().__init__(**loop_args)
 
     def build(self) -> None:
         self.model = self.model_fn()

@@ -12,7 +12,7 @@ import tensorflow as tf
 from loops.core import outputs, reduction
 from loops.core.replica_random import replica_rows, step_seed
 from loops.core.update import Update, UpdateResult, check_clip_norm, update_outputs
-from loops.run.loop import Loop
+from loops.run.loop import Loop, RunContext
 
 GAN_LOSSES = ("non_saturating", "wgan_gp")
 
@@ -153,7 +153,6 @@ class GANLoop(Loop):
         sample_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
         num_eval_samples: int = 2500,
         sample_grid: tuple[int, int] | None = None,
-        **loop_args,
     ):
         """
         Args:
@@ -174,7 +173,6 @@ class GANLoop(Loop):
             num_eval_samples: samples drawn at each evaluation.
             sample_grid: (rows, columns) of image samples written at each
                 evaluation; None writes no images.
-            **loop_args: the `Loop` arguments.
 
         Raises:
             ValueError: a bad argument, with the fix.
@@ -195,7 +193,6 @@ class GANLoop(Loop):
         # last one's size. The Loop resumes the input at step * batches_per_step.
         self.batches_per_step = n_critic
         self.sample_files: list[str] = []
-        super().__init__(**loop_args)
 
     # ---- Loop hooks. ----
 
@@ -299,19 +296,19 @@ class GANLoop(Loop):
         self.g_steps.assign_add(1 - tf.cast(result.skipped, tf.int64))
         return result
 
-    def run_evaluation(self) -> dict[str, float]:
+    def run_evaluation(self, run: RunContext) -> dict[str, float]:
         # The Controller evaluates in averaged_weights(); this says so for a direct call too.
         with self.averaged_weights():
-            metrics = self._evaluate_samples(prefix="")
+            metrics = self._evaluate_samples(run, prefix="")
             if self.weight_averages:
                 with self.raw_weights():
-                    metrics.update(self._evaluate_samples(prefix="raw_"))
+                    metrics.update(self._evaluate_samples(run, prefix="raw_"))
         return metrics
 
-    def _evaluate_samples(self, prefix: str) -> dict[str, float]:
+    def _evaluate_samples(self, run: RunContext, prefix: str) -> dict[str, float]:
         samples = self.sample(self.num_eval_samples)
         if self.sample_grid is not None:
-            _write_grid(self, samples, prefix)
+            _write_grid(self, run, samples, prefix)
         if self.sample_metrics is None:
             return {}
         return {prefix + name: value for name, value in self.sample_metrics(samples).items()}
@@ -330,7 +327,8 @@ class GANLoop(Loop):
         """`count` samples of `generator` (default: the loop's, which holds its moving average
         inside `averaged_weights`) from fixed, seeded noise."""
         noise = tf.random.stateless_normal(
-            (count,) + self.noise_shape, seed=step_seed(self.seed, _EVAL_STEP, 0, _NOISE_STREAM)
+            (count,) + self.noise_shape,
+            seed=step_seed(self.options.seed, _EVAL_STEP, 0, _NOISE_STREAM),
         )
         return np.asarray((generator or self.generator)(noise, training=False))
 
@@ -339,7 +337,7 @@ class GANLoop(Loop):
     def _replica_noise(self, step, substep, local_rows, global_rows):
         return replica_rows(
             tf.random.stateless_normal,
-            step_seed(self.seed, step, substep, _NOISE_STREAM),
+            step_seed(self.options.seed, step, substep, _NOISE_STREAM),
             local_rows=local_rows,
             global_rows=global_rows,
             row_shape=self.noise_shape,
@@ -369,7 +367,7 @@ class GANLoop(Loop):
         if self.gan_loss == "wgan_gp":
             alpha = replica_rows(
                 tf.random.stateless_uniform,
-                step_seed(self.seed, step, substep, _ALPHA_STREAM),
+                step_seed(self.options.seed, step, substep, _ALPHA_STREAM),
                 local_rows=local_rows,
                 global_rows=count,
                 row_shape=(),
@@ -454,18 +452,18 @@ def _check_arguments(
             )
 
 
-def _write_grid(loop: GANLoop, samples: np.ndarray, prefix: str) -> None:
+def _write_grid(loop: GANLoop, run: RunContext, samples: np.ndarray, prefix: str) -> None:
     """Writes `samples` as a grid: a TensorBoard image, and on the chief a PNG in model_dir."""
     assert loop.sample_grid is not None  # only called with a sample grid
     grid = image_grid(samples, *loop.sample_grid)
-    writer = loop.summaries.writer("eval")
+    writer = run.summaries.writer("eval")
     if writer is not None:
-        with writer.as_default(step=loop.step):
+        with writer.as_default(step=run.step):
             tf.summary.image(prefix + "samples", grid[None])
         writer.flush()
-    if loop.model_dir and loop.is_chief:
-        path = os.path.join(loop.model_dir, f"{prefix}samples-{loop.step:06d}.png")
-        os.makedirs(loop.model_dir, exist_ok=True)
+    if run.model_dir and run.is_chief:
+        path = os.path.join(run.model_dir, f"{prefix}samples-{run.step:06d}.png")
+        os.makedirs(run.model_dir, exist_ok=True)
         tf.io.write_file(path, tf.io.encode_png(grid))
         loop.sample_files.append(path)
-        loop.progress.line(f"samples at step {loop.step} in {path}")
+        run.progress.line(f"samples at step {run.step} in {path}")

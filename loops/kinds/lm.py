@@ -13,7 +13,7 @@ import tensorflow as tf
 from loops.core import outputs, reduction, reporting, text_generation
 from loops.core.replica_random import step_seed
 from loops.core.update import Update, check_clip_norm
-from loops.run.loop import Loop
+from loops.run.loop import Loop, RunContext
 
 DEFAULT_PROMPTS = ("def ", "class ", "import ", "    return ")
 _SAMPLE_STREAM = 7  # the random stream sampled continuations draw from
@@ -74,7 +74,6 @@ class LanguageModelLoop(Loop):
         sample_prompts: Sequence[str] = DEFAULT_PROMPTS,
         sample_length: int = 80,
         sample_temperature: float = 0.8,
-        **loop_args,
     ):
         """
         Args:
@@ -91,7 +90,6 @@ class LanguageModelLoop(Loop):
             sample_prompts: prompts continued at each evaluation; () for none.
             sample_length: bytes each continuation adds.
             sample_temperature: the sampled continuation's temperature (> 0).
-            **loop_args: the `Loop` arguments.
 
         Raises:
             ValueError: a bad argument, with the fix.
@@ -118,7 +116,6 @@ class LanguageModelLoop(Loop):
         self.sample_length = sample_length
         self.sample_temperature = float(sample_temperature)
         self.sample_files: list[str] = []
-        super().__init__(**loop_args)
 
     def build(self) -> None:
         self.model = self.model_fn()
@@ -173,19 +170,19 @@ class LanguageModelLoop(Loop):
             "tokens": outputs.Sum(tf.cast(sums["tokens"], tf.int64)),
         }
 
-    def run_evaluation(self) -> dict[str, float]:
-        metrics = dict(super().run_evaluation())
+    def run_evaluation(self, run: RunContext) -> dict[str, float]:
+        metrics = dict(super().run_evaluation(run))
         if "loss" in metrics:
             metrics["perplexity"] = math.exp(min(metrics["loss"], 700.0))
             metrics["bits_per_token"] = metrics["loss"] / math.log(2.0)
         if self.unigram_perplexity is not None:
             metrics["unigram_perplexity"] = self.unigram_perplexity
-        if self.is_chief and self.sample_prompts:
-            self._write_samples()
+        if run.is_chief and self.sample_prompts:
+            self._write_samples(run)
         return metrics
 
-    def eval_metric_names(self) -> set[str] | None:
-        names = self.eval_step_output_names()
+    def eval_metric_names(self, run: RunContext) -> set[str] | None:
+        names = run.eval_step_output_names()
         if names is None:
             return None
         added = {"perplexity", "bits_per_token"} if "loss" in names else set()
@@ -202,19 +199,19 @@ class LanguageModelLoop(Loop):
                 continued = self._continue_prompt(
                     tokens,
                     temperature=temperature,
-                    seed=step_seed(self.seed, self.global_step, index, _SAMPLE_STREAM),
+                    seed=step_seed(self.options.seed, self.global_step, index, _SAMPLE_STREAM),
                 )
                 texts[f"{kind}/{index}"] = text_generation.decode(continued[0].numpy())
         return texts
 
-    def _write_samples(self) -> None:
+    def _write_samples(self, run: RunContext) -> None:
         texts = self.samples()
-        self.summaries.text(
-            "samples", self.step, {key: f"```\n{text}\n```" for key, text in texts.items()}
+        run.summaries.text(
+            "samples", run.step, {key: f"```\n{text}\n```" for key, text in texts.items()}
         )
-        if self.model_dir is None:
+        if run.model_dir is None:
             return
-        path = os.path.join(self.model_dir, "samples", f"step-{self.step:07d}.txt")
+        path = os.path.join(run.model_dir, "samples", f"step-{run.step:07d}.txt")
         body = "".join(f"--- {key} ---\n{text}\n" for key, text in texts.items())
         reporting.write_text_atomic(path, body)
         if path not in self.sample_files:

@@ -50,12 +50,13 @@ class Difference(NamedTuple):
     run: Any
 
 
-def loop_settings(loop: Any) -> dict[str, Any]:
-    """The loop's `LOOP_SETTINGS`, which config.json records also when the run gives no config.
+def loop_settings(trainer: Any) -> dict[str, Any]:
+    """The run's `LOOP_SETTINGS` (of its step options), which config.json records also when
+    the run gives no config.
 
     The run's own config (a binary's flags) records them too and has the last word.
     """
-    return {name: getattr(loop, name) for name in LOOP_SETTINGS}
+    return {name: getattr(trainer.step_options, name) for name in LOOP_SETTINGS}
 
 
 def config_path(model_dir: str) -> str:
@@ -189,7 +190,9 @@ def record_config(
         **config,
         **{f"checkpoint.{name}": type(item).__name__ for name, item in checkpoint_items.items()},
     }
-    from loops.core import reporting  # here: it imports TensorFlow, which flag parsing must not
+    from loops.core import (
+        reporting,
+    )  # here: it imports TensorFlow, which flag parsing must not
 
     path = config_path(model_dir)
     if resuming and os.path.exists(path):

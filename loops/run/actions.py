@@ -24,8 +24,9 @@ class Action:
     an action that decides only from them decides the same on every worker:
     all workers then request a stop at the same step and all take part in any
     checkpoint save, as MultiWorkerMirroredStrategy needs (BUILD.md fact 11).
-    Write files only where `loop.is_chief`. Each hook gets the loop itself;
-    its type, `loops.run.run_context.RunContext`, names what an action may use.
+    Write files only where `run.is_chief`. Each hook gets the run (the
+    `loops.Trainer`); its type, `loops.run.run_context.RunContext`, names what
+    an action may use (`run.definition` is what is trained).
 
     Attributes:
         every: call `after_loop` only at steps that are multiples of this, and
@@ -41,11 +42,11 @@ class Action:
         class PrintLoss(loops.Action):
             every = 100
 
-            def after_loop(self, loop, step, train_metrics):
-                if loop.is_chief:
+            def after_loop(self, run, step, train_metrics):
+                if run.is_chief:
                     print(f"step {step}: loss {train_metrics['loss']:.4f}")
 
-        loop = MyLoop(..., actions=[PrintLoss()])
+        trainer = loops.Trainer(MyLoop(), ..., actions=[PrintLoss()])
     """
 
     every: int | None = None
@@ -61,32 +62,32 @@ class Action:
     def name(self, value: str) -> None:
         self.__dict__["_name"] = value
 
-    def build(self, loop: RunContext) -> None:
-        """Creates the action's state; runs once in the loop's strategy scope, before restoring."""
+    def build(self, run: RunContext) -> None:
+        """Creates the action's state; runs once in the run's strategy scope, before restoring."""
 
     def checkpoint_items(self) -> Mapping[str, tf.Variable]:
-        """Name -> variable saved with the loop's checkpoints and restored on resume.
+        """Name -> variable saved with the run's checkpoints and restored on resume.
 
         A checkpoint from a run without this action restores everything else;
         the action's variables then keep the values `build` gave them.
         """
         return {}
 
-    def before_train(self, loop: RunContext) -> None:
-        """At the start of `Loop.train`, after the loop restored its checkpoint."""
+    def before_train(self, run: RunContext) -> None:
+        """At the start of `Trainer.train`, after the run restored its checkpoint."""
 
-    def after_loop(self, loop: RunContext, step: int, train_metrics: Mapping[str, float]) -> None:
+    def after_loop(self, run: RunContext, step: int, train_metrics: Mapping[str, float]) -> None:
         """After an inner loop that ended at `step` (see `every`); metrics averaged over it."""
 
-    def after_eval(self, loop: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
-        """After each evaluation; `eval_metrics` is empty when the loop evaluates nothing."""
+    def after_eval(self, run: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
+        """After each evaluation; `eval_metrics` is empty when the run evaluates nothing."""
 
-    def after_train(self, loop: RunContext) -> None:
+    def after_train(self, run: RunContext) -> None:
         """When `Loop.train` ends (not when preempted), after the last checkpoint and results."""
 
 
 class UnknownMetricError(ValueError):
-    """An action watches an eval metric the loop does not report."""
+    """An action watches an eval metric the run does not report."""
 
 
 class _WatchesMetric(Action):
@@ -111,7 +112,7 @@ class _WatchesMetric(Action):
         self.mode = mode
         self.min_delta = float(min_delta)
 
-    def build(self, loop: RunContext) -> None:
+    def build(self, run: RunContext) -> None:
         # The worst possible value, so the first finite one is an improvement.
         self.best = _state_variable(math.inf if self.mode == "min" else -math.inf, "best")
 
@@ -124,7 +125,7 @@ class _WatchesMetric(Action):
         """The watched metric's value.
 
         Raises:
-            UnknownMetricError: the loop does not report the metric.
+            UnknownMetricError: the run does not report the metric.
         """
         if self.metric not in eval_metrics:
             reported = ", ".join(sorted(eval_metrics)) or "none"
@@ -152,14 +153,14 @@ class EarlyStopping(_WatchesMetric):
     """Stops training when an eval metric has not improved for `patience` evaluations in a row.
 
     The best value and the count of evaluations without improvement are saved
-    with the loop's checkpoints, so a resumed run goes on counting, and a run
+    with the run's checkpoints, so a resumed run goes on counting, and a run
     that had stopped early stops again at once when rerun (pass a larger
     patience to train on).
 
     Example:
 
-        loop = loops.ClassifierLoop(..., eval_every=100,
-                                    actions=[loops.EarlyStopping("accuracy", mode="max")])
+        trainer = loops.Trainer(loops.ClassifierLoop(...), ..., eval_every=100,
+                                actions=[loops.EarlyStopping("accuracy", mode="max")])
     """
 
     name = "early_stopping"
@@ -186,23 +187,23 @@ class EarlyStopping(_WatchesMetric):
             )
         self.patience = patience
 
-    def build(self, loop: RunContext) -> None:
-        if not loop.eval_every:
+    def build(self, run: RunContext) -> None:
+        if not run.eval_every:
             raise ValueError(
-                f"EarlyStopping({self.metric!r}) compares evaluations, but the loop evaluates "
-                "only at the end of training; pass eval_every= to the loop (--eval_every)."
+                f"EarlyStopping({self.metric!r}) compares evaluations, but the run evaluates "
+                "only at the end of training; pass eval_every= to the Trainer (--eval_every)."
             )
-        super().build(loop)
+        super().build(run)
         self.evaluations_without_improvement = _state_variable(0, "evaluations_without_improvement")
 
     def checkpoint_items(self):
         return {"best": self.best, "wait": self.evaluations_without_improvement}
 
-    def before_train(self, loop: RunContext) -> None:
+    def before_train(self, run: RunContext) -> None:
         if self._exhausted():
-            loop.request_stop(self._reason())
+            run.request_stop(self._reason())
 
-    def after_eval(self, loop: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
+    def after_eval(self, run: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
         value = self.watched_value(eval_metrics)
         if self.improves(value):
             self.best.assign(value)
@@ -210,7 +211,7 @@ class EarlyStopping(_WatchesMetric):
         else:
             self.evaluations_without_improvement.assign_add(1)
         if self._exhausted():
-            loop.request_stop(self._reason())
+            run.request_stop(self._reason())
 
     def _exhausted(self) -> bool:
         return int(self.evaluations_without_improvement.numpy()) >= self.patience
@@ -226,18 +227,18 @@ class EarlyStopping(_WatchesMetric):
 
 
 class KeepBest(_WatchesMetric):
-    """Keeps a checkpoint of the loop at its best evaluation by one eval metric.
+    """Keeps a checkpoint of the run at its best evaluation by one eval metric.
 
-    Whenever the metric improves, every worker saves the loop's state into
+    Whenever the metric improves, every worker saves the run's state into
     `directory` (the chief keeps it, others write to scratch), replacing the
     previous best, and the chief writes `best.json` there: the step, the
     metric, its value and the checkpoint path. The best value so far is saved
-    with the loop's checkpoints, so a resumed run keeps comparing against it.
+    with the run's checkpoints, so a resumed run keeps comparing against it.
 
     Example:
 
-        loop = loops.ClassifierLoop(..., model_dir=model_dir, eval_every=100,
-                                    actions=[loops.KeepBest("accuracy", mode="max")])
+        trainer = loops.Trainer(loops.ClassifierLoop(...), ..., model_dir=model_dir,
+                                eval_every=100, actions=[loops.KeepBest("accuracy", mode="max")])
         # After training: tf.train.Checkpoint(model=model).restore(best_checkpoint_path)
     """
 
@@ -267,38 +268,38 @@ class KeepBest(_WatchesMetric):
         self.directory = directory
         self._checkpointer: Checkpointer | None = None
 
-    def build(self, loop: RunContext) -> None:
-        if loop.model_dir is None:
+    def build(self, run: RunContext) -> None:
+        if run.model_dir is None:
             raise ValueError(
-                f"KeepBest({self.metric!r}) saves the loop's checkpoints, which "
-                "needs a model_dir; pass model_dir= to the loop."
+                f"KeepBest({self.metric!r}) saves the run's checkpoints, which "
+                "needs a model_dir; pass model_dir= to the Trainer."
             )
-        super().build(loop)
-        self.directory = self.directory or os.path.join(loop.model_dir, "best")
+        super().build(run)
+        self.directory = self.directory or os.path.join(run.model_dir, "best")
         self.best_step = _state_variable(-1, "best_step")
 
     def checkpoint_items(self):
         return {"best": self.best, "step": self.best_step}
 
-    def after_eval(self, loop: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
+    def after_eval(self, run: RunContext, step: int, eval_metrics: Mapping[str, float]) -> None:
         value = self.watched_value(eval_metrics)
         if not self.improves(value):
             return
         self.best.assign(value)
         self.best_step.assign(step)
-        # build() set both: a KeepBest needs the loop's model_dir and checkpointer.
-        assert self.directory is not None and loop.checkpointer is not None
+        # build() set both: a KeepBest needs the run's model_dir and checkpointer.
+        assert self.directory is not None and run.checkpointer is not None
         if self._checkpointer is None:
-            # Built at the first save: the loop's checkpointer exists only after every build.
+            # Built at the first save: the run's checkpointer exists only after every build.
             self._checkpointer = Checkpointer(
-                strategy=loop.strategy,
+                strategy=run.strategy,
                 directory=self.directory,
-                items=loop.checkpointer.items,
-                step_counter=loop.global_step,
+                items=run.checkpointer.items,
+                step_counter=run.global_step,
                 max_to_keep=1,
             )
         path = self._checkpointer.save()
-        if loop.is_chief:
+        if run.is_chief:
             reporting.write_json_atomic(
                 os.path.join(self.directory, "best.json"),
                 {
@@ -309,7 +310,7 @@ class KeepBest(_WatchesMetric):
                     "checkpoint": path,
                 },
             )
-            loop.progress.line(
+            run.progress.line(
                 f"best {self.metric} so far ({value:.6g}) at step {step}: saved {path}"
             )
 
@@ -329,32 +330,32 @@ class ExportOnEnd(Action):
     """Exports the trained model when training ends (the chief only), e.g. as a SavedModel.
 
     Not run when training is preempted: the rerun that finishes it exports.
-    With the loop's `ema_decay`, the export runs while the model holds the
+    With the run's `ema_decay`, the export runs while the model holds the
     moving average of its weights (`Loop.averaged_weights`).
 
     Example:
 
         from loops.model_dir.export import export_classifier
 
-        loops.ExportOnEnd(lambda loop: export_classifier(loop.model, "/tmp/export"))
+        loops.ExportOnEnd(lambda definition: export_classifier(definition.model, "/tmp/export"))
     """
 
     def __init__(self, export: Callable[[Any], str], *, description: str = ""):
         """
         Args:
-            export: loop -> the path it wrote.
+            export: the trained definition (`run.definition`) -> the path it wrote.
             description: what the export serves, added to the line that names the path.
         """
         self.export = export
         self.description = description
 
-    def after_train(self, loop: RunContext) -> None:
-        if not loop.is_chief:
+    def after_train(self, run: RunContext) -> None:
+        if not run.is_chief:
             return
-        with loop.averaged_weights():  # the moving average, when the loop keeps one
-            path = self.export(loop)
+        with run.averaged_weights():  # the moving average, when the run keeps one
+            path = self.export(run.definition)
         detail = f" ({self.description})" if self.description else ""
-        loop.progress.line(f"exported SavedModel to {path}{detail}")
+        run.progress.line(f"exported SavedModel to {path}{detail}")
 
 
 def _state_variable(initial, name: str) -> tf.Variable:

@@ -20,49 +20,44 @@ from loops.run.loop_schedule import LoopSchedule
 from loops.run.preemption import PreemptionWatcher
 from loops.run.recovery import Recoveries
 from loops.run.run_checkpoints import RunCheckpoints, action_state
-from loops.run.run_context import RunDefinition
+from loops.run.run_context import Run
 from loops.run.run_options import RunOptions, check_positive
 from loops.run.run_report import RunReport, TimedCall, TrainHistory
 from loops.run.train_input import TrainInput
 
 
 class Controller:
-    """Runs a loop's train steps to a step count in inner loops through its executor, and
+    """Runs a Trainer's steps to a step count in inner loops through its executor, and
     between them evaluates, checkpoints, writes summaries and progress, runs the actions,
     and handles preemption and the non-finite policy; writes results.json.
 
-    A `loops.Loop` makes its Controller before its `build` and has it
-    `restore` the newest checkpoint in `model_dir` right after, so a restarted
-    job continues from its last saved step. The loop's run methods (`train`,
-    `evaluate`, ...) delegate here, and it forwards the run state read outside.
+    A `loops.Trainer` makes its Controller before its definition's `build` and
+    has it `restore` the newest checkpoint in `model_dir` right after, so a
+    restarted job continues from its last saved step.
 
-    Actions run on the host on every worker and get the loop: `before_train`,
-    then `after_loop` after inner loops, `after_eval` after each evaluation,
-    and `after_train` at the end (not when preempted). An action may call
-    `loop.request_stop(reason)`: the inner loop in progress is the last, then
-    the Controller evaluates (unless it just did), saves, writes results.json
-    with the `stop_reason`, and `train` returns. Between inner loops it
-    evaluates before it saves, so a checkpoint holds what the actions
-    concluded from the evaluation at its step.
+    Actions run on the host on every worker and get the Trainer: `before_train`,
+    then `after_loop` after inner loops, `after_eval` after each evaluation, and
+    `after_train` at the end (not when preempted). An action may call
+    `run.request_stop(reason)`: the inner loop in progress is the last, then the
+    Controller evaluates (unless it just did), saves, writes results.json with
+    the `stop_reason`, and `train` returns. It evaluates before it saves, so a
+    checkpoint holds what the actions concluded from the evaluation at its step.
     """
 
-    def __init__(self, *, loop: RunDefinition, options: RunOptions):
-        """Builds nothing (`restore` does, after the loop's `build`).
+    def __init__(self, *, trainer: Run, options: RunOptions):
+        """Builds nothing (`restore` does, once the Trainer has its `executor` and `global_step`).
 
-        Args:
-            loop: the Loop whose steps this runs; its `executor` and
-                `global_step` exist by the time `restore` is called.
-            options: how to run it, checked (`loops.run.run_options.RunOptions`).
+        options: how to run it, checked (`loops.run.run_options.RunOptions`).
         """
-        self.loop = loop
+        self.trainer = trainer
         self.options = options
-        self.is_chief = strategies.is_chief(loop.strategy)
+        self.is_chief = strategies.is_chief(trainer.strategy)
         model_dir = options.model_dir
         summaries = os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
         self.report = RunReport(
             progress=options.progress or reporting.Progress(),
             summaries=reporting.Summaries(summaries),
-            throughput_unit=loop.throughput_unit,
+            throughput_unit=trainer.definition.throughput_unit,
         )
         self.actions = tuple(options.actions)
         self.config = dict(options.config or {})
@@ -73,15 +68,15 @@ class Controller:
             is_chief=self.is_chief,
             say=self.progress.line,
         )
-        # The run's state; the loop forwards what code outside reads (and `report`'s).
+        # The run's state; the trainer forwards what code outside reads (and `report`'s).
         self.preempted = False
         self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
         # The run's recoveries from non-finite steps, checkpointed; they set the input's offset.
         self.recoveries = Recoveries()
-        self._train_input = TrainInput(loop, self.recoveries)
+        self._train_input = TrainInput(trainer, self.recoveries)
         self._inner_loops = InnerLoops(
-            loop=loop,
+            trainer=trainer,
             train_input=self._train_input,
             checkpoints=self._checkpoints,
             recoveries=self.recoveries,
@@ -92,47 +87,52 @@ class Controller:
     def restore(self, items: Mapping[str, Any]) -> None:
         """Builds the actions, then restores the newest checkpoint in model_dir under its lock.
 
-        The loop calls it once, right after its `build`.
+        The trainer calls it once, right after its `build`.
 
         Args:
-            items: name -> trackable a checkpoint holds: the loop's
+            items: name -> trackable a checkpoint holds: the definition's
                 `checkpoint_items` and its global step.
 
         Raises:
             ValueError: a checkpoint in model_dir that does not match the
-                loop, two actions with state under one name, or an action
+                definition, two actions with state under one name, or an action
                 that does not fit the options.
             OSError: model_dir cannot be written or read.
         """
-        loop = self.loop
-        with strategies.variable_scope(loop.strategy):
+        trainer = self.trainer
+        with strategies.variable_scope(trainer.strategy):
             for action in self.actions:
-                action.build(loop)
+                action.build(trainer)
         # Optional: checkpoints from before the recovery record restore as no recovery.
-        optional_items = {**action_state(self.actions), recovery.CHECKPOINT_NAME: self.recoveries}
+        optional_items = {
+            **action_state(self.actions),
+            recovery.CHECKPOINT_NAME: self.recoveries,
+        }
         model_dir = self.options.model_dir
         if model_dir is None:
             return
         restored = self._checkpoints.open(
-            strategy=loop.strategy,
+            strategy=trainer.strategy,
             items=items,
-            step_counter=loop.global_step,
+            step_counter=trainer.global_step,
             optional_items=optional_items,
-            # The loop's own settings an evaluator must share, also when no config was given.
-            config={**run_config.loop_settings(loop), **self.config},
-            config_items=loop.checkpoint_items(),
-            config_free_to_change=loop.config_free_to_change,
+            # The run's own settings an evaluator must share, also when no config was given.
+            config={**run_config.loop_settings(trainer), **self.config},
+            config_items=trainer.definition.checkpoint_items(),
+            config_free_to_change=trainer.definition.config_free_to_change,
         )
         if restored:
-            self.progress.line(f"restored {restored} at step {loop.step}")
-            self.report.eval_history = reporting.previous_history(model_dir, up_to_step=loop.step)
+            self.progress.line(f"restored {restored} at step {trainer.step}")
+            self.report.eval_history = reporting.previous_history(
+                model_dir, up_to_step=trainer.step
+            )
 
     # ---- The run. ----
 
     def train(self, num_steps: int) -> dict[str, np.ndarray]:
-        """Trains until the loop's global step reaches `num_steps`.
+        """Trains until the global step reaches `num_steps`.
 
-        `num_steps` is a total, so a loop restored at step k trains only the
+        `num_steps` is a total, so a run restored at step k trains only the
         remaining num_steps - k steps. Evaluates and checkpoints at the end;
         an action's `request_stop` ends it earlier, the same way.
 
@@ -143,8 +143,8 @@ class Controller:
 
         Raises:
             NonFiniteError: a step or the weights were not finite (see the
-                loop's `on_nonfinite`).
-            ValueError: a bad `num_steps`, no train_data where the loop needs it.
+                `on_nonfinite` step option).
+            ValueError: a bad `num_steps`, no train_data where the definition needs it.
         """
         self._check_can_train(num_steps)
         self.stop_reason = None
@@ -154,10 +154,13 @@ class Controller:
         # save): whatever moment it comes, every completed step gets saved.
         history = TrainHistory()
         calls: list[TimedCall] = []  # the executor calls that training went on from
-        with PreemptionWatcher(self.loop.strategy) as preemption:
+        with PreemptionWatcher(self.trainer.strategy) as preemption:
             self._before_train(num_steps)
             schedule = LoopSchedule.of_run(
-                self.options, self.actions, loop=self.loop, profiler=self._profiler
+                self.options,
+                self.actions,
+                trainer=self.trainer,
+                profiler=self._profiler,
             )
             between = functools.partial(self._between_loops, preemption, num_steps)
             try:
@@ -171,29 +174,30 @@ class Controller:
 
     def _check_can_train(self, num_steps: int) -> None:
         """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
-        loop = self.loop
+        trainer = self.trainer
         check_positive("num_steps", num_steps)
         self._inner_loops.nonfinite.check_can_train()
-        if loop.train_data is None and loop.needs_train_data:
+        if trainer.train_data is None and trainer.definition.needs_train_data:
             raise ValueError(
-                f"{type(loop).__name__} has no train_data; pass train_data= to the constructor."
+                f"{type(trainer.definition).__name__} has no train_data; pass train_data= to "
+                "the Trainer."
             )
-        names = loop.eval_metric_names()
+        names = trainer.definition.eval_metric_names(trainer)
         if names is not None:
             watched_metrics(self.actions, names)
 
     def _before_train(self, num_steps: int) -> None:
         """Records the config, runs the actions' `before_train`; saves where "recover" needs it."""
-        loop = self.loop
+        trainer = self.trainer
         self.summaries.hparams(self.config)
         for action in self.actions:
-            action.before_train(loop)
-        if loop.step >= num_steps:
+            action.before_train(trainer)
+        if trainer.step >= num_steps:
             self.progress.line(
-                f"already at step {loop.step} >= {num_steps}: nothing to train "
+                f"already at step {trainer.step} >= {num_steps}: nothing to train "
                 "(the model_dir holds a finished run; raise the step count to continue)."
             )
-        if loop.on_nonfinite == "recover" and not self._checkpoints.on_disk:
+        if trainer.step_options.on_nonfinite == "recover" and not self._checkpoints.on_disk:
             self.save_checkpoint()  # where a recovery before the first save goes back to
 
     def _between_loops(self, preemption: PreemptionWatcher, num_steps: int, step: int) -> bool:
@@ -207,7 +211,7 @@ class Controller:
             return False
         for action in self.actions:
             if not action.every or step % action.every == 0:
-                action.after_loop(self.loop, step, self.report.last_train_metrics)
+                action.after_loop(self.trainer, step, self.report.last_train_metrics)
         if step >= num_steps or self.stop_reason is not None:
             return False
         if self.options.eval_every and step % self.options.eval_every == 0:
@@ -221,11 +225,11 @@ class Controller:
 
     def _after_train(self, preemption: PreemptionWatcher, *, trained: bool) -> None:
         """Evaluates and saves at the end (unless done there), writes results, ends the actions."""
-        loop = self.loop
-        if not self.preempted and self._evaluated_step != loop.step:
+        trainer = self.trainer
+        if not self.preempted and self._evaluated_step != trainer.step:
             self.evaluate()
             self.preempted = preemption.should_stop()
-        if self._checkpoints.saved_step != loop.step and (trained or self.preempted):
+        if self._checkpoints.saved_step != trainer.step and (trained or self.preempted):
             self.save_checkpoint()
         # A SIGTERM during the final save or results leaves the export (often
         # the longest part) to the rerun, which finds nothing to train.
@@ -236,24 +240,24 @@ class Controller:
             self.write_results()
         if self.preempted:
             self.progress.line(
-                f"preempted (SIGTERM) at step {loop.step}: every completed step is saved; "
+                f"preempted (SIGTERM) at step {trainer.step}: every completed step is saved; "
                 "run the same command again to continue from it"
             )
             return
         for action in self.actions:
-            action.after_train(loop)
+            action.after_train(trainer)
 
     def evaluate(self) -> dict[str, float]:
-        """Runs `loop.run_evaluation`, reports the metrics, runs the actions' `after_eval`."""
-        loop = self.loop
+        """Runs the definition's `run_evaluation`, reports it, runs the actions' `after_eval`."""
+        trainer = self.trainer
         # With ema_decay, evaluation sees the averaged weights; every save, the trained ones.
-        with loop.averaged_weights():
-            metrics = loop.run_evaluation()
-        step = loop.step
+        with trainer.averaged_weights():
+            metrics = trainer.definition.run_evaluation(trainer)
+        step = trainer.step
         self._evaluated_step = step
         self.report.evaluation(step, metrics)
         for action in self.actions:
-            action.after_eval(loop, step, metrics)
+            action.after_eval(trainer, step, metrics)
         return metrics
 
     @property
@@ -286,7 +290,7 @@ class Controller:
         """
         if self.stop_reason is None:
             self.stop_reason = reason
-            self.progress.line(f"stopping at step {self.loop.step}: {reason}")
+            self.progress.line(f"stopping at step {self.trainer.step}: {reason}")
 
     def close(self) -> None:
         """Releases the train input and the model_dir lock (a kill leaves its file, unlocked).
@@ -299,18 +303,18 @@ class Controller:
         self._checkpoints.close()
 
     def save_checkpoint(self) -> str | None:
-        """Saves the loop's state now (every worker must call it); returns the path.
+        """Saves the run's state now (every worker must call it); returns the path.
 
         Raises:
             NonFiniteWeightsError: a variable is not finite; nothing is saved.
             OSError: the checkpoint cannot be written; the earlier ones are intact.
         """
-        return self._checkpoints.save(self.loop.step)
+        return self._checkpoints.save(self.trainer.step)
 
     def write_results(self) -> dict[str, Any]:
         """Writes model_dir/results.json (chief only) and returns its contents."""
         results = self.report.results(
-            self.loop,
+            self.trainer,
             skipped_steps=self.skipped_steps,
             recoveries=self.recoveries.entries,
             preempted=self.preempted,

@@ -13,7 +13,7 @@ from loops.run.nonfinite_policy import NonFinitePolicy
 from loops.run.profiling import StepProfiler
 from loops.run.recovery import Recoveries
 from loops.run.run_checkpoints import RunCheckpoints
-from loops.run.run_context import RunDefinition
+from loops.run.run_context import Run
 from loops.run.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
 from loops.run.train_input import TrainInput
 
@@ -40,7 +40,7 @@ class InnerLoops:
     the run or recovers, and a recovery trains again from its checkpoint.
 
     Args:
-        loop: the loop whose executor runs the steps.
+        trainer: the trainer whose executor runs the steps.
         train_input: the train stream's position.
         checkpoints: the run's checkpoints, which a recovery or stop goes back to.
         recoveries: the run's record of recoveries.
@@ -51,19 +51,22 @@ class InnerLoops:
     def __init__(
         self,
         *,
-        loop: RunDefinition,
+        trainer: Run,
         train_input: TrainInput,
         checkpoints: RunCheckpoints,
         recoveries: Recoveries,
         report: RunReport,
         profiler: StepProfiler | None,
     ):
-        self._loop = loop
+        self._trainer = trainer
         self._train_input = train_input
         self._recoveries = recoveries
         # The policy for non-finite steps and weights, acted on after each call.
         self.nonfinite = NonFinitePolicy(
-            loop, checkpoints=checkpoints, train_input=train_input, recoveries=recoveries
+            trainer,
+            checkpoints=checkpoints,
+            train_input=train_input,
+            recoveries=recoveries,
         )
         self._report = report
         self._profiler = profiler
@@ -94,13 +97,13 @@ class InnerLoops:
             NonFiniteError: the non-finite policy stops the run.
         """
         calls: list[TimedCall] = []
-        step = self._loop.step
+        step = self._trainer.step
         iterator = self._train_input.at_step(step)
         while step < num_steps:
             ends = schedule.call_ends(step, num_steps, self.seconds_per_step)
             call = self._call(iterator, step, ends)
             if self._recovered(call, num_steps, history):
-                step = self._loop.step
+                step = self._trainer.step
                 iterator = self._train_input.at_step(step)
                 continue
             step = call.reached
@@ -120,7 +123,7 @@ class InnerLoops:
         if self._profiler is not None:
             self._profiler.before_loop(step)
         started = time.perf_counter()
-        run = self._loop.executor.run(iterator, ends[-1] - step)
+        run = self._trainer.executor.run(iterator, ends[-1] - step)
         seconds = time.perf_counter() - started
         done = run.reached - step
         logs = {name: values[:done] for name, values in run.logs.items()}
@@ -163,7 +166,7 @@ class InnerLoops:
             reported_to = inner_loop.end
         recovered = self.nonfinite.check_steps(call.logs, call.first_step)
         if recovered is None and not call.weights_finite:
-            finiteness = self._loop.executor.definition.finiteness
+            finiteness = self._trainer.executor.definition.finiteness
             recovered = self.nonfinite.after_nonfinite_weights(
                 call.reached, finiteness.nonfinite_names()
             )
@@ -174,6 +177,6 @@ class InnerLoops:
         self._report.recovery(
             recovered,
             count=len(self._recoveries.entries),
-            max_recoveries=self._loop.max_recoveries,
+            max_recoveries=self._trainer.step_options.max_recoveries,
         )
         return True

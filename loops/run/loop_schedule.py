@@ -9,7 +9,7 @@ from typing import NamedTuple
 from loops.cluster import strategies
 from loops.run.actions import Action
 from loops.run.profiling import StepProfiler
-from loops.run.run_context import RunDefinition
+from loops.run.run_context import Run
 from loops.run.run_options import RunOptions
 
 # About how long one executor call may run when it joins inner loops that
@@ -69,7 +69,7 @@ class LoopSchedule:
         options: RunOptions,
         actions: Sequence[Action],
         *,
-        loop: RunDefinition,
+        trainer: Run,
         profiler: StepProfiler | None,
     ) -> LoopSchedule:
         """The schedule of a run of `loop` with these options, actions and profiler."""
@@ -81,8 +81,10 @@ class LoopSchedule:
             profiler_boundary=None if profiler is None else profiler.stop_before,
             progress_every_seconds=options.progress_every_seconds,
             # Several workers or a ps would have to agree on every inner loop's length.
-            one_process=(strategies.num_workers(loop.strategy) == 1 and loop.coordinator is None),
-            recover=loop.on_nonfinite == "recover",
+            one_process=(
+                strategies.num_workers(trainer.strategy) == 1 and trainer.coordinator is None
+            ),
+            recover=trainer.step_options.on_nonfinite == "recover",
             action_after_every_loop=any(
                 action.every is None and type(action).after_loop is not Action.after_loop
                 for action in actions

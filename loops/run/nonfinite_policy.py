@@ -1,20 +1,18 @@
-"""The non-finite policy: in the graph, how an update is applied; on the host, after a call."""
+"""The non-finite policy on the host: what follows a call whose steps or weights were not finite."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from loops.cluster import strategies
-from loops.core import gradients, outputs
-from loops.core import mixed_precision as mixed_precision_lib
+from loops.core import outputs
 from loops.model_dir.checkpoints import describe_names
 from loops.run.recovery import Recoveries, Recovery
 from loops.run.run_checkpoints import RunCheckpoints
-from loops.run.run_context import RunDefinition
+from loops.run.run_context import Run
 from loops.run.train_input import TrainInput
 from loops.vocabulary.errors import NonFiniteError
 
@@ -23,23 +21,23 @@ class NonFinitePolicy:
     """Carries out a loop's `on_nonfinite` after each inner loop, and counts the skipped steps.
 
     Args:
-        loop: the loop whose `on_nonfinite`, `skips_nonfinite` and
+        trainer: the trainer whose `on_nonfinite`, `skips_nonfinite` and
             `max_recoveries` say what follows.
         checkpoints: the run's checkpoints, the last of which a stop or a
             recovery goes back to.
-        train_input: the train stream, which resumes where the loop goes back to.
+        train_input: the train stream, which resumes where the trainer goes back to.
         recoveries: the run's record of recoveries, which "recover" adds to.
     """
 
     def __init__(
         self,
-        loop: RunDefinition,
+        trainer: Run,
         *,
         checkpoints: RunCheckpoints,
         train_input: TrainInput,
         recoveries: Recoveries,
     ):
-        self._loop = loop
+        self._trainer = trainer
         self._checkpoints = checkpoints
         self._train_input = train_input
         self._recoveries = recoveries
@@ -54,16 +52,20 @@ class NonFinitePolicy:
             # NaN into 0, and the next steps' loss and gradients are finite.
             raise NonFiniteError(
                 f"At step {self._weights_lost_at} the weights were not finite and "
-                "there was no checkpoint to go back to, so this loop cannot train on. Build "
-                "it again, with a model_dir and checkpoint_every so that a stop goes back "
-                "to the last checkpoint."
+                "there was no checkpoint to go back to, so this Trainer cannot train on. Make "
+                "a new one (with a new definition), with a model_dir and checkpoint_every so "
+                "that a stop goes back to the last checkpoint."
             )
 
     def first_acted_on(self, logs: Mapping[str, np.ndarray], first_step: int) -> int | None:
         """The first step in `logs` (of the steps after `first_step`) that was not finite,
         where the policy stops or recovers; None when there is none or it skips them."""
         flags = logs.get(outputs.NONFINITE)
-        if self._loop.on_nonfinite == "skip" or flags is None or not np.any(flags > 0):
+        if (
+            self._trainer.step_options.on_nonfinite == "skip"
+            or flags is None
+            or not np.any(flags > 0)
+        ):
             return None
         return first_step + int(np.argmax(flags > 0)) + 1
 
@@ -77,15 +79,15 @@ class NonFinitePolicy:
         flags = logs.get(outputs.NONFINITE)
         if flags is None or not np.any(flags > 0):
             return None
-        if self._loop.skips_nonfinite:
+        if self._trainer.skips_nonfinite:
             self.skipped_steps += int(np.sum(flags > 0))
         bad_step = self.first_acted_on(logs, first_step)
         if bad_step is None:
             return None
         problem = "the loss or the gradients were not finite on at least one replica"
-        if self._loop.on_nonfinite == "recover":
+        if self._trainer.step_options.on_nonfinite == "recover":
             return self._recover(bad_step, problem)
-        if self._loop.skips_nonfinite:
+        if self._trainer.skips_nonfinite:
             state = "Its update was skipped and nothing was saved after it."
         else:
             state = self._back_to_checkpoint()
@@ -107,7 +109,7 @@ class NonFinitePolicy:
         Raises:
             NonFiniteError: unless the policy is "recover" and it may recover.
         """
-        if self._loop.on_nonfinite == "recover":
+        if self._trainer.step_options.on_nonfinite == "recover":
             return self._recover(
                 step,
                 f"{describe_names(nonfinite_names)} not finite (NaN or inf) after it, "
@@ -129,7 +131,7 @@ class NonFinitePolicy:
                 or there is no checkpoint to go back to.
         """
         entries = list(self._recoveries.entries)
-        limit = self._loop.max_recoveries
+        limit = self._trainer.step_options.max_recoveries
         if len(entries) >= limit:
             steps = ", ".join(str(entry["step"]) for entry in entries)
             raise NonFiniteError(
@@ -141,13 +143,13 @@ class NonFinitePolicy:
                 "recover again."
             )
         if not self._go_back():
-            self._weights_lost_at = self._loop.step
+            self._weights_lost_at = self._trainer.step
             raise NonFiniteError(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
-        restored = self._loop.step
+        restored = self._trainer.step
         entry = Recovery(
             step=bad_step,
             restored_step=restored,
-            skipped_batches=(bad_step - restored) * self._loop.batches_per_step,
+            skipped_batches=(bad_step - restored) * self._trainer.definition.batches_per_step,
         )
         self._recoveries.entries = [*entries, entry]
         return entry
@@ -167,64 +169,10 @@ class NonFinitePolicy:
         if self._go_back():
             return (
                 f"Nothing was saved after it; the loop is back at its last checkpoint "
-                f"(step {self._loop.step}), where a rerun also resumes."
+                f"(step {self._trainer.step}), where a rerun also resumes."
             )
-        self._weights_lost_at = self._loop.step
+        self._weights_lost_at = self._trainer.step
         return _NO_CHECKPOINT
-
-
-class NonFiniteUpdates:
-    """The non-finite policy in the graph: how a step's update is applied (`Loop.apply_update`).
-
-    Args:
-        strategy: the loop's strategy, which runs the update on its replicas.
-        on_nonfinite: the loop's policy ("stop", "skip" or "recover").
-        mixed_precision: the loop's dtype policy; under "mixed_float16" an
-            overflow is routine and its update always left out.
-        coordinated: whether the steps run under ParameterServerStrategy,
-            where the workers go on with the steps already scheduled while
-            the coordinator decides, so that even "stop" skips.
-    """
-
-    def __init__(
-        self,
-        strategy: tf.distribute.Strategy,
-        *,
-        on_nonfinite: str,
-        mixed_precision: str,
-        coordinated: bool,
-    ):
-        self._strategy = strategy
-        # Whether `apply` leaves out non-finite updates (else it applies every update).
-        self.skips = (
-            on_nonfinite == "skip"
-            or coordinated
-            or mixed_precision_lib.needs_loss_scale(mixed_precision)
-        )
-
-    def apply(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
-        """Runs `strategy.run(apply_fn, args)` the way the policy asks; cross-replica context.
-
-        Args:
-            finite: the per-replica result of `loops.all_finite` over the
-                step's loss and gradients (the same on every replica).
-            apply_fn: the replica function that applies the update.
-
-        Returns:
-            1.0 when the step was not finite on some replica, else 0.0: the
-            step's `nonfinite` output.
-
-        When `skips`, the update runs only when `finite` holds
-        (`loops.apply_if_finite`), so it waits for every gradient and the
-        check: 10-20% of a step of the digits MLP (benchmarks/RESULTS.md). Otherwise ("stop")
-        each variable's update starts as soon as its gradient is ready, the
-        inner loop ends right after a non-finite step, and the Controller
-        goes back to the last checkpoint.
-        """
-        if self.skips:
-            return gradients.apply_if_finite(self._strategy, finite, apply_fn, *args)
-        self._strategy.run(apply_fn, args=args)
-        return 1.0 - tf.cast(self._strategy.experimental_local_results(finite)[0], tf.float32)
 
 
 _NO_CHECKPOINT = (
@@ -240,10 +188,10 @@ def check_can_recover(
     has_train_data: bool,
     model_dir: str | None,
 ) -> None:
-    """Raises ValueError when on_nonfinite='recover' cannot work for the loop `name`.
+    """Raises ValueError when on_nonfinite='recover' cannot work for the definition `name`.
 
     Args:
-        has_train_data: whether the loop has train data, or makes its own
+        has_train_data: whether the run has train data, or makes its own
             (RL), drawing new data after a recovery (`Loop.data_step`).
     """
     if strategies.strategy_name(strategy) == "parameter_server":

@@ -1,25 +1,57 @@
-"""The narrow surfaces a run sees of a loop: what an Action may use, what the Controller needs.
+"""The surfaces between a definition and its run: what each is given of the other.
 
-A `loops.Loop` satisfies both (mypy checks it where the Loop hands itself to
-its Controller), so actions keep receiving the loop; neither the Controller
-nor the actions import `loops.run.loop`.
+A Trainer gives its definition a `StepContext` before `build`; it needs of
+the definition only `Definition`; actions and a definition's evaluation see
+the Trainer as a `RunContext`; the Controller and its parts see it as a
+`Run`. mypy checks that `loops.Loop` and `loops.Trainer` satisfy them, and
+no module of the run imports either class.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import tensorflow as tf
 
-from loops.core import reporting
+from loops.core import reporting, weight_average
+from loops.core.update import UpdateStates
 from loops.model_dir.checkpoints import Checkpointer
 from loops.run import executors
+from loops.run.nonfinite_updates import NonFiniteUpdates
+from loops.run.step_options import StepOptions
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a Trainer gives the definition it trains, before its `build`.
+
+    Attributes:
+        strategy: where the steps run.
+        options: how the steps and their `loops.Update`s compute (checked).
+        global_step: the index of the step being run (in-graph), checkpointed.
+        data_offset: the steps `on_nonfinite="recover"` moved past (`Loop.data_step`).
+        nonfinite_updates: how an update is applied under `on_nonfinite`.
+        weight_averages: where the Updates put their moving averages (saved unlisted).
+        update_states: where the Updates put their loss scales (saved unlisted).
+    """
+
+    strategy: tf.distribute.Strategy
+    options: StepOptions
+    global_step: tf.Variable
+    data_offset: tf.Variable
+    nonfinite_updates: NonFiniteUpdates
+    weight_averages: weight_average.WeightAverages
+    update_states: UpdateStates
 
 
 class RunContext(Protocol):
-    """What an Action may use of the loop its hooks get."""
+    """What an Action, and a definition's `run_evaluation`, may use of the run (the Trainer)."""
+
+    @property
+    def definition(self) -> Any: ...  # the trained `loops.Loop`
 
     @property
     def strategy(self) -> tf.distribute.Strategy: ...
@@ -43,6 +75,9 @@ class RunContext(Protocol):
     def progress(self) -> reporting.Progress: ...
 
     @property
+    def summaries(self) -> reporting.Summaries: ...
+
+    @property
     def checkpointer(self) -> Checkpointer | None: ...
 
     @property
@@ -55,20 +90,63 @@ class RunContext(Protocol):
         """Ends `train` after the inner loop in progress."""
 
     def save_checkpoint(self) -> str | None:
-        """Saves the loop's state now (every worker must call it); returns the path."""
+        """Saves the run's state now (every worker must call it); returns the path."""
 
     def averaged_weights(self) -> contextlib.AbstractContextManager[None]:
         """A context in which the trained variables hold their moving averages."""
 
+    def evaluate_eval_data(self) -> dict[str, float]:
+        """One pass of the definition's `eval_step` over the eval data; {} without any."""
 
-class RunDefinition(RunContext, Protocol):
-    """What the Controller and its parts need of the loop they run (and hand to the actions)."""
+    def eval_step_output_names(self) -> set[str] | None:
+        """The outputs `eval_step` returns, found by tracing it; None when unknown."""
+
+
+class Definition(Protocol):
+    """What a Trainer and its Controller need of the definition they train (a `loops.Loop`)."""
+
+    name: str
+    batches_per_step: int
+    needs_train_data: bool
+    throughput_unit: tuple[str, str]
+    config_free_to_change: frozenset[str]
+
+    def check_can_train(
+        self, strategy: tf.distribute.Strategy, options: StepOptions, *, has_train_data: bool
+    ) -> None: ...
+
+    def bind(self, context: StepContext) -> None: ...
+
+    def build(self) -> None: ...
+
+    def checkpoint_items(self) -> Mapping[str, Any]: ...
+
+    def train_step(self, iterator) -> Mapping[str, tf.Tensor]: ...
+
+    def eval_step(self, batch) -> Mapping[str, tf.Tensor]: ...
+
+    def evaluates_eval_data_only(self) -> bool: ...
+
+    def run_evaluation(self, run: RunContext) -> dict[str, float]: ...
+
+    def eval_metric_names(self, run: RunContext) -> set[str] | None: ...
+
+    def results_extra(self) -> dict[str, Any]: ...
+
+
+class Run(RunContext, Protocol):
+    """What the Controller and its parts need of the Trainer they serve."""
 
     @property
-    def name(self) -> str: ...
+    def definition(self) -> Definition: ...
 
     @property
-    def coordinator(self) -> Any: ...  # a ClusterCoordinator under ParameterServerStrategy
+    def step_options(self) -> StepOptions: ...
+
+    @property
+    def coordinator(
+        self,
+    ) -> Any: ...  # a ClusterCoordinator under ParameterServerStrategy
 
     @property
     def executor(self) -> executors.Executor: ...
@@ -77,36 +155,10 @@ class RunDefinition(RunContext, Protocol):
     def train_data(self) -> Any: ...
 
     @property
-    def needs_train_data(self) -> bool: ...
-
-    @property
-    def batches_per_step(self) -> int: ...
-
-    @property
     def data_offset(self) -> tf.Variable: ...
-
-    @property
-    def on_nonfinite(self) -> str: ...
 
     @property
     def skips_nonfinite(self) -> bool: ...
 
     @property
-    def max_recoveries(self) -> int: ...
-
-    @property
     def num_replicas(self) -> int: ...
-
-    @property
-    def throughput_unit(self) -> tuple[str, str]: ...
-
-    @property
-    def config_free_to_change(self) -> frozenset[str]: ...
-
-    def checkpoint_items(self) -> Mapping[str, Any]: ...
-
-    def run_evaluation(self) -> dict[str, float]: ...
-
-    def eval_metric_names(self) -> set[str] | None: ...
-
-    def results_extra(self) -> dict[str, Any]: ...

@@ -10,7 +10,7 @@ import numpy as np
 from loops.cluster import strategies
 from loops.core import outputs, reporting
 from loops.run.recovery import Recovery
-from loops.run.run_context import RunDefinition
+from loops.run.run_context import Run
 
 
 class InnerLoop(NamedTuple):
@@ -148,7 +148,7 @@ class RunReport:
 
     def results(
         self,
-        loop: RunDefinition,
+        trainer: Run,
         *,
         skipped_steps: int,
         recoveries: Sequence[Recovery],
@@ -158,10 +158,10 @@ class RunReport:
     ) -> dict[str, Any]:
         """What results.json holds: the run, its metrics and speeds, how it ended, its config."""
         return {
-            "loop": loop.name,
-            "strategy": strategies.strategy_name(loop.strategy),
-            "num_replicas": loop.num_replicas,
-            "global_step": loop.step,
+            "loop": trainer.definition.name,
+            "strategy": strategies.strategy_name(trainer.strategy),
+            "num_replicas": trainer.num_replicas,
+            "global_step": trainer.step,
             "train": self.last_train_metrics,
             "eval": self.last_eval_metrics,
             "steps_per_second": self.steps_per_second,
@@ -177,5 +177,5 @@ class RunReport:
             "config": config,
             "history": self.eval_history,
             "versions": reporting.library_versions(),
-            **loop.results_extra(),
+            **trainer.definition.results_extra(),
         }

@@ -4,10 +4,10 @@ The evaluator is meant for a process of its own beside training (`--mode=evaluat
 `loops-launch --evaluator`). It reads the run's files and writes only `MODEL_DIR/evaluator`
 (TensorBoard, `history.json`, so a restarted evaluator goes on after the last checkpoint it
 handled); it never takes the run's lock. Each checkpoint the state file lists is restored
-into the loop in step order and evaluated with `loop.evaluate()`; one the trainer rotates away
-before it is read is recorded as skipped. The run is over once the checkpoint of `train_steps`
-is handled, or once results.json says the run ended and every checkpoint up to its step is
-handled.
+into the evaluator's Trainer in step order and evaluated with `trainer.evaluate()`; one the
+run rotates away before it is read is recorded as skipped. The run is over once the
+checkpoint of `train_steps` is handled, or once results.json says the run ended and every
+checkpoint up to its step is handled.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from loops.core import reporting
 from loops.model_dir import checkpoints, model_dir_lock, run_config
-from loops.run.loop import Loop
+from loops.run.trainer import Trainer
 
 HISTORY_FILE = "history.json"  # in MODEL_DIR/evaluator, next to the evaluator's summaries
 DEFAULT_POLL_SECONDS = 1.0
@@ -36,7 +36,7 @@ def evaluator_directory(model_dir: str) -> str:
 
 
 def evaluate_checkpoints(
-    loop: Loop,
+    trainer: Trainer,
     model_dir: str,
     *,
     train_steps: int | None = None,
@@ -46,17 +46,15 @@ def evaluate_checkpoints(
 ) -> list[dict[str, Any]]:
     """Evaluates every checkpoint the run in `model_dir` keeps, once each, until its last one.
 
-    First the loop's settings are checked against the run's config.json (whether there is
-    an average, `mixed_precision`, `seed`, and the `config` entries `compared_config` names):
-    one that differs raises ValueError naming it.
+    First the settings are checked against the run's config.json (whether there is an
+    average, `mixed_precision`, `seed`, and the `config` entries `compared_config` names):
+    one that differs raises ValueError naming it. Example (the run's own definition):
 
-    Example (the run's own loop class and model, without a model_dir):
-
-        loop = loops.ClassifierLoop(model_fn=..., optimizer_fn=..., eval_data=...)
-        loops.evaluate_checkpoints(loop, "/tmp/run1", train_steps=600)
+        trainer = loops.Trainer(loops.ClassifierLoop(model_fn=..., optimizer_fn=...), eval_data=...)
+        loops.evaluate_checkpoints(trainer, "/tmp/run1", train_steps=600)
 
     Args:
-        loop: a Loop built with `model_dir=None` on this process's own strategy, whose
+        trainer: a Trainer made with `model_dir=None` on this process's own strategy, whose
             `checkpoint_items` match the run's and that evaluates (`eval_data`, or its own
             `run_evaluation`).
         model_dir: the run's directory.
@@ -66,7 +64,7 @@ def evaluate_checkpoints(
         poll_seconds: how often to look for a new checkpoint.
         timeout_seconds: give up when no new checkpoint comes for this long and the run has
             not ended; None waits for ever.
-        compared_config: keys of the loop's `config` that change the evaluated numbers (the
+        compared_config: keys of the run's `config` that change the evaluated numbers (the
             model's or the eval data's settings); each must have the value the run recorded.
 
     Returns:
@@ -74,12 +72,13 @@ def evaluate_checkpoints(
         "step", "checkpoint", "written", "time", and "metrics" or "skipped" (why not evaluated).
 
     Raises:
-        ValueError: a bad argument, a loop with a model_dir or nothing to evaluate, a
+        ValueError: a bad argument, a trainer with a model_dir or nothing to evaluate, a
             setting that differs from the run's (see above), an unreadable config.json, a
-            checkpoint that does not match the loop, or another live evaluator of `model_dir`.
+            checkpoint that does not match the definition, or another live evaluator of
+            `model_dir`.
         TimeoutError: no new checkpoint for `timeout_seconds` before the run ended.
     """
-    _check_arguments(loop, train_steps, poll_seconds, timeout_seconds, compared_config)
+    _check_arguments(trainer, train_steps, poll_seconds, timeout_seconds, compared_config)
     directory = evaluator_directory(model_dir)
     try:
         lock = model_dir_lock.acquire(directory)  # against a second evaluator, not the trainer
@@ -88,7 +87,7 @@ def evaluate_checkpoints(
     sightings = _Sightings(os.path.join(model_dir, "checkpoints"), poll_seconds)
     try:
         reporting.remove_unfinished_writes(directory)
-        watch = _Watch(loop, model_dir, train_steps=train_steps, compared_config=compared_config)
+        watch = _Watch(trainer, model_dir, train_steps=train_steps, compared_config=compared_config)
         sightings.start()
         watch.run(sightings, poll_seconds, timeout_seconds)
         return watch.history
@@ -130,31 +129,31 @@ class _Sightings(threading.Thread):
 
 
 class _Watch:
-    """The evaluator's state: the loop, the run's files, and the history so far."""
+    """The evaluator's state: the trainer, the run's files, and the history so far."""
 
     def __init__(
         self,
-        loop: Loop,
+        trainer: Trainer,
         model_dir: str,
         *,
         train_steps: int | None,
         compared_config: Sequence[str],
     ):
-        self.loop = loop
+        self.trainer = trainer
         self.model_dir = model_dir
         self.train_steps = train_steps
         self.checkpoint_directory = os.path.join(model_dir, "checkpoints")
         self.history_path = os.path.join(evaluator_directory(model_dir), HISTORY_FILE)
         self.history = _read_history(self.history_path)
-        # Everything the loop saves: its items, the global step and any weight averages
+        # Everything the trainer saves: its items, the global step and any weight averages
         # (which its evaluation swaps in), so it evaluates what the trainer would.
-        self.items = loop.saved_items()
+        self.items = trainer.saved_items()
         # The loop's own evaluation summaries (scalars, a GAN's sample grid, a
         # language model's samples) go to the evaluator's directory.
-        loop.controller.summaries = reporting.Summaries(evaluator_directory(model_dir))
+        trainer.controller.summaries = reporting.Summaries(evaluator_directory(model_dir))
         self.settings = {
-            **run_config.loop_settings(loop),
-            **{key: loop.controller.config[key] for key in compared_config},
+            **run_config.loop_settings(trainer),
+            **{key: trainer.config[key] for key in compared_config},
         }
         self._settings_checked = False
 
@@ -163,7 +162,7 @@ class _Watch:
         return max((entry["step"] for entry in self.history), default=-1)
 
     def say(self, text: str) -> None:
-        self.loop.progress.line(f"evaluator: {text}")
+        self.trainer.progress.line(f"evaluator: {text}")
 
     def run(
         self, sightings: _Sightings, poll_seconds: float, timeout_seconds: float | None
@@ -215,11 +214,11 @@ class _Watch:
             problem = problem or checkpoints.restore_checkpoint(prefix, self.items)
         except ValueError as error:
             raise ValueError(
-                f"{error} The evaluator's loop must be built like the run's (the same "
-                "model and loop settings; a binary: the same flags as the trainer)."
+                f"{error} The evaluator's Trainer must be made like the run's (the same "
+                "model and settings; a binary: the same flags as the trainer)."
             ) from error
         if problem is None:
-            entry["metrics"] = self.loop.evaluate()
+            entry["metrics"] = self.trainer.evaluate()
         else:
             # Listed means complete (checkpoints.listed_checkpoints): files gone since were deleted.
             deleted = checkpoints.missing_files(prefix) is not None
@@ -260,7 +259,8 @@ class _Watch:
                     run_config.setting(item.name, item.run, as_flag=False) for item in found
                 )
                 raise ValueError(
-                    f"The evaluator's {type(self.loop).__name__} would not evaluate what the "
+                    f"The evaluator's {type(self.trainer.definition).__name__} would not "
+                    "evaluate what the "
                     f"run in {self.model_dir} trained: "
                     f"{run_config.describe(found, as_flags=False)}. Build it with the run's "
                     f"values ({fixes}), which {run_config.config_path(self.model_dir)} records."
@@ -329,22 +329,22 @@ def _read_history(path: str) -> list[dict[str, Any]]:
 
 
 def _check_arguments(
-    loop: Loop,
+    trainer: Trainer,
     train_steps: int | None,
     poll_seconds: float,
     timeout_seconds: float | None,
     compared_config: Sequence[str],
 ) -> None:
-    if loop.model_dir is not None:
+    if trainer.model_dir is not None:
         raise ValueError(
-            f"evaluate_checkpoints needs a loop built with model_dir=None, got "
-            f"model_dir={loop.model_dir!r}: a loop with a model_dir takes that directory's "
-            "lock and restores its newest checkpoint. Build the evaluator's loop without "
+            f"evaluate_checkpoints needs a Trainer made with model_dir=None, got "
+            f"model_dir={trainer.model_dir!r}: a Trainer with a model_dir takes that directory's "
+            "lock and restores its newest checkpoint. Make the evaluator's Trainer without "
             "one; it writes into MODEL_DIR/evaluator."
         )
-    if loop.eval_data is None and type(loop).run_evaluation is Loop.run_evaluation:
+    if trainer.eval_data is None and trainer.definition.evaluates_eval_data_only():
         raise ValueError(
-            f"{type(loop).__name__} has nothing to evaluate: it has no eval_data and "
+            f"{type(trainer.definition).__name__} has nothing to evaluate: it has no eval_data and "
             "does not override run_evaluation. Build it with eval_data= (or give it a "
             "run_evaluation) to evaluate checkpoints."
         )
@@ -364,11 +364,11 @@ def _check_arguments(
             f"timeout_seconds must be a number of seconds > 0 (or None: wait for ever), got "
             f"{timeout_seconds!r}."
         )
-    config = loop.controller.config
+    config = trainer.config
     unknown = [key for key in compared_config if key not in config]
     if isinstance(compared_config, str) or unknown:
         raise ValueError(
-            f"compared_config must name keys of the loop's config, got {compared_config!r}"
-            f" (the loop's config holds {sorted(config)}); build the loop with config= "
+            f"compared_config must name keys of the run's config, got {compared_config!r}"
+            f" (the run's config holds {sorted(config)}); make the Trainer with config= "
             "holding each setting to compare, or leave it out."
         )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from loops.input import distributed_input
 from loops.run import parameter_server
 from loops.run.recovery import Recoveries
-from loops.run.run_context import RunDefinition
+from loops.run.run_context import Run
 
 
 class TrainInput:
@@ -17,8 +17,8 @@ class TrainInput:
     run's recoveries moved the stream past.
     """
 
-    def __init__(self, loop: RunDefinition, recoveries: Recoveries):
-        self._loop = loop
+    def __init__(self, trainer: Run, recoveries: Recoveries):
+        self._trainer = trainer
         self._recoveries = recoveries
         self._iterator: Iterator | None = None
         # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
@@ -31,7 +31,7 @@ class TrainInput:
 
     def position_at(self, step: int) -> int:
         """Batches of the stream before step `step + 1`'s."""
-        return step * self._loop.batches_per_step + self._recoveries.skipped_batches
+        return step * self._trainer.definition.batches_per_step + self._recoveries.skipped_batches
 
     def at_step(self, step: int):
         """The iterator positioned after `step` steps' batches (None without train data).
@@ -39,21 +39,23 @@ class TrainInput:
         Also sets the loop's `data_offset` (the steps recoveries moved past),
         on which loops that make their own data key it (`Loop.data_step`).
         """
-        loop = self._loop
-        offset = self._recoveries.skipped_batches // loop.batches_per_step
-        if int(loop.data_offset.numpy()) != offset:
-            loop.data_offset.assign(offset)
-        if loop.train_data is None:
+        trainer = self._trainer
+        offset = self._recoveries.skipped_batches // trainer.definition.batches_per_step
+        if int(trainer.data_offset.numpy()) != offset:
+            trainer.data_offset.assign(offset)
+        if trainer.train_data is None:
             return None
-        if loop.coordinator is not None:
+        if trainer.coordinator is not None:
             # Asynchronous workers read their own streams: there is no position to resume at.
             if self._iterator is None:
-                self._iterator = parameter_server.worker_iterator(loop.coordinator, loop.train_data)
+                self._iterator = parameter_server.worker_iterator(
+                    trainer.coordinator, trainer.train_data
+                )
             return self._iterator
         position = self.position_at(step)
         if self._iterator is None or self.position != position:
             self._iterator = distributed_input.train_iterator(
-                loop.strategy, loop.train_data, skip_batches=position
+                trainer.strategy, trainer.train_data, skip_batches=position
             )
             self.position = position
         return self._iterator

@@ -47,7 +47,6 @@ class ActorCriticLoop(EnvironmentLoop):
         value_coefficient, entropy_coefficient: weights of the value loss
             and of the entropy bonus.
         clip_norm: clip the summed gradient to this global norm; None: no clip.
-        **loop_args: the `Loop` arguments.
 
     Raises:
         TypeError: `environment` lacks a member of the interface, or
@@ -76,7 +75,6 @@ class ActorCriticLoop(EnvironmentLoop):
         value_coefficient: float = 0.5,
         entropy_coefficient: float = 0.01,
         clip_norm: float | None = 0.5,
-        **loop_args,
     ):
         self.model_fn = checked_model_fn(model_fn)
         self.optimizer_fn = optimizer_fn or (lambda: keras.optimizers.Adam(1e-3))
@@ -92,7 +90,6 @@ class ActorCriticLoop(EnvironmentLoop):
             num_envs=num_envs,
             rollout_length=rollout_length,
             gamma=gamma,
-            **loop_args,
         )
 
     def check_settings(self, num_replicas: int) -> None:

@@ -61,7 +61,6 @@ class DQNLoop(EnvironmentLoop):
             target_tau is given).
         target_tau: instead, move the target by this fraction each step.
         clip_norm: clip the summed gradient to this global norm; None: no clip.
-        **loop_args: the `Loop` arguments.
 
     Raises:
         TypeError: `environment` lacks a member of the interface, or
@@ -95,7 +94,6 @@ class DQNLoop(EnvironmentLoop):
         target_update_every: int | None = None,
         target_tau: float | None = None,
         clip_norm: float | None = 10.0,
-        **loop_args,
     ):
         self.model_fn = checked_model_fn(model_fn)
         self.optimizer_fn = optimizer_fn or (lambda: keras.optimizers.Adam(1e-3))
@@ -116,7 +114,6 @@ class DQNLoop(EnvironmentLoop):
             num_envs=num_envs,
             rollout_length=rollout_length,
             gamma=gamma,
-            **loop_args,
         )
 
     def check_settings(self, num_replicas: int) -> None:

@@ -36,7 +36,7 @@ from loops.kinds.rl.episode_statistics import EpisodeStatistics
 from loops.kinds.rl.greedy_episodes import play_greedy_episodes
 from loops.kinds.rl.noise import Noise, stateless_seed
 from loops.kinds.rl.state_variables import StateVariables
-from loops.run.loop import Loop
+from loops.run.loop import Loop, RunContext, StepOptions
 
 # What `rollout` keeps of every step, besides the extras of the policy.
 ROLLOUT_DTYPES = {
@@ -71,7 +71,9 @@ class EnvironmentLoop(Loop):
             evaluation.
         eval_max_steps: steps after which an evaluation episode that has
             not ended counts with the return it has.
-        **loop_args: the `Loop` arguments (train_data is not accepted).
+
+    The Trainer it is handed refuses train_data, grad_accum_steps > 1 and a
+    replica count that does not divide num_envs (`check_can_train`).
 
     Raises:
         TypeError: `environment` lacks a member of the interface (named).
@@ -92,7 +94,6 @@ class EnvironmentLoop(Loop):
         gamma: float = 0.99,
         eval_episodes: int = 0,
         eval_max_steps: int = 10_000,
-        **loop_args,
     ):
         environments.check_environment(environment)
         check_whole("num_envs", num_envs)
@@ -101,23 +102,6 @@ class EnvironmentLoop(Loop):
             raise ValueError(f"gamma must be in [0, 1], got {gamma!r}; 0.99 is usual.")
         check_whole("eval_episodes", eval_episodes, least=0, meaning=" (0: no evaluation)")
         check_whole("eval_max_steps", eval_max_steps)
-        if loop_args.get("train_data") is not None:
-            raise ValueError(f"{type(self).__name__} makes its own data; do not pass train_data.")
-        if loop_args.get("grad_accum_steps", 1) != 1:
-            raise ValueError(
-                f"{type(self).__name__} does not accumulate gradients (got grad_accum_steps="
-                f"{loop_args['grad_accum_steps']!r}): its updates draw their own minibatches "
-                "from the rollout or the replay buffer. Leave grad_accum_steps at 1 and set "
-                "the minibatch size with global_batch_size (--global_batch_size)."
-            )
-        strategy = loop_args.get("strategy") or tf.distribute.get_strategy()
-        replicas = strategy.num_replicas_in_sync
-        if num_envs % replicas:
-            raise ValueError(
-                f"num_envs={num_envs} is not divisible by the {replicas} replicas; every "
-                f"replica steps the same number of environments. Pass a multiple of "
-                f"{replicas}, e.g. num_envs={(num_envs // replicas + 1) * replicas}."
-            )
         self.environment = environment
         self.num_envs = num_envs
         self.rollout_length = rollout_length
@@ -125,12 +109,35 @@ class EnvironmentLoop(Loop):
         self.eval_episodes = eval_episodes
         self.eval_max_steps = eval_max_steps
         self._evaluate_episodes: Callable[[], tuple[tf.Tensor, tf.Tensor]] | None = None
-        self.envs_per_replica = num_envs // replicas
+
+    def check_can_train(
+        self, strategy: tf.distribute.Strategy, options: StepOptions, *, has_train_data: bool
+    ) -> None:
+        name = type(self).__name__
+        if has_train_data:
+            raise ValueError(f"{name} makes its own data; do not pass train_data.")
+        if options.grad_accum_steps != 1:
+            raise ValueError(
+                f"{name} does not accumulate gradients (got grad_accum_steps="
+                f"{options.grad_accum_steps!r}): its updates draw their own minibatches "
+                "from the rollout or the replay buffer. Leave grad_accum_steps at 1 and set "
+                "the minibatch size with global_batch_size (--global_batch_size)."
+            )
+        replicas, num_envs = strategy.num_replicas_in_sync, self.num_envs
+        if num_envs % replicas:
+            raise ValueError(
+                f"num_envs={num_envs} is not divisible by the {replicas} replicas; every "
+                f"replica steps the same number of environments. Pass a multiple of "
+                f"{replicas}, e.g. num_envs={(num_envs // replicas + 1) * replicas}."
+            )
         self.check_settings(replicas)
-        super().__init__(**loop_args)
 
     def check_settings(self, num_replicas: int) -> None:
-        """Raises ValueError for a bad setting of a subclass; runs before anything is built."""
+        """Raises ValueError for a bad setting of a subclass for `num_replicas` replicas."""
+
+    @property
+    def envs_per_replica(self) -> int:
+        return self.num_envs // self.num_replicas
 
     # ---- State. ----
 
@@ -160,7 +167,7 @@ class EnvironmentLoop(Loop):
             "episodes (eval_episodes > 0)."
         )
 
-    def run_evaluation(self) -> dict[str, float]:
+    def run_evaluation(self, run: RunContext) -> dict[str, float]:
         """Plays `eval_episodes` greedy episodes from seeded starts; their mean and least return.
 
         The episodes run on the host's copy of the weights, outside
@@ -186,7 +193,7 @@ class EnvironmentLoop(Loop):
             "episodes_ended": int(ended.sum()),
         }
 
-    def eval_metric_names(self) -> set[str] | None:
+    def eval_metric_names(self, run: RunContext) -> set[str] | None:
         return {"mean_return", "min_return", "episodes_ended"} if self.eval_episodes else set()
 
     def mean_return(self) -> tf.Tensor:
@@ -206,7 +213,7 @@ class EnvironmentLoop(Loop):
     # ---- Randomness keyed on the global environment index. ----
 
     def _seed(self, purpose: Noise, *data) -> tf.Tensor:
-        return stateless_seed(self.seed, purpose, *data)
+        return stateless_seed(self.options.seed, purpose, *data)
 
     def _first_env(self) -> tf.Tensor:
         """Global index of the first environment this replica steps (replica context)."""

@@ -1,0 +1,348 @@
+"""The Trainer: a run of a definition (a `loops.Loop`), built from its settings and its parts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from loops.cluster import strategies
+from loops.core import mixed_precision as mixed_precision_lib
+from loops.core import reporting, weight_average
+from loops.core.update import UpdateStates
+from loops.input import distributed_input
+from loops.model_dir.checkpoints import Checkpointer, FinitenessCheck
+from loops.run import executors, loop_execution, recovery, step_options
+from loops.run.actions import Action
+from loops.run.controller import Controller
+from loops.run.nonfinite_updates import NonFiniteUpdates
+from loops.run.run_context import Definition, StepContext
+from loops.run.run_options import RunOptions
+
+
+class Trainer:
+    """Trains one definition: builds it, restores its run, and runs it through its Controller.
+
+    A definition (a `loops.Loop` subclass) says what one step does; the
+    Trainer is handed it with the run's settings, and does the rest:
+
+        trainer = loops.Trainer(Regression(), train_data=data, model_dir="/tmp/run")
+        trainer.train(1000)
+        trainer.definition.model  # what `build` made, trained
+
+    On construction it checks every setting, gives the definition its step
+    context (strategy, global step, step options), runs its `build` in the
+    strategy's scope, makes the executor of its steps, and has its
+    `loops.Controller` restore the newest checkpoint in `model_dir`. Then
+    `train`, `evaluate`, `save_checkpoint`, `write_results`, `request_stop`
+    and `close` run the run; the rest reads its state. Actions get the
+    Trainer (as `loops.run.run_context.RunContext`).
+    """
+
+    def __init__(
+        self,
+        definition: Definition,
+        *,
+        strategy: tf.distribute.Strategy | None = None,
+        # Input: datasets of GLOBAL batches, or functions that build them.
+        train_data: distributed_input.DatasetSource | None = None,
+        eval_data: distributed_input.DatasetSource | None = None,
+        # The run: inner loops, outputs, execution.
+        steps_per_loop: int = 100,
+        eval_every: int | None = None,
+        checkpoint_every: int | None = None,
+        model_dir: str | None = None,
+        max_checkpoints: int = 3,
+        progress: reporting.Progress | None = None,
+        progress_every_seconds: float | None = None,
+        profile_steps: tuple[int, int] | None = None,
+        seed: int = 0,
+        run_eagerly: bool = False,
+        on_nonfinite: str = "stop",
+        max_recoveries: int | None = None,
+        # How the steps' `loops.Update`s compute.
+        mixed_precision: str = "none",
+        loss_scale_growth_steps: int | None = None,
+        grad_accum_steps: int = 1,
+        ema_decay: float | None = None,
+        # Host-side callbacks, and what the run was asked to do (recorded with its results).
+        actions: Sequence[Action] = (),
+        config: Mapping[str, Any] | None = None,
+    ):
+        """Checks the settings, builds the definition and restores the run.
+
+        Args:
+            definition: what is trained (a `loops.Loop`), not yet handed to a Trainer.
+            strategy: where the steps run (default: the current one).
+            train_data: the train stream of global batches, repeated forever.
+            eval_data: a finite dataset of global batches for `evaluate`.
+            The rest: loops/vocabulary/settings.py declares them; `StepOptions`
+            and `RunOptions` (loops/run/) say what each does.
+
+        Raises:
+            ValueError: a bad setting (before anything is built), a checkpoint in
+                model_dir that does not match, or a definition already trained
+                by another Trainer.
+        """
+        arguments = dict(locals())  # the keyword arguments by name: nothing else is defined yet
+        self.definition = definition
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.step_options, run_options = _checked_options(definition, self.strategy, arguments)
+        self.coordinator = loop_execution.coordinator(self.strategy)
+        self.train_data, self.eval_data = train_data, eval_data
+        self.controller = Controller(trainer=self, options=run_options)
+        self._eval_input = loop_execution.EvalInput(self.strategy, self.coordinator)
+        context = self._build_definition()
+        self.global_step, self.data_offset = context.global_step, context.data_offset
+        self._nonfinite_updates = context.nonfinite_updates
+        self._weight_averages = context.weight_averages
+        self._saved_items = _everything_saved(definition, context)
+        self.executor = self._make_executor()
+        self.controller.restore(self._saved_items)
+
+    def _build_definition(self) -> StepContext:
+        """Gives the definition its step context and runs its `build` in the strategy's scope."""
+        options = self.step_options
+        with strategies.variable_scope(self.strategy):
+            context = StepContext(
+                strategy=self.strategy,
+                options=options,
+                global_step=_step_counter("global_step"),
+                # Not checkpointed: the Controller sets it from the recovery record it restores.
+                data_offset=_step_counter("data_offset"),
+                nonfinite_updates=NonFiniteUpdates(
+                    self.strategy,
+                    on_nonfinite=options.on_nonfinite,
+                    mixed_precision=options.mixed_precision,
+                    coordinated=self.coordinator is not None,
+                ),
+                weight_averages=weight_average.WeightAverages(),
+                update_states=UpdateStates(),
+            )
+            self.definition.bind(context)
+            with mixed_precision_lib.dtype_policy_scope(options.mixed_precision):
+                self.definition.build()
+        return context
+
+    def _make_executor(self) -> executors.Executor:
+        """The executor of the definition's steps, checking what a save would write."""
+        definition = self.definition
+        # What a save would write, checked for NaN and inf after every inner loop.
+        finiteness = FinitenessCheck(tf.train.Checkpoint(**self._saved_items))
+        return loop_execution.make_executor(
+            executors.StepDefinition(
+                name=type(definition).__name__,
+                strategy=self.strategy,
+                train_step=definition.train_step,
+                eval_step=definition.eval_step,
+                batches_per_step=definition.batches_per_step,
+                global_step=self.global_step,
+                finiteness=finiteness,
+            ),
+            coordinator=self.coordinator,
+            run_eagerly=self.step_options.run_eagerly,
+            stop_on_nonfinite=self.step_options.on_nonfinite != "skip",
+        )
+
+    # ---- The run: the Controller's. ----
+
+    def train(self, num_steps: int) -> dict[str, np.ndarray]:
+        """Trains until the global step reaches `num_steps`: `Controller.train`."""
+        return self.controller.train(num_steps)
+
+    def evaluate(self) -> dict[str, float]:
+        """Evaluates now (averaged weights, if any) and reports it: `Controller.evaluate`."""
+        return self.controller.evaluate()
+
+    def request_stop(self, reason: str) -> None:
+        """Ends `train` after the inner loop in progress: `Controller.request_stop`."""
+        self.controller.request_stop(reason)
+
+    def save_checkpoint(self) -> str | None:
+        """Saves the run's state now (every worker must call it): `Controller.save_checkpoint`."""
+        return self.controller.save_checkpoint()
+
+    def write_results(self) -> dict[str, Any]:
+        """Writes model_dir/results.json (chief only): `Controller.write_results`."""
+        return self.controller.write_results()
+
+    def close(self) -> None:
+        """Releases the inputs and the model_dir lock (`Controller.close`); call it when done.
+
+        `with trainer:` calls it on leaving the block.
+        """
+        self._eval_input.release()
+        self.controller.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # ---- What the definition's evaluation and the actions use. ----
+
+    def evaluate_eval_data(self) -> dict[str, float]:
+        """One pass of the definition's `eval_step` over `eval_data`; {} without eval data."""
+        return self._eval_input.evaluate(self.eval_data, self.executor)
+
+    def eval_step_output_names(self) -> set[str] | None:
+        """The outputs `eval_step` returns, found by tracing it; None when unknown."""
+        return self._eval_input.output_names(self.eval_data, self.executor)
+
+    def saved_items(self) -> dict[str, Any]:
+        """What a checkpoint holds: `checkpoint_items()`, the global step, what Updates made."""
+        return dict(self._saved_items)
+
+    def averaged_weights(self):
+        """A context in which the trained variables hold their moving averages (host only).
+
+        Without `ema_decay` it changes nothing. The Controller evaluates in
+        it and `ExportOnEnd` exports in it.
+        """
+        return self._weight_averages.averaged()
+
+    @property
+    def step(self) -> int:
+        return int(self.global_step.numpy())
+
+    @property
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def skips_nonfinite(self) -> bool:
+        """Whether non-finite updates are left out: `NonFiniteUpdates.skips`."""
+        return self._nonfinite_updates.skips
+
+    # ---- The run's state, read from its parts. ----
+
+    @property
+    def model_dir(self) -> str | None:
+        return self.controller.options.model_dir
+
+    @property
+    def eval_every(self) -> int | None:
+        return self.controller.options.eval_every
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The run's configuration, recorded in results.json and config.json."""
+        return self.controller.config
+
+    @property
+    def is_chief(self) -> bool:
+        return self.controller.is_chief
+
+    @property
+    def progress(self) -> reporting.Progress:
+        return self.controller.progress
+
+    @property
+    def summaries(self) -> reporting.Summaries:
+        return self.controller.summaries
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        return self.controller.checkpointer
+
+    @property
+    def last_train_metrics(self) -> dict[str, float]:
+        return self.controller.report.last_train_metrics
+
+    @property
+    def last_eval_metrics(self) -> dict[str, float]:
+        return self.controller.report.last_eval_metrics
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.controller.report.steps_per_second
+
+    @property
+    def units_per_second(self) -> float | None:
+        """The definition's `throughput_unit` per second; None when not counted."""
+        return self.controller.report.units_per_second
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.controller.skipped_steps
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.controller.stop_reason
+
+    @property
+    def preempted(self) -> bool:
+        return self.controller.preempted
+
+
+def _checked_options(
+    definition: Definition, strategy: tf.distribute.Strategy, arguments: Mapping[str, Any]
+) -> tuple[step_options.StepOptions, RunOptions]:
+    """The step and run options of the Trainer's `arguments`, checked with the definition.
+
+    Raises:
+        ValueError: a bad option, or one the definition cannot train with.
+    """
+    options = step_options.checked(**_named(arguments, step_options.StepOptions))
+    has_train_data = arguments["train_data"] is not None
+    loop_execution.check_can_run(
+        type(definition),
+        strategy,
+        on_nonfinite=options.on_nonfinite,
+        has_train_data=has_train_data or not definition.needs_train_data,
+        model_dir=arguments["model_dir"],
+    )
+    definition.check_can_train(strategy, options, has_train_data=has_train_data)
+    return options, RunOptions(**_named(arguments, RunOptions))
+
+
+def _named(arguments: Mapping[str, Any], options: type) -> dict[str, Any]:
+    """The entries of `arguments` that are fields of the dataclass `options`."""
+    return {field.name: arguments[field.name] for field in dataclasses.fields(options)}
+
+
+def _step_counter(name: str) -> tf.Variable:
+    """A step count, the same on every replica; made in the strategy's variable scope."""
+    return tf.Variable(
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name=name,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
+
+
+def _everything_saved(definition: Definition, context: StepContext) -> dict[str, Any]:
+    """What a checkpoint holds: the definition's `checkpoint_items()`, and what the run and
+    its `loops.Update`s made (the global step, loss scales, weight averages), unlisted.
+
+    Raises:
+        ValueError: checkpoint_items() uses a reserved name, or ema_decay is set
+            and `build` made no Update that averages.
+    """
+    items = dict(definition.checkpoint_items())
+    for reserved in (
+        "global_step",
+        "weight_averages",
+        "update_states",
+        recovery.CHECKPOINT_NAME,
+    ):
+        if reserved in items:
+            raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
+    items["global_step"] = context.global_step
+    if context.update_states:
+        items["update_states"] = context.update_states
+    ema_decay = context.options.ema_decay
+    if ema_decay is not None:
+        if not context.weight_averages:
+            raise ValueError(
+                f"ema_decay={ema_decay} averages the weights each loops.Update "
+                f"trains, and {type(definition).__name__}.build made no Update that averages. "
+                "Make the step's updates with loops.Update, or drop ema_decay."
+            )
+        items["weight_averages"] = context.weight_averages
+    return items
