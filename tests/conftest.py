@@ -93,3 +93,15 @@ def checkpoint_weights(model_dir):
         for name in reader.get_variable_to_shape_map()
         if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name
     }
+
+
+def make_trainer(definition_class, /, *args, **arguments):
+    """`loops.Trainer(definition_class(*args, ...), ...)`, the keyword arguments split between
+    the definition and the Trainer by the Trainer's signature (for tests' factories that
+    take both)."""
+    import inspect
+
+    settings = set(inspect.signature(loops.Trainer).parameters) - {"definition"}
+    run = {name: value for name, value in arguments.items() if name in settings}
+    own = {name: value for name, value in arguments.items() if name not in settings}
+    return loops.Trainer(definition_class(*args, **own), **run)

@@ -14,7 +14,7 @@ from absl import app, flags
 from absl.testing import flagsaver
 
 import loops
-from conftest import read_results, tiny_batches
+from conftest import make_trainer, read_results, tiny_batches
 from loops.bin import classifier as classifier_binary
 from loops.run.actions import UnknownMetricError
 
@@ -44,8 +44,8 @@ class ScriptedLoop(loops.Loop):
 
 
 def scripted(model_dir=None, *, actions=(), eval_every=2, steps_per_loop=2, **kwargs):
-    return loops.Trainer(
-        ScriptedLoop(),
+    return make_trainer(
+        ScriptedLoop,
         strategy=loops.testing.replica_strategy(2),
         model_dir=model_dir,
         eval_every=eval_every,

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import loops
+from conftest import make_trainer
 from loops.input import environments
 from loops.kinds import rl
 from loops_data import cartpole
@@ -58,16 +59,15 @@ def q_network():
 
 
 def bandit_ppo(**args):
-    return loops.Trainer(
-        rl.ActorCriticLoop(
-            environment=TwoArmedBandit(),
-            model_fn=policy_value_network,
-            optimizer_fn=lambda: keras.optimizers.Adam(0.05),
-            num_envs=8,
-            rollout_length=8,
-            global_batch_size=32,
-            epochs=2,
-        ),
+    return make_trainer(
+        rl.ActorCriticLoop,
+        environment=TwoArmedBandit(),
+        model_fn=policy_value_network,
+        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+        num_envs=8,
+        rollout_length=8,
+        global_batch_size=32,
+        epochs=2,
         seed=1,
         progress=loops.testing.quiet_progress(),
         **args,

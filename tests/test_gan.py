@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import read_results, run_module
+from conftest import make_trainer, read_results, run_module
 from loops.core import target_networks
 from loops.kinds import gan
 from loops_data.ring import Ring
@@ -52,15 +52,12 @@ def make_gan(
     # unit whose slope is the same for every real and fake example) and so pure
     # rounding noise that differs with the summation order; Adam's default
     # epsilon (1e-7) would turn that noise into a full learning-rate step.
-    return loops.Trainer(
-        gan.GANLoop(
-            generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01, beta_1=0.5, epsilon=1e-3),
-            discriminator_optimizer_fn=lambda: keras.optimizers.Adam(
-                0.02, beta_1=0.5, epsilon=1e-3
-            ),
-            gan_loss=gan_loss,
-            n_critic=n_critic,
-        ),
+    return make_trainer(
+        gan.GANLoop,
+        generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01, beta_1=0.5, epsilon=1e-3),
+        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(0.02, beta_1=0.5, epsilon=1e-3),
+        gan_loss=gan_loss,
+        n_critic=n_critic,
         strategy=strategy or loops.testing.replica_strategy(1),
         **networks,
         ema_decay=ema_decay,

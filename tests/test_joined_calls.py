@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
+from conftest import make_trainer
 from loops.run import loop_schedule
 
 
@@ -32,11 +33,10 @@ class Record(loops.Action):
 def classifier(monkeypatch, joined_seconds, **options):
     """A fresh 1-replica loop of 3-step inner loops, calls joined up to `joined_seconds`."""
     monkeypatch.setattr(loop_schedule, "JOINED_CALL_SECONDS", joined_seconds)
-    return loops.Trainer(
-        loops.ClassifierLoop(
-            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        ),
+    return make_trainer(
+        loops.ClassifierLoop,
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         strategy=loops.testing.replica_strategy(1),
         progress=loops.testing.quiet_progress(),
         **{"train_data": stream, "steps_per_loop": 3, **options},

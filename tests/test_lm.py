@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import read_results, run_module
+from conftest import make_trainer, read_results, run_module
 from loops.kinds.lm import LanguageModelLoop, next_token_losses
 from loops_data import python_text
 from loops_models import lm as lm_models
@@ -47,13 +47,12 @@ def build(strategy, *, batch=8, **loop_args):
         data = tf.data.Dataset.from_tensor_slices((tokens, lengths))
         return data.concatenate(data.take(5)).batch(batch)
 
-    return loops.Trainer(
-        LanguageModelLoop(
-            model_fn=tiny_model,
-            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-            sequence_length=SEQUENCE,
-            sample_prompts=(),
-        ),
+    return make_trainer(
+        LanguageModelLoop,
+        model_fn=tiny_model,
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        sequence_length=SEQUENCE,
+        sample_prompts=(),
         strategy=strategy,
         train_data=batches,
         eval_data=batches,

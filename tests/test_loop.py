@@ -10,17 +10,16 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from conftest import tiny_batches
+from conftest import make_trainer, tiny_batches
 
 
 def make_loop(strategy=None, model_dir=None, *, steps_per_loop=3, model="mlp", **kwargs):
-    return loops.Trainer(
-        loops.ClassifierLoop(
-            model_fn=lambda: models.build_classifier(
-                model, input_shape=(8, 8, 1), num_classes=10, l2=1e-3, seed=7
-            ),
-            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+    return make_trainer(
+        loops.ClassifierLoop,
+        model_fn=lambda: models.build_classifier(
+            model, input_shape=(8, 8, 1), num_classes=10, l2=1e-3, seed=7
         ),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         strategy=strategy or loops.testing.replica_strategy(2),
         train_data=tiny_batches(8, 21, shuffle_seed=2),
         eval_data=tiny_batches(8, 21, seed=1),

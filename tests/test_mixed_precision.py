@@ -11,7 +11,7 @@ from test_classifier_binary import run_in_process
 
 import loops
 import loops_models as models
-from conftest import read_results, run_module, tiny_batches
+from conftest import make_trainer, read_results, run_module, tiny_batches
 from loops.core.mixed_precision import DynamicLossScale
 from loops.model_dir.export import export_classifier
 
@@ -28,11 +28,10 @@ def batches_with_bad_example_on_replica_2(value, count=24):
 
 
 def make_loop(train_data, *, mixed_precision="mixed_float16", num_replicas=4, **kwargs):
-    return loops.Trainer(
-        loops.ClassifierLoop(
-            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        ),
+    return make_trainer(
+        loops.ClassifierLoop,
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         strategy=loops.testing.replica_strategy(num_replicas),
         train_data=train_data,
         steps_per_loop=4,

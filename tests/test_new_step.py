@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import read_results
+from conftest import make_trainer, read_results
 
 
 class WeightedRegression(loops.Loop):
@@ -78,8 +78,8 @@ def data(poison_row=None):
 
 
 def build(strategy, **args):
-    return loops.Trainer(
-        WeightedRegression(),
+    return make_trainer(
+        WeightedRegression,
         strategy=strategy,
         train_data=data(),
         eval_data=data(),

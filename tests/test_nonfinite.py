@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
+from conftest import make_trainer
 
 
 def batches_with_nan_in_step_2():
@@ -21,11 +22,10 @@ def batches_with_nan_in_step_2():
 
 
 def make_loop(on_nonfinite, model_dir=None, **kwargs):
-    return loops.Trainer(
-        loops.ClassifierLoop(
-            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        ),
+    return make_trainer(
+        loops.ClassifierLoop,
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         strategy=loops.testing.replica_strategy(2),
         train_data=batches_with_nan_in_step_2(),
         steps_per_loop=4,

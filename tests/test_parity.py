@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from conftest import optimizer_factory, tiny_batches
+from conftest import make_trainer, optimizer_factory, tiny_batches
 
 
 def classifier_builder(
@@ -26,20 +26,19 @@ def classifier_builder(
     **loop_args,
 ):
     def build(strategy):
-        return loops.Trainer(
-            loops.ClassifierLoop(
-                model_fn=lambda: models.build_classifier(
-                    model,
-                    input_shape=(8, 8, 1),
-                    num_classes=10,
-                    l2=l2,
-                    batch_norm=batch_norm,
-                    dropout=dropout,
-                    seed=3,
-                ),
-                optimizer_fn=optimizer_factory(optimizer),
-                clip_norm=clip_norm,
+        return make_trainer(
+            loops.ClassifierLoop,
+            model_fn=lambda: models.build_classifier(
+                model,
+                input_shape=(8, 8, 1),
+                num_classes=10,
+                l2=l2,
+                batch_norm=batch_norm,
+                dropout=dropout,
+                seed=3,
             ),
+            optimizer_fn=optimizer_factory(optimizer),
+            clip_norm=clip_norm,
             strategy=strategy,
             train_data=tiny_batches(8, examples, shuffle_seed=5),
             eval_data=tiny_batches(8, examples, seed=1),
@@ -203,10 +202,11 @@ import numpy as np
 import tensorflow as tf
 import models
 images, labels = np.zeros((8, 8, 8, 1), np.uint8), np.full((8,), 10, np.int64)  # 10 classes: 0-9
-loop = loops.ClassifierLoop(
+loop = loops.Trainer(
+    loops.ClassifierLoop(
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=3),
+        optimizer_fn=lambda: keras.optimizers.SGD(0.1)),
     strategy=loops.testing.replica_strategy(2),
-    model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=3),
-    optimizer_fn=lambda: keras.optimizers.SGD(0.1),
     train_data=lambda: tf.data.Dataset.from_tensor_slices((images, labels)).batch(8),
     progress=loops.testing.quiet_progress())
 try:

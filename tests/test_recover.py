@@ -13,7 +13,14 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from conftest import ROOT, SUBPROCESS_ENV, checkpoint_weights, read_results, run_module
+from conftest import (
+    ROOT,
+    SUBPROCESS_ENV,
+    checkpoint_weights,
+    make_trainer,
+    read_results,
+    run_module,
+)
 
 BATCH = 8
 # 24 global batches: no run here reads past the first pass, so each bad batch comes once.
@@ -43,11 +50,10 @@ def stream(images, labels):
 
 
 def make_loop(train_data, num_replicas=2, **kwargs):
-    return loops.Trainer(
-        loops.ClassifierLoop(
-            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
-        ),
+    return make_trainer(
+        loops.ClassifierLoop,
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         strategy=loops.testing.replica_strategy(num_replicas),
         train_data=train_data,
         steps_per_loop=3,
@@ -276,8 +282,8 @@ def test_weights_found_not_finite_after_an_inner_loop_recover_past_all_its_steps
     poisoned[4] = np.inf  # batch 5 (of 1 value): steps 5-7 are one inner loop
 
     def running_sum(data, **kwargs):
-        return loops.Trainer(
-            RunningSum(),
+        return make_trainer(
+            RunningSum,
             strategy=loops.testing.replica_strategy(1),
             train_data=lambda: tf.data.Dataset.from_tensor_slices(data).batch(1),
             steps_per_loop=3,

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import read_results, run_module
+from conftest import make_trainer, read_results, run_module
 from loops.core import target_networks
 from loops.kinds import rl
 from loops_data import cartpole
@@ -141,7 +141,8 @@ CARTPOLE = cartpole.CartPole()
 
 def ppo_on_cartpole(**args):
     seed = args.get("seed", 0)
-    return rl.ActorCriticLoop(
+    return make_trainer(
+        rl.ActorCriticLoop,
         environment=CARTPOLE,
         model_fn=lambda: rl_models.policy_value_network(
             observation_size=4, num_actions=2, seed=seed
@@ -152,7 +153,8 @@ def ppo_on_cartpole(**args):
 
 def dqn_on_cartpole(**args):
     seed = args.get("seed", 0)
-    return rl.DQNLoop(
+    return make_trainer(
+        rl.DQNLoop,
         environment=CARTPOLE,
         model_fn=lambda: rl_models.q_network(observation_size=4, num_actions=2, seed=seed),
         **args,

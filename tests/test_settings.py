@@ -140,7 +140,7 @@ def test_a_default_for_an_undeclared_setting_is_refused():
 
 
 def test_the_loop_takes_exactly_the_declared_loop_settings_with_their_defaults():
-    parameters = inspect.signature(loops.Loop.__init__).parameters
+    parameters = inspect.signature(loops.Trainer.__init__).parameters
     keywords = {
         name
         for name, parameter in parameters.items()
@@ -174,7 +174,7 @@ def test_a_bad_keyword_gets_the_sentence_its_declaration_gives(name, bad):
         settings.BY_NAME[name].checked(bad)
     assert f"{name} must " in str(declared.value) and repr(bad) in str(declared.value)
     with pytest.raises(ValueError) as from_the_loop:
-        loops.Loop(**{name: bad})
+        loops.Trainer(loops.Loop(), **{name: bad})
     assert str(from_the_loop.value) == str(declared.value)
 
 

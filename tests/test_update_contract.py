@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import loops
+from conftest import make_trainer
 
 
 class SampleWeighted(loops.Loop):
@@ -65,8 +66,9 @@ def weighted_data():
 
 
 def build(strategy, variant="scaled", **kwargs):
-    return loops.Trainer(
-        SampleWeighted(variant=variant),
+    return make_trainer(
+        SampleWeighted,
+        variant=variant,
         strategy=strategy,
         train_data=weighted_data(),
         steps_per_loop=4,
