@@ -39,7 +39,7 @@ class ScriptedLoop(loops.Loop):
         self.total.assign_add(1.0)
         return {"total": loops.Last(self.total.read_value())}
 
-    def run_evaluation(self):
+    def run_evaluation(self, run):
         return {"loss": SCRIPT[self.step], "num_examples": 10}
 
 
@@ -169,8 +169,8 @@ class ScriptedClassifier(loops.ClassifierLoop):
         self.weights_at = {}
         super().__init__(**kwargs)
 
-    def run_evaluation(self):
-        self.weights_at[self.step] = loops.testing.loop_weights(self)
+    def run_evaluation(self, run):
+        self.weights_at[self.step] = loops.testing.loop_weights(run)
         return {"loss": self.script[self.step], "num_examples": 21}
 
 
@@ -332,12 +332,12 @@ def test_an_unknown_metric_names_the_ones_the_loop_reports():
         (
             lambda: scripted(actions=[loops.EarlyStopping("loss")], eval_every=None),
             ValueError,
-            "the loop evaluates only at the end of training; pass eval_every=",
+            "the run evaluates only at the end of training; pass eval_every=",
         ),
         (
             lambda: scripted(actions=[loops.KeepBest("loss")]),
             ValueError,
-            "needs a model_dir; pass model_dir= to the loop",
+            "needs a model_dir; pass model_dir= to the Trainer",
         ),
         (
             lambda: loops.EarlyStopping("loss", mode="lowest"),
@@ -425,7 +425,7 @@ def test_classifier_flags_stop_early_keep_the_best_and_still_export(tmp_path, di
         (
             ["--early_stopping_metric=loss", "--eval_every=0"],
             app.UsageError,
-            "pass eval_every= to the loop",
+            "pass eval_every= to the Trainer",
         ),
         (["--early_stopping_mode=lowest"], flags.IllegalFlagValueError, "value should be one of"),
         (

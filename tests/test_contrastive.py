@@ -15,7 +15,6 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import make_trainer
 
 TEMPERATURE = 0.5
 
@@ -71,8 +70,8 @@ def views(count=19):
 
 def build(strategy, **kwargs):
     # 19 rows in batches of 8: the third batch holds 3 rows, one replica of 4 holds none.
-    return make_trainer(
-        TwoViewContrastive,
+    return loops.Trainer(
+        TwoViewContrastive(),
         strategy=strategy,
         train_data=lambda: tf.data.Dataset.from_tensor_slices(views()).batch(8),
         steps_per_loop=3,

@@ -1,4 +1,5 @@
-"""The Controller runs a Loop's run; the Loop forwards its run state and checks nothing twice."""
+"""A Trainer is handed a definition and runs it through its Controller; the definition holds
+no run, and belongs to one Trainer."""
 
 import json
 import os
@@ -27,7 +28,7 @@ class StopAtStep4(loops.Action):
             loop.request_stop("enough at step 4")
 
 
-def test_the_loop_forwards_the_run_state_of_its_controller(tmp_path):
+def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
     loop = loops.Trainer(
         loops.ClassifierLoop(
             model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
@@ -45,7 +46,12 @@ def test_the_loop_forwards_the_run_state_of_its_controller(tmp_path):
         config={"learning_rate": 0.01},
     )
     controller = loop.controller
-    assert isinstance(controller, loops.Controller) and controller.loop is loop
+    assert isinstance(controller, loops.Controller) and controller.trainer is loop
+    assert isinstance(loop.definition, loops.ClassifierLoop)
+    assert (
+        loop.definition.strategy is loop.strategy
+        and loop.definition.global_step is loop.global_step
+    )
 
     logs = loop.train(10)
 
@@ -141,3 +147,22 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
         }
     assert resumed.step == 2 and float(resumed.definition.total.numpy()) == 2.0
     resumed.close()
+
+
+def test_a_definition_holds_no_run_and_belongs_to_one_trainer():
+    definition = Counter()
+    # Before a Trainer: its own objects only; no settings, no run methods or state.
+    for name in ("train", "evaluate", "model_dir", "progress", "controller", "executor", "total"):
+        assert not hasattr(definition, name), name
+    trainer = loops.Trainer(definition, progress=loops.testing.quiet_progress(), seed=3)
+    assert trainer.definition is definition and definition.options.seed == 3
+    assert float(definition.total.numpy()) == 0.0  # built by the Trainer, in its strategy's scope
+    trainer.train(2)
+    assert float(definition.total.numpy()) == 2.0 and definition.step == 2
+    with pytest.raises(ValueError) as refused:
+        loops.Trainer(definition, progress=loops.testing.quiet_progress())
+    assert str(refused.value) == (
+        "This Counter was handed to a Trainer already, which built it and trains it; a "
+        "definition belongs to one Trainer. Make a new Counter(...) for a new Trainer."
+    )
+    assert float(definition.total.numpy()) == 2.0  # the refusal built nothing

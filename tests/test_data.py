@@ -28,7 +28,7 @@ def test_digits_has_a_fixed_split_of_the_bundled_images(digits_dir):
         return rows[np.lexsort(rows.T[::-1])]
 
     np.testing.assert_array_equal(by_pixels(got), by_pixels(expected))
-    assert sorted(labels.numpy().tolist()) == sorted(reference.definition.target[::5].tolist())
+    assert sorted(labels.numpy().tolist()) == sorted(reference.target[::5].tolist())
 
 
 def test_global_batches_end_each_epoch_with_a_partial_batch(digits_dir):

@@ -232,8 +232,8 @@ def test_a_python_evaluator_compares_the_config_entries_it_names(python_run):
     with pytest.raises(ValueError) as raised:
         loops.evaluate_checkpoints(other_data, python_run, compared_config=["eval_sets"])
     assert str(raised.value) == (
-        "compared_config must name keys of the loop's config, got ['eval_sets'] (the loop's "
-        "config holds ['eval_set']); build the loop with config= holding each setting to "
+        "compared_config must name keys of the run's config, got ['eval_sets'] (the run's "
+        "config holds ['eval_set']); make the Trainer with config= holding each setting to "
         "compare, or leave it out."
     )
 

@@ -249,7 +249,8 @@ class OneBatchDeclaredTwoTaken(loops.ClassifierLoop):
     ],
 )
 def test_a_step_must_take_exactly_batches_per_step_batches(loop_class, message):
-    loop = loop_class(
+    loop = make_trainer(
+        loop_class,
         strategy=loops.testing.replica_strategy(1),
         model_fn=lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10),
         optimizer_fn=lambda: keras.optimizers.SGD(0.1),

@@ -9,12 +9,13 @@ import pytest
 from test_new_step import WeightedRegression, data
 
 import loops
-from conftest import run_module
+from conftest import make_trainer, run_module
 from loops.run.profiling import check_profile_steps
 
 
 def build(strategy, progress=None, **args):
-    return WeightedRegression(
+    return make_trainer(
+        WeightedRegression,
         strategy=strategy,
         train_data=data(),
         steps_per_loop=3,

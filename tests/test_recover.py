@@ -333,7 +333,12 @@ def test_recover_under_parameter_server_is_refused():
         match=r"under ParameterServerStrategy each worker reads its own stream, at no "
         r"position a checkpoint records\. Pass on_nonfinite='skip'",
     ):
-        asynchronous(strategy=strategy, on_nonfinite="recover", train_data=stream(*examples()))
+        loops.Trainer(
+            asynchronous(),
+            strategy=strategy,
+            on_nonfinite="recover",
+            train_data=stream(*examples()),
+        )
 
 
 @pytest.mark.parametrize(
@@ -486,7 +491,8 @@ def ppo(bad_data_steps, num_replicas, **kwargs):
     from loops_models import rl as rl_models
 
     loop_class = type("Poisoned", (PoisonedPPO,), {"bad_data_steps": tuple(bad_data_steps)})
-    return loop_class(
+    return make_trainer(
+        loop_class,
         environment=cartpole.CartPole(),
         model_fn=lambda: rl_models.policy_value_network(observation_size=4, num_actions=2, seed=0),
         strategy=loops.testing.replica_strategy(num_replicas),

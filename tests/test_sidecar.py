@@ -241,7 +241,7 @@ def test_wrong_loops_and_arguments_are_refused_with_the_fix(run_dir, tmp_path):
         loops.evaluate_checkpoints(make_loop(width=8), run_dir, train_steps=TRAIN_STEPS)
     assert re.match(r"The checkpoint \S+ckpt-6 does not match this loop", str(raised.value))
     assert str(raised.value).endswith(
-        "The evaluator's loop must be built like the run's (the same model and loop "
+        "The evaluator's Trainer must be made like the run's (the same model and "
         "settings; a binary: the same flags as the trainer)."
     )
 

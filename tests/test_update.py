@@ -7,6 +7,7 @@ import tensorflow as tf
 from test_environments import TwoArmedBandit, policy_value_network, q_network
 
 import loops
+from conftest import make_trainer
 from loops.kinds import gan, rl
 from loops_data.ring import Ring
 from loops_models import gan as gan_models
@@ -34,7 +35,8 @@ def make(kind, **args):
         **args,
     )
     if kind == "ppo":
-        return poisoned(rl.ActorCriticLoop, "_replica_loss")(
+        return make_trainer(
+            poisoned(rl.ActorCriticLoop, "_replica_loss"),
             environment=TwoArmedBandit(),
             model_fn=policy_value_network,
             optimizer_fn=lambda: keras.optimizers.Adam(0.05),
@@ -46,7 +48,8 @@ def make(kind, **args):
             **common,
         )
     if kind == "dqn":
-        return poisoned(rl.DQNLoop, "_replica_loss")(
+        return make_trainer(
+            poisoned(rl.DQNLoop, "_replica_loss"),
             environment=TwoArmedBandit(),
             model_fn=q_network,
             optimizer_fn=lambda: keras.optimizers.Adam(0.05),
@@ -58,7 +61,8 @@ def make(kind, **args):
             seed=1,
             **common,
         )
-    return poisoned(gan.GANLoop, "_replica_generator_loss")(
+    return make_trainer(
+        poisoned(gan.GANLoop, "_replica_generator_loss"),
         generator_fn=lambda: gan_models.ring_generator(hidden_units=(16,), seed=4),
         discriminator_fn=lambda: gan_models.ring_discriminator(hidden_units=(16,), seed=4),
         generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01),

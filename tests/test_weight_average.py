@@ -57,7 +57,7 @@ def test_evaluation_uses_the_averages_and_leaves_the_trained_weights(tmp_path):
     with loop.averaged_weights():
         swapped = trainable_values(loop)
         averaged_metrics = loop.definition.run_evaluation(loop)
-        with loop.raw_weights():
+        with loop.definition.raw_weights():
             for before, now in zip(trained, trainable_values(loop)):
                 np.testing.assert_array_equal(before, now)
     metrics = loop.evaluate()
@@ -104,9 +104,9 @@ def test_a_resumed_run_averages_exactly_as_an_uninterrupted_one(tmp_path):
 def test_a_skipped_update_leaves_the_average_alone():
     from test_new_step import WeightedRegression, data
 
-    loop = WeightedRegression(
+    loop = loops.Trainer(
+        WeightedRegression(),
         strategy=loops.testing.replica_strategy(2),
-        # Batches of 12: row 30 is in the third, on the second of 2 replicas.
         train_data=data(poison_row=30),
         on_nonfinite="skip",
         ema_decay=0.5,
@@ -172,6 +172,6 @@ def test_the_evaluator_beside_a_run_evaluates_its_averaged_weights(tmp_path):
             trainer_evals[entry["step"]]["loss"], rel=1e-5
         )
     # And the averages are what made the difference: the trained weights score otherwise.
-    with evaluator.averaged_weights(), evaluator.raw_weights():
+    with evaluator.averaged_weights(), evaluator.definition.raw_weights():
         raw_loss = evaluator.definition.run_evaluation(evaluator)["loss"]
     assert abs(raw_loss - history[-1]["metrics"]["loss"]) > 1e-4

@@ -101,10 +101,11 @@ class Update:
     (`loops.global_count`, `loops.scale_to_global_batch`), and a dict of
     scalars that are sums over its examples (counts, sums of a metric).
 
-    Three settings come from the loop, so that every step has them:
+    Three settings come from the step options the Trainer gave the definition
+    (`loop.options`), so that every step has them:
     - `mixed_precision="mixed_float16"`: a dynamic loss scale
       (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`), whose
-      overflows are skipped and reported as `overflow`. The loop saves and
+      overflows are skipped and reported as `overflow`. The Trainer saves and
       restores it with its checkpoints (`Loop.update_states`): a definition
       lists only its own objects in `checkpoint_items`.
     - `grad_accum_steps=K`: each replica's share of the step is cut into K
@@ -127,10 +128,11 @@ class Update:
       discriminator, which neither evaluation nor export uses).
 
     Args:
-        loop: the loop whose strategy runs the replicas, whose
-            `on_nonfinite` policy (`Loop.apply_update`) decides what a
-            non-finite update leads to, and whose `mixed_precision` and
-            `grad_accum_steps` apply.
+        loop: the definition (a `loops.Loop` bound by its Trainer) whose
+            strategy runs the replicas, whose `on_nonfinite` policy
+            (`Loop.apply_update`) decides what a non-finite update leads to,
+            and whose step options (`mixed_precision`, `grad_accum_steps`,
+            `ema_decay`) apply.
         optimizer: a built Keras optimizer.
         trained: a Keras model (its trainable variables, and its
             regularization losses added once to the loss), or a function

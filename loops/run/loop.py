@@ -104,18 +104,22 @@ class Loop:
             has_train_data: whether the Trainer was given train_data.
         """
 
-    def bind(self, context: StepContext) -> None:
-        """Takes the step context a Trainer gives it; once only.
-
-        Raises:
-            ValueError: the definition was given to a Trainer already.
-        """
+    def check_unbound(self) -> None:
+        """Raises ValueError when the definition was handed to a Trainer already."""
         if "_context" in self.__dict__:
             raise ValueError(
                 f"This {type(self).__name__} was handed to a Trainer already, which built "
                 "it and trains it; a definition belongs to one Trainer. Make a new "
                 f"{type(self).__name__}(...) for a new Trainer."
             )
+
+    def bind(self, context: StepContext) -> None:
+        """Takes the step context a Trainer gives it, before `build`; once only.
+
+        Raises:
+            ValueError: the definition was handed to a Trainer already.
+        """
+        self.check_unbound()
         self._context = context
         self.strategy, self.options = context.strategy, context.options
         self.global_step, self.data_offset = context.global_step, context.data_offset

@@ -285,8 +285,10 @@ def _checked_options(
     """The step and run options of the Trainer's `arguments`, checked with the definition.
 
     Raises:
-        ValueError: a bad option, or one the definition cannot train with.
+        ValueError: a bad option, one the definition cannot train with, or a
+            definition handed to a Trainer already.
     """
+    definition.check_unbound()
     options = step_options.checked(**_named(arguments, step_options.StepOptions))
     has_train_data = arguments["train_data"] is not None
     loop_execution.check_can_run(

@@ -38,7 +38,8 @@ class ActorCriticLoop(EnvironmentLoop):
             loops_models.rl.policy_value_network; seed its initializers
             so that runs on any replica count start from the same weights.
         optimizer_fn: builds the optimizer (in scope); default Adam(1e-3).
-        num_envs, rollout_length, gamma: see EnvironmentLoop.
+        num_envs, rollout_length, gamma, eval_episodes, eval_max_steps: see
+            EnvironmentLoop.
         gae_lambda: the GAE lambda in [0, 1].
         epochs: passes over each rollout.
         global_batch_size: samples per minibatch over all replicas; must
@@ -67,6 +68,8 @@ class ActorCriticLoop(EnvironmentLoop):
         num_envs: int = 16,
         rollout_length: int = 64,
         gamma: float = 0.99,
+        eval_episodes: int = 0,
+        eval_max_steps: int = 10_000,
         # PPO.
         gae_lambda: float = 0.95,
         epochs: int = 4,
@@ -90,6 +93,8 @@ class ActorCriticLoop(EnvironmentLoop):
             num_envs=num_envs,
             rollout_length=rollout_length,
             gamma=gamma,
+            eval_episodes=eval_episodes,
+            eval_max_steps=eval_max_steps,
         )
 
     def check_settings(self, num_replicas: int) -> None:

@@ -47,7 +47,8 @@ class DQNLoop(EnvironmentLoop):
             initializers so that runs on any replica count start from the
             same weights.
         optimizer_fn: builds the optimizer (in scope); default Adam(1e-3).
-        num_envs, rollout_length, gamma: see EnvironmentLoop.
+        num_envs, rollout_length, gamma, eval_episodes, eval_max_steps: see
+            EnvironmentLoop.
         buffer_capacity: transitions the replay buffer keeps (oldest
             overwritten); at least num_envs * rollout_length.
         global_batch_size: transitions per update over all replicas;
@@ -81,6 +82,8 @@ class DQNLoop(EnvironmentLoop):
         num_envs: int = 8,
         rollout_length: int = 4,
         gamma: float = 0.99,
+        eval_episodes: int = 0,
+        eval_max_steps: int = 10_000,
         # Replay.
         buffer_capacity: int = 50_000,
         global_batch_size: int = 128,
@@ -114,6 +117,8 @@ class DQNLoop(EnvironmentLoop):
             num_envs=num_envs,
             rollout_length=rollout_length,
             gamma=gamma,
+            eval_episodes=eval_episodes,
+            eval_max_steps=eval_max_steps,
         )
 
     def check_settings(self, num_replicas: int) -> None:
