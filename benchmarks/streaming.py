@@ -235,7 +235,7 @@ def write_checkpoint_at(step: int, flags: list[str]) -> None:
     from loops.bin import classifier
 
     absl_flags.FLAGS(["classifier", *flags, f"--train_steps={step}"])
-    loop = classifier.build_loop()
+    loop = classifier.build_trainer()
     loop.global_step.assign(step)
     loop.controller.save_checkpoint()
     loop.close()

@@ -19,7 +19,7 @@ loop_flags.define_binary_flags(
 FLAGS = flags.FLAGS
 
 
-def build_loop():
+def build_trainer():
     """The ClassifierLoop the flags describe; ValueError for a bad combination."""
     import loops
     import loops_models as models
@@ -52,7 +52,7 @@ def build_loop():
     return loops.Trainer(definition, train_data=train_data, eval_data=eval_data, **arguments)
 
 
-main, run = loop_flags.entry_points(build_loop, description=__doc__, **flag_checks.CLASSIFIER)
+main, run = loop_flags.entry_points(build_trainer, description=__doc__, **flag_checks.CLASSIFIER)
 
 if __name__ == "__main__":
     run()

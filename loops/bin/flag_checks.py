@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 
 from absl import flags
 
+from loops.bin import summaries
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -58,11 +59,12 @@ def prepare_lm_flags() -> None:
 
 
 class Hooks(TypedDict, total=False):
-    """What a binary hands `loop_flags.entry_points` besides its loop and description."""
+    """What a binary hands `loop_flags.entry_points` besides its Trainer and description."""
 
     prepare: Callable[[], None]
     explain_failure: Callable[[Any, Exception], str | None]
+    summary: Callable[[Any], str]
 
 
 CLASSIFIER = Hooks(prepare=prepare_classifier_flags, explain_failure=explain_classifier_failure)
-LANGUAGE_MODEL = Hooks(prepare=prepare_lm_flags)
+LM = Hooks(prepare=prepare_lm_flags, summary=summaries.language_model)

@@ -20,7 +20,7 @@ loop_flags.define_binary_flags(
 FLAGS = flags.FLAGS
 
 
-def build_loop():
+def build_trainer():
     """The GANLoop the flags describe; ValueError for a bad combination."""
     from loops.kinds.gan import GANLoop
     from loops.model_dir.export import export_generator
@@ -51,7 +51,7 @@ def build_loop():
     return Trainer(definition, train_data=train_data, **arguments)
 
 
-main, run = loop_flags.entry_points(build_loop, description=__doc__, summary=summaries.gan)
+main, run = loop_flags.entry_points(build_trainer, description=__doc__, summary=summaries.gan)
 
 if __name__ == "__main__":
     run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops.bin import flag_checks, summaries, training_settings
+from loops.bin import flag_checks, training_settings
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -20,7 +20,7 @@ loop_flags.define_binary_flags(
 FLAGS = flags.FLAGS
 
 
-def build_loop():
+def build_trainer():
     """The LanguageModelLoop the flags describe; ValueError for a bad combination."""
     from loops.kinds.lm import LanguageModelLoop
     from loops.model_dir.export import export_text_generator
@@ -51,9 +51,7 @@ def build_loop():
     return Trainer(definition, **data, **arguments)
 
 
-main, run = loop_flags.entry_points(
-    build_loop, description=__doc__, summary=summaries.language_model, **flag_checks.LANGUAGE_MODEL
-)
+main, run = loop_flags.entry_points(build_trainer, description=__doc__, **flag_checks.LM)
 
 if __name__ == "__main__":
     run()

@@ -18,7 +18,7 @@ loop_flags.define_binary_flags(
 FLAGS = flags.FLAGS
 
 
-def build_loop():
+def build_trainer():
     """The RL loop the flags describe, on CartPole; ValueError for a bad combination."""
     from loops.kinds import rl
     from loops.run.trainer import Trainer
@@ -48,7 +48,7 @@ def build_loop():
 
 
 main, run = loop_flags.entry_points(
-    build_loop,
+    build_trainer,
     description=__doc__,
     summary=summaries.reinforcement_learning,
     prepare=training_settings.prepare_rl_flags,

@@ -1,5 +1,5 @@
 """A loop binary's flags (from `loops.vocabulary.settings.Setting` declarations), its
---help, the Loop arguments they give, and the scaffolding every binary shares (`entry_points`).
+--help, the Trainer arguments they give, and the scaffolding every binary shares (`entry_points`).
 
 Nothing here imports TensorFlow when loaded: a binary answers --help or a bad
 flag before TensorFlow's seconds-long import.
@@ -488,7 +488,7 @@ def clip_norm_argument() -> dict[str, Any]:
 
 
 def entry_points(
-    build_loop: Callable,
+    build_trainer: Callable,
     *,
     description: str,
     summary: Callable | None = None,
@@ -498,12 +498,12 @@ def entry_points(
     """A binary's `main` (what `app.run` calls, or a test) and `run` (its console script).
 
     Args:
-        build_loop: () -> the loop from the flags (`run_binary`).
+        build_trainer: () -> the `loops.Trainer` the flags describe (`run_binary`).
         description: the first lines of its --help (its module docstring).
-        summary: loop -> one line to print after training, or None.
+        summary: trainer -> one line to print after training, or None.
         prepare: called first in main, with the flags parsed: checks or fills in
             flags before the mode is acted on; a ValueError is a usage error.
-        explain_failure: (loop, a TensorFlow error training raised) -> the
+        explain_failure: (trainer, a TensorFlow error training raised) -> the
             sentence to exit with, naming its cause and the fix, or None to
             let the error through (`run_binary`).
     """
@@ -514,7 +514,7 @@ def entry_points(
                 prepare()
             except ValueError as error:
                 raise app.UsageError(str(error)) from error
-        run_binary(argv, build_loop, summary=summary, explain_failure=explain_failure)
+        run_binary(argv, build_trainer, summary=summary, explain_failure=explain_failure)
 
     def console_script() -> None:
         run(main, description=description)
@@ -524,25 +524,26 @@ def entry_points(
 
 def run_binary(
     argv: Sequence[str],
-    build_loop: Callable,
+    build_trainer: Callable,
     *,
     summary: Callable | None = None,
     explain_failure: Callable[[Any, Exception], str | None] | None = None,
 ) -> None:
-    """The body of every binary's main: build the loop, train, say where outputs went.
+    """The body of every binary's main: build the trainer, train, say where outputs went.
 
     Args:
         argv: what absl left after parsing flags; anything there is an error.
-        build_loop: () -> Loop from the flags; ValueError for a bad combination.
-        summary: loop -> one line to print after training, or None.
-        explain_failure: (loop, a `tf.errors.OpError` training raised) -> the
+        build_trainer: () -> the `loops.Trainer` the flags describe; ValueError for a bad
+            combination.
+        summary: trainer -> one line to print after training, or None.
+        explain_failure: (trainer, a `tf.errors.OpError` training raised) -> the
             sentence to exit with (e.g. naming the data file that failed), or
             None to let the error through.
     """
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
     if mode() == EVALUATE_CHECKPOINTS:
-        _evaluate_checkpoints(build_loop)
+        _evaluate_checkpoints(build_trainer)
         return
     if tf_config_task_type() == EVALUATOR_TASK:
         raise app.UsageError(
@@ -577,7 +578,9 @@ def run_binary(
 
         if flags.FLAGS.strategy == "parameter_server":
             _serve_unless_chief()
-        _build_and_train(build_loop, summary, explain_failure, NonFiniteError, UnknownMetricError)
+        _build_and_train(
+            build_trainer, summary, explain_failure, NonFiniteError, UnknownMetricError
+        )
 
 
 def _serve_unless_chief() -> None:
@@ -607,7 +610,7 @@ def check_cluster() -> None:
 
 
 def _build_and_train(
-    build_loop: Callable,
+    build_trainer: Callable,
     summary: Callable | None,
     explain_failure: Callable[[Any, Exception], str | None] | None,
     *errors_to_report: type[Exception],
@@ -615,31 +618,31 @@ def _build_and_train(
     import tensorflow as tf
 
     try:
-        loop = build_loop()
+        trainer = build_trainer()
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     reported: tuple[type[Exception], ...] = (*errors_to_report, OSError)
     try:
-        loop.train(flags.FLAGS.train_steps)
+        trainer.train(flags.FLAGS.train_steps)
     except reported as error:
         sys.exit(f"error: {error}")
     except tf.errors.OpError as error:
-        explained = None if explain_failure is None else explain_failure(loop, error)
+        explained = None if explain_failure is None else explain_failure(trainer, error)
         if explained is None:
             raise
         sys.exit(f"error: {explained}")
     finally:
-        loop.close()
+        trainer.close()
     if summary is not None:
-        loop.progress.line(summary(loop))
-    report_outputs(loop)
-    if loop.preempted:
+        trainer.progress.line(summary(trainer))
+    report_outputs(trainer)
+    if trainer.preempted:
         # Not 0: a scheduler must tell a preempted run (rerun it) from a finished one.
         sys.exit(exit_codes.PREEMPTED)
 
 
-def _evaluate_checkpoints(build_loop: Callable) -> None:
-    """--mode=evaluate_checkpoints: the loop, built on this host, evaluates the run's checkpoints.
+def _evaluate_checkpoints(build_trainer: Callable) -> None:
+    """--mode=evaluate_checkpoints: the Trainer built on this host evaluates the run's checkpoints.
 
     Exits 1 with the reason when evaluation fails or times out, and 42
     (preempted) on SIGTERM: the history so far is on disk, and the same
@@ -657,12 +660,12 @@ def _evaluate_checkpoints(build_loop: Callable) -> None:
         from loops.run.sidecar import evaluate_checkpoints
 
         try:
-            loop = build_loop()
+            trainer = build_trainer()
         except ValueError as error:
             raise app.UsageError(str(error)) from error
         try:
             evaluate_checkpoints(
-                loop,
+                trainer,
                 model_dir,
                 train_steps=flags.FLAGS.train_steps,
                 timeout_seconds=flags.FLAGS.evaluator_timeout or None,
@@ -740,12 +743,12 @@ def quiet_logging() -> None:
         tf.get_logger().setLevel("ERROR")
 
 
-def report_outputs(loop) -> None:
+def report_outputs(trainer) -> None:
     """Tells the user where the run's outputs went."""
-    if not loop.is_chief:
+    if not trainer.is_chief:
         return
-    directory = loop.model_dir
-    loop.progress.line(
+    directory = trainer.model_dir
+    trainer.progress.line(
         f"outputs in {directory}\n"
         f"  results:     {os.path.join(directory, 'results.json')}\n"
         f"  checkpoints: {os.path.join(directory, 'checkpoints')} (rerun with "

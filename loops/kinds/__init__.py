@@ -1,2 +1,2 @@
-"""The kinds of training, each a Loop of its own: classifier, GAN, language model and
+"""The kinds of training, each a definition (a Loop subclass): classifier, GAN, language model and
 reinforcement learning."""

@@ -29,7 +29,7 @@ class ClassifierLoop(Loop):
     plus the model's regularization losses scaled by the replica count, so any
     replica count gives the single-device gradient. A step whose loss or
     gradients are not finite on any replica reports `nonfinite` = 1; the
-    Loop's `on_nonfinite` policy decides what follows (`Loop.apply_update`).
+    run's `on_nonfinite` policy decides what follows (`Loop.apply_update`).
 
     With `mixed_precision` the model is built under that Keras dtype policy
     (float16 or bfloat16 compute, float32 variables). Under "mixed_float16"

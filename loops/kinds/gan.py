@@ -1,4 +1,4 @@
-"""The GAN step on the Loop: n_critic critic updates, then one generator update, per train step."""
+"""The GAN definition: n_critic critic updates, then one generator update, per train step."""
 
 from __future__ import annotations
 
@@ -108,11 +108,11 @@ class GANLoop(Loop):
     number of examples, and noise and interpolation weights are keyed on (seed, step, substep,
     global example index), so 1 and N replicas compute the same numbers. The global step counts
     generator updates; `d_steps` and `g_steps` count the updates of each network. With the
-    Loop's `ema_decay`, the generator's `loops.Update` keeps a moving average of its weights
+    run's `ema_decay`, the generator's `loops.Update` keeps a moving average of its weights
     (debiased early in training: `loops.core.weight_average`), updated after every applied generator
     update and checkpointed with its update count (the discriminator's is not averaged). An
     update whose loss or gradients are not finite on some replica is reported as `nonfinite` and
-    applied or skipped as the Loop's `on_nonfinite` says (`Loop.apply_update`).
+    applied or skipped as the run's `on_nonfinite` says (`Loop.apply_update`).
 
     Each evaluation draws `num_eval_samples` samples from fixed noise, from the generator: its
     moving average when there is one (the trained generator's results are then prefixed `raw_`),
@@ -275,7 +275,7 @@ class GANLoop(Loop):
         """One critic update on a distributed batch of real examples; cross-replica context.
 
         `d_steps` counts the updates applied (a non-finite one goes to the
-        loop's `on_nonfinite` policy).
+        run's `on_nonfinite` policy).
 
         Returns:
             The update's result: its sums hold "loss" (and, for wgan_gp, the
@@ -314,7 +314,7 @@ class GANLoop(Loop):
         return {prefix + name: value for name, value in self.sample_metrics(samples).items()}
 
     def results_extra(self):
-        # The losses and sample metrics are in the Loop's "train" and "eval" entries.
+        # The losses and sample metrics are in the run's "train" and "eval" entries.
         return {
             "d_steps": int(self.d_steps.numpy()),
             "g_steps": int(self.g_steps.numpy()),

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as the run starts
-# The Loop's own settings that change every evaluation, whatever the kind of training:
+# The step options that change every evaluation, whatever the kind of training:
 # ema_decay whether the averaged or the raw weights are evaluated, mixed_precision the
 # dtype it computes in, seed the noise of the loops that draw some to evaluate (a GAN's
 # samples, RL's episodes, a language model's samples).

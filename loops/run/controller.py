@@ -1,4 +1,4 @@
-"""The Controller: the lifecycle of one run of a Loop, from its restore to results.json."""
+"""The Controller: the lifecycle of one run of a Trainer, from its restore to results.json."""
 
 from __future__ import annotations
 

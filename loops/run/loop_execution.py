@@ -1,4 +1,4 @@
-"""Where a Loop's steps run: the strategy's check, the coordinator, the executor, the eval input."""
+"""Where a definition's steps run: the strategy check, the coordinator, the executor, eval input."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def check_can_run(
     """Raises ValueError when a loop of `loop_class` cannot train under `strategy` so.
 
     Args:
-        loop_class: the Loop subclass; its `supports_parameter_server` says
+        loop_class: the definition's class; its `supports_parameter_server` says
             whether its steps are right for asynchronous workers.
         has_train_data: whether the loop has train data, or makes its own.
     """

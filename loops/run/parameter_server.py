@@ -2,7 +2,7 @@
 
 Under `tf.distribute.ParameterServerStrategy` the variables live on the `ps`
 tasks, the `worker` tasks only run functions the coordinator (the `chief`
-task, which runs the Loop) schedules on them, and no two workers ever wait for
+task, which runs the Trainer) schedules on them, and no two workers ever wait for
 each other. Training is therefore asynchronous: each worker reads its own
 stream of global batches, computes a step on whatever weights it reads from the
 parameter servers, and applies its update there; the order of updates is not
@@ -11,7 +11,7 @@ strategies give, do not apply here.
 
 Every process of such a cluster runs the same binary: `serve_unless_chief`
 turns a `worker` or `ps` process into a `tf.distribute.Server` that serves
-until it is killed, and lets the `chief` go on to build and train the Loop.
+until it is killed, and lets the `chief` go on to build and train the Trainer.
 """
 
 from __future__ import annotations

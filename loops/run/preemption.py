@@ -24,7 +24,7 @@ class PreemptionWatcher:
         self._strategy = strategy
         self._requested = False
         self._previous: Any = None  # the SIGTERM handler to give back
-        # Under ParameterServerStrategy only the coordinator runs the Loop: its own flag decides.
+        # Under ParameterServerStrategy only the coordinator runs the Trainer: its own flag decides.
         self._multi_worker = (
             strategies.num_workers(strategy) > 1
             and strategies.strategy_name(strategy) != "parameter_server"

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from loops.vocabulary import settings
 
-# The record's name in a checkpoint, beside the loop's items (reserved: see Loop).
+# The record's name in a checkpoint, beside the definition's items (reserved: see the Trainer).
 CHECKPOINT_NAME = "recoveries"
 DEFAULT_MAX_RECOVERIES = settings.DEFAULT_MAX_RECOVERIES
 

@@ -14,7 +14,7 @@ from loops.vocabulary import settings
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a Loop's Controller runs it; every option is checked when the options are made.
+    """How a Trainer's Controller runs it; every option is checked when the options are made.
 
     Attributes:
         steps_per_loop: train steps per inner loop, the unit of reporting: a

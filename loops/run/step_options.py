@@ -1,4 +1,4 @@
-"""How a Loop's steps compute, beside how its run goes (`loops.run.run_options`): checked
+"""How a definition's steps compute, beside how its run goes (`loops.run.run_options`): checked
 when made."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from loops.vocabulary import settings
 
 @dataclass(frozen=True)
 class StepOptions:
-    """The options of a Loop's steps and of the `loops.Update`s they make, checked.
+    """The options of a definition's steps and of the `loops.Update`s they make, checked.
 
     Each is declared, with its type, default, help and check, in
-    loops/vocabulary/settings.py (as the flags are); this says what it means to a Loop.
+    loops/vocabulary/settings.py (as the flags are); this says what it means to a step.
 
     Attributes:
         seed: the seed steps key their randomness on.
@@ -70,11 +70,11 @@ class StepOptions:
 
 
 def checked(**values: Any) -> StepOptions:
-    """A Loop's step options, checked by their declarations; None: the default.
+    """A Trainer's step options, checked by their declarations; None: the default.
 
     Args:
-        values: each field of `StepOptions`, as the Loop's keyword arguments
-            gave it (their defaults are the Loop's, which tests/test_settings.py
+        values: each field of `StepOptions`, as the Trainer's keyword arguments
+            gave it (their defaults are the Trainer's, which tests/test_settings.py
             holds equal to the declarations').
 
     Raises:

@@ -1,4 +1,4 @@
-"""Reinforcement learning on the Loop: the environment loop and its kinds, PPO and double DQN."""
+"""Reinforcement learning definitions: the environment loop and its kinds, PPO and double DQN."""
 
 from loops.kinds.rl.actor_critic import ActorCriticLoop
 from loops.kinds.rl.advantages import advantages_and_returns
