@@ -154,6 +154,15 @@ def test_a_definition_holds_no_run_and_belongs_to_one_trainer():
     # Before a Trainer: its own objects only; no settings, no run methods or state.
     for name in ("train", "evaluate", "model_dir", "progress", "controller", "executor", "total"):
         assert not hasattr(definition, name), name
+    # What the Trainer gives it is refused with the reason and the fix, not a bare AttributeError.
+    for name in ("global_step", "strategy", "options", "step"):
+        with pytest.raises(AttributeError) as missing:
+            getattr(definition, name)
+        assert str(missing.value) == (
+            f"Counter has no {name} yet: a definition gets its strategy, global_step and step "
+            "options from the Trainer it is handed to (loops.Trainer(Counter(...), ...)), which "
+            "then calls its build(); use them in build and the steps."
+        )
     trainer = loops.Trainer(definition, progress=loops.testing.quiet_progress(), seed=3)
     assert trainer.definition is definition and definition.options.seed == 3
     assert float(definition.total.numpy()) == 0.0  # built by the Trainer, in its strategy's scope

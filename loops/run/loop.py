@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -92,6 +92,20 @@ class Loop:
     data_offset: tf.Variable
     weight_averages: weight_average.WeightAverages
     update_states: UpdateStates
+
+    if not TYPE_CHECKING:  # at run time only: mypy keeps checking every attribute
+
+        def __getattr__(self, name: str):
+            # Only reached for a missing attribute: say why the step context's are missing.
+            if name in _GIVEN_BY_THE_TRAINER:
+                kind = type(self).__name__
+                raise AttributeError(
+                    f"{kind} has no {name.lstrip('_')} yet: a definition gets its strategy, "
+                    f"global_step and step options from the Trainer it is handed to "
+                    f"(loops.Trainer({kind}(...), ...)), which then calls its build(); use them "
+                    "in build and the steps."
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def check_can_train(
         self, strategy: tf.distribute.Strategy, options: StepOptions, *, has_train_data: bool
@@ -220,3 +234,10 @@ class Loop:
     def raw_weights(self):
         """Inside `averaged_weights`: the trained variables' own values for a while."""
         return self.weight_averages.raw()
+
+
+# What `bind` sets from the step context (`Loop.__getattr__` explains their absence before it).
+_GIVEN_BY_THE_TRAINER = frozenset(
+    {"strategy", "options", "global_step", "data_offset", "weight_averages", "update_states"}
+    | {"_context", "step", "data_step", "num_replicas", "skips_nonfinite"}  # properties of them
+)
