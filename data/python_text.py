@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from loops_data import compressors
 from loops_data.image_classification import batches_in_memory, endless_batches_in_memory
 
 # Pure-Python modules present in every supported Python (3.10 and later).
@@ -212,12 +213,26 @@ def splits(*, sequence_length: int, global_batch_size: int, seed: int) -> dict[s
     )
 
 
+def compressor_baselines() -> dict[str, float]:
+    """gzip's, bzip2's and xz's bits per byte of the eval modules given the train modules.
+
+    The same modules the eval split's windows are cut from, each split's sources
+    joined in module order (`loops_data.compressors`).
+    """
+    train, text = (b"".join(module_source(name) for name in module_names(s)) for s in SPLITS)
+    return compressors.bits_per_byte(train, text)
+
+
 def corpus_notes(sequence_length: int) -> dict[str, Any]:
-    """`loops.LanguageModelLoop`'s keywords about the text: the unigram baseline, the corpus."""
+    """`loops.LanguageModelLoop`'s keywords about the text: the baselines, the corpus."""
     return dict(
         unigram_perplexity=unigram_perplexity(sequence_length),
         # The text is the running Python's own: another version reads other counts.
-        corpus={"python": platform.python_version(), **corpus_summary(sequence_length)},
+        corpus={
+            "python": platform.python_version(),
+            **corpus_summary(sequence_length),
+            "compressors_bits_per_byte": compressor_baselines(),
+        },
     )
 
 

@@ -1,5 +1,6 @@
 """The language model: a loss normalized by the global count of real tokens, on any replicas."""
 
+import gzip
 import json
 import math
 import os
@@ -198,13 +199,17 @@ def test_the_default_binary_beats_half_the_unigram_perplexity(tmp_path):
     results = read_results(model_dir)
     evaluation = results["eval"]
     assert results["global_step"] == 1000 and results["num_replicas"] == 2
+    compressed = python_text.compressor_baselines()
     assert results["corpus"] == {
         "python": platform.python_version(),
         **python_text.corpus_summary(128),
+        "compressors_bits_per_byte": compressed,
     }
     assert evaluation["perplexity"] < DEFAULT_RUN_BAR * evaluation["unigram_perplexity"], evaluation
     assert f"outputs in {model_dir}" in done.stdout
     assert "eval perplexity" in done.stdout
+    figures = ", ".join(f"{name} {bits:.3f}" for name, bits in compressed.items())
+    assert f"compressors given the train split, bits per byte: {figures}" in done.stdout
     samples = results["sample_files"]
     assert samples and all(os.path.exists(path) for path in samples)
     export = os.path.join(model_dir, "export")
@@ -221,3 +226,33 @@ def test_a_width_the_heads_do_not_divide_is_refused_with_one_that_fits(tmp_path)
     assert done.returncode != 0
     assert "--width=130 is not a multiple of --num_heads=4; pass e.g. --width=128." in done.stderr
     assert not os.listdir(tmp_path)
+
+
+def test_compressor_baselines_are_the_extra_bits_of_the_eval_text_and_are_cached(
+    tmp_path, monkeypatch
+):
+    from loops_data import compressors
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    before = b"def f(x):\n    return x + 1\n" * 200
+    text = b"def g(y):\n    return y * 2\n" * 50
+    figures = compressors.bits_per_byte(before, text)
+    assert list(figures) == ["gzip", "bzip2", "xz"]
+    extra = len(gzip.compress(before + text, 9, mtime=0)) - len(gzip.compress(before, 9, mtime=0))
+    assert figures["gzip"] == extra * 8 / len(text)
+    # Text that repeats what came before costs far less than a byte's 8 bits.
+    assert all(0 < bits < 1.0 for bits in figures.values()), figures
+    # A second call reads the cache: no compressor runs.
+    monkeypatch.setitem(compressors.COMPRESSORS, "xz", lambda data: 1 / 0)
+    assert compressors.bits_per_byte(before, text) == figures
+    (cached,) = (tmp_path / "cache" / "loops" / "compressors").iterdir()
+    cached.write_text("not json")  # a damaged cache is measured again, not trusted
+    with pytest.raises(ZeroDivisionError):
+        compressors.bits_per_byte(before, text)
+    with pytest.raises(ValueError, match="text is empty"):
+        compressors.bits_per_byte(before, b"")
+
+
+def test_on_python_source_xz_beats_bzip2_beats_gzip():
+    figures = python_text.compressor_baselines()
+    assert 1.0 < figures["xz"] < figures["bzip2"] < figures["gzip"] < 2.5, figures

@@ -23,15 +23,21 @@ def gan(trainer) -> str:
 
 
 def language_model(trainer) -> str:
-    """The eval perplexity, against the train split's byte frequencies."""
+    """The eval perplexity, against the train split's byte frequencies and compressors."""
     metrics = trainer.last_eval_metrics
     if "perplexity" not in metrics:
         return "no evaluation"
-    return (
+    line = (
         f"eval perplexity {metrics['perplexity']:.2f} per byte "
         f"({metrics['bits_per_token']:.3f} bits), against {metrics['unigram_perplexity']:.2f} "
         "for the train split's byte frequencies"
     )
+    corpus = trainer.definition.results_extra().get("corpus", {})
+    compressed = corpus.get("compressors_bits_per_byte")
+    if compressed:
+        figures = ", ".join(f"{name} {bits:.3f}" for name, bits in compressed.items())
+        line += f"; compressors given the train split, bits per byte: {figures}"
+    return line
 
 
 def reinforcement_learning(trainer) -> str:
