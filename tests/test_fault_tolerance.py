@@ -62,16 +62,19 @@ def uninterrupted(tmp_path_factory, digits_dir):
     return model_dir
 
 
-def test_sigterm_saves_at_the_next_boundary_and_a_rerun_finishes_the_same(
-    tmp_path, digits_dir, uninterrupted
+# SIGTERM: Kubernetes and most managers; SIGUSR1: SLURM's `--signal=USR1@90` warning.
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["TERM", "USR1"])
+def test_a_preemption_signal_saves_at_the_next_boundary_and_a_rerun_finishes_the_same(
+    tmp_path, digits_dir, uninterrupted, signum
 ):
     model_dir = str(tmp_path)
     process = start_and_wait_for(classifier(model_dir, digits_dir), "step 100/400")
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     output = process.stdout.read()
     assert process.wait(timeout=120) == exit_codes.PREEMPTED == 42
-    assert "preempted (SIGTERM) at step" in output
-    stopped_at = int(output.split("preempted (SIGTERM) at step ")[1].split(":")[0])
+    said = f"preempted ({signal.Signals(signum).name}) at step "
+    assert said in output
+    stopped_at = int(output.split(said)[1].split(":")[0])
     assert 100 <= stopped_at < 400 and stopped_at % 20 == 0
     results = read_results(model_dir)
     assert results["preempted"] is True and results["global_step"] == stopped_at

@@ -274,7 +274,8 @@ def tensorflow_is_loading(pid: int) -> bool:
         return "_pywrap_tensorflow_internal" in maps.read()
 
 
-def test_sigterm_while_tensorflow_imports_is_the_preemption_exit(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["TERM", "USR1"])
+def test_a_preemption_signal_while_tensorflow_imports_is_the_preemption_exit(tmp_path, signum):
     model_dir = model_dir_with_a_run(tmp_path / "run")
     before = snapshot(model_dir)
     process = subprocess.Popen(
@@ -289,12 +290,13 @@ def test_sigterm_while_tensorflow_imports_is_the_preemption_exit(tmp_path):
     while not tensorflow_is_loading(process.pid):
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.01)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     start = time.monotonic()
     stdout, stderr = process.communicate(timeout=REFUSAL_SECONDS)
-    print(f"exited {time.monotonic() - start:.2f} s after SIGTERM")
+    print(f"exited {time.monotonic() - start:.2f} s after the signal")
     assert process.returncode == exit_codes.PREEMPTED, stderr[-2000:]
-    assert "preempted (SIGTERM) before training started: nothing to save" in stderr
+    name = signal.Signals(signum).name
+    assert f"preempted ({name}) before training started: nothing to save" in stderr
     assert "Traceback" not in stderr
     assert snapshot(model_dir) == before
 

@@ -204,9 +204,10 @@ def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weight
     run.wait_for(r"\[worker_1\] step 60/")
     os.kill(worker_1, signal.SIGTERM)
     assert run.finish() == exit_codes.PREEMPTED, run.output[-4000:]
+    # Each worker names what it saw: its own SIGTERM, or the other's signal.
     stopped = {
-        int(run.wait_for(rf"\[{worker}\] preempted \(SIGTERM\) at step (\d+)").group(1))
-        for worker in ("worker_0", "worker_1")
+        int(run.wait_for(rf"\[{worker}\] preempted \({seen}\) at step (\d+)").group(1))
+        for worker, seen in (("worker_0", "a signal to another worker"), ("worker_1", "SIGTERM"))
     }
     assert len(stopped) == 1
     preempted_at = stopped.pop()
@@ -412,9 +413,9 @@ role = os.environ.get("ROLE_" + task, "exit0")
 if role == "ignore_signals":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-def graceful(*_):
+def graceful(signum, _):
     open(os.path.join(ready_dir, "sigterm_" + task), "w").close()
-    print("got SIGTERM", flush=True)
+    print("got", signal.Signals(signum).name, flush=True)
     sys.exit(0)
 def preempted(*_):
     time.sleep(0.5)
@@ -423,6 +424,7 @@ def preempted(*_):
     sys.exit(42)
 if role in ("graceful", "preempted"):
     signal.signal(signal.SIGTERM, graceful if role == "graceful" else preempted)
+    signal.signal(signal.SIGUSR1, graceful if role == "graceful" else preempted)
 print("ready", flush=True)
 open(os.path.join(ready_dir, task), "w").close()
 if role.startswith(("exit", "saving")):
@@ -522,17 +524,19 @@ def test_a_failing_task_is_named_and_the_others_are_stopped_even_one_that_ignore
     assert seconds < 15
 
 
-def test_sigterm_to_the_launcher_is_forwarded_to_every_task():
-    handler_before = signal.getsignal(signal.SIGTERM)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["TERM", "USR1"])
+def test_a_preemption_signal_to_the_launcher_is_forwarded_to_every_task(signum):
+    handler_before = signal.getsignal(signum)
     code, stdout, stderr, _ = launch_in_process(
         2,
         roles={"worker_0": "graceful", "worker_1": "graceful"},
-        after_ready=lambda: os.kill(os.getpid(), signal.SIGTERM),
+        after_ready=lambda: os.kill(os.getpid(), signum),
     )
     assert code == 0, stderr
-    assert "[launch] received SIGTERM; sent SIGTERM to every task" in stderr
-    assert "[worker_0] got SIGTERM" in stdout and "[worker_1] got SIGTERM" in stdout
-    assert signal.getsignal(signal.SIGTERM) is handler_before  # the handler is given back
+    name = signal.Signals(signum).name
+    assert f"[launch] received {name}; sent {name} to every task" in stderr
+    assert f"[worker_0] got {name}" in stdout and f"[worker_1] got {name}" in stdout
+    assert signal.getsignal(signum) is handler_before  # the handler is given back
 
 
 def test_a_second_signal_kills_tasks_that_do_not_stop():

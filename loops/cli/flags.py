@@ -714,10 +714,10 @@ def _take_run_settings(model_dir: str) -> None:
 
 
 def _exit_evaluator(signum, frame) -> None:
-    del signum, frame
+    del frame
     print(
-        "evaluator stopped (SIGTERM); its history is on disk: the same command goes on "
-        "after the last checkpoint it handled",
+        f"evaluator stopped ({signal.Signals(signum).name}); its history is on disk: the same "
+        "command goes on after the last checkpoint it handled",
         file=sys.stderr,
     )
     sys.exit(exit_codes.PREEMPTED)

@@ -1,4 +1,4 @@
-"""SIGTERM while a binary starts (flags, TensorFlow's import, the strategy, the build): exit 42."""
+"""SIGTERM or SIGUSR1 while a binary starts (flags, TensorFlow's import, the build): exit 42."""
 
 from __future__ import annotations
 
@@ -10,18 +10,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from loops.vocabulary import exit_codes
+from loops.vocabulary.exit_codes import PREEMPTION_SIGNALS
 
 
 def exit_preempted(signum, frame) -> None:
-    """The handler until training watches for SIGTERM: no completed step to save, so stop now."""
-    del signum, frame
-    print("preempted (SIGTERM) before training started: nothing to save", file=sys.stderr)
+    """The handler until training watches for preemption: no completed step to save, so stop."""
+    del frame
+    name = signal.Signals(signum).name
+    print(f"preempted ({name}) before training started: nothing to save", file=sys.stderr)
     sys.exit(exit_codes.PREEMPTED)
 
 
 @contextlib.contextmanager
 def sigterm_handler(handler: Callable[[int, Any], None] | int = exit_preempted) -> Iterator[None]:
-    """SIGTERM goes to `handler` inside; the handler before comes back after.
+    """SIGTERM and SIGUSR1 go to `handler` inside; the handlers before come back after.
 
     A binary's start enters it first, before absl parses its flags and long
     before TensorFlow's import, so that a scheduler's SIGTERM at any moment of
@@ -36,8 +38,9 @@ def sigterm_handler(handler: Callable[[int, Any], None] | int = exit_preempted) 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {signum: signal.signal(signum, handler) for signum in PREEMPTION_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, before in previous.items():
+            signal.signal(signum, before)

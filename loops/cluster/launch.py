@@ -440,12 +440,12 @@ class Launcher:
             pass  # it exited between the check and the signal
 
     def _forward_signals(self) -> dict[int, Any]:
-        """Installs SIGINT/SIGTERM forwarding; returns the handlers it replaced."""
+        """Installs SIGINT/SIGTERM/SIGUSR1 forwarding; returns the handlers it replaced."""
         if threading.current_thread() is not threading.main_thread():
             return {}  # only the main thread may install handlers
         return {
             signum: signal.signal(signum, self._on_signal)
-            for signum in (signal.SIGINT, signal.SIGTERM)
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
         }
 
     def _on_signal(self, signum: int, frame) -> None:

@@ -240,8 +240,8 @@ class Controller:
             self.write_results()
         if self.preempted:
             self.progress.line(
-                f"preempted (SIGTERM) at step {trainer.step}: every completed step is saved; "
-                "run the same command again to continue from it"
+                f"preempted ({preemption.received}) at step {trainer.step}: every completed step "
+                "is saved; run the same command again to continue from it"
             )
             return
         for action in self.actions:

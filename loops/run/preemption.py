@@ -1,4 +1,4 @@
-"""Turns SIGTERM into a checkpoint at the next inner-loop boundary and a clean stop."""
+"""Turns SIGTERM or SIGUSR1 into a checkpoint at the next inner-loop boundary and a clean stop."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from typing import Any
 import tensorflow as tf
 
 from loops.cluster import strategies
+from loops.vocabulary.exit_codes import PREEMPTION_SIGNALS
 
 
 class PreemptionWatcher:
-    """Notes SIGTERM while training; `should_stop` tells whether to save and stop now.
+    """Notes SIGTERM or SIGUSR1 while training; `should_stop` tells whether to save and stop now.
 
-    A cluster manager sends SIGTERM to one worker or to all of them. Under
+    A cluster manager sends one of them to one worker or to all of them. Under
     MultiWorkerMirroredStrategy every worker must save together (a checkpoint's
     collectives need them all), so the flag is all-reduced across workers at
     each inner-loop boundary, which every worker reaches at the same step.
@@ -22,8 +23,8 @@ class PreemptionWatcher:
 
     def __init__(self, strategy: tf.distribute.Strategy):
         self._strategy = strategy
-        self._requested = False
-        self._previous: Any = None  # the SIGTERM handler to give back
+        self._received: str | None = None  # the signal's name, once one came
+        self._previous: dict[int, Any] = {}  # the handlers to give back
         # Under ParameterServerStrategy only the coordinator runs the Trainer: its own flag decides.
         self._multi_worker = (
             strategies.num_workers(strategy) > 1
@@ -33,23 +34,30 @@ class PreemptionWatcher:
     def __enter__(self) -> PreemptionWatcher:
         # Signal handlers can only be installed from the main thread.
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._note)
+            self._previous = {
+                signum: signal.signal(signum, self._note) for signum in PREEMPTION_SIGNALS
+            }
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
 
     def _note(self, signum, frame) -> None:
-        del signum, frame
-        self._requested = True
+        del frame
+        self._received = self._received or signal.Signals(signum).name
+
+    @property
+    def received(self) -> str:
+        """What preempted the run, for its last line: this process's signal, or another's."""
+        return self._received or "a signal to another worker"
 
     def should_stop(self) -> bool:
-        """True when any worker received SIGTERM; every worker must call it."""
+        """True when any worker received a preemption signal; every worker must call it."""
         if not self._multi_worker:
-            return self._requested
-        flag = tf.constant(1.0 if self._requested else 0.0)
+            return self._received is not None
+        flag = tf.constant(0.0 if self._received is None else 1.0)
         per_replica = self._strategy.run(lambda: tf.identity(flag))
         # ReduceOp has only SUM and MEAN: a sum above 0 means some worker was signalled.
         return float(self._strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
