@@ -18,8 +18,9 @@ import hashlib
 import json
 import lzma
 import os
-import tempfile
 from collections.abc import Callable
+
+from loops.core import reporting
 
 # name -> compress(bytes) at its strongest setting.
 COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
@@ -72,14 +73,6 @@ def _read(cache_file: str) -> dict[str, float] | None:
 def _write(cache_file: str, figures: dict[str, float]) -> None:
     """Replaces the cache file at once; one that cannot be written only costs a rerun's time."""
     try:
-        os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-        handle, staging = tempfile.mkstemp(dir=os.path.dirname(cache_file), suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w") as stream:
-                json.dump(figures, stream)
-            os.replace(staging, cache_file)
-        except BaseException:
-            os.unlink(staging)
-            raise
+        reporting.write_text_atomic(cache_file, json.dumps(figures))
     except OSError:
         pass

@@ -18,11 +18,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
+
+from loops.core import reporting
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _JPEG_START = b"\xff\xd8\xff"
@@ -174,14 +175,8 @@ def _read_cache(cache_file: str) -> dict[str, list[int]]:
 def _write_cache(cache_file: str, files: dict[str, list[int]]) -> None:
     """Replaces the cache file at once; a cache that cannot be written is only a slower rerun."""
     try:
-        os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-        handle, staging = tempfile.mkstemp(dir=os.path.dirname(cache_file), suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w") as stream:
-                json.dump({"version": _CACHE_VERSION, "files": files}, stream)
-            os.replace(staging, cache_file)
-        except BaseException:
-            os.unlink(staging)
-            raise
+        reporting.write_text_atomic(
+            cache_file, json.dumps({"version": _CACHE_VERSION, "files": files})
+        )
     except OSError:
         pass

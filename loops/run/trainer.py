@@ -95,10 +95,8 @@ class Trainer:
         self.train_data, self.eval_data = train_data, eval_data
         self.controller = Controller(trainer=self, options=run_options)
         self._eval_input = loop_execution.EvalInput(self.strategy, self.coordinator)
-        context = self._build_definition()
+        self._context = context = self._build_definition()  # the definition's, read here too
         self.global_step, self.data_offset = context.global_step, context.data_offset
-        self._nonfinite_updates = context.nonfinite_updates
-        self._weight_averages = context.weight_averages
         self._saved_items = _everything_saved(definition, context)
         self.executor = self._make_executor()
         self.controller.restore(self._saved_items)
@@ -203,7 +201,7 @@ class Trainer:
         Without `ema_decay` it changes nothing. The Controller evaluates in
         it and `ExportOnEnd` exports in it.
         """
-        return self._weight_averages.averaged()
+        return self._context.weight_averages.averaged()
 
     @property
     def step(self) -> int:
@@ -216,7 +214,7 @@ class Trainer:
     @property
     def skips_nonfinite(self) -> bool:
         """Whether non-finite updates are left out: `NonFiniteUpdates.skips`."""
-        return self._nonfinite_updates.skips
+        return self._context.nonfinite_updates.skips
 
     # ---- The run's state, read from its parts. ----
 
