@@ -97,16 +97,19 @@ REFUSED = {
         "multi_worker_mirrored",
         None,
         "error: --strategy=multi_worker_mirrored runs one process per task of a cluster, but no "
-        "cluster was found: TF_CONFIG is unset. Set TF_CONFIG on every task (like ",
-        "start the tasks with loops-launch --num_workers=N, or use --strategy=mirrored on one "
-        "machine.",
+        "cluster was found: TF_CONFIG is unset, and neither SLURM's srun (SLURM_PROCID) nor a "
+        "Kubernetes Indexed Job (JOB_COMPLETION_INDEX) started this process. To give a cluster, "
+        "start the tasks with srun, in a Kubernetes Indexed Job (loops-launch --print=slurm or "
+        "--print=kubernetes writes either), with loops-launch --num_workers=N on one machine, or "
+        "set TF_CONFIG on every task (like ",
+        "; or use --strategy=mirrored on one machine.",
     ),
     "no TF_CONFIG (parameter_server)": (
         "parameter_server",
         None,
         "error: --strategy=parameter_server runs one process per task of a cluster, but no "
-        "cluster was found: TF_CONFIG is unset.",
-        "or use --strategy=mirrored on one machine.",
+        "cluster was found: TF_CONFIG is unset, and neither SLURM's srun",
+        "; or use --strategy=mirrored on one machine.",
     ),
     "a TF_CONFIG without a cluster": (
         "multi_worker_mirrored",

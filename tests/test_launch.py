@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -69,9 +70,14 @@ def two_workers(model_dir, digits_dir, *extra):
 class Run:
     """A subprocess whose merged output lines are collected by a thread as they come."""
 
-    def __init__(self, command):
+    def __init__(self, command, env=None):
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=ENV if env is None else env,
+            cwd=ROOT,
         )
         self.lines = []
         self._changed = threading.Condition()
@@ -189,6 +195,59 @@ def test_two_workers_give_one_machines_weights_and_loss(tmp_path, digits_dir, on
         )
         assert difference <= RTOL
     assert results(one_machine[1])["eval"]["accuracy"] >= 0.9  # it really learned
+
+
+def consecutive_free_ports(count):
+    """A first port whose next `count - 1` are free too (SLURM tasks of a node take a run)."""
+    for first in launch.free_ports(20):
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as bound:
+                    bound.bind((launch.HOST, port))
+            return first
+        except OSError:
+            continue
+    pytest.fail(f"no {count} consecutive free ports")
+
+
+def test_two_srun_tasks_find_their_cluster_and_give_one_machines_weights(
+    tmp_path, digits_dir, one_machine
+):
+    """No TF_CONFIG and no launcher: the environment srun gives two tasks on one node."""
+    model_dir, port = str(tmp_path), consecutive_free_ports(2)
+    runs = []
+    for rank in range(2):
+        srun = dict(
+            SLURM_JOB_ID="77",
+            SLURM_PROCID=str(rank),
+            SLURM_STEP_NUM_TASKS="2",
+            SLURM_STEP_NODELIST="localhost",
+            SLURM_STEP_TASKS_PER_NODE="2",
+            SLURM_NODEID="0",
+            SLURM_LOCALID=str(rank),
+            SLURMD_NODENAME="localhost",
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "loops.bin.classifier",
+            "--strategy=multi_worker_mirrored",
+            "--num_replicas=1",
+            f"--cluster_port={port}",
+            *classifier_flags(model_dir, digits_dir),
+        ]
+        runs.append(Run(command, env=dict(ENV, **srun)))
+    for rank, run in enumerate(runs):
+        run.succeed()
+        assert (
+            f"cluster: slurm, 2 workers, this task worker {rank} at localhost:{port + rank}"
+            in run.lines
+        )
+    got, expected = results(model_dir), results(one_machine[2])
+    assert got["strategy"] == "multi_worker_mirrored" and got["num_replicas"] == 2
+    assert got["train"]["loss"] == pytest.approx(expected["train"]["loss"], rel=RTOL)
+    assert got["eval"]["accuracy"] == expected["eval"]["accuracy"]
+    assert largest_weight_difference(model_dir, one_machine[2]) <= RTOL
 
 
 def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weights(

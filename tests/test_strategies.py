@@ -72,7 +72,8 @@ def test_replicas_apply_only_to_mirrored():
 
 def test_parameter_server_needs_a_cluster(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    with pytest.raises(ValueError, match="no cluster was found: TF_CONFIG is unset. Set TF_CONFIG"):
+    unset = "no cluster was found: TF_CONFIG is unset, and neither SLURM"
+    with pytest.raises(ValueError, match=unset):
         loops.make_strategy("parameter_server")
     workers_only = {"cluster": {"worker": ["127.0.0.1:2222"]}, "task": {"type": "worker"}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(workers_only))

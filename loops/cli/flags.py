@@ -597,16 +597,26 @@ def _serve_unless_chief() -> None:
 
 
 def check_cluster() -> None:
-    """Exits 1 with a sentence when --strategy needs a TF_CONFIG cluster that is missing or bad.
+    """Finds the cluster --strategy needs (--cluster) and says so; exits 1 with a sentence
+    when it is missing or bad, or when a scheduler started several tasks of a one-process run.
 
-    Runs before TensorFlow loads: a task refused for its TF_CONFIG never starts it.
+    Runs before TensorFlow loads: a task refused for its cluster never starts it.
     """
-    if strategy_name() not in cluster_config.CLUSTER_STRATEGIES:
-        return
+    from loops.cluster import scheduler_cluster
+
     try:
-        cluster_config.check_cluster(strategy_name())
+        found = scheduler_cluster.adopt_cluster(
+            strategy_name(),
+            flags.FLAGS.cluster,
+            port=flags.FLAGS.cluster_port,
+            num_ps=flags.FLAGS.cluster_num_ps,
+        )
+        if strategy_name() in cluster_config.CLUSTER_STRATEGIES:
+            cluster_config.check_cluster(strategy_name())
     except ValueError as error:
         sys.exit(f"error: {error}")
+    if found is not None:
+        print(found.line(), file=sys.stderr, flush=True)
 
 
 def _build_and_train(

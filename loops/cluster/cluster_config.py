@@ -9,19 +9,20 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-# The strategies whose processes form a TF_CONFIG cluster (the others run in one process).
-CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+from loops.cluster import scheduler_cluster
+from loops.vocabulary.choices import CLUSTER_STRATEGIES  # noqa: F401  (re-exported)
+
 # The task types of a ParameterServerStrategy cluster: the coordinator and its servers.
 PARAMETER_SERVER_TASKS = ("chief", "worker", "ps")
 _SHAPE = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}'
 
 
-def host_and_port(task: str, address: Any) -> tuple[str, int]:
+def host_and_port(task: str, address: Any, *, resolve: bool = True) -> tuple[str, int]:
     """The host and port of `task`'s TF_CONFIG `address` (`host:port`, `[v6]:port`).
 
     Raises:
         ValueError: `address` is not a host:port string, its port is outside
-            1..65535, or its host does not resolve.
+            1..65535, or (where `resolve`) its host does not resolve.
     """
     if not isinstance(address, str):
         raise ValueError(
@@ -42,6 +43,8 @@ def host_and_port(task: str, address: Any) -> tuple[str, int]:
             f"TF_CONFIG gives {task} port {port} (in {address!r}), outside 1..65535; "
             "pick a free port in that range (the same cluster on every task)."
         )
+    if not resolve:
+        return host, port
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
@@ -73,11 +76,14 @@ def read_tf_config() -> dict[str, Any]:
     return config
 
 
-def cluster_addresses(config: Mapping[str, Any]) -> dict[str, dict[int, str]]:
+def cluster_addresses(
+    config: Mapping[str, Any], *, resolve: bool = True
+) -> dict[str, dict[int, str]]:
     """TF_CONFIG's cluster as {task type: {index: address}}, every address checked.
 
     A task type's addresses may be a list (indices 0, 1, ...) or, as
-    tf.train.ClusterSpec allows, an object from index to address.
+    tf.train.ClusterSpec allows, an object from index to address. `resolve`:
+    every host must resolve now (`scheduler_cluster.peers_resolve_now`).
 
     Raises:
         ValueError: the cluster is not an object of lists, or an address is
@@ -101,7 +107,7 @@ def cluster_addresses(config: Mapping[str, Any]) -> dict[str, dict[int, str]]:
                 f'of addresses; write it like "{task_type}": ["10.0.0.1:2222"].'
             )
         for index, address in tasks.items():
-            host_and_port(f"{task_type}_{index}", address)
+            host_and_port(f"{task_type}_{index}", address, resolve=resolve)
         addresses[task_type] = tasks
     return addresses
 
@@ -153,7 +159,7 @@ def check_cluster(strategy: str) -> None:
         ValueError: a sentence naming the bad value and the fix.
     """
     config = read_tf_config()
-    addresses = cluster_addresses(config)
+    addresses = cluster_addresses(config, resolve=scheduler_cluster.peers_resolve_now())
     if not addresses:
         raise ValueError(
             f"--strategy={strategy} runs one process per task of a cluster, but no cluster "
@@ -196,7 +202,8 @@ def bind_own_port(task: str, address: str) -> socket.socket:
     Raises:
         ValueError: the port is taken by another process, or needs privileges.
     """
-    host, port = host_and_port(task, address)
+    # It binds every interface: whether the host resolves does not matter here.
+    host, port = host_and_port(task, address, resolve=False)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     bound = socket.socket(family, socket.SOCK_STREAM)
     try:

@@ -107,7 +107,11 @@ def _probe_until_up(
     awaited: Mapping[str, str],
     timeout_seconds: float,
 ) -> None:
-    endpoints = {task: host_and_port(task, address) for task, address in awaited.items()}
+    # A host that does not resolve yet (a Kubernetes pod not yet running) is
+    # down until it does; TF_CONFIG's own hosts were resolved by its check.
+    endpoints = {
+        task: host_and_port(task, address, resolve=False) for task, address in awaited.items()
+    }
     deadline = time.monotonic() + timeout_seconds
     foreign_since: dict[str, float] = {}
     missing = list(awaited)

@@ -56,6 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from loops.cluster.scheduler_cluster import FOUND_BY_VARIABLE
 from loops.vocabulary import exit_codes
 
 HOST = "127.0.0.1"
@@ -284,6 +285,8 @@ class Launcher:
             self.say(OPEN_SERVERS_NOTE)
         for task in self.tasks:
             env = dict(self._env, TF_CONFIG=tf_config(self.tasks, task), PYTHONUNBUFFERED="1")
+            # The cluster is this TF_CONFIG, not one the launcher's own process found.
+            env.pop(FOUND_BY_VARIABLE, None)
             try:
                 task.process = subprocess.Popen(
                     self.command,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import tensorflow as tf
 
-from loops.cluster import cluster_config
+from loops.cluster import cluster_config, scheduler_cluster
 from loops.cluster.cluster_config import host_and_port  # noqa: F401  (re-exported)
 from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.cluster.strategies.X keeps working)
     AWAITED_TASK_TYPES,
@@ -81,7 +82,11 @@ def _mirrored(devices: list[str]) -> tf.distribute.Strategy:
 
 
 def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
-    """The TF_CONFIG cluster for --strategy=`name`, checked for what that strategy needs.
+    """The cluster for --strategy=`name`, checked for what that strategy needs.
+
+    The cluster is TF_CONFIG's, else SLURM's or a Kubernetes Indexed Job's,
+    adopted as TF_CONFIG (`scheduler_cluster.adopt_cluster`) unless the
+    command line adopted one already.
 
     TF_CONFIG is checked before any work (see `cluster_config.check_cluster`),
     so a typo fails here with its value instead of hanging or failing inside
@@ -93,6 +98,9 @@ def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigCluste
             process holds, or (parameter_server) lacks a ps, a worker or
             exactly one chief task.
     """
+    found = scheduler_cluster.adopt_cluster(name)
+    if found is not None:
+        print(found.line(), file=sys.stderr, flush=True)
     cluster_config.check_cluster(name)
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 

@@ -18,6 +18,10 @@ STRATEGY_NAMES = (
 LOCAL_REPLICA_STRATEGIES = ("mirrored", "central_storage")
 # Strategies that run in one process on this host's devices, without a TF_CONFIG cluster.
 ONE_PROCESS_STRATEGIES = ("default", "one_device", *LOCAL_REPLICA_STRATEGIES)
+# The strategies whose processes form a TF_CONFIG cluster (the others run in one process).
+CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+# Where a multi-process strategy's cluster comes from (`loops.cluster.scheduler_cluster`).
+CLUSTER_SOURCES = ("auto", "tf_config", "slurm", "kubernetes")
 # Whether a lower or a higher value of a watched eval metric is better.
 METRIC_MODES = ("min", "max")
 PRECISION_POLICIES = ("none", "mixed_bfloat16", "mixed_float16")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from loops.vocabulary.choices import (
+    CLUSTER_SOURCES,
     METRIC_MODES,
     NONFINITE_POLICIES,
     PRECISION_POLICIES,
@@ -216,6 +217,38 @@ SETTINGS: tuple[Setting, ...] = (
         "$LOOPS_CLUSTER_TIMEOUT_SECONDS, else 600.",
         "float",
         lower_bound=0.0,
+    ),
+    Setting(
+        "cluster",
+        "strategy",
+        "Where the tasks of multi_worker_mirrored and parameter_server find their cluster: "
+        "auto tries TF_CONFIG, then SLURM's srun (SLURM_PROCID, the step's node list and "
+        "tasks per node), then a Kubernetes Indexed Job (JOB_COMPLETION_INDEX, "
+        "$LOOPS_CLUSTER_TASKS, $LOOPS_CLUSTER_SERVICE), and names what it looked for when "
+        "none is there.",
+        "enum",
+        flag_default="auto",
+        choices=CLUSTER_SOURCES,
+    ),
+    Setting(
+        "cluster_port",
+        "strategy",
+        "--cluster=slurm or kubernetes: the port of each node's first task (a node's next "
+        "tasks take the ports after it). Default: Kubernetes 2222; SLURM a port from 20000 "
+        "that follows SLURM_JOB_ID, so jobs sharing a node differ.",
+        "integer",
+        lower_bound=1,
+        upper_bound=65535,
+    ),
+    Setting(
+        "cluster_num_ps",
+        "strategy",
+        "--strategy=parameter_server with --cluster=slurm or kubernetes: how many tasks are "
+        "parameter servers. Task 0 is the chief, the next this many the servers, the rest "
+        "workers.",
+        "integer",
+        flag_default=0,
+        lower_bound=0,
     ),
     Setting(
         "train_steps",

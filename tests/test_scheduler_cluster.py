@@ -1,0 +1,349 @@
+"""The cluster a task finds from its scheduler's environment: SLURM's srun, a Kubernetes
+Indexed Job, TF_CONFIG, in that order of trust; every inconsistency a sentence."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from loops.cluster import cluster_config, scheduler_cluster
+from loops.cluster.scheduler_cluster import (
+    adopt_cluster,
+    expand_hostlist,
+    expand_tasks_per_node,
+    find_cluster,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize(
+    "text, hosts",
+    [
+        ("cpu3", ["cpu3"]),
+        ("gpu[01-04,07],cpu3", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "cpu3"]),
+        ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+        ("n[098-101]", ["n098", "n099", "n100", "n101"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("a,b[3],c-d[1,5]", ["a", "b3", "c-d1", "c-d5"]),
+        ("node-[001-002].cluster", ["node-001.cluster", "node-002.cluster"]),
+    ],
+)
+def test_slurm_host_lists_expand_in_order_with_their_padding(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("gpu[01-04", "its brackets do not pair up"),
+        ("gpu01-04]", "its brackets do not pair up"),
+        ("gpu[[1]]", "its brackets do not pair up"),
+        ("gpu[4-1]", "the range '4-1' runs backwards"),
+        ("gpu[a-b]", "[a-b] holds 'a-b', not N or N-M"),
+        ("gpu1,,gpu2", "'' is not a host name or name[range]"),
+    ],
+)
+def test_a_bad_host_list_is_named(text, why):
+    with pytest.raises(ValueError) as raised:
+        expand_hostlist(text)
+    assert str(raised.value) == (
+        f"SLURM's node list {text!r} cannot be read: {why}. It should look like "
+        "gpu[01-04,07],cpu3; run the task under srun, which sets it."
+    )
+
+
+def test_tasks_per_node_expand_and_a_bad_one_is_named():
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert expand_tasks_per_node("4") == [4]
+    with pytest.raises(ValueError, match=r"'2x3' is not N or N\(xM\) \(like 2\(x3\),1\)"):
+        expand_tasks_per_node("2x3")
+
+
+def srun(rank, nodes="gpu[01-02],cpu3", per_node="2(x2),1", tasks=5, job="4321", **more):
+    """The environment srun gives task `rank` of a step (block placement)."""
+    placed = [
+        (host, local)
+        for host, count in zip(expand_hostlist(nodes), expand_tasks_per_node(per_node))
+        for local in range(count)
+    ]
+    host, local = placed[rank]
+    environ = {
+        "SLURM_JOB_ID": job,
+        "SLURM_PROCID": str(rank),
+        "SLURM_STEP_NUM_TASKS": str(tasks),
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_STEP_NODELIST": nodes,
+        "SLURM_JOB_NODELIST": nodes,
+        "SLURM_STEP_TASKS_PER_NODE": per_node,
+        "SLURM_NODEID": str(expand_hostlist(nodes).index(host)),
+        "SLURM_LOCALID": str(local),
+        "SLURMD_NODENAME": host,
+    }
+    environ.update(more)
+    return environ
+
+
+def test_every_srun_task_resolves_to_one_cluster_and_its_own_place_in_it():
+    # Job 4321: port slot 321 of 40 ports each from 20000.
+    base = 20000 + 321 * 40
+    expected = [
+        f"gpu01:{base}",
+        f"gpu01:{base + 1}",
+        f"gpu02:{base}",
+        f"gpu02:{base + 1}",
+        f"cpu3:{base}",
+    ]
+    for rank in range(5):
+        found = find_cluster("multi_worker_mirrored", "auto", environ=srun(rank))
+        assert found.found_by == "slurm"
+        assert found.cluster == {"worker": expected}
+        assert (found.task_type, found.task_index) == ("worker", rank)
+    assert found.line() == f"cluster: slurm, 5 workers, this task worker 4 at cpu3:{base}"
+    explicit = find_cluster("multi_worker_mirrored", "slurm", port=2222, environ=srun(2))
+    assert explicit.cluster["worker"][2:4] == ["gpu02:2222", "gpu02:2223"]
+    assert explicit.line() == "cluster: slurm, 5 workers, this task worker 2 at gpu02:2222"
+
+
+def test_a_parameter_server_cluster_from_srun_has_a_chief_then_servers_then_workers():
+    environ = srun(3, nodes="n[1-5]", per_node="1(x5)", tasks=5)
+    found = find_cluster("parameter_server", "slurm", port=3000, num_ps=2, environ=environ)
+    assert found.cluster == {
+        "chief": ["n1:3000"],
+        "ps": ["n2:3000", "n3:3000"],
+        "worker": ["n4:3000", "n5:3000"],
+    }
+    assert (found.task_type, found.task_index) == ("worker", 0)
+    assert found.line() == (
+        "cluster: slurm, 1 chief, 2 pss, 2 workers, this task worker 0 at n4:3000"
+    )
+    with pytest.raises(ValueError, match=r"needs --cluster_num_ps >= 1 and at least"):
+        find_cluster("parameter_server", "slurm", num_ps=0, environ=environ)
+    with pytest.raises(ValueError, match=r"--cluster_num_ps=1 asks for parameter servers"):
+        find_cluster("multi_worker_mirrored", "slurm", num_ps=1, environ=environ)
+
+
+SLURM_INCONSISTENT = {
+    "a rank outside the step": (
+        dict(SLURM_PROCID="5"),
+        "SLURM_PROCID=5 is outside the step's 5 task(s) (SLURM_STEP_NUM_TASKS); each task "
+        "needs its own rank below the task count, which srun gives.",
+    ),
+    "tasks per node that do not add up": (
+        dict(SLURM_STEP_NUM_TASKS="6"),
+        "SLURM_STEP_TASKS_PER_NODE='2(x2),1' adds up to 5 task(s), but the step has 6; both "
+        "must come from the same srun step.",
+    ),
+    "a node count that does not match the node list": (
+        dict(SLURM_STEP_TASKS_PER_NODE="2,3"),
+        "SLURM_STEP_TASKS_PER_NODE='2,3' gives 2 node(s) but SLURM_STEP_NODELIST lists 3 "
+        "(gpu01, gpu02, cpu3); both must come from the same srun step.",
+    ),
+    "a node listed twice": (
+        dict(SLURM_STEP_NODELIST="gpu[01-02],gpu01"),
+        "SLURM_STEP_NODELIST='gpu[01-02],gpu01' lists gpu01 more than once, so two tasks "
+        "would serve on one port; list each node once (srun does).",
+    ),
+    "a task on another node than its rank's": (
+        dict(SLURMD_NODENAME="cpu3"),
+        "SLURM runs task 1 on cpu3, but placing tasks block by block over the node list puts "
+        "it on gpu01 as task 1 of that node, which the other tasks will look for; start the "
+        "step with srun --distribution=block.",
+    ),
+    "cyclic placement": (
+        dict(SLURMD_NODENAME="", SLURM_NODEID="1", SLURM_LOCALID="0"),
+        "SLURM runs task 1 on node 1 (gpu02), but placing tasks block by block",
+    ),
+    "a task that is another of its node's": (
+        dict(SLURMD_NODENAME="", SLURM_LOCALID="0"),
+        "SLURM runs task 1 as task 0 of its node, but placing tasks block by block",
+    ),
+    "ports past 65535": (
+        dict(),
+        "Port 65535 plus 2 tasks on a node runs past 65535; pass a lower --cluster_port.",
+    ),
+    "no rank": (
+        dict(SLURM_PROCID="x"),
+        "SLURM_PROCID (this task's rank) is 'x', not a whole number; run the command under "
+        "srun (in an sbatch script: srun <command>).",
+    ),
+    "uneven tasks without tasks per node": (
+        dict(SLURM_STEP_TASKS_PER_NODE="", SLURM_TASKS_PER_NODE=""),
+        "5 SLURM task(s) do not spread evenly over the 3 node(s) of SLURM_STEP_NODELIST, and "
+        "SLURM_STEP_TASKS_PER_NODE, which says how they spread, is unset; run the command "
+        "under srun, which sets it.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SLURM_INCONSISTENT))
+def test_each_inconsistent_srun_environment_is_a_sentence(case):
+    changes, sentence = SLURM_INCONSISTENT[case]
+    port = 65535 if case == "ports past 65535" else None
+    with pytest.raises(ValueError) as raised:
+        find_cluster("multi_worker_mirrored", "auto", port=port, environ=srun(1, **changes))
+    assert str(raised.value).startswith(sentence)
+
+
+def indexed_job(index, tasks=3, hostname=None, **more):
+    """The environment of pod `index` of Indexed Job `train` behind Service `train-workers`."""
+    environ = {
+        "JOB_COMPLETION_INDEX": str(index),
+        "HOSTNAME": f"train-{index}" if hostname is None else hostname,
+        scheduler_cluster.KUBERNETES_TASKS_VARIABLE: str(tasks),
+        scheduler_cluster.KUBERNETES_SERVICE_VARIABLE: "train-workers",
+    }
+    environ.update(more)
+    return environ
+
+
+def test_every_pod_of_an_indexed_job_resolves_to_one_cluster_and_its_own_place():
+    expected = [f"train-{index}.train-workers:2222" for index in range(3)]
+    for index in range(3):
+        found = find_cluster("multi_worker_mirrored", "auto", environ=indexed_job(index))
+        assert found.found_by == "kubernetes"
+        assert found.cluster == {"worker": expected}
+        assert found.task_index == index
+    assert found.line() == (
+        "cluster: kubernetes, 3 workers, this task worker 2 at train-2.train-workers:2222"
+    )
+    named = indexed_job(1, hostname="elsewhere", LOOPS_CLUSTER_JOB="run7")
+    found = find_cluster("parameter_server", "kubernetes", port=5000, num_ps=1, environ=named)
+    assert found.cluster == {
+        "chief": ["run7-0.train-workers:5000"],
+        "ps": ["run7-1.train-workers:5000"],
+        "worker": ["run7-2.train-workers:5000"],
+    }
+    assert (found.task_type, found.task_index) == ("ps", 0)
+
+
+KUBERNETES_INCONSISTENT = {
+    "an index outside the job": (
+        indexed_job(3),
+        "JOB_COMPLETION_INDEX=3 is outside the Job's 3 pod(s) (LOOPS_CLUSTER_TASKS=3); set "
+        "LOOPS_CLUSTER_TASKS to the Job's completions.",
+    ),
+    "no task count": (
+        {k: v for k, v in indexed_job(0).items() if k != "LOOPS_CLUSTER_TASKS"},
+        "LOOPS_CLUSTER_TASKS (the Job's completions) is unset, not a whole number; set it in "
+        "the pod's environment to the Job's completions; run the pod in an Indexed Job "
+        "(loops-launch --print=kubernetes writes one).",
+    ),
+    "no service": (
+        indexed_job(0, LOOPS_CLUSTER_SERVICE=""),
+        "LOOPS_CLUSTER_SERVICE is unset: it names the headless Service the Job's pods name as "
+        "their subdomain, through which they reach each other; set it",
+    ),
+    "a host name that is not the job's": (
+        indexed_job(1, hostname="train-7"),
+        "This pod's host name 'train-7' is not <job>-1, which names the pods of an Indexed "
+        "Job; set LOOPS_CLUSTER_JOB to the Job's name.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(KUBERNETES_INCONSISTENT))
+def test_each_inconsistent_kubernetes_environment_is_a_sentence(case):
+    environ, sentence = KUBERNETES_INCONSISTENT[case]
+    with pytest.raises(ValueError) as raised:
+        find_cluster("multi_worker_mirrored", "auto", environ=environ)
+    assert str(raised.value).startswith(sentence)
+
+
+def test_auto_trusts_tf_config_then_slurm_then_kubernetes():
+    tf_config = json.dumps(
+        {"cluster": {"worker": ["h1:1", "h2:2"]}, "task": {"type": "worker", "index": 1}}
+    )
+    everything = {**indexed_job(0), **srun(0), "TF_CONFIG": tf_config}
+    assert find_cluster("multi_worker_mirrored", environ=everything).found_by == "tf_config"
+    assert find_cluster("multi_worker_mirrored", environ=everything).line() == (
+        "cluster: TF_CONFIG, 2 workers, this task worker 1 at h2:2"
+    )
+    del everything["TF_CONFIG"]
+    assert find_cluster("multi_worker_mirrored", environ=everything).found_by == "slurm"
+    assert find_cluster("multi_worker_mirrored", environ=indexed_job(0)).found_by == "kubernetes"
+    # Named, a source wins over TF_CONFIG.
+    everything["TF_CONFIG"] = tf_config
+    found = find_cluster("multi_worker_mirrored", "kubernetes", environ=everything)
+    assert found.found_by == "kubernetes"
+
+
+def test_no_cluster_names_what_was_looked_for_and_a_batch_script_without_srun_is_told():
+    with pytest.raises(ValueError) as raised:
+        find_cluster("multi_worker_mirrored", environ={})
+    assert str(raised.value).startswith(
+        "--strategy=multi_worker_mirrored runs one process per task of a cluster, but no "
+        "cluster was found: TF_CONFIG is unset, and neither SLURM's srun (SLURM_PROCID) nor a "
+        "Kubernetes Indexed Job (JOB_COMPLETION_INDEX) started this process. To give a cluster"
+    )
+    with pytest.raises(ValueError) as raised:
+        find_cluster("multi_worker_mirrored", environ={"SLURM_JOB_ID": "88"})
+    assert (
+        "This process runs inside SLURM job 88 but was not started by srun (SLURM_PROCID is "
+        "unset): in an sbatch script, run it as srun <command>." in str(raised.value)
+    )
+
+
+def test_a_one_process_strategy_started_as_several_tasks_is_refused():
+    with pytest.raises(ValueError) as raised:
+        find_cluster("mirrored", environ=srun(0))
+    assert str(raised.value) == (
+        "srun started 5 tasks of this command, but --strategy=mirrored trains in one process, "
+        "so each task would train alone on the same model_dir; use "
+        "--strategy=multi_worker_mirrored (one cluster of all tasks), or start one task."
+    )
+    with pytest.raises(ValueError, match="^the Kubernetes Job started 3 tasks of this command"):
+        find_cluster("default", environ=indexed_job(0))
+    one_task = srun(0, nodes="n1", per_node="1", tasks=1)
+    assert find_cluster("mirrored", environ=one_task) is None
+    with pytest.raises(ValueError, match="^--cluster=slurm says where the tasks of a multi-"):
+        find_cluster("mirrored", "slurm", environ=one_task)
+
+
+def test_adopting_writes_tf_config_once_and_it_passes_the_cluster_check(monkeypatch):
+    environ = srun(1, nodes="localhost", per_node="2", tasks=2)
+    found = adopt_cluster("multi_worker_mirrored", port=40000, environ=environ)
+    assert json.loads(environ["TF_CONFIG"]) == {
+        "cluster": {"worker": ["localhost:40000", "localhost:40001"]},
+        "task": {"type": "worker", "index": 1},
+    }
+    assert environ[scheduler_cluster.FOUND_BY_VARIABLE] == "slurm"
+    # Adopted once: the second call (make_strategy after the command line) finds nothing new.
+    assert adopt_cluster("multi_worker_mirrored", environ=environ) is None
+    assert found.line() == "cluster: slurm, 2 workers, this task worker 1 at localhost:40001"
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    cluster_config.check_cluster("multi_worker_mirrored")
+
+
+def test_only_a_kubernetes_cluster_may_name_peers_that_do_not_resolve_yet(monkeypatch):
+    environ = indexed_job(0, tasks=2)
+    adopt_cluster("multi_worker_mirrored", port=40002, environ=environ)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    # train-1.train-workers resolves nowhere; its pod may not run yet, and the wait retries.
+    cluster_config.check_cluster("multi_worker_mirrored")
+    monkeypatch.delenv(scheduler_cluster.FOUND_BY_VARIABLE)
+    with pytest.raises(ValueError, match="which does not resolve"):
+        cluster_config.check_cluster("multi_worker_mirrored")
+
+
+def test_a_binary_started_by_srun_as_several_one_process_tasks_stops_before_tensorflow():
+    environment = dict(os.environ, **srun(0, nodes="n1", per_node="2", tasks=2))
+    environment.pop("TF_CONFIG", None)
+    finished = subprocess.run(
+        [sys.executable, "-m", "loops.bin.classifier", "--strategy=mirrored", "--num_replicas=1"],
+        env=environment,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert finished.returncode == 1
+    assert finished.stderr.strip().endswith(
+        "error: srun started 2 tasks of this command, but --strategy=mirrored trains in one "
+        "process, so each task would train alone on the same model_dir; use "
+        "--strategy=multi_worker_mirrored (one cluster of all tasks), or start one task."
+    )
