@@ -347,3 +347,181 @@ def test_a_binary_started_by_srun_as_several_one_process_tasks_stops_before_tens
         "process, so each task would train alone on the same model_dir; use "
         "--strategy=multi_worker_mirrored (one cluster of all tasks), or start one task."
     )
+
+
+# ---- The templates loops-launch prints: what each gives its tasks resolves to the cluster. ----
+
+# Runs each task of an sbatch script's step as srun would on the nodes of
+# $FAKE_NODES (one task per node, block placement), then exits with the
+# highest exit code, or $FAKE_EXIT when set (a preempted step).
+FAKE_SRUN = """#!{python}
+import os, subprocess, sys
+sys.path.insert(0, {root!r})
+from loops.cluster.scheduler_cluster import expand_hostlist
+args = sys.argv[1:]
+assert args[0] == "--distribution=block", args
+command = args[1:]
+nodes = expand_hostlist(os.environ["FAKE_NODES"])
+codes = []
+for rank, node in enumerate(nodes):
+    env = dict(os.environ, SLURM_JOB_ID="9", SLURM_PROCID=str(rank),
+               SLURM_STEP_NUM_TASKS=str(len(nodes)), SLURM_STEP_NODELIST=os.environ["FAKE_NODES"],
+               SLURM_STEP_TASKS_PER_NODE="1(x%d)" % len(nodes), SLURM_NODEID=str(rank),
+               SLURM_LOCALID="0", SLURMD_NODENAME=node)
+    codes.append(subprocess.run(command, env=env).returncode)
+sys.exit(int(os.environ.get("FAKE_EXIT") or max(codes)))
+"""
+FAKE_SCONTROL = """#!/bin/sh
+echo "scontrol $*" >> "$FAKE_LOG"
+"""
+
+
+def printed(capsys, *argv):
+    from loops.cluster import launch
+
+    assert launch.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def run_script(script, tmp_path, nodes, fake_exit=""):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text.format(python=sys.executable, root=ROOT))
+        (bin_dir / name).chmod(0o755)
+    # The script's python3 is this one, with loops importable.
+    if not (bin_dir / "python3").exists():
+        (bin_dir / "python3").symlink_to(sys.executable)
+    log = tmp_path / "scontrol.log"
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("SLURM", "TF_CONFIG", "JOB_COMPLETION", "LOOPS_CLUSTER"))
+    }
+    environment.update(
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=ROOT,
+        FAKE_NODES=nodes,
+        FAKE_EXIT=fake_exit,
+        FAKE_LOG=str(log),
+        SLURM_JOB_ID="9",
+    )
+    finished = subprocess.run(
+        ["bash", "-c", script], env=environment, capture_output=True, text=True, timeout=60
+    )
+    return finished, (log.read_text() if log.exists() else "")
+
+
+def test_the_slurm_template_gives_each_task_its_place_and_requeues_a_preempted_job(
+    capsys, tmp_path
+):
+    script = printed(
+        capsys,
+        "--print=slurm",
+        "--num_workers=2",
+        "--num_ps=1",
+        "--job_name=digits",
+        "--",
+        "loops.cluster.scheduler_cluster",
+        "--strategy=parameter_server",
+        "--model_dir=/shared/run",
+    )
+    directives = [line.split()[1] for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert directives == [
+        "--job-name=digits",
+        "--nodes=4",
+        "--ntasks-per-node=1",
+        "--signal=USR1@90",
+        "--requeue",
+        "--open-mode=append",
+        "--output=digits-%j.out",
+    ]
+    assert (
+        "srun --distribution=block python3 -m loops.cluster.scheduler_cluster "
+        "--strategy=parameter_server --model_dir=/shared/run --cluster_num_ps=1\n" in script
+    )
+    # Each of the 4 tasks finds the same cluster and its own place in it.
+    finished, requeued = run_script(script, tmp_path, "gpu[01-04]")
+    assert finished.returncode == 0, finished.stderr
+    lines = [line for line in finished.stdout.splitlines() if line.startswith("cluster:")]
+    slurm_ports = 20000 + 9 * 40
+    assert lines == [
+        f"cluster: slurm, 1 chief, 1 ps, 2 workers, this task {task} at gpu0{node}:{slurm_ports}"
+        for task, node in (("chief 0", 1), ("ps 0", 2), ("worker 0", 3), ("worker 1", 4))
+    ]
+    assert requeued == ""
+    # A preempted step (every task saved and exited 42): the job is requeued and exits 42.
+    finished, requeued = run_script(script, tmp_path, "gpu[01-04]", fake_exit="42")
+    assert finished.returncode == 42
+    assert requeued == "scontrol requeue 9\n"
+    assert "preempted (exit 42): requeueing job 9" in finished.stderr
+
+
+def test_the_kubernetes_template_gives_each_pod_its_place_and_replaces_preempted_pods(capsys):
+    manifest = json.loads(
+        printed(
+            capsys,
+            "--print=kubernetes",
+            "--num_workers=3",
+            "--image=registry.example.com/loops:1",
+            "--job_name=digits",
+            "--port=2345",
+            "--",
+            "loops.bin.classifier",
+            "--strategy=multi_worker_mirrored",
+            "--model_dir=/shared/run",
+        )
+    )
+    service, job = manifest["items"]
+    assert (service["kind"], job["kind"]) == ("Service", "Job")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "digits"}
+    assert service["spec"]["ports"] == [{"name": "tensorflow", "port": 2345}]
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"] == job["metadata"]["name"]
+    assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] == 90
+    exit_rule, disruption_rule = spec["podFailurePolicy"]["rules"]
+    assert exit_rule == {
+        "action": "Ignore",
+        "onExitCodes": {"containerName": "task", "operator": "In", "values": [42]},
+    }
+    assert disruption_rule["onPodConditions"] == [{"type": "DisruptionTarget"}]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example.com/loops:1"
+    assert container["command"] == [
+        "python3",
+        "-m",
+        "loops.bin.classifier",
+        "--strategy=multi_worker_mirrored",
+        "--model_dir=/shared/run",
+    ]
+    # What each pod sees: the manifest's environment, Kubernetes' index and host name.
+    environment = {variable["name"]: variable["value"] for variable in container["env"]}
+    expected = [f"digits-{index}.digits:2345" for index in range(3)]
+    for index in range(3):
+        pod_environ = dict(environment, JOB_COMPLETION_INDEX=str(index), HOSTNAME=f"digits-{index}")
+        found = find_cluster("multi_worker_mirrored", port=2345, environ=pod_environ)
+        assert found.cluster == {"worker": expected} and found.task_index == index
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--print=kubernetes", "--num_workers=2"], "--print=kubernetes needs --image"),
+        (
+            ["--print=kubernetes", "--num_workers=2", "--image=x", "--job_name=Big_Run"],
+            "--job_name='Big_Run' cannot name a Kubernetes Job and Service",
+        ),
+        (["--print=slurm", "--num_workers=0"], "--num_workers=0: a cluster needs at least one"),
+        (["--print=slurm", "--num_workers=2", "--evaluator"], "a template has none"),
+    ],
+)
+def test_template_arguments_that_cannot_work_are_named(capsys, argv, message):
+    from loops.cluster import launch
+
+    with pytest.raises(SystemExit) as exited:
+        launch.main([*argv, "--", "loops.bin.classifier"])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err

@@ -56,7 +56,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from loops.cluster.scheduler_cluster import FOUND_BY_VARIABLE
+from loops.cluster import templates
+from loops.cluster.scheduler_cluster import DEFAULT_KUBERNETES_PORT, FOUND_BY_VARIABLE
 from loops.vocabulary import exit_codes
 
 HOST = "127.0.0.1"
@@ -126,6 +127,17 @@ def free_ports(count: int, host: str = HOST) -> list[int]:
             bound.close()
 
 
+def check_counts(num_workers: int, num_ps: int) -> None:
+    """Raises UsageError unless num_workers >= 1 and num_ps >= 0."""
+    if num_workers < 1:
+        raise UsageError(
+            f"--num_workers={num_workers}: a cluster needs at least one worker; pass "
+            "--num_workers=2 (or more) for a multi-worker run."
+        )
+    if num_ps < 0:
+        raise UsageError(f"--num_ps={num_ps} is negative; pass --num_ps=0 (the default) or more.")
+
+
 def plan_cluster(
     num_workers: int, num_ps: int = 0, host: str = HOST, *, evaluator: bool = False
 ) -> list[Task]:
@@ -139,13 +151,7 @@ def plan_cluster(
     Raises:
         UsageError: num_workers < 1 or num_ps < 0.
     """
-    if num_workers < 1:
-        raise UsageError(
-            f"--num_workers={num_workers}: a cluster needs at least one worker; pass "
-            "--num_workers=2 (or more) for a multi-worker run."
-        )
-    if num_ps < 0:
-        raise UsageError(f"--num_ps={num_ps} is negative; pass --num_ps=0 (the default) or more.")
+    check_counts(num_workers, num_ps)
     counts = {"chief": 1 if num_ps else 0, "worker": num_workers, "ps": num_ps}
     ports = iter(free_ports(sum(counts.values()), host))
     tasks = [
@@ -539,7 +545,90 @@ def _parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds a task has to exit after SIGTERM before SIGKILL (default 10)",
     )
+    _add_template_arguments(parser)
     return parser
+
+
+def _add_template_arguments(parser: argparse.ArgumentParser) -> None:
+    template = parser.add_argument_group(
+        "templates (print instead of running: the cluster is the scheduler's)"
+    )
+    template.add_argument(
+        "--print",
+        choices=templates.TEMPLATES,
+        help="write to stdout an sbatch script (slurm) or a Kubernetes Service and Indexed "
+        "Job (kubernetes, JSON for kubectl apply -f) that run the command on --num_workers "
+        "tasks (and --num_ps servers and a chief), requeued when preempted",
+    )
+    template.add_argument("--job_name", default="loops", help="the job's name (default loops)")
+    template.add_argument(
+        "--image", help="--print=kubernetes: the container image the tasks run (required)"
+    )
+    template.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_KUBERNETES_PORT,
+        help=f"--print=kubernetes: the port every pod serves on (default "
+        f"{DEFAULT_KUBERNETES_PORT})",
+    )
+
+
+# A Kubernetes object name that also makes `<name>-<index>` a valid host name.
+_KUBERNETES_NAME = re.compile(r"[a-z]([-a-z0-9]{0,50}[a-z0-9])?")
+
+
+def template_command(words: Sequence[str]) -> list[str]:
+    """The command a template runs on the cluster's hosts: a dotted module path runs
+    with `python3 -m` there, anything else as given.
+
+    Raises:
+        UsageError: no words.
+    """
+    if not words:
+        raise UsageError(f"No command after `--`; put the module or command there, e.g. {EXAMPLE}")
+    first = words[0]
+    if "." in first and not first.endswith(".py") and _MODULE_PATH.fullmatch(first):
+        return ["python3", "-m", *words]
+    return list(words)
+
+
+def print_template(options: argparse.Namespace, words: Sequence[str]) -> str:
+    """The template --print asks for.
+
+    Raises:
+        UsageError: a flag the template cannot honour, or a missing one.
+    """
+    check_counts(options.num_workers, options.num_ps)
+    if options.evaluator:
+        raise UsageError(
+            "--evaluator starts a process beside a local cluster; a template has none: run "
+            "the evaluator as its own job (--mode=evaluate_checkpoints on the same model_dir)."
+        )
+    command = template_command(words)
+    if options.print == "slurm":
+        return templates.slurm_script(
+            command, options.num_workers, options.num_ps, job_name=options.job_name
+        )
+    if not options.image:
+        raise UsageError(
+            "--print=kubernetes needs --image: the container image, with loops installed, "
+            "that the tasks run (e.g. --image=registry.example.com/loops:1)."
+        )
+    if not _KUBERNETES_NAME.fullmatch(options.job_name):
+        raise UsageError(
+            f"--job_name={options.job_name!r} cannot name a Kubernetes Job and Service: use "
+            "lowercase letters, digits and '-', starting with a letter, at most 52 characters."
+        )
+    if not 1 <= options.port <= 65535:
+        raise UsageError(f"--port={options.port} is outside 1..65535; pick a port in range.")
+    return templates.kubernetes_manifest(
+        command,
+        options.num_workers,
+        options.num_ps,
+        job_name=options.job_name,
+        image=options.image,
+        port=options.port,
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -552,7 +641,8 @@ def main(argv: Sequence[str]) -> int:
     if unknown:
         parser.error(
             f"unexpected {' '.join(unknown)}; the launcher takes --num_workers, "
-            "--num_ps, --evaluator and --grace_period, and the command goes after `--`, "
+            "--num_ps, --evaluator, --grace_period and the template flags (--help), and the "
+            "command goes after `--`, "
             f"e.g. {EXAMPLE}"
         )
     if options.num_workers is None:
@@ -562,6 +652,9 @@ def main(argv: Sequence[str]) -> int:
     if split == len(argv):
         parser.error(f"no `--` and no command after it; e.g. {EXAMPLE}")
     try:
+        if options.print:
+            print(print_template(options, words), end="")
+            return 0
         command = resolve_command(words)
         launcher = Launcher(
             command,

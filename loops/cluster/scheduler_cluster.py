@@ -493,3 +493,40 @@ def peers_resolve_now(environ: Mapping[str, str] | None = None) -> bool:
     """
     environ = os.environ if environ is None else environ
     return environ.get(FOUND_BY_VARIABLE) != "kubernetes"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m loops.cluster.scheduler_cluster --strategy=S [a binary's other flags]`:
+    prints the cluster line and the TF_CONFIG this task would get, or the sentence (exit 1).
+
+    It reads --strategy, --cluster, --cluster_port and --cluster_num_ps as a
+    binary does and ignores the rest, so a template's command can be checked
+    by running this module in the binary's place.
+    """
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m loops.cluster.scheduler_cluster")
+    parser.add_argument("--strategy", default="multi_worker_mirrored")
+    parser.add_argument("--cluster", default="auto")
+    parser.add_argument("--cluster_port", type=int)
+    parser.add_argument("--cluster_num_ps", type=int, default=0)
+    options, _ = parser.parse_known_args(argv)
+    try:
+        found = find_cluster(
+            options.strategy,
+            options.cluster,
+            port=options.cluster_port,
+            num_ps=options.cluster_num_ps,
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(found.line() if found else f"--strategy={options.strategy} runs in one process")
+    if found is not None:
+        print(f"TF_CONFIG={found.tf_config()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
