@@ -2,8 +2,11 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -105,3 +108,67 @@ def make_trainer(definition_class, /, *args, **arguments):
     run = {name: value for name, value in arguments.items() if name in settings}
     own = {name: value for name, value in arguments.items() if name not in settings}
     return loops.Trainer(definition_class(*args, **own), **run)
+
+
+class OutputRun:
+    """A subprocess whose merged output lines are collected by a thread as they come."""
+
+    def __init__(self, command, env):
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        self.lines = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def output(self):
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern, timeout=120):
+        """Returns the match of the first output line matching `pattern`."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    match = re.search(pattern, line)
+                    if match:
+                        return match
+                assert self._reader.is_alive(), (
+                    f"the run ended (exit code {self.process.poll()}) with no line matching "
+                    f"{pattern!r}:\n{self.output[-3000:]}"
+                )
+                left = deadline - time.monotonic()
+                assert left > 0, (
+                    f"no line matching {pattern!r} in {timeout} s:\n{self.output[-3000:]}"
+                )
+                self._changed.wait(min(left, 1.0))
+
+    def finish(self, timeout=180):
+        """Waits for the end; returns the exit code."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        self._reader.join(timeout=10)
+        return code
+
+    def succeed(self, timeout=180):
+        code = self.finish(timeout)
+        assert code == 0, f"exit code {code}:\n{self.output[-4000:]}"
+        return self

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT, checkpoint_weights
+from conftest import OutputRun as _OutputRun
 from conftest import read_results as results
 from loops.cluster import launch
 from loops.testing import relative_error
@@ -67,68 +68,11 @@ def two_workers(model_dir, digits_dir, *extra):
     ]
 
 
-class Run:
-    """A subprocess whose merged output lines are collected by a thread as they come."""
+class Run(_OutputRun):
+    """A subprocess of this module's environment whose output lines are collected."""
 
     def __init__(self, command, env=None):
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=ENV if env is None else env,
-            cwd=ROOT,
-        )
-        self.lines = []
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            with self._changed:
-                self.lines.append(line.rstrip("\n"))
-                self._changed.notify_all()
-        with self._changed:
-            self._changed.notify_all()
-
-    @property
-    def output(self):
-        return "\n".join(self.lines)
-
-    def wait_for(self, pattern, timeout=120):
-        """Returns the match of the first output line matching `pattern`."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                for line in self.lines:
-                    match = re.search(pattern, line)
-                    if match:
-                        return match
-                assert self._reader.is_alive(), (
-                    f"the run ended (exit code {self.process.poll()}) with no line matching "
-                    f"{pattern!r}:\n{self.output[-3000:]}"
-                )
-                left = deadline - time.monotonic()
-                assert left > 0, (
-                    f"no line matching {pattern!r} in {timeout} s:\n{self.output[-3000:]}"
-                )
-                self._changed.wait(min(left, 1.0))
-
-    def finish(self, timeout=180):
-        """Waits for the end; returns the exit code."""
-        try:
-            code = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise
-        self._reader.join(timeout=10)
-        return code
-
-    def succeed(self, timeout=180):
-        code = self.finish(timeout)
-        assert code == 0, f"exit code {code}:\n{self.output[-4000:]}"
-        return self
+        super().__init__(command, ENV if env is None else env)
 
 
 def largest_weight_difference(model_dir, reference_dir):

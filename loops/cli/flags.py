@@ -573,14 +573,9 @@ def run_binary(
                 quiet_logging()
         else:
             quiet_logging()
-        from loops.run.actions import UnknownMetricError
-        from loops.run.loop import NonFiniteError
-
         if flags.FLAGS.strategy == "parameter_server":
             _serve_unless_chief()
-        _build_and_train(
-            build_trainer, summary, explain_failure, NonFiniteError, UnknownMetricError
-        )
+        _build_and_train(build_trainer, summary, explain_failure)
 
 
 def _serve_unless_chief() -> None:
@@ -623,9 +618,13 @@ def _build_and_train(
     build_trainer: Callable,
     summary: Callable | None,
     explain_failure: Callable[[Any, Exception], str | None] | None,
-    *errors_to_report: type[Exception],
 ) -> None:
     import tensorflow as tf
+
+    from loops.run.actions import UnknownMetricError
+    from loops.vocabulary.errors import ClusterTaskLostError, NonFiniteError
+
+    errors_to_report = (NonFiniteError, UnknownMetricError, ClusterTaskLostError)
 
     try:
         trainer = build_trainer()

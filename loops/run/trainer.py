@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops.cluster import cluster_config, lost_task, strategies
 from loops.core import mixed_precision as mixed_precision_lib
 from loops.core import reporting, weight_average
 from loops.core.update import UpdateStates
@@ -21,6 +21,7 @@ from loops.run.controller import Controller
 from loops.run.nonfinite_updates import NonFiniteUpdates
 from loops.run.run_context import Definition, StepContext
 from loops.run.run_options import RunOptions
+from loops.vocabulary.errors import ClusterTaskLostError
 
 
 class Trainer:
@@ -148,8 +149,22 @@ class Trainer:
     # ---- The run: the Controller's. ----
 
     def train(self, num_steps: int) -> dict[str, np.ndarray]:
-        """Trains until the global step reaches `num_steps`: `Controller.train`."""
-        return self.controller.train(num_steps)
+        """Trains until the global step reaches `num_steps`: `Controller.train`.
+
+        Raises:
+            ClusterTaskLostError: a task of a multi-process run stopped answering
+                (the message names it and its address), instead of TensorFlow's
+                collective error.
+        """
+        try:
+            return self.controller.train(num_steps)
+        except tf.errors.OpError as error:
+            if strategies.strategy_name(self.strategy) not in cluster_config.CLUSTER_STRATEGIES:
+                raise
+            sentence = lost_task.lost_task_sentence(error.message, cluster_config.read_tf_config())
+            if sentence is None:
+                raise
+            raise ClusterTaskLostError(sentence) from error
 
     def evaluate(self) -> dict[str, float]:
         """Evaluates now (averaged weights, if any) and reports it: `Controller.evaluate`."""

@@ -11,3 +11,11 @@ class NonFiniteWeightsError(NonFiniteError):
 
 class DamagedCheckpointError(ValueError):
     """A model_dir holds checkpoint files, and none of them can be read."""
+
+
+class ClusterTaskLostError(RuntimeError):
+    """A task of the run's cluster stopped answering, so the run stopped; the message names it.
+
+    Every step up to the last checkpoint is saved: starting every task again
+    with the same command continues the run from there.
+    """
