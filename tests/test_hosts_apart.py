@@ -136,10 +136,54 @@ def test_a_lost_host_stops_every_task_with_its_name_and_the_same_command_continu
     )
     if fault == "link cut":
         # The host that was cut off lost the chief, where the coordination service runs.
-        assert runs[1].lines[-1].startswith(
-            f"error: worker_1 lost worker_0 at {hosts.addresses[0]}:{PORT}: "
+        assert (
+            runs[1]
+            .lines[-1]
+            .startswith(f"error: worker_1 lost worker_0 at {hosts.addresses[0]}:{PORT}: ")
         )
         hosts.mend(1)
     for run in start_workers(hosts, model_dir, digits_dir):
         run.succeed(timeout=300)
     assert_same_numbers(model_dir, one_process)
+
+
+def test_a_parameter_server_job_on_three_hosts_found_from_srun(hosts_of, tmp_path, digits_dir):
+    """Chief, ps and worker on hosts apart, each finding its place from SLURM's environment."""
+    hosts, model_dir, steps = hosts_of(3), str(tmp_path), 200
+    first, _, _ = hosts.addresses[0].rpartition(".")
+    node_list = f"{first}.[1-3]"  # SLURM's compressed form of the three hosts' addresses
+    runs = []
+    for rank, address in enumerate(hosts.addresses):
+        srun = dict(
+            SLURM_JOB_ID="5",
+            SLURM_PROCID=str(rank),
+            SLURM_STEP_NUM_TASKS="3",
+            SLURM_STEP_NODELIST=node_list,
+            SLURM_STEP_TASKS_PER_NODE="1(x3)",
+            SLURM_NODEID=str(rank),
+            SLURM_LOCALID="0",
+            SLURMD_NODENAME=address,
+        )
+        command = [
+            *classifier(model_dir, digits_dir, "parameter_server", "--num_replicas=1"),
+            f"--train_steps={steps}",
+            f"--cluster_port={PORT}",
+            "--cluster_num_ps=1",
+        ]
+        runs.append(OutputRun(hosts.command(rank, command), dict(ENV, **srun)))
+    chief, ps, worker = runs
+    try:
+        chief.succeed(timeout=300)
+    finally:
+        for server in (ps, worker):
+            server.process.kill()
+            server.finish()
+    for run, task, address in zip(runs, ("chief 0", "ps 0", "worker 0"), hosts.addresses):
+        line = f"cluster: slurm, 1 chief, 1 ps, 1 worker, this task {task} at {address}:{PORT}"
+        assert line in run.lines, run.output[-2000:]
+    assert f"worker_0 serving at grpc://{hosts.addresses[2]}:{PORT} until stopped" in worker.output
+    got = read_results(model_dir)
+    assert got["strategy"] == "parameter_server" and got["global_step"] == steps
+    assert got["eval"]["accuracy"] >= 0.9
+    # The variables live on the ps host: the chief's checkpoint has a shard from each.
+    assert f"ckpt-{steps}.data-00001-of-00002" in os.listdir(os.path.join(model_dir, "checkpoints"))

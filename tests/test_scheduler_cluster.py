@@ -117,7 +117,7 @@ def test_a_parameter_server_cluster_from_srun_has_a_chief_then_servers_then_work
     }
     assert (found.task_type, found.task_index) == ("worker", 0)
     assert found.line() == (
-        "cluster: slurm, 1 chief, 2 pss, 2 workers, this task worker 0 at n4:3000"
+        "cluster: slurm, 1 chief, 2 ps, 2 workers, this task worker 0 at n4:3000"
     )
     with pytest.raises(ValueError, match=r"needs --cluster_num_ps >= 1 and at least"):
         find_cluster("parameter_server", "slurm", num_ps=0, environ=environ)
