@@ -9,10 +9,10 @@ import sys
 import time
 
 import pytest
+from network_hosts import ALLOW_NOT_RUN_VARIABLE, NetworkHosts, unavailable_reason
 
 from conftest import OutputRun, checkpoint_weights, read_results
 from loops.testing import relative_error
-from network_hosts import ALLOW_NOT_RUN_VARIABLE, NetworkHosts, unavailable_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {

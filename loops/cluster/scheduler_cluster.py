@@ -61,7 +61,8 @@ class FoundCluster:
     def line(self) -> str:
         """What a task prints: `cluster: slurm, 4 workers, this task worker 2 at gpu03:23456`."""
         counts = ", ".join(
-            f"{len(addresses)} {task_type}{'s' if len(addresses) != 1 and task_type != 'ps' else ''}"
+            f"{len(addresses)} {task_type}"
+            + ("s" if len(addresses) > 1 and task_type != "ps" else "")
             for task_type, addresses in self.cluster.items()
         )
         members = self.cluster.get(self.task_type, [])
