@@ -370,6 +370,40 @@ def test_two_workers_preempted_mid_epoch_resume_with_one_machines_batches(
     assert largest_weight_difference(str(tmp_path), reference_dir) <= RTOL
 
 
+@pytest.mark.parametrize("replicas", [4, 3])
+def test_streamed_data_saved_by_two_workers_continues_on_one_process_with_the_same_batches(
+    replicas, tmp_path, dataset_dir, uninterrupted
+):
+    """Another topology on restart: the stream goes on at the saved batch, the same batches."""
+    reference_dir, reference_batches = uninterrupted
+    log_file = tmp_path / "batches.log"
+    half = STEPS // 2 + 5  # in the second epoch
+    workers = (
+        "loops.cluster.launch",
+        "--num_workers=2",
+        "--grace_period=5",
+        "--",
+        "stream_run",
+        str(log_file),
+        "loops.bin.classifier",
+        "--strategy=multi_worker_mirrored",
+        "--num_replicas=1",
+        *stream_flags(tmp_path, dataset_dir, f"--train_steps={half}"),
+    )
+    Run([sys.executable, "-m", *workers]).succeed()
+    one_process = logged_run(
+        log_file,
+        "loops.bin.classifier",
+        "--strategy=mirrored",
+        f"--num_replicas={replicas}",
+        *stream_flags(tmp_path, dataset_dir),
+    ).succeed()
+    assert "warning" not in one_process.output, one_process.output[-3000:]
+    assert_resumed_exactly(log_file, reference_batches, [0, 0, half])
+    assert read_results(tmp_path)["num_replicas"] == replicas
+    assert largest_weight_difference(str(tmp_path), reference_dir) <= RTOL
+
+
 # ---- Image folders. ----
 
 

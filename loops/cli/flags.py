@@ -552,6 +552,7 @@ def run_binary(
             f"--mode={EVALUATE_CHECKPOINTS})."
         )
     check_cluster()
+    check_resume_settings()
     check_export_dir()
     # Against the whole batch now; against a replica's rows once the strategy exists.
     # (Unset, the batch is the loop's own: the RL loops', which take no micro-batches.)
@@ -612,6 +613,21 @@ def check_cluster() -> None:
         sys.exit(f"error: {error}")
     if found is not None:
         print(found.line(), file=sys.stderr, flush=True)
+
+
+def check_resume_settings() -> None:
+    """Exits 1 before TensorFlow loads when the flags change a setting of the run in
+    --model_dir that a resume cannot change and stay exact (`run_config.check_resume`)."""
+    model_dir = flags.FLAGS.model_dir
+    checkpoints = os.path.join(model_dir or "", "checkpoints")
+    if not model_dir or not os.path.isdir(checkpoints):
+        return
+    if not any(name.endswith(".index") for name in os.listdir(checkpoints)):
+        return  # nothing to resume
+    try:
+        run_config.check_resume(model_dir, flag_values())
+    except ValueError as error:
+        sys.exit(f"error: {error}")
 
 
 def _build_and_train(

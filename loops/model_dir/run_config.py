@@ -20,6 +20,11 @@ CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as t
 # samples, RL's episodes, a language model's samples).
 LOOP_SETTINGS = ("ema_decay", "mixed_precision", "seed")
 
+# Settings a resume cannot change and stay exact, each with the setting that accepts
+# the change anyway (then recorded in results.json's config as CHANGED_ON_RESUME).
+EXACT_ONLY_UNCHANGED = {"global_batch_size": "allow_batch_size_change"}
+CHANGED_ON_RESUME = "changed_on_resume"
+
 
 # Config keys a resumed run may change without a warning: how long it trains, how
 # often it evaluates and saves, where its outputs go, and the evaluator's settings
@@ -38,8 +43,49 @@ CONFIG_FREE_TO_CHANGE = frozenset(
         "max_checkpoints",
         # Raising it is how a run that gave up recovering goes on.
         "max_recoveries",
+        # The topology: a restart may run on other workers and replicas (README,
+        # "What a restart may change"); the global batch size keeps it exact.
+        "strategy",
+        "num_replicas",
+        "cluster",
+        "cluster_port",
+        "cluster_num_ps",
+        "cluster_timeout",
+        *EXACT_ONLY_UNCHANGED.values(),
     }
 )
+
+
+def check_resume(
+    model_dir: str, config: Mapping[str, Any], step: int | None = None
+) -> dict[str, Any]:
+    """Refuses a resume of the run in `model_dir` that changes an `EXACT_ONLY_UNCHANGED`
+    setting, unless `config` accepts the change; returns the accepted changes.
+
+    Every task of a cluster reads the same config.json, so all refuse together.
+
+    Returns:
+        {CHANGED_ON_RESUME: {name: {"was", "now", "at_step"}}} for the accepted
+        changes, or {} when there are none.
+
+    Raises:
+        ValueError: a sentence naming the setting, both values and the ways on.
+    """
+    recorded = read(model_dir) or {}
+    changes = {}
+    for name, allowing in EXACT_ONLY_UNCHANGED.items():
+        was, now = recorded.get(name), config.get(name)
+        if was is None or now is None or was == now:
+            continue
+        if not config.get(allowing):
+            raise ValueError(
+                f"--{name}={now} differs from {was}, the {name} of the run in {model_dir}: "
+                f"a resume continues exactly only with the same {name} (the workers and "
+                f"replicas may change). Pass --{name}={was}, or --{allowing} to go on with "
+                f"{now} (recorded in results.json), or a new --model_dir."
+            )
+        changes[name] = {"was": was, "now": now, "at_step": step}
+    return {CHANGED_ON_RESUME: changes} if changes else {}
 
 
 class Difference(NamedTuple):

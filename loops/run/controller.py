@@ -319,7 +319,7 @@ class Controller:
             recoveries=self.recoveries.entries,
             preempted=self.preempted,
             stop_reason=self.stop_reason,
-            config=self.config,
+            config={**self.config, **self._checkpoints.changed_on_resume},
         )
         model_dir = self.options.model_dir
         if model_dir and self.is_chief:

@@ -11,7 +11,7 @@ import tensorflow as tf
 from loops.core import reporting
 from loops.model_dir import model_dir_lock
 from loops.model_dir.checkpoints import Checkpointer
-from loops.model_dir.run_config import record_config
+from loops.model_dir.run_config import check_resume, record_config
 from loops.run.actions import Action
 
 
@@ -41,6 +41,8 @@ class RunCheckpoints:
         self.checkpointer: Checkpointer | None = None
         self.on_disk = False  # whether the restore found one or this run saved one
         self.saved_step: int | None = None
+        # The changes of an exact-only setting this resume accepted (`check_resume`).
+        self.changed_on_resume: dict[str, Any] = {}
 
     def open(
         self,
@@ -67,16 +69,14 @@ class RunCheckpoints:
             The restored checkpoint's path; None when there is none (or no model_dir).
 
         Raises:
-            ValueError: a checkpoint that does not match `items`.
+            ValueError: a checkpoint that does not match `items`, or a resume that
+                changes a setting it cannot change and stay exact (`check_resume`).
             OSError: model_dir cannot be written or read, or another run holds its lock.
         """
         model_dir = self._model_dir
         if model_dir is None:
             return None
-        if self._is_chief:
-            self._lock = model_dir_lock.acquire(model_dir)
-            # Holding the lock, whatever a killed writer left half-written is stale.
-            reporting.remove_unfinished_writes(model_dir)
+        self._lock_as_chief(model_dir)
         self.checkpointer = Checkpointer(
             strategy=strategy,
             directory=os.path.join(model_dir, "checkpoints"),
@@ -88,6 +88,8 @@ class RunCheckpoints:
         )
         try:
             restored = self.restore()
+            if restored is not None:
+                self.changed_on_resume = check_resume(model_dir, config, int(step_counter.numpy()))
             if self._is_chief:
                 record_config(
                     model_dir,
@@ -101,6 +103,12 @@ class RunCheckpoints:
             self.close()
             raise
         return restored
+
+    def _lock_as_chief(self, model_dir: str) -> None:
+        if self._is_chief:
+            self._lock = model_dir_lock.acquire(model_dir)
+            # Holding the lock, whatever a killed writer left half-written is stale.
+            reporting.remove_unfinished_writes(model_dir)
 
     def restore(self) -> str | None:
         """Restores the newest checkpoint; returns its path, or None when there is none."""

@@ -251,6 +251,15 @@ SETTINGS: tuple[Setting, ...] = (
         lower_bound=0,
     ),
     Setting(
+        "allow_batch_size_change",
+        "training",
+        "Resume a run in --model_dir with another --global_batch_size than it was trained "
+        "with (refused otherwise: only the same global batch continues exactly, whatever "
+        "the workers and replicas). The change is recorded in results.json.",
+        "bool",
+        flag_default=False,
+    ),
+    Setting(
         "train_steps",
         "training",
         "Total training steps (a resumed run trains up to this step).",
