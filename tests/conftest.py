@@ -89,12 +89,16 @@ def read_results(model_dir):
 
 
 def checkpoint_weights(model_dir):
-    """Every variable value in the newest checkpoint of a run's model_dir, by checkpoint key."""
+    """Every numeric variable value in the newest checkpoint of a run's model_dir, by
+    checkpoint key (not the JSON record of recoveries, a string)."""
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    dtypes = reader.get_variable_to_dtype_map()
     return {
         name: reader.get_tensor(name)
         for name in reader.get_variable_to_shape_map()
-        if "/.ATTRIBUTES/VARIABLE_VALUE" in name and "save_counter" not in name
+        if "/.ATTRIBUTES/VARIABLE_VALUE" in name
+        and "save_counter" not in name
+        and dtypes[name] != tf.string
     }
 
 

@@ -2,6 +2,9 @@
 
 Usage: `python fault_run.py MOMENT SIGNAL FLAGS...`.
 
+The async_write moments fire in the thread that writes a checkpoint's files in
+the background: _first at a save before the last, _final at the last.
+
 SIGNAL is TERM (a preemption: the run notes it and saves) or KILL (kill -9:
 nothing runs after it). The moments are places in the run's own code, not
 times, so a trial hits the same moment on any machine.
@@ -10,6 +13,7 @@ times, so a trial hits the same moment on any machine.
 import os
 import signal
 import sys
+import threading
 
 
 def arm(moment: str, signum: int) -> None:
@@ -76,6 +80,14 @@ def arm(moment: str, signum: int) -> None:
             before=lambda path, *_: bool(writing.append(path.endswith("results.json"))),
         )
         wrap(reporting.os, "fsync", before=lambda *_: writing[-1])
+    elif moment.startswith("async_write"):  # in the thread writing a checkpoint's files
+        final = moment == "async_write_final"
+
+        def in_writer_thread(self, prefix, *_):
+            background = threading.current_thread() is not threading.main_thread()
+            return background and str(prefix).endswith(f"ckpt-{train_steps}") == final
+
+        wrap(tf.train.Checkpoint, "_write", before=in_writer_thread)
     elif moment == "export":
         wrap(tf.saved_model, "save", after=lambda *_: True)
     else:

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import ROOT, checkpoint_weights, read_results
 from conftest import SUBPROCESS_ENV as ENV
@@ -27,13 +28,14 @@ def run(arguments):
     )
 
 
-def binary(model_dir, digits_dir):
+def binary(model_dir, digits_dir, *extra):
     return [
         "-m",
         "loops.bin.classifier",
         f"--model_dir={model_dir}",
         f"--data_dir={digits_dir}",
         *FLAGS,
+        *extra,
     ]
 
 
@@ -58,7 +60,19 @@ TRIALS = [
     ("state_file", "KILL", -9),
     ("results", "KILL", -9),
     ("export", "KILL", -9),
+    # Checkpoints written in the background (every 4 steps here): a kill while one is
+    # written leaves the one before in charge; SIGTERM lets it finish, then saves and exits.
+    ("async_write_first", "TERM", exit_codes.PREEMPTED),
+    ("async_write_final", "KILL", -9),
 ]
+
+
+def checkpoint_steps(model_dir):
+    """The steps of the complete checkpoints the state file lists, oldest first."""
+    state = tf.train.get_checkpoint_state(os.path.join(model_dir, "checkpoints"))
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    assert all(os.path.exists(path + ".index") for path in paths), paths
+    return [int(path.rsplit("-", 1)[1]) for path in paths]
 
 
 @pytest.mark.parametrize(
@@ -68,22 +82,30 @@ def test_a_fault_at_any_moment_loses_no_completed_step(
     tmp_path, digits_dir, uninterrupted, moment, signal_name, code
 ):
     model_dir = str(tmp_path / "run")
+    extra = ["--checkpoint_every=4"] if moment.startswith("async_write") else []
     interrupted = run(
         [
             os.path.join(ROOT, "tests", "fault_run.py"),
             moment,
             signal_name,
-            *binary(model_dir, digits_dir)[2:],
+            *binary(model_dir, digits_dir, *extra)[2:],
         ]
     )
     assert interrupted.returncode == code, interrupted.stderr[-3000:]
+    written = checkpoint_steps(model_dir)
+    if moment == "async_write_first":
+        # The save in flight at step 4 finished, then the next boundary's save, then exit 42.
+        stopped_at = read_results(model_dir)["global_step"]
+        assert written[0] == 4 and written[-1] == stopped_at and 4 <= stopped_at <= 8
+    elif moment == "async_write_final":
+        assert written == [4]  # the step-8 save never finished: step 4's is in charge
     if signal_name == "TERM" and code == exit_codes.PREEMPTED:
         assert "preempted (SIGTERM) at step" in interrupted.stdout
         stopped_at = int(interrupted.stdout.split("preempted (SIGTERM) at step ")[1].split(":")[0])
         assert read_results(model_dir)["global_step"] == stopped_at
         assert read_results(model_dir)["preempted"] is True
 
-    rerun = run(binary(model_dir, digits_dir))
+    rerun = run(binary(model_dir, digits_dir, *extra))
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     results = read_results(model_dir)
     assert results["global_step"] == 8 and results["preempted"] is False

@@ -239,7 +239,7 @@ def test_a_checkpoint_from_before_the_recovery_record_restores_as_no_recovery(tm
         {"step": 6, "restored_step": 4, "skipped_batches": 2}
     ]
     loop.close()
-    assert "recoveries/.ATTRIBUTES/py_state" in dict(
+    assert "recoveries/record/.ATTRIBUTES/VARIABLE_VALUE" in dict(
         tf.train.list_variables(str(tmp_path / "checkpoints"))
     )
 
@@ -523,9 +523,9 @@ def test_rl_recovers_by_drawing_the_data_after_the_bad_steps(tmp_path, num_repli
     reference = ppo([], num_replicas)
     reference.train(4)
     # As if steps 5 and 6 had been skipped: the Controller keys data_step on the record.
-    reference.controller.recoveries.entries.append(
+    reference.controller.recoveries.entries = [
         {"step": 6, "restored_step": 4, "skipped_batches": 2}
-    )
+    ]
     reference.train(10)
     assert int(reference.data_offset.numpy()) == 2
     loops.testing.assert_close(

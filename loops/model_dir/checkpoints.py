@@ -54,6 +54,7 @@ class Checkpointer:
         max_to_keep: int,
         optional_items: Mapping[str, object] | None = None,
         say: Callable[[str], None] = print,
+        asynchronous: bool = False,
     ):
         """
         Args:
@@ -64,6 +65,9 @@ class Checkpointer:
             max_to_keep: how many recent checkpoints the chief keeps.
             optional_items: name -> trackable, restored only when present.
             say: where notes about damaged files go (a progress line).
+            asynchronous: a save copies the variables and returns; a thread writes
+                the files (`wait` for it). Only in one process: under a cluster every
+                worker takes part in a save's collectives (BUILD.md, fact 11).
         """
         self._is_chief = strategies.is_chief(strategy)
         self._chief_directory = directory
@@ -78,6 +82,11 @@ class Checkpointer:
         self._say = say
         self._finiteness = FinitenessCheck(self.checkpoint)
         self._manager: tf.train.CheckpointManager | None = None
+        self._options = None
+        if asynchronous:
+            _copy_keras_variables_once()
+            self._options = tf.train.CheckpointOptions(enable_async=True)
+        self._in_flight: str | None = None  # an asynchronous save's path, until `wait`
 
     @property
     def latest(self) -> str | None:
@@ -100,6 +109,7 @@ class Checkpointer:
             ValueError: a checkpoint reads but does not match the loop's objects.
             DamagedCheckpointError: there are checkpoint files and none reads.
         """
+        self.wait()
         found = _checkpoint_files(self._chief_directory)
         if self._is_chief:
             _remove_unfinished_saves(self._chief_directory)
@@ -209,18 +219,59 @@ class Checkpointer:
             self._open_manager(None, [])
         assert self._manager is not None  # opened just above
         try:
-            path = self._manager.save(checkpoint_number=self._step_counter)
+            # Asynchronous: this waits for the previous save's files, copies the
+            # variables and returns; the error of a failed earlier write comes here.
+            path = self._manager.save(checkpoint_number=self._step_counter, options=self._options)
         except (OSError, tf.errors.OpError) as error:
             reason = getattr(error, "strerror", None) or str(error).splitlines()[0][:200]
-            raise OSError(
-                f"Could not write a checkpoint into {self.directory} ({reason}). Free space "
-                "or make the directory writable (or pass another --model_dir); the "
-                "checkpoints already there are intact."
-            ) from error
+            raise OSError(_unwritten(self.directory, reason)) from error
+        if self._options is not None:
+            self._in_flight = path
         if not self._is_chief:
             shutil.rmtree(self.directory, ignore_errors=True)
             return None
         return path
+
+    def wait(self) -> None:
+        """Returns once an asynchronous save in flight has written its files.
+
+        Raises:
+            OSError: its files were not written (the earlier checkpoints are intact).
+        """
+        if self._in_flight is None or self._manager is None:
+            return
+        prefix, self._in_flight = self._in_flight, None
+        self._manager.sync()
+        problem = missing_files(prefix)
+        if problem is not None:
+            raise OSError(_unwritten(self.directory, problem))
+
+
+def _copy_keras_variables_once() -> None:
+    """Lets TensorFlow's asynchronous checkpoints copy Keras 3 variables more than once.
+
+    A save in the background first copies each variable to a host copy: the
+    first save makes the copies, each later one assigns them in a tf.function.
+    Keras 3's `Variable._copy_trackable_to_cpu` makes a new tf.Variable every
+    time, which a tf.function refuses ("only supports singleton tf.Variables")
+    at the second save (measured, Keras 3.13). Its copy is the wrapped
+    variable's own copy, which saves the same tensors: that one is used.
+    """
+    from keras.src.backend.tensorflow import core
+
+    def copy_once(variable, object_map):
+        variable.value._copy_trackable_to_cpu(object_map)
+        object_map[variable] = object_map[variable.value]
+
+    core.Variable._copy_trackable_to_cpu = copy_once
+
+
+def _unwritten(directory: str, reason: str) -> str:
+    return (
+        f"Could not write a checkpoint into {directory} ({reason}). Free space or make the "
+        "directory writable (or pass another --model_dir); the checkpoints already there "
+        "are intact."
+    )
 
 
 class FinitenessCheck:

@@ -31,9 +31,8 @@ class Controller:
     between them evaluates, checkpoints, writes summaries and progress, runs the actions,
     and handles preemption and the non-finite policy; writes results.json.
 
-    A `loops.Trainer` makes its Controller before its definition's `build` and
-    has it `restore` the newest checkpoint in `model_dir` right after, so a
-    restarted job continues from its last saved step.
+    A `loops.Trainer` makes it before its definition's `build`, then has it
+    `restore` the newest checkpoint in `model_dir`: a restarted job goes on from there.
 
     Actions run on the host on every worker and get the Trainer: `before_train`,
     then `after_loop` after inner loops, `after_eval` after each evaluation, and
@@ -65,6 +64,7 @@ class Controller:
         self._checkpoints = RunCheckpoints(
             model_dir=model_dir,
             max_checkpoints=options.max_checkpoints,
+            asynchronous=options.async_checkpoints,
             is_chief=self.is_chief,
             say=self.progress.line,
         )
@@ -313,6 +313,7 @@ class Controller:
 
     def write_results(self) -> dict[str, Any]:
         """Writes model_dir/results.json (chief only) and returns its contents."""
+        self._checkpoints.wait()  # results.json names no step whose checkpoint is unwritten
         results = self.report.results(
             self.trainer,
             skipped_steps=self.skipped_steps,

@@ -23,29 +23,37 @@ class Recovery(TypedDict):
     skipped_batches: int  # global batches moved past: those of steps restored_step + 1 .. step
 
 
-class Recoveries(tf.train.experimental.PythonState):
+class Recoveries(tf.Module):
     """Every recovery of a run so far, in order; checkpointed as JSON with the run's state.
 
     The train stream of step k starts at batch k * batches_per_step +
     `skipped_batches`, so a resume from a checkpoint continues at the batch
     the run that saved it would have read next. A checkpoint written before
     this record existed restores as no recovery.
+
+    The JSON lives in a string variable, not in Python state: a checkpoint
+    written in the background copies variables when the save begins, and
+    cannot copy Python state (TensorFlow skips it with a warning).
     """
 
     def __init__(self) -> None:
-        self.entries: list[Recovery] = []
+        super().__init__(name=CHECKPOINT_NAME)
+        with tf.init_scope():
+            self.record = tf.Variable("[]", dtype=tf.string, trainable=False, name="record")
+
+    @property
+    def entries(self) -> list[Recovery]:
+        return json.loads(self.record.numpy().decode())
+
+    @entries.setter
+    def entries(self, entries: list[Recovery]) -> None:
+        # A tf.Module hands its setters lists and dicts wrapped for tracking: unwrap them.
+        self.record.assign(json.dumps([dict(entry) for entry in entries]))
 
     @property
     def skipped_batches(self) -> int:
         """Global batches every recovery so far moved the train stream past, in total."""
         return sum(entry["skipped_batches"] for entry in self.entries)
-
-    def serialize(self) -> str:
-        return json.dumps(self.entries)
-
-    def deserialize(self, string_value) -> None:
-        text = string_value.decode() if isinstance(string_value, bytes) else string_value
-        self.entries = json.loads(text)
 
 
 def check_max_recoveries(max_recoveries: int | None, on_nonfinite: str) -> int:

@@ -8,11 +8,13 @@ from typing import Any
 
 import tensorflow as tf
 
+from loops.cluster import strategies
 from loops.core import reporting
 from loops.model_dir import model_dir_lock
 from loops.model_dir.checkpoints import Checkpointer
 from loops.model_dir.run_config import check_resume, record_config
 from loops.run.actions import Action
+from loops.vocabulary.choices import ONE_PROCESS_STRATEGIES
 
 
 class RunCheckpoints:
@@ -21,6 +23,8 @@ class RunCheckpoints:
     Args:
         model_dir: where the run's files go; None keeps no checkpoint.
         max_checkpoints: how many recent checkpoints to keep.
+        asynchronous: write checkpoints in a background thread where the strategy runs
+            in one process (`Checkpointer`'s asynchronous).
         is_chief: whether this process holds the lock and keeps the checkpoints.
         say: writes a progress line.
     """
@@ -30,11 +34,13 @@ class RunCheckpoints:
         *,
         model_dir: str | None,
         max_checkpoints: int,
+        asynchronous: bool,
         is_chief: bool,
         say: Callable[[str], None],
     ):
         self._model_dir = model_dir
         self._max_checkpoints = max_checkpoints
+        self._asynchronous = asynchronous
         self._is_chief = is_chief
         self._say = say
         self._lock: str | None = None  # the lock file, held by the chief
@@ -77,15 +83,7 @@ class RunCheckpoints:
         if model_dir is None:
             return None
         self._lock_as_chief(model_dir)
-        self.checkpointer = Checkpointer(
-            strategy=strategy,
-            directory=os.path.join(model_dir, "checkpoints"),
-            items=items,
-            step_counter=step_counter,
-            max_to_keep=self._max_checkpoints,
-            optional_items=optional_items,
-            say=self._say,
-        )
+        self.checkpointer = self._checkpointer(strategy, items, step_counter, optional_items)
         try:
             restored = self.restore()
             if restored is not None:
@@ -103,6 +101,26 @@ class RunCheckpoints:
             self.close()
             raise
         return restored
+
+    def _checkpointer(
+        self,
+        strategy: tf.distribute.Strategy,
+        items: Mapping[str, Any],
+        step_counter: tf.Variable,
+        optional_items: Mapping[str, Any],
+    ) -> Checkpointer:
+        assert self._model_dir is not None
+        one_process = strategies.strategy_name(strategy) in ONE_PROCESS_STRATEGIES
+        return Checkpointer(
+            strategy=strategy,
+            directory=os.path.join(self._model_dir, "checkpoints"),
+            items=items,
+            step_counter=step_counter,
+            max_to_keep=self._max_checkpoints,
+            optional_items=optional_items,
+            say=self._say,
+            asynchronous=self._asynchronous and one_process,
+        )
 
     def _lock_as_chief(self, model_dir: str) -> None:
         if self._is_chief:
@@ -133,8 +151,22 @@ class RunCheckpoints:
         self.on_disk = True
         return path
 
+    def wait(self) -> None:
+        """Returns once a checkpoint written in the background is on disk (`Checkpointer.wait`).
+
+        Raises:
+            OSError: its files were not written; the earlier checkpoints are intact.
+        """
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+
     def close(self) -> None:
-        """Releases model_dir's lock (a kill leaves its file, unlocked)."""
+        """Waits for a save in flight, then releases model_dir's lock (a kill leaves its file,
+        unlocked): the next run of model_dir finds every checkpoint written."""
+        try:
+            self.wait()
+        except OSError as error:
+            self._say(f"error: {error}")
         if self._lock is not None:
             model_dir_lock.release(self._lock)
             self._lock = None

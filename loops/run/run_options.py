@@ -29,6 +29,8 @@ class RunOptions:
         model_dir: where checkpoints, summaries and results.json go; None
             keeps everything in memory.
         max_checkpoints: how many recent checkpoints to keep.
+        async_checkpoints: write checkpoints in a background thread (one process only;
+            `loops.model_dir.checkpoints.Checkpointer`).
         progress: where progress lines go; stdout if None.
         progress_every_seconds: end inner loops early enough (judged from the
             last one's speed) that a progress line comes at least this often;
@@ -54,6 +56,7 @@ class RunOptions:
     checkpoint_every: int | None = None
     model_dir: str | None = None
     max_checkpoints: int = 3
+    async_checkpoints: bool = True
     progress: reporting.Progress | None = None
     progress_every_seconds: float | None = None
     profile_steps: tuple[int, int] | None = None

@@ -457,6 +457,18 @@ SETTINGS: tuple[Setting, ...] = (
         lower_bound=1,
     ),
     Setting(
+        "async_checkpoints",
+        "outputs",
+        "Write checkpoints in a background thread: a save copies the variables and training "
+        "goes on while the files are written (one process; a cluster saves synchronously). "
+        "Every promise holds: the state file names a checkpoint only once its files are "
+        "written, and a run waits for its last save before results.json and its exit.",
+        "bool",
+        flag_default=True,
+        loop=True,
+        default=True,
+    ),
+    Setting(
         "keep_best_metric",
         "outputs",
         "Keep a checkpoint of the best evaluation by this eval metric in MODEL_DIR/best "
