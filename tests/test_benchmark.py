@@ -126,3 +126,26 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
         assert math.isfinite(row["us_per_step"]) and row["us_per_step"] > 0
     assert rows["compute_bound"]["ratio_to_bound"] == 1.0
     assert "executor" in done.stdout and "threads: 1" in done.stdout
+
+
+def test_tiny_checkpoint_stall_benchmark_reports_both_stalls(tmp_path):
+    output = tmp_path / "checkpoint_stall.json"
+    done = run_module(
+        "benchmarks.checkpoint_stall",
+        "--width=32",
+        "--layers=1",
+        "--steps=6",
+        "--every=3",
+        "--rounds=1",
+        f"--output={output}",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert report["saves_per_run"] == 1  # at step 3; the final save is in every mode
+    # The model, Adam's two slots of it and its step: 64*32+32+32*10+10 weights, float32.
+    assert report["variable_bytes"] >= 3 * 4 * (64 * 32 + 32 + 32 * 10 + 10)
+    assert sorted(report["seconds"]) == ["async", "final_only", "sync"]
+    assert all(len(samples) == 1 for samples in report["seconds"].values())
+    assert set(report["stall_seconds_per_save"]) == {"sync", "async"}
+    assert "stall per save sync" in done.stdout
