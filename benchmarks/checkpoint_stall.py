@@ -3,12 +3,13 @@
     python -m benchmarks.checkpoint_stall                # 105 MB model (315 MB with Adam)
     python -m benchmarks.checkpoint_stall --width=512 --steps=20 --rounds=1   # a quick look
 
-Trains an MLP on the bundled digits in one process, one `Trainer.train` call
-of --steps steps for each mode and round, side by side: no checkpoint but the
-final one, a checkpoint every --every steps written synchronously, and the
-same written in the background (`async_checkpoints`). The stall of a save is
-the extra wall time over the run without them, divided by the saves (the
-final save, waited for by every mode, cancels out). Writes
+Trains an MLP on the bundled digits in one process, side by side in each
+round: inner loops of --every steps with no checkpoint between them, then with
+a checkpoint after each written synchronously, then written in the background
+(`async_checkpoints`). The time between two progress lines is an inner loop
+plus what a save costs the training; the stall of a save is the median of
+those intervals minus the median without saves (medians over every interval
+of every round, so a busy moment of the machine moves them little). Writes
 benchmarks/results/checkpoint_stall.json.
 """
 
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 
-MODES = ("final_only", "sync", "async")
+MODES = ("no_saves", "sync", "async")
 
 
 def main(argv=None) -> int:
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
 
     import loops
     import loops_data as data
+    from loops.core import reporting
 
     def model_fn():
         hidden = [keras.layers.Dense(args.width, activation="relu") for _ in range(args.layers)]
@@ -49,8 +51,19 @@ def main(argv=None) -> int:
             [keras.Input((8, 8, 1)), keras.layers.Flatten(), *hidden, keras.layers.Dense(10)]
         )
 
-    def timed_run(mode: str) -> tuple[float, int]:
-        """(seconds of one train call, bytes of the variables) in `mode`."""
+    class Stamps(reporting.Progress):
+        """Records when each inner loop's progress line comes."""
+
+        def __init__(self):
+            super().__init__(stream=open(os.devnull, "w"))
+            self.times: list[float] = []
+
+        def train(self, *args, **kwargs):
+            self.times.append(time.perf_counter())
+
+    def intervals(mode: str) -> tuple[list[float], int]:
+        """(seconds between progress lines after the first, bytes of the variables) in `mode`."""
+        stamps = Stamps()
         with tempfile.TemporaryDirectory() as model_dir:
             trainer = loops.Trainer(
                 loops.ClassifierLoop(
@@ -60,46 +73,45 @@ def main(argv=None) -> int:
                     "digits", "train", global_batch_size=64, shuffle_seed=0, repeat=True
                 ),
                 steps_per_loop=args.every,
-                checkpoint_every=None if mode == "final_only" else args.every,
+                checkpoint_every=None if mode == "no_saves" else args.every,
                 model_dir=model_dir,
                 async_checkpoints=mode == "async",
-                progress=loops.core.reporting.Progress(stream=open(os.devnull, "w")),
+                progress=stamps,
             )
-            trainer.train(1)  # traces the step and makes the first save's copies
-            started = time.perf_counter()
-            trainer.train(1 + args.steps)
-            seconds = time.perf_counter() - started
+            trainer.train(args.steps)
             size = sum(
                 variable.numpy().nbytes
                 for item in trainer.saved_items().values()
                 for variable in getattr(item, "variables", [])
             )
             trainer.close()
-        return seconds, size
+        # The first inner loop holds the tracing; each later one follows a save (but "no_saves").
+        times = stamps.times[1:]
+        return [later - earlier for earlier, later in zip(times, times[1:])], size
 
     samples: dict[str, list[float]] = {mode: [] for mode in MODES}
     size = 0
     for _ in range(args.rounds):
         for mode in MODES:
-            seconds, size = timed_run(mode)
-            samples[mode].append(seconds)
-    saves = args.steps // args.every - (1 if args.steps % args.every == 0 else 0)
+            found, size = intervals(mode)
+            samples[mode].extend(found)
     median = {mode: statistics.median(values) for mode, values in samples.items()}
-    stall = {mode: (median[mode] - median["final_only"]) / saves for mode in ("sync", "async")}
+    stall = {mode: median[mode] - median["no_saves"] for mode in ("sync", "async")}
     report = {
         "config": vars(args),
         "variable_bytes": size,
-        "saves_per_run": saves,
-        "seconds": samples,
+        "interval_seconds": samples,
+        "median_interval_seconds": median,
         "stall_seconds_per_save": stall,
         "async_over_sync": stall["async"] / stall["sync"] if stall["sync"] > 0 else None,
     }
     print(
-        f"variables {size / 2**20:.0f} MiB, {saves} saves a run, median of {args.rounds}: "
+        f"variables {size / 2**20:.0f} MiB, {len(samples['sync'])} saves, median over "
+        f"{args.rounds} round(s): "
         f"stall per save sync {stall['sync'] * 1e3:.0f} ms, async {stall['async'] * 1e3:.0f} ms "
         f"(async / sync {report['async_over_sync']:.2f})"
     )
-    loops.core.reporting.write_json_atomic(args.output, report)
+    reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return 0
 
