@@ -26,6 +26,7 @@ _EXPORTS = {
     "random_access": "loops.input.random_access",
     "LanguageModelLoop": "loops.kinds.lm",
     "Loop": "loops.run.loop",
+    "Highest": "loops.core.outputs",
     "Last": "loops.core.outputs",
     "Mean": "loops.core.outputs",
     "Ratio": "loops.core.outputs",

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import loops
 from conftest import make_trainer, read_results, run_module
-from loops.core import target_networks
+from loops.core import pictures, target_networks
 from loops.kinds import gan
 from loops_data.ring import Ring
 from loops_models import gan as gan_models
@@ -399,7 +399,7 @@ def test_ring_stream_repeats_for_a_seed_and_skips_exactly():
 
 def test_image_grid_places_each_sample_in_row_major_order():
     images = np.linspace(-1, 1, 6)[:, None, None, None] * np.ones((6, 2, 3, 1))
-    grid = gan.image_grid(images, 2, 3)
+    grid = pictures.image_grid(pictures.pixels_from_unit_range(images), 3)
     assert grid.shape == (2 * 3 + 1, 3 * 4 + 1, 1) and grid.dtype == np.uint8
     for index, value in enumerate(np.round((np.linspace(-1, 1, 6) + 1) * 127.5)):
         top, left = 1 + (index // 3) * 3, 1 + (index % 3) * 4

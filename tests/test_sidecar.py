@@ -91,13 +91,15 @@ def in_process_evaluation(loop, prefix):
 
 
 def eval_scalars(directory):
-    """tag -> {step: value} of the eval summaries in `directory`."""
+    """tag -> {step: value} of the eval scalars in `directory` (not its pictures and texts)."""
     scalars = {}
     for path in glob.glob(os.path.join(directory, "eval", "events.out.tfevents.*")):
         for record in tf.data.TFRecordDataset(path):
             event = tf.compat.v1.Event.FromString(record.numpy())
             for value in event.summary.value:
-                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+                number = tf.make_ndarray(value.tensor)
+                if number.ndim == 0 and number.dtype.kind == "f":
+                    scalars.setdefault(value.tag, {})[event.step] = float(number)
     return scalars
 
 

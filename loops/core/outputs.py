@@ -14,6 +14,13 @@ sum(denominator), a `Sum` the total and a `Last` the last step's value. A
 weighted evaluation is one line: `loops.Ratio(sum(w * loss), sum(w))`.
 Steps whose update was left out as not finite (their `nonfinite` output is
 set) do not count in a `Mean` or `Ratio` of an inner loop.
+
+An eval step may also return arrays, which the run hands back from
+`evaluate` but reports nowhere (the definition draws them): a `Sum` of any
+fixed shape (a confusion matrix: `loops.Sum(counts)` of shape [classes,
+classes]), and `Highest(scores, rows, keep)`, the `keep` rows of the
+highest scores over the pass (the worst-classified images). A train step's
+outputs are logged at every step and stay scalars.
 """
 
 from __future__ import annotations
@@ -53,27 +60,45 @@ class Last(NamedTuple):
     value: Any
 
 
-Output = Mean | Ratio | Sum | Last
-KINDS = (Mean, Ratio, Sum, Last)
-# A step's outputs as scalar columns: name -> tensor, the second part of a
-# Mean or Ratio under name + WEIGHT (its weight or denominator).
+class Highest(NamedTuple):
+    """The `keep` rows with the highest scores over an eval pass, highest first (eval steps).
+
+    `scores` holds one number per row of `rows` (e.g. each example's loss,
+    gathered over replicas); of equal scores the earlier row in the pass
+    wins, so any replica count keeps the same rows. The pass's result is the
+    rows kept, fewer than `keep` when it held fewer. Its cost is a top-k of
+    `keep` rows a batch.
+    """
+
+    scores: Any
+    rows: Any
+    keep: int
+
+
+Output = Mean | Ratio | Sum | Last | Highest
+KINDS = (Mean, Ratio, Sum, Last, Highest)
+# A step's outputs as columns: name -> tensor, the second part of a Mean or
+# Ratio under name + WEIGHT (its weight or denominator), a Highest's scores too.
 WEIGHT = "/weight"
 NONFINITE = "nonfinite"  # the update path's flag: 1 when a step's update was left out
 
 
-def columns(outputs: Any, hook: str) -> tuple[dict[str, tf.Tensor], dict[str, type]]:
-    """Checks a step's outputs and flattens them into scalar columns.
+def columns(
+    outputs: Any, hook: str, *, arrays: bool = False
+) -> tuple[dict[str, tf.Tensor], dict[str, type]]:
+    """Checks a step's outputs and flattens them into columns.
 
     Args:
-        outputs: what the step returned: name -> Mean | Ratio | Sum | Last.
+        outputs: what the step returned: name -> Mean | Ratio | Sum | Last | Highest.
         hook: the step's name, for errors ("train_step").
+        arrays: whether a Sum may be an array and a Highest is allowed (an eval step's).
 
     Returns:
-        (name -> scalar tensor, with name + WEIGHT for a Mean's weight or a
-        Ratio's denominator; name -> kind).
+        (name -> tensor, with name + WEIGHT for a Mean's weight, a Ratio's
+        denominator or a Highest's scores; name -> kind).
 
     Raises:
-        TypeError: outputs is not a dict of typed outputs of scalars.
+        TypeError: outputs is not a dict of typed outputs of the shapes above.
     """
     if not isinstance(outputs, Mapping):
         raise TypeError(
@@ -94,18 +119,78 @@ def columns(outputs: Any, hook: str) -> tuple[dict[str, tf.Tensor], dict[str, ty
                 f"{hook} returned an output named {name!r}; names must not contain "
                 f"{WEIGHT!r} (it names a Mean's weight)."
             )
-        parts = [tf.convert_to_tensor(part) for part in output]
-        for part in parts:
-            if part.shape.rank != 0:
-                raise TypeError(
-                    f"{hook} returned {name}={output!r}; every value must be a scalar tensor "
-                    "reduced over replicas (use loops.sum_over_replicas)."
-                )
         kinds[name] = type(output)
+        if isinstance(output, Highest):
+            flat[name + WEIGHT], flat[name] = _highest_columns(name, output, hook, arrays)
+            continue
+        parts = [tf.convert_to_tensor(part) for part in output]
+        _check_shapes(name, output, parts, hook, arrays)
         flat[name] = parts[0]
         if len(parts) == 2:
             flat[name + WEIGHT] = tf.cast(parts[1], parts[0].dtype)
     return flat, kinds
+
+
+def _check_shapes(name: str, output: Output, parts: list, hook: str, arrays: bool) -> None:
+    """Raises TypeError unless every part is a scalar, or, where allowed, a Sum of fixed shape."""
+    if arrays and isinstance(output, Sum) and parts[0].shape.rank:
+        if not parts[0].shape.is_fully_defined():
+            raise TypeError(
+                f"{hook} returned {name}=loops.Sum of shape {parts[0].shape}; an array Sum "
+                "needs a fixed shape (e.g. [classes, classes] from the model's output shape)."
+            )
+        return
+    for part in parts:
+        if part.shape.rank != 0:
+            allowed = " (an eval step may return an array loops.Sum)" if not arrays else ""
+            raise TypeError(
+                f"{hook} returned {name}={output!r}; every value must be a scalar tensor "
+                f"reduced over replicas (use loops.sum_over_replicas){allowed}."
+            )
+
+
+def _highest_columns(name: str, output: Highest, hook: str, arrays: bool):
+    """A Highest's (scores, rows) columns: the batch's `keep` best, padded to `keep`."""
+    if not arrays:
+        raise TypeError(
+            f"{hook} returned {name}=loops.Highest(...); only an eval step may (a train "
+            "step's outputs are logged as one number a step)."
+        )
+    keep = output.keep
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise TypeError(f"{hook} returned {name}=loops.Highest with keep={keep!r}; use >= 1.")
+    rows = tf.convert_to_tensor(output.rows)
+    if rows.shape.rank is None or rows.shape.rank < 1 or not rows.shape[1:].is_fully_defined():
+        raise TypeError(
+            f"{hook} returned {name}=loops.Highest with rows of shape {rows.shape}; rows "
+            "need a fixed shape after the first axis (e.g. images [n, 28, 28, 1])."
+        )
+    return top_rows(output.scores, rows, keep)
+
+
+def top_rows(scores, rows, keep: int):
+    """The `keep` rows of highest score, highest first; in-graph, any context.
+
+    Rows missing (fewer than `keep`) are zeros with score -inf. Of equal
+    scores the earlier row is kept first (a stable top-k).
+
+    Args:
+        scores: one number per row, shape [n].
+        rows: a tensor, or a nest of tensors, whose first axis has n rows.
+
+    Returns:
+        (float32 scores of shape [keep], rows like `rows` with `keep` rows).
+    """
+    scores = tf.reshape(tf.cast(scores, tf.float32), [-1])
+    padded = tf.concat([scores, tf.fill([keep], tf.constant(-np.inf, tf.float32))], axis=0)
+    kept = tf.math.top_k(padded, k=keep).indices
+
+    def pick(values):
+        values = tf.convert_to_tensor(values)
+        padding = tf.zeros(tf.concat([[keep], tf.shape(values)[1:]], axis=0), values.dtype)
+        return tf.gather(tf.concat([values, padding], axis=0), kept)
+
+    return tf.gather(padded, kept), tf.nest.map_structure(pick, rows)
 
 
 def per_step_values(
@@ -149,9 +234,18 @@ def aggregate_steps(
     return metrics
 
 
-def start_totals(flat: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """Zeros for every column an evaluation pass accumulates (in-graph)."""
-    return {name: tf.zeros([], value.dtype) for name, value in flat.items()}
+def start_totals(kinds: Mapping[str, type], flat: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """The empty totals of every column an evaluation pass accumulates (in-graph).
+
+    Zeros of each column's shape, and -inf for a Highest's scores (no row kept yet).
+    """
+    totals = {}
+    for name, value in flat.items():
+        if name.endswith(WEIGHT) and kinds.get(name[: -len(WEIGHT)]) is Highest:
+            totals[name] = tf.fill(value.shape, tf.constant(-np.inf, value.dtype))
+        else:
+            totals[name] = tf.zeros(value.shape, value.dtype)
+    return totals
 
 
 def accumulate(
@@ -163,6 +257,13 @@ def accumulate(
         if kind is Last:
             updated[name] = flat[name]
             continue
+        if kind is Highest:
+            # The totals first: of equal scores, the earlier batch's rows stay.
+            scores = tf.concat([totals[name + WEIGHT], flat[name + WEIGHT]], axis=0)
+            rows = tf.concat([totals[name], flat[name]], axis=0)
+            keep = totals[name + WEIGHT].shape[0]
+            updated[name + WEIGHT], updated[name] = top_rows(scores, rows, keep)
+            continue
         value = flat[name] * flat[name + WEIGHT] if kind is Mean else flat[name]
         updated[name] = totals[name] + value
         if kind is not Sum:
@@ -170,15 +271,18 @@ def accumulate(
     return updated
 
 
-def finish_totals(
-    kinds: Mapping[str, type], totals: Mapping[str, np.ndarray]
-) -> dict[str, float | int]:
-    """An evaluation pass's totals as one number per output."""
-    metrics: dict[str, float | int] = {}
+def finish_totals(kinds: Mapping[str, type], totals: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """An evaluation pass's totals as one number per scalar output, an array per other.
+
+    An array Sum gives its total (numpy, its dtype), a Highest the rows it kept.
+    """
+    metrics: dict[str, Any] = {}
     for name, kind in kinds.items():
         total = np.asarray(totals[name])
-        if kind in (Sum, Last):
-            metrics[name] = reporting.plain_number(total[()])
+        if kind is Highest:
+            metrics[name] = total[np.asarray(totals[name + WEIGHT]) > -np.inf]
+        elif kind in (Sum, Last):
+            metrics[name] = total if total.ndim else reporting.plain_number(total[()])
         else:
             metrics[name] = _ratio(total, np.asarray(totals[name + WEIGHT]), total.dtype)
     return metrics

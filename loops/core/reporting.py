@@ -17,6 +17,15 @@ import numpy as np
 import tensorflow as tf
 
 
+def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics that are numbers: what a run reports (lines, TensorBoard scalars, JSON).
+
+    An evaluation's arrays (a confusion matrix, the worst examples) are the
+    definition's to draw; `Trainer.evaluate` returns them with the numbers.
+    """
+    return {name: value for name, value in metrics.items() if np.ndim(value) == 0}
+
+
 def format_metrics(metrics: Mapping[str, float]) -> str:
     return " | ".join(f"{name} {value:.4g}" for name, value in metrics.items())
 
@@ -96,6 +105,15 @@ class Summaries:
         with self._writer(name).as_default(step=step):
             for key, value in texts.items():
                 tf.summary.text(key, value)
+        self._writer(name).flush()
+
+    def images(self, name: str, step: int, images: Mapping[str, np.ndarray]) -> None:
+        """Pictures for TensorBoard's images dashboard, each one uint8 image (h, w, c)."""
+        if self._directory is None:
+            return
+        with self._writer(name).as_default(step=step):
+            for key, value in images.items():
+                tf.summary.image(key, value[None])
         self._writer(name).flush()
 
     def hparams(self, config: Mapping[str, object]) -> None:

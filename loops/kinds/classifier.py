@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, reduction
+from loops.core import outputs, pictures, reduction
 from loops.core.replica_random import keyed_on
 from loops.core.update import Update, check_clip_norm
-from loops.run.loop import Loop
+from loops.run.loop import Loop, RunContext
 
 
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -39,6 +41,14 @@ class ClassifierLoop(Loop):
     ones. A step skipped only because the scaled gradients overflowed is
     logged as `overflow`, not `nonfinite`, so it never stops the run; the
     scale used is logged as `loss_scale` and checkpointed.
+
+    Each evaluation also counts a confusion matrix (rows the true class,
+    columns the predicted one; summed over replicas batch by batch, so any
+    replica count gives the same integers) and, for image inputs, keeps the
+    `worst_images` examples of highest loss over the pass (`loops.Highest`),
+    with their true and predicted classes. They are drawn as TensorBoard
+    images (and the classes as text), kept in `last_eval_arrays`, and the
+    matrix is written into results.json; the metrics stay numbers.
     """
 
     name = "classifier"
@@ -52,6 +62,7 @@ class ClassifierLoop(Loop):
         loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] = sparse_softmax_cross_entropy,
         clip_norm: float | None = None,
         data_notes: Mapping[str, Any] | None = None,
+        worst_images: int = 16,
     ):
         """
         Args:
@@ -63,6 +74,9 @@ class ClassifierLoop(Loop):
             clip_norm: clip the summed gradient to this global norm; None: no clip.
             data_notes: what the data left out or holds (e.g. the image files it
                 skipped), recorded in results.json under "data".
+            worst_images: how many eval images of highest loss each evaluation
+                draws (inputs [n, height, width, 1, 3 or 4] only; others draw
+                none); 0: none.
         """
         if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction not in (None, "none"):
             raise ValueError(
@@ -70,6 +84,12 @@ class ClassifierLoop(Loop):
                 "with reduction=None so the loop can divide by the real global batch."
             )
         check_clip_norm(clip_norm)
+        if isinstance(worst_images, bool) or not isinstance(worst_images, int) or worst_images < 0:
+            raise ValueError(f"worst_images must be a whole number >= 0, got {worst_images!r}.")
+        self.worst_images = worst_images
+        # The last evaluation's arrays by output name: "confusion_matrix" [classes, classes],
+        # "worst_images" [n, height, width, channels], "worst_classes" [n, (true, predicted)].
+        self.last_eval_arrays: dict[str, np.ndarray] = {}
         self.model_fn = model_fn
         self.optimizer_fn = optimizer_fn
         self.loss_fn = loss_fn
@@ -93,7 +113,10 @@ class ClassifierLoop(Loop):
         return {"model": self.model, "optimizer": self.optimizer}
 
     def results_extra(self) -> dict[str, Any]:
-        return {"data": self.data_notes} if self.data_notes else {}
+        extra: dict[str, Any] = {"data": self.data_notes} if self.data_notes else {}
+        if "confusion_matrix" in self.last_eval_arrays:
+            extra["confusion_matrix"] = self.last_eval_arrays["confusion_matrix"].tolist()
+        return extra
 
     def _replica_loss(self, inputs, labels):
         """This replica's share of the step's loss (the Update adds regularization)."""
@@ -121,25 +144,107 @@ class ClassifierLoop(Loop):
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
-        loss_sum = tf.reduce_sum(self.loss_fn(labels, logits))
+        losses = self.loss_fn(labels, logits)
         counts = _correct_and_count(labels, logits)
-        return {
-            "loss": loss_sum,
+        sums = {
+            "loss": tf.reduce_sum(losses),
             "accuracy": counts["correct"],
             "num_examples": counts["num_examples"],
+            # Float counts: summed over replicas like the others, exact below 2**24 a batch.
+            "confusion_matrix": tf.math.confusion_matrix(
+                tf.reshape(labels, [-1]),
+                tf.argmax(logits, axis=-1),
+                num_classes=logits.shape[-1],
+                dtype=tf.float32,
+            ),
         }
+        if not self._draws_worst(inputs):
+            return sums, None
+        # This replica's worst rows only: the rest of a batch's images never cross replicas.
+        classes = tf.stack(
+            [tf.cast(tf.reshape(labels, [-1]), tf.int64), tf.argmax(logits, axis=-1)], axis=1
+        )
+        scores, (images, classes) = outputs.top_rows(losses, (inputs, classes), self.worst_images)
+        # One float64 row an example, exact for its loss, classes and pixels: one
+        # all-gather a batch instead of three (and the collectives refuse uint8).
+        columns = [scores[:, None], classes, tf.reshape(images, [self.worst_images, -1])]
+        return sums, tf.concat([tf.cast(column, tf.float64) for column in columns], axis=1)
+
+    def _draws_worst(self, inputs) -> bool:
+        shape = inputs.shape if isinstance(inputs, tf.Tensor) else tf.TensorShape(None)
+        return (
+            self.worst_images > 0
+            and shape.rank == 4
+            and shape[1:].is_fully_defined()
+            and shape[-1] in (1, 3, 4)
+        )
 
     def eval_step(self, batch):
         inputs, labels = batch
-        sums = reduction.sum_over_replicas(
-            self.strategy, self.strategy.run(self._replica_eval_step, args=(inputs, labels))
+        per_replica_sums, per_replica_worst = self.strategy.run(
+            self._replica_eval_step, args=(inputs, labels)
         )
+        sums = reduction.sum_over_replicas(self.strategy, per_replica_sums)
         count = sums["num_examples"]
-        return {
+        results = {
             "loss": outputs.Ratio(sums["loss"], count),
             "accuracy": outputs.Ratio(sums["accuracy"], count),
             "num_examples": outputs.Sum(tf.cast(count, tf.int64)),
+            "confusion_matrix": outputs.Sum(tf.cast(sums["confusion_matrix"], tf.int64)),
         }
+        if per_replica_worst is not None:
+            rows = _gather_rows(self.strategy, per_replica_worst)
+            replica_images = self.strategy.experimental_local_results(inputs)[0]
+            scores, classes = rows[:, 0], tf.cast(rows[:, 1:3], tf.int64)
+            images = tf.reshape(
+                tf.cast(rows[:, 3:], replica_images.dtype), [-1, *replica_images.shape[1:]]
+            )
+            results["worst_images"] = outputs.Highest(scores, images, self.worst_images)
+            results["worst_classes"] = outputs.Highest(scores, classes, self.worst_images)
+        return results
+
+    def run_evaluation(self, run: RunContext) -> dict[str, float]:
+        metrics: dict[str, Any] = dict(super().run_evaluation(run))
+        arrays = {name: metrics.pop(name) for name in _ARRAY_OUTPUTS if name in metrics}
+        if not arrays:
+            return metrics  # no eval data
+        self.last_eval_arrays = arrays
+        drawn = {"confusion_matrix": pictures.heatmap(arrays["confusion_matrix"])}
+        if "worst_images" in arrays:
+            columns = math.ceil(math.sqrt(self.worst_images))
+            worst = pictures.pixels_from_extremes(arrays["worst_images"])
+            drawn["worst_images"] = pictures.image_grid(worst, columns)
+            # A tag of its own: TensorBoard keeps one kind of summary a tag.
+            classes = _classes_text(arrays["worst_classes"])
+            run.summaries.text("eval", run.step, {"worst_classes": classes})
+        run.summaries.images("eval", run.step, drawn)
+        return metrics
+
+    def evaluates_eval_data_only(self) -> bool:
+        # This class's run_evaluation is the one eval_step pass, its arrays taken out and
+        # drawn; a subclass's own run_evaluation is not.
+        return type(self).run_evaluation in (Loop.run_evaluation, ClassifierLoop.run_evaluation)
+
+
+# The eval step's array outputs, drawn and kept apart from the metrics.
+_ARRAY_OUTPUTS = ("confusion_matrix", "worst_images", "worst_classes")
+
+
+def _gather_rows(strategy: tf.distribute.Strategy, per_replica) -> tf.Tensor:
+    """Every replica's rows of one tensor in replica order, which is global row order.
+
+    `strategy.gather` takes one tensor (given a tuple it returns replica 0's
+    rows alone, TF 2.21) and its result's shape is unknown, so it is set again.
+    """
+    local = strategy.experimental_local_results(per_replica)[0]
+    return tf.ensure_shape(strategy.gather(per_replica, axis=0), [None, *local.shape[1:]])
+
+
+def _classes_text(classes: np.ndarray) -> str:
+    """The worst images' true and predicted classes, in the grid's row-major order."""
+    return "true -> predicted, row by row: " + ", ".join(
+        f"{true} -> {predicted}" for true, predicted in classes.tolist()
+    )
 
 
 def _correct_and_count(labels, logits):

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, reduction
+from loops.core import outputs, pictures, reduction
 from loops.core.replica_random import replica_rows, step_seed
 from loops.core.update import Update, UpdateResult, check_clip_norm, update_outputs
 from loops.run.loop import Loop, RunContext
@@ -74,30 +74,6 @@ def gradient_penalty(
     return tf.square(tf.sqrt(squares + 1e-12) - 1.0)
 
 
-# ---- Sample grids. ----
-
-
-def image_grid(images: np.ndarray, rows: int, columns: int) -> np.ndarray:
-    """Tiles rows * columns images in [-1, 1] (n, h, w, c) into one uint8 image.
-
-    The tiles are separated and framed by 1-pixel mid-gray lines, so samples
-    with a black or white background stay apart.
-
-    Returns:
-        An array of shape (rows * (h + 1) + 1, columns * (w + 1) + 1, c), values 0-255.
-    """
-    count, height, width, channels = images.shape
-    if count < rows * columns:
-        raise ValueError(f"A {rows}x{columns} grid needs {rows * columns} images, got {count}.")
-    pixels = np.clip(np.round((np.asarray(images) + 1.0) * 127.5), 0, 255).astype(np.uint8)
-    grid = np.full((rows * (height + 1) + 1, columns * (width + 1) + 1, channels), 128, np.uint8)
-    for index in range(rows * columns):
-        top = 1 + (index // columns) * (height + 1)
-        left = 1 + (index % columns) * (width + 1)
-        grid[top : top + height, left : left + width] = pixels[index]
-    return grid
-
-
 class GANLoop(Loop):
     """Trains a generator against a critic: n_critic critic updates, then one generator update.
 
@@ -116,9 +92,10 @@ class GANLoop(Loop):
 
     Each evaluation draws `num_eval_samples` samples from fixed noise, from the generator: its
     moving average when there is one (the trained generator's results are then prefixed `raw_`),
-    else the trained generator. `sample_metrics` turns them into metrics, and with `sample_grid`
-    a grid of image samples is written as a PNG into model_dir and as a TensorBoard image
-    summary.
+    else the trained generator. `sample_metrics` turns them into metrics, and a picture of them
+    is written as a TensorBoard image summary and, on the chief, a PNG in model_dir: with
+    `sample_grid` a grid of image samples, with `scatter_marks` a scatter of 2-D samples over
+    the marks (e.g. the real modes).
 
     Example:
 
@@ -153,6 +130,7 @@ class GANLoop(Loop):
         sample_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
         num_eval_samples: int = 2500,
         sample_grid: tuple[int, int] | None = None,
+        scatter_marks: np.ndarray | None = None,
     ):
         """
         Args:
@@ -161,23 +139,24 @@ class GANLoop(Loop):
             discriminator_fn: builds the critic, a model from a batch to one
                 logit or score per example (shape [n] or [n, 1]); its examples
                 must not interact (no unsynchronized batch statistics).
-            generator_optimizer_fn, discriminator_optimizer_fn: build each
-                network's optimizer.
+            generator_optimizer_fn, discriminator_optimizer_fn: build each network's optimizer.
             gan_loss: "non_saturating" (DCGAN) or "wgan_gp" (Wasserstein loss
                 with a gradient penalty on interpolates).
             n_critic: critic updates per generator update, each on its own batch.
             gp_weight: weight of the gradient penalty (wgan_gp only).
-            clip_norm: clip each network's summed gradient to this global
-                norm; None: no clip.
+            clip_norm: clip each network's summed gradient to this global norm; None: no clip.
             sample_metrics: samples (numpy) -> metrics, run at each evaluation.
             num_eval_samples: samples drawn at each evaluation.
-            sample_grid: (rows, columns) of image samples written at each
-                evaluation; None writes no images.
+            sample_grid: (rows, columns) of image samples drawn at each evaluation, or None.
+            scatter_marks: points (m, 2), e.g. the real modes, marked on a scatter of the
+                2-D samples drawn at each evaluation, or None.
 
         Raises:
             ValueError: a bad argument, with the fix.
         """
-        _check_arguments(clip_norm, gan_loss, n_critic, gp_weight, num_eval_samples, sample_grid)
+        _check_arguments(
+            clip_norm, gan_loss, n_critic, gp_weight, num_eval_samples, sample_grid, scatter_marks
+        )
         self.generator_fn = generator_fn
         self.discriminator_fn = discriminator_fn
         self.generator_optimizer_fn = generator_optimizer_fn
@@ -189,6 +168,7 @@ class GANLoop(Loop):
         self.sample_metrics = sample_metrics
         self.num_eval_samples = num_eval_samples
         self.sample_grid = sample_grid
+        self.scatter_marks = scatter_marks
         # Each critic update dequeues a batch; the generator update reuses the
         # last one's size. The Loop resumes the input at step * batches_per_step.
         self.batches_per_step = n_critic
@@ -200,12 +180,7 @@ class GANLoop(Loop):
         self.generator = _built(self.generator_fn(), "generator_fn")
         self.discriminator = _built(self.discriminator_fn(), "discriminator_fn")
         self.noise_shape = tuple(self.generator.inputs[0].shape[1:])
-        if self.sample_grid is not None and len(self.generator.outputs[0].shape) != 4:
-            raise ValueError(
-                f"sample_grid needs a generator of images (batch, height, width, channels); "
-                f"this one gives shape {tuple(self.generator.outputs[0].shape)}. Pass "
-                "sample_grid=None for data that is not images."
-            )
+        _check_sample_shape(self, tuple(self.generator.outputs[0].shape))
         self.generator_optimizer = self.generator_optimizer_fn()
         self.discriminator_optimizer = self.discriminator_optimizer_fn()
         if self.generator_optimizer is self.discriminator_optimizer:
@@ -307,8 +282,9 @@ class GANLoop(Loop):
 
     def _evaluate_samples(self, run: RunContext, prefix: str) -> dict[str, float]:
         samples = self.sample(self.num_eval_samples)
-        if self.sample_grid is not None:
-            _write_grid(self, run, samples, prefix)
+        picture = _samples_picture(self, samples)
+        if picture is not None:
+            _write_picture(self, run, picture, prefix)
         if self.sample_metrics is None:
             return {}
         return {prefix + name: value for name, value in self.sample_metrics(samples).items()}
@@ -428,6 +404,7 @@ def _check_arguments(
     gp_weight: float,
     num_eval_samples: int,
     sample_grid: tuple[int, int] | None,
+    scatter_marks: np.ndarray | None,
 ) -> None:
     """Raises ValueError, with the fix, for a bad argument of GANLoop."""
     check_clip_norm(clip_norm)
@@ -450,20 +427,55 @@ def _check_arguments(
                 f"sample_grid {sample_grid!r} needs 1 <= rows * columns <= "
                 f"num_eval_samples ({num_eval_samples})."
             )
+    if scatter_marks is not None:
+        _check_marks(scatter_marks, sample_grid)
 
 
-def _write_grid(loop: GANLoop, run: RunContext, samples: np.ndarray, prefix: str) -> None:
-    """Writes `samples` as a grid: a TensorBoard image, and on the chief a PNG in model_dir."""
-    assert loop.sample_grid is not None  # only called with a sample grid
-    grid = image_grid(samples, *loop.sample_grid)
-    writer = run.summaries.writer("eval")
-    if writer is not None:
-        with writer.as_default(step=run.step):
-            tf.summary.image(prefix + "samples", grid[None])
-        writer.flush()
+def _check_marks(marks, sample_grid: tuple[int, int] | None) -> None:
+    """Raises ValueError, with the fix, for `scatter_marks` that are not points (m, 2)."""
+    if sample_grid is not None:
+        raise ValueError(
+            "sample_grid draws image samples and scatter_marks 2-D points; pass one of them."
+        )
+    shape = np.shape(marks)
+    if len(shape) != 2 or shape[0] < 1 or shape[1] != 2 or not np.all(np.isfinite(marks)):
+        raise ValueError(
+            f"scatter_marks must be finite points of shape (m, 2) with m >= 1, got {marks!r} "
+            "(e.g. loops_data.ring.Ring().centers())."
+        )
+
+
+def _check_sample_shape(loop: GANLoop, shape: tuple) -> None:
+    """Raises ValueError, with the fix, when the samples' picture cannot draw `shape`."""
+    if loop.sample_grid is not None and len(shape) != 4:
+        raise ValueError(
+            f"sample_grid needs a generator of images (batch, height, width, channels); "
+            f"this one gives shape {shape}. Pass sample_grid=None for data that is not images."
+        )
+    if loop.scatter_marks is not None and shape[1:] != (2,):
+        raise ValueError(
+            f"scatter_marks needs a generator of 2-D points (batch, 2); this one gives "
+            f"shape {shape}. Pass scatter_marks=None for other samples."
+        )
+
+
+def _samples_picture(loop: GANLoop, samples: np.ndarray) -> np.ndarray | None:
+    """The picture an evaluation writes of its samples (uint8, (h, w, c)); None: none."""
+    if loop.sample_grid is not None:
+        rows, columns = loop.sample_grid
+        grid_samples = pictures.pixels_from_unit_range(samples[: rows * columns])
+        return pictures.image_grid(grid_samples, columns)
+    if loop.scatter_marks is not None:
+        return pictures.scatter_image(samples, loop.scatter_marks)
+    return None
+
+
+def _write_picture(loop: GANLoop, run: RunContext, picture: np.ndarray, prefix: str) -> None:
+    """Writes the samples' picture: a TensorBoard image, and on the chief a PNG in model_dir."""
+    run.summaries.images("eval", run.step, {prefix + "samples": picture})
     if run.model_dir and run.is_chief:
         path = os.path.join(run.model_dir, f"{prefix}samples-{run.step:06d}.png")
         os.makedirs(run.model_dir, exist_ok=True)
-        tf.io.write_file(path, tf.io.encode_png(grid))
+        tf.io.write_file(path, tf.io.encode_png(picture))
         loop.sample_files.append(path)
         run.progress.line(f"samples at step {run.step} in {path}")

@@ -81,7 +81,9 @@ class Executor:
         return flat
 
     def flat_eval_step(self, batch) -> dict[str, tf.Tensor]:
-        flat, self.eval_kinds = outputs.columns(self.definition.eval_step(batch), "eval_step")
+        flat, self.eval_kinds = outputs.columns(
+            self.definition.eval_step(batch), "eval_step", arrays=True
+        )
         return flat
 
     def dequeue(self, iterator) -> tuple:
@@ -94,9 +96,11 @@ class Executor:
         )
 
     def eval_output_names(self, element_spec) -> set[str]:
-        """The outputs an evaluation reports, found by tracing the eval step (nothing runs)."""
-        tf.function(self.flat_eval_step).get_concrete_function(element_spec)
-        return set(self.eval_kinds or ())
+        """The outputs an evaluation reports as metrics (its numbers, not its arrays), found
+        by tracing the eval step (nothing runs)."""
+        traced = tf.function(self.flat_eval_step).get_concrete_function(element_spec)
+        columns = traced.structured_outputs
+        return {name for name in self.eval_kinds or () if columns[name].shape.rank == 0}
 
     # ---- Running. ----
 
@@ -105,8 +109,9 @@ class Executor:
         with _explains_empty_replicas(self.definition.strategy):
             return self._run(iterator, steps)
 
-    def evaluate(self, iterator) -> dict[str, float | int]:
-        """One pass over a finite eval iterator; the outputs aggregated over its batches."""
+    def evaluate(self, iterator) -> dict[str, Any]:
+        """One pass over a finite eval iterator; the outputs aggregated over its batches
+        (a number each, an array for an array Sum or a Highest)."""
         with _explains_empty_replicas(self.definition.strategy):
             totals = self._eval_totals(iterator)
         if self.eval_kinds is None:  # no batch at all
@@ -142,7 +147,7 @@ class Executor:
             iterator.element_spec
         )
         kinds = dict(self.eval_kinds or {})
-        totals = outputs.start_totals(step_function.structured_outputs)
+        totals = outputs.start_totals(kinds, step_function.structured_outputs)
         optional = iterator.get_next_as_optional()
         while optional.has_value():
             totals = outputs.accumulate(kinds, totals, step_function(optional.get_value()))
@@ -246,9 +251,8 @@ class EagerExecutor(Executor):
         optional = iterator.get_next_as_optional()
         while optional.has_value():
             flat = self.flat_eval_step(optional.get_value())
-            totals = outputs.accumulate(
-                self.eval_kinds or {}, totals or outputs.start_totals(flat), flat
-            )
+            kinds = self.eval_kinds or {}
+            totals = outputs.accumulate(kinds, totals or outputs.start_totals(kinds, flat), flat)
             optional = iterator.get_next_as_optional()
         return totals or {}
 

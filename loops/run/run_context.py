@@ -99,7 +99,8 @@ class RunContext(Protocol):
         """One pass of the definition's `eval_step` over the eval data; {} without any."""
 
     def eval_step_output_names(self) -> set[str] | None:
-        """The outputs `eval_step` returns, found by tracing it; None when unknown."""
+        """The outputs `eval_step` returns as numbers (not arrays), found by tracing it; None
+        when unknown."""
 
 
 class Definition(Protocol):

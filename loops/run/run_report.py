@@ -105,8 +105,12 @@ class RunReport:
         self.summaries.scalars("train", end, {**self.last_train_metrics, **rates})
         self.progress.train(end, num_steps, self.last_train_metrics, rates)
 
-    def evaluation(self, step: int, metrics: dict[str, float]) -> None:
-        """Reports an evaluation at `step` (nothing when it has no metrics)."""
+    def evaluation(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Reports an evaluation's numbers at `step` (nothing when it has none).
+
+        Its arrays (a classifier's confusion matrix) are the definition's to draw.
+        """
+        metrics = reporting.scalar_metrics(metrics)
         if not metrics:
             return
         self.last_eval_metrics = metrics

@@ -218,7 +218,7 @@ class _Watch:
                 "model and settings; a binary: the same flags as the trainer)."
             ) from error
         if problem is None:
-            entry["metrics"] = self.trainer.evaluate()
+            entry["metrics"] = reporting.scalar_metrics(self.trainer.evaluate())
         else:
             # Listed means complete (checkpoints.listed_checkpoints): files gone since were deleted.
             deleted = checkpoints.missing_files(prefix) is not None
