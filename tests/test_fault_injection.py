@@ -82,7 +82,7 @@ def test_a_fault_at_any_moment_loses_no_completed_step(
     tmp_path, digits_dir, uninterrupted, moment, signal_name, code
 ):
     model_dir = str(tmp_path / "run")
-    extra = ["--checkpoint_every=4"] if moment.startswith("async_write") else []
+    extra = ["--checkpoint_every=4", "--async_checkpoints"] if moment.startswith("async") else []
     interrupted = run(
         [
             os.path.join(ROOT, "tests", "fault_run.py"),

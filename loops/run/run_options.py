@@ -56,7 +56,7 @@ class RunOptions:
     checkpoint_every: int | None = None
     model_dir: str | None = None
     max_checkpoints: int = 3
-    async_checkpoints: bool = True
+    async_checkpoints: bool = False
     progress: reporting.Progress | None = None
     progress_every_seconds: float | None = None
     profile_steps: tuple[int, int] | None = None

@@ -462,11 +462,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Write checkpoints in a background thread: a save copies the variables and training "
         "goes on while the files are written (one process; a cluster saves synchronously). "
         "Every promise holds: the state file names a checkpoint only once its files are "
-        "written, and a run waits for its last save before results.json and its exit.",
+        "written, and a run waits for its last save before results.json and its exit. Off "
+        "by default: on 2 CPU cores the writer takes the step's cores (benchmarks/RESULTS.md).",
         "bool",
-        flag_default=True,
+        flag_default=False,
         loop=True,
-        default=True,
+        default=False,
     ),
     Setting(
         "keep_best_metric",
