@@ -104,7 +104,7 @@ def test_a_recovered_run_ends_with_the_weights_of_a_run_without_the_bad_batches(
     # Step 6 read the inf: back to the checkpoint of step 4; steps 5, 6, ... then
     # read batches 7, 8, ...: batches 5 and 6 are left out.
     assert loop.controller.recoveries.entries == [
-        {"step": 6, "restored_step": 4, "skipped_batches": 2}
+        {"step": 6, "restored_step": 4, "skipped_batches": 2, "cause": "nonfinite"}
     ]
     # The logs are those of the steps kept: 12, every one finite.
     assert logs["nonfinite"].tolist() == [0] * 12 and np.all(np.isfinite(logs["loss"]))
@@ -130,8 +130,8 @@ def test_results_tensorboard_and_progress_record_every_recovery(tmp_path):
     loop.close()
     # Batch 3 is step 3's; after moving past it, step k reads batch k + 1: batch 6 is step 5's.
     expected = [
-        {"step": 3, "restored_step": 2, "skipped_batches": 1},
-        {"step": 5, "restored_step": 4, "skipped_batches": 1},
+        {"step": 3, "restored_step": 2, "skipped_batches": 1, "cause": "nonfinite"},
+        {"step": 5, "restored_step": 4, "skipped_batches": 1, "cause": "nonfinite"},
     ]
     results = read_results(str(tmp_path))
     assert results["recoveries"] == expected and results["global_step"] == 8
@@ -236,7 +236,7 @@ def test_a_checkpoint_from_before_the_recovery_record_restores_as_no_recovery(tm
     )
     loop.train(8)
     assert loop.controller.recoveries.entries == [
-        {"step": 6, "restored_step": 4, "skipped_batches": 2}
+        {"step": 6, "restored_step": 4, "skipped_batches": 2, "cause": "nonfinite"}
     ]
     loop.close()
     assert "recoveries/record/.ATTRIBUTES/VARIABLE_VALUE" in dict(
@@ -248,7 +248,7 @@ def test_a_run_without_a_checkpoint_saves_one_at_its_start_to_go_back_to(tmp_pat
     loop = recovering(tmp_path, [2])  # checkpoints only at the end
     loop.train(5)
     assert loop.controller.recoveries.entries == [
-        {"step": 2, "restored_step": 0, "skipped_batches": 2}
+        {"step": 2, "restored_step": 0, "skipped_batches": 2, "cause": "nonfinite"}
     ]
     loop.close()
     never_bad = make_loop(stream(*without_batches(*examples(), 1, 2)))
@@ -297,7 +297,7 @@ def test_weights_found_not_finite_after_an_inner_loop_recover_past_all_its_steps
     loop.train(10)
     # Only the weights show it, after the inner loop of steps 5-7: all three are undone.
     assert loop.controller.recoveries.entries == [
-        {"step": 7, "restored_step": 4, "skipped_batches": 3}
+        {"step": 7, "restored_step": 4, "skipped_batches": 3, "cause": "nonfinite"}
     ]
     assert float(loop.definition.total.numpy()) == float(np.sum(values[:4]) + np.sum(values[7:13]))
     loop.close()
@@ -424,7 +424,7 @@ def test_every_binary_recovers_from_its_flags(binary, recovered_binaries):
     assert "step 5 was not finite: recovery 1 of at most 3" in done.stdout
     results = read_results(tmp_path)
     assert results["recoveries"] == [
-        {"step": 5, "restored_step": 4, "skipped_batches": batches_per_step}
+        {"step": 5, "restored_step": 4, "skipped_batches": batches_per_step, "cause": "nonfinite"}
     ]
     assert results["global_step"] == 8 and results["config"]["on_nonfinite"] == "recover"
 
@@ -517,14 +517,14 @@ def test_rl_recovers_by_drawing_the_data_after_the_bad_steps(tmp_path, num_repli
     )
     recovered.train(10)
     assert [dict(entry) for entry in recovered.controller.recoveries.entries] == [
-        {"step": 6, "restored_step": 4, "skipped_batches": 2}
+        {"step": 6, "restored_step": 4, "skipped_batches": 2, "cause": "nonfinite"}
     ]
     assert int(recovered.data_offset.numpy()) == 2
     reference = ppo([], num_replicas)
     reference.train(4)
     # As if steps 5 and 6 had been skipped: the Controller keys data_step on the record.
     reference.controller.recoveries.entries = [
-        {"step": 6, "restored_step": 4, "skipped_batches": 2}
+        {"step": 6, "restored_step": 4, "skipped_batches": 2, "cause": "nonfinite"}
     ]
     reference.train(10)
     assert int(reference.data_offset.numpy()) == 2

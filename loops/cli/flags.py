@@ -35,6 +35,7 @@ HEADINGS = ("mode", "strategy", "data", "model", "training", "outputs", "faults"
 EVALUATED_HEADINGS = ("data", "model")
 TRAIN = settings.TRAIN
 EVALUATE_CHECKPOINTS = settings.EVALUATE_CHECKPOINTS
+FIND_LR = settings.FIND_LR
 EVALUATOR_TASK = settings.EVALUATOR_TASK
 DEFAULT_EVALUATIONS = settings.DEFAULT_EVALUATIONS
 DEFAULT_CPU_REPLICAS = settings.DEFAULT_CPU_REPLICAS
@@ -280,9 +281,10 @@ def say(line: str) -> None:
 
 
 def strategy_name() -> str:
-    """--strategy, but `default` for an evaluator given a cluster's (it runs on its own)."""
+    """--strategy, but `default` for an evaluator or a range test given a cluster's (each
+    runs on its own)."""
     name = flags.FLAGS.strategy
-    if mode() == EVALUATE_CHECKPOINTS and name not in ONE_PROCESS_STRATEGIES:
+    if mode() in (EVALUATE_CHECKPOINTS, FIND_LR) and name not in ONE_PROCESS_STRATEGIES:
         return "default"
     return name
 
@@ -414,7 +416,8 @@ def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -
     algorithm-dependent defaults fills in before. An evaluator's loop
     (--mode=evaluate_checkpoints) gets no model_dir and no actions: it
     evaluates the run's checkpoints and writes only into MODEL_DIR/evaluator
-    (loops/run/sidecar.py).
+    (loops/run/sidecar.py). Nor does a range test's (--mode=find_lr), which
+    writes nothing into --model_dir (loops/run/lr_finder.py).
     """
     values = flags.FLAGS
     arguments = {
@@ -428,12 +431,18 @@ def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -
         actions=[*flag_actions(), *actions],
         config=flag_values(),
     )
-    if mode() == EVALUATE_CHECKPOINTS:
-        # The evaluator trains nothing: a recovery (which needs a model_dir of its
-        # own), a profile of train steps and the actions do not apply to it. It
-        # keeps ema_decay: the checkpoints hold the averages it evaluates with.
+    if mode() in (EVALUATE_CHECKPOINTS, FIND_LR):
+        # The evaluator trains nothing, the range test only for itself: a recovery
+        # (which needs a model_dir of its own), a profile of train steps and the
+        # actions do not apply to them. They keep ema_decay: the checkpoints hold
+        # the averages the evaluator evaluates with.
         arguments.update(
-            model_dir=None, on_nonfinite="stop", max_recoveries=None, profile_steps=None, actions=[]
+            model_dir=None,
+            on_nonfinite="stop",
+            max_recoveries=None,
+            on_loss_spike="ignore",
+            profile_steps=None,
+            actions=[],
         )
     return arguments
 
@@ -545,6 +554,9 @@ def run_binary(
     if mode() == EVALUATE_CHECKPOINTS:
         _evaluate_checkpoints(build_trainer)
         return
+    if mode() == FIND_LR:
+        _find_learning_rate(build_trainer)
+        return
     if tf_config_task_type() == EVALUATOR_TASK:
         raise app.UsageError(
             f"TF_CONFIG names this task '{EVALUATOR_TASK}', which evaluates the checkpoints "
@@ -638,9 +650,9 @@ def _build_and_train(
     import tensorflow as tf
 
     from loops.run.actions import UnknownMetricError
-    from loops.vocabulary.errors import ClusterTaskLostError, NonFiniteError
+    from loops.vocabulary.errors import ClusterTaskLostError, LossSpikeError, NonFiniteError
 
-    errors_to_report = (NonFiniteError, UnknownMetricError, ClusterTaskLostError)
+    errors_to_report = (NonFiniteError, LossSpikeError, UnknownMetricError, ClusterTaskLostError)
 
     try:
         trainer = build_trainer()
@@ -698,6 +710,49 @@ def _evaluate_checkpoints(build_trainer: Callable) -> None:
             )
         except (ValueError, OSError) as error:  # TimeoutError is an OSError
             sys.exit(f"error: {error}")
+
+
+def _find_learning_rate(build_trainer: Callable) -> None:
+    """--mode=find_lr: the range test on the Trainer the flags describe, from the newest
+    checkpoint in --model_dir when it holds one (read only); its files in --find_lr_dir.
+
+    Exits 1 with the reason when the test cannot run.
+    """
+    values = flags.FLAGS
+    model_dir = values.model_dir
+    output_dir = values.find_lr_dir or os.path.join(
+        tempfile.gettempdir(),
+        "loops",
+        "lr_find-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+    )
+    quiet_logging()
+    from loops.model_dir import checkpoints
+    from loops.run.lr_finder import check_outside_run, find_learning_rate
+
+    try:
+        if model_dir:
+            check_outside_run(output_dir, model_dir)
+        trainer = build_trainer()
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    has_checkpoint = bool(model_dir) and checkpoints.newest_complete(
+        os.path.join(model_dir, "checkpoints")
+    )
+    try:
+        find_learning_rate(
+            trainer,
+            min_rate=values.find_lr_min_rate,
+            max_rate=values.find_lr_max_rate,
+            steps=values.find_lr_steps,
+            stop_factor=values.find_lr_stop_factor,
+            loss=values.find_lr_loss or None,
+            output_dir=output_dir,
+            from_checkpoint=model_dir if has_checkpoint else None,
+        )
+    except (ValueError, OSError) as error:
+        sys.exit(f"error: {error}")
+    finally:
+        trainer.close()
 
 
 def _take_run_settings(model_dir: str) -> None:

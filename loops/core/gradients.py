@@ -10,19 +10,45 @@ def apply_gradients(optimizer, gradients, variables, *, clip_norm: float | None 
 
     The Keras 3 optimizer all-reduces (sums) the gradients itself. Clipping by
     global norm must see the summed gradient, not one replica's share, so with
-    `clip_norm` the gradients are summed here, clipped, and handed on divided by
-    the replica count (the optimizer's own sum then restores them).
+    `clip_norm` the gradients are summed here and applied by `apply_summed`.
+    """
+    if clip_norm is None:
+        optimizer.apply_gradients(zip(gradients, variables))
+        return
+    apply_summed(optimizer, sum_over_replicas(gradients), variables, clip_norm=clip_norm)
+
+
+def sum_over_replicas(gradients) -> list:
+    """Every replica's gradients summed (None stays None), the same on every replica.
+
+    Call in replica context.
     """
     gradients = list(gradients)
+    context = tf.distribute.get_replica_context()
+    if context.num_replicas_in_sync == 1:
+        return gradients  # the sum of one: no collective ops to run
+    present = [i for i, g in enumerate(gradients) if g is not None]
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [gradients[i] for i in present])
+    for i, gradient in zip(present, summed):
+        gradients[i] = gradient
+    return gradients
+
+
+def apply_summed(
+    optimizer, summed, variables, *, clip_norm: float | None, norm: tf.Tensor | None = None
+) -> None:
+    """Applies the replicas' summed gradient (`sum_over_replicas`), clipped; replica context.
+
+    Args:
+        clip_norm: clip it to this global norm; None does not.
+        norm: its global norm, when already computed (`tf.linalg.global_norm`).
+
+    The optimizer gets it divided by the replica count: it sums the replicas' again.
+    """
     if clip_norm is not None:
-        context = tf.distribute.get_replica_context()
-        present = [i for i, g in enumerate(gradients) if g is not None]
-        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [gradients[i] for i in present])
-        clipped, _ = tf.clip_by_global_norm(summed, clip_norm)
-        share = 1.0 / context.num_replicas_in_sync
-        for i, gradient in zip(present, clipped):
-            gradients[i] = gradient * share
-    optimizer.apply_gradients(zip(gradients, variables))
+        summed, _ = tf.clip_by_global_norm(summed, clip_norm, use_norm=norm)
+    share = 1.0 / tf.distribute.get_replica_context().num_replicas_in_sync
+    optimizer.apply_gradients(zip([None if g is None else g * share for g in summed], variables))
 
 
 def all_finite(tensors) -> tf.Tensor:

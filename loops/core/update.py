@@ -6,7 +6,8 @@ losses added once, a float16 loss scale, the gradients, a finiteness check
 that covers every replica, clipping by the global norm of the summed
 gradient, and applying (or leaving out) the update as the loop's
 `on_nonfinite` policy says; with gradient accumulation, all of it over the
-sum of K micro-batches' gradients.
+sum of K micro-batches' gradients. It also measures the step's health
+(`loops.core.health`): the gradient's global norm, clipping, update sizes.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from loops.core import micro_batches, mixed_precision, outputs, reduction
-from loops.core.gradients import all_finite, apply_gradients
+from loops.core import health, micro_batches, mixed_precision, outputs, reduction
+from loops.core.gradients import all_finite, apply_gradients, apply_summed, sum_over_replicas
+from loops.core.health import Totals, UpdateHealth
 from loops.core.weight_average import WeightAverage
 from loops.input import distributed_input
 
@@ -38,11 +40,22 @@ class UpdateResult(NamedTuple):
     nonfinite: tf.Tensor
     overflow: tf.Tensor  # 1.0 when it was skipped as a float16 loss-scale overflow
     loss_scale: tf.Tensor | None  # the loss scale it used; None without one
+    # The gradient's global norm, whether it was clipped, the update/weight ratios;
+    # None when the run's health_every is None.
+    health: UpdateHealth | None = None
 
     @property
     def outputs(self) -> dict[str, outputs.Output]:
-        """ "nonfinite" (and "loss_scale", "overflow") as step outputs."""
+        """ "nonfinite", the health metrics (and "loss_scale", "overflow") as step outputs."""
         return update_outputs([self])
+
+    def health_totals(self) -> Totals:
+        """Its health as sums to add over a step's updates (`loops.core.health.add`); {}
+        without health metrics."""
+        if self.health is None:
+            return {}
+        counted = None if self.loss_scale is None else 1.0 - self.overflow
+        return health.totals(self.health, counted)
 
 
 def update_outputs(results: Sequence[UpdateResult], prefix: str = "") -> dict[str, outputs.Output]:
@@ -50,12 +63,20 @@ def update_outputs(results: Sequence[UpdateResult], prefix: str = "") -> dict[st
 
     `nonfinite` is 1 when any of them was not finite; under a loss scale,
     `<prefix>loss_scale` is the scale the last one used and
-    `<prefix>overflow` counts the overflows.
+    `<prefix>overflow` counts the overflows. With health metrics,
+    `health/<prefix>grad_norm`, `health/<prefix>update_ratio` (and
+    `health/<prefix>clipped` with a clip norm) are Means over the updates, and
+    `health/<prefix>update_ratio.<layer>` each layer's, counted on the steps
+    that are multiples of `health_every` (`loops.core.health`).
     """
     flags = tf.stack([result.nonfinite for result in results])
     step_outputs: dict[str, outputs.Output] = {
         outputs.NONFINITE: outputs.Sum(tf.cast(tf.reduce_max(flags), tf.int32))
     }
+    totals: Totals = {}
+    for result in results:
+        totals = health.add(totals, result.health_totals())
+    step_outputs.update(health.step_outputs(totals, prefix))
     if results[-1].loss_scale is not None:
         overflows = tf.add_n([result.overflow for result in results])
         step_outputs[prefix + "loss_scale"] = outputs.Last(results[-1].loss_scale)
@@ -92,16 +113,17 @@ class Update:
         result = self.update(self._replica_loss, args=(inputs, labels))
         return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
 
-    `result.outputs` holds `nonfinite` (and, under a float16 loss scale,
-    `loss_scale` and `overflow`); a step of several updates combines theirs
-    with `update_outputs`.
+    `result.outputs` holds `nonfinite`, the health metrics (`health/grad_norm`,
+    `health/update_ratio`, ...: `update_outputs`) and, under a float16 loss
+    scale, `loss_scale` and `overflow`; a step of several updates combines
+    theirs with `update_outputs`.
 
     The replica function gets `args` and returns its share of the loss,
     divided by the real global count of what it sums over
     (`loops.global_count`, `loops.scale_to_global_batch`), and a dict of
     scalars that are sums over its examples (counts, sums of a metric).
 
-    Three settings come from the step options the Trainer gave the definition
+    Four settings come from the step options the Trainer gave the definition
     (`loop.options`), so that every step has them:
     - `mixed_precision="mixed_float16"`: a dynamic loss scale
       (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`), whose
@@ -126,13 +148,16 @@ class Update:
       each applied update; the loop checkpoints it and evaluates and exports
       with it. `average=False` leaves this update's variables out (the GAN's
       discriminator, which neither evaluation nor export uses).
+    - `health_every`: the health metrics (`loops.core.health`), the
+      per-layer update ratios reported every `health_every` steps; None:
+      none, and no all-reduce of the gradient beyond the optimizer's own.
 
     Args:
         loop: the definition (a `loops.Loop` bound by its Trainer) whose
             strategy runs the replicas, whose `on_nonfinite` policy
             (`Loop.apply_update`) decides what a non-finite update leads to,
             and whose step options (`mixed_precision`, `grad_accum_steps`,
-            `ema_decay`) apply.
+            `ema_decay`, `health_every`) apply.
         optimizer: a built Keras optimizer.
         trained: a Keras model (its trainable variables, and its
             regularization losses added once to the loss), or a function
@@ -179,6 +204,7 @@ class Update:
         self._trained = trained
         self.clip_norm = clip_norm
         self.grad_accum_steps = grad_accum_steps
+        self.health_every: int | None = loop.options.health_every
         self.loss_scale = None
         if mixed_precision.needs_loss_scale(loop.options.mixed_precision):
             self.loss_scale = mixed_precision.DynamicLossScale(
@@ -203,19 +229,50 @@ class Update:
     def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
         strategy = self._loop.strategy
-        logs, gradients, finite = strategy.run(
+        variables = self.variables()
+        ratio_step = before = None
+        if self.health_every is not None:
+            ratio_step = health.is_ratio_step(self._loop.global_step, self.health_every)
+            before = health.read_weights(variables, ratio_step)
+        logs, gradients, finite, summed, norm = strategy.run(
             functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
         )
-        skipped = self._loop.apply_update(finite, self._replica_apply, gradients)
+        if self.clip_norm is None:
+            # The optimizer sums the replicas' gradients itself, as it would without
+            # health metrics: `summed` only gives their norm.
+            skipped = self._loop.apply_update(finite, self._replica_apply, gradients)
+        else:
+            skipped = self._loop.apply_update(finite, self._replica_apply_summed, summed, norm)
+        update_health = None
+        if before is not None:
+            update_health = health.measure(
+                variables,
+                before,
+                strategy.experimental_local_results(norm)[0],
+                clip_norm=self.clip_norm,
+                ratio_step=ratio_step,
+            )
         sums = reduction.sum_over_replicas(strategy, logs)
         if self.average is not None:
             self.average.update(applied=1.0 - skipped)
         if self.loss_scale is None:
-            return UpdateResult(sums, skipped, skipped, tf.zeros_like(skipped), None)
+            return UpdateResult(sums, skipped, skipped, tf.zeros_like(skipped), None, update_health)
         scale = self.loss_scale.update(skipped=skipped, loss=sums["loss"])
         return UpdateResult(
-            sums, skipped, scale["nonfinite"], scale["overflow"], scale["loss_scale"]
+            sums,
+            skipped,
+            scale["nonfinite"],
+            scale["overflow"],
+            scale["loss_scale"],
+            update_health,
         )
+
+    def empty_health_totals(self) -> Totals:
+        """Zero health totals of this Update's metrics, where a `tf.range` loop of its updates
+        starts adding `UpdateResult.health_totals()`; {} without health metrics."""
+        if self.health_every is None:
+            return {}
+        return health.empty_totals(self.variables(), clipped=self.clip_norm is not None)
 
     def _replica_gradients(self, replica_loss: ReplicaLoss, *args):
         if self.grad_accum_steps == 1:
@@ -229,7 +286,13 @@ class Update:
             tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
         ]
         finite = all_finite([loss, *gradients])
-        return {"loss": loss, **logs}, gradients, finite
+        summed = norm = None
+        if self.clip_norm is not None or self.health_every is not None:
+            # The norm of the replicas' sum, which clipping and the health metrics
+            # share, the same on every replica whatever their number.
+            summed = sum_over_replicas(gradients)
+            norm = tf.linalg.global_norm(summed)
+        return {"loss": loss, **logs}, gradients, finite, summed, norm
 
     def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
         variables = self.variables()
@@ -304,7 +367,10 @@ class Update:
         )
 
     def _replica_apply(self, gradients) -> None:
-        apply_gradients(self.optimizer, gradients, self.variables(), clip_norm=self.clip_norm)
+        apply_gradients(self.optimizer, gradients, self.variables())
+
+    def _replica_apply_summed(self, summed, norm) -> None:
+        apply_summed(self.optimizer, summed, self.variables(), clip_norm=self.clip_norm, norm=norm)
 
 
 def check_clip_norm(clip_norm: float | None) -> None:

@@ -112,6 +112,7 @@ class GANLoop(Loop):
     """
 
     name = "gan"
+    watched_loss: str | None = "d_loss"  # ~log(4) when balanced; a WGAN's (< 0) never spikes
 
     def __init__(
         self,

@@ -91,12 +91,7 @@ class Checkpointer:
     @property
     def latest(self) -> str | None:
         """The newest checkpoint whose files are all there (not read; see `restore`)."""
-        complete = [
-            prefix
-            for _, prefix in _checkpoint_files(self._chief_directory)
-            if missing_files(prefix) is None
-        ]
-        return complete[0] if complete else None
+        return newest_complete(self._chief_directory)
 
     def restore(self) -> str | None:
         """Restores the newest checkpoint that reads, if there are checkpoint files; returns it.
@@ -346,6 +341,14 @@ def restore_checkpoint(
             "It comes from a different model or loop: point --model_dir at "
             "a new directory, or rebuild the loop that wrote it."
         ) from error
+
+
+def newest_complete(directory: str) -> str | None:
+    """The newest checkpoint in `directory` whose files are all there (not read); None if none."""
+    complete = [
+        prefix for _, prefix in _checkpoint_files(directory) if missing_files(prefix) is None
+    ]
+    return complete[0] if complete else None
 
 
 def listed_checkpoints(directory: str) -> list[tuple[int, str]]:

@@ -33,6 +33,13 @@ CONFIG_FREE_TO_CHANGE = frozenset(
     {
         "mode",
         "evaluator_timeout",
+        # The learning-rate finder's (--mode=find_lr): no training step reads them.
+        "find_lr_steps",
+        "find_lr_min_rate",
+        "find_lr_max_rate",
+        "find_lr_stop_factor",
+        "find_lr_loss",
+        "find_lr_dir",
         "train_steps",
         "model_dir",
         "export_dir",
@@ -41,8 +48,15 @@ CONFIG_FREE_TO_CHANGE = frozenset(
         "checkpoint_every",
         "steps_per_loop",
         "max_checkpoints",
+        # What the run reports of its updates, not what they do (BUILD.md, "Training health").
+        "health_every",
         # Raising it is how a run that gave up recovering goes on.
         "max_recoveries",
+        # A watch on the loss: turning it on or tuning it changes no step until it acts.
+        "on_loss_spike",
+        "loss_spike_factor",
+        "loss_spike_steps",
+        "loss_spike_window",
         # The topology: a restart may run on other workers and replicas (README,
         # "What a restart may change"); the global batch size keeps it exact.
         "strategy",

@@ -13,7 +13,7 @@ from loops.cluster import strategies
 from loops.core import reporting
 from loops.model_dir import run_config
 from loops.model_dir.checkpoints import Checkpointer
-from loops.run import profiling, recovery
+from loops.run import profiling
 from loops.run.actions import watched_metrics
 from loops.run.inner_loops import InnerLoops
 from loops.run.loop_schedule import LoopSchedule
@@ -103,10 +103,10 @@ class Controller:
         with strategies.variable_scope(trainer.strategy):
             for action in self.actions:
                 action.build(trainer)
-        # Optional: checkpoints from before the recovery record restore as no recovery.
+        # Optional: a checkpoint without the recovery record or spike watch restores as none.
         optional_items = {
             **action_state(self.actions),
-            recovery.CHECKPOINT_NAME: self.recoveries,
+            **self._inner_loops.saved_state,
         }
         model_dir = self.options.model_dir
         if model_dir is None:
@@ -197,7 +197,7 @@ class Controller:
                 f"already at step {trainer.step} >= {num_steps}: nothing to train "
                 "(the model_dir holds a finished run; raise the step count to continue)."
             )
-        if trainer.step_options.on_nonfinite == "recover" and not self._checkpoints.on_disk:
+        if trainer.step_options.recovers and not self._checkpoints.on_disk:
             self.save_checkpoint()  # where a recovery before the first save goes back to
 
     def _between_loops(self, preemption: PreemptionWatcher, num_steps: int, step: int) -> bool:

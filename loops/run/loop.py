@@ -85,6 +85,9 @@ class Loop:
     # The Sum output counting what a step processes, and the unit's name: progress
     # lines, TensorBoard and results.json give "<unit>_per_second" beside steps/s.
     throughput_unit: tuple[str, str] = ("num_examples", "examples")
+    # The train step's output that on_loss_spike watches (a loss bounded below by 0);
+    # None where no output means divergence when it spikes (on_loss_spike is refused).
+    watched_loss: str | None = "loss"
     # Given by the Trainer (`bind`), before `build`.
     strategy: tf.distribute.Strategy
     options: StepOptions

@@ -18,6 +18,7 @@ def check_can_run(
     on_nonfinite: str,
     has_train_data: bool,
     model_dir: str | None,
+    on_loss_spike: str = "ignore",
 ) -> None:
     """Raises ValueError when a loop of `loop_class` cannot train under `strategy` so.
 
@@ -35,10 +36,18 @@ def check_can_run(
             "(its steps need synchronous replicas). Use "
             "--strategy=multi_worker_mirrored or mirrored."
         )
-    if on_nonfinite == "recover":
-        nonfinite_policy.check_can_recover(
-            name, strategy, has_train_data=has_train_data, model_dir=model_dir
+    if on_loss_spike != "ignore" and getattr(loop_class, "watched_loss", "loss") is None:
+        raise ValueError(
+            f"on_loss_spike={on_loss_spike!r} watches a loss for spikes, and {name} names "
+            "none (its watched_loss is None: its losses grow as it learns, which is no "
+            "sign of divergence). Pass on_loss_spike='ignore', or set watched_loss in a "
+            "subclass to an output bounded below by 0."
         )
+    for setting, policy in (("on_nonfinite", on_nonfinite), ("on_loss_spike", on_loss_spike)):
+        if policy == "recover":
+            nonfinite_policy.check_can_recover(
+                name, strategy, has_train_data=has_train_data, model_dir=model_dir, setting=setting
+            )
 
 
 def coordinator(

@@ -47,7 +47,7 @@ class LoopSchedule:
             line comes at least this often; None leaves it to steps_per_loop.
         one_process: no other process (worker, parameter server) must agree
             on every inner loop's and call's length.
-        recover: on_nonfinite is "recover": a call's steps are what a
+        recover: on_nonfinite or on_loss_spike is "recover": a call's steps are what a
             recovery moves past, which must not depend on timing.
         action_after_every_loop: an action runs after every inner loop, and
             may stop the run at any of them.
@@ -84,7 +84,7 @@ class LoopSchedule:
             one_process=(
                 strategies.num_workers(trainer.strategy) == 1 and trainer.coordinator is None
             ),
-            recover=trainer.step_options.on_nonfinite == "recover",
+            recover=trainer.step_options.recovers,
             action_after_every_loop=any(
                 action.every is None and type(action).after_loop is not Action.after_loop
                 for action in actions

@@ -1,4 +1,5 @@
-"""The non-finite policy on the host: what follows a call whose steps or weights were not finite."""
+"""The non-finite policy on the host: what follows a call whose steps or weights were not finite
+(and the going back to a checkpoint that a loss spike's policy shares)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import tensorflow as tf
 from loops.cluster import strategies
 from loops.core import outputs
 from loops.model_dir.checkpoints import describe_names
+from loops.run import recovery
+from loops.run.loss_spikes import LossSpikeWatch
 from loops.run.recovery import Recoveries, Recovery
 from loops.run.run_checkpoints import RunCheckpoints
 from loops.run.run_context import Run
@@ -27,6 +30,8 @@ class NonFinitePolicy:
             recovery goes back to.
         train_input: the train stream, which resumes where the trainer goes back to.
         recoveries: the run's record of recoveries, which "recover" adds to.
+        spike_watch: the loss-spike watch a checkpoint restores with the run
+            (None when the run has none), forgotten before going back.
     """
 
     def __init__(
@@ -36,11 +41,13 @@ class NonFinitePolicy:
         checkpoints: RunCheckpoints,
         train_input: TrainInput,
         recoveries: Recoveries,
+        spike_watch: LossSpikeWatch | None = None,
     ):
         self._trainer = trainer
         self._checkpoints = checkpoints
         self._train_input = train_input
         self._recoveries = recoveries
+        self._spike_watch = spike_watch
         self.skipped_steps = 0
         # The step that left non-finite weights in memory with no checkpoint to go back to.
         self._weights_lost_at: int | None = None
@@ -86,11 +93,11 @@ class NonFinitePolicy:
             return None
         problem = "the loss or the gradients were not finite on at least one replica"
         if self._trainer.step_options.on_nonfinite == "recover":
-            return self._recover(bad_step, problem)
+            return self.recover(bad_step, problem)
         if self._trainer.skips_nonfinite:
             state = "Its update was skipped and nothing was saved after it."
         else:
-            state = self._back_to_checkpoint()
+            state = self.back_to_checkpoint()
         raise NonFiniteError(
             f"Step {bad_step}: {problem}. {state} Lower the learning rate, clip gradients, "
             "check the input, or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave "
@@ -110,12 +117,12 @@ class NonFinitePolicy:
             NonFiniteError: unless the policy is "recover" and it may recover.
         """
         if self._trainer.step_options.on_nonfinite == "recover":
-            return self._recover(
+            return self.recover(
                 step,
                 f"{describe_names(nonfinite_names)} not finite (NaN or inf) after it, "
                 "although the steps' loss and gradient checks passed",
             )
-        state = self._back_to_checkpoint()
+        state = self.back_to_checkpoint()
         raise NonFiniteError(
             f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
             "although the steps' loss and gradient checks passed: an update itself was not "
@@ -123,33 +130,46 @@ class NonFinitePolicy:
             "learning rate that is inf or huge does this), or clip gradients."
         )
 
-    def _recover(self, bad_step: int, problem: str) -> Recovery:
+    def recover(
+        self,
+        bad_step: int,
+        problem: str,
+        *,
+        cause: str = recovery.NONFINITE,
+        error: type[Exception] = NonFiniteError,
+    ) -> Recovery:
         """Goes back to the last checkpoint and moves the train stream past `bad_step`'s batches.
 
+        Args:
+            problem: what was wrong at `bad_step`, as a clause for the messages.
+            cause: what the recovery is recorded as (`recovery.NONFINITE`, `LOSS_SPIKE`).
+            error: what is raised when it cannot recover.
+
         Raises:
-            NonFiniteError: the run has made max_recoveries recoveries already,
-                or there is no checkpoint to go back to.
+            `error`: the run has made max_recoveries recoveries already, or
+                there is no checkpoint to go back to.
         """
         entries = list(self._recoveries.entries)
         limit = self._trainer.step_options.max_recoveries
         if len(entries) >= limit:
             steps = ", ".join(str(entry["step"]) for entry in entries)
-            raise NonFiniteError(
+            raise error(
                 f"Step {bad_step}: {problem}, and the run has recovered {len(entries)} "
                 f"time{'s' if len(entries) > 1 else ''} already (max_recoveries={limit}; "
                 f"at step{'s' if len(entries) > 1 else ''} {steps}), so it stops. "
-                f"{self._back_to_checkpoint()} Lower the learning rate, clip gradients, "
+                f"{self.back_to_checkpoint()} Lower the learning rate, clip gradients, "
                 "check the input, or raise max_recoveries (--max_recoveries) to let it "
                 "recover again."
             )
         if not self._go_back():
             self._weights_lost_at = self._trainer.step
-            raise NonFiniteError(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
+            raise error(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
         restored = self._trainer.step
         entry = Recovery(
             step=bad_step,
             restored_step=restored,
             skipped_batches=(bad_step - restored) * self._trainer.definition.batches_per_step,
+            cause=cause,
         )
         self._recoveries.entries = [*entries, entry]
         return entry
@@ -158,18 +178,30 @@ class NonFinitePolicy:
         """Restores the last checkpoint, the train stream resuming there; False without one."""
         if self._checkpoints.checkpointer is None:
             return False
-        self._recoveries.entries = []  # what a checkpoint without the record stands for
+        # What a checkpoint without the record (or the watch) stands for.
+        self._recoveries.entries = []
+        if self._spike_watch is not None:
+            self._spike_watch.reset()
         if self._checkpoints.restore() is None:
             return False
         self._train_input.position = -1
         return True
 
-    def _back_to_checkpoint(self) -> str:
-        """Goes back to the last checkpoint after a non-finite step; says where the loop is now."""
+    def back_to_checkpoint(self, *, weights_finite: bool = False) -> str:
+        """Goes back to the last checkpoint after a bad step; says where the loop is now.
+
+        Without a checkpoint, weights that may not be finite (`weights_finite`
+        False) make the Trainer refuse to train on.
+        """
         if self._go_back():
             return (
                 f"Nothing was saved after it; the loop is back at its last checkpoint "
                 f"(step {self._trainer.step}), where a rerun also resumes."
+            )
+        if weights_finite:
+            return (
+                "There is no checkpoint to go back to: the weights in memory are those "
+                f"after step {self._trainer.step}."
             )
         self._weights_lost_at = self._trainer.step
         return _NO_CHECKPOINT
@@ -187,30 +219,41 @@ def check_can_recover(
     *,
     has_train_data: bool,
     model_dir: str | None,
+    setting: str = "on_nonfinite",
 ) -> None:
-    """Raises ValueError when on_nonfinite='recover' cannot work for the definition `name`.
+    """Raises ValueError when `setting`='recover' cannot work for the definition `name`.
 
     Args:
         has_train_data: whether the run has train data, or makes its own
             (RL), drawing new data after a recovery (`Loop.data_step`).
+        setting: the policy asked to recover: on_nonfinite or on_loss_spike.
     """
+    policy = f"{setting}='recover'"
+    spikes = setting == "on_loss_spike"
+    bad = "a loss spike" if spikes else "a non-finite step"
+    other = "'ignore'" if spikes else "'skip'"
+    others = f"{setting}='stop' or {other} (--{setting}=stop or {other.strip(chr(39))})"
     if strategies.strategy_name(strategy) == "parameter_server":
         raise ValueError(
-            "on_nonfinite='recover' moves the train stream past the batches that led "
-            "to a non-finite step, and under ParameterServerStrategy each worker reads "
+            f"{policy} moves the train stream past the batches that led "
+            f"to {bad}, and under ParameterServerStrategy each worker reads "
             "its own stream, at no position a checkpoint records. Pass "
-            "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
-            "non-finite update under every policy) or 'stop'."
+            + (
+                f"{others}."
+                if spikes
+                else "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
+                "non-finite update under every policy) or 'stop'."
+            )
         )
     if not has_train_data:
         raise ValueError(
-            f"on_nonfinite='recover' goes back to the last checkpoint and moves the train "
-            f"stream past the batches that led to a non-finite step, and {name} has no "
-            "train_data. Pass on_nonfinite='stop' or 'skip' (--on_nonfinite=stop or skip)."
+            f"{policy} goes back to the last checkpoint and moves the train "
+            f"stream past the batches that led to {bad}, and {name} has no "
+            f"train_data. Pass {others}."
         )
     if model_dir is None:
         raise ValueError(
-            f"on_nonfinite='recover' goes back to the last checkpoint, and {name} has "
+            f"{policy} goes back to the last checkpoint, and {name} has "
             "model_dir=None, so it keeps none. Pass model_dir= (a checkpoint of step 0 is "
-            "saved when training starts), or on_nonfinite='stop' or 'skip'."
+            f"saved when training starts), or {others}."
         )

@@ -18,9 +18,14 @@ DEFAULT_MAX_RECOVERIES = settings.DEFAULT_MAX_RECOVERIES
 class Recovery(TypedDict):
     """One recovery, as results.json lists it."""
 
-    step: int  # the step whose loss, gradients or weights were not finite
+    step: int  # the step whose loss, gradients or weights were not finite, or the spike's last
     restored_step: int  # the checkpoint the run went back to
     skipped_batches: int  # global batches moved past: those of steps restored_step + 1 .. step
+    cause: str  # NONFINITE or LOSS_SPIKE (records from before causes were kept: NONFINITE)
+
+
+NONFINITE = "nonfinite"
+LOSS_SPIKE = "loss_spike"
 
 
 class Recoveries(tf.Module):
@@ -56,19 +61,21 @@ class Recoveries(tf.Module):
         return sum(entry["skipped_batches"] for entry in self.entries)
 
 
-def check_max_recoveries(max_recoveries: int | None, on_nonfinite: str) -> int:
+def check_max_recoveries(
+    max_recoveries: int | None, on_nonfinite: str, on_loss_spike: str = "ignore"
+) -> int:
     """`max_recoveries`, or the default when None; a ValueError for a bad one.
 
     Raises:
-        ValueError: not a whole number >= 1, or given with a policy other than "recover".
+        ValueError: not a whole number >= 1, or given when neither policy is "recover".
     """
     if max_recoveries is None:
         return DEFAULT_MAX_RECOVERIES
-    if on_nonfinite != "recover":
+    if "recover" not in (on_nonfinite, on_loss_spike):
         raise ValueError(
-            f"max_recoveries={max_recoveries!r} applies only to on_nonfinite='recover' "
-            f"(got {on_nonfinite!r}); drop it, or pass on_nonfinite='recover' "
-            "(--on_nonfinite=recover)."
+            f"max_recoveries={max_recoveries!r} applies only to on_nonfinite='recover' or "
+            f"on_loss_spike='recover' (got {on_nonfinite!r} and {on_loss_spike!r}); drop it, "
+            "or pass on_nonfinite='recover' (--on_nonfinite=recover)."
         )
     if (
         isinstance(max_recoveries, bool)

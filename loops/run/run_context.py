@@ -110,6 +110,7 @@ class Definition(Protocol):
     batches_per_step: int
     needs_train_data: bool
     throughput_unit: tuple[str, str]
+    watched_loss: str | None
     config_free_to_change: frozenset[str]
 
     def check_can_train(

@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from loops.cluster import strategies
-from loops.core import outputs, reporting
-from loops.run.recovery import Recovery
+from loops.core import health, outputs, reporting
+from loops.run.recovery import LOSS_SPIKE, Recovery
 from loops.run.run_context import Run
 
 
@@ -76,6 +76,9 @@ class RunReport:
         # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
         self.eval_history: list[dict[str, Any]] = []
         self.last_train_metrics: dict[str, float] = {}
+        # The last health metrics (`loops.core.health`), the per-layer ones of the last
+        # step that had them.
+        self.last_health_metrics: dict[str, float] = {}
         self.last_eval_metrics: dict[str, float] = {}
         self.steps_per_second = 0.0
         # The throughput unit per second over the same inner loops; None when
@@ -101,9 +104,12 @@ class RunReport:
         units = self.units(logs)
         if units is not None:
             rates[f"{self.throughput_unit[1]}_per_second"] = units / seconds if seconds > 0 else 0.0
-        self.last_train_metrics = outputs.aggregate_steps(kinds, logs)
-        self.summaries.scalars("train", end, {**self.last_train_metrics, **rates})
-        self.progress.train(end, num_steps, self.last_train_metrics, rates)
+        self.last_train_metrics, found = health.reported(outputs.aggregate_steps(kinds, logs))
+        self.last_health_metrics = health.latest(self.last_health_metrics, found)
+        tagged = {health.PREFIX + name: value for name, value in found.items()}
+        self.summaries.scalars("train", end, {**self.last_train_metrics, **tagged, **rates})
+        shown = {**self.last_train_metrics, **health.in_progress(found)}
+        self.progress.train(end, num_steps, shown, rates)
 
     def evaluation(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Reports an evaluation's numbers at `step` (nothing when it has none).
@@ -130,8 +136,9 @@ class RunReport:
             else f"those of steps {restored + 1} to {entry['step']}"
         )
         skipped = entry["skipped_batches"]
+        problem = "a loss spike" if entry.get("cause") == LOSS_SPIKE else "not finite"
         self.progress.line(
-            f"step {entry['step']} was not finite: recovery {count} of at most "
+            f"step {entry['step']} was {problem}: recovery {count} of at most "
             f"{max_recoveries}, back at the checkpoint of step {restored}; the "
             f"train stream moved past {skipped} batch{'es' if skipped > 1 else ''} ({steps}), "
             "and training goes on"
@@ -167,6 +174,7 @@ class RunReport:
             "num_replicas": trainer.num_replicas,
             "global_step": trainer.step,
             "train": self.last_train_metrics,
+            "health": self.last_health_metrics,
             "eval": self.last_eval_metrics,
             "steps_per_second": self.steps_per_second,
             **(

@@ -41,6 +41,13 @@ class StepOptions:
         max_recoveries: under "recover", how many recoveries a run may make
             (counted over resumes: the count is checkpointed) before the next
             non-finite step raises NonFiniteError (default 3).
+        on_loss_spike: what a loss spike leads to (`loops.run.loss_spikes`):
+            "ignore"; "stop": back to the last checkpoint, and LossSpikeError
+            names the spike; "recover": as on_nonfinite's "recover", counted
+            against the same max_recoveries (then LossSpikeError).
+        loss_spike_factor, loss_spike_steps, loss_spike_window: the rule: a
+            loss above factor times its slow moving average (over a window
+            of steps) for `steps` steps in a row is a spike.
         mixed_precision: "none" (float32), "mixed_bfloat16" or
             "mixed_float16": the Keras dtype policy `build` runs under (layers
             given an explicit dtype keep it; variables stay float32). Under
@@ -55,6 +62,11 @@ class StepOptions:
             checkpointed beside them; evaluation and `ExportOnEnd` exports use
             the averages (`Loop.averaged_weights`), training the weights
             themselves. None: no average.
+        health_every: every `loops.Update` reports its health
+            (`loops.core.health`): each step the global norm of the summed
+            gradient before clipping, whether it was clipped, the update/weight
+            ratio of its variables; every this many steps the ratios of the
+            layers where they are largest. None: no health metrics.
 
     Made by `checked`, which fills in the defaults of None.
     """
@@ -63,10 +75,20 @@ class StepOptions:
     run_eagerly: bool
     on_nonfinite: str
     max_recoveries: int
+    on_loss_spike: str
+    loss_spike_factor: float
+    loss_spike_steps: int
+    loss_spike_window: int
     mixed_precision: str
     loss_scale_growth_steps: int
     grad_accum_steps: int
     ema_decay: float | None
+    health_every: int | None
+
+    @property
+    def recovers(self) -> bool:
+        """Whether a bad step (non-finite, or a loss spike) may lead to a recovery."""
+        return "recover" in (self.on_nonfinite, self.on_loss_spike)
 
 
 def checked(**values: Any) -> StepOptions:
@@ -84,14 +106,26 @@ def checked(**values: Any) -> StepOptions:
     on_nonfinite, max_recoveries = values["on_nonfinite"], values["max_recoveries"]
     mixed_precision, grad_accum_steps = values["mixed_precision"], values["grad_accum_steps"]
     loss_scale_growth_steps, ema_decay = values["loss_scale_growth_steps"], values["ema_decay"]
-    settings.check_loop_settings({"on_nonfinite": on_nonfinite})
-    recoveries = recovery.check_max_recoveries(max_recoveries, on_nonfinite)
+    spikes = settings.check_loop_settings(
+        {
+            "on_nonfinite": on_nonfinite,
+            "on_loss_spike": values["on_loss_spike"],
+            "loss_spike_factor": values["loss_spike_factor"],
+            "loss_spike_steps": values["loss_spike_steps"],
+            "loss_spike_window": values["loss_spike_window"],
+        }
+    )
+    del spikes["on_nonfinite"]
+    recoveries = recovery.check_max_recoveries(
+        max_recoveries, on_nonfinite, values["on_loss_spike"]
+    )
     settings.check_loop_settings(
         {
             "grad_accum_steps": grad_accum_steps,
             "mixed_precision": mixed_precision,
             "loss_scale_growth_steps": loss_scale_growth_steps,
             "ema_decay": ema_decay,
+            "health_every": values["health_every"],
             "seed": seed,
         }
     )
@@ -108,10 +142,12 @@ def checked(**values: Any) -> StepOptions:
         run_eagerly=run_eagerly,
         on_nonfinite=on_nonfinite,
         max_recoveries=recoveries,
+        **spikes,
         mixed_precision=mixed_precision,
         loss_scale_growth_steps=(
             loss_scale_growth_steps or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
         ),
         grad_accum_steps=grad_accum_steps,
         ema_decay=ema_decay,
+        health_every=values["health_every"],
     )

@@ -15,7 +15,7 @@ from loops.core import reporting, weight_average
 from loops.core.update import UpdateStates
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import Checkpointer, FinitenessCheck
-from loops.run import executors, loop_execution, recovery, step_options
+from loops.run import executors, loop_execution, loss_spikes, recovery, step_options
 from loops.run.actions import Action
 from loops.run.controller import Controller
 from loops.run.nonfinite_updates import NonFiniteUpdates
@@ -65,11 +65,16 @@ class Trainer:
         run_eagerly: bool = False,
         on_nonfinite: str = "stop",
         max_recoveries: int | None = None,
+        on_loss_spike: str = "ignore",
+        loss_spike_factor: float = 4.0,
+        loss_spike_steps: int = 3,
+        loss_spike_window: int = 100,
         # How the steps' `loops.Update`s compute.
         mixed_precision: str = "none",
         loss_scale_growth_steps: int | None = None,
         grad_accum_steps: int = 1,
         ema_decay: float | None = None,
+        health_every: int | None = None,
         # Host-side callbacks, and what the run was asked to do (recorded with its results).
         actions: Sequence[Action] = (),
         config: Mapping[str, Any] | None = None,
@@ -79,19 +84,15 @@ class Trainer:
         Args:
             definition: what is trained (a `loops.Loop`), not yet handed to a Trainer.
             strategy: where the steps run (default: the current one).
-            train_data: the train stream of global batches, repeated forever.
-            eval_data: a finite dataset of global batches for `evaluate`.
-            The rest: loops/vocabulary/settings.py declares them; `StepOptions`
-            and `RunOptions` (loops/run/) say what each does.
+            train_data, eval_data: the train stream of global batches (repeated
+                forever), and a finite dataset of global batches for `evaluate`.
+            The rest: declared in loops/vocabulary/settings.py; see `StepOptions`, `RunOptions`.
 
         Raises:
-            ValueError: a bad setting (before anything is built), a checkpoint in
-                model_dir that does not match, or a definition already trained
-                by another Trainer.
+            ValueError: a bad setting (checked first), a mismatched checkpoint, a used definition.
         """
         arguments = dict(locals())  # the keyword arguments by name: nothing else is defined yet
-        self.definition = definition
-        self.strategy = strategy or tf.distribute.get_strategy()
+        self.definition, self.strategy = definition, strategy or tf.distribute.get_strategy()
         self.step_options, run_options = _checked_options(definition, self.strategy, arguments)
         self.coordinator = loop_execution.coordinator(self.strategy)
         self.train_data, self.eval_data = train_data, eval_data
@@ -309,6 +310,7 @@ def _checked_options(
         type(definition),
         strategy,
         on_nonfinite=options.on_nonfinite,
+        on_loss_spike=options.on_loss_spike,
         has_train_data=has_train_data or not definition.needs_train_data,
         model_dir=arguments["model_dir"],
     )
@@ -346,6 +348,7 @@ def _everything_saved(definition: Definition, context: StepContext) -> dict[str,
         "weight_averages",
         "update_states",
         recovery.CHECKPOINT_NAME,
+        loss_spikes.CHECKPOINT_NAME,
     ):
         if reserved in items:
             raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")

@@ -3,6 +3,7 @@ TensorFlow so that a binary checks its flags before TensorFlow loads."""
 
 # What a step whose loss or gradients are not finite leads to (`Loop`'s on_nonfinite).
 NONFINITE_POLICIES = ("stop", "skip", "recover")
+LOSS_SPIKE_POLICIES = ("ignore", "stop", "recover")
 STRATEGY_NAMES = (
     "default",
     "one_device",

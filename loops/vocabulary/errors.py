@@ -9,6 +9,10 @@ class NonFiniteWeightsError(NonFiniteError):
     """A save or an export was refused because some variables are not finite."""
 
 
+class LossSpikeError(RuntimeError):
+    """A step's loss stayed far above its moving average (`on_loss_spike`) and the run stopped."""
+
+
 class DamagedCheckpointError(ValueError):
     """A model_dir holds checkpoint files, and none of them can be read."""
 

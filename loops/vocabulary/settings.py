@@ -16,6 +16,7 @@ from typing import Any
 
 from loops.vocabulary.choices import (
     CLUSTER_SOURCES,
+    LOSS_SPIKE_POLICIES,
     METRIC_MODES,
     NONFINITE_POLICIES,
     PRECISION_POLICIES,
@@ -24,6 +25,12 @@ from loops.vocabulary.choices import (
 
 TRAIN = "train"
 EVALUATE_CHECKPOINTS = "evaluate_checkpoints"
+FIND_LR = "find_lr"
+# The learning-rate finder's defaults (--mode=find_lr, `loops.find_learning_rate`).
+DEFAULT_FIND_LR_STEPS = 100
+DEFAULT_FIND_LR_MIN_RATE = 1e-7
+DEFAULT_FIND_LR_MAX_RATE = 10.0
+DEFAULT_FIND_LR_STOP_FACTOR = 4.0
 # TF_CONFIG's task type of the process that evaluates beside a cluster (TensorFlow's name).
 EVALUATOR_TASK = "evaluator"
 # Evaluations a run makes when --eval_every is unset: enough points for a curve.
@@ -32,6 +39,14 @@ DEFAULT_EVALUATIONS = 5
 DEFAULT_CPU_REPLICAS = 2
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_LOSS_SCALE_GROWTH_STEPS = 2000
+# The health_every the help suggests: ratios one step in ten cost a tenth of what every
+# step does (a copy of the weights kept across the update), ten averaged a 100-step loop.
+SUGGESTED_HEALTH_EVERY = 10
+DEFAULT_HEALTH_LAYERS = 3  # per optimizer: the layers whose update/weight ratios are largest
+# The loss-spike rule's defaults (BUILD.md, "Loss spikes", says how they were chosen).
+DEFAULT_LOSS_SPIKE_FACTOR = 4.0
+DEFAULT_LOSS_SPIKE_STEPS = 3
+DEFAULT_LOSS_SPIKE_WINDOW = 100
 
 
 def _is_whole(value: Any) -> bool:
@@ -65,6 +80,19 @@ def positive_number(note: str) -> Callable[[str, Any], Any]:
             return None
         if not _is_number(value) or not math.isfinite(value) or not value > 0:
             raise ValueError(f"{name} must be > 0{note}, got {value!r}.")
+        return value
+
+    return check
+
+
+def number_above(least: float, example: str) -> Callable[[str, Any], Any]:
+    """A check: a finite number > least (`example` shows a good value)."""
+
+    def check(name: str, value: Any) -> Any:
+        if not _is_number(value) or not math.isfinite(value) or not value > least:
+            raise ValueError(
+                f"{name} must be a finite number > {least:g}, got {value!r}; {example}."
+            )
         return value
 
     return check
@@ -177,9 +205,12 @@ SETTINGS: tuple[Setting, ...] = (
         "until the run's last (--train_steps), on this host's devices (a cluster --strategy "
         "becomes default), with the run's model and data settings from MODEL_DIR/config.json; "
         f"results in MODEL_DIR/evaluator. Unset: {TRAIN}, or {EVALUATE_CHECKPOINTS} on a task "
-        f"TF_CONFIG names '{EVALUATOR_TASK}' (loops-launch --evaluator).",
+        f"TF_CONFIG names '{EVALUATOR_TASK}' (loops-launch --evaluator). {FIND_LR}: the "
+        "learning-rate range test (the --find_lr_* flags), from the newest checkpoint in "
+        "--model_dir if it holds one (read only), else from the initial weights; writes only "
+        "into --find_lr_dir.",
         "enum",
-        choices=(TRAIN, EVALUATE_CHECKPOINTS),
+        choices=(TRAIN, EVALUATE_CHECKPOINTS, FIND_LR),
     ),
     Setting(
         "evaluator_timeout",
@@ -189,6 +220,73 @@ SETTINGS: tuple[Setting, ...] = (
         "float",
         flag_default=3600.0,
         lower_bound=0.0,
+    ),
+    Setting(
+        "find_lr_steps",
+        "mode",
+        f"--mode={FIND_LR}: train steps of the range test, the rate growing by the same "
+        "factor each step from --find_lr_min_rate to --find_lr_max_rate (fewer when the "
+        "loss blows up first).",
+        "integer",
+        flag_default=DEFAULT_FIND_LR_STEPS,
+        check=whole_number(2),
+        lower_bound=2,
+    ),
+    Setting(
+        "find_lr_min_rate",
+        "mode",
+        f"--mode={FIND_LR}: the learning rate of the first step.",
+        "float",
+        flag_default=DEFAULT_FIND_LR_MIN_RATE,
+        check=number_above(0, f"e.g. {DEFAULT_FIND_LR_MIN_RATE:g}"),
+        flag_rule=(
+            lambda value: value > 0,
+            "--find_lr_min_rate must be > 0, e.g. "
+            f"--find_lr_min_rate={DEFAULT_FIND_LR_MIN_RATE:g}.",
+        ),
+    ),
+    Setting(
+        "find_lr_max_rate",
+        "mode",
+        f"--mode={FIND_LR}: the learning rate of the last step (above --find_lr_min_rate).",
+        "float",
+        flag_default=DEFAULT_FIND_LR_MAX_RATE,
+        check=number_above(0, f"e.g. {DEFAULT_FIND_LR_MAX_RATE:g}"),
+        flag_rule=(
+            lambda value: value > 0,
+            "--find_lr_max_rate must be > 0, e.g. "
+            f"--find_lr_max_rate={DEFAULT_FIND_LR_MAX_RATE:g}.",
+        ),
+    ),
+    Setting(
+        "find_lr_stop_factor",
+        "mode",
+        f"--mode={FIND_LR}: stop once the smoothed loss is above this many times its lowest "
+        "so far (the loss blew up), or not finite.",
+        "float",
+        flag_default=DEFAULT_FIND_LR_STOP_FACTOR,
+        check=number_above(1, f"e.g. {DEFAULT_FIND_LR_STOP_FACTOR:g}"),
+        flag_rule=(
+            lambda value: value > 1,
+            "--find_lr_stop_factor must be > 1, e.g. "
+            f"--find_lr_stop_factor={DEFAULT_FIND_LR_STOP_FACTOR:g}.",
+        ),
+    ),
+    Setting(
+        "find_lr_loss",
+        "mode",
+        f"--mode={FIND_LR}: the train-step output the range test records. Default: loss, "
+        "or, for a step with none, the sum of its outputs named *loss (the GAN's d_loss + "
+        "g_loss, PPO's policy_loss + value_loss).",
+        "string",
+    ),
+    Setting(
+        "find_lr_dir",
+        "mode",
+        f"--mode={FIND_LR}: where lr_find.json (each step's rate and loss, the suggested "
+        "rate and its rule) and lr_find.png (loss against the rate) go; nothing is written "
+        "into --model_dir. Default: a new directory under the system temp dir.",
+        "string",
     ),
     Setting(
         "strategy",
@@ -500,6 +598,24 @@ SETTINGS: tuple[Setting, ...] = (
         ),
     ),
     Setting(
+        "health_every",
+        "outputs",
+        "Training health, from every optimizer's update: each step the global norm of the "
+        "summed gradient before clipping and whether it was clipped; every this many steps "
+        "the update norm over the weight norm of each model and of the "
+        f"{DEFAULT_HEALTH_LAYERS} layers where it is largest. TensorBoard under health/, "
+        f"results.json's health, grad_norm in progress lines. E.g. {SUGGESTED_HEALTH_EVERY}. "
+        "0: none, the default (on several replicas without --clip_norm they cost one more "
+        "all-reduce of the gradient a step).",
+        "integer",
+        flag_default=0,
+        loop=True,
+        default=None,
+        check=whole_number(1, _OFF, optional=True),
+        from_flag=_zero_is_none,
+        lower_bound=0,
+    ),
+    Setting(
         "on_nonfinite",
         "faults",
         "After a step whose loss or gradients are not finite on any replica: stop with an "
@@ -517,17 +633,78 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_recoveries",
         "faults",
-        "With --on_nonfinite=recover: recoveries a run may make (counted over resumes) before "
-        f"the next non-finite step stops it with an error. Default: {DEFAULT_MAX_RECOVERIES}.",
+        "With --on_nonfinite=recover or --on_loss_spike=recover: recoveries a run may make "
+        "(counted over resumes, both causes together) before the next bad step stops it with "
+        f"an error. Default: {DEFAULT_MAX_RECOVERIES}.",
         "integer",
         loop=True,
         lower_bound=1,
+    ),
+    Setting(
+        "on_loss_spike",
+        "faults",
+        "After a loss spike (a step's loss above --loss_spike_factor times its slow moving "
+        "average for --loss_spike_steps steps in a row): ignore it, stop with an error (back "
+        "to the last checkpoint), or recover as --on_nonfinite=recover does: back to the "
+        "last checkpoint, the train stream moved past every batch from there to the spike.",
+        "enum",
+        flag_default="ignore",
+        loop=True,
+        default="ignore",
+        check=one_of(LOSS_SPIKE_POLICIES),
+        choices=LOSS_SPIKE_POLICIES,
+    ),
+    Setting(
+        "loss_spike_factor",
+        "faults",
+        "A step's loss is high when above this many times its slow moving average.",
+        "float",
+        flag_default=DEFAULT_LOSS_SPIKE_FACTOR,
+        loop=True,
+        default=DEFAULT_LOSS_SPIKE_FACTOR,
+        check=lambda name, value: _check_spike_factor(name, value),
+        flag_rule=(
+            lambda value: value > 1,
+            "--loss_spike_factor must be > 1, e.g. --loss_spike_factor=4.",
+        ),
+    ),
+    Setting(
+        "loss_spike_steps",
+        "faults",
+        "High steps in a row that make a spike (one high batch is noise).",
+        "integer",
+        flag_default=DEFAULT_LOSS_SPIKE_STEPS,
+        loop=True,
+        default=DEFAULT_LOSS_SPIKE_STEPS,
+        check=whole_number(1),
+        lower_bound=1,
+    ),
+    Setting(
+        "loss_spike_window",
+        "faults",
+        "Steps the slow moving average of the loss spans (an exponential average with decay "
+        "1 - 1/window, debiased over the first steps); high steps do not enter it.",
+        "integer",
+        flag_default=DEFAULT_LOSS_SPIKE_WINDOW,
+        loop=True,
+        default=DEFAULT_LOSS_SPIKE_WINDOW,
+        check=whole_number(2),
+        lower_bound=2,
     ),
 )
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
 # The `loops.Loop` keyword arguments that are settings, in declaration order.
 LOOP_SETTINGS: tuple[Setting, ...] = tuple(setting for setting in SETTINGS if setting.loop)
+
+
+def _check_spike_factor(name: str, value: Any) -> float:
+    if not _is_number(value) or not math.isfinite(value) or not value > 1:
+        raise ValueError(
+            f"{name} must be a number > 1 (a loss that many times its moving average is "
+            f"high), got {value!r}; e.g. 4.0."
+        )
+    return value
 
 
 def _check_policy(name: str, value: Any) -> str:

@@ -81,6 +81,9 @@ class EnvironmentLoop(Loop):
     """
 
     throughput_unit = ("env_steps", "env_steps")  # environment steps a train step takes
+    # None: on_loss_spike is refused. An RL loss grows with the returns it learns
+    # (larger value targets), so its ratio to a moving average is no sign of divergence.
+    watched_loss: str | None = None
 
     needs_train_data = False
     algorithm = "rl"

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 
 import tensorflow as tf
 
-from loops.core import outputs
+from loops.core import health, outputs
 from loops.core.update import Update
 
 
@@ -29,18 +29,22 @@ def run_updates(
 
     Returns:
         (totals, flags): each named sum added over the updates, and the step
-        outputs of the updates: any not finite, and the loss scale and its
-        overflows when there is one.
+        outputs of the updates: any not finite, their health metrics
+        (`loops.core.health`), and the loss scale and its overflows when
+        there is one.
     """
     totals = {name: tf.constant(0.0) for name in names}
     loss_scale = _loss_scale_value(update)
     nonfinite, overflows = tf.constant(0.0), tf.constant(0.0)
+    health_totals = update.empty_health_totals()
     for index in tf.range(count):
         result = update(replica_loss, args=args(index))
         totals = {name: totals[name] + result.sums[name] for name in totals}
         nonfinite = tf.maximum(nonfinite, result.nonfinite)
         overflows += result.overflow
-    return totals, _update_flags(nonfinite, overflows, loss_scale)
+        health_totals = health.add(health_totals, result.health_totals())
+    flags = _update_flags(nonfinite, overflows, loss_scale)
+    return totals, {**flags, **health.step_outputs(health_totals)}
 
 
 def _loss_scale_value(update: Update) -> tf.Tensor | None:

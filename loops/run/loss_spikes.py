@@ -1,0 +1,107 @@
+"""Loss spikes: steps whose loss stays a factor above its slow moving average, found on the
+host from each call's per-step losses."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+# The watch's name in a checkpoint, beside the definition's items (reserved: see the Trainer).
+CHECKPOINT_NAME = "loss_spike_watch"
+
+
+class LossSpikeRule(NamedTuple):
+    """A loss above `factor` times its moving average over `window` steps, `steps` in a row."""
+
+    factor: float
+    steps: int
+    window: int
+
+
+class LossSpike(NamedTuple):
+    """The step where a spike was found (its high steps' last), with what made it one."""
+
+    step: int
+    loss: float
+    average: float
+    first_high_step: int
+
+    def describe(self, output: str) -> str:
+        """What made it a spike, as a clause: '<output> was high from step a to b (...)'."""
+        return (
+            f"{output} was high from step {self.first_high_step} to {self.step} "
+            f"({self.loss:.4g} at the last, {self.loss / self.average:.3g} times its moving "
+            f"average {self.average:.4g})"
+        )
+
+
+class LossSpikeWatch(tf.Module):
+    """The loss's slow moving average and the current run of high steps, saved with the run.
+
+    The average is exponential with decay 1 - 1/window, debiased by the sum
+    of its weights (so the first steps count fully, as Adam's moments do).
+    A high step does not enter it: a spike that lasts does not lift the bar
+    it is measured against. A loss that is not finite is the non-finite
+    policy's and is passed over; a loss at or below zero is never high (the
+    rule is a ratio, for losses bounded below by 0).
+
+    The state lives in one variable (weighted sum, sum of weights, high
+    steps in a row), so that a checkpoint holds the watch as it was at its
+    step and a recovery or resume continues it exactly; a Python copy saves
+    reading it back after every call.
+    """
+
+    def __init__(self, rule: LossSpikeRule) -> None:
+        super().__init__(name=CHECKPOINT_NAME)
+        self.rule = rule
+        with tf.init_scope():
+            self.state = tf.Variable(tf.zeros([3], tf.float64), trainable=False, name="state")
+        self._known: tuple[float, float, int] | None = None  # the variable's value, when read
+
+    def reset(self) -> None:
+        """Forgets the loss seen (what a checkpoint without the watch stands for).
+
+        Also what a restore must be preceded by: the value is read again after it.
+        """
+        self.state.assign(tf.zeros([3], tf.float64))
+        self._known = None
+
+    @property
+    def average(self) -> float | None:
+        """The moving average of the loss; None before any step."""
+        total, weight, _ = self._current()
+        return total / weight if weight > 0 else None
+
+    def _current(self) -> tuple[float, float, int]:
+        if self._known is None:
+            total, weight, high = self.state.numpy().tolist()
+            self._known = (total, weight, int(high))
+        return self._known
+
+    def scan(self, losses: np.ndarray, first_step: int) -> tuple[LossSpike | None, tuple]:
+        """The first spike among the losses of steps first_step + 1, ..., and the state after
+        them (or at the spike); `commit` keeps that state."""
+        decay = 1.0 - 1.0 / self.rule.window
+        total, weight, high = self._current()
+        for index, value in enumerate(np.asarray(losses, dtype=np.float64).tolist()):
+            if not math.isfinite(value):
+                continue
+            average = total / weight if weight > 0 else 0.0
+            if average > 0 and value > self.rule.factor * average:
+                high += 1
+                if high >= self.rule.steps:
+                    step = first_step + index + 1
+                    spike = LossSpike(step, value, average, step - high + 1)
+                    return spike, (total, weight, high)
+                continue
+            high = 0
+            total = decay * total + (1.0 - decay) * value
+            weight = decay * weight + (1.0 - decay)
+        return None, (total, weight, high)
+
+    def commit(self, state: tuple) -> None:
+        self.state.assign(np.array(state, np.float64))
+        self._known = state
