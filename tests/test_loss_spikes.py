@@ -7,51 +7,24 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_recover import BATCH, assert_checkpoints_finite, make_loop, stream, without_batches
+from test_recover import examples as recover_examples
 
 import loops
 import loops_models as models
 from conftest import make_trainer, read_results
 from loops.run.loss_spikes import LossSpikeRule, LossSpikeWatch
 
-BATCH = 8
-# 24 global batches: no run here reads past the first pass, so each bad batch comes once.
-EXAMPLES = 24 * BATCH
 RULE = LossSpikeRule(factor=4.0, steps=3, window=100)
 
 
 def examples(spiked_batches=()):
-    """Images and labels; the images of batches numbered in `spiked_batches` (from 1) are
-    scaled up 50 times: their loss is far above the others', and finite."""
-    rng = np.random.default_rng(0)
-    images = rng.uniform(0, 255, size=(EXAMPLES, 8, 8, 1)).astype(np.float32)
-    labels = rng.integers(0, 10, size=(EXAMPLES,))
+    """test_recover's images and labels; the images of batches numbered in `spiked_batches`
+    (from 1) are scaled up 50 times: their loss is far above the others', and finite."""
+    images, labels = recover_examples()
     for batch in spiked_batches:
         images[(batch - 1) * BATCH : batch * BATCH] *= 50.0
     return images, labels
-
-
-def without_batches(images, labels, first, last):
-    """The examples without batches first..last (numbered from 1)."""
-    kept = np.ones(len(images), bool)
-    kept[(first - 1) * BATCH : last * BATCH] = False
-    return images[kept], labels[kept]
-
-
-def stream(images, labels):
-    return lambda: tf.data.Dataset.from_tensor_slices((images, labels)).batch(BATCH)
-
-
-def make_loop(train_data, num_replicas=2, **kwargs):
-    return make_trainer(
-        loops.ClassifierLoop,
-        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
-        optimizer_fn=lambda: keras.optimizers.Adam(0.003),
-        strategy=loops.testing.replica_strategy(num_replicas),
-        train_data=train_data,
-        steps_per_loop=3,
-        progress=loops.testing.quiet_progress(),
-        **kwargs,
-    )
 
 
 def spiking(model_dir, spiked_batches, policy="recover", **kwargs):
@@ -166,12 +139,7 @@ def test_past_max_recoveries_it_stops_with_the_error_and_keeps_finite_checkpoint
         loop.train(16)
     assert loop.step == 8
     loop.close()
-    for path in glob.glob(str(tmp_path / "checkpoints" / "ckpt-*.index")):
-        reader = tf.train.load_checkpoint(path[: -len(".index")])
-        for name in reader.get_variable_to_shape_map():
-            value = reader.get_tensor(name)
-            if np.issubdtype(np.asarray(value).dtype, np.floating):
-                assert np.all(np.isfinite(value)), (path, name)
+    assert_checkpoints_finite(str(tmp_path))
 
 
 def test_stop_goes_back_to_the_last_checkpoint_and_names_the_spike(tmp_path):
