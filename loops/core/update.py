@@ -12,6 +12,7 @@ sum of K micro-batches' gradients. It also measures the step's health
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
@@ -19,7 +20,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from loops.core import health, micro_batches, mixed_precision, outputs, reduction
+from loops.core import compilation, health, micro_batches, mixed_precision, outputs, reduction
 from loops.core.gradients import all_finite, apply_gradients, apply_summed, sum_over_replicas
 from loops.core.health import Totals, UpdateHealth
 from loops.core.weight_average import WeightAverage
@@ -123,7 +124,7 @@ class Update:
     (`loops.global_count`, `loops.scale_to_global_batch`), and a dict of
     scalars that are sums over its examples (counts, sums of a metric).
 
-    Four settings come from the step options the Trainer gave the definition
+    Five settings come from the step options the Trainer gave the definition
     (`loop.options`), so that every step has them:
     - `mixed_precision="mixed_float16"`: a dynamic loss scale
       (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`), whose
@@ -148,6 +149,9 @@ class Update:
       each applied update; the loop checkpoints it and evaluates and exports
       with it. `average=False` leaves this update's variables out (the GAN's
       discriminator, which neither evaluation nor export uses).
+    - `jit_compile`: each replica's forward and backward pass through the
+      trained model compiled with XLA (`loops.core.compilation`); refused
+      with a sentence where it cannot compile.
     - `health_every`: the health metrics (`loops.core.health`), the
       per-layer update ratios reported every `health_every` steps; None:
       none, and no all-reduce of the gradient beyond the optimizer's own.
@@ -157,7 +161,7 @@ class Update:
             strategy runs the replicas, whose `on_nonfinite` policy
             (`Loop.apply_update`) decides what a non-finite update leads to,
             and whose step options (`mixed_precision`, `grad_accum_steps`,
-            `ema_decay`, `health_every`) apply.
+            `ema_decay`, `jit_compile`, `health_every`) apply.
         optimizer: a built Keras optimizer.
         trained: a Keras model (its trainable variables, and its
             regularization losses added once to the loss), or a function
@@ -174,7 +178,8 @@ class Update:
             `grad_accum_steps` > 1 is refused.
 
     Raises:
-        ValueError: a bad clip_norm, or whole_batch_loss under grad_accum_steps > 1.
+        ValueError: a bad clip_norm, whole_batch_loss under grad_accum_steps > 1, or
+            jit_compile where it cannot compile (`compilation.check_can_compile`).
     """
 
     def __init__(
@@ -198,6 +203,10 @@ class Update:
                 "grad_accum_steps=1 (--grad_accum_steps=1) and lower the global batch size "
                 "if memory is short."
             )
+        self.jit_compile: bool = loop.options.jit_compile
+        if self.jit_compile:
+            compilation.check_can_compile(trained, loop.strategy)
+            compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
         self._loop = loop
         self.optimizer = optimizer
@@ -296,7 +305,8 @@ class Update:
 
     def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
         variables = self.variables()
-        with tf.GradientTape() as tape:
+        compiled = compilation.compiling() if self.jit_compile else contextlib.nullcontext()
+        with tf.GradientTape() as tape, compiled:
             loss, logs = replica_loss(*args)
             if isinstance(self._trained, keras.Model) and self._trained.losses:
                 # Every replica adds it, so each adds its 1/num_replicas share.

@@ -62,6 +62,9 @@ class StepOptions:
             checkpointed beside them; evaluation and `ExportOnEnd` exports use
             the averages (`Loop.averaged_weights`), training the weights
             themselves. None: no average.
+        jit_compile: every `loops.Update` compiles each replica's forward and
+            backward pass through the model it trains with XLA
+            (`loops.core.compilation`); the rest of the step stays TensorFlow's.
         health_every: every `loops.Update` reports its health
             (`loops.core.health`): each step the global norm of the summed
             gradient before clipping, whether it was clipped, the update/weight
@@ -83,6 +86,7 @@ class StepOptions:
     loss_scale_growth_steps: int
     grad_accum_steps: int
     ema_decay: float | None
+    jit_compile: bool
     health_every: int | None
 
     @property
@@ -129,14 +133,7 @@ def checked(**values: Any) -> StepOptions:
             "seed": seed,
         }
     )
-    if loss_scale_growth_steps is not None and not mixed_precision_lib.needs_loss_scale(
-        mixed_precision
-    ):
-        raise ValueError(
-            f"loss_scale_growth_steps={loss_scale_growth_steps!r} applies only to "
-            f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
-            "switch to float16."
-        )
+    _check_combinations(values)
     return StepOptions(
         seed=seed,
         run_eagerly=run_eagerly,
@@ -149,5 +146,23 @@ def checked(**values: Any) -> StepOptions:
         ),
         grad_accum_steps=grad_accum_steps,
         ema_decay=ema_decay,
+        jit_compile=values["jit_compile"],
         health_every=values["health_every"],
     )
+
+
+def _check_combinations(values: dict[str, Any]) -> None:
+    """Raises ValueError, with the fix, for two step options that do not go together."""
+    mixed_precision, growth_steps = values["mixed_precision"], values["loss_scale_growth_steps"]
+    if growth_steps is not None and not mixed_precision_lib.needs_loss_scale(mixed_precision):
+        raise ValueError(
+            f"loss_scale_growth_steps={growth_steps!r} applies only to "
+            f"mixed_precision='mixed_float16' (got {mixed_precision!r}); drop it or "
+            "switch to float16."
+        )
+    if values["jit_compile"] and values["run_eagerly"]:
+        raise ValueError(
+            "jit_compile=True compiles each replica's pass through the model inside the "
+            "step's tf.function, and run_eagerly=True runs the steps without one. Set one "
+            "of them to False (--jit_compile=false or --run_eagerly=false)."
+        )

@@ -74,6 +74,7 @@ class Trainer:
         loss_scale_growth_steps: int | None = None,
         grad_accum_steps: int = 1,
         ema_decay: float | None = None,
+        jit_compile: bool = False,
         health_every: int | None = None,
         # Host-side callbacks, and what the run was asked to do (recorded with its results).
         actions: Sequence[Action] = (),
@@ -84,8 +85,7 @@ class Trainer:
         Args:
             definition: what is trained (a `loops.Loop`), not yet handed to a Trainer.
             strategy: where the steps run (default: the current one).
-            train_data, eval_data: the train stream of global batches (repeated
-                forever), and a finite dataset of global batches for `evaluate`.
+            train_data, eval_data: the train stream (repeated), finite eval batches; global.
             The rest: declared in loops/vocabulary/settings.py; see `StepOptions`, `RunOptions`.
 
         Raises:

@@ -437,6 +437,20 @@ SETTINGS: tuple[Setting, ...] = (
         lower_bound=1,
     ),
     Setting(
+        "jit_compile",
+        "training",
+        "Compile each replica's forward and backward pass through the trained model with XLA "
+        "(tf.function(jit_compile=True)); the collectives, the optimizer's update and the "
+        "rest of the step stay TensorFlow's. Refused, before any step, where it cannot "
+        "compile: --run_eagerly, the central_storage and parameter_server strategies, a "
+        "layer that all-reduces across replicas (--batch_norm) or one Keras marks as not "
+        "jit-compilable. Dropout draws other masks compiled than not.",
+        "bool",
+        flag_default=False,
+        loop=True,
+        default=False,
+    ),
+    Setting(
         "mixed_precision",
         "training",
         "Compute in 16 bits with float32 variables: mixed_bfloat16, or mixed_float16 with a "
