@@ -81,6 +81,21 @@ def test_each_replica_runs_its_forward_and_backward_pass_through_xla():
     assert compiled == ["__forward"] * 2 + ["__inference"] * 2 + ["__inference___backward"] * 2
 
 
+def test_on_one_replica_the_loss_gradients_and_update_compile_whole():
+    trainer = classifier()(loops.testing.replica_strategy(1))
+    trainer.train(2)
+    library = trainer.executor._train_call.graph.as_graph_def().library.function
+    compiled_ops = [
+        {node.op for node in function.node_def}
+        for function in library
+        if function.attr["_XlaMustCompile"].b
+    ]
+    # The loss function (its all-reduce of the count an identity here) with the tape ...
+    assert any("SparseSoftmaxCrossEntropyWithLogits" in ops for ops in compiled_ops)
+    # ... and the optimizer's update of the variables.
+    assert any("AssignVariableOp" in ops or "AssignAddVariableOp" in ops for ops in compiled_ops)
+
+
 def test_dropout_draws_xlas_random_stream():
     # Run by XLA, the stateless uniform draws its own Philox stream (not TensorFlow's
     # kernel's), so the masks differ from plain ones: the ops really ran compiled.
