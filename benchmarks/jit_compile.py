@@ -82,9 +82,7 @@ def trainer(model_name: str, replicas: int, jit_compile: bool, args):
         definition = loops.ClassifierLoop(
             model_fn=setup.model_fn, optimizer_fn=lambda: keras.optimizers.Adam(1e-3)
         )
-    return loops.Trainer(
-        definition, strategy=setup.strategy, train_data=setup.data_fn, **settings
-    )
+    return loops.Trainer(definition, strategy=setup.strategy, train_data=setup.data_fn, **settings)
 
 
 def measure(args) -> list[dict]:
@@ -118,7 +116,9 @@ def format_table(rows: list[dict]) -> str:
     for row in rows:
         rates = [row[name].get("steps_per_second") for name in MODES]
         if None in rates:
-            errors = "; ".join(f"{name}: {row[name]['error']}" for name in MODES if "error" in row[name])
+            errors = "; ".join(
+                f"{name}: {row[name]['error']}" for name in MODES if "error" in row[name]
+            )
             lines.append(f"{row['model']:6} {row['replicas']:>8} {errors}")
             continue
         lines.append(

@@ -15,11 +15,6 @@ XLA's stateless random numbers are not TensorFlow's kernels' (Philox either
 way, other streams): dropout keyed by `loops.replica_random` draws other
 masks compiled than not, the same on any replica count.
 
-On one replica of the default or OneDeviceStrategy, whose all-reduces need
-no merge_call, the whole step a replica computes compiles instead: its loss
-and gradients (the loss function included) in one XLA computation, and the
-optimizer's update in another (`compiles_whole_replica`).
-
 Each call during tracing makes a new compiled function: what it captures
 (the replica's variables, keyed random draws) is that replica's, in that
 trace, and no trace is shared across replicas or graphs.
@@ -29,8 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
@@ -71,24 +65,6 @@ def compiling() -> Iterator[None]:
         yield
     finally:
         _compiling.active = outer
-
-
-def compiles_whole_replica(strategy: tf.distribute.Strategy) -> bool:
-    """Whether a replica's whole loss-and-gradient function and its update compile too.
-
-    On one replica without a merge_call (the default strategy, OneDeviceStrategy) its
-    all-reduces are identities XLA compiles; MirroredStrategy's are not (module docstring).
-    """
-    return type(strategy).__name__ in ("_DefaultDistributionStrategy", "OneDeviceStrategy")
-
-
-def compiled(replica_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`replica_fn` compiled by XLA, traced anew at each call (a trace captures its caller's)."""
-
-    def call(*args):
-        return tf.function(replica_fn, jit_compile=True, autograph=False)(*args)
-
-    return call
 
 
 def check_can_compile(model: object, strategy: tf.distribute.Strategy) -> None:

@@ -204,11 +204,9 @@ class Update:
                 "if memory is short."
             )
         self.jit_compile: bool = loop.options.jit_compile
-        self._whole_replica_compiled = False
         if self.jit_compile:
             compilation.check_can_compile(trained, loop.strategy)
             compilation.compile_calls(trained)
-            self._whole_replica_compiled = compilation.compiles_whole_replica(loop.strategy)
         self.whole_batch_loss = whole_batch_loss
         self._loop = loop
         self.optimizer = optimizer
@@ -245,19 +243,15 @@ class Update:
         if self.health_every is not None:
             ratio_step = health.is_ratio_step(self._loop.global_step, self.health_every)
             before = health.read_weights(variables, ratio_step)
-        replica_gradients = functools.partial(self._replica_gradients, replica_loss)
-        apply, apply_summed = self._replica_apply, self._replica_apply_summed
-        if self._whole_replica_compiled:
-            replica_gradients, apply, apply_summed = map(
-                compilation.compiled, (replica_gradients, apply, apply_summed)
-            )
-        logs, gradients, finite, summed, norm = strategy.run(replica_gradients, args=tuple(args))
+        logs, gradients, finite, summed, norm = strategy.run(
+            functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
+        )
         if self.clip_norm is None:
             # The optimizer sums the replicas' gradients itself, as it would without
             # health metrics: `summed` only gives their norm.
-            skipped = self._loop.apply_update(finite, apply, gradients)
+            skipped = self._loop.apply_update(finite, self._replica_apply, gradients)
         else:
-            skipped = self._loop.apply_update(finite, apply_summed, summed, norm)
+            skipped = self._loop.apply_update(finite, self._replica_apply_summed, summed, norm)
         update_health = None
         if before is not None:
             update_health = health.measure(
