@@ -106,6 +106,8 @@ def test_a_second_run_on_a_live_model_dir_is_refused(tmp_path, digits_dir):
     first = start_and_wait_for(
         classifier(model_dir, digits_dir, "--train_steps=100000"), "step 20/"
     )
+    # Stopped, it keeps its lock and leaves the cores to the second run.
+    os.kill(first.pid, signal.SIGSTOP)
     try:
         second = subprocess.run(
             classifier(model_dir, digits_dir),

@@ -73,9 +73,9 @@ def check_max_recoveries(
         return DEFAULT_MAX_RECOVERIES
     if "recover" not in (on_nonfinite, on_loss_spike):
         raise ValueError(
-            f"max_recoveries={max_recoveries!r} applies only to on_nonfinite='recover' or "
-            f"on_loss_spike='recover' (got {on_nonfinite!r} and {on_loss_spike!r}); drop it, "
-            "or pass on_nonfinite='recover' (--on_nonfinite=recover)."
+            f"max_recoveries={max_recoveries!r} applies only to on_nonfinite='recover' "
+            f"(got {on_nonfinite!r}) or on_loss_spike='recover' (got {on_loss_spike!r}); "
+            "drop it, or pass on_nonfinite='recover' (--on_nonfinite=recover)."
         )
     if (
         isinstance(max_recoveries, bool)
