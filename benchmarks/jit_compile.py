@@ -129,19 +129,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import loops
-
-    loops.configure_logical_cpus(max(args.replicas))
-    rows = measure(args)
-    print(format_table(rows))
-    print(
-        f"oneDNN kernels: {'on' if loops.cluster.strategies.onednn_enabled() else 'off'} "
-        "(TF_ENABLE_ONEDNN_OPTS)"
-    )
-    report.write(args, rows=rows)
-    return 0
+    return report.run(argv, parse_args, measure, format_table)
 
 
 if __name__ == "__main__":

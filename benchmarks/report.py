@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -28,3 +29,25 @@ def write(args, **numbers: Any) -> dict:
     loops.core.reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return report
+
+
+def run(
+    argv: Sequence[str] | None,
+    parse_args: Callable[[Sequence[str] | None], Any],
+    measure: Callable[[Any], list],
+    format_table: Callable[[list], str],
+) -> int:
+    """A benchmark's main: its logical CPUs, its rows measured and printed, the report written."""
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import loops
+
+    loops.configure_logical_cpus(max(args.replicas))
+    rows = measure(args)
+    print(format_table(rows))
+    print(
+        f"oneDNN kernels: {'on' if loops.cluster.strategies.onednn_enabled() else 'off'} "
+        "(TF_ENABLE_ONEDNN_OPTS)"
+    )
+    write(args, rows=rows)
+    return 0

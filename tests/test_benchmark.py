@@ -152,3 +152,43 @@ def test_tiny_checkpoint_stall_benchmark_reports_both_stalls(tmp_path):
     median = report["median_interval_seconds"]
     assert stall["sync"] == median["sync"] - median["no_saves"]
     assert "stall per save sync" in done.stdout
+
+
+def test_tiny_health_cost_benchmark_reports_every_mode_against_off(tmp_path):
+    output = tmp_path / "health_cost.json"
+    done = run_module(
+        "benchmarks.health_cost",
+        "--models=mlp",
+        "--replicas=1",
+        "--steps=6",
+        "--rounds=1",
+        "--steps_per_loop=3",
+        f"--output={output}",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["mode"]: row for row in json.loads(output.read_text())["rows"]}
+    assert sorted(rows) == ["every_step", "off", "on"]
+    assert rows["off"]["cpu_ratio_to_off"] == 1.0 and rows["off"]["cpu_us_over_off"] == 0.0
+    for row in rows.values():
+        assert math.isfinite(row["cpu_us_per_step"]) and row["cpu_us_per_step"] > 0, row
+        assert row["cpu_ratio_to_off"] == row["cpu_us_per_step"] / rows["off"]["cpu_us_per_step"]
+
+
+def test_tiny_jit_compile_benchmark_reports_on_against_off(tmp_path):
+    output = tmp_path / "jit_compile.json"
+    done = run_module(
+        "benchmarks.jit_compile",
+        "--models=mlp",
+        "--replicas=1",
+        "--steps=6",
+        "--rounds=1",
+        "--steps_per_loop=3",
+        f"--output={output}",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(output.read_text())["rows"]
+    off, on = row["off"]["steps_per_second"], row["on"]["steps_per_second"]
+    assert off > 0 and on > 0 and row["on_over_off"] == on / off
+    assert "on/off" in done.stdout
