@@ -1,13 +1,17 @@
 """on_loss_spike: a loss that stays far above its moving average stops the run or is rolled
 back like a non-finite step, to the weights of a run that never saw the batches."""
 
-import glob
-
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
-from test_recover import BATCH, assert_checkpoints_finite, make_loop, stream, without_batches
+from test_recover import (
+    BATCH,
+    assert_checkpoints_finite,
+    make_loop,
+    recoveries_in_tensorboard,
+    stream,
+    without_batches,
+)
 from test_recover import examples as recover_examples
 
 import loops
@@ -98,15 +102,7 @@ def test_a_recovered_spike_ends_with_the_weights_of_a_run_without_its_batches(
         "step 8 was a loss spike: recovery 1 of at most 3, back at the checkpoint of step 4; "
         "the train stream moved past 4 batches (those of steps 5 to 8)"
     ) in progress
-    events = glob.glob(str(tmp_path / "summaries" / "train" / "events.*"))
-    recoveries = {
-        event.step: float(tf.make_ndarray(value.tensor))
-        for path in events
-        for event in tf.compat.v1.train.summary_iterator(path)
-        for value in event.summary.value
-        if value.tag == "recoveries"
-    }
-    assert recoveries == {8: 1.0}
+    assert recoveries_in_tensorboard(tmp_path) == {8: 1.0}
 
 
 def test_a_spike_before_the_first_checkpoint_goes_back_to_step_0(tmp_path):

@@ -76,6 +76,17 @@ def checkpoint_values(prefix):
     return [reader.get_tensor(name) for name in reader.get_variable_to_shape_map()]
 
 
+def recoveries_in_tensorboard(model_dir):
+    """step -> the `train/recoveries` count TensorBoard holds for it."""
+    return {
+        event.step: float(tf.make_ndarray(value.tensor))
+        for path in glob.glob(os.path.join(model_dir, "summaries", "train", "events.*"))
+        for event in tf.compat.v1.train.summary_iterator(path)
+        for value in event.summary.value
+        if value.tag == "recoveries"
+    }
+
+
 def assert_checkpoints_finite(model_dir):
     indexes = glob.glob(os.path.join(model_dir, "checkpoints", "ckpt-*.index"))
     assert indexes
@@ -135,15 +146,7 @@ def test_results_tensorboard_and_progress_record_every_recovery(tmp_path):
     ]
     results = read_results(str(tmp_path))
     assert results["recoveries"] == expected and results["global_step"] == 8
-    events = glob.glob(str(tmp_path / "summaries" / "train" / "events.*"))
-    recoveries = {
-        event.step: float(tf.make_ndarray(value.tensor))
-        for path in events
-        for event in tf.compat.v1.train.summary_iterator(path)
-        for value in event.summary.value
-        if value.tag == "recoveries"
-    }
-    assert recoveries == {3: 1.0, 5: 2.0}
+    assert recoveries_in_tensorboard(tmp_path) == {3: 1.0, 5: 2.0}
     progress = loop.progress.stream.getvalue()
     assert (
         "step 3 was not finite: recovery 1 of at most 3, back at the checkpoint of step 2; "
