@@ -15,6 +15,15 @@ a ratio of the compute bound:
 - dequeue_ahead: the executor's loop as it was before 2026-11-25: step i + 1's
   batches dequeued in step i's round and carried as a loop variable.
 - per_dtype_arrays: the executor's loop with one TensorArray per log dtype.
+- chunked_at_source: the same loop fed chunks that the in-memory stream draws
+  whole (one batch of `--chunk` x 64 rows, reshaped), not batched from batches.
+- fixed_carried: the executor's loop on one batch read before it and carried
+  through it as a loop variable: everything but the read.
+- rolled_carried: the same, the batch's rows rolled by one each step: a new
+  tensor every step (one copy), still no input pipeline.
+- chunked: the executor's loop nested: one iterator read of `--chunk` steps'
+  batches (the stream batched by `--chunk`), then that many steps each taking
+  its batch from the chunk by index (amortized input reads, issue 30).
 """
 
 from __future__ import annotations
@@ -27,7 +36,17 @@ import time
 
 from benchmarks import report
 
-MODES = ("compute_bound", "read", "executor", "dequeue_ahead", "per_dtype_arrays")
+MODES = (
+    "compute_bound",
+    "read",
+    "executor",
+    "dequeue_ahead",
+    "per_dtype_arrays",
+    "chunked",
+    "chunked_at_source",
+    "fixed_carried",
+    "rolled_carried",
+)
 
 
 def parse_args(argv=None):
@@ -36,6 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3000, help="steps per call and round")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median taken)")
+    parser.add_argument("--chunk", type=int, default=50, help="steps per read in mode chunked")
     parser.add_argument(
         "--threads",
         type=int,
@@ -46,8 +66,10 @@ def parse_args(argv=None):
         "--output", default=os.path.join("benchmarks", "results", "inner_loop.json")
     )
     args = parser.parse_args(argv)
-    if args.replicas < 1 or args.steps < 1 or args.rounds < 1 or args.threads < 0:
-        parser.error("--replicas, --steps and --rounds must be >= 1 and --threads >= 0")
+    if min(args.replicas, args.steps, args.rounds, args.chunk) < 1 or args.threads < 0:
+        parser.error("--replicas, --steps, --rounds and --chunk must be >= 1, --threads >= 0")
+    if args.steps % args.chunk:
+        parser.error(f"--steps={args.steps} must be a multiple of --chunk={args.chunk}")
     return args
 
 
@@ -89,7 +111,7 @@ def build_modes(args) -> dict:
     step = tf.function(executor.flat_train_step).get_concrete_function(batch_spec)
     names = list(step.structured_outputs)
 
-    def inner_loop(*, ahead=False, count=True, packed=True):
+    def inner_loop(*, ahead=False, count=True, packed=True, fixed=False, rolled=False):
         """A traced inner loop of `steps` steps around `step`, as the executor's variants."""
         dtypes = {name: step.structured_outputs[name].dtype for name in names}
         groups = {"all": names} if packed else {}
@@ -121,7 +143,13 @@ def build_modes(args) -> dict:
             total = tf.constant(0.0)
 
             def body(i, batch, arrays, stopped, total):
-                following = read() if ahead else batch
+                if rolled:  # a new tensor each step, made without the input pipeline
+                    following = strategy.run(
+                        lambda rows: tf.nest.map_structure(lambda part: tf.roll(part, 1, 0), rows),
+                        (batch,),
+                    )
+                else:
+                    following = batch if fixed else read() if ahead else batch
                 logs = step(batch if ahead else read())
                 if count:
                     loop.global_step.assign_add(1)
@@ -151,15 +179,98 @@ def build_modes(args) -> dict:
 
     executor_iterator = distributed_input.train_iterator(strategy, data_fn)
     runners = {
+        "chunked": chunked_loop(
+            loop,
+            strategy,
+            lambda: data_fn().batch(args.chunk, drop_remainder=True),
+            step,
+            names,
+            args.chunk,
+        ),
+        # The source draws a chunk's rows as one batch and cuts it into the steps' batches
+        # with one reshape: the stream's per-batch work is done once a chunk.
+        "chunked_at_source": chunked_loop(
+            loop,
+            strategy,
+            lambda: data.global_batches(
+                "digits", "train", global_batch_size=64 * args.chunk, shuffle_seed=0, repeat=True
+            ).map(
+                lambda *parts: tuple(
+                    tf.reshape(part, [args.chunk, 64, *part.shape[1:]]) for part in parts
+                )
+            ),
+            step,
+            names,
+            args.chunk,
+        ),
         "compute_bound": throughput.repeated_step(loop, strategy, data_fn),
         "read": inner_loop(count=False),
         "executor": lambda steps: executor.run(executor_iterator, steps),
         "dequeue_ahead": inner_loop(ahead=True),
         "per_dtype_arrays": inner_loop(packed=False),
+        "fixed_carried": inner_loop(ahead=True, fixed=True),
+        "rolled_carried": inner_loop(ahead=True, rolled=True),
     }
     for runner in runners.values():
         runner(10)  # trace and warm up
     return runners
+
+
+def chunked_loop(loop, strategy, chunks, step, names, chunk: int):
+    """The executor's loop reading `chunk` steps' batches at a time from the dataset `chunks`
+    makes: an outer loop over chunks, an inner one over the steps of each."""
+    import tensorflow as tf
+
+    from loops.core import outputs
+    from loops.input import distributed_input
+
+    num_replicas = strategy.num_replicas_in_sync
+
+    def step_batch(chunk_batches, index):
+        batch = tf.nest.map_structure(lambda part: part.read(index), chunk_batches)
+        if num_replicas == 1:
+            return batch
+        return strategy.experimental_distribute_values_from_function(
+            lambda context: distributed_input.replica_slice(
+                batch, context.replica_id_in_sync_group, num_replicas
+            )
+        )
+
+    def run(iterator, steps):
+        array = tf.TensorArray(tf.float64, size=steps, element_shape=[len(names)])
+
+        def outer(i, array, stopped):
+            # Split once into a TensorArray: each step reads its batch without a slice's copy.
+            chunk_batches = tf.nest.map_structure(
+                lambda part: tf.TensorArray(part.dtype, size=chunk).unstack(part),
+                next(iterator),  # one read a chunk: its kernel's cost does not matter
+            )
+            limit = tf.minimum(chunk, steps - i)  # a short call drops the chunk's rest
+
+            def inner(j, array, stopped):
+                logs = step(step_batch(chunk_batches, j))
+                loop.global_step.assign_add(1)
+                row = tf.stack([tf.cast(logs[name], tf.float64) for name in names])
+                return j + 1, array.write(i + j, row), logs[outputs.NONFINITE] > 0
+
+            j, array, stopped = tf.while_loop(
+                lambda j, array, stopped: tf.logical_and(j < limit, tf.logical_not(stopped)),
+                inner,
+                (tf.constant(0), array, stopped),
+            )
+            return i + j, array, stopped
+
+        _, array, _ = tf.while_loop(
+            lambda i, array, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)),
+            outer,
+            (tf.constant(0), array, tf.constant(False)),
+        )
+        return tf.reduce_sum(tf.cast(array.stack(), tf.float32))
+
+    traced = tf.function(run)
+    with tf.device("/cpu:0"):
+        iterator = iter(chunks())
+    return lambda steps: traced(iterator, tf.constant(steps)).numpy()
 
 
 def measure(args) -> dict[str, list[float]]:

@@ -103,7 +103,8 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
     done = run_module(
         "benchmarks.inner_loop",
         "--replicas=2",
-        "--steps=5",
+        "--steps=4",
+        "--chunk=2",
         "--rounds=2",
         "--threads=1",
         f"--output={output}",
@@ -120,6 +121,10 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
         "executor",
         "dequeue_ahead",
         "per_dtype_arrays",
+        "chunked",
+        "chunked_at_source",
+        "fixed_carried",
+        "rolled_carried",
     ]
     for row in rows.values():
         assert len(row["samples"]) == 2
