@@ -25,7 +25,7 @@ CONSOLE_SCRIPTS = {
     "rl": "loops-rl",
     "lm": "loops-lm",
 }
-DEFAULT_LEARNING_RATES = {"classifier": 0.002, "gan": 0.002, "rl": 0.001, "lm": 0.002}
+DEFAULT_LEARNING_RATES = {"classifier": 0.002, "gan": 0.002, "rl": 0.001, "lm": 0.003}
 
 # Runs in a fresh process: defines a binary's flags, asks its parser for --help
 # and for every enum and float flag with a bad value, and reports what each

@@ -189,27 +189,50 @@ def test_the_corpus_is_python_source_split_by_module():
     assert 10 < python_text.unigram_perplexity(128) < 40
 
 
-DEFAULT_RUN_BAR = 0.25  # measured 0.19 (benchmarks/RESULTS.md); the issue asks for below 0.5
+# The default run is measured in benchmarks/RESULTS.md (Language model): about 10 minutes of
+# both cores, too long for the suite. The test runs every default but the length: the same
+# model, precision and schedule over 300 steps, warming up over a tenth of them (what an
+# unset --lr_warmup_steps becomes in a run shorter than 2000 steps).
+DEFAULT_RUN = {
+    "train_steps": 2700,
+    "num_layers": 4,
+    "width": 128,
+    "sequence_length": 128,
+    "global_batch_size": 32,
+    "mixed_precision": "mixed_bfloat16",
+    "learning_rate": 3e-3,
+    "lr_schedule": "warmup_cosine",
+    "lr_warmup_steps": 200,
+    "lr_final_fraction": 0.1,
+}
+SHORT_RUN = {"train_steps": 300}
+SHORT_RUN_BAR = 0.5  # of the unigram perplexity; measured 0.39 (benchmarks/RESULTS.md)
 
 
-def test_the_default_binary_beats_half_the_unigram_perplexity(tmp_path):
+def test_the_default_binary_shortened_beats_half_the_unigram_perplexity(tmp_path):
     model_dir = str(tmp_path / "run")
     # The spike watch changes no step: no false alarm in normal training.
     done = run_module(
-        "loops.bin.lm", f"--model_dir={model_dir}", "--on_loss_spike=stop", timeout=1200
+        "loops.bin.lm",
+        f"--model_dir={model_dir}",
+        *(f"--{name}={value}" for name, value in SHORT_RUN.items()),
+        "--on_loss_spike=stop",
+        timeout=1200,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)
     assert results["recoveries"] == [] and results["config"]["on_loss_spike"] == "stop"
+    expected = {**DEFAULT_RUN, **SHORT_RUN, "lr_warmup_steps": 30}
+    assert {name: results["config"][name] for name in DEFAULT_RUN} == expected
     evaluation = results["eval"]
-    assert results["global_step"] == 1000 and results["num_replicas"] == 2
+    assert results["global_step"] == SHORT_RUN["train_steps"] and results["num_replicas"] == 2
     compressed = python_text.compressor_baselines()
     assert results["corpus"] == {
         "python": platform.python_version(),
         **python_text.corpus_summary(128),
         "compressors_bits_per_byte": compressed,
     }
-    assert evaluation["perplexity"] < DEFAULT_RUN_BAR * evaluation["unigram_perplexity"], evaluation
+    assert evaluation["perplexity"] < SHORT_RUN_BAR * evaluation["unigram_perplexity"], evaluation
     assert f"outputs in {model_dir}" in done.stdout
     assert "eval perplexity" in done.stdout
     figures = ", ".join(f"{name} {bits:.3f}" for name, bits in compressed.items())
@@ -223,6 +246,15 @@ def test_the_default_binary_beats_half_the_unigram_perplexity(tmp_path):
     text = served["text"].numpy()
     assert text.startswith(b"def ") and len(text) == 24
     print(json.dumps(evaluation))
+
+
+def test_a_warm_up_given_past_the_run_is_refused(tmp_path):
+    done = run_module(
+        "loops.bin.lm", "--train_steps=100", "--lr_warmup_steps=200", f"--model_dir={tmp_path}"
+    )
+    assert done.returncode != 0
+    assert "--lr_warmup_steps=200 is not below --train_steps=100" in done.stderr
+    assert not os.listdir(tmp_path)
 
 
 def test_a_width_the_heads_do_not_divide_is_refused_with_one_that_fits(tmp_path):

@@ -24,6 +24,18 @@ BINARIES = ("classifier", "gan", "rl", "lm")
 LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "config"}
 # Settings whose flag default each binary gives (`define_binary_flags` keywords).
 BINARY_OWN_DEFAULTS = {"train_steps", "global_batch_size", "learning_rate", "steps_per_loop"}
+# ... and those only some binaries give (the LM's: tests/test_lm.py DEFAULT_RUN).
+OWN_DEFAULTS_OF = {
+    "gan": {"ema_decay"},
+    "lm": {
+        "num_layers",
+        "mixed_precision",
+        "lr_schedule",
+        "lr_warmup_steps",
+        "lr_final_fraction",
+        "eval_every",
+    },
+}
 KINDS = {
     "integer": "int",
     "float": "float",
@@ -48,6 +60,7 @@ OWN_SETTINGS = {
     "lm": (
         *data_settings.PYTHON_TEXT,
         *model_settings.TRANSFORMER_LM,
+        *training_settings.OPTIMIZER,
         *training_settings.LANGUAGE_MODEL,
     ),
 }
@@ -95,14 +108,9 @@ def assert_listed_as_declared(entries, setting, *, default_too=True):
 @pytest.mark.parametrize("binary", BINARIES)
 def test_every_binary_lists_every_setting_under_its_heading_with_its_declared_help(binary):
     entries = help_entries(binary)
-    for setting in settings.SETTINGS:
-        own_default = setting.name in BINARY_OWN_DEFAULTS or (binary, setting.name) == (
-            "gan",
-            "ema_decay",
-        )
-        assert_listed_as_declared(entries, setting, default_too=not own_default)
-    for setting in OWN_SETTINGS[binary]:
-        assert_listed_as_declared(entries, setting)
+    own_defaults = BINARY_OWN_DEFAULTS | OWN_DEFAULTS_OF.get(binary, set())
+    for setting in (*settings.SETTINGS, *OWN_SETTINGS[binary]):
+        assert_listed_as_declared(entries, setting, default_too=setting.name not in own_defaults)
     # Nothing else: every flag of the binary is a declared setting.
     declared = {setting.name for setting in (*settings.SETTINGS, *OWN_SETTINGS[binary])}
     assert set(entries) - declared == ({"export_dir"} if binary in EXPORTING else set())

@@ -53,9 +53,15 @@ def explain_classifier_failure(trainer, error: Exception) -> str | None:
 
 
 def prepare_lm_flags() -> None:
-    """Refuses a --sequence_length one example's attention cannot fit, before TensorFlow."""
+    """Refuses a --sequence_length one example's attention cannot fit, or a warm-up past the
+    run, before TensorFlow loads; an unset --lr_warmup_steps is at most a tenth of the run."""
     model = loop_flags.setting_values(model_settings.TRANSFORMER_LM)
     model_settings.check_attention_fits(model, sequence_length=FLAGS.sequence_length)
+    if not FLAGS["lr_warmup_steps"].present:
+        # The default warm-up is sized for the default run; a short one (a trial, a test)
+        # would otherwise be refused or spend most of its steps warming up.
+        FLAGS.lr_warmup_steps = min(FLAGS.lr_warmup_steps, FLAGS.train_steps // 10)
+    check_schedule_flags()
 
 
 class Hooks(TypedDict, total=False):
