@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 import loops
 from conftest import run_module
 
@@ -89,8 +91,13 @@ def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(t
     for row in rows.values():
         assert (row["model"], row["replicas"]) == ("mlp", 1)
         assert math.isfinite(row["steps_per_second"]) and row["steps_per_second"] > 0, row
-    bound = min(rows["input_bound"]["steps_per_second"], rows["compute_bound"]["steps_per_second"])
-    assert rows["loops"]["ratio_to_bound"] == rows["loops"]["steps_per_second"] / bound
+    input_rate = rows["input_bound"]["steps_per_second"]
+    compute_rate = rows["compute_bound"]["steps_per_second"]
+    loops_rate = rows["loops"]["steps_per_second"]
+    assert rows["loops"]["ratio_to_bound"] == loops_rate / min(input_rate, compute_rate)
+    additive = 1 / (1 / input_rate + 1 / compute_rate)
+    assert rows["loops"]["ratio_to_additive_bound"] == pytest.approx(loops_rate / additive)
+    assert rows["loops"]["ratio_to_additive_bound"] > rows["loops"]["ratio_to_bound"]
     assert sorted(report["resume_seconds"]) == ["0", "20000"]
     assert all(0 < seconds < 300 for seconds in report["resume_seconds"].values())
     assert report["memory"]["epochs"] == 2 and len(report["memory"]["rss_mib_per_epoch"]) == 2

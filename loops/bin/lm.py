@@ -29,7 +29,7 @@ loop_flags.define_binary_flags(
     lr_warmup_steps=200,
     lr_final_fraction=0.1,
     steps_per_loop=100,
-    eval_every=900,
+    eval_every=1350,
 )
 FLAGS = flags.FLAGS
 
