@@ -78,9 +78,9 @@ FLAG_CASES = [
     ),
     (
         "lm",
-        ["--sequence_length=10000000"],  # 2.9 million GiB of attention: no machine has it
+        ["--sequence_length=10000000"],  # 6 million GiB of attention: no machine has it
         "--sequence_length=10000000 is more than this machine can train: the attention "
-        "probabilities of one example alone (2 blocks x 4 heads x 10000000² x 4 bytes) need",
+        "probabilities of one example alone (4 blocks x 4 heads x 10000000² x 4 bytes) need",
     ),
     (
         "classifier",
