@@ -9,21 +9,25 @@ import loops
 from conftest import run_module
 
 
+def run_benchmark(module, tmp_path, *flags):
+    """Runs `benchmarks.<module>` with `flags` and its report in tmp_path: (process, report)."""
+    output = tmp_path / f"{module}.json"
+    done = run_module(f"benchmarks.{module}", *flags, f"--output={output}", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, json.loads(output.read_text())
+
+
 def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
-    output = tmp_path / "throughput.json"
-    done = run_module(
-        "benchmarks.throughput",
+    done, report = run_benchmark(
+        "throughput",
+        tmp_path,
         "--models=mlp",
         "--replicas=1,2",
         "--steps=6",
         "--rounds=2",
         "--steps_per_loop=3",
         "--min_seconds=0",
-        f"--output={output}",
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(output.read_text())
     assert report["machine"]["cpus"] >= 1 and report["config"]["rounds"] == 2
     assert report["machine"]["onednn"] == loops.cluster.strategies.onednn_enabled()
     rows = {(row["replicas"], row["mode"]): row for row in report["rows"]}
@@ -42,20 +46,17 @@ def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
 
 
 def test_tiny_lm_benchmark_reports_tokens_per_second_for_every_mode(tmp_path):
-    output = tmp_path / "lm_throughput.json"
-    done = run_module(
-        "benchmarks.lm_throughput",
+    done, report = run_benchmark(
+        "lm_throughput",
+        tmp_path,
         "--replicas=1",
         "--steps=3",
         "--rounds=2",
         "--steps_per_loop=3",
         "--sequence_length=16",
         "--global_batch_size=8",
-        f"--output={output}",
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = {row["mode"]: row for row in json.loads(output.read_text())["rows"]}
+    rows = {row["mode"]: row for row in report["rows"]}
     assert sorted(rows) == ["compute_bound", "keras_fit", "loops"]
     tokens = rows["loops"]["tokens_per_step"]
     assert 8 <= tokens <= 8 * 16  # real targets of 8 windows of at most 16
@@ -66,9 +67,9 @@ def test_tiny_lm_benchmark_reports_tokens_per_second_for_every_mode(tmp_path):
 
 
 def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(tmp_path):
-    output = tmp_path / "streaming.json"
-    done = run_module(
-        "benchmarks.streaming",
+    done, report = run_benchmark(
+        "streaming",
+        tmp_path,
         "--models=mlp",
         "--replicas=1",
         "--train_examples=300",
@@ -81,11 +82,7 @@ def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(t
         "--resume_rounds=1",
         "--memory_epochs=2",
         f"--data_dir={tmp_path / 'data'}",
-        f"--output={output}",
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(output.read_text())
     rows = {row["mode"]: row for row in report["rows"]}
     assert sorted(rows) == sorted(("input_bound", "compute_bound", "loops", "keras_fit"))
     for row in rows.values():
@@ -106,19 +103,15 @@ def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(t
 
 
 def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
-    output = tmp_path / "inner_loop.json"
-    done = run_module(
-        "benchmarks.inner_loop",
+    done, report = run_benchmark(
+        "inner_loop",
+        tmp_path,
         "--replicas=2",
         "--steps=4",
         "--chunk=2",
         "--rounds=2",
         "--threads=1",
-        f"--output={output}",
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(output.read_text())
     assert report["config"]["threads"] == 1 and report["config"]["replicas"] == 2
     assert report["machine"]["onednn"] == loops.cluster.strategies.onednn_enabled()
     rows = {row["mode"]: row for row in report["rows"]}
@@ -141,19 +134,15 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
 
 
 def test_tiny_checkpoint_stall_benchmark_reports_both_stalls(tmp_path):
-    output = tmp_path / "checkpoint_stall.json"
-    done = run_module(
-        "benchmarks.checkpoint_stall",
+    done, report = run_benchmark(
+        "checkpoint_stall",
+        tmp_path,
         "--width=32",
         "--layers=1",
         "--steps=12",
         "--every=3",
         "--rounds=1",
-        f"--output={output}",
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(output.read_text())
     # The model, Adam's two slots of it and its step: 64*32+32+32*10+10 weights, float32.
     assert report["variable_bytes"] >= 3 * 4 * (64 * 32 + 32 + 32 * 10 + 10)
     # 4 inner loops: the intervals between the last 3 progress lines, after a save each.
@@ -167,19 +156,16 @@ def test_tiny_checkpoint_stall_benchmark_reports_both_stalls(tmp_path):
 
 
 def test_tiny_health_cost_benchmark_reports_every_mode_against_off(tmp_path):
-    output = tmp_path / "health_cost.json"
-    done = run_module(
-        "benchmarks.health_cost",
+    done, report = run_benchmark(
+        "health_cost",
+        tmp_path,
         "--models=mlp",
         "--replicas=1",
         "--steps=6",
         "--rounds=1",
         "--steps_per_loop=3",
-        f"--output={output}",
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = {row["mode"]: row for row in json.loads(output.read_text())["rows"]}
+    rows = {row["mode"]: row for row in report["rows"]}
     assert sorted(rows) == ["every_step", "off", "on"]
     assert rows["off"]["cpu_ratio_to_off"] == 1.0 and rows["off"]["cpu_us_over_off"] == 0.0
     for row in rows.values():
@@ -188,19 +174,16 @@ def test_tiny_health_cost_benchmark_reports_every_mode_against_off(tmp_path):
 
 
 def test_tiny_jit_compile_benchmark_reports_on_against_off(tmp_path):
-    output = tmp_path / "jit_compile.json"
-    done = run_module(
-        "benchmarks.jit_compile",
+    done, report = run_benchmark(
+        "jit_compile",
+        tmp_path,
         "--models=mlp",
         "--replicas=1",
         "--steps=6",
         "--rounds=1",
         "--steps_per_loop=3",
-        f"--output={output}",
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (row,) = json.loads(output.read_text())["rows"]
+    (row,) = report["rows"]
     off, on = row["off"]["steps_per_second"], row["on"]["steps_per_second"]
     assert off > 0 and on > 0 and row["on_over_off"] == on / off
     assert "on/off" in done.stdout
