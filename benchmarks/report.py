@@ -15,6 +15,7 @@ def write(args, **numbers: Any) -> dict:
     import tensorflow as tf
 
     import loops
+    from loops.core import reporting
 
     report = {
         "machine": {
@@ -26,7 +27,7 @@ def write(args, **numbers: Any) -> dict:
         "config": {key: value for key, value in vars(args).items() if key != "output"},
         **numbers,
     }
-    loops.core.reporting.write_json_atomic(args.output, report)
+    reporting.write_json_atomic(args.output, report)
     print(f"wrote {args.output}")
     return report
 

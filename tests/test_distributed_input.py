@@ -70,6 +70,31 @@ def test_rejects_something_that_is_not_a_dataset():
         loops.distribute(loops.testing.replica_strategy(1), [1, 2, 3])
 
 
+def test_every_stream_the_framework_reads_runs_without_the_autotuning_model():
+    # Dropping an iterator read inside a tf.function waited for its thread for about 80 s.
+    def autotuned():
+        return (
+            tf.data.Dataset.range(12)
+            .map(lambda x: x + 1, num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(4)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    seekable = loops.SeekableBatches(lambda position: autotuned().skip(position))
+    sources = {
+        "a dataset": (autotuned(), 0),
+        "a function": (autotuned, 0),
+        "a function, resumed": (autotuned, 2),
+        "a seekable stream, resumed": (seekable, 1),
+    }
+    for name, (source, skip) in sources.items():
+        dataset = distributed_input.as_dataset_fn(source, skip_batches=skip)()
+        assert dataset.options().autotune.enabled is False, name
+        # The batches are those of the source: only how they are produced changed.
+        first = next(iter(dataset)).numpy().tolist()
+        assert first == [4 * skip + 1 + i for i in range(4)], name
+
+
 def test_the_strategy_still_distributes_datasets_the_usual_way_afterwards():
     strategy = loops.testing.replica_strategy(2)
     next(iter(loops.distribute(strategy, tf.data.Dataset.range(8).batch(4), repeat=True)))

@@ -71,16 +71,32 @@ def split_global_batches(
 
 
 def as_dataset_fn(source: DatasetSource, *, skip_batches: int = 0) -> Callable[[], tf.data.Dataset]:
-    """Accepts a dataset or a function that builds one; returns the function.
+    """Accepts a dataset or a function that builds one; returns a function building the stream.
 
     With `skip_batches`, the function builds the stream from that batch on: a
     `SeekableBatches` starts there directly, anything else skips up to it.
+    Every dataset it returns is checked and carries `READ_OPTIONS`.
     """
+    build = _source_fn(source, skip_batches)
+    return lambda: _as_read(build())
+
+
+# The options of every stream the framework reads. Without tf.data's autotuning
+# model: dropping an iterator read inside a tf.function (a recovery, a new
+# position, an evaluation's end, a garbage collection) was seen to wait for
+# its model thread for about 80 s, holding the GIL (benchmarks/RESULTS.md,
+# "Input costs"). AUTOTUNE still means something without it: a parallel map
+# runs as many calls as its threads, a prefetch buffer grows while its reader waits.
+READ_OPTIONS = tf.data.Options()
+READ_OPTIONS.autotune.enabled = False
+
+
+def _source_fn(source: DatasetSource, skip_batches: int) -> Callable[[], object]:
     if isinstance(source, SeekableBatches):
         return lambda: source.batches_from(skip_batches)
     if skip_batches:
         dataset_fn = as_dataset_fn(source)
-        return lambda: _built(dataset_fn).repeat().skip(skip_batches)
+        return lambda: dataset_fn().repeat().skip(skip_batches)
     if isinstance(source, tf.data.Dataset):
         return lambda: source
     if callable(source):
@@ -114,7 +130,7 @@ def distribute(
     per_replica_pipelines = options is not None
 
     def pipeline(input_context):
-        dataset = _built(dataset_fn)
+        dataset = dataset_fn()
         if repeat:
             dataset = dataset.repeat()
         dataset = split_global_batches(dataset, input_context)
@@ -143,14 +159,13 @@ def distribute(
             extended._input_workers_devices = saved
 
 
-def _built(dataset_fn: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
-    dataset = dataset_fn()
+def _as_read(dataset: object) -> tf.data.Dataset:
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(
             f"The input function returned {type(dataset).__name__}, not a "
             "tf.data.Dataset of global batches."
         )
-    return dataset
+    return dataset.with_options(READ_OPTIONS)
 
 
 def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptions | None:
@@ -192,7 +207,7 @@ def train_iterator(
     """
     if not _shares_host_memory(strategy):
         return iter(distribute(strategy, source, skip_batches=skip_batches, repeat=True))
-    dataset = _built(as_dataset_fn(source, skip_batches=skip_batches)).repeat()
+    dataset = as_dataset_fn(source, skip_batches=skip_batches)().repeat()
     if not _dense(dataset.element_spec):
         # The dataset already built is handed on, not built a second time.
         return iter(distribute(strategy, dataset, repeat=True))
