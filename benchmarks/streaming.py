@@ -12,8 +12,11 @@ each epoch. In one process, rounds interleaved across modes, medians:
 - input_bound: the train input alone (the iterator loops reads, each batch
   handed to the replicas), no model.
 - compute_bound: the classifier's train step repeated on one fixed batch.
-- loops: `ClassifierLoop.train` on the stream, end to end.
-- keras_fit: `Model.fit` with its defaults on the same stream.
+- loops: `ClassifierLoop.train` on the stream, end to end, its input
+  threads at `--input_nice` (the binary's default).
+- loops_nice_0: the same with `--input_nice=0` (tf.data's own threads).
+- keras_fit: `Model.fit` with its defaults on the stream with `--input_nice=0`
+  (its faster one).
 
 Each mode's rate is given against two limits: min(input bound, compute
 bound), reached only where the input runs beside the step on cores of its
@@ -29,6 +32,7 @@ Writes benchmarks/results/streaming.json.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import os
 import shutil
@@ -41,7 +45,7 @@ import time
 from benchmarks import report, throughput
 from benchmarks.memory import resident_bytes
 
-MODES = ("input_bound", "compute_bound", "loops", "keras_fit")
+MODES = ("input_bound", "compute_bound", "loops", "loops_nice_0", "keras_fit")
 
 
 def parse_args(argv=None):
@@ -60,6 +64,12 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
     parser.add_argument("--global_batch_size", type=int, default=64)
     parser.add_argument("--steps_per_loop", type=int, default=50)
+    parser.add_argument(
+        "--input_nice",
+        type=int,
+        default=settings_default("input_nice"),
+        help="niceness of the input threads of the loops mode (loops-classifier's default)",
+    )
     parser.add_argument(
         "--resume_step", type=int, default=50_000, help="the late step a run resumes at"
     )
@@ -82,8 +92,15 @@ def parse_args(argv=None):
     return args
 
 
-def train_streams(dataset_dir: str, args):
-    """The streams that `loops-classifier --input_from=disk --augment=crop_flip` reads."""
+def settings_default(name: str):
+    from loops_data import settings
+
+    (setting,) = (s for s in settings.IMAGE_CLASSIFICATION if s.name == name)
+    return setting.flag_default
+
+
+def train_streams(dataset_dir: str, args, input_nice: int | None = None):
+    """The streams `loops-classifier --input_from=disk --augment=crop_flip` reads (its niceness)."""
     from loops_data import image_streams
 
     return image_streams.from_tfds_directory(
@@ -93,6 +110,7 @@ def train_streams(dataset_dir: str, args):
         global_batch_size=args.global_batch_size,
         seed=0,
         augment="crop_flip",
+        input_nice=args.input_nice if input_nice is None else input_nice,
     )
 
 
@@ -108,6 +126,7 @@ class Setup:
         self.batch = args.global_batch_size
         streams = train_streams(dataset_dir, args)
         self.data_fn = streams.train
+        self.dataset_dir = dataset_dir
         self.model_fn = lambda: models.build_classifier(
             model_name, input_shape=streams.spec.input_shape, num_classes=10, seed=0
         )
@@ -137,13 +156,21 @@ def input_bound(setup: Setup):
     return lambda steps: read(tf.constant(steps)).numpy()
 
 
+def at_nice_0(setup: Setup):
+    """The same setup on the stream whose threads are tf.data's own (`--input_nice=0`)."""
+    plain = copy.copy(setup)
+    plain.data_fn = train_streams(setup.dataset_dir, setup.args, input_nice=0).train
+    return plain
+
+
 def build_modes(setup: Setup) -> dict:
     return throughput.warmed_up(
         {
             "input_bound": lambda: input_bound(setup),
             "compute_bound": lambda: throughput.compute_bound(setup),
             "loops": lambda: throughput.loops_mode(setup),
-            "keras_fit": lambda: throughput.keras_fit(setup, 1),
+            "loops_nice_0": lambda: throughput.loops_mode(at_nice_0(setup)),
+            "keras_fit": lambda: throughput.keras_fit(at_nice_0(setup), 1),
         },
         setup.args,
     )
@@ -161,6 +188,7 @@ def measure(args, dataset_dir: str) -> list[dict]:
             compute_rate = rates.get("compute_bound", float("inf"))
             bound = min(input_rate, compute_rate)
             additive_bound = 1 / (1 / input_rate + 1 / compute_rate)
+            errors = {name: runner for name, runner in runners.items() if not callable(runner)}
             # Input threads that read with Python must end while Python runs.
             runners.clear()
             gc.collect()
@@ -175,7 +203,7 @@ def measure(args, dataset_dir: str) -> list[dict]:
                         samples=samples[name],
                     )
                 else:
-                    row["error"] = runners[name]
+                    row["error"] = errors[name]
                 rows.append(row)
     return rows
 
@@ -228,6 +256,7 @@ def binary_flags(model_dir: str, dataset_dir: str, args) -> list[str]:
         f"--global_batch_size={args.global_batch_size}",
         "--steps_per_loop=1",
         "--eval_every=0",
+        f"--input_nice={args.input_nice}",
     ]
 
 

@@ -45,8 +45,11 @@ def from_tfds_builder(
     seed: int,
     augment: str = "none",
     image_size: tuple[int, int] | None = None,
+    input_nice: int = 0,
 ) -> ImageStreams:
     """Streams of a prepared TFDS image-classification dataset, read from its files by index.
+
+    `input_nice` is `random_access.shuffled_batches`' (the train stream's).
 
     Raises:
         ValueError: a split that does not exist, images of no fixed size
@@ -121,6 +124,7 @@ def from_tfds_builder(
         augment=augment,
         image_size=image_size,
         image_format=getattr(image_feature, "encoding_format", None),
+        input_nice=input_nice,
     )
 
 
@@ -146,11 +150,13 @@ def from_image_folder(
     image_size: tuple[int, int] | None = None,
     skip_bad_images: bool = False,
     say: Callable[[str], None] | None = None,
+    input_nice: int = 0,
 ) -> ImageStreams:
     """Streams of an image folder (`loops_data.image_folders` layout), 3 channels.
 
     `skip_bad_images` and `say` are `image_folders.read_splits`'s; the spec's
-    `left_out` lists the files left out.
+    `left_out` lists the files left out. `input_nice` is
+    `random_access.shuffled_batches`' (the train stream's).
 
     Raises:
         image_folders.BadImageFolderError: see `image_folders.read_splits`, and
@@ -184,6 +190,7 @@ def from_image_folder(
         seed=seed,
         augment=augment,
         image_size=resize,
+        input_nice=input_nice,
     )
 
 
@@ -198,6 +205,7 @@ def _streams(
     augment: str,
     image_size: tuple[int, int] | None,
     image_format: str | None = None,
+    input_nice: int = 0,
 ) -> ImageStreams:
     height, width, channels = spec.input_shape
     # A known format skips decode_image's sniffing of the bytes.
@@ -229,6 +237,7 @@ def _streams(
             lambda rows, keys: decode(rows, keys, train=True),
             global_batch_size=global_batch_size,
             seed=seed,
+            input_nice=input_nice,
         ),
         eval=lambda: random_access.ordered_batches(
             eval_source,
@@ -296,6 +305,7 @@ def classification_input(
     image_size: tuple[int, int] | None = None,
     skip_bad_images: bool = False,
     say: Callable[[str], None] | None = None,
+    input_nice: int = 0,
 ):
     """(spec, train_data, eval_data) for a classifier: a TFDS name, dataset folder or image folder.
 
@@ -306,7 +316,9 @@ def classification_input(
     for a split that fits in `image_classification.IN_MEMORY_BYTES` with no
     augmentation or resize, disk otherwise. Image folders are always read
     from disk, and checked first (`skip_bad_images` and `say`: see
-    `image_folders.read_splits`).
+    `image_folders.read_splits`). `input_nice` is the niceness of the threads
+    that read and decode the train stream from disk
+    (`random_access.shuffled_batches`).
 
     Raises:
         ValueError: a bad combination, with the flag that fixes it.
@@ -321,6 +333,7 @@ def classification_input(
         seed=seed,
         augment=augment,
         image_size=image_size,
+        input_nice=input_nice,
     )
     if image_dir is not None:
         if input_from == "memory":

@@ -101,6 +101,19 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         choices=("none", "crop_flip"),
     ),
     Setting(
+        "input_nice",
+        "data",
+        "Data read from disk: the niceness (Linux's nice, 1-19) of the threads, one per "
+        "core, that read, decode and augment the train batches, so the train step takes "
+        "the cores first and the input runs in its gaps (faster on 2 cores, "
+        "benchmarks/RESULTS.md); 0 leaves them to tf.data at the process's priority (for a "
+        "machine whose cores other busy processes share).",
+        "integer",
+        flag_default=19,
+        lower_bound=0,
+        upper_bound=19,
+    ),
+    Setting(
         "image_size",
         "data",
         "HEIGHT,WIDTH: resize every image to it (needed for images of mixed sizes).",

@@ -76,6 +76,7 @@ def run_in_process(*argv):
         (["--lr_step_factor=1.5"], "--lr_step_factor must lie in \\(0, 1\\]"),
         (["--lr_final_fraction=2"], "--lr_final_fraction must lie in \\[0, 1\\]"),
         (["--learning_rate=1e39"], "1e\\+39 is beyond float32's range"),
+        (["--input_nice=20"], "--input_nice=20: 20 is not an integer in the range \\[0, 19\\]"),
     ],
 )
 def test_flag_values_are_checked_when_parsed(argv, message):

@@ -4,6 +4,7 @@ import hashlib
 import os
 import signal
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ def dataset_dir(tmp_path_factory):
     )
 
 
-def streams(dataset_dir, augment="crop_flip", seed=7):
+def streams(dataset_dir, augment="crop_flip", seed=7, input_nice=0):
     return image_streams.from_tfds_directory(
         dataset_dir,
         train_split="train",
@@ -40,6 +41,7 @@ def streams(dataset_dir, augment="crop_flip", seed=7):
         global_batch_size=BATCH,
         seed=seed,
         augment=augment,
+        input_nice=input_nice,
     )
 
 
@@ -200,6 +202,46 @@ def test_crop_flip_crops_the_reflect_padded_image_and_flips_half_keyed_per_examp
     # A side of one pixel is left as it is.
     line = tf.constant(images[:, :1])
     assert image_streams.crop_flip(line, keys).shape == (64, 1, 8, 3)
+
+
+def thread_niceness() -> dict[int, int]:
+    """Each thread of this process (by id) and its niceness, as Linux reports it."""
+    niceness = {}
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{thread}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # it ended meanwhile
+            continue
+        niceness[int(thread)] = int(fields[16])  # stat's 19th field; these start at its 3rd
+    return niceness
+
+
+def test_lowered_input_threads_give_the_same_batches_and_only_they_are_lowered(dataset_dir):
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert own < 19, "run the tests at a niceness below 19: the input is lowered to 19"
+    before = thread_niceness()
+    iterator = iter(streams(dataset_dir, input_nice=19).train.batches_from(5))
+
+    @tf.function
+    def read():  # as the train loop reads its stream: inside a tf.function
+        return next(iterator)
+
+    lowered_hashes = [batch_hash(read()) for _ in range(12)]
+    after = thread_niceness()
+    assert lowered_hashes == hashes(streams(dataset_dir).train.batches_from(5), 12)
+    lowered = {thread for thread, nice in after.items() if nice == 19 and nice != own}
+    # The input's own pool (a thread per usable core), no other thread.
+    assert 1 <= len(lowered) <= len(os.sched_getaffinity(0)), after
+    assert not lowered & set(before)
+    assert after[threading.get_native_id()] == own
+    assert all(after[thread] == nice for thread, nice in before.items() if thread in after)
+
+
+@pytest.mark.parametrize("nice", [-1, 20, 2.0, True])
+def test_a_niceness_the_input_cannot_run_at_is_refused_with_the_range(dataset_dir, nice):
+    with pytest.raises(ValueError, match=rf"input_nice={nice!r} is not a niceness .* from 0 "):
+        streams(dataset_dir, input_nice=nice)
 
 
 def test_a_late_start_reads_only_the_batches_from_its_position(dataset_dir):

@@ -18,6 +18,7 @@ graph mode:
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -72,12 +73,21 @@ def shuffled_batches(
     *,
     global_batch_size: int,
     seed: int,
+    input_nice: int = 0,
 ) -> SeekableBatches:
     """Endless full global batches of `source`, the whole dataset shuffled anew each epoch.
 
     Epochs follow each other with no partial batch between them (a batch may
     end one epoch and start the next), so every batch has `global_batch_size`
     rows and a static shape.
+
+    Reading and decoding share the cores with the train step. With
+    `input_nice` 1-19 they run on a pool of their own, a thread per core,
+    each lowered to that niceness (Linux's `nice`) when it first reads, so
+    the step takes the cores when it needs them and the input runs in its
+    gaps: faster than the two taking turns (benchmarks/RESULTS.md, "Streaming
+    from disk"). Where other busy processes share the cores, the input
+    competes with them at that niceness too: pass 0.
 
     Args:
         source: where examples are read by index.
@@ -88,8 +98,14 @@ def shuffled_batches(
             and differs every epoch. `map_rows` applies a per-example function.
         global_batch_size: rows per batch.
         seed: picks each epoch's permutation and every example's key.
+        input_nice: 0 (tf.data's own threads, at the process's priority) or
+            the niceness 1-19 of the input's own threads.
+
+    Raises:
+        ValueError: a source with no examples, or `input_nice` out of 0-19.
     """
     num_examples = _checked_count(source)
+    _check_nice(input_nice)
 
     def batch_at(batch):
         stream = batch * global_batch_size + tf.range(global_batch_size, dtype=tf.int64)
@@ -98,16 +114,63 @@ def shuffled_batches(
             stream % num_examples, epochs, num_examples=num_examples, seed=seed
         )
         seeds = tf.fill([global_batch_size], tf.constant(seed, tf.int64))
+        if input_nice:
+            indices = _after_lowering_the_thread(indices, input_nice)
         return decode(source.read(indices), tf.stack([seeds, epochs * num_examples + indices], 1))
 
     def batches_from(position: int) -> tf.data.Dataset:
-        return (
+        batches = (
             tf.data.Dataset.range(position, np.iinfo(np.int64).max)
             .map(batch_at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             .prefetch(tf.data.AUTOTUNE)
         )
+        return batches.with_options(_own_threads()) if input_nice else batches
 
     return SeekableBatches(batches_from)
+
+
+NICEST = 19  # Linux's lowest priority
+
+
+def lower_calling_thread(nice: int) -> bool:
+    """Lowers the calling thread to niceness `nice` unless it is that low already; True."""
+    thread = threading.get_native_id()
+    if os.getpriority(os.PRIO_PROCESS, thread) < nice:
+        os.setpriority(os.PRIO_PROCESS, thread, nice)
+    return True
+
+
+def _after_lowering_the_thread(indices: tf.Tensor, nice: int) -> tf.Tensor:
+    """`indices`, once the thread reading the batch has lowered itself (once; then a check)."""
+    lowered = tf.numpy_function(
+        functools.partial(lower_calling_thread, nice), [], tf.bool, stateful=True
+    )
+    with tf.control_dependencies([lowered]):
+        return tf.identity(indices)
+
+
+def _own_threads() -> tf.data.Options:
+    """A private pool of a thread per usable core that runs all of the input's work.
+
+    Kernels that would split their work over TensorFlow's shared pool (the
+    one the step's kernels use) run on the calling pool thread instead.
+    """
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = len(os.sched_getaffinity(0))
+    options.threading.max_intra_op_parallelism = 1
+    return options
+
+
+def _check_nice(input_nice: int) -> None:
+    if (
+        isinstance(input_nice, bool)
+        or not isinstance(input_nice, int)
+        or not (0 <= input_nice <= NICEST)
+    ):
+        raise ValueError(
+            f"input_nice={input_nice!r} is not a niceness the input can run at: pass a whole "
+            f"number from 0 (the process's own priority) to {NICEST} (the lowest)."
+        )
 
 
 def ordered_batches(
