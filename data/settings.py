@@ -103,13 +103,13 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
     Setting(
         "input_nice",
         "data",
-        "Data read from disk: the niceness (Linux's nice, 1-19) of the threads, one per "
-        "core, that read, decode and augment the train batches, so the train step takes "
-        "the cores first and the input runs in its gaps (faster on 2 cores, "
-        "benchmarks/RESULTS.md); 0 leaves them to tf.data at the process's priority (for a "
-        "machine whose cores other busy processes share).",
+        "Data read from disk: 1-19 runs the reading, decoding and augmenting of the "
+        "train batches on threads of their own, one per core, at that niceness (Linux's "
+        "nice), so the train step takes the cores first and the input runs in its gaps "
+        "(benchmarks/RESULTS.md); 0 leaves them to tf.data at the process's priority. Not "
+        "for cores that other busy processes share: the input would wait behind them.",
         "integer",
-        flag_default=19,
+        flag_default=0,
         lower_bound=0,
         upper_bound=19,
     ),

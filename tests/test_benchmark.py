@@ -84,9 +84,9 @@ def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(t
         f"--data_dir={tmp_path / 'data'}",
     )
     rows = {row["mode"]: row for row in report["rows"]}
-    modes = ("input_bound", "compute_bound", "loops", "loops_nice_0", "keras_fit")
+    modes = ("input_bound", "compute_bound", "loops", "loops_nice_19", "keras_fit")
     assert sorted(rows) == sorted(modes)
-    assert report["config"]["input_nice"] == 19  # loops-classifier's default
+    assert report["config"]["input_nice"] == 0  # loops-classifier's default
     for row in rows.values():
         assert (row["model"], row["replicas"]) == ("mlp", 1)
         assert math.isfinite(row["steps_per_second"]) and row["steps_per_second"] > 0, row

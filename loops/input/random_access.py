@@ -86,8 +86,8 @@ def shuffled_batches(
     each lowered to that niceness (Linux's `nice`) when it first reads, so
     the step takes the cores when it needs them and the input runs in its
     gaps: faster than the two taking turns (benchmarks/RESULTS.md, "Streaming
-    from disk"). Where other busy processes share the cores, the input
-    competes with them at that niceness too: pass 0.
+    from disk"). Opt-in: other busy processes on the cores starve the input,
+    and one run under load hung (BUILD.md).
 
     Args:
         source: where examples are read by index.
