@@ -13,7 +13,7 @@ import tensorflow_datasets as tfds
 from test_launch import ENV, RTOL, Run, largest_weight_difference
 
 from conftest import ROOT, checkpoint_weights, read_results, run_module
-from loops.input import random_access
+from loops.input import distributed_input, random_access
 from loops.vocabulary import exit_codes
 from loops_data import colored_digits, image_folders, image_streams
 
@@ -221,7 +221,9 @@ def test_lowered_input_threads_give_the_same_batches_and_only_they_are_lowered(d
     own = os.getpriority(os.PRIO_PROCESS, 0)
     assert own < 19, "run the tests at a niceness below 19: the input is lowered to 19"
     before = thread_niceness()
-    iterator = iter(streams(dataset_dir, input_nice=19).train.batches_from(5))
+    lowered_stream = streams(dataset_dir, input_nice=19).train
+    # Read as the framework reads a stream (its options too), at batch 5.
+    iterator = iter(distributed_input.as_dataset_fn(lowered_stream, skip_batches=5)())
 
     @tf.function
     def read():  # as the train loop reads its stream: inside a tf.function
