@@ -18,6 +18,10 @@ each epoch. In one process, rounds interleaved across modes, medians:
   lowered).
 - keras_fit: `Model.fit` with its defaults on the stream with `--input_nice=0`
   (tf.data's own threads).
+- loops_beside_busy, loops_nice_19_beside_busy: loops and loops_nice_19 while
+  `--busy_processes` other processes (a Python busy loop each) share the
+  cores, as on a machine shared with other jobs: a niceness counts against
+  every process, not only the step. `--busy_processes=0` leaves them out.
 
 Each mode's rate is given against two limits: min(input bound, compute
 bound), reached only where the input runs beside the step on cores of its
@@ -46,7 +50,16 @@ import time
 from benchmarks import report, throughput
 from benchmarks.memory import resident_bytes
 
-MODES = ("input_bound", "compute_bound", "loops", "loops_nice_19", "keras_fit")
+MODES = (
+    "input_bound",
+    "compute_bound",
+    "loops",
+    "loops_nice_19",
+    "keras_fit",
+    "loops_beside_busy",
+    "loops_nice_19_beside_busy",
+)
+BUSY_LOOP = "while True: pass"
 
 
 def parse_args(argv=None):
@@ -72,6 +85,12 @@ def parse_args(argv=None):
         help="niceness of the input threads of the loops mode (loops-classifier's default)",
     )
     parser.add_argument(
+        "--busy_processes",
+        type=int,
+        default=2,
+        help="busy processes beside the *_beside_busy modes (0: leave those modes out)",
+    )
+    parser.add_argument(
         "--resume_step", type=int, default=50_000, help="the late step a run resumes at"
     )
     parser.add_argument("--resume_rounds", type=int, default=3)
@@ -88,6 +107,8 @@ def parse_args(argv=None):
     for name in ("train_examples", "test_examples", "steps", "rounds", "resume_rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.busy_processes < 0:
+        parser.error(f"--busy_processes must be >= 0, got {args.busy_processes}")
     if any(r < 1 for r in args.replicas) or args.memory_epochs < 2 or args.resume_step < 1:
         parser.error("--replicas and --resume_step must be >= 1, --memory_epochs >= 2")
     return args
@@ -164,17 +185,36 @@ def at_nice(setup: Setup, input_nice: int):
     return other
 
 
+def beside_busy(run, count: int):
+    """`run` (steps -> None) timed while `count` busy processes share the cores."""
+
+    def run_beside_busy(steps):
+        busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+        try:
+            return run(steps)
+        finally:
+            for process in busy:
+                process.kill()
+                process.wait()
+
+    return run_beside_busy
+
+
 def build_modes(setup: Setup) -> dict:
-    return throughput.warmed_up(
-        {
-            "input_bound": lambda: input_bound(setup),
-            "compute_bound": lambda: throughput.compute_bound(setup),
-            "loops": lambda: throughput.loops_mode(setup),
-            "loops_nice_19": lambda: throughput.loops_mode(at_nice(setup, 19)),
-            "keras_fit": lambda: throughput.keras_fit(at_nice(setup, 0), 1),
-        },
-        setup.args,
-    )
+    builders = {
+        "input_bound": lambda: input_bound(setup),
+        "compute_bound": lambda: throughput.compute_bound(setup),
+        "loops": lambda: throughput.loops_mode(setup),
+        "loops_nice_19": lambda: throughput.loops_mode(at_nice(setup, 19)),
+        "keras_fit": lambda: throughput.keras_fit(at_nice(setup, 0), 1),
+    }
+    busy = setup.args.busy_processes
+    if busy:
+        builders["loops_beside_busy"] = lambda: beside_busy(throughput.loops_mode(setup), busy)
+        builders["loops_nice_19_beside_busy"] = lambda: beside_busy(
+            throughput.loops_mode(at_nice(setup, 19)), busy
+        )
+    return throughput.warmed_up(builders, setup.args)
 
 
 def measure(args, dataset_dir: str) -> list[dict]:
@@ -190,10 +230,11 @@ def measure(args, dataset_dir: str) -> list[dict]:
             bound = min(input_rate, compute_rate)
             additive_bound = 1 / (1 / input_rate + 1 / compute_rate)
             errors = {name: runner for name, runner in runners.items() if not callable(runner)}
+            built = [name for name in MODES if name in runners]
             # Input threads that read with Python must end while Python runs.
             runners.clear()
             gc.collect()
-            for name in MODES:
+            for name in built:
                 row = {"model": model_name, "replicas": replicas, "mode": name}
                 if name in rates:
                     row.update(
@@ -356,15 +397,15 @@ def main(argv=None) -> int:
         resumes, resume_samples = resume_seconds(dataset_dir, args, work_dir)
 
     print(
-        f"{'model':6} {'replicas':>8} {'mode':14} {'steps/s':>9} {'x min bound':>11} "
+        f"{'model':6} {'replicas':>8} {'mode':26} {'steps/s':>9} {'x min bound':>11} "
         f"{'x additive':>10} {'x fit':>6}"
     )
     for row in rows:
         if "error" in row:
-            print(f"{row['model']:6} {row['replicas']:>8} {row['mode']:14} {row['error']}")
+            print(f"{row['model']:6} {row['replicas']:>8} {row['mode']:26} {row['error']}")
             continue
         print(
-            f"{row['model']:6} {row['replicas']:>8} {row['mode']:14} "
+            f"{row['model']:6} {row['replicas']:>8} {row['mode']:26} "
             f"{row['steps_per_second']:9.1f} {row['ratio_to_bound']:11.2f} "
             f"{row['ratio_to_additive_bound']:10.2f} {row['ratio_to_fit']:6.2f}"
         )

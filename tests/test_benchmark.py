@@ -2,10 +2,12 @@
 
 import json
 import math
+import os
 
 import pytest
 
 import loops
+from benchmarks import streaming
 from conftest import run_module
 
 
@@ -66,6 +68,19 @@ def test_tiny_lm_benchmark_reports_tokens_per_second_for_every_mode(tmp_path):
     assert rows["compute_bound"]["ratio_to_bound"] == 1.0
 
 
+def processes_running(code):
+    """Pids of the processes whose command line holds `code`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if code.encode() in handle.read():
+                    found.append(int(pid))
+        except OSError:  # ended meanwhile
+            pass
+    return found
+
+
 def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(tmp_path):
     done, report = run_benchmark(
         "streaming",
@@ -81,11 +96,15 @@ def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(t
         "--resume_step=20000",
         "--resume_rounds=1",
         "--memory_epochs=2",
+        "--busy_processes=1",
         f"--data_dir={tmp_path / 'data'}",
     )
     rows = {row["mode"]: row for row in report["rows"]}
     modes = ("input_bound", "compute_bound", "loops", "loops_nice_19", "keras_fit")
-    assert sorted(rows) == sorted(modes)
+    assert sorted(rows) == sorted(modes + ("loops_beside_busy", "loops_nice_19_beside_busy"))
+    assert report["config"]["busy_processes"] == 1
+    # The busy processes end with their mode: none is left running.
+    assert not processes_running(streaming.BUSY_LOOP)
     assert report["config"]["input_nice"] == 0  # loops-classifier's default
     for row in rows.values():
         assert (row["model"], row["replicas"]) == ("mlp", 1)

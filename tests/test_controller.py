@@ -1,8 +1,11 @@
 """A Trainer is handed a definition and runs it through its Controller; the definition holds
 no run, and belongs to one Trainer."""
 
+import gc
 import json
 import os
+import traceback
+import weakref
 
 import keras
 import numpy as np
@@ -11,6 +14,8 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
+from loops.run import failed_frames
+from loops.run.train_input import TrainInput
 
 
 def images_and_labels(nan_rows=()):
@@ -175,3 +180,77 @@ def test_a_definition_holds_no_run_and_belongs_to_one_trainer():
         "definition belongs to one Trainer. Make a new Counter(...) for a new Trainer."
     )
     assert float(definition.total.numpy()) == 2.0  # the refusal built nothing
+
+
+def failing_at_batch(failing):
+    """Batches of 8 of `images_and_labels`, repeated; batch `failing` raises in its reader."""
+    batches = images_and_labels()
+
+    def read(index):
+        if index == failing:
+            raise OSError(f"batch {index} no longer reads")
+        return index
+
+    def checked(index, batch):
+        read_index = tf.numpy_function(read, [index], tf.int64, stateful=True)
+        with tf.control_dependencies([read_index]):
+            return tf.identity(batch[0]), batch[1]
+
+    return lambda: batches().repeat().enumerate().map(checked)
+
+
+def test_a_failed_train_lets_its_iterator_go_while_its_error_is_held(monkeypatch):
+    # An iterator kept until the interpreter's exit (by the error's traceback) can hang the
+    # exit: its reader threads call into Python while the exit holds it.
+    made = []
+    at_step = TrainInput.at_step
+
+    def recording_at_step(self, step):
+        iterator = at_step(self, step)
+        made.append(weakref.ref(iterator))
+        return iterator
+
+    monkeypatch.setattr(TrainInput, "at_step", recording_at_step)
+    trainer = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        ),
+        strategy=loops.testing.replica_strategy(1),
+        train_data=failing_at_batch(5),
+        steps_per_loop=2,
+        progress=loops.testing.quiet_progress(),
+    )
+    with pytest.raises(tf.errors.OpError) as failure:
+        trainer.train(10)
+    assert "batch 5 no longer reads" in str(failure.value)
+    gc.collect()
+    assert len(made) == 1 and made[0]() is None
+    # The traceback still names every line it went through, the executor's included.
+    lines = traceback.extract_tb(failure.value.__traceback__)
+    assert [line.name for line in lines if line.filename.endswith("executors.py")][:1] == ["run"]
+    trainer.close()
+
+
+def test_only_the_frameworks_frames_lose_their_locals():
+    def build_with_a_bad_setting():
+        mine = "kept"
+        loops.Trainer(Counter(), steps_per_loop=0, progress=loops.testing.quiet_progress())
+        return mine
+
+    with pytest.raises(ValueError) as refused:
+        build_with_a_bad_setting()
+    frames = []
+    entry = refused.value.__traceback__
+    while entry is not None:
+        frames.append(entry.tb_frame)
+        entry = entry.tb_next
+    own = [frame for frame in frames if frame.f_globals["__name__"].startswith("loops.")]
+    assert len(own) >= 2 and all(frame.f_locals for frame in own)
+
+    assert failed_frames.drop_framework_locals(refused.value) == len(own)
+
+    assert all(frame.f_locals == {} for frame in own)
+    user = [frame for frame in frames if frame.f_code.co_name == "build_with_a_bad_setting"]
+    assert len(user) == 1 and user[0].f_locals == {"mine": "kept"}
+    assert frames[0].f_locals  # this test's own frame, still running, is left alone

@@ -214,6 +214,25 @@ def test_the_check_says_how_far_it_is_and_runs_without_a_cache(tmp_path, monkeyp
         ]
 
 
+# Code for `run_classifier`: counts the train iterators still alive when the interpreter exits.
+COUNT_LIVE_ITERATORS = """
+import atexit, sys, weakref
+from loops.run.train_input import TrainInput
+made = []
+at_step = TrainInput.at_step
+def recording_at_step(self, step):
+    iterator = at_step(self, step)
+    if iterator is not None and not any(ref() is iterator for ref in made):
+        made.append(weakref.ref(iterator))
+    return iterator
+TrainInput.at_step = recording_at_step
+atexit.register(lambda: print(
+    f"train iterators alive at exit: {sum(ref() is not None for ref in made)} of {len(made)}",
+    file=sys.stderr,
+))
+"""
+
+
 def run_classifier(model_dir, image_dir, *extra, code=None):
     """loops-classifier on a tiny folder; `code` runs first in the process (a fault to inject)."""
     argv = [
@@ -297,8 +316,13 @@ def test_a_file_damaged_during_training_is_named_after_the_last_checkpoint(tmp_p
         Controller.save_checkpoint = save_then_damage
     """
     # The batches read ahead before the damage may cover some steps: train well past them.
-    done = run_classifier(model_dir, root, "--train_steps=40", code=code)
+    done = run_classifier(
+        model_dir, root, "--train_steps=40", code=textwrap.dedent(code) + COUNT_LIVE_ITERATORS
+    )
     assert done.returncode == 1, done.stderr[-3000:]
+    # The stopped run's reader (Python, on tf.data's threads) went before the exit, where it
+    # can hang the interpreter; the error's traceback would have kept it.
+    assert "train iterators alive at exit: 0 of 1" in done.stderr
     assert "Traceback" not in done.stderr
     last = done.stderr.rsplit("(it goes on from ", 1)[-1].split(").")[0]
     assert (

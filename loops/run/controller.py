@@ -293,14 +293,13 @@ class Controller:
             self.progress.line(f"stopping at step {self.trainer.step}: {reason}")
 
     def close(self) -> None:
-        """Releases the train input and the model_dir lock (a kill leaves its file, unlocked).
-
-        The input goes first, while Python runs: a pipeline that reads with
-        Python (`random_access.RecordFiles`) left to the interpreter's exit
-        can hang it there, its threads waiting for a lock the exit holds.
-        """
-        self._train_input.release()
+        """Releases the train input and the model_dir lock (a kill leaves its file, unlocked)."""
+        self.release_train_input()
         self._checkpoints.close()
+
+    def release_train_input(self) -> None:
+        """Drops the train iterator now, while Python runs (`failed_frames` says why)."""
+        self._train_input.release()
 
     def save_checkpoint(self) -> str | None:
         """Saves the run's state now (every worker must call it); returns the path.

@@ -15,7 +15,14 @@ from loops.core import reporting, weight_average
 from loops.core.update import UpdateStates
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import Checkpointer, FinitenessCheck
-from loops.run import executors, loop_execution, loss_spikes, recovery, step_options
+from loops.run import (
+    executors,
+    failed_frames,
+    loop_execution,
+    loss_spikes,
+    recovery,
+    step_options,
+)
 from loops.run.actions import Action
 from loops.run.controller import Controller
 from loops.run.nonfinite_updates import NonFiniteUpdates
@@ -159,6 +166,13 @@ class Trainer:
                 collective error.
         """
         try:
+            return self._train_naming_a_lost_task(num_steps)
+        except BaseException as error:
+            self._drop_failed_input(error)
+            raise
+
+    def _train_naming_a_lost_task(self, num_steps: int) -> dict[str, np.ndarray]:
+        try:
             return self.controller.train(num_steps)
         except tf.errors.OpError as error:
             if strategies.strategy_name(self.strategy) not in cluster_config.CLUSTER_STRATEGIES:
@@ -170,7 +184,20 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Evaluates now (averaged weights, if any) and reports it: `Controller.evaluate`."""
-        return self.controller.evaluate()
+        try:
+            return self.controller.evaluate()
+        except BaseException as error:
+            self._drop_failed_input(error)
+            raise
+
+    def _drop_failed_input(self, error: BaseException) -> None:
+        """Lets the input's iterators go now, while Python runs (`failed_frames`).
+
+        The next `train` or `evaluate` makes new ones where the run stands.
+        """
+        failed_frames.drop_framework_locals(error)
+        self._eval_input.release()
+        self.controller.release_train_input()
 
     def request_stop(self, reason: str) -> None:
         """Ends `train` after the inner loop in progress: `Controller.request_stop`."""
