@@ -51,6 +51,24 @@ def tiny_batches(global_batch_size=8, count=21, seed=0, shuffle_seed=None):
     return make
 
 
+def failing_at_batch(failing, global_batch_size=8):
+    """`tiny_batches`, endless; batch `failing` raises OSError in its Python reader (as a
+    file that no longer reads would)."""
+    batches = tiny_batches(global_batch_size)
+
+    def read(index):
+        if index == failing:
+            raise OSError(f"batch {index} no longer reads")
+        return index
+
+    def checked(index, batch):
+        read_index = tf.numpy_function(read, [index], tf.int64, stateful=True)
+        with tf.control_dependencies([read_index]):
+            return tf.identity(batch[0]), batch[1]
+
+    return lambda: batches().repeat().enumerate().map(checked)
+
+
 def optimizer_factory(name, learning_rate=0.05):
     if name == "sgd_momentum":
         return lambda: keras.optimizers.SGD(learning_rate, momentum=0.9)

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
+from conftest import failing_at_batch
 from loops.run import failed_frames
 from loops.run.train_input import TrainInput
 
@@ -180,23 +181,6 @@ def test_a_definition_holds_no_run_and_belongs_to_one_trainer():
         "definition belongs to one Trainer. Make a new Counter(...) for a new Trainer."
     )
     assert float(definition.total.numpy()) == 2.0  # the refusal built nothing
-
-
-def failing_at_batch(failing):
-    """Batches of 8 of `images_and_labels`, repeated; batch `failing` raises in its reader."""
-    batches = images_and_labels()
-
-    def read(index):
-        if index == failing:
-            raise OSError(f"batch {index} no longer reads")
-        return index
-
-    def checked(index, batch):
-        read_index = tf.numpy_function(read, [index], tf.int64, stateful=True)
-        with tf.control_dependencies([read_index]):
-            return tf.identity(batch[0]), batch[1]
-
-    return lambda: batches().repeat().enumerate().map(checked)
 
 
 def test_a_failed_train_lets_its_iterator_go_while_its_error_is_held(monkeypatch):

@@ -1,10 +1,12 @@
 """The learning-rate finder (loops.find_learning_rate, --mode=find_lr): geometric rates that
 every optimizer follows, the stop rule, the suggestion on digits, and no trace in the run."""
 
+import gc
 import json
 import math
 import os
 import re
+import weakref
 
 import keras
 import numpy as np
@@ -13,7 +15,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from conftest import make_trainer, read_results, run_module, tiny_batches
+from conftest import failing_at_batch, make_trainer, read_results, run_module, tiny_batches
 from loops.run import lr_finder
 
 # Measured (digits, the classifier binary's defaults: Adam, batch 64, 2 replicas, 200
@@ -162,6 +164,34 @@ def test_a_loss_that_blows_up_ends_the_test_early():
     assert not math.isfinite(last) or last > 4.0 * lowest
     assert re.search(r"not finite|above 4 x its lowest", curve.stop_reason)
     assert curve.rates[-1] > 1.0  # SGD on this net still trains at 1e-1: the blow-up is past it
+
+
+def test_a_failed_range_test_lets_its_iterator_go_while_its_error_is_held(monkeypatch):
+    # Its frames hold the test's train iterator, whose Python reader threads, kept to the
+    # interpreter's exit by the error's traceback, can hang the exit.
+    made = []
+    train_iterator = lr_finder.distributed_input.train_iterator
+
+    def recording_train_iterator(*args, **kwargs):
+        iterator = train_iterator(*args, **kwargs)
+        made.append(weakref.ref(iterator))
+        return iterator
+
+    monkeypatch.setattr(lr_finder.distributed_input, "train_iterator", recording_train_iterator)
+    trainer = loops.Trainer(
+        loops.ClassifierLoop(
+            model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        ),
+        strategy=loops.testing.replica_strategy(1),
+        train_data=failing_at_batch(3),
+        progress=loops.testing.quiet_progress(),
+    )
+    with pytest.raises(tf.errors.OpError) as failure:
+        loops.find_learning_rate(trainer, steps=10)
+    assert "batch 3 no longer reads" in str(failure.value)
+    gc.collect()
+    assert len(made) == 1 and made[0]() is None
 
 
 @pytest.mark.parametrize(

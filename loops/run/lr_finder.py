@@ -18,7 +18,7 @@ from loops.cluster import strategies
 from loops.core import outputs, pictures, reporting
 from loops.input import distributed_input
 from loops.model_dir import checkpoints
-from loops.run import loop_execution
+from loops.run import failed_frames, loop_execution
 from loops.run.trainer import Trainer
 from loops.vocabulary import settings
 
@@ -146,6 +146,9 @@ def _range_test_keeping_state(
                 _restore(prefix, trainer)
             start_step = trainer.step
             record = _range_test(trainer, optimizers, rates, stop_factor, loss)
+        except BaseException as error:
+            failed_frames.drop_framework_locals(error)  # they hold the test's train iterator
+            raise
         finally:
             state.read(kept).assert_existing_objects_matched()
     return record.curve(start_step)
