@@ -154,6 +154,27 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
     assert "executor" in done.stdout and "threads: 1" in done.stdout
 
 
+def test_tiny_step_profile_charges_the_read_to_the_modes_that_read(tmp_path):
+    steps = 20
+    done, report = run_benchmark(
+        "step_profile", tmp_path, "--modes=fixed_carried,read", f"--steps={steps}", "--chunk=10"
+    )
+    events = {(row["mode"], row["event"]): row for row in report["rows"]}
+    # One synchronous get-next a step where the loop reads; where it carries one batch, the
+    # one read before its loop.
+    assert events[("read", "IteratorGetNextSync")]["per_step"] == 1.0
+    assert events[("fixed_carried", "IteratorGetNextSync")]["per_step"] == 1 / steps
+    for mode in ("fixed_carried", "read"):
+        rows = [row for row in report["rows"] if row["mode"] == mode]
+        assert all(row["thread"] != "python" for row in rows)
+        matmuls = [row for row in rows if "MatMul" in row["event"]]
+        assert matmuls and all(row["us_per_step"] > 0 for row in matmuls)
+        # The kernels' thread's self times add up to no more than the profiled wall time.
+        compute = sum(row["us_per_step"] for row in rows if row["thread"] == "tf_Compute")
+        assert 0 < compute <= report["profiled_us_per_step"][mode]
+    assert "IteratorGetNextSync" in done.stdout
+
+
 def test_tiny_checkpoint_stall_benchmark_reports_both_stalls(tmp_path):
     done, report = run_benchmark(
         "checkpoint_stall",
