@@ -24,6 +24,8 @@ a ratio of the compute bound:
 - chunked: the executor's loop nested: one iterator read of `--chunk` steps'
   batches (the stream batched by `--chunk`), then that many steps each taking
   its batch from the chunk by index (amortized input reads, issue 30).
+- chunked_sliced: the same, each step slicing its batch out of the chunk
+  tensor (`chunk[j]`, a copy of one batch) instead of a TensorArray's element.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ MODES = (
     "chunked_at_source",
     "fixed_carried",
     "rolled_carried",
+    "chunked_sliced",
 )
 
 
@@ -203,6 +206,15 @@ def build_modes(args) -> dict:
             names,
             args.chunk,
         ),
+        "chunked_sliced": chunked_loop(
+            loop,
+            strategy,
+            lambda: data_fn().batch(args.chunk, drop_remainder=True),
+            step,
+            names,
+            args.chunk,
+            split=False,
+        ),
         "compute_bound": throughput.repeated_step(loop, strategy, data_fn),
         "read": inner_loop(count=False),
         "executor": lambda steps: executor.run(executor_iterator, steps),
@@ -216,9 +228,10 @@ def build_modes(args) -> dict:
     return runners
 
 
-def chunked_loop(loop, strategy, chunks, step, names, chunk: int):
+def chunked_loop(loop, strategy, chunks, step, names, chunk: int, split: bool = True):
     """The executor's loop reading `chunk` steps' batches at a time from the dataset `chunks`
-    makes: an outer loop over chunks, an inner one over the steps of each."""
+    makes: an outer loop over chunks, an inner one over the steps of each (each step's
+    batch a TensorArray's element with `split`, else a slice of the chunk)."""
     import tensorflow as tf
 
     from loops.core import outputs
@@ -227,7 +240,9 @@ def chunked_loop(loop, strategy, chunks, step, names, chunk: int):
     num_replicas = strategy.num_replicas_in_sync
 
     def step_batch(chunk_batches, index):
-        batch = tf.nest.map_structure(lambda part: part.read(index), chunk_batches)
+        batch = tf.nest.map_structure(
+            lambda part: part.read(index) if split else part[index], chunk_batches
+        )
         if num_replicas == 1:
             return batch
         return strategy.experimental_distribute_values_from_function(
@@ -242,7 +257,9 @@ def chunked_loop(loop, strategy, chunks, step, names, chunk: int):
         def outer(i, array, stopped):
             # Split once into a TensorArray: each step reads its batch without a slice's copy.
             chunk_batches = tf.nest.map_structure(
-                lambda part: tf.TensorArray(part.dtype, size=chunk).unstack(part),
+                lambda part: (
+                    tf.TensorArray(part.dtype, size=chunk).unstack(part) if split else part
+                ),
                 next(iterator),  # one read a chunk: its kernel's cost does not matter
             )
             limit = tf.minimum(chunk, steps - i)  # a short call drops the chunk's rest

@@ -146,6 +146,7 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
         "chunked_at_source",
         "fixed_carried",
         "rolled_carried",
+        "chunked_sliced",
     ]
     for row in rows.values():
         assert len(row["samples"]) == 2
