@@ -26,6 +26,8 @@ a ratio of the compute bound:
   its batch from the chunk by index (amortized input reads, issue 30).
 - chunked_sliced: the same, each step slicing its batch out of the chunk
   tensor (`chunk[j]`, a copy of one batch) instead of a TensorArray's element.
+- chunked_unrolled: chunked_sliced with the inner loop unrolled (a chunk's
+  steps written out in the graph; a call runs whole chunks).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ MODES = (
     "fixed_carried",
     "rolled_carried",
     "chunked_sliced",
+    "chunked_unrolled",
 )
 
 
@@ -215,6 +218,16 @@ def build_modes(args) -> dict:
             args.chunk,
             split=False,
         ),
+        "chunked_unrolled": chunked_loop(
+            loop,
+            strategy,
+            lambda: data_fn().batch(args.chunk, drop_remainder=True),
+            step,
+            names,
+            args.chunk,
+            split=False,
+            unrolled=True,
+        ),
         "compute_bound": throughput.repeated_step(loop, strategy, data_fn),
         "read": inner_loop(count=False),
         "executor": lambda steps: executor.run(executor_iterator, steps),
@@ -228,10 +241,13 @@ def build_modes(args) -> dict:
     return runners
 
 
-def chunked_loop(loop, strategy, chunks, step, names, chunk: int, split: bool = True):
+def chunked_loop(
+    loop, strategy, chunks, step, names, chunk: int, split: bool = True, unrolled: bool = False
+):
     """The executor's loop reading `chunk` steps' batches at a time from the dataset `chunks`
     makes: an outer loop over chunks, an inner one over the steps of each (each step's
-    batch a TensorArray's element with `split`, else a slice of the chunk)."""
+    batch a TensorArray's element with `split`, else a slice of the chunk; `unrolled`: the
+    inner loop written out, whole chunks only)."""
     import tensorflow as tf
 
     from loops.core import outputs
@@ -252,7 +268,8 @@ def chunked_loop(loop, strategy, chunks, step, names, chunk: int, split: bool = 
         )
 
     def run(iterator, steps):
-        array = tf.TensorArray(tf.float64, size=steps, element_shape=[len(names)])
+        size = (steps + chunk - 1) // chunk * chunk if unrolled else steps
+        array = tf.TensorArray(tf.float64, size=size, element_shape=[len(names)])
 
         def outer(i, array, stopped):
             # Split once into a TensorArray: each step reads its batch without a slice's copy.
@@ -270,6 +287,11 @@ def chunked_loop(loop, strategy, chunks, step, names, chunk: int, split: bool = 
                 row = tf.stack([tf.cast(logs[name], tf.float64) for name in names])
                 return j + 1, array.write(i + j, row), logs[outputs.NONFINITE] > 0
 
+            if unrolled:
+                j = tf.constant(0)
+                for _ in range(chunk):
+                    j, array, stopped = inner(j, array, stopped)
+                return i + j, array, stopped
             j, array, stopped = tf.while_loop(
                 lambda j, array, stopped: tf.logical_and(j < limit, tf.logical_not(stopped)),
                 inner,

@@ -147,6 +147,7 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
         "fixed_carried",
         "rolled_carried",
         "chunked_sliced",
+        "chunked_unrolled",
     ]
     for row in rows.values():
         assert len(row["samples"]) == 2
