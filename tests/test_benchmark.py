@@ -7,7 +7,6 @@ import os
 import pytest
 
 import loops
-from benchmarks import streaming
 from conftest import run_module
 
 
@@ -68,6 +67,11 @@ def test_tiny_lm_benchmark_reports_tokens_per_second_for_every_mode(tmp_path):
     assert rows["compute_bound"]["ratio_to_bound"] == 1.0
 
 
+# benchmarks.streaming's busy process (the tests import nothing from benchmarks/, which
+# `pytest` run as a script does not find: they run it as a module).
+BUSY_LOOP = "while True: pass"
+
+
 def processes_running(code):
     """Pids of the processes whose command line holds `code`."""
     found = []
@@ -104,7 +108,7 @@ def test_tiny_streaming_benchmark_reports_every_mode_resume_seconds_and_memory(t
     assert sorted(rows) == sorted(modes + ("loops_beside_busy", "loops_nice_19_beside_busy"))
     assert report["config"]["busy_processes"] == 1
     # The busy processes end with their mode: none is left running.
-    assert not processes_running(streaming.BUSY_LOOP)
+    assert not processes_running(BUSY_LOOP)
     assert report["config"]["input_nice"] == 0  # loops-classifier's default
     for row in rows.values():
         assert (row["model"], row["replicas"]) == ("mlp", 1)
