@@ -184,15 +184,21 @@ def build_modes(args) -> dict:
         return lambda steps: traced(iterator, tf.constant(steps)).numpy()
 
     executor_iterator = distributed_input.train_iterator(strategy, data_fn)
-    runners = {
-        "chunked": chunked_loop(
+
+    def batched_chunks(**variant):
+        """The executor's loop on the stream batched by `--chunk` (`chunked_loop`'s variant)."""
+        return chunked_loop(
             loop,
             strategy,
             lambda: data_fn().batch(args.chunk, drop_remainder=True),
             step,
             names,
             args.chunk,
-        ),
+            **variant,
+        )
+
+    runners = {
+        "chunked": batched_chunks(),
         # The source draws a chunk's rows as one batch and cuts it into the steps' batches
         # with one reshape: the stream's per-batch work is done once a chunk.
         "chunked_at_source": chunked_loop(
@@ -209,25 +215,8 @@ def build_modes(args) -> dict:
             names,
             args.chunk,
         ),
-        "chunked_sliced": chunked_loop(
-            loop,
-            strategy,
-            lambda: data_fn().batch(args.chunk, drop_remainder=True),
-            step,
-            names,
-            args.chunk,
-            split=False,
-        ),
-        "chunked_unrolled": chunked_loop(
-            loop,
-            strategy,
-            lambda: data_fn().batch(args.chunk, drop_remainder=True),
-            step,
-            names,
-            args.chunk,
-            split=False,
-            unrolled=True,
-        ),
+        "chunked_sliced": batched_chunks(split=False),
+        "chunked_unrolled": batched_chunks(split=False, unrolled=True),
         "compute_bound": throughput.repeated_step(loop, strategy, data_fn),
         "read": inner_loop(count=False),
         "executor": lambda steps: executor.run(executor_iterator, steps),
