@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import types
+from collections.abc import Callable, Iterator
 
 # Frames of these packages are the run's own and TensorFlow's: their locals
 # are iterators, batches and tensors, nothing a user would inspect after a
 # failure. Other frames (a user's action, a test) keep theirs for a debugger.
 _OWN_PACKAGES = ("loops.", "tensorflow.", "keras.")
+
+
+@contextlib.contextmanager
+def dropped_on_failure(*releases: Callable[[], None]) -> Iterator[None]:
+    """On an exception out of the block: `drop_framework_locals`, then each of `releases`
+    (what else holds the input's iterators), then the exception goes on."""
+    try:
+        yield
+    except BaseException as error:
+        drop_framework_locals(error)
+        for release in releases:
+            release()
+        raise
 
 
 def drop_framework_locals(error: BaseException) -> int:

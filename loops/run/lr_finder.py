@@ -145,10 +145,8 @@ def _range_test_keeping_state(
             if prefix is not None:
                 _restore(prefix, trainer)
             start_step = trainer.step
-            record = _range_test(trainer, optimizers, rates, stop_factor, loss)
-        except BaseException as error:
-            failed_frames.drop_framework_locals(error)  # they hold the test's train iterator
-            raise
+            with failed_frames.dropped_on_failure():  # its frames hold the test's iterator
+                record = _range_test(trainer, optimizers, rates, stop_factor, loss)
         finally:
             state.read(kept).assert_existing_objects_matched()
     return record.curve(start_step)

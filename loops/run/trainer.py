@@ -165,11 +165,8 @@ class Trainer:
                 (the message names it and its address), instead of TensorFlow's
                 collective error.
         """
-        try:
+        with self._input_dropped_on_failure():
             return self._train_naming_a_lost_task(num_steps)
-        except BaseException as error:
-            self._drop_failed_input(error)
-            raise
 
     def _train_naming_a_lost_task(self, num_steps: int) -> dict[str, np.ndarray]:
         try:
@@ -184,20 +181,15 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Evaluates now (averaged weights, if any) and reports it: `Controller.evaluate`."""
-        try:
+        with self._input_dropped_on_failure():
             return self.controller.evaluate()
-        except BaseException as error:
-            self._drop_failed_input(error)
-            raise
 
-    def _drop_failed_input(self, error: BaseException) -> None:
-        """Lets the input's iterators go now, while Python runs (`failed_frames`).
-
-        The next `train` or `evaluate` makes new ones where the run stands.
-        """
-        failed_frames.drop_framework_locals(error)
-        self._eval_input.release()
-        self.controller.release_train_input()
+    def _input_dropped_on_failure(self):
+        """A failure lets the input's iterators go now, while Python runs (`failed_frames`);
+        the next `train` or `evaluate` makes new ones where the run stands."""
+        return failed_frames.dropped_on_failure(
+            self._eval_input.release, self.controller.release_train_input
+        )
 
     def request_stop(self, reason: str) -> None:
         """Ends `train` after the inner loop in progress: `Controller.request_stop`."""
