@@ -106,16 +106,23 @@ def read_results(model_dir):
         return json.load(stream)
 
 
+# TensorFlow's count of the saves a tf.train.Checkpoint made in its process: a resumed run
+# counts from the restored value plus its own saves (6 against 3 uninterrupted), while
+# every tensor the run trains and steps on is equal. The one key comparisons leave out.
+SAVE_COUNTER_KEY = "save_counter/.ATTRIBUTES/VARIABLE_VALUE"
+
+
 def checkpoint_weights(model_dir):
     """Every numeric variable value in the newest checkpoint of a run's model_dir, by
-    checkpoint key (not the JSON record of recoveries, a string)."""
+    checkpoint key, but TensorFlow's `SAVE_COUNTER_KEY` (and the string records: recoveries,
+    the exact-only settings, JSON)."""
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
     dtypes = reader.get_variable_to_dtype_map()
     return {
         name: reader.get_tensor(name)
         for name in reader.get_variable_to_shape_map()
         if "/.ATTRIBUTES/VARIABLE_VALUE" in name
-        and "save_counter" not in name
+        and name != SAVE_COUNTER_KEY
         and dtypes[name] != tf.string
     }
 

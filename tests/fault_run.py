@@ -90,6 +90,10 @@ def arm(moment: str, signum: int) -> None:
         wrap(tf.train.Checkpoint, "_write", before=in_writer_thread)
     elif moment == "export":
         wrap(tf.saved_model, "save", after=lambda *_: True)
+    elif moment == "outputs":  # train has returned: the binary says where the outputs went
+        from loops.cli import flags as loop_flags
+
+        wrap(loop_flags, "report_outputs", before=lambda *_: True)
     else:
         raise SystemExit(f"unknown moment {moment!r}")
 

@@ -56,6 +56,7 @@ TRIALS = [
     ("final_save", "TERM", exit_codes.PREEMPTED),
     ("results", "TERM", exit_codes.PREEMPTED),
     ("export", "TERM", 0),  # the run had finished: the export completes
+    ("outputs", "TERM", 0),  # after train returned: said, and the run is complete
     ("inner_loop", "KILL", -9),
     ("state_file", "KILL", -9),
     ("results", "KILL", -9),
@@ -92,6 +93,12 @@ def test_a_fault_at_any_moment_loses_no_completed_step(
         ]
     )
     assert interrupted.returncode == code, interrupted.stderr[-3000:]
+    if moment == "outputs":
+        assert "SIGTERM after training finished: every step is saved; finishing the report" in (
+            interrupted.stderr
+        )
+        assert "preempted" not in interrupted.stderr and "outputs in " in interrupted.stdout
+        assert read_results(model_dir)["preempted"] is False
     written = checkpoint_steps(model_dir)
     if moment == "async_write_first":
         # The save in flight at step 4 finished, then the next boundary's save, then exit 42.

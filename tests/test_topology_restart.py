@@ -156,6 +156,32 @@ def test_another_global_batch_size_is_refused_before_tensorflow_unless_allowed_t
     assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == checkpoints
     assert read_results(model_dir) == results
 
+    # The checkpoint records the batch size too: config.json deleted, damaged, or holding a
+    # string, the resume is refused all the same (once the checkpoint is read), and nothing
+    # is written.
+    config_path = os.path.join(model_dir, "config.json")
+    with open(config_path) as stream:
+        config_text = stream.read()
+    for damage in (None, "{garbage", '{"global_batch_size": "64"}'):
+        if os.path.exists(config_path):
+            os.remove(config_path)
+        if damage is not None:
+            with open(config_path, "w") as stream:
+                stream.write(damage)
+        refused = one_process([*classifier(model_dir, digits_dir, 80), "--global_batch_size=32"], 1)
+        assert refused.finish() == 1, (damage, refused.output[-2000:])
+        assert refused.lines[-1].endswith(
+            f"--global_batch_size=32 differs from 64, the global_batch_size of the run in "
+            f"{model_dir}: a resume continues exactly only with the same global_batch_size (the "
+            "workers and replicas may change). Pass --global_batch_size=64, or "
+            "--allow_batch_size_change to go on with 32 (recorded in results.json), or a new "
+            "--model_dir."
+        ), (damage, refused.output[-2000:])
+        assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == checkpoints
+        assert read_results(model_dir) == results
+    with open(config_path, "w") as stream:
+        stream.write(config_text)
+
     allowed = [*classifier(model_dir, digits_dir, 80), "--global_batch_size=32"]
     one_process([*allowed, "--allow_batch_size_change"], 1).succeed()
     got = read_results(model_dir)

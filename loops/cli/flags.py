@@ -22,7 +22,7 @@ from typing import Any
 
 from absl import app, flags
 
-from loops.cli import startup_preemption, tensorflow_logs
+from loops.cli import flagfiles, startup_preemption, tensorflow_logs
 from loops.cluster import cluster_config
 from loops.model_dir import run_config
 from loops.vocabulary import exit_codes, settings
@@ -196,7 +196,10 @@ def check_export_dir() -> None:
         app.UsageError: --export_dir exists and is not a SavedModel directory.
     """
     path = flags.FLAGS.export_dir if "export_dir" in flags.FLAGS else None
-    if not path or not os.path.exists(path):
+    if not path:
+        return
+    _check_writable(path, "--export_dir", "the export at the end of training")
+    if not os.path.exists(path):
         return
     # A SavedModel directory holds saved_model.pb (or .pbtxt); checking the name
     # spares loading TensorFlow for it.
@@ -207,6 +210,43 @@ def check_export_dir() -> None:
             f"--export_dir={path} exists and holds no SavedModel, so the export at the end "
             "would have to replace it; pass a new directory (or an earlier export) as "
             "--export_dir, or move that one away."
+        )
+
+
+def check_profile_steps_in_run() -> None:
+    """Refuses --profile_steps that end past --train_steps (a trace never written or cut
+    short), before TensorFlow loads.
+
+    Raises:
+        app.UsageError: naming both flags and the fix.
+    """
+    if "profile_steps" not in flags.FLAGS or not flags.FLAGS.profile_steps:
+        return
+    steps = settings.parse_profile_steps(flags.FLAGS.profile_steps)
+    train_steps = flags.FLAGS.train_steps
+    if steps is not None and train_steps is not None and steps[1] > train_steps:
+        raise app.UsageError(
+            f"--profile_steps={flags.FLAGS.profile_steps} ends past --train_steps="
+            f"{train_steps}, so its trace would never be written in full; pass steps within "
+            f"the run (END <= {train_steps}) or a larger --train_steps."
+        )
+
+
+def _check_writable(path: str, flag: str, writer: str) -> None:
+    """Refuses `path` when its nearest existing directory cannot be written (a read-only file
+    system, or no permission), before any work is done that `writer` would then lose.
+
+    Raises:
+        app.UsageError: naming the flag, the directory and the fix.
+    """
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    directory = existing if os.path.isdir(existing) else os.path.dirname(existing)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise app.UsageError(
+            f"{flag}={path} cannot be written ({directory} is read-only or not writable by "
+            f"this user), so {writer} would fail after the work; pass a writable {flag}."
         )
 
 
@@ -240,6 +280,10 @@ def parse_flags(argv: list[str], *, description: str) -> list[str]:
     if any(option in _HELP_ARGUMENTS for option in options):
         print(help_text(description))
         sys.exit(0)
+    try:
+        flagfiles.check_flagfiles(options)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
     try:
         return flags.FLAGS(argv)
     except flags.Error as error:
@@ -566,6 +610,7 @@ def run_binary(
     check_cluster()
     check_resume_settings()
     check_export_dir()
+    check_profile_steps_in_run()
     # Against the whole batch now; against a replica's rows once the strategy exists.
     # (Unset, the batch is the loop's own: the RL loops', which take no micro-batches.)
     if flags.FLAGS.global_batch_size is not None:
@@ -669,10 +714,12 @@ def _build_and_train(
             raise
         sys.exit(f"error: {explained}")
     finally:
-        trainer.close()
-    if summary is not None:
-        trainer.progress.line(summary(trainer))
-    report_outputs(trainer)
+        with startup_preemption.sigterm_handler(startup_preemption.note_after_training):
+            trainer.close()
+    with startup_preemption.sigterm_handler(startup_preemption.note_after_training):
+        if summary is not None:
+            trainer.progress.line(summary(trainer))
+        report_outputs(trainer)
     if trainer.preempted:
         # Not 0: a scheduler must tell a preempted run (rerun it) from a finished one.
         sys.exit(exit_codes.PREEMPTED)
@@ -704,12 +751,27 @@ def _evaluate_checkpoints(build_trainer: Callable) -> None:
             evaluate_checkpoints(
                 trainer,
                 model_dir,
-                train_steps=flags.FLAGS.train_steps,
+                train_steps=_evaluated_train_steps(model_dir),
                 timeout_seconds=flags.FLAGS.evaluator_timeout or None,
                 compared_config=evaluated_settings(),
             )
         except (ValueError, OSError) as error:  # TimeoutError is an OSError
             sys.exit(f"error: {error}")
+
+
+def _evaluated_train_steps(model_dir: str) -> int | None:
+    """The step the evaluator watches up to: --train_steps when given, else the run's own
+    (config.json, written as the trainer starts), else None (results.json says when it ended).
+
+    The flag's default is not the run's: a run trained to another --train_steps would be
+    waited for until --evaluator_timeout.
+    """
+    if flags.FLAGS["train_steps"].present:
+        return flags.FLAGS.train_steps
+    recorded = (run_config.read_if_intact(model_dir) or {}).get("train_steps")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        return recorded
+    return None
 
 
 def _find_learning_rate(build_trainer: Callable) -> None:

@@ -21,6 +21,18 @@ def exit_preempted(signum, frame) -> None:
     sys.exit(exit_codes.PREEMPTED)
 
 
+def note_after_training(signum, frame) -> None:
+    """The handler once training has returned: every step is saved and results.json written,
+    so the few lines left (the summary, where the outputs went) finish and the run exits 0."""
+    del frame
+    name = signal.Signals(signum).name
+    print(
+        f"{name} after training finished: every step is saved; finishing the report",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 @contextlib.contextmanager
 def sigterm_handler(handler: Callable[[int, Any], None] | int = exit_preempted) -> Iterator[None]:
     """SIGTERM and SIGUSR1 go to `handler` inside; the handlers before come back after.

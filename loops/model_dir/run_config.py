@@ -70,13 +70,26 @@ CONFIG_FREE_TO_CHANGE = frozenset(
 )
 
 
+def exact_only_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `EXACT_ONLY_UNCHANGED` settings `config` gives: what the checkpoint records beside
+    config.json, so that a deleted or damaged config.json cannot let one change silently."""
+    return {name: config[name] for name in EXACT_ONLY_UNCHANGED if config.get(name) is not None}
+
+
 def check_resume(
-    model_dir: str, config: Mapping[str, Any], step: int | None = None
+    model_dir: str,
+    config: Mapping[str, Any],
+    step: int | None = None,
+    *,
+    checkpoint_record: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Refuses a resume of the run in `model_dir` that changes an `EXACT_ONLY_UNCHANGED`
     setting, unless `config` accepts the change; returns the accepted changes.
 
-    Every task of a cluster reads the same config.json, so all refuse together.
+    The values compared against are the checkpoint's own record (`checkpoint_record`, when
+    the checkpoint holds one), else config.json's where it reads as a whole number; a
+    config.json that does not read is left to `record_config`, which rewrites it. Every
+    task of a cluster reads the same files, so all refuse together.
 
     Returns:
         {CHANGED_ON_RESUME: {name: {"was", "now", "at_step"}}} for the accepted
@@ -85,7 +98,7 @@ def check_resume(
     Raises:
         ValueError: a sentence naming the setting, both values and the ways on.
     """
-    recorded = read(model_dir) or {}
+    recorded = {**_whole_numbers(read_if_intact(model_dir)), **(checkpoint_record or {})}
     changes = {}
     for name, allowing in EXACT_ONLY_UNCHANGED.items():
         was, now = recorded.get(name), config.get(name)
@@ -100,6 +113,25 @@ def check_resume(
             )
         changes[name] = {"was": was, "now": now, "at_step": step}
     return {CHANGED_ON_RESUME: changes} if changes else {}
+
+
+def _whole_numbers(recorded: Mapping[str, Any] | None) -> dict[str, int]:
+    """The exact-only settings of a config.json that are whole numbers; a value of another
+    type (the string "32" written by hand) says nothing the checkpoint's record cannot."""
+    return {
+        name: value
+        for name, value in (recorded or {}).items()
+        if name in EXACT_ONLY_UNCHANGED and isinstance(value, int) and not isinstance(value, bool)
+    }
+
+
+def read_if_intact(model_dir: str) -> dict[str, Any] | None:
+    """config.json's settings for the trainer: None when it is missing, unreadable or not a
+    JSON object (the trainer rewrites it; `read` is the evaluator's, which refuses those)."""
+    try:
+        return read(model_dir)
+    except ValueError:
+        return None
 
 
 class Difference(NamedTuple):
@@ -256,11 +288,14 @@ def record_config(
 
     path = config_path(model_dir)
     if resuming and os.path.exists(path):
-        try:
-            with open(path) as stream:
-                previous = json.load(stream)
-        except (OSError, ValueError):
-            previous = {}
+        previous = read_if_intact(model_dir)
+        if previous is None:
+            say(
+                f"warning: {path} did not read as the run's settings (a JSON object); the "
+                "checkpoint is restored (its own record holds what a resume must not "
+                "change) and config.json is rewritten with this run's settings."
+            )
+            previous = current
         changed = sorted(
             key
             for key in set(previous) | set(current)

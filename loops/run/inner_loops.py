@@ -121,6 +121,8 @@ class InnerLoops:
         """
         calls: list[TimedCall] = []
         step = self._trainer.step
+        if self._profiler is not None:
+            self._profiler.check_reachable(step, num_steps)
         iterator = self._train_input.at_step(step)
         while step < num_steps:
             ends = schedule.call_ends(step, num_steps, self.seconds_per_step)

@@ -47,6 +47,21 @@ class StepProfiler:
         self._active = False
         self.done = False
 
+    def check_reachable(self, step: int, num_steps: int) -> None:
+        """Says when a `train` from `step` to `num_steps` cannot trace every profiled step."""
+        if self.logdir is None or self.done or (step < self.start and self.end <= num_steps):
+            return
+        self._say(
+            f"warning: profile_steps=({self.start}, {self.end}) is not within the steps this "
+            f"train runs ({step + 1} to {num_steps}): "
+            + (
+                "nothing is traced"
+                if step >= self.start or self.start > num_steps
+                else f"the trace stops at step {num_steps}"
+            )
+            + "; pass profile_steps inside them (--profile_steps=START,END)."
+        )
+
     def stop_before(self, step: int) -> int | None:
         """The first step after `step` where an inner loop has to end for the trace; or None."""
         for boundary in (self.start - 1, self.end):

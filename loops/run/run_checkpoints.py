@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -12,9 +13,33 @@ from loops.cluster import strategies
 from loops.core import reporting
 from loops.model_dir import model_dir_lock
 from loops.model_dir.checkpoints import Checkpointer
-from loops.model_dir.run_config import check_resume, record_config
+from loops.model_dir.run_config import check_resume, exact_only_settings, record_config
 from loops.run.actions import Action
 from loops.vocabulary.choices import ONE_PROCESS_STRATEGIES
+
+SETTINGS_RECORD = "exact_only_settings"  # the checkpoint's name of `SettingsRecord`
+
+
+class SettingsRecord(tf.Module):
+    """The settings a resume must not change (`run_config.EXACT_ONLY_UNCHANGED`), saved in each
+    checkpoint as JSON, so that their check does not depend on config.json alone.
+
+    A string variable, like the recoveries record: a background save copies variables only.
+    A checkpoint written before this record existed restores as none ({}).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name=SETTINGS_RECORD)
+        with tf.init_scope():
+            self.record = tf.Variable("{}", dtype=tf.string, trainable=False, name="record")
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return json.loads(self.record.numpy().decode())
+
+    @settings.setter
+    def settings(self, settings: Mapping[str, Any]) -> None:
+        self.record.assign(json.dumps(dict(settings), sort_keys=True))
 
 
 class RunCheckpoints:
@@ -49,6 +74,7 @@ class RunCheckpoints:
         self.saved_step: int | None = None
         # The changes of an exact-only setting this resume accepted (`check_resume`).
         self.changed_on_resume: dict[str, Any] = {}
+        self._settings_record = SettingsRecord() if model_dir is not None else None
 
     def open(
         self,
@@ -83,11 +109,20 @@ class RunCheckpoints:
         if model_dir is None:
             return None
         self._lock_as_chief(model_dir)
-        self.checkpointer = self._checkpointer(strategy, items, step_counter, optional_items)
+        record = self._settings_record or SettingsRecord()
+        self.checkpointer = self._checkpointer(
+            strategy, items, step_counter, {**optional_items, SETTINGS_RECORD: record}
+        )
         try:
             restored = self.restore()
             if restored is not None:
-                self.changed_on_resume = check_resume(model_dir, config, int(step_counter.numpy()))
+                self.changed_on_resume = check_resume(
+                    model_dir,
+                    config,
+                    int(step_counter.numpy()),
+                    checkpoint_record=record.settings,
+                )
+            record.settings = exact_only_settings(config)
             if self._is_chief:
                 record_config(
                     model_dir,
