@@ -105,6 +105,51 @@ def test_a_recovered_spike_ends_with_the_weights_of_a_run_without_its_batches(
     assert recoveries_in_tensorboard(tmp_path) == {8: 1.0}
 
 
+@pytest.mark.parametrize(
+    "checkpoint_every, steps_per_loop, restored", [(4, 2, 4), (2, 1, 6), (8, 4, 0)]
+)
+def test_a_spike_is_rolled_back_past_a_checkpoint_saved_during_it(
+    tmp_path, checkpoint_every, steps_per_loop, restored
+):
+    # Batches 7-9 are high: a checkpoint is saved at step 8, after two of them, before the
+    # third makes the spike. The rollback goes to the newest checkpoint before step 7.
+    loop = make_trainer(
+        loops.ClassifierLoop,
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        strategy=loops.testing.replica_strategy(1),
+        train_data=stream(*examples([7, 8, 9])),
+        steps_per_loop=steps_per_loop,
+        progress=loops.testing.quiet_progress(),
+        on_loss_spike="recover",
+        model_dir=str(tmp_path),
+        checkpoint_every=checkpoint_every,
+    )
+    loop.train(12)
+    assert loop.controller.recoveries.entries == [
+        {
+            "step": 9,
+            "restored_step": restored,
+            "skipped_batches": 9 - restored,
+            "cause": "loss_spike",
+        }
+    ]
+    never_spiked = make_loop(stream(*without_batches(*examples(), restored + 1, 9)), 1)
+    never_spiked.train(12)
+    loops.testing.assert_close(
+        loops.testing.loop_weights(loop),
+        loops.testing.loop_weights(never_spiked),
+        rtol=1e-6,
+        label=f"rolled back to step {restored} vs never saw batches {restored + 1}-9",
+    )
+    loop.close()
+    progress = loop.progress.stream.getvalue()
+    if restored:  # the checkpoint of step 8 held two high steps: removed, then saved again
+        assert (
+            "removed ckpt-8: saved at step 7 or later, they hold the steps gone back over"
+        ) in progress
+
+
 def test_a_spike_before_the_first_checkpoint_goes_back_to_step_0(tmp_path):
     loop = spiking(tmp_path, [2, 3, 4], num_replicas=1, checkpoint_every=6)
     loop.train(9)

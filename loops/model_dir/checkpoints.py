@@ -93,19 +93,24 @@ class Checkpointer:
         """The newest checkpoint whose files are all there (not read; see `restore`)."""
         return newest_complete(self._chief_directory)
 
-    def restore(self) -> str | None:
+    def restore(self, before_step: int | None = None) -> str | None:
         """Restores the newest checkpoint that reads, if there are checkpoint files; returns it.
 
         A newer checkpoint that is incomplete or does not read is passed over
         with a note naming it; it is left in place (the run replaces it when
         it saves that step again).
 
+        Args:
+            before_step: restore the newest saved before this step, where one is complete,
+                and remove those saved at it or later (the chief): a loss spike's rollback,
+                whose first high step it is; None: the newest.
+
         Raises:
             ValueError: a checkpoint reads but does not match the loop's objects.
             DamagedCheckpointError: there are checkpoint files and none reads.
         """
         self.wait()
-        found = _checkpoint_files(self._chief_directory)
+        found, superseded = self._candidates(before_step)
         if self._is_chief:
             _remove_unfinished_saves(self._chief_directory)
         else:
@@ -144,7 +149,29 @@ class Checkpointer:
             and missing_files(prefix) is None
         ]
         self._open_manager(restored, kept)
+        if restored is not None and superseded and self._is_chief:
+            self._remove_superseded(superseded, before_step)
         return restored
+
+    def _remove_superseded(self, prefixes: list[str], before_step: int | None) -> None:
+        for prefix in prefixes:
+            for path in glob.glob(glob.escape(prefix) + ".*"):
+                os.remove(path)
+        self._say(
+            f"removed {', '.join(os.path.basename(prefix) for prefix in prefixes)}: saved "
+            f"at step {before_step} or later, they hold the steps gone back over"
+        )
+
+    def _candidates(self, before_step: int | None) -> tuple[list, list[str]]:
+        """The (step, prefix) to restore from, newest first, and the prefixes `before_step`
+        supersedes: none where no complete checkpoint was saved before it (then the newest)."""
+        found = _checkpoint_files(self._chief_directory)
+        if before_step is None:
+            return found, []
+        earlier = [(step, prefix) for step, prefix in found if step < before_step]
+        if not any(missing_files(prefix) is None for _, prefix in earlier):
+            return found, []
+        return earlier, [prefix for step, prefix in found if step >= before_step]
 
     def _open_manager(self, restored: str | None, kept: list[str]) -> None:
         """The manager, with a state file that lists the intact checkpoints up to `restored`.

@@ -242,11 +242,19 @@ class InnerLoops:
             LossSpikeError: under "stop", or past max_recoveries.
         """
         problem = spike.describe(str(self._trainer.definition.watched_loss))
+        # Back to a checkpoint saved before the spike's first high step: one saved during it
+        # holds updates of its batches.
         if self._trainer.step_options.on_loss_spike == "recover":
             return self.nonfinite.recover(
-                spike.step, problem, cause=recovery.LOSS_SPIKE, error=LossSpikeError
+                spike.step,
+                problem,
+                cause=recovery.LOSS_SPIKE,
+                error=LossSpikeError,
+                first_bad_step=spike.first_high_step,
             )
-        state = self.nonfinite.back_to_checkpoint(weights_finite=True)
+        state = self.nonfinite.back_to_checkpoint(
+            weights_finite=True, before_step=spike.first_high_step
+        )
         raise LossSpikeError(
             f"Step {spike.step}: {problem}. {state} Lower the learning rate, clip gradients, "
             "check the input at those steps, or pass on_loss_spike='recover' "

@@ -137,6 +137,7 @@ class NonFinitePolicy:
         *,
         cause: str = recovery.NONFINITE,
         error: type[Exception] = NonFiniteError,
+        first_bad_step: int | None = None,
     ) -> Recovery:
         """Goes back to the last checkpoint and moves the train stream past `bad_step`'s batches.
 
@@ -144,6 +145,8 @@ class NonFinitePolicy:
             problem: what was wrong at `bad_step`, as a clause for the messages.
             cause: what the recovery is recorded as (`recovery.NONFINITE`, `LOSS_SPIKE`).
             error: what is raised when it cannot recover.
+            first_bad_step: the first step of several bad ones (a spike's first high step):
+                the checkpoint gone back to is one saved before it; None: `bad_step`.
 
         Raises:
             `error`: the run has made max_recoveries recoveries already, or
@@ -157,11 +160,11 @@ class NonFinitePolicy:
                 f"Step {bad_step}: {problem}, and the run has recovered {len(entries)} "
                 f"time{'s' if len(entries) > 1 else ''} already (max_recoveries={limit}; "
                 f"at step{'s' if len(entries) > 1 else ''} {steps}), so it stops. "
-                f"{self.back_to_checkpoint()} Lower the learning rate, clip gradients, "
-                "check the input, or raise max_recoveries (--max_recoveries) to let it "
-                "recover again."
+                f"{self.back_to_checkpoint(before_step=first_bad_step)} Lower the learning "
+                "rate, clip gradients, check the input, or raise max_recoveries "
+                "(--max_recoveries) to let it recover again."
             )
-        if not self._go_back():
+        if not self._go_back(first_bad_step):
             self._weights_lost_at = self._trainer.step
             raise error(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
         restored = self._trainer.step
@@ -174,26 +177,29 @@ class NonFinitePolicy:
         self._recoveries.entries = [*entries, entry]
         return entry
 
-    def _go_back(self) -> bool:
-        """Restores the last checkpoint, the train stream resuming there; False without one."""
+    def _go_back(self, before_step: int | None = None) -> bool:
+        """Restores the last checkpoint (saved before `before_step`, where given), the train
+        stream resuming there; False without one."""
         if self._checkpoints.checkpointer is None:
             return False
         # What a checkpoint without the record (or the watch) stands for.
         self._recoveries.entries = []
         if self._spike_watch is not None:
             self._spike_watch.reset()
-        if self._checkpoints.restore() is None:
+        if self._checkpoints.restore(before_step) is None:
             return False
         self._train_input.position = -1
         return True
 
-    def back_to_checkpoint(self, *, weights_finite: bool = False) -> str:
+    def back_to_checkpoint(
+        self, *, weights_finite: bool = False, before_step: int | None = None
+    ) -> str:
         """Goes back to the last checkpoint after a bad step; says where the loop is now.
 
         Without a checkpoint, weights that may not be finite (`weights_finite`
         False) make the Trainer refuse to train on.
         """
-        if self._go_back():
+        if self._go_back(before_step):
             return (
                 f"Nothing was saved after it; the loop is back at its last checkpoint "
                 f"(step {self._trainer.step}), where a rerun also resumes."

@@ -163,11 +163,12 @@ class RunCheckpoints:
             # Holding the lock, whatever a killed writer left half-written is stale.
             reporting.remove_unfinished_writes(model_dir)
 
-    def restore(self) -> str | None:
-        """Restores the newest checkpoint; returns its path, or None when there is none."""
+    def restore(self, before_step: int | None = None) -> str | None:
+        """Restores the newest checkpoint (saved before `before_step`, where given:
+        `Checkpointer.restore`); returns its path, or None when there is none."""
         if self.checkpointer is None:
             return None
-        restored = self.checkpointer.restore()
+        restored = self.checkpointer.restore(before_step)
         if restored:
             self.on_disk = True
         return restored
