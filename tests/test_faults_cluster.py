@@ -1,6 +1,7 @@
 """Cluster fault trials (issue 31), run the way a user runs a binary.
 
-Each damaged TF_CONFIG, a missing cluster, a port taken by another program,
+Each damaged TF_CONFIG, a missing cluster, a SLURM batch script's shell taken for a
+task, each malformed SLURM or Kubernetes environment, a port taken by another program,
 a foreign program on a peer's port, a server that speaks HTTP/2 but is no
 task, and SIGTERM in the wait and inside TensorFlow's start: each run ends
 within a bound (some hung until SIGKILL before) with its sentence and exit
@@ -21,7 +22,7 @@ import time
 import pytest
 
 from conftest import ROOT, SUBPROCESS_ENV
-from loops.cluster import cluster_config, cluster_wait, launch, strategies
+from loops.cluster import cluster_config, cluster_wait, launch, strategies, templates
 from loops.vocabulary import exit_codes
 
 # Every case ended within this many seconds; the hangs it guards against were endless.
@@ -97,7 +98,7 @@ REFUSED = {
         "multi_worker_mirrored",
         None,
         "error: --strategy=multi_worker_mirrored runs one process per task of a cluster, but no "
-        "cluster was found: TF_CONFIG is unset, and neither SLURM's srun (SLURM_PROCID) nor a "
+        "cluster was found: TF_CONFIG is unset, and neither SLURM's srun (SLURM_STEP_ID) nor a "
         "Kubernetes Indexed Job (JOB_COMPLETION_INDEX) started this process. To give a cluster, "
         "start the tasks with srun, in a Kubernetes Indexed Job (loops-launch --print=slurm or "
         "--print=kubernetes writes either), with loops-launch --num_workers=N on one machine, or "
@@ -196,6 +197,121 @@ def test_a_bad_or_missing_cluster_is_refused_before_tensorflow_loads(case, model
     assert sentence in stderr
     assert ending in stderr
     assert not IMPORTS_TENSORFLOW.search(stderr)
+
+
+# An sbatch script's own shell as SLURM 22.05 gives it (job 4321 on gpu07 and gpu08, one
+# task each), and the environment srun gives task 0 of the job's step 0.
+BATCH_SHELL = {
+    "ENVIRONMENT": "BATCH",
+    "SLURM_CLUSTER_NAME": "hpc",
+    "SLURM_JOBID": "4321",
+    "SLURM_JOB_ID": "4321",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_LOCALID": "0",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "gpu[07-08]",
+    "SLURM_NPROCS": "2",
+    "SLURM_NTASKS": "2",
+    "SLURM_PROCID": "0",
+    "SLURM_SUBMIT_DIR": "/home/alice",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURMD_NODENAME": "gpu07",
+}
+SRUN_TASK_0 = dict(
+    BATCH_SHELL,
+    SLURM_STEPID="0",
+    SLURM_STEP_ID="0",
+    SLURM_STEP_LAUNCHER_PORT="42137",
+    SLURM_STEP_NODELIST="gpu[07-08]",
+    SLURM_STEP_NUM_NODES="2",
+    SLURM_STEP_NUM_TASKS="2",
+    SLURM_STEP_TASKS_PER_NODE="1(x2)",
+)
+POD_0 = {
+    "JOB_COMPLETION_INDEX": "0",
+    "HOSTNAME": "digits-0",
+    "LOOPS_CLUSTER_TASKS": "2",
+    "LOOPS_CLUSTER_SERVICE": "digits",
+    "LOOPS_CLUSTER_JOB": "digits",
+}
+FROM_SCHEDULER = {
+    "SLURM_NODEID beyond the node list": (
+        dict(SRUN_TASK_0, SLURM_NODEID="2"),
+        "error: SLURM_NODEID=2 is outside the 2 node(s) of SLURM_STEP_NODELIST='gpu[07-08]' "
+        "(numbered from 0); both must come from the same srun step: run the command under srun "
+        "(in an sbatch script: srun <command>).\n",
+    ),
+    "a node list range of 10^12 names": (
+        dict(SRUN_TASK_0, SLURM_STEP_NODELIST="gpu[1-1000000000000]"),
+        "error: SLURM's node list SLURM_STEP_NODELIST='gpu[1-1000000000000]' cannot be read: it "
+        "names 1000000000000 nodes, more than the 100000 a cluster here may have. It should "
+        "look like gpu[01-04,07],cpu3; run the task under srun, which sets it.\n",
+    ),
+    "SLURM_STEP_TASKS_PER_NODE=1(x1000000000)": (
+        dict(SRUN_TASK_0, SLURM_STEP_TASKS_PER_NODE="1(x1000000000)"),
+        "error: SLURM's tasks per node SLURM_STEP_TASKS_PER_NODE='1(x1000000000)' gives "
+        "1000000000 task(s) on 1000000000 node(s), more than the 100000 a cluster here may "
+        "have; run the task under srun, which sets it.\n",
+    ),
+    "SLURM_PROCID='²'": (
+        dict(SRUN_TASK_0, SLURM_PROCID="²"),
+        "error: SLURM_PROCID (this task's rank) is '²', not a whole number in the digits 0-9; "
+        "run the command under srun (in an sbatch script: srun <command>).\n",
+    ),
+    "a Kubernetes task count of 10^9": (
+        dict(POD_0, LOOPS_CLUSTER_TASKS="1000000000"),
+        "error: LOOPS_CLUSTER_TASKS=1000000000 (the Job's completions) is not a task count from "
+        "1 to 100000; set it in the pod's environment to the Job's completions; run the pod in "
+        "an Indexed Job (loops-launch --print=kubernetes writes one).\n",
+    ),
+    "a Kubernetes Service name with a space": (
+        dict(POD_0, LOOPS_CLUSTER_SERVICE="digits workers"),
+        "error: LOOPS_CLUSTER_SERVICE='digits workers' (the headless Service the Job's pods "
+        "name as their subdomain) is not a DNS name, so no address built from it would "
+        "resolve: each part between dots must be 1-63 lower-case letters, digits and '-', "
+        "starting and ending with a letter or digit (RFC 1123); set it to that Service's name.\n",
+    ),
+    "a Kubernetes Job name with '/' and ':'": (
+        dict(POD_0, LOOPS_CLUSTER_JOB="team/digits:7"),
+        "error: LOOPS_CLUSTER_JOB='team/digits:7' (the Indexed Job's name) is not a DNS name, "
+        "so no address built from it would resolve:",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FROM_SCHEDULER))
+def test_a_malformed_scheduler_environment_is_a_sentence_before_tensorflow_loads(case, model_dir):
+    # Each was a raw IndexError or MemoryError, or an address that could never resolve.
+    environment, sentence = FROM_SCHEDULER[case]
+    started = time.monotonic()
+    task = start_binary(model_dir, None, "multi_worker_mirrored", "-X", "importtime", **environment)
+    code, stderr, seconds = finish(task, started)
+    print(f"{case}: exit {code} after {seconds:.2f} s")
+    assert code == 1
+    assert sentence in stderr
+    assert seconds < 10
+    assert not IMPORTS_TENSORFLOW.search(stderr)
+
+
+def test_a_cluster_strategy_in_a_batch_scripts_shell_is_told_to_use_srun(model_dir):
+    # Taken for task 0, it printed "this task worker 0 at gpu07:20080" and waited 600 s.
+    started = time.monotonic()
+    code, stderr, seconds = finish(start_binary(model_dir, None, **BATCH_SHELL), started)
+    assert code == 1
+    assert seconds < 10
+    command = ["python3", "-m", "loops.bin.classifier", "--strategy=multi_worker_mirrored"]
+    command += [f"--model_dir={model_dir}", f"--data_dir={model_dir}-data", "--num_replicas=1"]
+    script = templates.slurm_script(command, 2)
+    (srun_line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert stderr.endswith(
+        "error: --strategy=multi_worker_mirrored runs one process per task of a cluster, and "
+        "this process is the shell of SLURM job 4321 (its sbatch script or salloc), not a task "
+        "of an srun step (SLURM_JOB_ID is set, SLURM_STEP_ID is not): taken for a task, it "
+        "would wait for the others for ever. Start the command with srun in the sbatch script, "
+        f"one task per node, as loops-launch --print=slurm writes it: {srun_line}\n"
+    )
 
 
 def test_an_own_port_taken_by_another_program_is_refused_before_tensorflow_loads(model_dir):

@@ -1,20 +1,18 @@
-"""The cluster a task finds from its scheduler's environment: SLURM's srun, a Kubernetes
-Indexed Job, TF_CONFIG, in that order of trust; every inconsistency a sentence."""
+"""The cluster a task finds from its scheduler's environment: TF_CONFIG, an srun step, a
+Kubernetes Indexed Job, in that order of trust; every inconsistency and every malformed
+value a sentence, found in bounded time and memory."""
 
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from loops.cluster import cluster_config, scheduler_cluster
-from loops.cluster.scheduler_cluster import (
-    adopt_cluster,
-    expand_hostlist,
-    expand_tasks_per_node,
-    find_cluster,
-)
+from loops.cluster import cluster_config, scheduler_cluster, templates
+from loops.cluster.scheduler_cluster import expand_hostlist, expand_tasks_per_node
+from loops.cluster.task_cluster import adopt_cluster, find_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,7 +41,23 @@ def test_slurm_host_lists_expand_in_order_with_their_padding(text, hosts):
         ("gpu[[1]]", "its brackets do not pair up"),
         ("gpu[4-1]", "the range '4-1' runs backwards"),
         ("gpu[a-b]", "[a-b] holds 'a-b', not N or N-M"),
-        ("gpu1,,gpu2", "'' is not a host name or name[range]"),
+        ("gpu[¹-³]", "[¹-³] holds '¹-³', not N or N-M"),
+        (
+            "gpu1,,gpu2",
+            "'' is not a host name or name[range] (of letters, digits, '.', '-' and '_')",
+        ),
+        (
+            "gpu 07",
+            "'gpu 07' is not a host name or name[range] (of letters, digits, '.', '-' and '_')",
+        ),
+        (
+            "n[0-999999999999]",
+            "it names 1000000000000 nodes, more than the 100000 a cluster here may have",
+        ),
+        (
+            "a[0-9999]b[0-99]",
+            "it names 1000000 nodes, more than the 100000 a cluster here may have",
+        ),
     ],
 )
 def test_a_bad_host_list_is_named(text, why):
@@ -55,33 +69,121 @@ def test_a_bad_host_list_is_named(text, why):
     )
 
 
+def test_a_host_list_of_ten_million_names_is_refused_at_once_in_a_short_line():
+    text = "gpu01," * 10_000_000
+    started = time.monotonic()
+    with pytest.raises(ValueError) as raised:
+        expand_hostlist(text, "SLURM_JOB_NODELIST")
+    assert time.monotonic() - started < 1
+    assert str(raised.value) == (
+        f"SLURM's node list SLURM_JOB_NODELIST={text[:200]!r}... (60000000 characters) cannot "
+        "be read: it is 60000000 characters long. It should look like gpu[01-04,07],cpu3; run "
+        "the task under srun, which sets it."
+    )
+
+
 def test_tasks_per_node_expand_and_a_bad_one_is_named():
     assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     assert expand_tasks_per_node("4") == [4]
     with pytest.raises(ValueError, match=r"'2x3' is not N or N\(xM\) \(like 2\(x3\),1\)"):
         expand_tasks_per_node("2x3")
+    with pytest.raises(ValueError, match=r"'²' is not N or N\(xM\)"):
+        expand_tasks_per_node("²")
+    started = time.monotonic()
+    with pytest.raises(ValueError) as raised:
+        expand_tasks_per_node("1(x1000000000)", "SLURM_TASKS_PER_NODE")
+    assert time.monotonic() - started < 1
+    assert str(raised.value) == (
+        "SLURM's tasks per node SLURM_TASKS_PER_NODE='1(x1000000000)' gives 1000000000 task(s) "
+        "on 1000000000 node(s), more than the 100000 a cluster here may have; run the task "
+        "under srun, which sets it."
+    )
+
+
+# SLURM 22.05's variables, as `sbatch --nodes=3 --ntasks=5` gives them (the job of the
+# tests: gpu01 and gpu02 with two tasks each, cpu3 with one). An sbatch script's own
+# shell runs on the first node as task 0 of the batch step; it has the job's node
+# list and task layout but none of the SLURM_STEP_* variables srun gives its tasks.
+
+
+def batch_shell(job="4321", nodes="gpu[01-02],cpu3", per_node="2(x2),1", tasks=5, **more):
+    """The environment of an sbatch script's own shell (outside any srun)."""
+    hosts = expand_hostlist(nodes)
+    environ = {
+        "ENVIRONMENT": "BATCH",
+        "SLURM_CLUSTER_NAME": "hpc",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "SLURM_CPUS_ON_NODE": "8",
+        "SLURM_GTIDS": "0",
+        "SLURM_JOBID": job,
+        "SLURM_JOB_ACCOUNT": "vision",
+        "SLURM_JOB_CPUS_PER_NODE": "8(x3)",
+        "SLURM_JOB_GID": "1000",
+        "SLURM_JOB_ID": job,
+        "SLURM_JOB_NAME": "digits",
+        "SLURM_JOB_NODELIST": nodes,
+        "SLURM_JOB_NUM_NODES": str(len(hosts)),
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_JOB_QOS": "normal",
+        "SLURM_JOB_UID": "1000",
+        "SLURM_JOB_USER": "alice",
+        "SLURM_LOCALID": "0",
+        "SLURM_NNODES": str(len(hosts)),
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": nodes,
+        "SLURM_NODE_ALIASES": "(null)",
+        "SLURM_NPROCS": str(tasks),
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_OPEN_MODE": "a",
+        "SLURM_PRIO_PROCESS": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_SUBMIT_DIR": "/home/alice/digits",
+        "SLURM_SUBMIT_HOST": "login1",
+        "SLURM_TASKS_PER_NODE": per_node,
+        "SLURM_TASK_PID": "48213",
+        "SLURM_TOPOLOGY_ADDR": hosts[0],
+        "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
+        "SLURM_WORKING_CLUSTER": "hpc:10.1.0.1:6817:9728:109",
+        "SLURMD_NODENAME": hosts[0],
+    }
+    environ.update(more)
+    return environ
 
 
 def srun(rank, nodes="gpu[01-02],cpu3", per_node="2(x2),1", tasks=5, job="4321", **more):
-    """The environment srun gives task `rank` of a step (block placement)."""
+    """The environment srun gives task `rank` of step 0 (block placement) in that job."""
+    hosts = expand_hostlist(nodes)
     placed = [
         (host, local)
-        for host, count in zip(expand_hostlist(nodes), expand_tasks_per_node(per_node))
+        for host, count in zip(hosts, expand_tasks_per_node(per_node))
         for local in range(count)
     ]
     host, local = placed[rank]
-    environ = {
-        "SLURM_JOB_ID": job,
-        "SLURM_PROCID": str(rank),
-        "SLURM_STEP_NUM_TASKS": str(tasks),
-        "SLURM_NTASKS": str(tasks),
-        "SLURM_STEP_NODELIST": nodes,
-        "SLURM_JOB_NODELIST": nodes,
-        "SLURM_STEP_TASKS_PER_NODE": per_node,
-        "SLURM_NODEID": str(expand_hostlist(nodes).index(host)),
-        "SLURM_LOCALID": str(local),
-        "SLURMD_NODENAME": host,
-    }
+    environ = batch_shell(job, nodes, per_node, tasks)
+    environ.update(
+        {
+            "SLURM_CPU_BIND": "quiet,mask_cpu:0x000000FF",
+            "SLURM_DISTRIBUTION": "block",
+            "SLURM_GTIDS": str(rank),
+            "SLURM_LAUNCH_NODE_IPADDR": "10.1.0.11",
+            "SLURM_LOCALID": str(local),
+            "SLURM_NODEID": str(hosts.index(host)),
+            "SLURM_PROCID": str(rank),
+            "SLURM_SRUN_COMM_HOST": "10.1.0.11",
+            "SLURM_SRUN_COMM_PORT": "42137",
+            "SLURM_STEPID": "0",
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_LAUNCHER_PORT": "42137",
+            "SLURM_STEP_NODELIST": nodes,
+            "SLURM_STEP_NUM_NODES": str(len(hosts)),
+            "SLURM_STEP_NUM_TASKS": str(tasks),
+            "SLURM_STEP_TASKS_PER_NODE": per_node,
+            "SLURM_TASK_PID": str(51000 + rank),
+            "SLURM_TOPOLOGY_ADDR": host,
+            "SLURM_UMASK": "0022",
+            "SLURMD_NODENAME": host,
+        }
+    )
     environ.update(more)
     return environ
 
@@ -148,7 +250,7 @@ SLURM_INCONSISTENT = {
     ),
     "a task on another node than its rank's": (
         dict(SLURMD_NODENAME="cpu3"),
-        "SLURM runs task 1 on cpu3, but placing tasks block by block over the node list puts "
+        "SLURM runs task 1 on 'cpu3', but placing tasks block by block over the node list puts "
         "it on gpu01 as task 1 of that node, which the other tasks will look for; start the "
         "step with srun --distribution=block.",
     ),
@@ -166,8 +268,42 @@ SLURM_INCONSISTENT = {
     ),
     "no rank": (
         dict(SLURM_PROCID="x"),
-        "SLURM_PROCID (this task's rank) is 'x', not a whole number; run the command under "
-        "srun (in an sbatch script: srun <command>).",
+        "SLURM_PROCID (this task's rank) is 'x', not a whole number in the digits 0-9; run the "
+        "command under srun (in an sbatch script: srun <command>).",
+    ),
+    "a rank in a digit int() refuses": (
+        dict(SLURM_PROCID="²"),
+        "SLURM_PROCID (this task's rank) is '²', not a whole number in the digits 0-9; run the "
+        "command under srun (in an sbatch script: srun <command>).",
+    ),
+    "a rank in another script's digits": (
+        dict(SLURM_PROCID="١"),
+        "SLURM_PROCID (this task's rank) is '١', not a whole number in the digits 0-9;",
+    ),
+    "a node number beyond the node list": (
+        dict(SLURM_NODEID="3"),
+        "SLURM_NODEID=3 is outside the 3 node(s) of SLURM_STEP_NODELIST='gpu[01-02],cpu3' "
+        "(numbered from 0); both must come from the same srun step: run the command under srun "
+        "(in an sbatch script: srun <command>).",
+    ),
+    "a node number that is no number": (
+        dict(SLURM_NODEID="-1"),
+        "SLURM_NODEID (this task's node) is '-1', not a whole number in the digits 0-9;",
+    ),
+    "a task count past any cluster": (
+        dict(SLURM_STEP_NUM_TASKS="1000000000"),
+        "SLURM_STEP_NUM_TASKS=1000000000 (the step's task count) is not a task count from 1 to "
+        "100000; run the command under srun (in an sbatch script: srun <command>).",
+    ),
+    "a node list range of 10^12 names": (
+        dict(SLURM_STEP_NODELIST="gpu[000000000001-999999999999]"),
+        "SLURM's node list SLURM_STEP_NODELIST='gpu[000000000001-999999999999]' cannot be read: "
+        "it names 999999999999 nodes, more than the 100000 a cluster here may have.",
+    ),
+    "tasks per node of 10^9 nodes": (
+        dict(SLURM_STEP_TASKS_PER_NODE="1(x1000000000)"),
+        "SLURM's tasks per node SLURM_STEP_TASKS_PER_NODE='1(x1000000000)' gives 1000000000 "
+        "task(s) on 1000000000 node(s), more than the 100000 a cluster here may have;",
     ),
     "uneven tasks without tasks per node": (
         dict(SLURM_STEP_TASKS_PER_NODE="", SLURM_TASKS_PER_NODE=""),
@@ -179,12 +315,28 @@ SLURM_INCONSISTENT = {
 
 
 @pytest.mark.parametrize("case", list(SLURM_INCONSISTENT))
-def test_each_inconsistent_srun_environment_is_a_sentence(case):
+def test_each_inconsistent_or_malformed_srun_environment_is_a_sentence_at_once(case):
     changes, sentence = SLURM_INCONSISTENT[case]
     port = 65535 if case == "ports past 65535" else None
+    started = time.monotonic()
     with pytest.raises(ValueError) as raised:
         find_cluster("multi_worker_mirrored", "auto", port=port, environ=srun(1, **changes))
+    assert time.monotonic() - started < 1
     assert str(raised.value).startswith(sentence)
+
+
+def test_the_steps_variables_are_taken_over_the_jobs():
+    # `srun --nodes=2 --ntasks=2` in a job of 4 nodes: the job's variables still say 4.
+    environ = srun(1, nodes="gpu[01-02]", per_node="1(x2)", tasks=2, job="77")
+    environ.update(
+        SLURM_JOB_NODELIST="gpu[01-04]",
+        SLURM_NODELIST="gpu[01-04]",
+        SLURM_NTASKS="4",
+        SLURM_TASKS_PER_NODE="1(x4)",
+    )
+    found = find_cluster("multi_worker_mirrored", port=2222, environ=environ)
+    assert found.line() == "cluster: slurm, 2 workers, this task worker 1 at gpu02:2222"
+    assert found.cluster == {"worker": ["gpu01:2222", "gpu02:2222"]}
 
 
 def indexed_job(index, tasks=3, hostname=None, **more):
@@ -227,9 +379,42 @@ KUBERNETES_INCONSISTENT = {
     ),
     "no task count": (
         {k: v for k, v in indexed_job(0).items() if k != "LOOPS_CLUSTER_TASKS"},
-        "LOOPS_CLUSTER_TASKS (the Job's completions) is unset, not a whole number; set it in "
-        "the pod's environment to the Job's completions; run the pod in an Indexed Job "
-        "(loops-launch --print=kubernetes writes one).",
+        "LOOPS_CLUSTER_TASKS (the Job's completions) is unset, not a whole number in the digits "
+        "0-9; set it in the pod's environment to the Job's completions; run the pod in an "
+        "Indexed Job (loops-launch --print=kubernetes writes one).",
+    ),
+    "a task count of 10^9": (
+        indexed_job(0, tasks=1_000_000_000),
+        "LOOPS_CLUSTER_TASKS=1000000000 (the Job's completions) is not a task count from 1 to "
+        "100000; set it in the pod's environment to the Job's completions; run the pod in an "
+        "Indexed Job (loops-launch --print=kubernetes writes one).",
+    ),
+    "an index in a digit int() refuses": (
+        indexed_job(0, JOB_COMPLETION_INDEX="²"),
+        "JOB_COMPLETION_INDEX (this pod's index in its Job) is '²', not a whole number in the "
+        "digits 0-9;",
+    ),
+    "a Service name with a space": (
+        indexed_job(0, LOOPS_CLUSTER_SERVICE="train workers"),
+        "LOOPS_CLUSTER_SERVICE='train workers' (the headless Service the Job's pods name as "
+        "their subdomain) is not a DNS name, so no address built from it would resolve: each "
+        "part between dots must be 1-63 lower-case letters, digits and '-', starting and ending "
+        "with a letter or digit (RFC 1123); set it to that Service's name.",
+    ),
+    "a Job name with '/' and ':'": (
+        indexed_job(0, LOOPS_CLUSTER_JOB="team/run:7"),
+        "LOOPS_CLUSTER_JOB='team/run:7' (the Indexed Job's name) is not a DNS name, so no "
+        "address built from it would resolve: each part between dots must be",
+    ),
+    "a Job name whose pods' names are too long": (
+        indexed_job(0, tasks=12, LOOPS_CLUSTER_JOB="r" * 61),
+        f"The Job's pods are named {'r' * 61}-0 to {'r' * 61}-11, and '{'r' * 61}-11' is not a "
+        "DNS label (1-63 lower-case letters, digits and '-', RFC 1123), so its address would "
+        "not resolve; give the Job a shorter name of such characters (LOOPS_CLUSTER_JOB).",
+    ),
+    "a host name in capitals": (
+        indexed_job(1, hostname="Train-1"),
+        "The Job's pods are named Train-0 to Train-2, and 'Train-2' is not a DNS label",
     ),
     "no service": (
         indexed_job(0, LOOPS_CLUSTER_SERVICE=""),
@@ -245,11 +430,21 @@ KUBERNETES_INCONSISTENT = {
 
 
 @pytest.mark.parametrize("case", list(KUBERNETES_INCONSISTENT))
-def test_each_inconsistent_kubernetes_environment_is_a_sentence(case):
+def test_each_inconsistent_or_malformed_kubernetes_environment_is_a_sentence_at_once(case):
     environ, sentence = KUBERNETES_INCONSISTENT[case]
+    started = time.monotonic()
     with pytest.raises(ValueError) as raised:
         find_cluster("multi_worker_mirrored", "auto", environ=environ)
+    assert time.monotonic() - started < 1
     assert str(raised.value).startswith(sentence)
+
+
+def test_a_service_may_be_named_with_its_namespace():
+    environ = indexed_job(1, tasks=2, LOOPS_CLUSTER_SERVICE="train-workers.vision")
+    found = find_cluster("multi_worker_mirrored", environ=environ)
+    assert found.cluster == {
+        "worker": ["train-0.train-workers.vision:2222", "train-1.train-workers.vision:2222"]
+    }
 
 
 def test_auto_trusts_tf_config_then_slurm_then_kubernetes():
@@ -270,20 +465,61 @@ def test_auto_trusts_tf_config_then_slurm_then_kubernetes():
     assert found.found_by == "kubernetes"
 
 
-def test_no_cluster_names_what_was_looked_for_and_a_batch_script_without_srun_is_told():
+def test_no_cluster_names_what_was_looked_for():
     with pytest.raises(ValueError) as raised:
         find_cluster("multi_worker_mirrored", environ={})
     assert str(raised.value).startswith(
         "--strategy=multi_worker_mirrored runs one process per task of a cluster, but no "
-        "cluster was found: TF_CONFIG is unset, and neither SLURM's srun (SLURM_PROCID) nor a "
+        "cluster was found: TF_CONFIG is unset, and neither SLURM's srun (SLURM_STEP_ID) nor a "
         "Kubernetes Indexed Job (JOB_COMPLETION_INDEX) started this process. To give a cluster"
     )
+
+
+def srun_line(command):
+    """The srun line of the sbatch script loops-launch --print=slurm writes for `command`."""
+    script = templates.slurm_script(command, 2)
+    (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    return line
+
+
+COMMAND = ["loops-classifier", "--strategy=multi_worker_mirrored", "--model_dir=/shared/my run"]
+
+
+@pytest.mark.parametrize("source", ["auto", "slurm"])
+def test_a_cluster_strategy_in_a_batch_scripts_shell_is_told_the_srun_line(source):
+    # SLURM sets SLURM_PROCID=0 and SLURM_NTASKS=5 in the batch shell too: taken for
+    # task 0, it printed "this task worker 0" and waited 600 s for tasks that never came.
     with pytest.raises(ValueError) as raised:
-        find_cluster("multi_worker_mirrored", environ={"SLURM_JOB_ID": "88"})
-    assert (
-        "This process runs inside SLURM job 88 but was not started by srun (SLURM_PROCID is "
-        "unset): in an sbatch script, run it as srun <command>." in str(raised.value)
+        find_cluster("multi_worker_mirrored", source, environ=batch_shell(), command=COMMAND)
+    line = srun_line(COMMAND)
+    assert line.endswith(
+        " loops-classifier --strategy=multi_worker_mirrored '--model_dir=/shared/my run'"
     )
+    assert str(raised.value) == (
+        "--strategy=multi_worker_mirrored runs one process per task of a cluster, and this "
+        "process is the shell of SLURM job 4321 (its sbatch script or salloc), not a task of "
+        "an srun step (SLURM_JOB_ID is set, SLURM_STEP_ID is not): taken for a task, it would "
+        "wait for the others for ever. Start the command with srun in the sbatch script, one "
+        f"task per node, as loops-launch --print=slurm writes it: {line}"
+    )
+    with pytest.raises(ValueError) as raised:
+        find_cluster("parameter_server", "slurm", num_ps=1, environ={}, command=COMMAND)
+    assert str(raised.value).startswith(
+        "--strategy=parameter_server runs one process per task of a cluster, and SLURM did not "
+        "start this process (SLURM_JOB_ID and SLURM_STEP_ID are unset). Start the command with "
+        "srun"
+    )
+    # TF_CONFIG given by hand in the batch shell is the user's cluster: it is taken.
+    tf_config = json.dumps(
+        {"cluster": {"worker": ["h1:1"]}, "task": {"type": "worker", "index": 0}}
+    )
+    found = find_cluster("multi_worker_mirrored", environ=batch_shell(TF_CONFIG=tf_config))
+    assert found.line() == "cluster: TF_CONFIG, 1 worker, this task worker 0 at h1:1"
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "one_device", "default"])
+def test_a_one_process_strategy_in_a_batch_scripts_shell_just_runs(strategy):
+    assert find_cluster(strategy, environ=batch_shell()) is None
 
 
 def test_a_one_process_strategy_started_as_several_tasks_is_refused():
@@ -330,6 +566,29 @@ def test_only_a_kubernetes_cluster_may_name_peers_that_do_not_resolve_yet(monkey
         cluster_config.check_cluster("multi_worker_mirrored")
 
 
+def test_a_slurm_node_name_that_does_not_resolve_is_named_as_slurms_node(monkeypatch):
+    # SLURM itself needs only NodeAddr; the tasks reach each other by node name.
+    environ = srun(0, nodes="localhost,gpu07.invalid", per_node="1(x2)", tasks=2)
+    adopt_cluster("multi_worker_mirrored", port=40004, environ=environ)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as raised:
+        cluster_config.check_cluster("multi_worker_mirrored")
+    sentence = str(raised.value)
+    assert sentence.startswith(
+        "SLURM's node list names the node 'gpu07.invalid' for worker_1 (gpu07.invalid:40004), "
+        "and that name does not resolve on this node ("
+    )
+    assert sentence.endswith(
+        "): the tasks reach each other by node name, while SLURM itself needs only each node's "
+        "NodeAddr. Make every node name resolve on every node (DNS or /etc/hosts), or set "
+        'TF_CONFIG yourself on every task with addresses that do (like {"cluster": {"worker": '
+        '["host:port", ...]}, "task": {"type": "worker", "index": 0}}); it is read before '
+        "SLURM's variables."
+    )
+    assert "TF_CONFIG gives" not in sentence
+
+
 def test_a_binary_started_by_srun_as_several_one_process_tasks_stops_before_tensorflow():
     environment = dict(os.environ, **srun(0, nodes="n1", per_node="2", tasks=2))
     environment.pop("TF_CONFIG", None)
@@ -359,16 +618,19 @@ import os, subprocess, sys
 sys.path.insert(0, {root!r})
 from loops.cluster.scheduler_cluster import expand_hostlist
 args = sys.argv[1:]
-assert args[0] == "--distribution=block", args
-command = args[1:]
+options = []
+while args[0].startswith("--"):
+    options.append(args.pop(0))
+assert "--distribution=block" in options, options
 nodes = expand_hostlist(os.environ["FAKE_NODES"])
 codes = []
 for rank, node in enumerate(nodes):
-    env = dict(os.environ, SLURM_JOB_ID="9", SLURM_PROCID=str(rank),
-               SLURM_STEP_NUM_TASKS=str(len(nodes)), SLURM_STEP_NODELIST=os.environ["FAKE_NODES"],
+    env = dict(os.environ, SLURM_STEP_ID="0", SLURM_STEPID="0", SLURM_PROCID=str(rank),
+               SLURM_STEP_NUM_TASKS=str(len(nodes)), SLURM_STEP_NUM_NODES=str(len(nodes)),
+               SLURM_STEP_NODELIST=os.environ["FAKE_NODES"],
                SLURM_STEP_TASKS_PER_NODE="1(x%d)" % len(nodes), SLURM_NODEID=str(rank),
-               SLURM_LOCALID="0", SLURMD_NODENAME=node)
-    codes.append(subprocess.run(command, env=env).returncode)
+               SLURM_LOCALID="0", SLURMD_NODENAME=node, SLURM_GTIDS=str(rank))
+    codes.append(subprocess.run(args, env=env).returncode)
 sys.exit(int(os.environ.get("FAKE_EXIT") or max(codes)))
 """
 FAKE_SCONTROL = """#!/bin/sh
@@ -398,13 +660,15 @@ def run_script(script, tmp_path, nodes, fake_exit=""):
         for name, value in os.environ.items()
         if not name.startswith(("SLURM", "TF_CONFIG", "JOB_COMPLETION", "LOOPS_CLUSTER"))
     }
+    # The script runs in the batch shell of job 9, one task per node.
+    count = len(expand_hostlist(nodes))
+    environment.update(batch_shell("9", nodes, f"1(x{count})", count))
     environment.update(
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         PYTHONPATH=ROOT,
         FAKE_NODES=nodes,
         FAKE_EXIT=fake_exit,
         FAKE_LOG=str(log),
-        SLURM_JOB_ID="9",
     )
     finished = subprocess.run(
         ["bash", "-c", script], env=environment, capture_output=True, text=True, timeout=60
@@ -422,7 +686,7 @@ def test_the_slurm_template_gives_each_task_its_place_and_requeues_a_preempted_j
         "--num_ps=1",
         "--job_name=digits",
         "--",
-        "loops.cluster.scheduler_cluster",
+        "loops.cluster.task_cluster",
         "--strategy=parameter_server",
         "--model_dir=/shared/run",
     )
@@ -436,9 +700,11 @@ def test_the_slurm_template_gives_each_task_its_place_and_requeues_a_preempted_j
         "--open-mode=append",
         "--output=digits-%j.out",
     ]
-    assert (
-        "srun --distribution=block python3 -m loops.cluster.scheduler_cluster "
-        "--strategy=parameter_server --model_dir=/shared/run --cluster_num_ps=1\n" in script
+    (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert " --distribution=block " in line
+    assert line.endswith(
+        " python3 -m loops.cluster.task_cluster --strategy=parameter_server "
+        "--model_dir=/shared/run --cluster_num_ps=1"
     )
     # Each of the 4 tasks finds the same cluster and its own place in it.
     finished, requeued = run_script(script, tmp_path, "gpu[01-04]")

@@ -655,10 +655,10 @@ def check_cluster() -> None:
 
     Runs before TensorFlow loads: a task refused for its cluster never starts it.
     """
-    from loops.cluster import scheduler_cluster
+    from loops.cluster import task_cluster
 
     try:
-        found = scheduler_cluster.adopt_cluster(
+        found = task_cluster.adopt_cluster(
             strategy_name(),
             flags.FLAGS.cluster,
             port=flags.FLAGS.cluster_port,

@@ -48,11 +48,23 @@ def host_and_port(task: str, address: Any, *, resolve: bool = True) -> tuple[str
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
+        if scheduler_cluster.found_by() == "slurm":
+            raise ValueError(_slurm_node_unresolved(task, host, address, error)) from error
         raise ValueError(
             f"TF_CONFIG gives {task} the host {host!r} (in {address!r}), which does not "
             f"resolve ({error.strerror}); fix its spelling or give its IP address."
         ) from error
     return host, port
+
+
+def _slurm_node_unresolved(task: str, host: str, address: str, error: socket.gaierror) -> str:
+    return (
+        f"SLURM's node list names the node {host!r} for {task} ({address}), and that name does "
+        f"not resolve on this node ({error.strerror}): the tasks reach each other by node "
+        "name, while SLURM itself needs only each node's NodeAddr. Make every node name "
+        "resolve on every node (DNS or /etc/hosts), or set TF_CONFIG yourself on every task "
+        f"with addresses that do (like {_SHAPE}); it is read before SLURM's variables."
+    )
 
 
 def read_tf_config() -> dict[str, Any]:

@@ -1,5 +1,8 @@
-"""Finds a cluster task's place from its scheduler (TF_CONFIG, SLURM's srun, a Kubernetes
-Indexed Job) and writes it as the TF_CONFIG TensorFlow reads, without TensorFlow.
+"""Reads a cluster task's place from what its scheduler gives it (TF_CONFIG, an srun step,
+a Kubernetes Indexed Job) without TensorFlow; `task_cluster` picks the one that applies.
+
+Every value is checked, and counted before anything of its size is built: a
+malformed environment is a sentence naming the variable, never a traceback.
 
 TensorFlow's own SlurmClusterResolver and KubernetesClusterResolver are not
 used (BUILD.md, "Clusters from a scheduler"): the first expands node lists by
@@ -11,14 +14,25 @@ refused for its environment should never start.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
+import math
 import os
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 
-from loops.vocabulary.choices import CLUSTER_SOURCES, CLUSTER_STRATEGIES
+from loops.cluster.environment_values import (
+    MOST_DIGITS,
+    MOST_TASKS,
+    check_dns_name,
+    is_dns_label,
+    is_whole_number,
+    shown,
+    task_count,
+    whole_number,
+)
 
 # Set beside TF_CONFIG once this process has found its cluster: what found it.
 FOUND_BY_VARIABLE = "LOOPS_CLUSTER_FOUND_BY"
@@ -34,14 +48,19 @@ DEFAULT_KUBERNETES_PORT = 2222
 # place on its node). The base follows the job id, so that two jobs sharing a
 # node rarely pick the same ports: 1000 slots of this many ports from 20000.
 SLURM_PORT_FIRST, SLURM_PORTS_PER_JOB, SLURM_PORT_SLOTS = 20000, 40, 1000
-_HOSTLIST_ITEM = re.compile(r"[^\[\],]+|\[[^\[\]]*\]")
-_TASKS_PER_NODE_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
-_HOW_TO_GIVE = (
-    "start the tasks with srun, in a Kubernetes Indexed Job (loops-launch --print=slurm or "
-    "--print=kubernetes writes either), with loops-launch --num_workers=N on one machine, or "
-    'set TF_CONFIG on every task (like {"cluster": {"worker": ["host:port", ...]}, "task": '
-    '{"type": "worker", "index": 0}})'
-)
+# A host list item's parts: plain text of a host name, or a bracket group.
+_HOSTLIST_ITEM = re.compile(r"[A-Za-z0-9._-]+|\[[^\[\]]*\]")
+_NUMBER = f"([0-9]{{1,{MOST_DIGITS}}})"
+_TASKS_PER_NODE_ITEM = re.compile(rf"{_NUMBER}(?:\(x{_NUMBER}\))?")
+# The longest node list or tasks per node read: MOST_TASKS names of 10 characters.
+_MOST_LIST_CHARACTERS = MOST_TASKS * 10
+# A bracket group, unexpanded: (first, last, digits to pad to) per piece.
+_Ranges = list[tuple[int, int, int]]
+# srun sets these for the tasks of a job step, and only for them.
+SLURM_STEP_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS")
+# Where a step's nodes are listed: the step's own list first, then the job's.
+_NODE_LIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+_SRUN_FIX = "run the command under srun (in an sbatch script: srun <command>)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,77 +91,127 @@ class FoundCluster:
         return f"cluster: {found_by}, {counts}, this task {this_task} at {place}"
 
 
-def expand_hostlist(text: str) -> list[str]:
+def expand_hostlist(text: str, variable: str | None = None) -> list[str]:
     """SLURM's compressed host list as host names: `gpu[01-03,07],cpu3` -> gpu01 ... cpu3.
 
     A name may hold several bracket groups (`r[1-2]n[1-2]`: r1n1, r1n2, r2n1,
-    r2n2); a range keeps the zero padding of its first number.
+    r2n2); a range keeps the zero padding of its first number. The names are
+    counted before any is built: a list of more than MOST_TASKS is refused.
+    `variable`: the variable `text` comes from, for the sentences.
 
     Raises:
-        ValueError: unbalanced brackets, an empty item or a range that runs backwards.
+        ValueError: unbalanced brackets, an empty item or one with characters no
+            host name has, a range that runs backwards, too many names.
     """
-    names: list[str] = []
-    for item in _split_top_level(text):
+    if len(text) > _MOST_LIST_CHARACTERS:
+        raise ValueError(_bad_hostlist(text, variable, f"it is {len(text)} characters long"))
+    parts_of_items: list[list[str | _Ranges]] = []
+    for item in _split_top_level(text, variable):
         parts = _HOSTLIST_ITEM.findall(item)
         if not item or "".join(parts) != item:
-            raise ValueError(_bad_hostlist(text, f"{item!r} is not a host name or name[range]"))
-        choices = [
-            _expand_brackets(text, part[1:-1]) if part.startswith("[") else [part] for part in parts
-        ]
-        names.extend("".join(pieces) for pieces in itertools.product(*choices))
-    return names
+            why = (
+                f"{shown(item)} is not a host name or name[range] (of letters, digits, '.', "
+                "'-' and '_')"
+            )
+            raise ValueError(_bad_hostlist(text, variable, why))
+        parts_of_items.append(
+            [
+                _bracket_numbers(text, variable, part[1:-1]) if part.startswith("[") else part
+                for part in parts
+            ]
+        )
+    count = sum(math.prod(map(_choices, parts)) for parts in parts_of_items)
+    if count > MOST_TASKS:
+        why = f"it names {count} nodes, more than the {MOST_TASKS} a cluster here may have"
+        raise ValueError(_bad_hostlist(text, variable, why))
+    return [
+        "".join(pieces)
+        for parts in parts_of_items
+        for pieces in itertools.product(*map(_expanded, parts))
+    ]
 
 
-def _split_top_level(text: str) -> list[str]:
+def _split_top_level(text: str, variable: str | None) -> list[str]:
     items, depth, start = [], 0, 0
     for position, character in enumerate(text):
         depth += {"[": 1, "]": -1}.get(character, 0)
         if depth not in (0, 1):
-            raise ValueError(_bad_hostlist(text, "its brackets do not pair up"))
+            raise ValueError(_bad_hostlist(text, variable, "its brackets do not pair up"))
         if character == "," and depth == 0:
             items.append(text[start:position])
             start = position + 1
     if depth:
-        raise ValueError(_bad_hostlist(text, "its brackets do not pair up"))
+        raise ValueError(_bad_hostlist(text, variable, "its brackets do not pair up"))
     return [*items, text[start:]]
 
 
-def _expand_brackets(text: str, inside: str) -> list[str]:
-    values: list[str] = []
+def _bracket_numbers(text: str, variable: str | None, inside: str) -> _Ranges:
+    ranges = []
     for piece in inside.split(","):
         first, dash, last = piece.partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
-            raise ValueError(_bad_hostlist(text, f"[{inside}] holds {piece!r}, not N or N-M"))
+        if not is_whole_number(first) or (dash and not is_whole_number(last)):
+            why = f"[{shown(inside)[1:-1]}] holds {shown(piece)}, not N or N-M"
+            raise ValueError(_bad_hostlist(text, variable, why))
         if dash and int(last) < int(first):
-            raise ValueError(_bad_hostlist(text, f"the range {piece!r} runs backwards"))
-        stop = int(last) if dash else int(first)
-        values.extend(str(number).zfill(len(first)) for number in range(int(first), stop + 1))
-    return values
+            raise ValueError(_bad_hostlist(text, variable, f"the range {piece!r} runs backwards"))
+        ranges.append((int(first), int(last) if dash else int(first), len(first)))
+    return ranges
 
 
-def _bad_hostlist(text: str, why: str) -> str:
+def _choices(part: str | _Ranges) -> int:
+    """How many names one part of a host name gives: 1 for plain text."""
+    return 1 if isinstance(part, str) else sum(last - first + 1 for first, last, _ in part)
+
+
+def _expanded(part: str | _Ranges) -> list[str]:
+    if isinstance(part, str):
+        return [part]
+    return [
+        str(number).zfill(width) for first, last, width in part for number in range(first, last + 1)
+    ]
+
+
+def _bad_hostlist(text: str, variable: str | None, why: str) -> str:
+    named = f"{variable}={shown(text)}" if variable else shown(text)
     return (
-        f"SLURM's node list {text!r} cannot be read: {why}. It should look like "
+        f"SLURM's node list {named} cannot be read: {why}. It should look like "
         "gpu[01-04,07],cpu3; run the task under srun, which sets it."
     )
 
 
-def expand_tasks_per_node(text: str) -> list[int]:
+def expand_tasks_per_node(text: str, variable: str | None = None) -> list[int]:
     """SLURM's tasks per node, one count per node: `2(x3),1` -> [2, 2, 2, 1].
 
+    The nodes and tasks are counted before the list is built: more than
+    MOST_TASKS of either is refused. `variable`: where `text` comes from.
+
     Raises:
-        ValueError: an item that is not N or N(xM).
+        ValueError: an item that is not N or N(xM), too many nodes or tasks.
     """
-    counts: list[int] = []
+    named = f"{variable}={shown(text)}" if variable else shown(text)
+    fix = "run the task under srun, which sets it"
+    if len(text) > _MOST_LIST_CHARACTERS:
+        raise ValueError(
+            f"SLURM's tasks per node {named} cannot be read: it is {len(text)} characters "
+            f"long; {fix}."
+        )
+    counts: list[tuple[int, int]] = []
     for item in text.split(","):
-        match = _TASKS_PER_NODE_ITEM.fullmatch(item.strip())
+        match = _TASKS_PER_NODE_ITEM.fullmatch(item)
         if match is None:
             raise ValueError(
-                f"SLURM's tasks per node {text!r} cannot be read: {item!r} is not N or N(xM) "
-                "(like 2(x3),1); run the task under srun, which sets it."
+                f"SLURM's tasks per node {named} cannot be read: {shown(item)} is not N or "
+                f"N(xM) (like 2(x3),1); {fix}."
             )
-        counts.extend([int(match[1])] * int(match[2] or 1))
-    return counts
+        counts.append((int(match[1]), int(match[2] or 1)))
+    nodes = sum(repeats for _, repeats in counts)
+    tasks = sum(tasks * repeats for tasks, repeats in counts)
+    if max(nodes, tasks) > MOST_TASKS:
+        raise ValueError(
+            f"SLURM's tasks per node {named} gives {tasks} task(s) on {nodes} node(s), more "
+            f"than the {MOST_TASKS} a cluster here may have; {fix}."
+        )
+    return [tasks for tasks, repeats in counts for _ in range(repeats)]
 
 
 def roles(strategy: str, count: int, num_ps: int, where: str) -> list[tuple[str, int]]:
@@ -186,19 +255,21 @@ def _cluster_of(
     return FoundCluster(found_by, cluster, task_type, index)
 
 
-def _whole(environ: Mapping[str, str], name: str, what: str, fix: str) -> int:
-    value = environ.get(name)
-    if value is None or not value.strip().isdigit():
-        found = "unset" if value is None else repr(value)
-        raise ValueError(f"{name} ({what}) is {found}, not a whole number; {fix}.")
-    return int(value)
-
-
 def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | None]:
     for name in names:
         if environ.get(name):
             return name, environ[name]
     return names[0], None
+
+
+def in_srun_step(environ: Mapping[str, str]) -> bool:
+    """Whether srun started this process as a task of a job step.
+
+    SLURM sets SLURM_PROCID, SLURM_NTASKS and the node list in an sbatch
+    script's own shell too (task 0 of the batch step); only srun's tasks get
+    the step's variables.
+    """
+    return any(name in environ for name in SLURM_STEP_VARIABLES)
 
 
 def slurm_cluster(
@@ -207,35 +278,36 @@ def slurm_cluster(
     """The cluster of an srun job step: one task per SLURM task, placed block by block.
 
     Task `SLURM_PROCID` serves on its node at `port` plus its place among that
-    node's tasks; `port` None: a base that follows SLURM_JOB_ID.
+    node's tasks; `port` None: a base that follows SLURM_JOB_ID. The step's
+    variables (SLURM_STEP_*) are read before the job's.
 
     Raises:
         ValueError: a sentence for each inconsistency: a rank outside the step,
             tasks per node that do not add up to the task count or do not match
             the node list, a node listed twice (two tasks on one port), a
-            placement other than block, a task on another node than its rank's.
+            placement other than block, a task on another node than its rank's;
+            and for each malformed variable, too many nodes or tasks included.
     """
-    fix = "run the command under srun (in an sbatch script: srun <command>)"
-    rank = _whole(environ, "SLURM_PROCID", "this task's rank", fix)
+    rank = whole_number(environ, "SLURM_PROCID", "this task's rank", _SRUN_FIX)
     tasks_name, _ = _first(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
-    count = _whole(environ, tasks_name, "the step's task count", fix)
-    nodes_name, node_text = _first(
-        environ, ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    )
+    count = task_count(environ, tasks_name, "the step's task count", _SRUN_FIX)
+    nodes_name, node_text = _first(environ, _NODE_LIST_VARIABLES)
     if node_text is None:
-        raise ValueError(f"SLURM_PROCID is set but no node list is (SLURM_STEP_NODELIST); {fix}.")
-    hosts = expand_hostlist(node_text)
+        raise ValueError(
+            f"SLURM_PROCID is set but no node list is (SLURM_STEP_NODELIST); {_SRUN_FIX}."
+        )
+    hosts = expand_hostlist(node_text, nodes_name)
     per_node = _tasks_per_node(environ, hosts, count, nodes_name)
     if not 0 <= rank < count:
         raise ValueError(
             f"SLURM_PROCID={rank} is outside the step's {count} task(s) ({tasks_name}); each "
             "task needs its own rank below the task count, which srun gives."
         )
-    repeated = sorted({host for host in hosts if hosts.count(host) > 1})
+    repeated = sorted(host for host, times in collections.Counter(hosts).items() if times > 1)
     if repeated:
         raise ValueError(
-            f"{nodes_name}={node_text!r} lists {', '.join(repeated)} more than once, so two "
-            "tasks would serve on one port; list each node once (srun does)."
+            f"{nodes_name}={shown(node_text)} lists {', '.join(repeated[:10])} more than once, "
+            "so two tasks would serve on one port; list each node once (srun does)."
         )
     base = _slurm_port(environ, port)
     if base + max(per_node) - 1 > 65535:
@@ -244,7 +316,7 @@ def slurm_cluster(
             "--cluster_port."
         )
     placed = [(host, local) for host, tasks in zip(hosts, per_node) for local in range(tasks)]
-    _check_placement(environ, rank, placed, hosts)
+    _check_placement(environ, rank, placed, (nodes_name, node_text, hosts))
     addresses = [f"{host}:{base + local}" for host, local in placed]
     where = f"SLURM ({count} task(s))"
     return _cluster_of("slurm", addresses, roles(strategy, count, num_ps, where), rank)
@@ -262,16 +334,17 @@ def _tasks_per_node(
                 "unset; run the command under srun, which sets it."
             )
         return [count // len(hosts)] * len(hosts)
-    per_node = expand_tasks_per_node(text)
+    per_node = expand_tasks_per_node(text, name)
     if len(per_node) != len(hosts):
+        listed = ", ".join(hosts[:10]) + (", ..." if len(hosts) > 10 else "")
         raise ValueError(
-            f"{name}={text!r} gives {len(per_node)} node(s) but {nodes_name} lists "
-            f"{len(hosts)} ({', '.join(hosts)}); both must come from the same srun step."
+            f"{name}={shown(text)} gives {len(per_node)} node(s) but {nodes_name} lists "
+            f"{len(hosts)} ({listed}); both must come from the same srun step."
         )
     if sum(per_node) != count:
         raise ValueError(
-            f"{name}={text!r} adds up to {sum(per_node)} task(s), but the step has {count}; "
-            "both must come from the same srun step."
+            f"{name}={shown(text)} adds up to {sum(per_node)} task(s), but the step has "
+            f"{count}; both must come from the same srun step."
         )
     return per_node
 
@@ -280,22 +353,39 @@ def _slurm_port(environ: Mapping[str, str], port: int | None) -> int:
     if port is not None:
         return port
     job = environ.get("SLURM_JOB_ID", "0")
-    slot = int(job) % SLURM_PORT_SLOTS if job.isdigit() else 0
+    slot = int(job) % SLURM_PORT_SLOTS if is_whole_number(job) else 0
     return SLURM_PORT_FIRST + slot * SLURM_PORTS_PER_JOB
 
 
 def _check_placement(
-    environ: Mapping[str, str], rank: int, placed: list[tuple[str, int]], hosts: list[str]
+    environ: Mapping[str, str],
+    rank: int,
+    placed: list[tuple[str, int]],
+    node_list: tuple[str, str, list[str]],
 ) -> None:
-    """This task runs where block placement puts its rank (SLURM says where it runs)."""
+    """This task runs where block placement puts its rank (SLURM says where it runs).
+
+    `node_list`: the variable that gave the nodes, its value, the node names.
+    """
+    nodes_name, node_text, hosts = node_list
     host, local = placed[rank]
-    node_id, local_id = environ.get("SLURM_NODEID"), environ.get("SLURM_LOCALID")
+    node_id = local_id = None
+    if "SLURM_NODEID" in environ:
+        node_id = whole_number(environ, "SLURM_NODEID", "this task's node", _SRUN_FIX)
+        if node_id >= len(hosts):
+            raise ValueError(
+                f"SLURM_NODEID={node_id} is outside the {len(hosts)} node(s) of {nodes_name}="
+                f"{shown(node_text)} (numbered from 0); both must come from the same srun step: "
+                f"{_SRUN_FIX}."
+            )
+    if "SLURM_LOCALID" in environ:
+        local_id = whole_number(environ, "SLURM_LOCALID", "its place on its node", _SRUN_FIX)
     here = environ.get("SLURMD_NODENAME")
     if here and here != host:
-        actual = f"on {here}"
-    elif node_id and node_id.isdigit() and hosts[int(node_id)] != host:
-        actual = f"on node {node_id} ({hosts[int(node_id)]})"
-    elif local_id and local_id.isdigit() and int(local_id) != local:
+        actual = f"on {shown(here)}"
+    elif node_id is not None and hosts[node_id] != host:
+        actual = f"on node {node_id} ({hosts[node_id]})"
+    elif local_id is not None and local_id != local:
         actual = f"as task {local_id} of its node"
     else:
         return
@@ -316,11 +406,12 @@ def kubernetes_cluster(
 
     Raises:
         ValueError: the index, the task count or the Service missing, an index
-            outside the task count, a host name that is not `<job>-<index>`.
+            outside the task count, a host name that is not `<job>-<index>`, a
+            task count past MOST_TASKS, a Service or Job name that is not a DNS name.
     """
     fix = "run the pod in an Indexed Job (loops-launch --print=kubernetes writes one)"
-    index = _whole(environ, "JOB_COMPLETION_INDEX", "this pod's index in its Indexed Job", fix)
-    count = _whole(
+    index = whole_number(environ, "JOB_COMPLETION_INDEX", "this pod's index in its Job", fix)
+    count = task_count(
         environ,
         KUBERNETES_TASKS_VARIABLE,
         "the Job's completions",
@@ -332,25 +423,49 @@ def kubernetes_cluster(
             f"{KUBERNETES_SERVICE_VARIABLE} is unset: it names the headless Service the Job's "
             f"pods name as their subdomain, through which they reach each other; set it ({fix})."
         )
+    check_dns_name(
+        KUBERNETES_SERVICE_VARIABLE,
+        service,
+        "the headless Service the Job's pods name as their subdomain",
+        "set it to that Service's name",
+    )
     if not 0 <= index < count:
         raise ValueError(
             f"JOB_COMPLETION_INDEX={index} is outside the Job's {count} pod(s) "
             f"({KUBERNETES_TASKS_VARIABLE}={count}); set {KUBERNETES_TASKS_VARIABLE} to the "
             "Job's completions."
         )
-    job = environ.get(KUBERNETES_JOB_VARIABLE, "").strip()
-    if not job:
-        hostname = environ.get("HOSTNAME", "")
-        job, dash, suffix = hostname.rpartition("-")
-        if not (job and dash and suffix == str(index)):
-            raise ValueError(
-                f"This pod's host name {hostname!r} is not <job>-{index}, which names the "
-                f"pods of an Indexed Job; set {KUBERNETES_JOB_VARIABLE} to the Job's name."
-            )
+    job = _kubernetes_job(environ, index, count)
     own_port = DEFAULT_KUBERNETES_PORT if port is None else port
     addresses = [f"{job}-{member}.{service}:{own_port}" for member in range(count)]
     where = f"Kubernetes ({count} pod(s))"
     return _cluster_of("kubernetes", addresses, roles(strategy, count, num_ps, where), index)
+
+
+def _kubernetes_job(environ: Mapping[str, str], index: int, count: int) -> str:
+    """The Job's name, whose pods' host names `<job>-<index>` must be DNS labels."""
+    job = environ.get(KUBERNETES_JOB_VARIABLE, "").strip()
+    if job:
+        check_dns_name(
+            KUBERNETES_JOB_VARIABLE, job, "the Indexed Job's name", "set it to the Job's name"
+        )
+    else:
+        hostname = environ.get("HOSTNAME", "")
+        job, dash, suffix = hostname.rpartition("-")
+        if not (job and dash and suffix == str(index)):
+            raise ValueError(
+                f"This pod's host name {shown(hostname)} is not <job>-{index}, which names the "
+                f"pods of an Indexed Job; set {KUBERNETES_JOB_VARIABLE} to the Job's name."
+            )
+    last_pod = f"{job}-{count - 1}"
+    if not is_dns_label(last_pod):
+        raise ValueError(
+            f"The Job's pods are named {job}-0 to {last_pod}, and {shown(last_pod)} is not a DNS "
+            "label (1-63 lower-case letters, digits and '-', RFC 1123), so its address would "
+            f"not resolve; give the Job a shorter name of such characters "
+            f"({KUBERNETES_JOB_VARIABLE})."
+        )
+    return job
 
 
 def tf_config_cluster(environ: Mapping[str, str]) -> FoundCluster | None:
@@ -368,122 +483,24 @@ def tf_config_cluster(environ: Mapping[str, str]) -> FoundCluster | None:
 
 
 def scheduler_tasks(environ: Mapping[str, str]) -> tuple[str, int] | None:
-    """(the scheduler, how many tasks it started of this command) when it started several."""
-    if "SLURM_PROCID" in environ:
+    """(the scheduler, how many tasks it started of this command) when it started several.
+
+    An sbatch script's own shell is no task of a step: a command run there runs once.
+    """
+    if in_srun_step(environ):
         _, text = _first(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
-        if text and text.isdigit() and int(text) > 1:
+        if text and is_whole_number(text) and int(text) > 1:
             return "srun", int(text)
     text = environ.get(KUBERNETES_TASKS_VARIABLE, "")
-    if "JOB_COMPLETION_INDEX" in environ and text.isdigit() and int(text) > 1:
+    if "JOB_COMPLETION_INDEX" in environ and is_whole_number(text) and int(text) > 1:
         return "the Kubernetes Job", int(text)
     return None
 
 
-def find_cluster(
-    strategy: str,
-    source: str = "auto",
-    *,
-    port: int | None = None,
-    num_ps: int = 0,
-    environ: Mapping[str, str] | None = None,
-) -> FoundCluster | None:
-    """The cluster of --strategy=`strategy` from `source` (one of CLUSTER_SOURCES).
-
-    `auto` tries TF_CONFIG, then SLURM's srun (SLURM_PROCID), then a
-    Kubernetes Indexed Job (JOB_COMPLETION_INDEX). None for a one-process
-    strategy.
-
-    Raises:
-        ValueError: an unknown source; a source for a one-process strategy, or
-            a scheduler that started several tasks of one (each would train
-            alone); no cluster found; an inconsistent environment (the
-            scheduler's function names each case).
-    """
+def found_by(environ: Mapping[str, str] | None = None) -> str | None:
+    """What found the cluster this process adopted as its TF_CONFIG (FOUND_BY_VARIABLE)."""
     environ = os.environ if environ is None else environ
-    if source not in CLUSTER_SOURCES:
-        raise ValueError(f"--cluster must be one of {', '.join(CLUSTER_SOURCES)}, got {source!r}.")
-    if strategy not in CLUSTER_STRATEGIES:
-        _check_one_process(strategy, source, environ)
-        return None
-    if source == "auto":
-        source = _detected_source(strategy, environ)
-    if source == "slurm":
-        return slurm_cluster(environ, strategy, port, num_ps)
-    if source == "kubernetes":
-        return kubernetes_cluster(environ, strategy, port, num_ps)
-    return tf_config_cluster(environ)
-
-
-def _check_one_process(strategy: str, source: str, environ: Mapping[str, str]) -> None:
-    if source != "auto":
-        raise ValueError(
-            f"--cluster={source} says where the tasks of a multi-process strategy come from, "
-            f"but --strategy={strategy} trains in one process; drop --cluster, or use "
-            "--strategy=multi_worker_mirrored or parameter_server."
-        )
-    started = scheduler_tasks(environ)
-    if started is not None:
-        scheduler, count = started
-        raise ValueError(
-            f"{scheduler} started {count} tasks of this command, but --strategy={strategy} "
-            "trains in one process, so each task would train alone on the same model_dir; "
-            "use --strategy=multi_worker_mirrored (one cluster of all tasks), or start one task."
-        )
-
-
-def _has_tf_config(environ: Mapping[str, str]) -> bool:
-    return bool(environ.get("TF_CONFIG", "").strip())
-
-
-def _detected_source(strategy: str, environ: Mapping[str, str]) -> str:
-    if _has_tf_config(environ):
-        return "tf_config"
-    if "SLURM_PROCID" in environ:
-        return "slurm"
-    if "JOB_COMPLETION_INDEX" in environ:
-        return "kubernetes"
-    inside = (
-        f" This process runs inside SLURM job {environ['SLURM_JOB_ID']} but was not started "
-        "by srun (SLURM_PROCID is unset): in an sbatch script, run it as srun <command>."
-        if "SLURM_JOB_ID" in environ
-        else ""
-    )
-    raise ValueError(
-        f"--strategy={strategy} runs one process per task of a cluster, but no cluster was "
-        "found: TF_CONFIG is unset, and neither SLURM's srun (SLURM_PROCID) nor a Kubernetes "
-        f"Indexed Job (JOB_COMPLETION_INDEX) started this process.{inside} To give a cluster, "
-        f"{_HOW_TO_GIVE}; or use --strategy=mirrored on one machine."
-    )
-
-
-def adopt_cluster(
-    strategy: str,
-    source: str = "auto",
-    *,
-    port: int | None = None,
-    num_ps: int = 0,
-    environ: MutableMapping[str, str] | None = None,
-) -> FoundCluster | None:
-    """Finds the cluster (`find_cluster`) and makes it this process's TF_CONFIG.
-
-    Once per process: a cluster already adopted is kept (None is returned),
-    so the command line and `make_strategy` can both call this.
-
-    Returns:
-        The cluster found now, for its line; None when there is none to find
-        (a one-process strategy) or it was adopted before.
-    """
-    environ = os.environ if environ is None else environ
-    adopted = environ.get(FOUND_BY_VARIABLE) and _has_tf_config(environ)
-    if strategy in CLUSTER_STRATEGIES and adopted:
-        return None
-    found = find_cluster(strategy, source, port=port, num_ps=num_ps, environ=environ)
-    if found is None:
-        return None
-    if found.found_by != "tf_config":
-        environ["TF_CONFIG"] = found.tf_config()
-    environ[FOUND_BY_VARIABLE] = found.found_by
-    return found
+    return environ.get(FOUND_BY_VARIABLE)
 
 
 def peers_resolve_now(environ: Mapping[str, str] | None = None) -> bool:
@@ -492,42 +509,4 @@ def peers_resolve_now(environ: Mapping[str, str] | None = None) -> bool:
     Not in Kubernetes: a pod's name enters the Service's DNS only once the pod
     runs, so a peer may not resolve yet; the wait for the cluster retries it.
     """
-    environ = os.environ if environ is None else environ
-    return environ.get(FOUND_BY_VARIABLE) != "kubernetes"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m loops.cluster.scheduler_cluster --strategy=S [a binary's other flags]`:
-    prints the cluster line and the TF_CONFIG this task would get, or the sentence (exit 1).
-
-    It reads --strategy, --cluster, --cluster_port and --cluster_num_ps as a
-    binary does and ignores the rest, so a template's command can be checked
-    by running this module in the binary's place.
-    """
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="python -m loops.cluster.scheduler_cluster")
-    parser.add_argument("--strategy", default="multi_worker_mirrored")
-    parser.add_argument("--cluster", default="auto")
-    parser.add_argument("--cluster_port", type=int)
-    parser.add_argument("--cluster_num_ps", type=int, default=0)
-    options, _ = parser.parse_known_args(argv)
-    try:
-        found = find_cluster(
-            options.strategy,
-            options.cluster,
-            port=options.cluster_port,
-            num_ps=options.cluster_num_ps,
-        )
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(found.line() if found else f"--strategy={options.strategy} runs in one process")
-    if found is not None:
-        print(f"TF_CONFIG={found.tf_config()}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return found_by(environ) != "kubernetes"

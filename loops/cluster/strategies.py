@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from loops.cluster import cluster_config, scheduler_cluster
+from loops.cluster import cluster_config, task_cluster
 from loops.cluster.cluster_config import host_and_port  # noqa: F401  (re-exported)
 from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.cluster.strategies.X keeps working)
     AWAITED_TASK_TYPES,
@@ -85,7 +85,7 @@ def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigCluste
     """The cluster for --strategy=`name`, checked for what that strategy needs.
 
     The cluster is TF_CONFIG's, else SLURM's or a Kubernetes Indexed Job's,
-    adopted as TF_CONFIG (`scheduler_cluster.adopt_cluster`) unless the
+    adopted as TF_CONFIG (`task_cluster.adopt_cluster`) unless the
     command line adopted one already.
 
     TF_CONFIG is checked before any work (see `cluster_config.check_cluster`),
@@ -98,7 +98,7 @@ def cluster_resolver(name: str) -> tf.distribute.cluster_resolver.TFConfigCluste
             process holds, or (parameter_server) lacks a ps, a worker or
             exactly one chief task.
     """
-    found = scheduler_cluster.adopt_cluster(name)
+    found = task_cluster.adopt_cluster(name)
     if found is not None:
         print(found.line(), file=sys.stderr, flush=True)
     cluster_config.check_cluster(name)
