@@ -6,12 +6,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import checkpoint_weights, read_results, run_module
+from conftest import ROOT, SUBPROCESS_ENV, checkpoint_weights, read_results, run_module
 from loops.cli import flagfiles
 from loops.run.profiling import StepProfiler
 
@@ -223,3 +224,60 @@ def test_a_binary_flagfile_stops_the_binary_with_its_sentence(tmp_path):
         f"error: --flagfile={binary} holds binary data (a NUL byte at offset 4), not "
         "--flag=value lines; save it as UTF-8 text, one --flag=value a line."
     )
+
+
+# A one-worker MultiWorkerMirroredStrategy in a process of its own (its collectives would
+# stay in the test process) asked for background checkpoints.
+ASYNC_UNDER_A_CLUSTER_STRATEGY = """
+import sys
+import keras, tensorflow as tf
+import loops
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+class Regression(loops.Loop):
+    def build(self):
+        self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        self.optimizer = keras.optimizers.SGD(0.1)
+        self.optimizer.build(self.model.trainable_variables)
+        self.update = loops.Update(self, self.optimizer, self.model)
+    def checkpoint_items(self):
+        return {"model": self.model, "optimizer": self.optimizer}
+    def replica_loss(self, x, y):
+        count = loops.global_count(tf.shape(y)[0])
+        error = tf.squeeze(self.model(x, training=True), -1) - y
+        return loops.scale_to_global_batch(error**2, count), {}
+    def train_step(self, iterator):
+        result = self.update(self.replica_loss, args=next(iterator))
+        return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
+x = tf.random.normal([20, 3], seed=1)
+y = tf.reduce_sum(x, axis=1)
+progress = loops.testing.quiet_progress()
+trainer = loops.Trainer(Regression(), strategy=strategy,
+    train_data=tf.data.Dataset.from_tensor_slices((x, y)).batch(10), steps_per_loop=2,
+    model_dir=sys.argv[1], async_checkpoints=True, checkpoint_every=2,
+    progress=progress)
+trainer.train(4)
+trainer.close()
+print(progress.stream.getvalue())
+"""
+
+
+def test_async_checkpoints_under_a_cluster_strategy_are_said_to_be_synchronous(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", ASYNC_UNDER_A_CLUSTER_STRATEGY, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    note = (
+        "note: async_checkpoints does not apply under the multi_worker_mirrored strategy "
+        "(every worker takes part in a save's collectives): checkpoints are written "
+        "synchronously"
+    )
+    assert done.stdout.count(note) == 1, done.stdout
+    assert sorted(os.listdir(tmp_path / "checkpoints"))[:2] == [
+        "checkpoint",
+        "ckpt-2.data-00000-of-00001",
+    ]

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -42,6 +43,16 @@ class StepDefinition(NamedTuple):
     batches_per_step: int
     global_step: tf.Variable
     finiteness: FinitenessCheck
+    has_convolution: bool = False  # whether its models hold one (`has_convolution`)
+
+
+def has_convolution(root: Any) -> bool:
+    """Whether a Keras convolution layer (Conv1D-3D, transposed, depthwise, separable) is among
+    the objects `root` tracks: the one kind of op oneDNN gets wrong on an empty replica."""
+    return any(
+        isinstance(item, keras.layers.Layer) and "Conv" in type(item).__name__
+        for item in tf.train.TrackableView(root).descendants()
+    )
 
 
 class Executor:
@@ -106,13 +117,13 @@ class Executor:
 
     def run(self, iterator, steps: int) -> StepsRun:
         """Runs up to `steps` train steps (fewer after a non-finite one under "stop")."""
-        with _explains_empty_replicas(self.definition.strategy):
+        with _explains_empty_replicas(self.definition):
             return self._run(iterator, steps)
 
     def evaluate(self, iterator) -> dict[str, Any]:
         """One pass over a finite eval iterator; the outputs aggregated over its batches
         (a number each, an array for an array Sum or a Highest)."""
-        with _explains_empty_replicas(self.definition.strategy):
+        with _explains_empty_replicas(self.definition):
             totals = self._eval_totals(iterator)
         if self.eval_kinds is None:  # no batch at all
             return {}
@@ -381,8 +392,9 @@ class _DequeuedBatches:
 
 
 @contextlib.contextmanager
-def _explains_empty_replicas(strategy: tf.distribute.Strategy):
-    """Adds a likely cause to an InvalidArgumentError of a multi-replica step under oneDNN.
+def _explains_empty_replicas(definition: StepDefinition):
+    """Adds a likely cause to an InvalidArgumentError of a multi-replica step of a model with
+    a convolution under oneDNN.
 
     TensorFlow's oneDNN convolution gives an input with no rows an output of
     the input's shape (BUILD.md fact 17), so a replica left without examples
@@ -390,18 +402,19 @@ def _explains_empty_replicas(strategy: tf.distribute.Strategy):
     names neither, and in several forms (a collective's shape mismatch, a
     convolution's "input depth must be evenly divisible", a matmul's sizes).
     The error itself is kept; a note says what to change if that was the cause.
+    A model without a convolution gets no note: its own ops failed.
     """
     try:
         yield
     except tf.errors.InvalidArgumentError as error:
-        replicas = strategy.num_replicas_in_sync
-        if replicas > 1 and strategies.onednn_enabled():
+        replicas = definition.strategy.num_replicas_in_sync
+        if replicas > 1 and definition.has_convolution and strategies.onednn_enabled():
             error.add_note(
                 f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
                 "none, and TensorFlow's oneDNN convolutions give an empty input an output of the "
-                "wrong shape (BUILD.md fact 17). Give every batch at least "
-                f"{replicas} rows (batch with drop_remainder=True, or train on an endless "
-                "stream of full batches: data.global_batches(..., repeat=True)), or set "
+                f"wrong shape (BUILD.md fact 17). Give every batch of your train_data at least "
+                f"{replicas} rows (tf.data's .batch(global_batch_size, drop_remainder=True), or "
+                "an endless stream of full batches: .repeat() before .batch), or set "
                 "TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported."
             )
         raise

@@ -145,7 +145,14 @@ class RunCheckpoints:
         optional_items: Mapping[str, Any],
     ) -> Checkpointer:
         assert self._model_dir is not None
-        one_process = strategies.strategy_name(strategy) in ONE_PROCESS_STRATEGIES
+        name = strategies.strategy_name(strategy)
+        one_process = name in ONE_PROCESS_STRATEGIES
+        if self._asynchronous and not one_process:
+            self._say(
+                f"note: async_checkpoints does not apply under the {name} strategy (every "
+                "worker takes part in a save's collectives): checkpoints are written "
+                "synchronously"
+            )
         return Checkpointer(
             strategy=strategy,
             directory=os.path.join(self._model_dir, "checkpoints"),

@@ -139,7 +139,8 @@ class Trainer:
         """The executor of the definition's steps, checking what a save would write."""
         definition = self.definition
         # What a save would write, checked for NaN and inf after every inner loop.
-        finiteness = FinitenessCheck(tf.train.Checkpoint(**self._saved_items))
+        saved = tf.train.Checkpoint(**self._saved_items)
+        finiteness = FinitenessCheck(saved)
         return loop_execution.make_executor(
             executors.StepDefinition(
                 name=type(definition).__name__,
@@ -149,6 +150,7 @@ class Trainer:
                 batches_per_step=definition.batches_per_step,
                 global_step=self.global_step,
                 finiteness=finiteness,
+                has_convolution=executors.has_convolution(saved),
             ),
             coordinator=self.coordinator,
             run_eagerly=self.step_options.run_eagerly,
