@@ -122,10 +122,8 @@ def find_learning_rate(
     rates = _checked_rates(min_rate, max_rate, steps, stop_factor)
     _check_trainer(trainer)
     prefix = None if from_checkpoint is None else _checkpoint_prefix(from_checkpoint)
-    if output_dir is not None and from_checkpoint is not None:
-        check_outside_run(output_dir, from_checkpoint)
     if output_dir is not None:
-        check_output_dir(output_dir)
+        check_output_dir(output_dir, run_path=from_checkpoint)
     curve = _range_test_keeping_state(trainer, prefix, rates, stop_factor, loss)
     _report(trainer.progress.line, curve, prefix)
     if output_dir is not None:
@@ -228,13 +226,16 @@ def check_outside_run(output_dir: str, run_path: str) -> None:
         )
 
 
-def check_output_dir(output_dir: str) -> None:
-    """Makes `output_dir` and checks that the range test's files can be written there.
+def check_output_dir(output_dir: str, *, run_path: str | None = None) -> None:
+    """Makes `output_dir` and checks that the range test's files can be written there,
+    outside the run of `run_path` (`check_outside_run`; None: no run).
 
     Raises:
-        ValueError: it is a file, cannot be made or written (read-only), or a
-            link is planted at lr_find.json or lr_find.png.
+        ValueError: it lies in the run, is a file, cannot be made or written
+            (read-only), or a link is planted at lr_find.json or lr_find.png.
     """
+    if run_path is not None:
+        check_outside_run(output_dir, run_path)
     try:
         os.makedirs(output_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=output_dir):
