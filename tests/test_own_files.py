@@ -9,6 +9,7 @@ the link's target kept its bytes and modification time.
 import os
 import stat
 import subprocess
+import sys
 import types
 
 import numpy as np
@@ -17,6 +18,7 @@ import tensorflow as tf
 from absl import flags
 from absl.testing import flagsaver
 
+from conftest import ROOT, SUBPROCESS_ENV
 from loops.bin import classifier  # noqa: F401 (defines the binaries' flags)
 from loops.cli import flags as loop_flags
 from loops.core import own_files, reporting
@@ -25,6 +27,8 @@ from loops.model_dir import checkpoints, model_dir_lock
 from loops.run import lr_finder
 
 NOBODY = 65534
+# A refusal before TensorFlow loads takes about a second; far below this on a loaded machine.
+REFUSAL_SECONDS = 60
 
 
 def victim(tmp_path):
@@ -277,3 +281,22 @@ def test_a_link_at_the_finders_picture_is_refused_before_the_range_test(tmp_path
         lr_finder.check_output_dir(str(tmp_path / "lr_find"))
     assert str(raised.value) == refusal(link, target)
     assert_untouched(target, content, mtime)
+
+
+def test_the_binary_refuses_another_users_default_parent_before_tensorflow_loads(tmp_path):
+    parent = tmp_path / "loops"
+    parent.mkdir()
+    os.chown(parent, NOBODY, NOBODY)
+    new_run = tmp_path / "newrun"
+    done = subprocess.run(
+        [sys.executable, "-m", "loops.bin.classifier", "--mode=find_lr", f"--model_dir={new_run}"],
+        capture_output=True,
+        text=True,
+        env={**SUBPROCESS_ENV, "TMPDIR": str(tmp_path)},
+        cwd=ROOT,
+        timeout=REFUSAL_SECONDS,
+    )
+    assert done.returncode == 1
+    assert f"{parent} belongs to user nobody (uid {NOBODY}), not to this user" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(os.listdir(tmp_path)) == ["loops"] and os.listdir(parent) == []

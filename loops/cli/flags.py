@@ -751,12 +751,15 @@ def _find_learning_rate(build_trainer: Callable) -> None:
     """
     values = flags.FLAGS
     model_dir = values.model_dir
+    try:
+        output_dir = values.find_lr_dir or default_output_dir("lr_find")
+    except ValueError as error:  # before TensorFlow loads
+        raise app.UsageError(str(error)) from error
     quiet_logging()
     from loops.model_dir import checkpoints
     from loops.run.lr_finder import check_outside_run, find_learning_rate
 
     try:
-        output_dir = values.find_lr_dir or default_output_dir("lr_find")
         if model_dir:
             check_outside_run(output_dir, model_dir)
         trainer = build_trainer()
