@@ -6,9 +6,13 @@ whose body is too damaged to decode. (A JPEG body that libjpeg decodes with
 only a "Corrupt JPEG data" warning gives pixels in training too: no decoder
 at hand, Pillow included, refuses it.) The (height, width) of each file that
 decodes is remembered in a small JSON file under the user's cache directory,
-keyed by the file's path, size and modification time, so a rerun decodes only
-new or changed files. The image folder itself is never written (it may be
-read-only), and the cache is safe to lose.
+keyed by the file's path, size, modification and change times and inode, so a
+rerun decodes only new or changed files (one damaged with its size and
+modification time put back has a new change time). Anything that is not a
+regular file (a directory, a device such as /dev/zero, a pipe, or a link to one)
+is refused before a byte of it is read, and opening never waits on a pipe.
+The image folder itself is never written (it may be read-only), and the cache
+is safe to lose.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 
@@ -27,13 +32,18 @@ from loops.core import reporting
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _JPEG_START = b"\xff\xd8\xff"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: entries keyed on ctime and inode too
 # A line at most this often while a large folder is being decoded.
 PROGRESS_SECONDS = 10.0
 
 # Why a file is left out or refused: each a clause that follows its path.
 NOT_AN_IMAGE = "is not a PNG or JPEG image (it does not start like one)"
 DOES_NOT_DECODE = "does not decode completely (truncated or corrupt)"
+NOT_A_FILE = "is not a regular file (a directory, device or pipe, or a link to one)"
+
+
+class _NotARegularFile(OSError):
+    """An image path that opens to a directory, a device or a pipe."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +55,7 @@ class ImageCheck:
         bad: path -> why it is not usable (a clause following the path),
             in the order the files were given.
         decoded: how many files were decoded now; the others were known to
-            decode from an earlier check of the same file (path, size, mtime).
+            decode from an earlier check of the same file (`_cache_key`).
     """
 
     sizes: dict[str, tuple[int, int]]
@@ -71,16 +81,15 @@ def check_images(
     bad: dict[str, str] = {}
     for path in paths:
         try:
-            stats[path] = os.stat(path)
             # Opened even when known: a chmod since the check leaves size and mtime alone.
-            open(path, "rb").close()
+            with _open_regular(path) as handle:
+                stats[path] = os.fstat(handle.fileno())
         except OSError as error:
-            stats.pop(path, None)
             bad[path] = _unreadable(error)
             continue
         entry = known.get(os.path.relpath(path, folder))
-        if entry is not None and entry[:2] == [stats[path].st_size, stats[path].st_mtime_ns]:
-            sizes[path] = (entry[2], entry[3])
+        if entry is not None and entry[:-2] == _cache_key(stats[path]):
+            sizes[path] = (entry[-2], entry[-1])
     from_cache = len(sizes)
     to_decode = [path for path in paths if path in stats and path not in sizes]
     for path, outcome in _decode_all(to_decode, folder=folder, say=say):
@@ -93,11 +102,7 @@ def check_images(
             cache_file,
             {
                 # Relative to the folder: about half the size of a large folder's cache.
-                os.path.relpath(path, folder): [
-                    stats[path].st_size,
-                    stats[path].st_mtime_ns,
-                    *sizes[path],
-                ]
+                os.path.relpath(path, folder): [*_cache_key(stats[path]), *sizes[path]]
                 for path in sizes
             },
         )
@@ -131,7 +136,7 @@ def _decoded_size(path: str) -> tuple[str, tuple[int, int] | str]:
     print another file's contents (a symlink named x.png to a private file).
     """
     try:
-        with open(path, "rb") as handle:
+        with _open_regular(path) as handle:
             contents = handle.read()
     except OSError as error:
         return path, _unreadable(error)
@@ -144,7 +149,24 @@ def _decoded_size(path: str) -> tuple[str, tuple[int, int] | str]:
     return path, (int(shape[0]), int(shape[1]))
 
 
+def _open_regular(path: str):
+    """`path` opened for reading, without waiting on a pipe; raises _NotARegularFile for
+    anything that is not a regular file (checked before a byte is read)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise _NotARegularFile(path)
+    return os.fdopen(descriptor, "rb")
+
+
+def _cache_key(status: os.stat_result) -> list[int]:
+    """What must stay the same for a file's earlier check to vouch for it."""
+    return [status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino]
+
+
 def _unreadable(error: OSError) -> str:
+    if isinstance(error, _NotARegularFile):
+        return NOT_A_FILE
     if isinstance(error, FileNotFoundError):
         return "cannot be read (a broken symbolic link, or removed since it was listed)"
     return f"cannot be read ({error.strerror}): fix its permissions"
@@ -158,7 +180,7 @@ def cache_path(folder: str) -> str:
 
 
 def _read_cache(cache_file: str) -> dict[str, list[int]]:
-    """path in the folder -> [size, mtime_ns, height, width]; {} for a missing or damaged file."""
+    """path in the folder -> [*_cache_key, height, width]; {} for a missing or damaged file."""
     try:
         with open(cache_file) as stream:
             cached = json.load(stream)
@@ -168,7 +190,7 @@ def _read_cache(cache_file: str) -> dict[str, list[int]]:
     return {
         path: entry
         for path, entry in files.items()
-        if isinstance(entry, list) and len(entry) == 4 and all(type(n) is int for n in entry)
+        if isinstance(entry, list) and len(entry) == 6 and all(type(n) is int for n in entry)
     }
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -93,6 +94,32 @@ MORE_DAMAGED_FILES = [
 ]
 
 
+NOT_A_FILE = "is not a regular file (a directory, device or pipe, or a link to one)"
+
+
+def link_to_dev_zero(path):
+    os.remove(path)
+    os.symlink("/dev/zero", path)
+
+
+def make_fifo(path):
+    os.remove(path)
+    os.mkfifo(path)
+
+
+def make_directory(path):
+    os.remove(path)
+    os.mkdir(path)
+
+
+# Not a regular file: refused before a byte is read (a FIFO's open never waits).
+NOT_FILES = [
+    ("PNG link to /dev/zero", "train/red/000.png", link_to_dev_zero, NOT_A_FILE),
+    ("FIFO named .png", "train/blue/002.png", make_fifo, NOT_A_FILE),
+    ("directory named .jpg", "test/red/001.jpg", make_directory, NOT_A_FILE),
+]
+
+
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     """Each test's check results in its own cache directory (in-process and in subprocesses)."""
@@ -106,7 +133,9 @@ def folder_streams(root, **options):
     )
 
 
-@pytest.mark.parametrize("case, relative, damage, why", DAMAGED_FILES + MORE_DAMAGED_FILES)
+@pytest.mark.parametrize(
+    "case, relative, damage, why", DAMAGED_FILES + MORE_DAMAGED_FILES + NOT_FILES
+)
 def test_each_damaged_file_is_named_with_the_fix(tmp_path, case, relative, damage, why):
     root = write_folder(tmp_path / "images")
     path = os.path.join(root, relative)
@@ -193,6 +222,32 @@ def test_the_check_decodes_each_file_once_while_it_does_not_change(tmp_path, own
     with open(image_check.cache_path(folder), "wb") as handle:
         handle.write(b"\x80 not json")  # a damaged cache is only a slower check
     assert image_check.check_images(paths, folder=folder).decoded == 8
+
+
+def test_a_file_damaged_with_its_size_and_mtime_kept_is_decoded_again_and_named(tmp_path):
+    root = write_folder(tmp_path / "images")
+    folder_streams(root)  # checked once: the cache vouches for every file
+    path = os.path.join(root, "test", "blue", "001.jpg")
+    before = os.stat(path)
+    corrupt_inside(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (os.stat(path).st_size, os.stat(path).st_mtime_ns) == (
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert image_folders.changed_files(root, ("train", "test")) == {path: TRUNCATED}
+    # What a run stopped by it in training ends with (and a rerun's check refuses it too).
+    trainer = types.SimpleNamespace(
+        definition=types.SimpleNamespace(data_notes={}), checkpointer=None
+    )
+    assert image_folders.explain_changed_images(root, ("train", "test"), trainer) == (
+        "training stopped: an image changed after the check before training and no longer "
+        f"decodes: {path} {TRUNCATED}. Replace or remove it, then run the same command "
+        "again (no checkpoint was saved yet: it starts over)."
+    )
+    with pytest.raises(image_folders.BadImageFolderError) as raised:
+        folder_streams(root)
+    assert str(raised.value).startswith(f"{path} {TRUNCATED}. Replace it with a valid image")
 
 
 def test_the_check_says_how_far_it_is_and_runs_without_a_cache(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from absl import app, flags
 
 from loops.cli import flagfiles, startup_preemption, tensorflow_logs
 from loops.cluster import cluster_config
+from loops.core import own_files
 from loops.model_dir import run_config
 from loops.vocabulary import exit_codes, settings
 from loops.vocabulary.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
@@ -301,11 +302,41 @@ def run(main: Callable[[list[str]], None], *, description: str) -> None:
 
 
 def resolve_model_dir(name: str) -> str:
-    """--model_dir, or a new timestamped directory under the temp dir."""
+    """--model_dir (with a warning line when another user owns where it lies), or a new
+    timestamped directory in the temp dir's private `loops` directory (`default_output_dir`).
+
+    Raises:
+        ValueError: the default's parent is a link or another user's directory.
+    """
     if flags.FLAGS.model_dir:
+        owner = own_files.foreign_owner(flags.FLAGS.model_dir)
+        if owner is not None:
+            print(
+                f"warning: --model_dir={flags.FLAGS.model_dir} lies where {owner}, who can "
+                "replace or link the files the run writes there; pass a --model_dir in a "
+                "directory of your own.",
+                file=sys.stderr,
+            )
         return flags.FLAGS.model_dir
+    return default_output_dir(name)
+
+
+def default_output_dir(name: str) -> str:
+    """TEMP/loops/NAME-TIMESTAMP, with TEMP/loops made private to this user (mode 0700).
+
+    Anyone may make TEMP/loops first and plant links in it, so one that is a
+    link or another user's is refused rather than written into.
+
+    Raises:
+        ValueError: TEMP/loops is a link, no directory, or another user's.
+    """
+    parent = os.path.join(tempfile.gettempdir(), "loops")
+    own_files.private_directory(
+        parent,
+        fix=f"Pass --model_dir (and --find_lr_dir) in a directory of your own, or remove {parent}.",
+    )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join(tempfile.gettempdir(), "loops", f"{name}-{stamp}")
+    return os.path.join(parent, f"{name}-{stamp}")
 
 
 def num_replicas() -> int:
@@ -782,11 +813,10 @@ def _find_learning_rate(build_trainer: Callable) -> None:
     """
     values = flags.FLAGS
     model_dir = values.model_dir
-    output_dir = values.find_lr_dir or os.path.join(
-        tempfile.gettempdir(),
-        "loops",
-        "lr_find-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
-    )
+    try:
+        output_dir = values.find_lr_dir or default_output_dir("lr_find")
+    except ValueError as error:  # before TensorFlow loads
+        raise app.UsageError(str(error)) from error
     quiet_logging()
     from loops.model_dir import checkpoints
     from loops.run.lr_finder import check_outside_run, find_learning_rate

@@ -9,12 +9,13 @@ import os
 import platform
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 import numpy as np
 import tensorflow as tf
+
+from loops.core import own_files
 
 
 def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -141,7 +142,7 @@ class Summaries:
         return None if self._directory is None else self._writer(name)
 
 
-TEMPORARY_PREFIX = ".results."  # write_json_atomic's temporaries: .results.XXXX.tmp
+TEMPORARY_PREFIX = own_files.TEMPORARY_PREFIX  # write_json_atomic's temporaries
 # MODEL_DIR/evaluator belongs to the run's evaluator (loops/run/sidecar.py), a process of
 # its own that never holds the model_dir's lock: only it cleans up there.
 EVALUATOR_DIRECTORY = "evaluator"
@@ -194,42 +195,13 @@ def write_json_atomic(path: str, payload: Mapping) -> None:
 
 
 def write_text_atomic(path: str, text: str) -> None:
-    """Writes a text file so a reader (or a crash) never sees it half-written.
-
-    The file gets the user's usual mode (0666 less the umask), not the 0600
-    of a temporary file.
+    """Writes a text file at once, never through a link (`own_files.write_atomic`).
 
     Raises:
-        OSError: the file cannot be written (full disk, read-only directory);
-            a previous version of it is intact.
+        own_files.PlantedLinkError: `path` is a symbolic link; nothing was written.
+        OSError: the file cannot be written; a previous version of it is intact.
     """
-    directory = os.path.dirname(path) or "."
-    temporary = None
-    try:
-        os.makedirs(directory, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=TEMPORARY_PREFIX, suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o666 & ~current_umask())
-        os.replace(temporary, path)
-    except OSError as error:
-        raise OSError(
-            error.errno,
-            f"could not write {path} ({error.strerror or error}); free "
-            "space or make the directory writable (a previous version is intact)",
-        ) from error
-    finally:
-        if temporary is not None and os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def current_umask() -> int:
-    """The process's umask (reading it means setting it, so it is set straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    own_files.write_atomic(path, text.encode("utf-8"))
 
 
 def remove_unfinished_writes(directory: str) -> None:

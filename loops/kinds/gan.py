@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, pictures, reduction
+from loops.core import outputs, own_files, pictures, reduction
 from loops.core.replica_random import replica_rows, step_seed
 from loops.core.update import Update, UpdateResult, check_clip_norm, update_outputs
 from loops.run.loop import Loop, RunContext
@@ -476,7 +476,6 @@ def _write_picture(loop: GANLoop, run: RunContext, picture: np.ndarray, prefix: 
     run.summaries.images("eval", run.step, {prefix + "samples": picture})
     if run.model_dir and run.is_chief:
         path = os.path.join(run.model_dir, f"{prefix}samples-{run.step:06d}.png")
-        os.makedirs(run.model_dir, exist_ok=True)
-        tf.io.write_file(path, tf.io.encode_png(picture))
+        own_files.write_atomic(path, tf.io.encode_png(picture).numpy())
         loop.sample_files.append(path)
         run.progress.line(f"samples at step {run.step} in {path}")

@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 
 from loops.cluster import strategies
+from loops.core import own_files
 from loops.vocabulary.errors import DamagedCheckpointError, NonFiniteWeightsError
 
 # What a CheckpointManager writes for step N: PREFIX.index and PREFIX.data-K-of-M.
@@ -227,6 +228,7 @@ class Checkpointer:
 
         Raises:
             NonFiniteWeightsError: a variable is not finite; nothing is written.
+            own_files.PlantedLinkError: a link is planted at a name the save writes.
             OSError: the directory cannot be written (full disk, read-only);
                 the earlier checkpoints are intact.
         """
@@ -240,6 +242,7 @@ class Checkpointer:
         if self._manager is None:
             self._open_manager(None, [])
         assert self._manager is not None  # opened just above
+        _refuse_links(self.directory, int(self._step_counter.numpy()))
         try:
             # Asynchronous: this waits for the previous save's files, copies the
             # variables and returns; the error of a failed earlier write comes here.
@@ -481,10 +484,18 @@ def _write_state_file(directory: str, newest: str, kept: list[str]) -> None:
     lines += [f"all_model_checkpoint_timestamps: {time!r}" for time in times]
     # Older than every entry: the manager treats entries up to it as kept forever.
     lines.append(f"last_preserved_timestamp: {min(times, default=1.0) - 1.0!r}")
-    temporary = os.path.join(directory, f".{STATE_FILE}.tmp")
-    with open(temporary, "w") as stream:
-        stream.write("\n".join(lines) + "\n")
-    os.replace(temporary, os.path.join(directory, STATE_FILE))
+    own_files.write_atomic(os.path.join(directory, STATE_FILE), ("\n".join(lines) + "\n").encode())
+
+
+def _refuse_links(directory: str, step: int) -> None:
+    """Raises PlantedLinkError for a link at a name the save of `step` writes.
+
+    TensorFlow writes a checkpoint's .index file through a link planted at its
+    name (over the file it points to); its data files and state file it renames.
+    """
+    prefix = os.path.join(directory, f"ckpt-{step}")
+    for path in [prefix + ".index", *glob.glob(glob.escape(prefix) + ".data-*")]:
+        own_files.refuse_link(path)
 
 
 def _remove_unfinished_saves(directory: str) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from loops.core.reporting import current_umask
+from loops.core.own_files import current_umask
 from loops.core.text_generation import generate
 from loops.model_dir.checkpoints import FinitenessCheck, describe_names
 from loops.vocabulary.errors import NonFiniteWeightsError

@@ -7,6 +7,8 @@ import fcntl
 import os
 import socket
 
+from loops.core import own_files
+
 LOCK_NAME = ".lock"
 # flock errors of a file system that cannot lock a directory (some network file systems).
 _NO_DIRECTORY_LOCKS = (errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP)
@@ -27,10 +29,12 @@ def acquire(directory: str) -> str:
     that lock only the file. Loops in one process share them.
 
     Raises:
-        ValueError: another live process holds the lock, or the directory
-            cannot be written.
+        ValueError: another live process holds the lock, the directory
+            cannot be written, or a link (or other no plain file) is planted at
+            its .lock (nothing it points to is opened).
     """
-    path = os.path.realpath(os.path.join(directory, LOCK_NAME))
+    # The directory's real path keys the hold; .lock itself is never resolved.
+    path = os.path.join(os.path.realpath(directory), LOCK_NAME)
     if path in _held:
         _held[path][2] += 1
         return path
@@ -44,6 +48,9 @@ def acquire(directory: str) -> str:
     except ValueError:
         _close(directory_descriptor)
         raise
+    except own_files.PlantedLinkError as error:
+        _close(directory_descriptor)
+        raise ValueError(str(error)) from None
     except OSError as error:
         _close(directory_descriptor)
         raise _unwritable(directory, error) from error
@@ -92,7 +99,7 @@ def _lock_directory(directory: str, path: str) -> int:
 def _lock_file(directory: str, path: str) -> int:
     """An open descriptor of the lock file at `path`, holding its flock."""
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        descriptor = own_files.open_own_file(path)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -100,18 +107,14 @@ def _lock_file(directory: str, path: str) -> int:
             raise _in_use(directory, _owner(path) or "unknown process") from None
         # The holder before us removes the file as it releases it: a lock
         # taken on a file no longer at `path` guards nothing, so take a new one.
-        if os.path.exists(path) and os.path.samestat(os.fstat(descriptor), os.stat(path)):
+        if os.path.lexists(path) and os.path.samestat(os.fstat(descriptor), os.lstat(path)):
             return descriptor
         os.close(descriptor)
 
 
 def _owner(path: str) -> str:
     """What the lock file at `path` says of its holder; empty when it is gone or says nothing."""
-    try:
-        with open(path, "rb") as stream:
-            return stream.read(200).decode(errors="replace").strip()
-    except OSError:
-        return ""
+    return own_files.read_own_file(path, 200).decode(errors="replace").strip()
 
 
 def release(path: str) -> None:

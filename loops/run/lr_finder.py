@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.cluster import strategies
-from loops.core import outputs, pictures, reporting
+from loops.core import outputs, own_files, pictures, reporting
 from loops.input import distributed_input
 from loops.model_dir import checkpoints
 from loops.run import failed_frames, loop_execution
@@ -122,8 +122,8 @@ def find_learning_rate(
     rates = _checked_rates(min_rate, max_rate, steps, stop_factor)
     _check_trainer(trainer)
     prefix = None if from_checkpoint is None else _checkpoint_prefix(from_checkpoint)
-    if output_dir is not None and from_checkpoint is not None:
-        check_outside_run(output_dir, from_checkpoint)
+    if output_dir is not None:
+        check_output_dir(output_dir, run_path=from_checkpoint)
     curve = _range_test_keeping_state(trainer, prefix, rates, stop_factor, loss)
     _report(trainer.progress.line, curve, prefix)
     if output_dir is not None:
@@ -208,17 +208,49 @@ def _checkpoint_prefix(path: str) -> str:
 
 def check_outside_run(output_dir: str, run_path: str) -> None:
     """Raises ValueError when `output_dir` lies in the run `run_path` belongs to (`run_path`:
-    its model_dir, its checkpoints/ or one of its checkpoints)."""
-    run = os.path.abspath(run_path)
+    its model_dir, its checkpoints/ or one of its checkpoints), links resolved.
+
+    A `run_path` that is none of those yet is a new run: nothing to protect.
+    """
+    run = os.path.realpath(run_path)
     if not os.path.isdir(run):
+        if not tf.io.gfile.exists(run + ".index"):
+            return
         run = os.path.dirname(run)
     if os.path.basename(run) == "checkpoints":
         run = os.path.dirname(run)
-    if os.path.commonpath([run, os.path.abspath(output_dir)]) == run:
+    if os.path.commonpath([run, os.path.realpath(output_dir)]) == run:
         raise ValueError(
             f"output_dir={output_dir!r} lies in {run}, the run's directory, which the "
             "range test leaves untouched; pass an output_dir outside it (--find_lr_dir)."
         )
+
+
+def check_output_dir(output_dir: str, *, run_path: str | None = None) -> None:
+    """Makes `output_dir` and checks that the range test's files can be written there,
+    outside the run of `run_path` (`check_outside_run`; None: no run).
+
+    Raises:
+        ValueError: it lies in the run, is a file, cannot be made or written
+            (read-only), or a link is planted at lr_find.json or lr_find.png.
+    """
+    if run_path is not None:
+        check_outside_run(output_dir, run_path)
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+        for name in (JSON_FILE, PNG_FILE):
+            own_files.refuse_link(os.path.join(output_dir, name))
+    except own_files.PlantedLinkError as error:
+        raise ValueError(str(error)) from None
+    except OSError as error:
+        problem = "is a file" if os.path.isfile(output_dir) else "cannot be made or written"
+        raise ValueError(
+            f"output_dir={output_dir!r} {problem} ({error.strerror or error}); the range "
+            "test writes lr_find.json and lr_find.png there: pass a writable directory "
+            "(--find_lr_dir)."
+        ) from None
 
 
 def _restore(prefix: str, trainer: Trainer) -> None:
@@ -383,7 +415,7 @@ def write_curve(curve: LearningRateCurve, output_dir: str) -> list[str]:
     smoothed ones dark, gray lines at each power of ten of the rate and a red
     one at the suggestion. Returns the two paths.
     """
-    tf.io.gfile.makedirs(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
     json_path = os.path.join(output_dir, JSON_FILE)
     reporting.write_json_atomic(json_path, curve.as_json())
     log_rates = np.log10(np.array(curve.rates))
@@ -395,6 +427,5 @@ def write_curve(curve: LearningRateCurve, output_dir: str) -> list[str]:
         mark_x=math.log10(curve.suggested_rate),
     )
     png_path = os.path.join(output_dir, PNG_FILE)
-    with tf.io.gfile.GFile(png_path, "wb") as stream:
-        stream.write(tf.io.encode_png(picture).numpy())
+    own_files.write_atomic(png_path, tf.io.encode_png(picture).numpy())
     return [json_path, png_path]
