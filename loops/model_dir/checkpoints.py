@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from loops.cluster import strategies
-from loops.core import own_files
+from loops.core import keras_private, own_files
 from loops.vocabulary.errors import DamagedCheckpointError, NonFiniteWeightsError
 
 # What a CheckpointManager writes for step N: PREFIX.index and PREFIX.data-K-of-M.
@@ -85,7 +85,7 @@ class Checkpointer:
         self._manager: tf.train.CheckpointManager | None = None
         self._options = None
         if asynchronous:
-            _copy_keras_variables_once()
+            keras_private.copy_keras_variables_once()
             self._options = tf.train.CheckpointOptions(enable_async=True)
         self._in_flight: str | None = None  # an asynchronous save's path, until `wait`
 
@@ -270,25 +270,6 @@ class Checkpointer:
         problem = missing_files(prefix)
         if problem is not None:
             raise OSError(_unwritten(self.directory, problem))
-
-
-def _copy_keras_variables_once() -> None:
-    """Lets TensorFlow's asynchronous checkpoints copy Keras 3 variables more than once.
-
-    A save in the background first copies each variable to a host copy: the
-    first save makes the copies, each later one assigns them in a tf.function.
-    Keras 3's `Variable._copy_trackable_to_cpu` makes a new tf.Variable every
-    time, which a tf.function refuses ("only supports singleton tf.Variables")
-    at the second save (measured, Keras 3.13). Its copy is the wrapped
-    variable's own copy, which saves the same tensors: that one is used.
-    """
-    from keras.src.backend.tensorflow import core
-
-    def copy_once(variable, object_map):
-        variable.value._copy_trackable_to_cpu(object_map)
-        object_map[variable] = object_map[variable.value]
-
-    core.Variable._copy_trackable_to_cpu = copy_once
 
 
 def _unwritten(directory: str, reason: str) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.cluster import strategies
-from loops.core import outputs, own_files, pictures, reporting
+from loops.core import keras_private, outputs, own_files, pictures, reporting
 from loops.input import distributed_input
 from loops.model_dir import checkpoints
 from loops.run import failed_frames, loop_execution
@@ -290,16 +290,9 @@ def _range_test(
         rate = keras.Variable(
             float(rates[0]), name="lr_find_rate", trainable=False, aggregation="only_first_replica"
         )
-    # Keras 3 reads `_learning_rate` on each update: a variable, a schedule of the
-    # iterations, or a function it calls. A function is tracked neither by Keras nor
-    # by TensorFlow's checkpoints, so the optimizers' variables and saved state stay
-    # what they were (the public setter would untrack the optimizer's own variable).
-    own_rates = [optimizer._learning_rate for optimizer in optimizers]
-    for optimizer in optimizers:
-        optimizer._learning_rate = lambda: rate
-    try:
-        # A new trace of the steps, which reads the finder's rate; the trainer's
-        # own compiled steps keep theirs.
+    # A new trace of the steps, which reads the finder's rate; the trainer's own
+    # compiled steps keep theirs.
+    with keras_private.learning_rates_read_from(optimizers, lambda: rate):
         executor = loop_execution.make_executor(
             trainer.executor.definition,
             coordinator=None,
@@ -315,9 +308,6 @@ def _range_test(
             if record.add(float(value), executor.run(iterator, 1)) is not None:
                 break
         return record
-    finally:
-        for optimizer, own in zip(optimizers, own_rates):
-            optimizer._learning_rate = own
 
 
 class _Record:

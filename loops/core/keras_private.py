@@ -1,0 +1,53 @@
+"""The two places where loops changes what Keras does through a private name, each in one
+function, because Keras 3 leaves no public way; `tests/test_keras_private.py` fails when a
+Keras release renames what they rely on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+# What each adapter relies on, checked by the test: (module, class, attribute).
+KERAS_VARIABLE_COPY = ("keras.src.backend.tensorflow.core", "Variable", "_copy_trackable_to_cpu")
+OPTIMIZER_RATE_ATTRIBUTE = "_learning_rate"
+
+
+def copy_keras_variables_once() -> None:
+    """Lets TensorFlow's asynchronous checkpoints copy Keras 3 variables more than once.
+
+    A save in the background first copies each variable to a host copy: the
+    first save makes the copies, each later one assigns them in a tf.function.
+    Keras 3's `Variable._copy_trackable_to_cpu` makes a new tf.Variable every
+    time, which a tf.function refuses ("only supports singleton tf.Variables")
+    at the second save (measured, Keras 3.13). Its copy is the wrapped
+    variable's own copy, which saves the same tensors: that one is used.
+    Process-wide, and the same however often it is called.
+    """
+    from keras.src.backend.tensorflow import core
+
+    def copy_once(variable, object_map):
+        variable.value._copy_trackable_to_cpu(object_map)
+        object_map[variable] = object_map[variable.value]
+
+    core.Variable._copy_trackable_to_cpu = copy_once
+
+
+@contextlib.contextmanager
+def learning_rates_read_from(optimizers: Sequence[Any], rate: Callable[[], Any]) -> Iterator[None]:
+    """Inside, every optimizer's update reads its learning rate from `rate`; after, its own.
+
+    Keras 3 reads `_learning_rate` on each update: a variable, a schedule of the
+    iterations, or a function it calls. A function is tracked neither by Keras nor
+    by TensorFlow's checkpoints, so the optimizers' variables and saved state stay
+    what they were (the public setter would untrack the optimizer's own variable).
+    """
+    own_rates = [getattr(optimizer, OPTIMIZER_RATE_ATTRIBUTE) for optimizer in optimizers]
+    for optimizer in optimizers:
+        setattr(optimizer, OPTIMIZER_RATE_ATTRIBUTE, rate)
+    try:
+        yield
+    finally:
+        for optimizer, own in zip(optimizers, own_rates):
+            setattr(optimizer, OPTIMIZER_RATE_ATTRIBUTE, own)
