@@ -359,8 +359,8 @@ import os, subprocess, sys
 sys.path.insert(0, {root!r})
 from loops.cluster.scheduler_cluster import expand_hostlist
 args = sys.argv[1:]
-assert args[0] == "--distribution=block", args
-command = args[1:]
+assert args[:2] == ["--label", "--distribution=block"], args
+command = args[2:]
 nodes = expand_hostlist(os.environ["FAKE_NODES"])
 codes = []
 for rank, node in enumerate(nodes):
@@ -437,7 +437,7 @@ def test_the_slurm_template_gives_each_task_its_place_and_requeues_a_preempted_j
         "--output=digits-%j.out",
     ]
     assert (
-        "srun --distribution=block python3 -m loops.cluster.scheduler_cluster "
+        "srun --label --distribution=block python3 -m loops.cluster.scheduler_cluster "
         "--strategy=parameter_server --model_dir=/shared/run --cluster_num_ps=1\n" in script
     )
     # Each of the 4 tasks finds the same cluster and its own place in it.
@@ -512,7 +512,8 @@ def test_the_kubernetes_template_gives_each_pod_its_place_and_replaces_preempted
         (["--print=kubernetes", "--num_workers=2"], "--print=kubernetes needs --image"),
         (
             ["--print=kubernetes", "--num_workers=2", "--image=x", "--job_name=Big_Run"],
-            "--job_name='Big_Run' cannot name a Kubernetes Job and Service",
+            "--job_name='Big_Run' cannot name a Kubernetes Job and Service (it holds 'B'): use "
+            "lowercase letters, digits and '-', starting with a letter",
         ),
         (["--print=slurm", "--num_workers=0"], "--num_workers=0: a cluster needs at least one"),
         (["--print=slurm", "--num_workers=2", "--evaluator"], "a template has none"),
