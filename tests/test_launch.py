@@ -723,6 +723,10 @@ def test_the_help_lists_the_exit_codes(capsys):
         (["--", "loops.bin.classifier"], "--num_workers is required: how many worker processes"),
         (["--num_workers=two", "--", "x"], "argument --num_workers: invalid int value: 'two'"),
         (
+            ["--num_workers=2", "--network=none", "--", "x"],
+            "argument --network: invalid choice: 'none' (choose from 'private', 'host')",
+        ),
+        (
             ["--num_workers=2", "--", "train.py"],
             "'train.py' looks like a script file; pass `python train.py`",
         ),

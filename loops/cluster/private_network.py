@@ -161,7 +161,7 @@ def _hold() -> int:
     try:
         make_namespace()
     except OSError as error:
-        print(f"the kernel refused a network namespace ({error.strerror})", flush=True)
+        print(f"the kernel refused a network namespace: {error.strerror}", flush=True)
         return 0
     print(_READY, flush=True)
     sys.stdin.read()
