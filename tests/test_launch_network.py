@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
+from network_hosts import NetworkHosts
 
 from conftest import ROOT, OutputRun
 from loops.cluster import launch
-from network_hosts import NetworkHosts
 
 ENV = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
 ENV["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
@@ -130,7 +130,7 @@ def test_a_tasks_port_is_unreachable_from_another_network_namespace_unless_netwo
 def test_where_the_kernel_refuses_a_private_network_the_launcher_warns_and_runs_the_tasks():
     # A user namespace that may hold none, for a root without CAP_SYS_ADMIN: neither
     # way to a network namespace is open.
-    refuse = "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$@\""
+    refuse = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
     command = [
         "unshare",
         "--user",

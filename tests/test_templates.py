@@ -188,9 +188,7 @@ IMAGE_RULE = (
         ),
     ],
 )
-def test_a_value_no_template_can_carry_is_refused_with_a_sentence_naming_it(
-    capsys, flags, message
-):
+def test_a_value_no_template_can_carry_is_refused_with_a_sentence_naming_it(capsys, flags, message):
     with pytest.raises(SystemExit) as exited:
         launch.main([*flags, "--num_workers=2", "--", "loops.bin.classifier"])
     assert exited.value.code == 2
