@@ -161,3 +161,12 @@ def test_where_the_kernel_refuses_a_private_network_the_launcher_warns_and_runs_
     # The task ran in the network namespace the launcher was started in.
     assert done.stdout == f"[worker_0] {os.readlink('/proc/self/ns/net')}\n"
     assert time.monotonic() - started < 30
+
+
+def test_a_launcher_asked_for_another_network_says_which_there_are():
+    with pytest.raises(launch.UsageError) as raised:
+        launch.Launcher([sys.executable, "-c", "pass"], launch.plan_cluster(1), network="none")
+    assert str(raised.value) == (
+        "--network='none' is neither private nor host; pass --network=private (the default) "
+        "or --network=host."
+    )

@@ -298,7 +298,10 @@ class Launcher:
         if not grace_period > 0:
             raise UsageError(f"--grace_period={grace_period} must be > 0 seconds, e.g. 10.")
         if network not in NETWORKS:
-            raise UsageError(f"--network={network!r}: pass --network=private or --network=host.")
+            raise UsageError(
+                f"--network={network!r} is neither private nor host; pass --network=private "
+                "(the default) or --network=host."
+            )
         self.network = network
         self._private_network: PrivateNetwork | None = None
         self.command = list(command)
