@@ -3,15 +3,16 @@
 TensorFlow's servers bind every interface and take no credentials (BUILD.md);
 tasks that share a namespace of their own still reach each other on 127.0.0.1,
 while a connection from anywhere else, this machine included, finds nothing on
-their ports. Only the
-network is private: the tasks keep this machine's files, processes, user and
-signals.
+their ports. Only the network is private: the tasks keep this machine's
+files, process ids, user and signals.
 
 The namespace is made by a short-lived helper process (this file run as a
 script): `unshare` of a user namespace is irreversible and needs a process
-with one thread, which the launcher (or a test calling it) may not be. The
-launcher keeps descriptors of the helper's namespaces, and each task joins
-them between fork and exec (`PrivateNetwork.join`).
+with one thread, which the launcher (or a test calling it) may not be; and
+one namespace for all the tasks, rather than `unshare(1)` around each, lets
+them reach each other. The launcher keeps descriptors of the helper's
+namespaces, and each task joins them between fork and exec
+(`PrivateNetwork.join`).
 
 This module imports only the standard library: it runs as a script, with no
 package on the path.
@@ -125,11 +126,6 @@ class PrivateNetwork:
         """Moves this process into the namespaces; run in a task between fork and exec."""
         for descriptor, kind in self._namespaces:
             _call("setns", descriptor, kind)
-
-    @property
-    def in_user_namespace(self) -> bool:
-        """Whether the tasks also get a user namespace (the kernel required one)."""
-        return any(kind == CLONE_NEWUSER for _, kind in self._namespaces)
 
     def close(self) -> None:
         """Lets the namespace go once its tasks have exited."""
