@@ -507,9 +507,8 @@ def test_every_task_gets_its_tf_config_and_prefixed_output_and_servers_are_stopp
     addresses = cluster["chief"] + cluster["worker"] + cluster["ps"]
     assert len(addresses) == 4 and len(set(addresses)) == 4
     assert all(re.fullmatch(r"127\.0\.0\.1:\d+", address) for address in addresses)
-    # They listen on every interface all the same (TensorFlow binds 0.0.0.0): the launcher says so.
-    assert f"[launch] {launch.OPEN_SERVERS_NOTE}\n" in stderr
-    assert "listen on every network interface" in launch.OPEN_SERVERS_NOTE
+    # TensorFlow binds 0.0.0.0 all the same: the tasks run where only they reach those ports.
+    assert stderr.startswith(f"[launch] {launch.PRIVATE_NETWORK_NOTE}\n[launch] starting 4 tasks")
     # The parameter server never exits on its own; the launcher stops it once the chief is done.
     assert re.search(r"the chief finished; stopping (worker_\d, )*ps_0", stderr)
     assert seconds < 15
@@ -723,6 +722,10 @@ def test_the_help_lists_the_exit_codes(capsys):
         (["--num_worker=2", "--", "loops.bin.classifier"], "unexpected --num_worker=2"),
         (["--", "loops.bin.classifier"], "--num_workers is required: how many worker processes"),
         (["--num_workers=two", "--", "x"], "argument --num_workers: invalid int value: 'two'"),
+        (
+            ["--num_workers=2", "--network=none", "--", "x"],
+            "argument --network: invalid choice: 'none' (choose from 'private', 'host')",
+        ),
         (
             ["--num_workers=2", "--", "train.py"],
             "'train.py' looks like a script file; pass `python train.py`",

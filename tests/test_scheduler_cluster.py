@@ -621,7 +621,7 @@ args = sys.argv[1:]
 options = []
 while args[0].startswith("--"):
     options.append(args.pop(0))
-assert "--distribution=block" in options, options
+assert options == ["--label", "--distribution=block"], options
 nodes = expand_hostlist(os.environ["FAKE_NODES"])
 codes = []
 for rank, node in enumerate(nodes):
@@ -700,11 +700,9 @@ def test_the_slurm_template_gives_each_task_its_place_and_requeues_a_preempted_j
         "--open-mode=append",
         "--output=digits-%j.out",
     ]
-    (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
-    assert " --distribution=block " in line
-    assert line.endswith(
-        " python3 -m loops.cluster.task_cluster --strategy=parameter_server "
-        "--model_dir=/shared/run --cluster_num_ps=1"
+    assert (
+        "srun --label --distribution=block python3 -m loops.cluster.task_cluster "
+        "--strategy=parameter_server --model_dir=/shared/run --cluster_num_ps=1\n" in script
     )
     # Each of the 4 tasks finds the same cluster and its own place in it.
     finished, requeued = run_script(script, tmp_path, "gpu[01-04]")
@@ -778,7 +776,8 @@ def test_the_kubernetes_template_gives_each_pod_its_place_and_replaces_preempted
         (["--print=kubernetes", "--num_workers=2"], "--print=kubernetes needs --image"),
         (
             ["--print=kubernetes", "--num_workers=2", "--image=x", "--job_name=Big_Run"],
-            "--job_name='Big_Run' cannot name a Kubernetes Job and Service",
+            "--job_name='Big_Run' cannot name a Kubernetes Job and Service (it holds 'B'): use "
+            "lowercase letters, digits and '-', starting with a letter",
         ),
         (["--print=slurm", "--num_workers=0"], "--num_workers=0: a cluster needs at least one"),
         (["--print=slurm", "--num_workers=2", "--evaluator"], "a template has none"),

@@ -34,6 +34,12 @@ and, under MultiWorkerMirroredStrategy, tells the other workers); the servers
 keep serving until the chief is done, since its checkpoint reads the
 variables they hold. A second signal kills every task.
 
+The tasks run in a network namespace of their own with only loopback
+(`private_network`), where the kernel allows one: TensorFlow's servers listen
+on every interface without authentication, and there nothing outside reaches
+them. The launcher's first line says which network the tasks have;
+--network=host gives them this machine's, for commands that need other hosts.
+
 The tasks are plain subprocesses watched by threads, not TensorFlow's
 multi-process test runner (BUILD.md fact 15).
 """
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -57,6 +64,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from loops.cluster import templates
+from loops.cluster.private_network import NetworkRefused, PrivateNetwork
 from loops.cluster.scheduler_cluster import DEFAULT_KUBERNETES_PORT, FOUND_BY_VARIABLE
 from loops.vocabulary import exit_codes
 
@@ -77,6 +85,14 @@ OPEN_SERVERS_NOTE = (
     "without authentication: whoever reaches their ports can run operations as this user. "
     "Run clusters only on machines whose ports are closed to untrusted networks (a firewall "
     "or a private network)."
+)
+# --network: the tasks' own namespace with only loopback, or this machine's network.
+NETWORKS = ("private", "host")
+PRIVATE_NETWORK_NOTE = (
+    "private network: the tasks run in a network namespace of their own with only loopback, "
+    "so nothing outside it reaches their TensorFlow servers (which accept anyone who does), "
+    "and the tasks reach no other host; pass --network=host if the command needs this "
+    "machine's network"
 )
 
 
@@ -226,8 +242,32 @@ def _die_with_parent() -> None:
     Without it a launcher killed with SIGKILL leaves its workers running,
     still holding their ports and the model_dir lock.
     """
-    if _prctl is not None:  # installed as preexec_fn only where it exists
+    if _prctl is not None:
         _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _prepare_task(network: PrivateNetwork | None) -> None:
+    """In the child before exec: die with the launcher, and join the private network."""
+    _die_with_parent()
+    if network is not None:
+        network.join()
+
+
+def open_network(network: str) -> tuple[PrivateNetwork | None, str]:
+    """The private network the tasks join (None: this machine's) and the line that says so.
+
+    `network` is "private" or "host" (--network); where the kernel refuses a
+    private one, the tasks get this machine's network and the line says why.
+    """
+    if network == "host":
+        return None, f"this machine's network (--network=host); {OPEN_SERVERS_NOTE}"
+    try:
+        return PrivateNetwork.create(), PRIVATE_NETWORK_NOTE
+    except NetworkRefused as refused:
+        return None, (
+            f"no private network ({refused}), so the tasks use this machine's network; "
+            f"{OPEN_SERVERS_NOTE}"
+        )
 
 
 class Launcher:
@@ -240,6 +280,8 @@ class Launcher:
         stdout, stderr: where the tasks' prefixed lines go; the launcher's own
             lines (`[launch] ...`) go to stderr.
         env: the tasks' environment (this process's if None), plus TF_CONFIG.
+        network: "private" (the tasks' own loopback-only network namespace, where the
+            kernel allows one) or "host" (this machine's network).
     """
 
     def __init__(
@@ -251,9 +293,17 @@ class Launcher:
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
         env: dict[str, str] | None = None,
+        network: str = "private",
     ):
         if not grace_period > 0:
             raise UsageError(f"--grace_period={grace_period} must be > 0 seconds, e.g. 10.")
+        if network not in NETWORKS:
+            raise UsageError(
+                f"--network={network!r} is neither private nor host; pass --network=private "
+                "(the default) or --network=host."
+            )
+        self.network = network
+        self._private_network: PrivateNetwork | None = None
         self.command = list(command)
         self.tasks = list(tasks)
         self.grace_period = grace_period
@@ -276,6 +326,8 @@ class Launcher:
             self._stop([task for task in self.tasks if task.running()])
             for pump in self._pumps:
                 pump.join(timeout=5)
+            if self._private_network is not None:
+                self._private_network.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
@@ -286,9 +338,9 @@ class Launcher:
     # ---- Starting. ----
 
     def _start(self) -> None:
+        self._private_network, network_line = open_network(self.network)
+        self.say(network_line)
         self.say(f"starting {len(self.tasks)} tasks: {shlex.join(self.command)}")
-        if any(task.address is not None for task in self.tasks):
-            self.say(OPEN_SERVERS_NOTE)
         for task in self.tasks:
             env = dict(self._env, TF_CONFIG=tf_config(self.tasks, task), PYTHONUNBUFFERED="1")
             # The cluster is this TF_CONFIG, not one the launcher's own process found.
@@ -303,12 +355,17 @@ class Launcher:
                     # Its own session: a terminal's Ctrl-C reaches the tasks only
                     # through the launcher, once, instead of twice.
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if _prctl is not None else None,
+                    preexec_fn=functools.partial(_prepare_task, self._private_network),
                 )
             except OSError as error:
                 raise UsageError(
                     f"Cannot start {self.command[0]!r} for {task.name} ({error}); check that "
                     "the path exists and is executable."
+                ) from error
+            except subprocess.SubprocessError as error:  # raised by _prepare_task: setns
+                raise UsageError(
+                    f"Cannot start {task.name} in the private network ({error}); pass "
+                    "--network=host to run the tasks in this machine's network."
                 ) from error
             where = f" at {task.address}" if task.address else ""
             self.say(f"{task.name} pid {task.process.pid}{where}")
@@ -502,7 +559,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="loops-launch",
         allow_abbrev=False,
         usage="%(prog)s --num_workers=N [--num_ps=M] [--evaluator] [--grace_period=S] "
-        "-- <module or command> [its flags]",
+        "[--network=private|host] -- <module or command> [its flags]",
         description="Runs a command as a local tf.distribute cluster: one process per task, "
         "each with TF_CONFIG set, output lines prefixed with the task name.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -545,6 +602,14 @@ def _parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds a task has to exit after SIGTERM before SIGKILL (default 10)",
     )
+    parser.add_argument(
+        "--network",
+        choices=NETWORKS,
+        default="private",
+        help="private (default): the tasks run in a network namespace of their own with only "
+        "loopback, unreachable from outside, where the kernel allows one (else a warning); "
+        "host: in this machine's network, for commands that need other hosts",
+    )
     _add_template_arguments(parser)
     return parser
 
@@ -571,10 +636,6 @@ def _add_template_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"--print=kubernetes: the port every pod serves on (default "
         f"{DEFAULT_KUBERNETES_PORT})",
     )
-
-
-# A Kubernetes object name that also makes `<name>-<index>` a valid host name.
-_KUBERNETES_NAME = re.compile(r"[a-z]([-a-z0-9]{0,50}[a-z0-9])?")
 
 
 def template_command(words: Sequence[str]) -> list[str]:
@@ -605,30 +666,26 @@ def print_template(options: argparse.Namespace, words: Sequence[str]) -> str:
             "the evaluator as its own job (--mode=evaluate_checkpoints on the same model_dir)."
         )
     command = template_command(words)
-    if options.print == "slurm":
-        return templates.slurm_script(
-            command, options.num_workers, options.num_ps, job_name=options.job_name
-        )
-    if not options.image:
+    if options.print == "kubernetes" and not options.image:
         raise UsageError(
             "--print=kubernetes needs --image: the container image, with loops installed, "
             "that the tasks run (e.g. --image=registry.example.com/loops:1)."
         )
-    if not _KUBERNETES_NAME.fullmatch(options.job_name):
-        raise UsageError(
-            f"--job_name={options.job_name!r} cannot name a Kubernetes Job and Service: use "
-            "lowercase letters, digits and '-', starting with a letter, at most 52 characters."
+    try:
+        if options.print == "slurm":
+            return templates.slurm_script(
+                command, options.num_workers, options.num_ps, job_name=options.job_name
+            )
+        return templates.kubernetes_manifest(
+            command,
+            options.num_workers,
+            options.num_ps,
+            job_name=options.job_name,
+            image=options.image,
+            port=options.port,
         )
-    if not 1 <= options.port <= 65535:
-        raise UsageError(f"--port={options.port} is outside 1..65535; pick a port in range.")
-    return templates.kubernetes_manifest(
-        command,
-        options.num_workers,
-        options.num_ps,
-        job_name=options.job_name,
-        image=options.image,
-        port=options.port,
-    )
+    except templates.TemplateValueError as error:
+        raise UsageError(str(error)) from error
 
 
 def main(argv: Sequence[str]) -> int:
@@ -641,8 +698,8 @@ def main(argv: Sequence[str]) -> int:
     if unknown:
         parser.error(
             f"unexpected {' '.join(unknown)}; the launcher takes --num_workers, "
-            "--num_ps, --evaluator, --grace_period and the template flags (--help), and the "
-            "command goes after `--`, "
+            "--num_ps, --evaluator, --grace_period, --network and the template flags (--help), "
+            "and the command goes after `--`, "
             f"e.g. {EXAMPLE}"
         )
     if options.num_workers is None:
@@ -660,6 +717,7 @@ def main(argv: Sequence[str]) -> int:
             command,
             plan_cluster(options.num_workers, options.num_ps, evaluator=options.evaluator),
             grace_period=options.grace_period,
+            network=options.network,
         )
         return launcher.run()
     except UsageError as error:
