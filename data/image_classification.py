@@ -22,6 +22,8 @@ class DatasetSpec:
     input_shape: tuple[int, ...]
     num_classes: int
     split_sizes: dict[str, int]
+    # Each class's name in label order (the dataset's ClassLabel names, or its folders').
+    class_names: tuple[str, ...] = ()
     # (path, why) of each file of the data left out as unusable (--skip_bad_images).
     left_out: tuple[tuple[str, str], ...] = ()
 
@@ -88,6 +90,7 @@ def builder_spec(builder: tfds.core.DatasetBuilder) -> DatasetSpec:
         name=info.name,
         input_shape=tuple(info.features[image_key].shape),
         num_classes=info.features[label_key].num_classes,
+        class_names=tuple(info.features[label_key].names),
         split_sizes={split: info.splits[split].num_examples for split in info.splits},
     )
 

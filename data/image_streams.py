@@ -180,6 +180,7 @@ def from_image_folder(
             name=os.path.basename(os.path.normpath(root)),
             input_shape=(*image_size, 3),
             num_classes=len(train.class_names),
+            class_names=train.class_names,
             split_sizes={train_split: train.num_examples, eval_split: evaluation.num_examples},
             left_out=train.left_out + evaluation.left_out,
         ),

@@ -14,6 +14,7 @@ def test_digits_has_a_fixed_split_of_the_bundled_images(digits_dir):
     spec = data.dataset_spec("digits", digits_dir)
     assert spec.input_shape == (8, 8, 1)
     assert spec.num_classes == 10
+    assert spec.class_names == tuple(str(label) for label in range(10))  # ClassLabel names
     assert spec.split_sizes == {"train": 1437, "test": 360}
     images, labels = next(
         iter(data.read_split(data.load_builder("digits", digits_dir), "test").batch(360))

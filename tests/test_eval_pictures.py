@@ -1,8 +1,11 @@
 """Pictures at each evaluation: the classifier's confusion matrix and worst images, the ring
-GAN's scatter of samples; array eval outputs (an array Sum, loops.Highest); the pictures."""
+GAN's scatter of samples; array eval outputs (an array Sum, loops.Highest); the pictures and
+the confusion matrix's plot."""
 
 import glob
 import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -11,9 +14,9 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from conftest import make_trainer, read_results, tiny_batches, tiny_examples
+from conftest import SUBPROCESS_ENV, make_trainer, read_results, tiny_batches, tiny_examples
 from loops.cluster import strategies
-from loops.core import outputs, pictures
+from loops.core import outputs, pictures, plots
 from loops.kinds import gan
 from loops_data.ring import Ring
 from loops_models import gan as gan_models
@@ -22,11 +25,12 @@ EVAL_EXAMPLES = 21  # tiny_batches(8, 21): batches of 8, 8, 5
 
 
 def make_classifier(num_replicas, model_dir=None, **kwargs):
+    kwargs.setdefault(
+        "model_fn",
+        lambda: models.build_classifier("mlp", input_shape=(8, 8, 1), num_classes=10, seed=7),
+    )
     return make_trainer(
         loops.ClassifierLoop,
-        model_fn=lambda: models.build_classifier(
-            "mlp", input_shape=(8, 8, 1), num_classes=10, seed=7
-        ),
         optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         strategy=loops.testing.replica_strategy(num_replicas),
         train_data=tiny_batches(8, 21, shuffle_seed=2),
@@ -124,7 +128,8 @@ def test_the_worst_images_are_the_eval_examples_of_highest_loss(evaluations):
 
 def test_tensorboard_and_results_hold_the_pictures_and_the_matrix(tmp_path):
     model_dir = str(tmp_path)
-    trainer = make_classifier(2, model_dir, eval_every=3, worst_images=5)
+    names = [f"c{index}" for index in range(10)]
+    trainer = make_classifier(2, model_dir, eval_every=3, worst_images=5, class_names=names)
     trainer.train(3)
     matrix = np.array(read_results(model_dir)["confusion_matrix"])
     np.testing.assert_array_equal(matrix, trainer.definition.last_eval_arrays["confusion_matrix"])
@@ -133,14 +138,13 @@ def test_tensorboard_and_results_hold_the_pictures_and_the_matrix(tmp_path):
     assert set(read_results(model_dir)["eval"]) == {"loss", "accuracy", "num_examples"}
     values = event_values(model_dir)
     assert [step for step, _ in values["confusion_matrix"]] == [3]
-    # 10 classes of 25 x 25 pixels; 5 images of 8 x 8 in rows of 3, 1-pixel lines.
-    size, heatmap = event_image(values, "confusion_matrix")
-    assert size == (250, 250) and heatmap.shape == (250, 250, 3)
+    # The matrix's plot, 6 inches a side for 10 classes; 5 images of 8 x 8 in rows of 3.
+    size, plot = event_image(values, "confusion_matrix")
+    assert size == (600, 600) and plot.shape == (600, 600, 4)
+    expected = plots.png_bytes(plots.confusion_matrix_figure(matrix, names))
+    np.testing.assert_array_equal(plot, tf.io.decode_png(expected).numpy())
     size, grid = event_image(values, "worst_images")
     assert size == (28, 19) and grid.shape == (19, 28, 1)
-    # The darkest cell is the matrix's largest count.
-    row, column = np.unravel_index(np.argmax(matrix), matrix.shape)
-    assert heatmap[row * 25 + 12, column * 25 + 12].tolist() == [8, 48, 107]
     (_, text) = values["worst_classes"][-1]
     assert text.item().decode().split(": ")[1].count(" -> ") == 5
 
@@ -285,12 +289,124 @@ def test_a_train_step_returns_scalars_only(output, message):
 # ---- The pictures. ----
 
 
-def test_a_heatmap_shades_counts_from_white_to_dark_blue_on_a_log_scale():
-    image = pictures.heatmap(np.array([[0, 1], [99, 9999]]))
-    assert image.shape == (250, 250, 3) and image.dtype == np.uint8
-    assert image[0, 0].tolist() == [255, 255, 255] and image[-1, -1].tolist() == [8, 48, 107]
-    one, many = image[0, 125], image[125, 0]  # log 2 / log 10000: light; log 100: half
-    assert 200 < one[0] < 255 and 100 < many[0] < 160
+def test_the_confusion_matrix_plot_names_the_classes_and_writes_each_count():
+    counts = np.array([[5, 0, 1], [2, 7, 0], [0, 3, 9]])
+    figure = plots.confusion_matrix_figure(counts, ["cat", "dog", "a very long class name"])
+    (axes,) = figure.axes
+    assert axes.get_xlabel() == "predicted class" and axes.get_ylabel() == "true class"
+    assert axes.get_title() == "Confusion matrix of 27 examples"
+    names = ["cat", "dog", "a very long c..."]
+    assert [label.get_text() for label in axes.get_xticklabels()] == names
+    assert [label.get_text() for label in axes.get_yticklabels()] == names
+    # Row by row, the true class down and the predicted one across.
+    cells = {
+        (text.get_position()[1], text.get_position()[0]): text.get_text() for text in axes.texts
+    }
+    assert cells == {
+        (row, column): str(counts[row, column]) for row in range(3) for column in range(3)
+    }
+    # The largest count on the darkest shade, white on it; a 0 black on white.
+    assert {text.get_text(): text.get_color() for text in axes.texts}["9"] == "white"
+    assert {text.get_text(): text.get_color() for text in axes.texts}["0"] == "black"
+    png = plots.png_bytes(figure)
+    assert tf.io.decode_png(png).shape == (400, 400, 4)  # 4 inches at 100 pixels an inch
+    # Drawn again from the same counts: the same bytes (no date or version in the file).
+    assert (
+        plots.png_bytes(
+            plots.confusion_matrix_figure(counts, names[:2] + ["a very long class name"])
+        )
+        == png
+    )
+
+
+def test_the_confusion_matrix_plot_of_many_classes_stays_bounded():
+    counts = np.eye(plots.MAX_COUNTED_CLASSES + 1, dtype=np.int64)
+    (axes,) = plots.confusion_matrix_figure(counts, None).axes
+    assert len(axes.texts) == 0  # cells too small to read: the counts are in results.json
+    labels = [label.get_text() for label in axes.get_xticklabels()]
+    assert labels == [str(index) for index in range(plots.MAX_COUNTED_CLASSES + 1)]
+    (axes,) = plots.confusion_matrix_figure(np.eye(200, dtype=np.int64), None).axes
+    assert axes.get_title() == "Confusion matrix of 200 examples"
+    assert len(axes.get_xticklabels()) < 20  # matplotlib's own choice of indices
+    assert axes.get_figure().get_size_inches().tolist() == [16.0, 16.0]
+
+
+@pytest.mark.parametrize(
+    "class_names, message",
+    [
+        ("abc", "class_names must be a list of strings, one a class in label order, got 'abc'."),
+        ([], "class_names must be a list of strings, one a class in label order, got []."),
+        (
+            ["a", 2],
+            "class_names must be a list of strings, one a class in label order, got ['a', 2].",
+        ),
+        (
+            ["a", "b"],
+            "class_names has 2 names but the model gives 10 logits a row; pass one name a class, "
+            "in label order.",
+        ),
+    ],
+)
+def test_bad_class_names_are_refused_before_training(class_names, message):
+    with pytest.raises(ValueError) as refused:
+        make_classifier(1, class_names=class_names)
+    assert str(refused.value) == message
+
+
+class SubclassedClassifier(keras.Model):
+    """A model whose output width build cannot read (it has no symbolic outputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(10)
+
+    def call(self, inputs):
+        return self.dense(keras.ops.reshape(inputs, (-1, 64)))
+
+
+def test_class_names_a_subclassed_model_disagrees_with_are_refused_at_the_first_picture(tmp_path):
+    def model_fn():
+        model = SubclassedClassifier()
+        model(keras.ops.zeros((1, 8, 8, 1)))
+        return model
+
+    trainer = make_classifier(1, str(tmp_path), model_fn=model_fn, class_names=["a", "b"])
+    with pytest.raises(ValueError) as refused:
+        trainer.evaluate()
+    assert str(refused.value) == (
+        "class_names has 2 names but the model gives 10 logits a row; pass one name a class, "
+        "in label order."
+    )
+
+
+def test_plots_use_a_private_config_directory_where_the_home_is_unwritable(tmp_path):
+    """matplotlib would say on every run that it made a temporary cache directory (a root run
+    writes anywhere, so the home is a file here)."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    environment = {name: value for name, value in SUBPROCESS_ENV.items() if "XDG_" not in name}
+    environment.pop("MPLCONFIGDIR", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from loops.core import plots; "
+            "imported = 'matplotlib' in sys.modules; "
+            "plots.png_bytes(plots.confusion_matrix_figure([[1]], None)); "
+            "print(os.environ['MPLCONFIGDIR'], os.path.isdir(os.environ['MPLCONFIGDIR']), "
+            "imported, 'tensorflow' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        env={**environment, "HOME": str(blocked)},
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    private, existed, imported_early, tensorflow_imported = done.stdout.split()
+    assert os.path.basename(private).startswith("loops-matplotlib-") and existed == "True"
+    # matplotlib loads with the first plot, not with the module; TensorFlow not at all.
+    assert imported_early == "False" and tensorflow_imported == "False"
+    assert not os.path.exists(private)  # removed when the process ended
 
 
 def test_a_grid_tiles_images_in_rows_and_leaves_the_missing_tiles_gray():

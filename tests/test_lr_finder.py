@@ -16,6 +16,7 @@ import tensorflow as tf
 import loops
 import loops_models as models
 from conftest import failing_at_batch, make_trainer, read_results, run_module, tiny_batches
+from loops.core import plots
 from loops.run import lr_finder
 
 # Measured (digits, the classifier binary's defaults: Adam, batch 64, 2 replicas, 200
@@ -221,6 +222,56 @@ def test_a_trainer_with_a_model_dir_is_refused(tmp_path):
         loops.find_learning_rate(trainer)
 
 
+def hand_made_curve():
+    """A curve over four decades that falls, turns up at 10**-2.5 and ends not finite."""
+    rates = tuple(1e-5 * 10.0 ** (np.arange(9) / 2))  # 1e-5, 3.2e-5, ..., 1e-1
+    smoothed = (2.3, 2.25, 2.15, 1.9, 1.6, 1.3, 1.35, 1.8, math.nan)
+    return lr_finder.LearningRateCurve(
+        rates=rates,
+        losses=(2.3, 2.2, 2.0, 1.6, 1.1, 0.9, 1.4, 3.0, math.inf),
+        smoothed_losses=smoothed,
+        suggested_rate=rates[5] / 10,
+        rule=lr_finder.RULE,
+        stop_reason="the loss was not finite",
+        loss_name="d_loss+g_loss",
+        start_step=0,
+    )
+
+
+def test_the_picture_is_the_loss_on_a_labelled_log_axis_with_the_suggestion_written(tmp_path):
+    curve = hand_made_curve()
+    figure = plots.learning_rate_figure(
+        curve.rates, curve.losses, curve.smoothed_losses, curve.suggested_rate, curve.loss_name
+    )
+    (axes,) = figure.axes
+    assert axes.get_xscale() == "log" and axes.get_xlabel() == "learning rate (log scale)"
+    assert axes.get_ylabel() == "d_loss+g_loss"
+    assert axes.get_title() == "Learning-rate range test: suggested rate 0.000316"
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend == ["d_loss+g_loss", "d_loss+g_loss, smoothed", "suggested rate 0.000316"]
+    raw, smoothed, suggestion = axes.lines
+    np.testing.assert_array_equal(raw.get_xdata(), curve.rates)
+    np.testing.assert_array_equal(raw.get_ydata(), [*curve.losses[:-1], np.nan])  # a gap at inf
+    np.testing.assert_array_equal(smoothed.get_ydata(), curve.smoothed_losses)
+    assert list(suggestion.get_xdata()) == [curve.suggested_rate] * 2
+    # The loss axis: from the lowest raw loss to the first smoothed one (2.3), 5% margins.
+    np.testing.assert_allclose(axes.get_ylim(), (0.9 - 0.07, 2.3 + 0.07), rtol=1e-12)
+    # Labelled ticks at the powers of ten in view (the last rate's loss was not finite).
+    figure.canvas.draw()
+    low, high = axes.get_xlim()
+    shown = [(tick, label) for tick, label in zip(axes.get_xticks(), axes.get_xticklabels())]
+    shown = [(tick, label.get_text()) for tick, label in shown if low <= tick <= high]
+    np.testing.assert_allclose([tick for tick, _ in shown], [1e-5, 1e-4, 1e-3, 1e-2], rtol=1e-9)
+    assert [text for _, text in shown] == [
+        f"$\\mathdefault{{10^{{{power}}}}}$" for power in range(-5, -1)
+    ]
+    paths = lr_finder.write_curve(curve, str(tmp_path))
+    assert paths == [str(tmp_path / "lr_find.json"), str(tmp_path / "lr_find.png")]
+    png = (tmp_path / "lr_find.png").read_bytes()
+    assert png == plots.png_bytes(figure)  # the same figure, the same bytes
+    assert tf.io.decode_png(png).shape == (420, 640, 4)
+
+
 def directory_contents(directory):
     """Relative path -> bytes of every file under `directory`."""
     contents = {}
@@ -261,7 +312,7 @@ def test_find_lr_from_a_finished_run_leaves_its_model_dir_untouched(tmp_path, di
     assert read_results(model_dir)["global_step"] == 20
 
     curve, picture = read_curve(output_dir)
-    assert picture.shape == (320, 480, 3) and picture.dtype == np.uint8
+    assert picture.shape == (420, 640, 4) and picture.dtype == np.uint8
     assert curve["start_step"] == 20 and curve["loss_name"] == "loss"
     rates = np.array(curve["rates"])
     assert 2 <= len(rates) <= 30 and len(curve["losses"]) == len(rates)
@@ -318,7 +369,7 @@ def test_every_binary_runs_the_range_test(tmp_path, binary, argv, loss_name):
     )  # fmt: skip
     assert found.returncode == 0, found.stderr[-3000:]
     curve, picture = read_curve(output_dir)
-    assert curve["loss_name"] == loss_name and picture.shape == (320, 480, 3)
+    assert curve["loss_name"] == loss_name and picture.shape == (420, 640, 4)
     np.testing.assert_allclose(curve["rates"], 1e-5 * 100.0 ** (np.arange(8) / 7), rtol=1e-12)
     assert all(math.isfinite(loss) for loss in curve["losses"])
     assert curve["suggested_rate"] in [rate / 10 for rate in curve["rates"]]

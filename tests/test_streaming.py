@@ -545,6 +545,7 @@ def test_each_bad_folder_is_named_with_its_fix(tmp_path):
         image_size=(12, 16),
     )
     assert resized.spec.input_shape == (12, 16, 3)
+    assert resized.spec.class_names == ("cat", "dog", "eel")  # the confusion matrix names
     assert next(iter(resized.train()))[0].shape == (8, 12, 16, 3)
 
     broken = write_folder(tmp_path / "broken")

@@ -47,6 +47,7 @@ def build_trainer():
             total_steps=FLAGS.train_steps,
         ),
         data_notes=image_folders.left_out_notes(spec.left_out),
+        class_names=spec.class_names or None,
         **loop_flags.clip_norm_argument(),
     )
     return loops.Trainer(definition, train_data=train_data, eval_data=eval_data, **arguments)

@@ -91,6 +91,12 @@ class Summaries:
             self._writers[name] = tf.summary.create_file_writer(os.path.join(self._directory, name))
         return self._writers[name]
 
+    @property
+    def silent(self) -> bool:
+        """Whether these summaries write nothing (no directory: off the chief, or no model_dir),
+        so a picture need not be drawn."""
+        return self._directory is None
+
     def scalars(self, name: str, step: int, metrics: Mapping[str, float]) -> None:
         if self._directory is None:
             return

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, pictures, reduction
+from loops.core import outputs, pictures, plots, reduction
 from loops.core.replica_random import keyed_on
 from loops.core.update import Update, check_clip_norm
 from loops.run.loop import Loop, RunContext
@@ -47,8 +47,9 @@ class ClassifierLoop(Loop):
     replica count gives the same integers) and, for image inputs, keeps the
     `worst_images` examples of highest loss over the pass (`loops.Highest`),
     with their true and predicted classes. They are drawn as TensorBoard
-    images (and the classes as text), kept in `last_eval_arrays`, and the
-    matrix is written into results.json; the metrics stay numbers.
+    images (the matrix with its counts and the class names, the worst
+    classes as text), kept in `last_eval_arrays`, and the matrix is written
+    into results.json; the metrics stay numbers.
     """
 
     name = "classifier"
@@ -63,6 +64,7 @@ class ClassifierLoop(Loop):
         clip_norm: float | None = None,
         data_notes: Mapping[str, Any] | None = None,
         worst_images: int = 16,
+        class_names: Sequence[str] | None = None,
     ):
         """
         Args:
@@ -77,6 +79,8 @@ class ClassifierLoop(Loop):
             worst_images: how many eval images of highest loss each evaluation
                 draws (inputs [n, height, width, 1, 3 or 4] only; others draw
                 none); 0: none.
+            class_names: the name of each class in label order (the confusion
+                matrix's axes); None: the class indices.
         """
         if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction not in (None, "none"):
             raise ValueError(
@@ -87,6 +91,16 @@ class ClassifierLoop(Loop):
         if isinstance(worst_images, bool) or not isinstance(worst_images, int) or worst_images < 0:
             raise ValueError(f"worst_images must be a whole number >= 0, got {worst_images!r}.")
         self.worst_images = worst_images
+        if class_names is not None and (
+            isinstance(class_names, str)
+            or not class_names
+            or not all(isinstance(name, str) for name in class_names)
+        ):
+            raise ValueError(
+                f"class_names must be a list of strings, one a class in label order, got "
+                f"{class_names!r}."
+            )
+        self.class_names = None if class_names is None else tuple(class_names)
         # The last evaluation's arrays by output name: "confusion_matrix" [classes, classes],
         # "worst_images" [n, height, width, channels], "worst_classes" [n, (true, predicted)].
         self.last_eval_arrays: dict[str, np.ndarray] = {}
@@ -103,6 +117,9 @@ class ClassifierLoop(Loop):
                 "model_fn returned a model without weights; start it with "
                 "keras.Input(shape) so its weights exist before training."
             )
+        outputs_known = getattr(self.model, "outputs", None)
+        if outputs_known:
+            self._check_class_count(outputs_known[0].shape[-1])
         self.optimizer = self.optimizer_fn()
         # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
@@ -209,7 +226,16 @@ class ClassifierLoop(Loop):
         if not arrays:
             return metrics  # no eval data
         self.last_eval_arrays = arrays
-        drawn = {"confusion_matrix": pictures.heatmap(arrays["confusion_matrix"])}
+        if not run.summaries.silent:  # matplotlib's drawing costs; off the chief it is not seen
+            self._draw(run, arrays)
+        return metrics
+
+    def _draw(self, run: RunContext, arrays: Mapping[str, np.ndarray]) -> None:
+        """The evaluation's arrays as TensorBoard images (and the worst classes as text)."""
+        matrix = arrays["confusion_matrix"]
+        self._check_class_count(matrix.shape[0])  # a model whose outputs build could not see
+        figure = plots.confusion_matrix_figure(matrix, self.class_names)
+        drawn = {"confusion_matrix": tf.io.decode_png(plots.png_bytes(figure)).numpy()}
         if "worst_images" in arrays:
             columns = math.ceil(math.sqrt(self.worst_images))
             worst = pictures.pixels_from_extremes(arrays["worst_images"])
@@ -218,7 +244,13 @@ class ClassifierLoop(Loop):
             classes = _classes_text(arrays["worst_classes"])
             run.summaries.text("eval", run.step, {"worst_classes": classes})
         run.summaries.images("eval", run.step, drawn)
-        return metrics
+
+    def _check_class_count(self, classes: int | None) -> None:
+        if self.class_names and classes is not None and classes != len(self.class_names):
+            raise ValueError(
+                f"class_names has {len(self.class_names)} names but the model gives {classes} "
+                "logits a row; pass one name a class, in label order."
+            )
 
     def evaluates_eval_data_only(self) -> bool:
         # This class's run_evaluation is the one eval_step pass, its arrays taken out and

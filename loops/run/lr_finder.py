@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.cluster import strategies
-from loops.core import keras_private, outputs, own_files, pictures, reporting
+from loops.core import keras_private, outputs, own_files, plots, reporting
 from loops.input import distributed_input
 from loops.model_dir import checkpoints
 from loops.run import failed_frames, loop_execution
@@ -399,23 +399,24 @@ def _report(say: Callable[[str], None], curve: LearningRateCurve, prefix: str | 
 
 
 def write_curve(curve: LearningRateCurve, output_dir: str) -> list[str]:
-    """Writes lr_find.json and lr_find.png (loss against log10 of the rate) into output_dir.
+    """Writes lr_find.json and lr_find.png (loss against the rate on a log axis) into output_dir.
 
-    The picture (`pictures.curve_plot`) shows the raw losses light and the
-    smoothed ones dark, gray lines at each power of ten of the rate and a red
-    one at the suggestion. Returns the two paths.
+    The picture (`plots.learning_rate_figure`) shows the raw losses light and
+    the smoothed ones dark, labelled axes and the suggestion marked and
+    written. Returns the two paths.
     """
     os.makedirs(output_dir, exist_ok=True)
     json_path = os.path.join(output_dir, JSON_FILE)
     reporting.write_json_atomic(json_path, curve.as_json())
-    log_rates = np.log10(np.array(curve.rates))
-    decades = np.arange(math.ceil(log_rates[0]), math.floor(log_rates[-1]) + 1)
-    picture = pictures.curve_plot(
-        log_rates,
-        [np.array(curve.losses), np.array(curve.smoothed_losses)],
-        grid_x=decades,
-        mark_x=math.log10(curve.suggested_rate),
+    picture = plots.png_bytes(
+        plots.learning_rate_figure(
+            curve.rates,
+            curve.losses,
+            curve.smoothed_losses,
+            curve.suggested_rate,
+            curve.loss_name,
+        )
     )
     png_path = os.path.join(output_dir, PNG_FILE)
-    own_files.write_atomic(png_path, tf.io.encode_png(picture).numpy())
+    own_files.write_atomic(png_path, picture)
     return [json_path, png_path]
