@@ -169,20 +169,21 @@ def setting_values(declarations: Iterable[settings.Setting]) -> dict[str, Any]:
     }
 
 
+def export_dir_setting(what: str) -> settings.Setting:
+    """The --export_dir of a binary that exports `what` at the end of training."""
+    return settings.Setting(
+        "export_dir",
+        "outputs",
+        f"Where to export {what} as a SavedModel at the end of training "
+        "(a directory that exists must hold an earlier export). Default: "
+        "MODEL_DIR/export.",
+        "string",
+    )
+
+
 def define_export_dir_flag(what: str) -> None:
     """Defines --export_dir for a binary that exports `what` at the end of training."""
-    define_settings(
-        (
-            settings.Setting(
-                "export_dir",
-                "outputs",
-                f"Where to export {what} as a SavedModel at the end of training "
-                "(a directory that exists must hold an earlier export). Default: "
-                "MODEL_DIR/export.",
-                "string",
-            ),
-        )
-    )
+    define_settings((export_dir_setting(what),))
 
 
 def resolve_export_dir(model_dir: str) -> str:
