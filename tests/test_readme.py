@@ -5,7 +5,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, SUBPROCESS_ENV
+from loops.bin import flag_reference
 from loops.core.text_generation import decode, encode, generate
 from loops.model_dir.export import export_text_generator
 from loops_models.lm import transformer_lm
@@ -62,3 +65,44 @@ def test_readme_export_example_serves_the_greedy_continuation(tmp_path):
     # An untrained model emits bytes that are not UTF-8: the example must still print them.
     assert "\ufffd" in decode(expected[0])
     assert done.stdout == decode(expected[0]) + "\n"
+
+
+def test_the_flag_reference_is_what_the_declarations_generate():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    begin, end = readme.index(flag_reference.BEGIN), readme.index(flag_reference.END)
+    section = readme[begin + len(flag_reference.BEGIN) : end]
+    assert section == "\n" + flag_reference.reference() + "\n", (
+        f"README's flag reference differs from the declarations; run: {flag_reference.COMMAND}"
+    )
+    assert flag_reference.COMMAND == "python -m loops.bin.flag_reference --write README.md"
+
+
+def test_the_flag_reference_lists_each_binary_and_its_own_defaults():
+    reference = flag_reference.reference()
+    headings = [line for line in reference.splitlines() if line.startswith("### ")]
+    assert headings == [
+        "### Flags of every binary",
+        "### loops-classifier",
+        "### loops-gan",
+        "### loops-lm",
+        "### loops-rl",
+    ]
+    # A shared flag is listed once, with its declared default; a binary's own default beside it.
+    assert reference.count("| `--train_steps` |") == 1
+    assert reference.count("| `--export_dir` |") == 3
+    assert "Its defaults of shared flags: `--train_steps=600`, `--global_batch_size=64`, " in (
+        reference
+    )
+    assert "| `--async_checkpoints` | bool | `false` |" in reference
+
+
+def test_the_flag_reference_refuses_a_readme_without_its_markers():
+    with pytest.raises(ValueError) as raised:
+        flag_reference.replaced("# a README\n", "table")
+    assert str(raised.value) == (
+        "The README has no <!-- flags:begin --> ... <!-- flags:end --> pair (in that order); "
+        "put both lines into its section 'Flag reference' and run this again."
+    )
+    assert flag_reference.replaced("a\n<!-- flags:begin -->\nold\n<!-- flags:end -->\n", "new") == (
+        "a\n<!-- flags:begin -->\nnew\n<!-- flags:end -->\n"
+    )

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops.bin import flag_checks, training_settings
+from loops.bin import binary_flags, flag_checks, training_settings
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
-loop_flags.define_binary_flags(
-    (data_settings.IMAGE_CLASSIFICATION, model_settings.CLASSIFIER, training_settings.OPTIMIZER),
-    export="the trained classifier (raw images in, logits and probabilities out)",
-    train_steps=600,
-    global_batch_size=64,
-    learning_rate=2e-3,
-)
+binary_flags.CLASSIFIER.define()
 FLAGS = flags.FLAGS
 
 

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops.bin import summaries, training_settings
+from loops.bin import binary_flags, summaries, training_settings
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 
-loop_flags.define_binary_flags(
-    (data_settings.GAN_DATA, training_settings.GAN),
-    export="the generator (noise in, samples out; the moving average when --ema_decay > 0)",
-    train_steps=8000,
-    global_batch_size=512,
-    learning_rate=2e-3,
-    steps_per_loop=500,
-    ema_decay=0.999,
-)
+binary_flags.GAN.define()
 FLAGS = flags.FLAGS
 
 

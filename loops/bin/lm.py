@@ -4,33 +4,11 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops.bin import flag_checks, training_settings
+from loops.bin import binary_flags, flag_checks, training_settings
 from loops.cli import flags as loop_flags
-from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
-loop_flags.define_binary_flags(
-    (
-        data_settings.PYTHON_TEXT,
-        model_settings.TRANSFORMER_LM,
-        training_settings.OPTIMIZER,
-        training_settings.LANGUAGE_MODEL,
-    ),
-    export="the trained model as a text generator (serving_default: prompt, length -> text)",
-    # The run measured to beat bzip2 -9 on the eval modules within 10 minutes on 2 CPU
-    # cores, and the sizes, schedules and precisions tried on the way: benchmarks/RESULTS.md,
-    # Language model.
-    train_steps=2700,
-    global_batch_size=32,
-    num_layers=4,
-    mixed_precision="mixed_bfloat16",
-    learning_rate=3e-3,
-    lr_schedule="warmup_cosine",
-    lr_warmup_steps=200,
-    lr_final_fraction=0.1,
-    steps_per_loop=100,
-    eval_every=1350,
-)
+binary_flags.LM.define()
 FLAGS = flags.FLAGS
 
 

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops.bin import summaries, training_settings
+from loops.bin import binary_flags, summaries, training_settings
 from loops.cli import flags as loop_flags
 
-# None: the --algorithm's default (training_settings.prepare_rl_flags).
-loop_flags.define_binary_flags(
-    (training_settings.ENVIRONMENT_LOOP, training_settings.ACTOR_CRITIC, training_settings.DQN),
-    train_steps=None,
-    global_batch_size=None,
-    learning_rate=1e-3,
-    steps_per_loop=None,
-)
+binary_flags.RL.define()
 FLAGS = flags.FLAGS
 
 

@@ -169,20 +169,21 @@ def setting_values(declarations: Iterable[settings.Setting]) -> dict[str, Any]:
     }
 
 
+def export_dir_setting(what: str) -> settings.Setting:
+    """The --export_dir of a binary that exports `what` at the end of training."""
+    return settings.Setting(
+        "export_dir",
+        "outputs",
+        f"Where to export {what} as a SavedModel at the end of training "
+        "(a directory that exists must hold an earlier export). Default: "
+        "MODEL_DIR/export.",
+        "string",
+    )
+
+
 def define_export_dir_flag(what: str) -> None:
     """Defines --export_dir for a binary that exports `what` at the end of training."""
-    define_settings(
-        (
-            settings.Setting(
-                "export_dir",
-                "outputs",
-                f"Where to export {what} as a SavedModel at the end of training "
-                "(a directory that exists must hold an earlier export). Default: "
-                "MODEL_DIR/export.",
-                "string",
-            ),
-        )
-    )
+    define_settings((export_dir_setting(what),))
 
 
 def resolve_export_dir(model_dir: str) -> str:
@@ -451,7 +452,7 @@ def flag_values() -> dict[str, Any]:
 def evaluated_settings() -> list[str]:
     """The binary's flags whose value changes the numbers its evaluator reports.
 
-    Those under the data and model headings, and the Loop settings every
+    Those under the data and model headings, and the step settings every
     evaluation depends on (`run_config.LOOP_SETTINGS`). Not the others: the
     strategy, replica count and batch size only change the order in which
     the per-example sums of an evaluation are added (their metrics are sums
@@ -484,7 +485,7 @@ def flag_actions() -> list:
 
 
 def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -> dict[str, Any]:
-    """The `Loop` keyword arguments: one per Loop setting (`settings.LOOP_SETTINGS`), from its
+    """The `Trainer` keyword arguments: one per Trainer setting (`settings.LOOP_SETTINGS`), from its
     flag, with the binary's own `actions`.
 
     Reads --train_steps and --steps_per_loop, which a binary with

@@ -100,15 +100,15 @@ class GANLoop(Loop):
     Example:
 
         ring = data.ring.Ring()
-        loop = GANLoop(
+        definition = GANLoop(
             generator_fn=lambda: models.gan.ring_generator(seed=0),
             discriminator_fn=lambda: models.gan.ring_discriminator(seed=0),
             generator_optimizer_fn=lambda: keras.optimizers.Adam(2e-3, beta_1=0.5),
             discriminator_optimizer_fn=lambda: keras.optimizers.Adam(2e-3, beta_1=0.5),
-            ema_decay=0.999,
-            train_data=lambda: ring.global_batches(512, seed=0),
             sample_metrics=ring.quality)
-        loop.train(8000)  # loop.last_eval_metrics["modes_covered"] == 8
+        trainer = loops.Trainer(
+            definition, train_data=lambda: ring.global_batches(512, seed=0), ema_decay=0.999)
+        trainer.train(8000)  # trainer.last_eval_metrics["modes_covered"] == 8
     """
 
     name = "gan"

@@ -10,6 +10,7 @@ import tensorflow as tf
 from loops.core import weight_average
 from loops.core.update import UpdateStates
 from loops.model_dir.run_config import CONFIG_FREE_TO_CHANGE
+from loops.run import removed_api
 from loops.run.run_context import RunContext as RunContext  # what evaluation hooks get
 from loops.run.run_context import StepContext
 from loops.run.step_options import StepOptions as StepOptions  # what check_can_train gets
@@ -96,10 +97,17 @@ class Loop:
     weight_averages: weight_average.WeightAverages
     update_states: UpdateStates
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # v2's Loop took the run's settings: name the Trainer, not Python's "takes no arguments".
+        removed_api.check_no_run_settings(cls, kwargs)
+        return super().__new__(cls)
+
     if not TYPE_CHECKING:  # at run time only: mypy keeps checking every attribute
 
         def __getattr__(self, name: str):
             # Only reached for a missing attribute: say why the step context's are missing.
+            if name in removed_api.RUN_METHODS:  # v2's Loop ran itself
+                raise AttributeError(removed_api.run_method_sentence(type(self).__name__, name))
             if name in _GIVEN_BY_THE_TRAINER:
                 kind = type(self).__name__
                 raise AttributeError(

@@ -1,7 +1,7 @@
 """Every setting the binaries share, declared once: its type, defaults, help, heading and check.
 
 The command-line flags and their --help (`loops.cli.flags.define_binary_flags`),
-the checks of `loops.Loop`'s keyword arguments, and the config a run records
+the checks of `loops.Trainer`'s keyword arguments, and the config a run records
 (results.json, config.json) all come from the declarations below, so a
 setting cannot mean one thing on the command line and another in Python.
 Nothing here imports TensorFlow: a binary answers --help before its import.
@@ -155,7 +155,7 @@ def _zero_is_none(value: Any) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One setting: a flag of the binaries that declare it, and where `loop` is set a
-    `loops.Loop` keyword.
+    `loops.Trainer` keyword.
 
     Attributes:
         name: the flag's name and the keyword argument's.
@@ -164,7 +164,7 @@ class Setting:
         kind: the flag's type: "integer", "float", "bool", "string", "enum" or "list"
             (comma-separated strings).
         flag_default: the flag's default (a binary may pass its own).
-        loop: whether `loops.Loop` takes it as a keyword argument.
+        loop: whether `loops.Trainer` takes it as a keyword argument.
         default: the keyword argument's default (where `loop`).
         check: (name, Python value) -> the value; ValueError with a sentence.
         from_flag: the flag's value -> the keyword argument's value.
@@ -708,7 +708,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
-# The `loops.Loop` keyword arguments that are settings, in declaration order.
+# The `loops.Trainer` keyword arguments that are settings, in declaration order.
 LOOP_SETTINGS: tuple[Setting, ...] = tuple(setting for setting in SETTINGS if setting.loop)
 
 
@@ -728,7 +728,7 @@ def _check_policy(name: str, value: Any) -> str:
 
 
 def check_loop_settings(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Each of `loops.Loop`'s settings in `values`, checked by its declaration.
+    """Each of `loops.Trainer`'s settings in `values`, checked by its declaration.
 
     Raises:
         ValueError: the first bad value, named with the fix.

@@ -1,0 +1,58 @@
+"""What a user of the removed v2 API is told: what replaced a Loop's run settings and methods.
+
+Until 3.0.0 a `loops.Loop` took the run's settings (`MyLoop(strategy=...,
+train_data=...)`) and ran itself (`loop.train(n)`); since then a definition is
+handed to a `loops.Trainer` with them (CHANGELOG.md, "3.0.0"). Without these
+sentences the old calls fail with Python's own `TypeError: MyLoop() takes no
+arguments` or a bare AttributeError.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+
+from loops.vocabulary import settings
+
+# The Trainer's keyword arguments that are objects, not declared settings (a test holds
+# these with the declared ones equal to `loops.Trainer.__init__`'s keywords).
+TRAINER_OBJECTS = ("strategy", "train_data", "eval_data", "progress", "actions", "config")
+TRAINER_KEYWORDS = frozenset(TRAINER_OBJECTS) | {s.name for s in settings.LOOP_SETTINGS}
+# What a v2 Loop did itself and a Trainer does now.
+RUN_METHODS = frozenset(
+    {"train", "evaluate", "request_stop", "save_checkpoint", "write_results", "close", "controller"}
+)
+_CHANGELOG = "CHANGELOG.md, 3.0.0"
+
+
+def check_no_run_settings(definition_class: type, keywords: Iterable[str]) -> None:
+    """Raises TypeError naming the Trainer when a definition is given the run's settings.
+
+    Only keywords the class's own `__init__` does not take count: a kind may take
+    an argument of the same name (e.g. its own `clip_norm`) as one of its own.
+    """
+    given = TRAINER_KEYWORDS.intersection(keywords)
+    if not given:
+        return
+    init = inspect.getattr_static(definition_class, "__init__")
+    own = set() if init is object.__init__ else set(inspect.signature(init).parameters)
+    refused = sorted(given - own)
+    if not refused:
+        return
+    kind = definition_class.__name__
+    arguments = ", ".join(f"{name}=..." for name in refused)
+    definition = f"{kind}()" if own <= {"self"} else f"{kind}(...)"
+    raise TypeError(
+        f"{kind} takes no run settings (got {', '.join(refused)}): a definition says what a "
+        f"step does, and a loops.Trainer runs it with the run's settings; write "
+        f"loops.Trainer({definition}, {arguments}) ({_CHANGELOG})."
+    )
+
+
+def run_method_sentence(kind: str, name: str) -> str:
+    """Why a definition has no `name` (a v2 Loop's run method), and what to call instead."""
+    return (
+        f"{kind} has no {name}: a definition does not run itself; a loops.Trainer runs it, "
+        f"trainer = loops.Trainer({kind}(...), train_data=..., ...), and use trainer.{name} "
+        f"({_CHANGELOG})."
+    )
