@@ -95,3 +95,41 @@ def test_update_options_are_checked_by_their_declarations():
     assert str(raised.value) == (
         "grad_accum_steps must be a whole number >= 1 (1: no accumulation), got 0."
     )
+
+
+class Regression(loops.Loop):
+    """A definition whose one Update is made the usual way: `loops.Update(self, ...)`."""
+
+    def build(self):
+        self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        self.optimizer = keras.optimizers.SGD(LEARNING_RATE)
+        self.optimizer.build(self.model.trainable_variables)
+        self.update = loops.Update(self, self.optimizer, self.model)
+
+
+def test_a_definitions_updates_take_the_context_its_trainer_gives():
+    trainer = loops.Trainer(
+        Regression(),
+        strategy=loops.testing.replica_strategy(2),
+        on_nonfinite="skip",
+        grad_accum_steps=2,
+        ema_decay=0.5,
+        health_every=3,
+        progress=loops.testing.quiet_progress(),
+    )
+    definition = trainer.definition
+    context = definition.update.context
+    assert context is definition.update_context
+    assert context.strategy is trainer.strategy
+    assert context.global_step is trainer.global_step
+    assert context.options == loops.UpdateOptions(
+        mixed_precision="none",
+        loss_scale_growth_steps=2000,
+        grad_accum_steps=2,
+        ema_decay=0.5,
+        jit_compile=False,
+        health_every=3,
+    )
+    assert context.nonfinite.skips
+    assert trainer.saved_items()["weight_averages"] is context.weight_averages
+    assert context.weight_averages.updates == [definition.update.average]
