@@ -105,6 +105,17 @@ class Update:
         result = self.update(self._replica_loss, args=(inputs, labels))
         return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
 
+    Code that trains without a definition gives it a context it made itself,
+    in the strategy's scope (tests/test_update_context.py):
+
+        context = loops.UpdateContext(
+            strategy=strategy,
+            global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
+            nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
+            options=loops.UpdateOptions(grad_accum_steps=2),
+        )
+        update = loops.Update(context, optimizer, model)
+
     `result.outputs` holds `nonfinite`, the health metrics (`health/grad_norm`,
     `health/update_ratio`, ...: `update_outputs`) and, under a float16 loss
     scale, `loss_scale` and `overflow`; a step of several updates combines
