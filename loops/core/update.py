@@ -20,9 +20,18 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from loops.core import compilation, health, micro_batches, mixed_precision, outputs, reduction
+from loops.core import (
+    compilation,
+    health,
+    micro_batches,
+    mixed_precision,
+    outputs,
+    reduction,
+    update_context,
+)
 from loops.core.gradients import all_finite, apply_gradients, apply_summed, sum_over_replicas
 from loops.core.health import Totals, UpdateHealth
+from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
 from loops.input import distributed_input
 
@@ -85,24 +94,6 @@ def update_outputs(results: Sequence[UpdateResult], prefix: str = "") -> dict[st
     return step_outputs
 
 
-class UpdateStates(tf.Module):
-    """What a loop's `loops.Update`s create and must keep across a resume (their loss scales).
-
-    The loop saves it under one reserved name, so that a definition lists
-    only its own objects and a resumed float16 run keeps its scale.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(name="update_states")
-        self.loss_scales: list[mixed_precision.DynamicLossScale] = []
-
-    def add(self, loss_scale: mixed_precision.DynamicLossScale) -> None:
-        self.loss_scales.append(loss_scale)
-
-    def __bool__(self) -> bool:
-        return bool(self.loss_scales)
-
-
 class Update:
     """Gradients and their application for one optimizer and the variables it trains.
 
@@ -114,6 +105,17 @@ class Update:
         result = self.update(self._replica_loss, args=(inputs, labels))
         return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
 
+    Code that trains without a definition gives it a context it made itself,
+    in the strategy's scope (tests/test_update_context.py):
+
+        context = loops.UpdateContext(
+            strategy=strategy,
+            global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
+            nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
+            options=loops.UpdateOptions(grad_accum_steps=2),
+        )
+        update = loops.Update(context, optimizer, model)
+
     `result.outputs` holds `nonfinite`, the health metrics (`health/grad_norm`,
     `health/update_ratio`, ...: `update_outputs`) and, under a float16 loss
     scale, `loss_scale` and `overflow`; a step of several updates combines
@@ -124,12 +126,15 @@ class Update:
     (`loops.global_count`, `loops.scale_to_global_batch`), and a dict of
     scalars that are sums over its examples (counts, sums of a metric).
 
-    Five settings come from the step options the Trainer gave the definition
-    (`loop.options`), so that every step has them:
+    It is given its context (`loops.UpdateContext`): the strategy that runs
+    the replicas, the global step, how a non-finite update is applied or left
+    out (the run's `on_nonfinite`), where it registers what it creates, and
+    five settings (`UpdateContext.options`), so that every step has them;
+    a Trainer gives its run's:
     - `mixed_precision="mixed_float16"`: a dynamic loss scale
       (`loops.mixed_precision.DynamicLossScale`, `self.loss_scale`), whose
       overflows are skipped and reported as `overflow`. The Trainer saves and
-      restores it with its checkpoints (`Loop.update_states`): a definition
+      restores it with its checkpoints (`UpdateContext.update_states`): a definition
       lists only its own objects in `checkpoint_items`.
     - `grad_accum_steps=K`: each replica's share of the step is cut into K
       micro-batches along the first axis of every tensor of rank >= 1 in
@@ -140,7 +145,7 @@ class Update:
       a sum of weights, tokens). The update is that of the whole batch at
       once, on any replica count, with 1/K of the activations in memory. A
       loss function whose normalizer is not one count is refused with an
-      error (`micro_batches.normalizer`). Its logs are summed over the
+      error (`micro_batches.MicroBatch.normalizer`). Its logs are summed over the
       micro-batches, and random draws keyed by example
       (`loops.replica_random`) do not change with K. A loss that is not a
       sum over examples (`whole_batch_loss=True`) is refused under K > 1.
@@ -157,18 +162,16 @@ class Update:
       none, and no all-reduce of the gradient beyond the optimizer's own.
 
     Args:
-        loop: the definition (a `loops.Loop` bound by its Trainer) whose
-            strategy runs the replicas, whose `on_nonfinite` policy
-            (`Loop.apply_update`) decides what a non-finite update leads to,
-            and whose step options (`mixed_precision`, `grad_accum_steps`,
-            `ema_decay`, `jit_compile`, `health_every`) apply.
+        context: the `UpdateContext` it runs in; or, in a definition's
+            `build`, the definition (`self`, a `loops.Loop` bound by its
+            Trainer), whose context (`update_context`) it takes at once.
         optimizer: a built Keras optimizer.
         trained: a Keras model (its trainable variables, and its
             regularization losses added once to the loss), or a function
             returning the variables to train.
         clip_norm: clip the summed gradient to this global norm; None does not.
         average: keep a moving average of the trained variables when the
-            loop has an `ema_decay`.
+            context's options have an `ema_decay`.
         whole_batch_loss: the loss of an example depends on other examples
             of the step (contrastive negatives from the whole batch, a
             ranking loss, batch statistics), so it is not a sum over
@@ -180,11 +183,12 @@ class Update:
     Raises:
         ValueError: a bad clip_norm, whole_batch_loss under grad_accum_steps > 1, or
             jit_compile where it cannot compile (`compilation.check_can_compile`).
+        TypeError: a context that is neither an `UpdateContext` nor a definition.
     """
 
     def __init__(
         self,
-        loop,
+        context: UpdateContext | update_context.Bound,
         optimizer: keras.optimizers.Optimizer,
         trained: keras.Model | Callable[[], Sequence[tf.Variable]],
         *,
@@ -192,40 +196,31 @@ class Update:
         average: bool = True,
         whole_batch_loss: bool = False,
     ):
+        self.context = context = update_context.of(context)
+        options = context.options
         check_clip_norm(clip_norm)
-        grad_accum_steps = loop.options.grad_accum_steps
-        if whole_batch_loss and grad_accum_steps > 1:
-            raise ValueError(
-                f"grad_accum_steps={grad_accum_steps} cuts each replica's share of a step "
-                "into micro-batches, and this Update's loss is over the whole batch "
-                "(whole_batch_loss=True): each micro-batch would see only its own rows "
-                "(its own negatives, its own statistics), which is another loss. Set "
-                "grad_accum_steps=1 (--grad_accum_steps=1) and lower the global batch size "
-                "if memory is short."
-            )
-        self.jit_compile: bool = loop.options.jit_compile
+        check_whole_batch_loss(whole_batch_loss, options.grad_accum_steps)
+        self.jit_compile: bool = options.jit_compile
         if self.jit_compile:
-            compilation.check_can_compile(trained, loop.strategy)
+            compilation.check_can_compile(trained, context.strategy)
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
-        self._loop = loop
         self.optimizer = optimizer
         self._trained = trained
         self.clip_norm = clip_norm
-        self.grad_accum_steps = grad_accum_steps
-        self.health_every: int | None = loop.options.health_every
+        self.grad_accum_steps = options.grad_accum_steps
+        self.health_every: int | None = options.health_every
         self.loss_scale = None
-        if mixed_precision.needs_loss_scale(loop.options.mixed_precision):
-            self.loss_scale = mixed_precision.DynamicLossScale(
-                growth_steps=loop.options.loss_scale_growth_steps
-            )
-            loop.update_states.add(self.loss_scale)
+        if mixed_precision.needs_loss_scale(options.mixed_precision):
+            growth_steps = options.loss_scale_growth_steps or mixed_precision.DEFAULT_GROWTH_STEPS
+            self.loss_scale = mixed_precision.DynamicLossScale(growth_steps=growth_steps)
+            context.update_states.add(self.loss_scale)
         self.average: WeightAverage | None = None
-        if average and loop.options.ema_decay is not None:
-            averages = loop.weight_averages
+        if average and options.ema_decay is not None:
+            averages = context.weight_averages
             self.average = WeightAverage(
                 self.variables(),
-                decay=loop.options.ema_decay,
+                decay=options.ema_decay,
                 name=f"update_{len(averages.updates)}",
             )
             averages.add(self.average)
@@ -237,11 +232,11 @@ class Update:
 
     def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
-        strategy = self._loop.strategy
+        strategy = self.context.strategy
         variables = self.variables()
         ratio_step = before = None
         if self.health_every is not None:
-            ratio_step = health.is_ratio_step(self._loop.global_step, self.health_every)
+            ratio_step = health.is_ratio_step(self.context.global_step, self.health_every)
             before = health.read_weights(variables, ratio_step)
         logs, gradients, finite, summed, norm = strategy.run(
             functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
@@ -249,9 +244,9 @@ class Update:
         if self.clip_norm is None:
             # The optimizer sums the replicas' gradients itself, as it would without
             # health metrics: `summed` only gives their norm.
-            skipped = self._loop.apply_update(finite, self._replica_apply, gradients)
+            skipped = self.context.nonfinite.apply(finite, self._replica_apply, gradients)
         else:
-            skipped = self._loop.apply_update(finite, self._replica_apply_summed, summed, norm)
+            skipped = self.context.nonfinite.apply(finite, self._replica_apply_summed, summed, norm)
         update_health = None
         if before is not None:
             update_health = health.measure(
@@ -355,13 +350,12 @@ class Update:
                     tf.identity(part[start:stop]) if cut else part
                     for part, cut in zip(parts, batched)
                 ]
-            with micro_batches.computing(
-                micro_batches.MicroBatch(step_rows=step_rows, first_row=replica_start + start)
-            ) as computed:
+            micro_batch = micro_batches.MicroBatch(step_rows, first_row=replica_start + start)
+            with micro_batch.computing():
                 loss, logs, gradients = self._loss_and_gradients(
                     replica_loss, tf.nest.pack_sequence_as(args, sliced)
                 )
-            count = tf.cast(micro_batches.normalizer(computed, self.grad_accum_steps), tf.float32)
+            count = tf.cast(micro_batch.normalizer(self.grad_accum_steps), tf.float32)
             scaled = [None if g is None else count * tf.convert_to_tensor(g) for g in gradients]
             if total is None:
                 total, weighted_loss, summed_logs, weighted = count, count * loss, logs, scaled
@@ -387,3 +381,16 @@ def check_clip_norm(clip_norm: float | None) -> None:
     """Raises ValueError unless clip_norm is None or > 0 (loops check it before building)."""
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
+
+
+def check_whole_batch_loss(whole_batch_loss: bool, grad_accum_steps: int) -> None:
+    """Raises ValueError for a loss over the whole batch cut into micro-batches."""
+    if whole_batch_loss and grad_accum_steps > 1:
+        raise ValueError(
+            f"grad_accum_steps={grad_accum_steps} cuts each replica's share of a step "
+            "into micro-batches, and this Update's loss is over the whole batch "
+            "(whole_batch_loss=True): each micro-batch would see only its own rows "
+            "(its own negatives, its own statistics), which is another loss. Set "
+            "grad_accum_steps=1 (--grad_accum_steps=1) and lower the global batch size "
+            "if memory is short."
+        )

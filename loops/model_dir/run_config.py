@@ -142,13 +142,13 @@ class Difference(NamedTuple):
     run: Any
 
 
-def loop_settings(trainer: Any) -> dict[str, Any]:
-    """The run's `LOOP_SETTINGS` (of its step options), which config.json records also when
-    the run gives no config.
+def loop_settings(step_options: Any) -> dict[str, Any]:
+    """The run's `LOOP_SETTINGS` among its step options (a checked `StepOptions`), which
+    config.json records also when the run gives no config.
 
     The run's own config (a binary's flags) records them too and has the last word.
     """
-    return {name: getattr(trainer.step_options, name) for name in LOOP_SETTINGS}
+    return {name: getattr(step_options, name) for name in LOOP_SETTINGS}
 
 
 def config_path(model_dir: str) -> str:

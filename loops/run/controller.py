@@ -117,7 +117,7 @@ class Controller:
             step_counter=trainer.global_step,
             optional_items=optional_items,
             # The run's own settings an evaluator must share, also when no config was given.
-            config={**run_config.loop_settings(trainer), **self.config},
+            config={**run_config.loop_settings(trainer.step_options), **self.config},
             config_items=trainer.definition.checkpoint_items(),
             config_free_to_change=trainer.definition.config_free_to_change,
         )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from loops.core import weight_average
-from loops.core.update import UpdateStates
+from loops.core.update_context import UpdateContext, UpdateStates
 from loops.model_dir.run_config import CONFIG_FREE_TO_CHANGE
 from loops.run import removed_api
 from loops.run.run_context import RunContext as RunContext  # what evaluation hooks get
@@ -94,6 +94,7 @@ class Loop:
     options: StepOptions
     global_step: tf.Variable
     data_offset: tf.Variable
+    update_context: UpdateContext  # what its `loops.Update`s are given (`loops.Update(self, ...)`)
     weight_averages: weight_average.WeightAverages
     update_states: UpdateStates
 
@@ -148,10 +149,8 @@ class Loop:
         self._context = context
         self.strategy, self.options = context.strategy, context.options
         self.global_step, self.data_offset = context.global_step, context.data_offset
-        self.weight_averages, self.update_states = (
-            context.weight_averages,
-            context.update_states,
-        )
+        self.update_context = updates = context.update
+        self.weight_averages, self.update_states = updates.weight_averages, updates.update_states
 
     # ---- Hooks a kind of training overrides. ----
 
@@ -222,16 +221,17 @@ class Loop:
     @property
     def skips_nonfinite(self) -> bool:
         """Whether `apply_update` leaves out non-finite updates: `NonFiniteUpdates.skips`."""
-        return self._context.nonfinite_updates.skips
+        return self.update_context.nonfinite.skips
 
     def apply_update(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
         """Applies a step's update as `on_nonfinite` asks; returns the step's `nonfinite` output.
 
-        `loops.run.nonfinite_updates.NonFiniteUpdates.apply`: cross-replica
-        context; `finite` is `loops.all_finite` over the loss and gradients,
-        `apply_fn` the replica function that applies the update.
+        `loops.core.nonfinite_updates.NonFiniteUpdates.apply`, as `loops.Update`
+        applies its own: cross-replica context; `finite` is `loops.all_finite`
+        over the loss and gradients, `apply_fn` the replica function that
+        applies the update.
         """
-        return self._context.nonfinite_updates.apply(finite, apply_fn, *args)
+        return self.update_context.nonfinite.apply(finite, apply_fn, *args)
 
     def averaged_weights(self):
         """A context in which the trained variables hold their moving averages (host only).
@@ -249,6 +249,7 @@ class Loop:
 
 # What `bind` sets from the step context (`Loop.__getattr__` explains their absence before it).
 _GIVEN_BY_THE_TRAINER = frozenset(
-    {"strategy", "options", "global_step", "data_offset", "weight_averages", "update_states"}
+    {"strategy", "options", "global_step", "data_offset", "update_context"}
+    | {"weight_averages", "update_states"}
     | {"_context", "step", "data_step", "num_replicas", "skips_nonfinite"}  # properties of them
 )

@@ -16,11 +16,10 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
-from loops.core import reporting, weight_average
-from loops.core.update import UpdateStates
+from loops.core import reporting
+from loops.core.update_context import UpdateContext
 from loops.model_dir.checkpoints import Checkpointer
 from loops.run import executors
-from loops.run.nonfinite_updates import NonFiniteUpdates
 from loops.run.step_options import StepOptions
 
 
@@ -33,18 +32,17 @@ class StepContext:
         options: how the steps and their `loops.Update`s compute (checked).
         global_step: the index of the step being run (in-graph), checkpointed.
         data_offset: the steps `on_nonfinite="recover"` moved past (`Loop.data_step`).
-        nonfinite_updates: how an update is applied under `on_nonfinite`.
-        weight_averages: where the Updates put their moving averages (saved unlisted).
-        update_states: where the Updates put their loss scales (saved unlisted).
+        update: what the definition's `loops.Update`s are given: the strategy,
+            the global step, the update options, how an update is applied under
+            `on_nonfinite`, and where the Updates put their moving averages and
+            loss scales (saved unlisted).
     """
 
     strategy: tf.distribute.Strategy
     options: StepOptions
     global_step: tf.Variable
     data_offset: tf.Variable
-    nonfinite_updates: NonFiniteUpdates
-    weight_averages: weight_average.WeightAverages
-    update_states: UpdateStates
+    update: UpdateContext
 
 
 class RunContext(Protocol):

@@ -152,7 +152,7 @@ class _Watch:
         # language model's samples) go to the evaluator's directory.
         trainer.controller.summaries = reporting.Summaries(evaluator_directory(model_dir))
         self.settings = {
-            **run_config.loop_settings(trainer),
+            **run_config.loop_settings(trainer.step_options),
             **{key: trainer.config[key] for key in compared_config},
         }
         self._settings_checked = False

@@ -11,8 +11,9 @@ import tensorflow as tf
 
 from loops.cluster import cluster_config, lost_task, strategies
 from loops.core import mixed_precision as mixed_precision_lib
-from loops.core import reporting, weight_average
-from loops.core.update import UpdateStates
+from loops.core import reporting
+from loops.core.nonfinite_updates import NonFiniteUpdates, leaves_out_nonfinite
+from loops.core.update_context import UpdateContext, UpdateOptions
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import Checkpointer, FinitenessCheck
 from loops.run import (
@@ -25,7 +26,6 @@ from loops.run import (
 )
 from loops.run.actions import Action
 from loops.run.controller import Controller
-from loops.run.nonfinite_updates import NonFiniteUpdates
 from loops.run.run_context import Definition, StepContext
 from loops.run.run_options import RunOptions
 from loops.vocabulary.errors import ClusterTaskLostError
@@ -115,20 +115,16 @@ class Trainer:
         """Gives the definition its step context and runs its `build` in the strategy's scope."""
         options = self.step_options
         with strategies.variable_scope(self.strategy):
+            global_step = _step_counter("global_step")
             context = StepContext(
                 strategy=self.strategy,
                 options=options,
-                global_step=_step_counter("global_step"),
+                global_step=global_step,
                 # Not checkpointed: the Controller sets it from the recovery record it restores.
                 data_offset=_step_counter("data_offset"),
-                nonfinite_updates=NonFiniteUpdates(
-                    self.strategy,
-                    on_nonfinite=options.on_nonfinite,
-                    mixed_precision=options.mixed_precision,
-                    coordinated=self.coordinator is not None,
+                update=_update_context(
+                    self.strategy, options, global_step, coordinated=self.coordinator is not None
                 ),
-                weight_averages=weight_average.WeightAverages(),
-                update_states=UpdateStates(),
             )
             self.definition.bind(context)
             with mixed_precision_lib.dtype_policy_scope(options.mixed_precision):
@@ -239,7 +235,7 @@ class Trainer:
         Without `ema_decay` it changes nothing. The Controller evaluates in
         it and `ExportOnEnd` exports in it.
         """
-        return self._context.weight_averages.averaged()
+        return self._context.update.weight_averages.averaged()
 
     @property
     def step(self) -> int:
@@ -252,7 +248,7 @@ class Trainer:
     @property
     def skips_nonfinite(self) -> bool:
         """Whether non-finite updates are left out: `NonFiniteUpdates.skips`."""
-        return self._context.nonfinite_updates.skips
+        return self._context.update.nonfinite.skips
 
     # ---- The run's state, read from its parts. ----
 
@@ -355,6 +351,27 @@ def _step_counter(name: str) -> tf.Variable:
     )
 
 
+def _update_context(
+    strategy: tf.distribute.Strategy,
+    options: step_options.StepOptions,
+    global_step: tf.Variable,
+    *,
+    coordinated: bool,
+) -> UpdateContext:
+    """What the definition's `loops.Update`s are given: the run's strategy, step and options."""
+    skips = leaves_out_nonfinite(
+        on_nonfinite=options.on_nonfinite,
+        mixed_precision=options.mixed_precision,
+        coordinated=coordinated,
+    )
+    return UpdateContext(
+        strategy=strategy,
+        global_step=global_step,
+        nonfinite=NonFiniteUpdates(strategy, skips=skips),
+        options=UpdateOptions.of(options),
+    )
+
+
 def _everything_saved(definition: Definition, context: StepContext) -> dict[str, Any]:
     """What a checkpoint holds: the definition's `checkpoint_items()`, and what the run and
     its `loops.Update`s made (the global step, loss scales, weight averages), unlisted.
@@ -374,15 +391,16 @@ def _everything_saved(definition: Definition, context: StepContext) -> dict[str,
         if reserved in items:
             raise ValueError(f"checkpoint_items() must not use the reserved name {reserved!r}.")
     items["global_step"] = context.global_step
-    if context.update_states:
-        items["update_states"] = context.update_states
-    ema_decay = context.options.ema_decay
+    updates = context.update
+    if updates.update_states:
+        items["update_states"] = updates.update_states
+    ema_decay = updates.options.ema_decay
     if ema_decay is not None:
-        if not context.weight_averages:
+        if not updates.weight_averages:
             raise ValueError(
                 f"ema_decay={ema_decay} averages the weights each loops.Update "
                 f"trains, and {type(definition).__name__}.build made no Update that averages. "
                 "Make the step's updates with loops.Update, or drop ema_decay."
             )
-        items["weight_averages"] = context.weight_averages
+        items["weight_averages"] = updates.weight_averages
     return items

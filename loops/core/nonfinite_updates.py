@@ -11,34 +11,37 @@ from loops.core import gradients
 from loops.core import mixed_precision as mixed_precision_lib
 
 
-class NonFiniteUpdates:
-    """The non-finite policy in the graph: how a step's update is applied (`Loop.apply_update`).
+def leaves_out_nonfinite(*, on_nonfinite: str, mixed_precision: str, coordinated: bool) -> bool:
+    """Whether a run's updates are left out where not finite (else every update is applied).
 
     Args:
-        strategy: the loop's strategy, which runs the update on its replicas.
-        on_nonfinite: the loop's policy ("stop", "skip" or "recover").
-        mixed_precision: the loop's dtype policy; under "mixed_float16" an
+        on_nonfinite: the run's policy ("stop", "skip" or "recover").
+        mixed_precision: the run's dtype policy; under "mixed_float16" an
             overflow is routine and its update always left out.
         coordinated: whether the steps run under ParameterServerStrategy,
             where the workers go on with the steps already scheduled while
             the coordinator decides, so that even "stop" skips.
     """
+    return (
+        on_nonfinite == "skip"
+        or coordinated
+        or mixed_precision_lib.needs_loss_scale(mixed_precision)
+    )
 
-    def __init__(
-        self,
-        strategy: tf.distribute.Strategy,
-        *,
-        on_nonfinite: str,
-        mixed_precision: str,
-        coordinated: bool,
-    ):
+
+class NonFiniteUpdates:
+    """How a step's update is applied under the non-finite policy: what every `loops.Update` calls.
+
+    Args:
+        strategy: the run's strategy, which runs the update on its replicas.
+        skips: whether a non-finite update is left out on every replica
+            (`leaves_out_nonfinite`); False applies every update, and the run
+            stops after the step.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, *, skips: bool):
         self._strategy = strategy
-        # Whether `apply` leaves out non-finite updates (else it applies every update).
-        self.skips = (
-            on_nonfinite == "skip"
-            or coordinated
-            or mixed_precision_lib.needs_loss_scale(mixed_precision)
-        )
+        self.skips = skips
 
     def apply(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
         """Runs `strategy.run(apply_fn, args)` the way the policy asks; cross-replica context.
