@@ -27,8 +27,29 @@ def readme_block_containing(text):
 
 def test_every_readme_python_block_is_run_by_a_test():
     blocks = readme_python_blocks()
-    assert len(blocks) == 2
-    assert readme_block_containing("class ") != readme_block_containing("MODEL_DIR/export")
+    assert len(blocks) == 3
+    assert len({readme_block_containing(text) for text in RUN_BLOCKS}) == 3
+
+
+# What tells each README python block apart: each is run by the test named beside it.
+RUN_BLOCKS = (
+    "class ",  # test_readme_subclass_example_trains
+    "MODEL_DIR/export",  # test_readme_export_example_serves_the_greedy_continuation
+    "loops.UpdateContext(",  # test_readme_update_without_a_definition_trains
+)
+
+
+def test_readme_update_without_a_definition_trains():
+    done = subprocess.run(
+        [sys.executable, "-c", readme_block_containing("loops.UpdateContext(")],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 1e-4
 
 
 def test_readme_subclass_example_trains():
