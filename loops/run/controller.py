@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from loops.cluster import strategies
+from loops import topology
 from loops.core import reporting
 from loops.model_dir import run_config
 from loops.model_dir.checkpoints import Checkpointer
@@ -50,7 +50,7 @@ class Controller:
         """
         self.trainer = trainer
         self.options = options
-        self.is_chief = strategies.is_chief(trainer.strategy)
+        self.is_chief = topology.is_chief(trainer.strategy)
         model_dir = options.model_dir
         summaries = os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
         self.report = RunReport(
@@ -100,7 +100,7 @@ class Controller:
             OSError: model_dir cannot be written or read.
         """
         trainer = self.trainer
-        with strategies.variable_scope(trainer.strategy):
+        with topology.variable_scope(trainer.strategy):
             for action in self.actions:
                 action.build(trainer)
         # Optional: a checkpoint without the recovery record or spike watch restores as none.
