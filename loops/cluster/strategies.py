@@ -18,6 +18,7 @@ from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.clus
 from loops.cluster.startup_watchdog import StartupWatchdog
 from loops.vocabulary import exit_codes
 from loops.vocabulary.choices import STRATEGY_NAMES
+from loops.vocabulary.whole_numbers import check_whole
 
 
 def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:
@@ -146,8 +147,7 @@ def make_strategy(
     """
     if name not in STRATEGY_NAMES:
         raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}.")
-    if not isinstance(num_replicas, int) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a whole number >= 1, got {num_replicas!r}.")
+    check_whole("num_replicas", num_replicas)
     if name == "mirrored":
         return _mirrored(_local_devices(num_replicas))
     if name == "central_storage":

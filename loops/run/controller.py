@@ -21,9 +21,10 @@ from loops.run.preemption import PreemptionWatcher
 from loops.run.recovery import Recoveries
 from loops.run.run_checkpoints import RunCheckpoints, action_state
 from loops.run.run_context import Run
-from loops.run.run_options import RunOptions, check_positive
+from loops.run.run_options import RunOptions
 from loops.run.run_report import RunReport, TimedCall, TrainHistory
 from loops.run.train_input import TrainInput
+from loops.vocabulary.whole_numbers import check_whole
 
 
 class Controller:
@@ -175,7 +176,7 @@ class Controller:
     def _check_can_train(self, num_steps: int) -> None:
         """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
         trainer = self.trainer
-        check_positive("num_steps", num_steps)
+        check_whole("num_steps", num_steps)
         self._inner_loops.nonfinite.check_can_train()
         if trainer.train_data is None and trainer.definition.needs_train_data:
             raise ValueError(
