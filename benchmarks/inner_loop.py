@@ -319,6 +319,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     import loops
+    from loops import topology
 
     if args.threads:  # before anything starts TensorFlow's runtime
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -340,7 +341,7 @@ def main(argv=None) -> int:
         )
         rounds = ", ".join(f"{value:.0f}" for value in samples[name])
         print(f"{name:18} {median:8.1f} {bound / median:8.3f}  [{rounds}]")
-    onednn = loops.cluster.strategies.onednn_enabled()
+    onednn = topology.onednn_enabled()
     print(
         f"{args.model}, {args.replicas} replica(s), threads: {args.threads or 'default'}, "
         f"oneDNN kernels: {'on' if onednn else 'off'}"

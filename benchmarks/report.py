@@ -14,7 +14,7 @@ def write(args, **numbers: Any) -> dict:
     """
     import tensorflow as tf
 
-    import loops
+    from loops import topology
     from loops.core import reporting
 
     report = {
@@ -22,7 +22,7 @@ def write(args, **numbers: Any) -> dict:
             "cpus": os.cpu_count(),
             "tensorflow": tf.__version__,
             "gpus": len(tf.config.list_physical_devices("GPU")),
-            "onednn": loops.cluster.strategies.onednn_enabled(),
+            "onednn": topology.onednn_enabled(),
         },
         "config": {key: value for key, value in vars(args).items() if key != "output"},
         **numbers,
@@ -42,13 +42,11 @@ def run(
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import loops
+    from loops import topology
 
     loops.configure_logical_cpus(max(args.replicas))
     rows = measure(args)
     print(format_table(rows))
-    print(
-        f"oneDNN kernels: {'on' if loops.cluster.strategies.onednn_enabled() else 'off'} "
-        "(TF_ENABLE_ONEDNN_OPTS)"
-    )
+    print(f"oneDNN kernels: {'on' if topology.onednn_enabled() else 'off'} (TF_ENABLE_ONEDNN_OPTS)")
     write(args, rows=rows)
     return 0

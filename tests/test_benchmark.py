@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-import loops
 from conftest import run_module
+from loops import topology
 
 
 def run_benchmark(module, tmp_path, *flags):
@@ -30,7 +30,7 @@ def test_tiny_benchmark_reports_a_rate_for_every_mode(tmp_path):
         "--min_seconds=0",
     )
     assert report["machine"]["cpus"] >= 1 and report["config"]["rounds"] == 2
-    assert report["machine"]["onednn"] == loops.cluster.strategies.onednn_enabled()
+    assert report["machine"]["onednn"] == topology.onednn_enabled()
     rows = {(row["replicas"], row["mode"]): row for row in report["rows"]}
     modes = ("compute_bound", "loops", "keras_fit", "keras_fit_spe", "tutorial")
     assert sorted(rows) == sorted((r, m) for r in (1, 2) for m in modes)
@@ -138,7 +138,7 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
         "--threads=1",
     )
     assert report["config"]["threads"] == 1 and report["config"]["replicas"] == 2
-    assert report["machine"]["onednn"] == loops.cluster.strategies.onednn_enabled()
+    assert report["machine"]["onednn"] == topology.onednn_enabled()
     rows = {row["mode"]: row for row in report["rows"]}
     assert list(rows) == [
         "compute_bound",

@@ -15,7 +15,7 @@ import tensorflow as tf
 import loops
 import loops_models as models
 from conftest import SUBPROCESS_ENV, make_trainer, read_results, tiny_batches, tiny_examples
-from loops.cluster import strategies
+from loops import topology
 from loops.core import outputs, pictures, plots
 from loops.kinds import gan
 from loops_data.ring import Ring
@@ -184,7 +184,7 @@ def test_a_classifier_of_features_counts_its_matrix_and_draws_no_grid(tmp_path):
 
 def test_only_the_chief_writes_the_pictures(tmp_path, monkeypatch):
     """A worker that is not the chief has no summary writer (the GAN grid's rule)."""
-    monkeypatch.setattr(strategies, "is_chief", lambda strategy: False)
+    monkeypatch.setattr(topology, "is_chief", lambda strategy: False)
     classifier = make_classifier(1, str(tmp_path / "classifier"))
     classifier.evaluate()
     assert classifier.definition.last_eval_arrays["confusion_matrix"].sum() == EVAL_EXAMPLES

@@ -167,3 +167,33 @@ def test_setup_cfg_installs_every_package_of_the_framework():
     }
     assert len(on_disk) >= 10 and "loops.kinds.rl" in on_disk
     assert on_disk - listed == set(), "list these under [options] packages in setup.cfg"
+
+
+def test_the_cluster_wing_is_imported_only_where_a_cluster_is_started_or_its_loss_worded():
+    # Read from the source (TYPE_CHECKING imports included), as lint-imports' contracts
+    # `layers`, `cluster-wing` and `cluster-on-the-ground-floor` hold them.
+    paths = {
+        "loops." + os.path.relpath(path, FRAMEWORK)[:-3].replace(os.sep, "."): path
+        for path in framework_modules()
+    }
+    modules = {name.removesuffix(".__init__"): path for name, path in paths.items()}
+    imports = {name: imported_framework_modules(path, modules) for name, path in modules.items()}
+
+    def importers(package, among=""):
+        return sorted(
+            name
+            for name, imported in imports.items()
+            if name.startswith(among) and any(i.startswith(package) for i in imported)
+        )
+
+    # The ground floor imports nothing of the framework; the core no longer stands on the input.
+    assert imports["loops.topology"] == set()
+    assert importers("loops.input", among="loops.core") == []
+    assert "loops.core.replica_random" in importers("loops.topology")  # the scan sees it
+    outside_the_wing = [
+        name
+        for name in importers("loops.cluster")
+        if not name.startswith(("loops.cluster", "loops.cli", "loops.testing"))
+    ]
+    # The Trainer words a lost task's error; the parameter-server coordinator makes its resolver.
+    assert outside_the_wing == ["loops.run.parameter_server", "loops.run.trainer"]

@@ -139,7 +139,7 @@ def test_parity_check_catches_a_loss_averaged_per_replica():
 def test_central_storage_matches_mirrored_and_one_replica():
     # Synchronized batch norm assigns its moving statistics in replica context,
     # which CentralStorageStrategy refuses for Keras' aggregation NONE; the Loop's
-    # variable scope makes it work (strategies.variable_scope).
+    # variable scope makes it work (topology.variable_scope).
     build = classifier_builder("sgd_momentum")
     runs = loops.testing.assert_replica_parity(
         build, num_steps=7, replica_counts=(1, 4), strategy_name="central_storage"

@@ -9,20 +9,21 @@ import tensorflow as tf
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV
+from loops import topology
 
 
 def test_mirrored_splits_the_cpu_into_replicas():
     strategy = loops.make_strategy("mirrored", 4)
     assert strategy.num_replicas_in_sync == 4
-    assert loops.cluster.strategies.strategy_name(strategy) == "mirrored"
+    assert topology.strategy_name(strategy) == "mirrored"
 
 
 def test_central_storage_computes_on_the_cpu_split_and_keeps_one_copy_of_each_variable():
     strategy = loops.make_strategy("central_storage", 4)
     assert strategy.num_replicas_in_sync == 4
-    assert loops.cluster.strategies.strategy_name(strategy) == "central_storage"
+    assert topology.strategy_name(strategy) == "central_storage"
     assert [d.rsplit(":", 1)[-1] for d in strategy.extended.worker_devices] == ["0", "1", "2", "3"]
-    with loops.cluster.strategies.variable_scope(strategy):
+    with topology.variable_scope(strategy):
         statistic = tf.Variable(0.0, trainable=False)
         weight = tf.Variable(0.0)
 
@@ -45,7 +46,7 @@ def test_central_storage_computes_on_the_cpu_split_and_keeps_one_copy_of_each_va
 def test_single_replica_strategies(name):
     strategy = loops.make_strategy(name)
     assert strategy.num_replicas_in_sync == 1
-    assert loops.cluster.strategies.strategy_name(strategy) == name
+    assert topology.strategy_name(strategy) == name
 
 
 def test_unknown_name_lists_the_choices():
@@ -104,8 +105,8 @@ def test_chief_detection(monkeypatch):
         class FakeStrategy:
             cluster_resolver = resolver
 
-        assert loops.cluster.strategies.is_chief(FakeStrategy()) is chief
-        assert loops.cluster.strategies.task_name(FakeStrategy()) == f"worker_{index}"
+        assert topology.is_chief(FakeStrategy()) is chief
+        assert topology.task_name(FakeStrategy()) == f"worker_{index}"
 
 
 # TensorFlow decides when it is imported, so each setting runs in a process of
@@ -114,8 +115,8 @@ def test_chief_detection(monkeypatch):
 # test compares with TensorFlow's own log line instead of guessing the CPU.
 REPORT_ONEDNN = """
 import os
-import loops.cluster.strategies
-print(loops.cluster.strategies.onednn_enabled(), os.environ.get("TF_ENABLE_ONEDNN_OPTS"))
+from loops import topology
+print(topology.onednn_enabled(), os.environ.get("TF_ENABLE_ONEDNN_OPTS"))
 """
 
 

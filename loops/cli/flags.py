@@ -28,6 +28,7 @@ from loops.core import own_files
 from loops.model_dir import run_config
 from loops.vocabulary import exit_codes, settings
 from loops.vocabulary.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
+from loops.vocabulary.whole_numbers import is_whole
 
 # The headings of a binary's --help, in order; each of its flags is defined under one.
 HEADINGS = ("mode", "strategy", "data", "model", "training", "outputs", "faults")
@@ -801,7 +802,7 @@ def _evaluated_train_steps(model_dir: str) -> int | None:
     if flags.FLAGS["train_steps"].present:
         return flags.FLAGS.train_steps
     recorded = (run_config.read_if_intact(model_dir) or {}).get("train_steps")
-    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+    if is_whole(recorded, 1):
         return recorded
     return None
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from loops.cluster import scheduler_cluster
 from loops.vocabulary.choices import CLUSTER_STRATEGIES  # noqa: F401  (re-exported)
+from loops.vocabulary.whole_numbers import is_whole
 
 # The task types of a ParameterServerStrategy cluster: the coordinator and its servers.
 PARAMETER_SERVER_TASKS = ("chief", "worker", "ps")
@@ -138,7 +139,7 @@ def this_task(
     # TensorFlow reads the index with int(): 1 and "1" both name task 1.
     if isinstance(index, str) and index.isdigit():
         index = int(index)
-    if not isinstance(task_type, str) or not isinstance(index, int) or isinstance(index, bool):
+    if not isinstance(task_type, str) or not is_whole(index):
         found = 'has no "task"' if task is None else f'has "task": {json.dumps(task)}'
         raise ValueError(
             f"TF_CONFIG {found}; name this process's task in it like "

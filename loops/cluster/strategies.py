@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 
 import tensorflow as tf
 
@@ -20,6 +18,7 @@ from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.clus
 from loops.cluster.startup_watchdog import StartupWatchdog
 from loops.vocabulary import exit_codes
 from loops.vocabulary.choices import STRATEGY_NAMES
+from loops.vocabulary.whole_numbers import check_whole
 
 
 def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:
@@ -148,8 +147,7 @@ def make_strategy(
     """
     if name not in STRATEGY_NAMES:
         raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}.")
-    if not isinstance(num_replicas, int) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a whole number >= 1, got {num_replicas!r}.")
+    check_whole("num_replicas", num_replicas)
     if name == "mirrored":
         return _mirrored(_local_devices(num_replicas))
     if name == "central_storage":
@@ -181,91 +179,3 @@ def make_strategy(
             "or pick --strategy=mirrored."
         ) from error
     return tf.distribute.TPUStrategy(resolver)
-
-
-@contextlib.contextmanager
-def variable_scope(strategy: tf.distribute.Strategy) -> Iterator[None]:
-    """`strategy.scope()`, adjusted so state a replica writes works under every strategy.
-
-    CentralStorageStrategy holds one copy of each variable and refuses an
-    assignment in replica context unless the variable has an aggregation;
-    Keras 3 creates batch-norm moving statistics with none and assigns them
-    there. In this scope such variables (not trainable, aggregation NONE) get
-    ONLY_FIRST_REPLICA: synchronized statistics are equal on every replica, and
-    a mirrored strategy saves replica 0's copy too. Trainable variables change
-    only through the optimizer, in cross-replica context, and keep theirs.
-    """
-    with strategy.scope():
-        if strategy_name(strategy) != "central_storage":
-            yield
-            return
-
-        def first_replica_writes(next_creator, **kwargs):
-            # trainable=None (tf.Variable's default) means trainable.
-            if kwargs.get("trainable") is False and kwargs.get("aggregation") in (
-                None,
-                tf.VariableAggregation.NONE,
-            ):
-                kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
-            return next_creator(**kwargs)
-
-        with tf.variable_creator_scope(first_replica_writes):
-            yield
-
-
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """True on the one task that writes summaries, results and the checkpoint."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return True
-    task_type, task_id = resolver.task_type, resolver.task_id
-    if task_type == "chief":
-        return True
-    has_chief = "chief" in resolver.cluster_spec().as_dict()
-    return task_type == "worker" and task_id == 0 and not has_chief
-
-
-def num_workers(strategy: tf.distribute.Strategy) -> int:
-    """Worker (and chief) tasks in the strategy's cluster; 1 outside a cluster."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
-
-
-def task_name(strategy: tf.distribute.Strategy) -> str:
-    """`worker_1`-style name of this task; `local` outside a cluster."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.task_type:
-        return "local"
-    return f"{resolver.task_type}_{resolver.task_id}"
-
-
-_NAMES_BY_CLASS = {
-    "MirroredStrategy": "mirrored",
-    "CentralStorageStrategy": "central_storage",
-    "OneDeviceStrategy": "one_device",
-    "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
-    "CollectiveAllReduceStrategy": "multi_worker_mirrored",
-    "ParameterServerStrategy": "parameter_server",
-    "ParameterServerStrategyV2": "parameter_server",
-    "TPUStrategy": "tpu",
-    "TPUStrategyV2": "tpu",
-    "_DefaultDistributionStrategy": "default",
-}
-
-
-def onednn_enabled() -> bool:
-    """Whether TensorFlow runs its oneDNN CPU kernels.
-
-    TF_ENABLE_ONEDNN_OPTS decides; unset, TensorFlow turns them on only on CPUs
-    with AVX-512 VNNI or BF16, AVX-VNNI or AMX, so only TensorFlow can answer.
-    """
-    from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own answer, read at import
-
-    return bool(_pywrap_util_port.IsMklEnabled())
-
-
-def strategy_name(strategy: tf.distribute.Strategy) -> str:
-    """The --strategy name of a strategy object (its class name if unknown)."""
-    class_name = type(strategy).__name__
-    return _NAMES_BY_CLASS.get(class_name, class_name)

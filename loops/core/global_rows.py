@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from loops.vocabulary.whole_numbers import check_whole
+
 
 def _replica_context() -> tf.distribute.ReplicaContext:
     context = tf.distribute.get_replica_context()
@@ -89,12 +91,7 @@ def gather_global_rows(value: tf.Tensor, *, global_batch_size: int) -> tf.Tensor
             "loops.gather_global_rows gathers rows along the first axis and got a scalar; "
             "pass a tensor whose first axis is this replica's rows (e.g. embeddings [rows, dim])."
         )
-    whole = isinstance(global_batch_size, int) and not isinstance(global_batch_size, bool)
-    if not whole or global_batch_size < 1:
-        raise ValueError(
-            f"global_batch_size must be a whole number >= 1 (the most rows a step holds), "
-            f"got {global_batch_size!r}."
-        )
+    check_whole("global_batch_size", global_batch_size, note=" (the most rows a step holds)")
     context = _replica_context()
     rows = tf.shape(value)[0]
     counts = _rows_of_every_replica(rows)

@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from loops.vocabulary import settings
+from loops.vocabulary.whole_numbers import check_whole
 
 DEFAULT_GROWTH_STEPS = settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
 
@@ -80,11 +81,9 @@ class DynamicLossScale(tf.Module):
             raise ValueError(
                 f"initial_scale must be >= 1 (2**15 is the usual start), got {initial_scale!r}."
             )
-        if isinstance(growth_steps, bool) or not isinstance(growth_steps, int) or growth_steps < 1:
-            raise ValueError(
-                f"growth_steps must be a whole number >= 1 (finite steps before the loss "
-                f"scale doubles), got {growth_steps!r}."
-            )
+        check_whole(
+            "growth_steps", growth_steps, note=" (finite steps before the loss scale doubles)"
+        )
         self.growth_steps = growth_steps
         # Written once per step in cross-replica context; every replica reads its own copy.
         self.scale = tf.Variable(

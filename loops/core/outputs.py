@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.core import reporting
+from loops.vocabulary.whole_numbers import is_whole
 
 
 class Mean(NamedTuple):
@@ -157,7 +158,7 @@ def _highest_columns(name: str, output: Highest, hook: str, arrays: bool):
             "step's outputs are logged as one number a step)."
         )
     keep = output.keep
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+    if not is_whole(keep, 1):
         raise TypeError(f"{hook} returned {name}=loops.Highest with keep={keep!r}; use >= 1.")
     rows = tf.convert_to_tensor(output.rows)
     if rows.shape.rank is None or rows.shape.rank < 1 or not rows.shape[1:].is_fully_defined():

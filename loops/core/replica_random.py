@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 
 from loops.core import micro_batches
-from loops.input.distributed_input import replica_bounds
+from loops.topology import replica_bounds
 
 
 def step_seed(seed: int, step: tf.Tensor, *streams: int | tf.Tensor) -> tf.Tensor:
@@ -39,7 +39,7 @@ def replica_rows(
 
     Every replica draws `draw([global_rows, *row_shape], seed=seed)` and keeps
     the rows its data slice holds (the Loop's split,
-    `distributed_input.replica_bounds`). Row i is therefore the same for 1 or N
+    `topology.replica_bounds`). Row i is therefore the same for 1 or N
     replicas, and different rows, on any replicas, are independent; a stateful
     or seeded generator would repeat the same rows on every replica (BUILD.md
     fact 7). Under gradient accumulation (`loops.Update`) the rows are those

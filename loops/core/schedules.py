@@ -12,6 +12,8 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
+from loops.vocabulary.whole_numbers import check_whole
+
 SCHEDULE_NAMES = ("constant", "step", "cosine", "warmup_cosine")
 
 
@@ -29,10 +31,7 @@ class PerEpoch(keras.optimizers.schedules.LearningRateSchedule):
     """The rate `function(epoch)`, epoch = step // steps_per_epoch (a float32 tensor)."""
 
     def __init__(self, function: Callable[[tf.Tensor], tf.Tensor], steps_per_epoch: int):
-        if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
-            raise ValueError(
-                f"steps_per_epoch must be a whole number >= 1, got {steps_per_epoch!r}."
-            )
+        check_whole("steps_per_epoch", steps_per_epoch)
         self.function = function
         self.steps_per_epoch = steps_per_epoch
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from loops.vocabulary.whole_numbers import check_whole
+
 
 def _variables(network) -> list:
     """The variables of a Keras model / layer, or a list of variables as given."""
@@ -60,8 +62,7 @@ def copy_every(target, online, *, step: tf.Tensor | int, every: int) -> tf.Tenso
     Returns:
         A bool scalar: whether this call copied.
     """
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be a whole number >= 1, got {every!r}.")
+    check_whole("every", every)
     pairs = _pairs(target, online)
     due = tf.equal(tf.math.floormod(tf.cast(step, tf.int64), every), 0)
 

@@ -33,7 +33,7 @@ from loops.core.gradients import all_finite, apply_gradients, apply_summed, sum_
 from loops.core.health import Totals, UpdateHealth
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
-from loops.input import distributed_input
+from loops.topology import replica_bounds
 
 # A replica function's result: its share of the loss (already divided by the
 # real global count, `loops.scale_to_global_batch`) and scalars to sum over replicas.
@@ -335,7 +335,7 @@ class Update:
         rows = tf.shape(parts[batched.index(True)])[0]
         context = tf.distribute.get_replica_context()
         step_rows = context.all_reduce(tf.distribute.ReduceOp.SUM, rows)
-        replica_start, _ = distributed_input.replica_bounds(
+        replica_start, _ = replica_bounds(
             step_rows, context.replica_id_in_sync_group, context.num_replicas_in_sync
         )
         size = -(-rows // self.grad_accum_steps)  # ceil: the last micro-batches may be short

@@ -20,7 +20,7 @@ from typing import TypeAlias
 
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops import topology
 from loops.input.random_access import SeekableBatches
 
 DatasetSource: TypeAlias = "tf.data.Dataset | Callable[[], tf.data.Dataset] | SeekableBatches"
@@ -32,7 +32,7 @@ def split_global_batches(
     """Returns this pipeline's per-replica slices of each global batch, in order.
 
     Each global batch is cut into `num_replicas_in_sync` contiguous slices
-    (`replica_bounds`); pipeline p yields the slices of its replicas, one
+    (`topology.replica_bounds`); pipeline p yields the slices of its replicas, one
     element each, so the strategy's round-robin hands slice k to local replica k.
     """
     num_replicas = input_context.num_replicas_in_sync
@@ -56,7 +56,7 @@ def split_global_batches(
         parts = tf.nest.flatten(batch)
         rows = tf.shape(parts[0])[0]
         longest = (rows + num_replicas - 1) // num_replicas
-        starts, ends = replica_bounds(
+        starts, ends = topology.replica_bounds(
             rows, tf.range(first_replica, first_replica + local_replicas), num_replicas
         )
         # Rows past a slice's end repeat its last row: padding, cut off below.
@@ -180,7 +180,7 @@ def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptio
     a single pipeline for all its replicas, and its steps then fail with an
     IndexError when `strategy.run` looks for replica 1's input.
     """
-    if strategies.strategy_name(strategy) != "mirrored" or strategy.num_replicas_in_sync < 2:
+    if topology.strategy_name(strategy) != "mirrored" or strategy.num_replicas_in_sync < 2:
         return None
     devices = strategy.extended.worker_devices
     if len(devices) < 2:
@@ -245,29 +245,14 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
     )
 
 
-def replica_bounds(rows, replica_id, num_replicas: int):
-    """First and one-past-last row of replica `replica_id`'s slice of a global batch of `rows`.
-
-    Contiguous, balanced slices in replica order: each replica holds
-    floor(rows / num_replicas) rows and the first `rows % num_replicas` one
-    more, so a replica is empty only when the batch has fewer rows than there
-    are replicas. `replica_id` may be a vector of ids. Every split of the
-    framework (tf.data pipelines, the step's slices, per-row random draws)
-    follows this one rule.
-    """
-    base, extra = rows // num_replicas, rows % num_replicas
-    start = replica_id * base + tf.minimum(replica_id, extra)
-    return start, start + base + tf.cast(replica_id < extra, base.dtype)
-
-
 def replica_slice(batch, replica_id, num_replicas: int):
-    """Replica `replica_id`'s rows of a global batch (`replica_bounds`).
+    """Replica `replica_id`'s rows of a global batch (`topology.replica_bounds`).
 
     A batch of static size keeps a static shape: TensorFlow folds the shape
     arithmetic when the graph is built (tested).
     """
     parts = tf.nest.flatten(batch)
-    start, end = replica_bounds(tf.shape(parts[0])[0], replica_id, num_replicas)
+    start, end = topology.replica_bounds(tf.shape(parts[0])[0], replica_id, num_replicas)
     return tf.nest.pack_sequence_as(batch, [part[start:end] for part in parts])
 
 
@@ -277,7 +262,7 @@ def _dense(element_spec) -> bool:
 
 
 def _shares_host_memory(strategy: tf.distribute.Strategy) -> bool:
-    name = strategies.strategy_name(strategy)
+    name = topology.strategy_name(strategy)
     if name == "default":
         return True
     if name != "mirrored":

@@ -29,6 +29,8 @@ from typing import Protocol
 import numpy as np
 import tensorflow as tf
 
+from loops.vocabulary.whole_numbers import is_whole
+
 
 class SeekableBatches:
     """An endless stream of global batches that begins at any batch without reading earlier ones.
@@ -44,7 +46,7 @@ class SeekableBatches:
 
     def batches_from(self, position: int) -> tf.data.Dataset:
         """The stream's batches from batch `position` (0 is the first) on, endless."""
-        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        if not is_whole(position, 0):
             raise ValueError(f"A stream position is a whole number >= 0, got {position!r}.")
         return self._batches_from(position)
 
@@ -162,11 +164,7 @@ def _own_threads() -> tf.data.Options:
 
 
 def _check_nice(input_nice: int) -> None:
-    if (
-        isinstance(input_nice, bool)
-        or not isinstance(input_nice, int)
-        or not (0 <= input_nice <= NICEST)
-    ):
+    if not is_whole(input_nice) or not 0 <= input_nice <= NICEST:
         raise ValueError(
             f"input_nice={input_nice!r} is not a niceness the input can run at: pass a whole "
             f"number from 0 (the process's own priority) to {NICEST} (the lowest)."

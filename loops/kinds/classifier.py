@@ -14,6 +14,7 @@ from loops.core import outputs, pictures, plots, reduction
 from loops.core.replica_random import keyed_on
 from loops.core.update import Update, check_clip_norm
 from loops.run.loop import Loop, RunContext
+from loops.vocabulary.whole_numbers import check_whole
 
 
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -88,8 +89,7 @@ class ClassifierLoop(Loop):
                 "with reduction=None so the loop can divide by the real global batch."
             )
         check_clip_norm(clip_norm)
-        if isinstance(worst_images, bool) or not isinstance(worst_images, int) or worst_images < 0:
-            raise ValueError(f"worst_images must be a whole number >= 0, got {worst_images!r}.")
+        check_whole("worst_images", worst_images, least=0)
         self.worst_images = worst_images
         if class_names is not None and (
             isinstance(class_names, str)

@@ -13,6 +13,7 @@ from loops.core import outputs, own_files, pictures, reduction
 from loops.core.replica_random import replica_rows, step_seed
 from loops.core.update import Update, UpdateResult, check_clip_norm, update_outputs
 from loops.run.loop import Loop, RunContext
+from loops.vocabulary.whole_numbers import check_whole
 
 GAN_LOSSES = ("non_saturating", "wgan_gp")
 
@@ -411,16 +412,10 @@ def _check_arguments(
     check_clip_norm(clip_norm)
     if gan_loss not in GAN_LOSSES:
         raise ValueError(f"Unknown gan_loss {gan_loss!r}; choose one of {', '.join(GAN_LOSSES)}.")
-    if isinstance(n_critic, bool) or not isinstance(n_critic, int) or n_critic < 1:
-        raise ValueError(f"n_critic must be a whole number >= 1, got {n_critic!r}.")
+    check_whole("n_critic", n_critic)
     if not gp_weight >= 0:
         raise ValueError(f"gp_weight must be >= 0, got {gp_weight!r}.")
-    if (
-        isinstance(num_eval_samples, bool)
-        or not isinstance(num_eval_samples, int)
-        or num_eval_samples < 1
-    ):
-        raise ValueError(f"num_eval_samples must be a whole number >= 1, got {num_eval_samples!r}.")
+    check_whole("num_eval_samples", num_eval_samples)
     if sample_grid is not None:
         rows, columns = sample_grid
         if rows < 1 or columns < 1 or rows * columns > num_eval_samples:

@@ -14,6 +14,7 @@ from loops.core import outputs, reduction, reporting, text_generation
 from loops.core.replica_random import step_seed
 from loops.core.update import Update, check_clip_norm
 from loops.run.loop import Loop, RunContext
+from loops.vocabulary.whole_numbers import check_whole
 
 DEFAULT_PROMPTS = ("def ", "class ", "import ", "    return ")
 _SAMPLE_STREAM = 7  # the random stream sampled continuations draw from
@@ -96,8 +97,7 @@ class LanguageModelLoop(Loop):
         """
         check_clip_norm(clip_norm)
         for name, value in (("sequence_length", sequence_length), ("sample_length", sample_length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}.")
+            check_whole(name, value)
         if not sample_temperature > 0:
             raise ValueError(
                 f"sample_temperature must be > 0 (the greedy continuation is written too), "

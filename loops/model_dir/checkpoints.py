@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 import keras
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops import topology
 from loops.core import keras_private, own_files
 from loops.vocabulary.errors import DamagedCheckpointError, NonFiniteWeightsError
 
@@ -70,11 +70,11 @@ class Checkpointer:
                 the files (`wait` for it). Only in one process: under a cluster every
                 worker takes part in a save's collectives (BUILD.md, fact 11).
         """
-        self._is_chief = strategies.is_chief(strategy)
+        self._is_chief = topology.is_chief(strategy)
         self._chief_directory = directory
         self.directory = directory
         if not self._is_chief:
-            self.directory = os.path.join(directory, f".scratch_{strategies.task_name(strategy)}")
+            self.directory = os.path.join(directory, f".scratch_{topology.task_name(strategy)}")
         self.items = dict(items)
         self.optional_items = dict(optional_items or {})
         self.checkpoint = tf.train.Checkpoint(**self.items, **self.optional_items)

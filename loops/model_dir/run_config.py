@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from loops.vocabulary.whole_numbers import is_whole
+
 CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as the run starts
 # The step options that change every evaluation, whatever the kind of training:
 # ema_decay whether the averaged or the raw weights are evaluated, mixed_precision the
@@ -121,7 +123,7 @@ def _whole_numbers(recorded: Mapping[str, Any] | None) -> dict[str, int]:
     return {
         name: value
         for name, value in (recorded or {}).items()
-        if name in EXACT_ONLY_UNCHANGED and isinstance(value, int) and not isinstance(value, bool)
+        if name in EXACT_ONLY_UNCHANGED and is_whole(value)
     }
 
 

@@ -14,6 +14,7 @@ from loops.core import reporting
 from loops.model_dir.checkpoints import Checkpointer
 from loops.run.run_context import RunContext
 from loops.vocabulary.choices import METRIC_MODES
+from loops.vocabulary.whole_numbers import is_whole
 
 
 class Action:
@@ -181,7 +182,7 @@ class EarlyStopping(_WatchesMetric):
             ValueError: a bad argument.
         """
         super().__init__(metric, mode=mode, min_delta=min_delta)
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        if not is_whole(patience, 1):
             raise ValueError(
                 f"patience must be a whole number of evaluations >= 1, got {patience!r}."
             )

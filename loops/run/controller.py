@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from loops.cluster import strategies
+from loops import topology
 from loops.core import reporting
 from loops.model_dir import run_config
 from loops.model_dir.checkpoints import Checkpointer
@@ -21,9 +21,10 @@ from loops.run.preemption import PreemptionWatcher
 from loops.run.recovery import Recoveries
 from loops.run.run_checkpoints import RunCheckpoints, action_state
 from loops.run.run_context import Run
-from loops.run.run_options import RunOptions, check_positive
+from loops.run.run_options import RunOptions
 from loops.run.run_report import RunReport, TimedCall, TrainHistory
 from loops.run.train_input import TrainInput
+from loops.vocabulary.whole_numbers import check_whole
 
 
 class Controller:
@@ -50,7 +51,7 @@ class Controller:
         """
         self.trainer = trainer
         self.options = options
-        self.is_chief = strategies.is_chief(trainer.strategy)
+        self.is_chief = topology.is_chief(trainer.strategy)
         model_dir = options.model_dir
         summaries = os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
         self.report = RunReport(
@@ -100,7 +101,7 @@ class Controller:
             OSError: model_dir cannot be written or read.
         """
         trainer = self.trainer
-        with strategies.variable_scope(trainer.strategy):
+        with topology.variable_scope(trainer.strategy):
             for action in self.actions:
                 action.build(trainer)
         # Optional: a checkpoint without the recovery record or spike watch restores as none.
@@ -175,7 +176,7 @@ class Controller:
     def _check_can_train(self, num_steps: int) -> None:
         """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
         trainer = self.trainer
-        check_positive("num_steps", num_steps)
+        check_whole("num_steps", num_steps)
         self._inner_loops.nonfinite.check_can_train()
         if trainer.train_data is None and trainer.definition.needs_train_data:
             raise ValueError(

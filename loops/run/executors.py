@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops import topology
 from loops.core import outputs
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
@@ -408,7 +408,7 @@ def _explains_empty_replicas(definition: StepDefinition):
         yield
     except tf.errors.InvalidArgumentError as error:
         replicas = definition.strategy.num_replicas_in_sync
-        if replicas > 1 and definition.has_convolution and strategies.onednn_enabled():
+        if replicas > 1 and definition.has_convolution and topology.onednn_enabled():
             error.add_note(
                 f"loops: if a batch had fewer rows than the {replicas} replicas, a replica held "
                 "none, and TensorFlow's oneDNN convolutions give an empty input an output of the "

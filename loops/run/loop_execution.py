@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops import topology
 from loops.input import distributed_input
 from loops.run import executors, nonfinite_policy
 
@@ -28,7 +28,7 @@ def check_can_run(
         has_train_data: whether the loop has train data, or makes its own.
     """
     name = loop_class.__name__
-    if strategies.strategy_name(strategy) == "parameter_server" and not getattr(
+    if topology.strategy_name(strategy) == "parameter_server" and not getattr(
         loop_class, "supports_parameter_server", False
     ):
         raise ValueError(
@@ -57,7 +57,7 @@ def coordinator(
 
     There the steps run asynchronously on the workers (loops/run/parameter_server.py).
     """
-    if strategies.strategy_name(strategy) != "parameter_server":
+    if topology.strategy_name(strategy) != "parameter_server":
         return None
     return tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 

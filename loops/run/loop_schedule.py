@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from loops.cluster import strategies
+from loops import topology
 from loops.run.actions import Action
 from loops.run.profiling import StepProfiler
 from loops.run.run_context import Run
@@ -82,7 +82,7 @@ class LoopSchedule:
             progress_every_seconds=options.progress_every_seconds,
             # Several workers or a ps would have to agree on every inner loop's length.
             one_process=(
-                strategies.num_workers(trainer.strategy) == 1 and trainer.coordinator is None
+                topology.num_workers(trainer.strategy) == 1 and trainer.coordinator is None
             ),
             recover=trainer.step_options.recovers,
             action_after_every_loop=any(

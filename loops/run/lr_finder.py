@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops import topology
 from loops.core import keras_private, outputs, own_files, plots, reporting
 from loops.input import distributed_input
 from loops.model_dir import checkpoints
@@ -286,7 +286,7 @@ def _range_test(
 ) -> _Record:
     """Runs a step at each rate until the loss blows up; the optimizers' rates are theirs
     again afterwards."""
-    with strategies.variable_scope(trainer.strategy):
+    with topology.variable_scope(trainer.strategy):
         rate = keras.Variable(
             float(rates[0]), name="lr_find_rate", trainable=False, aggregation="only_first_replica"
         )

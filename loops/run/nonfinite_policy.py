@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops import topology
 from loops.core import outputs
 from loops.model_dir.checkpoints import describe_names
 from loops.run import recovery
@@ -239,7 +239,7 @@ def check_can_recover(
     bad = "a loss spike" if spikes else "a non-finite step"
     other = "'ignore'" if spikes else "'skip'"
     others = f"{setting}='stop' or {other} (--{setting}=stop or {other.strip(chr(39))})"
-    if strategies.strategy_name(strategy) == "parameter_server":
+    if topology.strategy_name(strategy) == "parameter_server":
         raise ValueError(
             f"{policy} moves the train stream past the batches that led "
             f"to {bad}, and under ParameterServerStrategy each worker reads "

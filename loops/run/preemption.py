@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops import topology
 from loops.vocabulary.exit_codes import PREEMPTION_SIGNALS
 
 
@@ -27,8 +27,8 @@ class PreemptionWatcher:
         self._previous: dict[int, Any] = {}  # the handlers to give back
         # Under ParameterServerStrategy only the coordinator runs the Trainer: its own flag decides.
         self._multi_worker = (
-            strategies.num_workers(strategy) > 1
-            and strategies.strategy_name(strategy) != "parameter_server"
+            topology.num_workers(strategy) > 1
+            and topology.strategy_name(strategy) != "parameter_server"
         )
 
     def __enter__(self) -> PreemptionWatcher:

@@ -9,6 +9,7 @@ from typing import TypedDict
 import tensorflow as tf
 
 from loops.vocabulary import settings
+from loops.vocabulary.whole_numbers import is_whole
 
 # The record's name in a checkpoint, beside the definition's items (reserved: see the Trainer).
 CHECKPOINT_NAME = "recoveries"
@@ -77,11 +78,7 @@ def check_max_recoveries(
             f"(got {on_nonfinite!r}) or on_loss_spike='recover' (got {on_loss_spike!r}); "
             "drop it, or pass on_nonfinite='recover' (--on_nonfinite=recover)."
         )
-    if (
-        isinstance(max_recoveries, bool)
-        or not isinstance(max_recoveries, int)
-        or max_recoveries < 1
-    ):
+    if not is_whole(max_recoveries, 1):
         raise ValueError(
             f"max_recoveries must be a whole number >= 1, got {max_recoveries!r}; to stop at "
             "the first non-finite step, pass on_nonfinite='stop' instead."

@@ -9,7 +9,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops import topology
 from loops.core import reporting
 from loops.model_dir import model_dir_lock
 from loops.model_dir.checkpoints import Checkpointer
@@ -145,7 +145,7 @@ class RunCheckpoints:
         optional_items: Mapping[str, Any],
     ) -> Checkpointer:
         assert self._model_dir is not None
-        name = strategies.strategy_name(strategy)
+        name = topology.strategy_name(strategy)
         one_process = name in ONE_PROCESS_STRATEGIES
         if self._asynchronous and not one_process:
             self._say(

@@ -10,6 +10,7 @@ from typing import Any
 from loops.core import reporting
 from loops.run.actions import Action
 from loops.vocabulary import settings
+from loops.vocabulary.whole_numbers import check_whole
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,6 @@ _DECLARED = (
 )
 
 
-def check_positive(name: str, value, *, optional: bool = False) -> None:
-    """Raises ValueError unless `value` is a whole number >= 1 (or None, when optional)."""
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        hint = " (or None to turn it off)" if optional else ""
-        raise ValueError(f"{name} must be a whole number >= 1{hint}, got {value!r}.")
-
-
 def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
     actions = tuple(actions)
     for action in actions:
@@ -105,5 +97,8 @@ def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:
                 f"actions must be loops.Action objects, got {action!r}; subclass "
                 "loops.Action and override its hooks."
             )
-        check_positive(f"{type(action).__name__}.every", action.every, optional=True)
+        if action.every is not None:
+            check_whole(
+                f"{type(action).__name__}.every", action.every, note=" (or None to turn it off)"
+            )
     return actions

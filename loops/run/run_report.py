@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from loops.cluster import strategies
+from loops import topology
 from loops.core import health, outputs, reporting
 from loops.run.recovery import LOSS_SPIKE, Recovery
 from loops.run.run_context import Run
@@ -170,7 +170,7 @@ class RunReport:
         """What results.json holds: the run, its metrics and speeds, how it ended, its config."""
         return {
             "loop": trainer.definition.name,
-            "strategy": strategies.strategy_name(trainer.strategy),
+            "strategy": topology.strategy_name(trainer.strategy),
             "num_replicas": trainer.num_replicas,
             "global_step": trainer.step,
             "train": self.last_train_metrics,

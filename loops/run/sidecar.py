@@ -23,6 +23,7 @@ from typing import Any
 from loops.core import reporting
 from loops.model_dir import checkpoints, model_dir_lock, run_config
 from loops.run.trainer import Trainer
+from loops.vocabulary.whole_numbers import check_whole, is_whole
 
 HISTORY_FILE = "history.json"  # in MODEL_DIR/evaluator, next to the evaluator's summaries
 DEFAULT_POLL_SECONDS = 1.0
@@ -277,7 +278,7 @@ class _Watch:
         if not isinstance(results, dict) or results.get("preempted") is not False:
             return None
         step = results.get("global_step")
-        if not isinstance(step, int):
+        if not is_whole(step):
             return None
         if (
             self.train_steps is not None
@@ -319,11 +320,7 @@ def _read_history(path: str) -> list[dict[str, Any]]:
     except (OSError, ValueError, AttributeError):
         return []
     return sorted(
-        (
-            entry
-            for entry in entries
-            if isinstance(entry, dict) and isinstance(entry.get("step"), int)
-        ),
+        (entry for entry in entries if isinstance(entry, dict) and is_whole(entry.get("step"))),
         key=lambda entry: entry["step"],
     )
 
@@ -348,13 +345,8 @@ def _check_arguments(
             "does not override run_evaluation. Build it with eval_data= (or give it a "
             "run_evaluation) to evaluate checkpoints."
         )
-    if train_steps is not None and (
-        isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1
-    ):
-        raise ValueError(
-            f"train_steps must be a whole number >= 1 (the run's --train_steps) or None, got "
-            f"{train_steps!r}."
-        )
+    if train_steps is not None:
+        check_whole("train_steps", train_steps, note=" (the run's --train_steps) or None")
     if not (isinstance(poll_seconds, (int, float)) and 0 < poll_seconds < math.inf):
         raise ValueError(f"poll_seconds must be a number of seconds > 0, got {poll_seconds!r}.")
     if timeout_seconds is not None and not (

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops.cluster import cluster_config, lost_task, strategies
+from loops import topology
+from loops.cluster import cluster_config, lost_task
 from loops.core import mixed_precision as mixed_precision_lib
 from loops.core import reporting
 from loops.core.nonfinite_updates import NonFiniteUpdates, leaves_out_nonfinite
@@ -114,7 +115,7 @@ class Trainer:
     def _build_definition(self) -> StepContext:
         """Gives the definition its step context and runs its `build` in the strategy's scope."""
         options = self.step_options
-        with strategies.variable_scope(self.strategy):
+        with topology.variable_scope(self.strategy):
             global_step = _step_counter("global_step")
             context = StepContext(
                 strategy=self.strategy,
@@ -170,7 +171,7 @@ class Trainer:
         try:
             return self.controller.train(num_steps)
         except tf.errors.OpError as error:
-            if strategies.strategy_name(self.strategy) not in cluster_config.CLUSTER_STRATEGIES:
+            if topology.strategy_name(self.strategy) not in cluster_config.CLUSTER_STRATEGIES:
                 raise
             sentence = lost_task.lost_task_sentence(error.message, cluster_config.read_tf_config())
             if sentence is None:

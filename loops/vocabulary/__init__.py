@@ -1,2 +1,2 @@
-"""The words every layer shares: the settings' declarations, the choices, the errors
-and the exit codes."""
+"""The words every layer shares: the settings' declarations, the choices, the errors,
+the exit codes and the one whole-number check."""

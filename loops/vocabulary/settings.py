@@ -22,6 +22,7 @@ from loops.vocabulary.choices import (
     PRECISION_POLICIES,
     STRATEGY_NAMES,
 )
+from loops.vocabulary.whole_numbers import check_whole, is_whole
 
 TRAIN = "train"
 EVALUATE_CHECKPOINTS = "evaluate_checkpoints"
@@ -49,10 +50,6 @@ DEFAULT_LOSS_SPIKE_STEPS = 3
 DEFAULT_LOSS_SPIKE_WINDOW = 100
 
 
-def _is_whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -65,8 +62,7 @@ def whole_number(
     def check(name: str, value: Any) -> Any:
         if value is None and optional:
             return None
-        if not _is_whole(value) or value < least:
-            raise ValueError(f"{name} must be a whole number >= {least}{note}, got {value!r}.")
+        check_whole(name, value, least, note)
         return value
 
     return check
@@ -126,7 +122,7 @@ def check_profile_steps(name: str, value: Any) -> tuple[int, int] | None:
         start, end = value
     except (TypeError, ValueError):
         start = end = None
-    if not (_is_whole(start) and _is_whole(end)):
+    if not (is_whole(start) and is_whole(end)):
         raise ValueError(
             f"{name} must be (start, end), two whole numbers, got {value!r}; "
             "e.g. (10, 20) (--profile_steps=10,20) traces steps 10 to 20."

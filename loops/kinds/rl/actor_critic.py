@@ -11,11 +11,12 @@ from loops.core import outputs, reduction
 from loops.core.update import Update, check_clip_norm
 from loops.input import environments
 from loops.kinds.rl.advantages import advantages_and_returns
-from loops.kinds.rl.checks import check_whole, checked_model_fn, largest_divisor
+from loops.kinds.rl.checks import checked_model_fn, largest_divisor
 from loops.kinds.rl.environment_loop import EnvironmentLoop
 from loops.kinds.rl.model_outputs import float32
 from loops.kinds.rl.noise import Noise
 from loops.kinds.rl.updates import run_updates
+from loops.vocabulary.whole_numbers import check_whole
 
 
 class ActorCriticLoop(EnvironmentLoop):

@@ -7,12 +7,6 @@ from collections.abc import Callable
 import keras
 
 
-def check_whole(name: str, value, *, least: int = 1, meaning: str = "") -> None:
-    """Raises ValueError unless `value` is an int (not a bool) of at least `least`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be a whole number >= {least}{meaning}, got {value!r}.")
-
-
 def checked_model_fn(model_fn) -> Callable[[], keras.Model]:
     """`model_fn`, which must be callable (TypeError otherwise)."""
     if not callable(model_fn):

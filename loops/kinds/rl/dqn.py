@@ -10,12 +10,13 @@ import tensorflow as tf
 from loops.core import outputs, reduction, target_networks
 from loops.core.update import Update, check_clip_norm
 from loops.input import environments
-from loops.kinds.rl.checks import check_whole, checked_model_fn
+from loops.kinds.rl.checks import checked_model_fn
 from loops.kinds.rl.environment_loop import EnvironmentLoop
 from loops.kinds.rl.model_outputs import float32
 from loops.kinds.rl.noise import Noise
 from loops.kinds.rl.state_variables import StateVariables
 from loops.kinds.rl.updates import run_updates
+from loops.vocabulary.whole_numbers import check_whole
 
 DEFAULT_TARGET_UPDATE_EVERY = 50  # DQN's target copy period when no target update is chosen
 

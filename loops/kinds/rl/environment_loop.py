@@ -31,12 +31,12 @@ import tensorflow as tf
 
 from loops.core import outputs
 from loops.input import environments
-from loops.kinds.rl.checks import check_whole
 from loops.kinds.rl.episode_statistics import EpisodeStatistics
 from loops.kinds.rl.greedy_episodes import play_greedy_episodes
 from loops.kinds.rl.noise import Noise, stateless_seed
 from loops.kinds.rl.state_variables import StateVariables
 from loops.run.loop import Loop, RunContext, StepOptions
+from loops.vocabulary.whole_numbers import check_whole
 
 # What `rollout` keeps of every step, besides the extras of the policy.
 ROLLOUT_DTYPES = {
@@ -103,7 +103,7 @@ class EnvironmentLoop(Loop):
         check_whole("rollout_length", rollout_length)
         if not 0 <= gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1], got {gamma!r}; 0.99 is usual.")
-        check_whole("eval_episodes", eval_episodes, least=0, meaning=" (0: no evaluation)")
+        check_whole("eval_episodes", eval_episodes, least=0, note=" (0: no evaluation)")
         check_whole("eval_max_steps", eval_max_steps)
         self.environment = environment
         self.num_envs = num_envs
