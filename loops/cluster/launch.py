@@ -554,6 +554,23 @@ class Launcher:
         return " and ".join(signal.Signals(signum).name for signum in self._signals)
 
 
+# --help's last part: an example, the exit codes and where signals go.
+_EPILOG = (
+    f"example: {EXAMPLE} --model_dir=/tmp/run1\n\n"
+    "exit codes:\n"
+    f"  {exit_codes.FINISHED:<5} every task finished\n"
+    f"  {exit_codes.PREEMPTED:<5} preempted: tasks exited {exit_codes.PREEMPTED} after "
+    "saving; rerun the same command to continue\n"
+    "  1     a task failed (the last line names it); the others were stopped (a\n"
+    "        failed evaluator: once training finished)\n"
+    "  2     bad launcher arguments\n"
+    "  128+N a task failed after the launcher received signal N\n\n"
+    "SIGINT and SIGTERM go to the chief (without one, to every worker) and the\n"
+    "evaluator; the servers keep serving until it ends. A second signal kills\n"
+    "every task."
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loops-launch",
@@ -563,18 +580,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Runs a command as a local tf.distribute cluster: one process per task, "
         "each with TF_CONFIG set, output lines prefixed with the task name.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"example: {EXAMPLE} --model_dir=/tmp/run1\n\n"
-        "exit codes:\n"
-        f"  {exit_codes.FINISHED:<5} every task finished\n"
-        f"  {exit_codes.PREEMPTED:<5} preempted: tasks exited {exit_codes.PREEMPTED} after "
-        "saving; rerun the same command to continue\n"
-        "  1     a task failed (the last line names it); the others were stopped (a\n"
-        "        failed evaluator: once training finished)\n"
-        "  2     bad launcher arguments\n"
-        "  128+N a task failed after the launcher received signal N\n\n"
-        "SIGINT and SIGTERM go to the chief (without one, to every worker) and the\n"
-        "evaluator; the servers keep serving until it ends. A second signal kills\n"
-        "every task.",
+        epilog=_EPILOG,
     )
     # Checked in main, after unknown flags, so a misspelled --num_workers is named as such.
     parser.add_argument(
