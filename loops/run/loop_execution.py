@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from loops.cluster import strategies
 from loops.input import distributed_input
-from loops.run import executors, nonfinite_policy
+from loops.run import bad_steps, executors
 
 
 def check_can_run(
@@ -45,7 +45,7 @@ def check_can_run(
         )
     for setting, policy in (("on_nonfinite", on_nonfinite), ("on_loss_spike", on_loss_spike)):
         if policy == "recover":
-            nonfinite_policy.check_can_recover(
+            bad_steps.check_can_recover(
                 name, strategy, has_train_data=has_train_data, model_dir=model_dir, setting=setting
             )
 

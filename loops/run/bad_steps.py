@@ -1,56 +1,74 @@
-"""The non-finite policy on the host: what follows a call whose steps or weights were not finite
-(and the going back to a checkpoint that a loss spike's policy shares)."""
+"""The bad-step policy: acts on the first bad step any of a run's rules (`bad_step_rules`) finds
+in an executor call, stopping the run or recovering from a checkpoint, with one max_recoveries
+over all rules."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from loops.cluster import strategies
-from loops.core import outputs
 from loops.model_dir.checkpoints import describe_names
 from loops.run import recovery
-from loops.run.loss_spikes import LossSpikeWatch
+from loops.run.bad_step_rules import RECOVER, BadStep, BadStepRule, NonFiniteSteps
 from loops.run.recovery import Recoveries, Recovery
 from loops.run.run_checkpoints import RunCheckpoints
-from loops.run.run_context import Run
 from loops.run.train_input import TrainInput
 from loops.vocabulary.errors import NonFiniteError
 
 
-class NonFinitePolicy:
-    """Carries out a loop's `on_nonfinite` after each inner loop, and counts the skipped steps.
+class BadStepPolicy:
+    """Acts on the first bad step any rule finds in a call: stops the run or recovers.
 
     Args:
-        trainer: the trainer whose `on_nonfinite`, `skips_nonfinite` and
-            `max_recoveries` say what follows.
+        rules: the run's rules; of two bad steps at the same step, the earlier
+            rule's is acted on. The non-finite rule is always among them.
+        current_step: the run's global step, read after a going back.
+        batches_per_step: the global batches a step reads, which a recovery moves past.
         checkpoints: the run's checkpoints, the last of which a stop or a
             recovery goes back to.
-        train_input: the train stream, which resumes where the trainer goes back to.
+        train_input: the train stream, which resumes where the run goes back to.
         recoveries: the run's record of recoveries, which "recover" adds to.
-        spike_watch: the loss-spike watch a checkpoint restores with the run
-            (None when the run has none), forgotten before going back.
+        max_recoveries: the recoveries a run may make, over all rules.
     """
 
     def __init__(
         self,
-        trainer: Run,
+        rules: Sequence[BadStepRule],
         *,
+        current_step: Callable[[], int],
+        batches_per_step: int,
         checkpoints: RunCheckpoints,
         train_input: TrainInput,
         recoveries: Recoveries,
-        spike_watch: LossSpikeWatch | None = None,
+        max_recoveries: int,
     ):
-        self._trainer = trainer
+        self.rules = list(rules)
+        self.nonfinite = next(rule for rule in self.rules if isinstance(rule, NonFiniteSteps))
+        self._current_step = current_step
+        self._batches_per_step = batches_per_step
         self._checkpoints = checkpoints
         self._train_input = train_input
         self._recoveries = recoveries
-        self._spike_watch = spike_watch
-        self.skipped_steps = 0
+        self._max_recoveries = max_recoveries
         # The step that left non-finite weights in memory with no checkpoint to go back to.
         self._weights_lost_at: int | None = None
+
+    @property
+    def saved_state(self) -> dict[str, object]:
+        """What checkpoints hold of the policy, by name (optional on restore)."""
+        state: dict[str, object] = {recovery.CHECKPOINT_NAME: self._recoveries}
+        for rule in self.rules:
+            state.update(rule.saved_state)
+        return state
+
+    @property
+    def recovers(self) -> bool:
+        """Whether a bad step may lead to a recovery (a call's steps then must not depend on
+        timing: `LoopSchedule.joins`)."""
+        return any(rule.reaction == RECOVER for rule in self.rules)
 
     def check_can_train(self) -> None:
         """Raises NonFiniteError when a stop left weights that are not finite in memory."""
@@ -64,46 +82,36 @@ class NonFinitePolicy:
                 "that a stop goes back to the last checkpoint."
             )
 
-    def first_acted_on(self, logs: Mapping[str, np.ndarray], first_step: int) -> int | None:
-        """The first step in `logs` (of the steps after `first_step`) that was not finite,
-        where the policy stops or recovers; None when there is none or it skips them."""
-        flags = logs.get(outputs.NONFINITE)
-        if (
-            self._trainer.step_options.on_nonfinite == "skip"
-            or flags is None
-            or not np.any(flags > 0)
-        ):
-            return None
-        return first_step + int(np.argmax(flags > 0)) + 1
+    def first_bad(
+        self, logs: Mapping[str, np.ndarray], kinds: Mapping[str, type], first_step: int
+    ) -> tuple[BadStepRule, BadStep] | None:
+        """The earliest step of a call that a rule acts on, with the rule; None when none."""
+        found = None
+        for rule in self.rules:
+            bad = rule.scan(logs, kinds, first_step)
+            if bad is not None and (found is None or bad.step < found[1].step):
+                found = (rule, bad)
+        return found
 
-    def check_steps(self, logs: Mapping[str, np.ndarray], first_step: int) -> Recovery | None:
-        """Counts skipped steps; after a non-finite step goes back to the last checkpoint and,
-        under "stop", raises; under "recover", returns the recovery made.
+    def commit(self) -> None:
+        """Every rule keeps what it learnt from the call: its steps stand."""
+        for rule in self.rules:
+            rule.commit()
+
+    def act(self, rule: BadStepRule, bad: BadStep) -> Recovery:
+        """Recovers from `bad` under "recover"; otherwise goes back (where the update reached
+        the weights) and raises `rule.error`.
 
         Raises:
-            NonFiniteError: under "stop", or under "recover" past max_recoveries.
+            `rule.error`: under "stop", or under "recover" when it cannot recover.
         """
-        flags = logs.get(outputs.NONFINITE)
-        if flags is None or not np.any(flags > 0):
-            return None
-        if self._trainer.skips_nonfinite:
-            self.skipped_steps += int(np.sum(flags > 0))
-        bad_step = self.first_acted_on(logs, first_step)
-        if bad_step is None:
-            return None
-        problem = "the loss or the gradients were not finite on at least one replica"
-        if self._trainer.step_options.on_nonfinite == "recover":
-            return self.recover(bad_step, problem)
-        if self._trainer.skips_nonfinite:
-            state = "Its update was skipped and nothing was saved after it."
+        if rule.reaction == RECOVER:
+            return self.recover(rule, bad)
+        if rule.update_applied:
+            state = self.back_to_checkpoint(rule.weights_finite, bad.before_step)
         else:
-            state = self.back_to_checkpoint()
-        raise NonFiniteError(
-            f"Step {bad_step}: {problem}. {state} Lower the learning rate, clip gradients, "
-            "check the input, or pass on_nonfinite='skip' (--on_nonfinite=skip) to leave "
-            "out such steps, or 'recover' to go on from the last checkpoint past the "
-            "batches that led to them."
-        )
+            state = "Its update was skipped and nothing was saved after it."
+        raise rule.error(f"Step {bad.step}: {bad.problem}. {state} {rule.advice}")
 
     def after_nonfinite_weights(self, step: int, nonfinite_names: list[str]) -> Recovery:
         """Goes back to the last checkpoint (every one is finite); recovers or raises.
@@ -114,15 +122,12 @@ class NonFinitePolicy:
         non-finite `step` (the inner loop's last), every other policy stops.
 
         Raises:
-            NonFiniteError: unless the policy is "recover" and it may recover.
+            NonFiniteError: unless on_nonfinite is "recover" and it may recover.
         """
-        if self._trainer.step_options.on_nonfinite == "recover":
-            return self.recover(
-                step,
-                f"{describe_names(nonfinite_names)} not finite (NaN or inf) after it, "
-                "although the steps' loss and gradient checks passed",
-            )
-        state = self.back_to_checkpoint()
+        bad = self.nonfinite.after_weights(step, nonfinite_names)
+        if self.nonfinite.reaction == RECOVER:
+            return self.recover(self.nonfinite, bad)
+        state = self.back_to_checkpoint(weights_finite=False)
         raise NonFiniteError(
             f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
             "although the steps' loss and gradient checks passed: an update itself was not "
@@ -130,70 +135,54 @@ class NonFinitePolicy:
             "learning rate that is inf or huge does this), or clip gradients."
         )
 
-    def recover(
-        self,
-        bad_step: int,
-        problem: str,
-        *,
-        cause: str = recovery.NONFINITE,
-        error: type[Exception] = NonFiniteError,
-        first_bad_step: int | None = None,
-    ) -> Recovery:
-        """Goes back to the last checkpoint and moves the train stream past `bad_step`'s batches.
-
-        Args:
-            problem: what was wrong at `bad_step`, as a clause for the messages.
-            cause: what the recovery is recorded as (`recovery.NONFINITE`, `LOSS_SPIKE`).
-            error: what is raised when it cannot recover.
-            first_bad_step: the first step of several bad ones (a spike's first high step):
-                the checkpoint gone back to is one saved before it; None: `bad_step`.
+    def recover(self, rule: BadStepRule, bad: BadStep) -> Recovery:
+        """Goes back to the last checkpoint (saved before `bad.before_step`, where given) and
+        moves the train stream past the batches up to `bad.step`.
 
         Raises:
-            `error`: the run has made max_recoveries recoveries already, or
+            `rule.error`: the run has made max_recoveries recoveries already, or
                 there is no checkpoint to go back to.
         """
         entries = list(self._recoveries.entries)
-        limit = self._trainer.step_options.max_recoveries
+        limit = self._max_recoveries
         if len(entries) >= limit:
             steps = ", ".join(str(entry["step"]) for entry in entries)
-            raise error(
-                f"Step {bad_step}: {problem}, and the run has recovered {len(entries)} "
-                f"time{'s' if len(entries) > 1 else ''} already (max_recoveries={limit}; "
-                f"at step{'s' if len(entries) > 1 else ''} {steps}), so it stops. "
-                f"{self.back_to_checkpoint(before_step=first_bad_step)} Lower the learning "
-                "rate, clip gradients, check the input, or raise max_recoveries "
-                "(--max_recoveries) to let it recover again."
+            plural = "s" if len(entries) > 1 else ""
+            raise rule.error(
+                f"Step {bad.step}: {bad.problem}, and the run has recovered {len(entries)} "
+                f"time{plural} already (max_recoveries={limit}; at step{plural} {steps}), so "
+                f"it stops. {self.back_to_checkpoint(False, bad.before_step)} "
+                "Lower the learning rate, clip gradients, check the input, or raise "
+                "max_recoveries (--max_recoveries) to let it recover again."
             )
-        if not self._go_back(first_bad_step):
-            self._weights_lost_at = self._trainer.step
-            raise error(f"Step {bad_step}: {problem}. {_NO_CHECKPOINT}")
-        restored = self._trainer.step
+        if not self._go_back(bad.before_step):
+            self._weights_lost_at = self._current_step()
+            raise rule.error(f"Step {bad.step}: {bad.problem}. {_NO_CHECKPOINT}")
+        restored = self._current_step()
         entry = Recovery(
-            step=bad_step,
+            step=bad.step,
             restored_step=restored,
-            skipped_batches=(bad_step - restored) * self._trainer.definition.batches_per_step,
-            cause=cause,
+            skipped_batches=(bad.step - restored) * self._batches_per_step,
+            cause=rule.cause,
         )
         self._recoveries.entries = [*entries, entry]
         return entry
 
-    def _go_back(self, before_step: int | None = None) -> bool:
+    def _go_back(self, before_step: int | None) -> bool:
         """Restores the last checkpoint (saved before `before_step`, where given), the train
         stream resuming there; False without one."""
         if self._checkpoints.checkpointer is None:
             return False
-        # What a checkpoint without the record (or the watch) stands for.
+        # What a checkpoint without the record (or a rule's state) stands for.
         self._recoveries.entries = []
-        if self._spike_watch is not None:
-            self._spike_watch.reset()
+        for rule in self.rules:
+            rule.reset()
         if self._checkpoints.restore(before_step) is None:
             return False
         self._train_input.position = -1
         return True
 
-    def back_to_checkpoint(
-        self, *, weights_finite: bool = False, before_step: int | None = None
-    ) -> str:
+    def back_to_checkpoint(self, weights_finite: bool, before_step: int | None = None) -> str:
         """Goes back to the last checkpoint after a bad step; says where the loop is now.
 
         Without a checkpoint, weights that may not be finite (`weights_finite`
@@ -202,14 +191,14 @@ class NonFinitePolicy:
         if self._go_back(before_step):
             return (
                 f"Nothing was saved after it; the loop is back at its last checkpoint "
-                f"(step {self._trainer.step}), where a rerun also resumes."
+                f"(step {self._current_step()}), where a rerun also resumes."
             )
         if weights_finite:
             return (
                 "There is no checkpoint to go back to: the weights in memory are those "
-                f"after step {self._trainer.step}."
+                f"after step {self._current_step()}."
             )
-        self._weights_lost_at = self._trainer.step
+        self._weights_lost_at = self._current_step()
         return _NO_CHECKPOINT
 
 

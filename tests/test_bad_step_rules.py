@@ -1,0 +1,110 @@
+"""A bad-step rule of a definition's own, one small object beside the non-finite and loss-spike
+rules: a gradient-norm ceiling that stops the run or recovers past the batches that led to it,
+to the weights of a run that never saw them."""
+
+import numpy as np
+import pytest
+from test_loss_spikes import examples
+from test_recover import make_loop, recoveries_in_tensorboard, stream, without_batches
+
+import loops
+from conftest import read_results
+
+CEILING = 50.0  # the steps' gradient norms are 1-4, those of batches scaled 50 times ~190
+
+
+class GradNormError(RuntimeError):
+    pass
+
+
+class GradNormCeiling(loops.BadStepRule):
+    """A step whose gradient norm (training health's `health/grad_norm`) is above `ceiling`."""
+
+    cause = "grad_norm"
+    reported_as = "above the gradient-norm ceiling"
+    error = GradNormError
+
+    def __init__(self, reaction, ceiling):
+        super().__init__(reaction)
+        self.ceiling = ceiling
+
+    def scan(self, logs, kinds, first_step):
+        norms = logs["health/grad_norm"]
+        high = norms > self.ceiling
+        if not np.any(high):
+            return None
+        index = int(np.argmax(high))
+        return loops.BadStep(
+            first_step + index + 1,
+            f"health/grad_norm was {norms[index]:.4g}, above the ceiling {self.ceiling:g}",
+        )
+
+
+class CeiledClassifier(loops.ClassifierLoop):
+    def __init__(self, reaction, **kwargs):
+        super().__init__(**kwargs)
+        self.reaction = reaction
+
+    def bad_step_rules(self):
+        return [GradNormCeiling(self.reaction, CEILING)]
+
+
+def ceiled(model_dir, reaction):
+    # Batch 6 is scaled up: step 6's gradient norm is far above the ceiling, its loss finite.
+    return make_loop(
+        stream(*examples([6])),
+        num_replicas=1,
+        model_dir=str(model_dir),
+        checkpoint_every=4,
+        health_every=1,
+        definition_class=CeiledClassifier,
+        reaction=reaction,
+    )
+
+
+def test_recover_goes_on_with_the_weights_of_a_run_without_its_batches(tmp_path):
+    loop = ceiled(tmp_path, "recover")
+    logs = loop.train(10)
+    assert loop.controller.recoveries.entries == [
+        {"step": 6, "restored_step": 4, "skipped_batches": 2, "cause": "grad_norm"}
+    ]
+    assert len(logs["loss"]) == 10 and float(np.max(logs["health/grad_norm"])) < CEILING
+    never_saw = make_loop(stream(*without_batches(*examples(), 5, 6)), 1, health_every=1)
+    never_saw.train(10)
+    loops.testing.assert_close(
+        loops.testing.loop_weights(loop),
+        loops.testing.loop_weights(never_saw),
+        rtol=1e-6,
+        label="recovered vs never saw batches 5-6",
+    )
+    loop.close()
+    assert read_results(str(tmp_path))["recoveries"][0]["cause"] == "grad_norm"
+    assert (
+        "step 6 was above the gradient-norm ceiling: recovery 1 of at most 3, back at the "
+        "checkpoint of step 4; the train stream moved past 2 batches (those of steps 5 to 6)"
+    ) in loop.progress.stream.getvalue()
+    assert recoveries_in_tensorboard(tmp_path) == {6: 1.0}
+
+
+def test_stop_goes_back_to_the_last_checkpoint_and_raises_the_rules_error(tmp_path):
+    loop = ceiled(tmp_path, "stop")
+    with pytest.raises(
+        GradNormError,
+        match=r"^Step 6: health/grad_norm was \d+\.?\d*, above the ceiling 50\. Nothing was "
+        r"saved after it; the loop is back at its last checkpoint \(step 4\), where a rerun "
+        r"also resumes\. Lower the learning rate, clip gradients or check the input at those "
+        r"steps\.$",
+    ):
+        loop.train(10)
+    assert loop.step == 4 and loop.controller.recoveries.entries == []
+    loop.close()
+
+
+def test_a_rule_reacts_by_stop_or_recover_only():
+    # "skip" leaves an update out in the graph, before the host sees the step's logs.
+    with pytest.raises(
+        ValueError,
+        match=r"^GradNormCeiling's reaction must be 'stop' or 'recover', got 'skip'; a rule to "
+        r"ignore is one not registered\.$",
+    ):
+        GradNormCeiling("skip", CEILING)
