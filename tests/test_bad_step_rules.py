@@ -4,11 +4,13 @@ to the weights of a run that never saw them."""
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from test_loss_spikes import examples
 from test_recover import make_loop, recoveries_in_tensorboard, stream, without_batches
 
 import loops
 from conftest import read_results
+from loops.core import outputs
 
 CEILING = 50.0  # the steps' gradient norms are 1-4, those of batches scaled 50 times ~190
 
@@ -108,3 +110,50 @@ def test_a_rule_reacts_by_stop_or_recover_only():
         r"ignore is one not registered\.$",
     ):
         GradNormCeiling("skip", CEILING)
+
+
+class FlaggedAtStep2(loops.Loop):
+    """Makes its own data; its flag, named `bad`, marks step 2 (the index being run is 1)."""
+
+    needs_train_data = False
+
+    def train_step(self, iterator):
+        return {
+            "loss": loops.Mean(tf.cast(self.global_step, tf.float32)),
+            "bad": loops.Flag(tf.cast(tf.equal(self.global_step, 1), tf.int32)),
+        }
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_the_executor_and_the_policy_know_a_flag_by_its_type_not_its_name(run_eagerly):
+    loop = loops.Trainer(
+        FlaggedAtStep2(),
+        strategy=loops.testing.replica_strategy(1),
+        steps_per_loop=4,
+        run_eagerly=run_eagerly,
+        progress=loops.testing.quiet_progress(),
+    )
+    with pytest.raises(
+        loops.NonFiniteError,
+        match=r"^Step 2: the loss or the gradients were not finite on at least one replica\. "
+        r"There is no checkpoint to go back to: the weights in memory are not finite, and "
+        r"nothing was saved\. Lower the learning rate",
+    ):
+        loop.train(4)
+    assert loop.step == 2  # the inner loop of 4 steps ended after the flagged one
+
+
+def test_any_bad_is_one_flag_over_a_steps_updates():
+    flag = loops.any_bad(tf.constant(0.0), tf.constant(1.0), tf.constant(0.0))
+    assert list(flag) == ["nonfinite"] and isinstance(flag["nonfinite"], loops.Flag)
+    assert flag["nonfinite"].value.dtype == tf.int32 and int(flag["nonfinite"].value) == 1
+    assert int(loops.any_bad(tf.constant(0.0))["nonfinite"].value) == 0
+
+
+def test_an_eval_step_may_not_return_a_flag():
+    with pytest.raises(
+        TypeError,
+        match=r"^eval_step returned bad=loops\.Flag\(\.\.\.\); a Flag marks a bad train step, "
+        r"and an eval step makes no update: return loops\.Sum\(bad\) to count such batches\.$",
+    ):
+        outputs.columns({"bad": loops.Flag(tf.constant(1))}, "eval_step", arrays=True)

@@ -53,6 +53,11 @@ class BadStepRule:
             left it out.
         weights_finite: whether the weights stay finite after a bad step (a
             stop without a checkpoint then leaves the Trainer able to train on).
+        setting, described, other, parameter_server_advice: a built-in rule's
+            setting ("on_nonfinite"), its bad step ("a non-finite step"), the
+            setting's other choice than "stop" ("skip"), and what to pass
+            instead of "recover" under ParameterServerStrategy (None: those),
+            for the refusals of "recover" (`bad_steps.check_can_recover`).
     """
 
     cause: ClassVar[str]
@@ -63,6 +68,10 @@ class BadStepRule:
     )
     update_applied: bool = True
     weights_finite: bool = True
+    setting: ClassVar[str] = ""
+    described: ClassVar[str] = "a bad step"
+    other: ClassVar[str] = ""
+    parameter_server_advice: ClassVar[str | None] = None
 
     def __init__(self, reaction: str) -> None:
         if reaction not in (STOP, RECOVER):
@@ -116,6 +125,11 @@ class NonFiniteSteps(BadStepRule):
         "go on from the last checkpoint past the batches that led to them."
     )
     weights_finite = False
+    setting, described, other = "on_nonfinite", "a non-finite step", "skip"
+    parameter_server_advice = (
+        "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a non-finite update "
+        "under every policy) or 'stop'."
+    )
 
     def __init__(self, reaction: str, *, leaves_out_updates: bool) -> None:
         self.skips = reaction == "skip"

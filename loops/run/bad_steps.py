@@ -211,34 +211,27 @@ _NO_CHECKPOINT = (
 def check_can_recover(
     name: str,
     strategy: tf.distribute.Strategy,
+    rule: type[BadStepRule],
     *,
     has_train_data: bool,
     model_dir: str | None,
-    setting: str = "on_nonfinite",
 ) -> None:
-    """Raises ValueError when `setting`='recover' cannot work for the definition `name`.
+    """Raises ValueError when `rule.setting`='recover' cannot work for the definition `name`.
 
     Args:
+        rule: the rule whose setting asks to recover (`NonFiniteSteps`, `LossSpikes`).
         has_train_data: whether the run has train data, or makes its own
             (RL), drawing new data after a recovery (`Loop.data_step`).
-        setting: the policy asked to recover: on_nonfinite or on_loss_spike.
     """
+    setting, bad = rule.setting, rule.described
     policy = f"{setting}='recover'"
-    spikes = setting == "on_loss_spike"
-    bad = "a loss spike" if spikes else "a non-finite step"
-    other = "'ignore'" if spikes else "'skip'"
-    others = f"{setting}='stop' or {other} (--{setting}=stop or {other.strip(chr(39))})"
+    others = f"{setting}='stop' or '{rule.other}' (--{setting}=stop or {rule.other})"
     if strategies.strategy_name(strategy) == "parameter_server":
         raise ValueError(
             f"{policy} moves the train stream past the batches that led "
             f"to {bad}, and under ParameterServerStrategy each worker reads "
             "its own stream, at no position a checkpoint records. Pass "
-            + (
-                f"{others}."
-                if spikes
-                else "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a "
-                "non-finite update under every policy) or 'stop'."
-            )
+            + (rule.parameter_server_advice or f"{others}.")
         )
     if not has_train_data:
         raise ValueError(

@@ -47,9 +47,8 @@ class LoopSchedule:
             line comes at least this often; None leaves it to steps_per_loop.
         one_process: no other process (worker, parameter server) must agree
             on every inner loop's and call's length.
-        recover: a bad-step rule may recover (on_nonfinite or on_loss_spike is "recover", or a
-            definition's rule is): a call's steps are what a recovery moves past, which must
-            not depend on timing.
+        recover: a bad-step rule's reaction is "recover" (`BadStepPolicy.recovers`): a
+            call's steps are what a recovery moves past, which must not depend on timing.
         action_after_every_loop: an action runs after every inner loop, and
             may stop the run at any of them.
     """

@@ -124,6 +124,7 @@ class LossSpikes(BadStepRule):
 
     cause = recovery.LOSS_SPIKE
     reported_as = "a loss spike"
+    setting, described, other = "on_loss_spike", "a loss spike", "ignore"
     error = LossSpikeError
     advice = (
         "Lower the learning rate, clip gradients, check the input at those steps, or pass "
