@@ -102,6 +102,25 @@ def test_stop_goes_back_to_the_last_checkpoint_and_raises_the_rules_error(tmp_pa
     loop.close()
 
 
+def test_recover_without_a_checkpoint_raises_and_keeps_the_finite_weights():
+    # No model_dir: nothing to go back to; the weights after the bad step are finite, so the
+    # Trainer may train on (a non-finite step would leave it refusing to).
+    loop = make_loop(
+        stream(*examples([6])),
+        num_replicas=1,
+        health_every=1,
+        definition_class=CeiledClassifier,
+        reaction="recover",
+    )
+    with pytest.raises(
+        GradNormError,
+        match=r"^Step 6: health/grad_norm was \d+\.?\d*, above the ceiling 50\. There is no "
+        r"checkpoint to go back to: the weights in memory are those after step 6\.$",
+    ):
+        loop.train(9)
+    assert loop.step == 6 and loop.controller.recoveries.entries == []
+
+
 def test_a_rule_reacts_by_stop_or_recover_only():
     # "skip" leaves an update out in the graph, before the host sees the step's logs.
     with pytest.raises(

@@ -108,7 +108,7 @@ class BadStepPolicy:
         if rule.reaction == RECOVER:
             return self.recover(rule, bad)
         if rule.update_applied:
-            state = self.back_to_checkpoint(rule.weights_finite, bad.before_step)
+            state = self._back_to_checkpoint(rule.weights_finite, bad.before_step)
         else:
             state = "Its update was skipped and nothing was saved after it."
         raise rule.error(f"Step {bad.step}: {bad.problem}. {state} {rule.advice}")
@@ -127,7 +127,7 @@ class BadStepPolicy:
         bad = self.nonfinite.after_weights(step, nonfinite_names)
         if self.nonfinite.reaction == RECOVER:
             return self.recover(self.nonfinite, bad)
-        state = self.back_to_checkpoint(weights_finite=False)
+        state = self._back_to_checkpoint(weights_finite=False)
         raise NonFiniteError(
             f"After step {step}, {describe_names(nonfinite_names)} not finite (NaN or inf), "
             "although the steps' loss and gradient checks passed: an update itself was not "
@@ -151,13 +151,13 @@ class BadStepPolicy:
             raise rule.error(
                 f"Step {bad.step}: {bad.problem}, and the run has recovered {len(entries)} "
                 f"time{plural} already (max_recoveries={limit}; at step{plural} {steps}), so "
-                f"it stops. {self.back_to_checkpoint(False, bad.before_step)} "
+                f"it stops. {self._back_to_checkpoint(False, bad.before_step)} "
                 "Lower the learning rate, clip gradients, check the input, or raise "
                 "max_recoveries (--max_recoveries) to let it recover again."
             )
         if not self._go_back(bad.before_step):
-            self._weights_lost_at = self._current_step()
-            raise rule.error(f"Step {bad.step}: {bad.problem}. {_NO_CHECKPOINT}")
+            state = self._without_checkpoint(rule.weights_finite)
+            raise rule.error(f"Step {bad.step}: {bad.problem}. {state}")
         restored = self._current_step()
         entry = Recovery(
             step=bad.step,
@@ -182,7 +182,7 @@ class BadStepPolicy:
         self._train_input.position = -1
         return True
 
-    def back_to_checkpoint(self, weights_finite: bool, before_step: int | None = None) -> str:
+    def _back_to_checkpoint(self, weights_finite: bool, before_step: int | None = None) -> str:
         """Goes back to the last checkpoint after a bad step; says where the loop is now.
 
         Without a checkpoint, weights that may not be finite (`weights_finite`
@@ -193,6 +193,11 @@ class BadStepPolicy:
                 f"Nothing was saved after it; the loop is back at its last checkpoint "
                 f"(step {self._current_step()}), where a rerun also resumes."
             )
+        return self._without_checkpoint(weights_finite)
+
+    def _without_checkpoint(self, weights_finite: bool) -> str:
+        """Where the loop is with no checkpoint to go back to; weights that may not be finite
+        make the Trainer refuse to train on."""
         if weights_finite:
             return (
                 "There is no checkpoint to go back to: the weights in memory are those "

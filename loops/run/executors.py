@@ -3,9 +3,9 @@ parameter-server workers) under one contract.
 
 Every executor feeds a train step exactly `batches_per_step` batches through
 the same stand-in iterator, flattens its typed outputs (`loops.core.outputs`) the
-same way, counts the global step, ends an inner loop right after a step whose
-`loops.Flag` output (`nonfinite`) is set when asked to, and reports whether the weights are
-still finite. They differ only in where and how the steps run.
+same way, counts the global step, ends an inner loop right after a step that a
+`loops.Flag` output (`nonfinite`) marks when asked to, and reports whether the
+weights are still finite. They differ only in where and how the steps run.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class ScheduledExecutor(Executor):
     global step on the parameter servers, so the global step counts the steps
     that completed. An inner loop waits for all of them and returns their
     logs in the order they were scheduled. A step a `loops.Flag` output marks
-    set does not stop the others already scheduled.
+    does not stop the others already scheduled.
 
     Args:
         coordinator: the ClusterCoordinator of the ParameterServerStrategy.
