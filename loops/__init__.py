@@ -10,6 +10,8 @@ import importlib
 # Public name -> the module that defines it (the module itself when its last part is the name).
 _EXPORTS = {
     "Action": "loops.run.actions",
+    "BadStep": "loops.run.bad_step_rules",
+    "BadStepRule": "loops.run.bad_step_rules",
     "EarlyStopping": "loops.run.actions",
     "ExportOnEnd": "loops.run.actions",
     "KeepBest": "loops.run.actions",
@@ -26,12 +28,14 @@ _EXPORTS = {
     "random_access": "loops.input.random_access",
     "LanguageModelLoop": "loops.kinds.lm",
     "Loop": "loops.run.loop",
+    "Flag": "loops.core.outputs",
     "Highest": "loops.core.outputs",
     "Last": "loops.core.outputs",
     "Mean": "loops.core.outputs",
     "Ratio": "loops.core.outputs",
     "Sum": "loops.core.outputs",
     "Update": "loops.core.update",
+    "any_bad": "loops.core.update",
     "UpdateContext": "loops.core.update_context",
     "UpdateOptions": "loops.core.update_context",
     "NonFiniteUpdates": "loops.core.nonfinite_updates",

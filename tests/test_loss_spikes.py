@@ -17,7 +17,7 @@ from test_recover import examples as recover_examples
 import loops
 import loops_models as models
 from conftest import make_trainer, read_results
-from loops.run.loss_spikes import LossSpikeRule, LossSpikeWatch
+from loops.run.loss_spikes import LossSpikeRule, LossSpikes, LossSpikeWatch
 
 RULE = LossSpikeRule(factor=4.0, steps=3, window=100)
 
@@ -38,6 +38,12 @@ def spiking(model_dir, spiked_batches, policy="recover", **kwargs):
         model_dir=str(model_dir),
         **kwargs,
     )
+
+
+def spike_watch(trainer):
+    """The loss-spike rule's watch among the trainer's bad-step rules."""
+    rules = trainer.controller._inner_loops.bad_steps.rules
+    return next(rule.watch for rule in rules if isinstance(rule, LossSpikes))
 
 
 def watch_scan(losses, rule=RULE, first_step=0):
@@ -197,14 +203,12 @@ def test_a_resume_after_a_recovery_continues_it_exactly(tmp_path):
     whole.close()
     first = spiking(tmp_path / "parts", [6, 7, 8], num_replicas=1, checkpoint_every=4)
     first.train(10)
-    average_at_10 = first.controller._inner_loops.spike_watch.average
+    average_at_10 = spike_watch(first).average
     first.close()
     # The watch's average and the recovery record come back with the final checkpoint.
     second = spiking(tmp_path / "parts", [6, 7, 8], num_replicas=1, checkpoint_every=4)
     assert second.step == 10
-    assert second.controller._inner_loops.spike_watch.average == pytest.approx(
-        average_at_10, rel=1e-12
-    )
+    assert spike_watch(second).average == pytest.approx(average_at_10, rel=1e-12)
     second.train(16)
     assert second.controller.recoveries.entries == whole.controller.recoveries.entries
     loops.testing.assert_close(

@@ -101,7 +101,7 @@ def test_stop_applies_updates_without_waiting_for_the_check():
     # the bad update reaches the weights, and with no checkpoint to go back to
     # the error says so.
     loop = make_loop("stop")
-    assert not loop.skips_nonfinite
+    assert not loop.leaves_out_nonfinite
     with pytest.raises(
         loops.run.loop.NonFiniteError,
         match="Step 2: .* no checkpoint to go back to: the weights in memory are not finite",

@@ -24,7 +24,7 @@ def test_each_kind_aggregates_over_an_inner_loop_and_leaves_out_skipped_steps():
         "ratio": loops.Ratio,
         "sum": loops.Sum,
         "last": loops.Last,
-        "nonfinite": loops.Sum,
+        "nonfinite": loops.Flag,
     }
     logs = {
         "mean": VALUES,
@@ -48,7 +48,7 @@ def test_each_kind_aggregates_over_an_inner_loop_and_leaves_out_skipped_steps():
 
 def test_a_mean_or_ratio_over_nothing_is_nan():
     metrics = outputs.aggregate_steps(
-        {"loss": loops.Mean, "nonfinite": loops.Sum},
+        {"loss": loops.Mean, "nonfinite": loops.Flag},
         {
             "loss": np.array([np.inf], np.float32),
             "loss/weight": np.ones(1, np.float32),

@@ -49,9 +49,9 @@ def stream(images, labels):
     return lambda: tf.data.Dataset.from_tensor_slices((images, labels)).batch(BATCH)
 
 
-def make_loop(train_data, num_replicas=2, **kwargs):
+def make_loop(train_data, num_replicas=2, definition_class=loops.ClassifierLoop, **kwargs):
     return make_trainer(
-        loops.ClassifierLoop,
+        definition_class,
         model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
         optimizer_fn=lambda: keras.optimizers.Adam(0.01),
         strategy=loops.testing.replica_strategy(num_replicas),

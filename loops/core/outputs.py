@@ -12,8 +12,11 @@ Over the steps of an inner loop (and over the batches of an evaluation) a
 `Mean` is sum(value * weight) / sum(weight), a `Ratio` sum(numerator) /
 sum(denominator), a `Sum` the total and a `Last` the last step's value. A
 weighted evaluation is one line: `loops.Ratio(sum(w * loss), sum(w))`.
-Steps whose update was left out as not finite (their `nonfinite` output is
-set) do not count in a `Mean` or `Ratio` of an inner loop.
+A train step may also return a `Flag`, 1 on a bad step (`loops.Update`'s
+result carries one named `nonfinite`, set when the loss or a gradient was
+not finite): it totals as a `Sum`, the executor recognises it by its type
+(ending an inner loop after a flagged step where the run's policy acts on
+it), and flagged steps do not count in a `Mean` or `Ratio` of an inner loop.
 
 An eval step may also return arrays, which the run hands back from
 `evaluate` but reports nowhere (the definition draws them): a `Sum` of any
@@ -61,6 +64,13 @@ class Last(NamedTuple):
     value: Any
 
 
+class Flag(NamedTuple):
+    """1 when a train step was bad (its update left out or to be acted on), else 0; totals as
+    a Sum. The run's bad-step policy (`loops.run.bad_steps`) reads it."""
+
+    value: Any
+
+
 class Highest(NamedTuple):
     """The `keep` rows with the highest scores over an eval pass, highest first (eval steps).
 
@@ -76,12 +86,17 @@ class Highest(NamedTuple):
     keep: int
 
 
-Output = Mean | Ratio | Sum | Last | Highest
-KINDS = (Mean, Ratio, Sum, Last, Highest)
+Output = Mean | Ratio | Sum | Last | Flag | Highest
+KINDS = (Mean, Ratio, Sum, Last, Flag, Highest)
 # A step's outputs as columns: name -> tensor, the second part of a Mean or
 # Ratio under name + WEIGHT (its weight or denominator), a Highest's scores too.
 WEIGHT = "/weight"
-NONFINITE = "nonfinite"  # the update path's flag: 1 when a step's update was left out
+NONFINITE = "nonfinite"  # the update path's Flag's name: 1 when a step's update was left out
+
+
+def flag_names(kinds: Mapping[str, type]) -> list[str]:
+    """The outputs that are a `Flag`, marking a step as bad."""
+    return [name for name, kind in kinds.items() if kind is Flag]
 
 
 def columns(
@@ -119,6 +134,11 @@ def columns(
             raise TypeError(
                 f"{hook} returned an output named {name!r}; names must not contain "
                 f"{WEIGHT!r} (it names a Mean's weight)."
+            )
+        if isinstance(output, Flag) and arrays:
+            raise TypeError(
+                f"{hook} returned {name}=loops.Flag(...); a Flag marks a bad train step, and an "
+                f"eval step makes no update: return loops.Sum({name}) to count such batches."
             )
         kinds[name] = type(output)
         if isinstance(output, Highest):
@@ -213,16 +233,17 @@ def aggregate_steps(
 ) -> dict[str, float | int]:
     """The outputs of an inner loop's steps (columns, a row a step) as one number each.
 
-    Steps flagged `nonfinite` are left out of Means and Ratios: their loss is
-    NaN or inf and their update was not applied.
+    Steps a `Flag` marks (`nonfinite`: their loss is NaN or inf and their
+    update was not applied) are left out of Means and Ratios.
     """
     kept = None
-    if NONFINITE in logs:
-        kept = logs[NONFINITE] == 0
+    for name in flag_names(kinds):
+        unflagged = logs[name] == 0
+        kept = unflagged if kept is None else kept & unflagged
     metrics: dict[str, float | int] = {}
     for name, kind in kinds.items():
         values = logs[name]
-        if kind is Sum:
+        if kind in (Sum, Flag):
             metrics[name] = reporting.plain_number(np.sum(values).astype(values.dtype))
         elif kind is Last:
             metrics[name] = reporting.plain_number(values[-1])

@@ -79,10 +79,7 @@ def update_outputs(results: Sequence[UpdateResult], prefix: str = "") -> dict[st
     `health/<prefix>update_ratio.<layer>` each layer's, counted on the steps
     that are multiples of `health_every` (`loops.core.health`).
     """
-    flags = tf.stack([result.nonfinite for result in results])
-    step_outputs: dict[str, outputs.Output] = {
-        outputs.NONFINITE: outputs.Sum(tf.cast(tf.reduce_max(flags), tf.int32))
-    }
+    step_outputs: dict[str, outputs.Output] = any_bad(*results)
     totals: Totals = {}
     for result in results:
         totals = health.add(totals, result.health_totals())
@@ -92,6 +89,20 @@ def update_outputs(results: Sequence[UpdateResult], prefix: str = "") -> dict[st
         step_outputs[prefix + "loss_scale"] = outputs.Last(results[-1].loss_scale)
         step_outputs[prefix + "overflow"] = outputs.Sum(tf.cast(overflows, tf.int32))
     return step_outputs
+
+
+def any_bad(*results: UpdateResult | tf.Tensor) -> dict[str, outputs.Output]:
+    """A step's bad-step flag over all its updates: `{"nonfinite": loops.Flag(1)}` when any of
+    them was not finite, else `Flag(0)`.
+
+    Args:
+        results: the step's `UpdateResult`s, or flags already combined from
+            some (a loop's running `tf.maximum` of `result.nonfinite`).
+    """
+    flags = tf.stack(
+        [result.nonfinite if isinstance(result, UpdateResult) else result for result in results]
+    )
+    return {outputs.NONFINITE: outputs.Flag(tf.cast(tf.reduce_max(flags), tf.int32))}
 
 
 class Update:

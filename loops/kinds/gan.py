@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from loops.core import outputs, own_files, pictures, reduction
 from loops.core.replica_random import replica_rows, step_seed
-from loops.core.update import Update, UpdateResult, check_clip_norm, update_outputs
+from loops.core.update import Update, UpdateResult, any_bad, check_clip_norm, update_outputs
 from loops.run.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
@@ -243,9 +243,7 @@ class GANLoop(Loop):
             **update_outputs(critic_results, prefix="d_"),
             **update_outputs([generator_result], prefix="g_"),
             # Set when any of the step's updates was not finite.
-            outputs.NONFINITE: update_outputs([*critic_results, generator_result])[
-                outputs.NONFINITE
-            ],
+            **any_bad(*critic_results, generator_result),
         }
 
     def discriminator_step(self, real, step: tf.Tensor, substep: int) -> UpdateResult:

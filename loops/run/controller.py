@@ -107,7 +107,7 @@ class Controller:
         # Optional: a checkpoint without the recovery record or spike watch restores as none.
         optional_items = {
             **action_state(self.actions),
-            **self._inner_loops.saved_state,
+            **self._inner_loops.bad_steps.saved_state,
         }
         model_dir = self.options.model_dir
         if model_dir is None:
@@ -162,6 +162,7 @@ class Controller:
                 self.actions,
                 trainer=self.trainer,
                 profiler=self._profiler,
+                recovers=self._inner_loops.bad_steps.recovers,
             )
             between = functools.partial(self._between_loops, preemption, num_steps)
             try:
@@ -177,7 +178,7 @@ class Controller:
         """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
         trainer = self.trainer
         check_whole("num_steps", num_steps)
-        self._inner_loops.nonfinite.check_can_train()
+        self._inner_loops.bad_steps.check_can_train()
         if trainer.train_data is None and trainer.definition.needs_train_data:
             raise ValueError(
                 f"{type(trainer.definition).__name__} has no train_data; pass train_data= to "
@@ -198,7 +199,7 @@ class Controller:
                 f"already at step {trainer.step} >= {num_steps}: nothing to train "
                 "(the model_dir holds a finished run; raise the step count to continue)."
             )
-        if trainer.step_options.recovers and not self._checkpoints.on_disk:
+        if self._inner_loops.bad_steps.recovers and not self._checkpoints.on_disk:
             self.save_checkpoint()  # where a recovery before the first save goes back to
 
     def _between_loops(self, preemption: PreemptionWatcher, num_steps: int, step: int) -> bool:
@@ -281,7 +282,7 @@ class Controller:
     @property
     def skipped_steps(self) -> int:
         """Steps whose update was left out because it was not finite."""
-        return self._inner_loops.nonfinite.skipped_steps
+        return self._inner_loops.bad_steps.nonfinite.skipped_steps
 
     def request_stop(self, reason: str) -> None:
         """Ends `train` after the inner loop in progress; see the class docstring.

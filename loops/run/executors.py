@@ -3,9 +3,9 @@ parameter-server workers) under one contract.
 
 Every executor feeds a train step exactly `batches_per_step` batches through
 the same stand-in iterator, flattens its typed outputs (`loops.core.outputs`) the
-same way, counts the global step, ends an inner loop right after a step whose
-`nonfinite` output is set when asked to, and reports whether the weights are
-still finite. They differ only in where and how the steps run.
+same way, counts the global step, ends an inner loop right after a step that a
+`loops.Flag` output (`nonfinite`) marks when asked to, and reports whether the
+weights are still finite. They differ only in where and how the steps run.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ class Executor:
 
     Args:
         definition: the steps to run and the state they count on.
-        stop_on_nonfinite: end an inner loop right after a step whose
-            `nonfinite` output is set (the "stop" policy).
+        stop_on_nonfinite: end an inner loop right after a step that a
+            `loops.Flag` output marks (Update's `nonfinite`), where the run's
+            policy acts on it (all but "skip").
     """
 
     def __init__(self, definition: StepDefinition, *, stop_on_nonfinite: bool):
@@ -179,7 +180,8 @@ class Executor:
         definition = self.definition
         step_function = self._traced_step(iterator)
         output_spec = step_function.structured_outputs
-        stop_on_nonfinite = self.stop_on_nonfinite and outputs.NONFINITE in output_spec
+        # Tracing the step set its kinds: the flags are the outputs of kind Flag.
+        stop_flags = outputs.flag_names(self.train_kinds or {}) if self.stop_on_nonfinite else []
         # The logs go into TensorArrays, a row a step: numbers and booleans
         # all into one of float64 (exactly: see `_packed`), anything else one
         # per dtype. One write a step instead of one per log or per dtype
@@ -209,8 +211,8 @@ class Executor:
                     key: arrays[key].write(i, tf.stack([_packed(logs[name]) for name in names]))
                     for key, names in groups.items()
                 }
-                if stop_on_nonfinite:
-                    stopped = logs[outputs.NONFINITE] > 0
+                if stop_flags:
+                    stopped = tf.reduce_any(tf.stack([logs[name] > 0 for name in stop_flags]))
                 return i + 1, arrays, stopped
 
             # The stop is part of the loop's condition: a Python `break` here
@@ -247,7 +249,8 @@ class EagerExecutor(Executor):
                 }
             )
             self.definition.global_step.assign_add(1)
-            if self.stop_on_nonfinite and rows[-1].get(outputs.NONFINITE, 0) > 0:
+            flags = outputs.flag_names(self.train_kinds or {})
+            if self.stop_on_nonfinite and any(rows[-1][name] > 0 for name in flags):
                 break
         logs = {name: np.array([row[name] for row in rows]) for name in rows[0]}
         return StepsRun(
@@ -274,8 +277,8 @@ class ScheduledExecutor(Executor):
     Each scheduled call runs one step on one worker and then adds 1 to the
     global step on the parameter servers, so the global step counts the steps
     that completed. An inner loop waits for all of them and returns their
-    logs in the order they were scheduled. A step whose `nonfinite` output is
-    set does not stop the others already scheduled.
+    logs in the order they were scheduled. A step a `loops.Flag` output marks
+    does not stop the others already scheduled.
 
     Args:
         coordinator: the ClusterCoordinator of the ParameterServerStrategy.

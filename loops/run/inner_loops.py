@@ -1,5 +1,5 @@
-"""A train call's inner loops: run in executor calls as planned, reported, checked if finite
-and, where asked, for loss spikes."""
+"""A train call's inner loops: run in executor calls as planned, reported, and checked for bad
+steps (`loops.run.bad_steps`)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from loops.run import loss_spikes, recovery
+from loops.core.nonfinite_updates import leaves_out_nonfinite
+from loops.run import loss_spikes
+from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
+from loops.run.bad_steps import BadStepPolicy
 from loops.run.loop_schedule import LoopSchedule
-from loops.run.nonfinite_policy import NonFinitePolicy
 from loops.run.profiling import StepProfiler
-from loops.run.recovery import Recoveries, Recovery
+from loops.run.recovery import Recoveries
 from loops.run.run_checkpoints import RunCheckpoints
 from loops.run.run_context import Run
 from loops.run.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
 from loops.run.train_input import TrainInput
-from loops.vocabulary.errors import LossSpikeError
 
 
 class ExecutorCall(NamedTuple):
@@ -39,10 +40,10 @@ class InnerLoops:
     One executor call may run several inner loops back to back when only
     their reports (summaries, progress, history) would separate them
     (`LoopSchedule.call_ends`); the reports are then made after the call,
-    each over its own steps. After each call the non-finite policy, and
-    the loss-spike policy (`on_loss_spike`, watching the definition's
-    `watched_loss` output), stop the run or recover from the first bad
-    step, and a recovery trains again from its checkpoint.
+    each over its own steps. After each call the bad-step policy stops the
+    run or recovers from the first bad step any of its rules finds
+    (non-finite, a loss spike of the definition's `watched_loss`, the
+    definition's own rules), and a recovery trains again from its checkpoint.
 
     Args:
         trainer: the trainer whose executor runs the steps.
@@ -66,35 +67,20 @@ class InnerLoops:
         self._trainer = trainer
         self._train_input = train_input
         self._recoveries = recoveries
-        options = trainer.step_options
-        # The loss's moving average, checkpointed; None when spikes are ignored.
-        self.spike_watch: loss_spikes.LossSpikeWatch | None = None
-        if options.on_loss_spike != "ignore":
-            self.spike_watch = loss_spikes.LossSpikeWatch(
-                loss_spikes.LossSpikeRule(
-                    options.loss_spike_factor, options.loss_spike_steps, options.loss_spike_window
-                )
-            )
-        # The policy for non-finite steps and weights, acted on after each call.
-        self.nonfinite = NonFinitePolicy(
-            trainer,
+        # The rules for bad steps and what follows one, acted on after each call.
+        self.bad_steps = BadStepPolicy(
+            _rules(trainer),
+            current_step=lambda: trainer.step,
+            batches_per_step=trainer.definition.batches_per_step,
             checkpoints=checkpoints,
             train_input=train_input,
             recoveries=recoveries,
-            spike_watch=self.spike_watch,
+            max_recoveries=trainer.step_options.max_recoveries,
         )
         self._report = report
         self._profiler = profiler
         # The last call's speed, which plans the next calls (also those of the next train).
         self.seconds_per_step: float | None = None
-
-    @property
-    def saved_state(self) -> dict[str, object]:
-        """What checkpoints hold of the bad-step policies, by name (optional on restore)."""
-        state: dict[str, object] = {recovery.CHECKPOINT_NAME: self._recoveries}
-        if self.spike_watch is not None:
-            state[loss_spikes.CHECKPOINT_NAME] = self.spike_watch
-        return state
 
     def run(
         self,
@@ -174,90 +160,65 @@ class InnerLoops:
         )
 
     def _recovered(self, call: ExecutorCall, num_steps: int, history: TrainHistory) -> bool:
-        """Acts on a non-finite step or weights in `call`; whether it recovered from one.
+        """Acts on the first bad step or non-finite weights in `call`; whether it recovered.
 
         The inner loops before the one holding a step that stops the run or
         recovers report first, as they would have from calls of their own.
 
         Raises:
-            NonFiniteError: the policy stops the run.
+            NonFiniteError, LossSpikeError (or a rule's error): the policy stops the run.
         """
-        bad_step = self.nonfinite.first_acted_on(call.logs, call.first_step)
-        spike, watch_state = self._first_spike(call)
-        if spike is not None and (bad_step is None or spike.step < bad_step):
-            bad_step = spike.step  # the first bad step is acted on
-        else:
-            spike = None
+        found = self.bad_steps.first_bad(call.logs, call.kinds, call.first_step)
         reported_to = call.first_step
         for inner_loop in call.inner_loops:
-            if bad_step is None or inner_loop.end >= bad_step:
+            if found is None or inner_loop.end >= found[1].step:
                 break
             self._report.inner_loop(call.kinds, inner_loop, num_steps, history)
             reported_to = inner_loop.end
-        if spike is not None:
-            recovered: Recovery | None = self._after_spike(spike)
-        else:
-            recovered = self.nonfinite.check_steps(call.logs, call.first_step)
+        rule, recovered = None, None
+        if found is not None:
+            rule, recovered = found[0], self.bad_steps.act(*found)
         if recovered is None and not call.weights_finite:
             finiteness = self._trainer.executor.definition.finiteness
-            recovered = self.nonfinite.after_nonfinite_weights(
+            rule = self.bad_steps.nonfinite
+            recovered = self.bad_steps.after_nonfinite_weights(
                 call.reached, finiteness.nonfinite_names()
             )
-        if recovered is None:
-            if self.spike_watch is not None:
-                self.spike_watch.commit(watch_state)
+        if rule is None or recovered is None:
+            self.bad_steps.commit()
             return False
         # Forget what the steps the recovery undid logged.
         history.drop_last(max(reported_to - recovered["restored_step"], 0))
         self._report.recovery(
             recovered,
+            problem=rule.reported_as,
             count=len(self._recoveries.entries),
             max_recoveries=self._trainer.step_options.max_recoveries,
         )
         return True
 
-    def _first_spike(self, call: ExecutorCall) -> tuple[loss_spikes.LossSpike | None, tuple]:
-        """The first loss spike in `call` and the watch's state after its steps.
 
-        Raises:
-            ValueError: the definition's steps have no `watched_loss` output.
-        """
-        if self.spike_watch is None:
-            return None, ()
-        definition = self._trainer.definition
-        losses = call.logs.get(definition.watched_loss or "")
-        if losses is None:
-            raise ValueError(
-                f"on_loss_spike watches the train step's {definition.watched_loss!r} output, "
-                f"and {type(definition).__name__}'s steps give {sorted(call.logs)}. Set the "
-                "definition's watched_loss to the output to watch, or pass "
-                "on_loss_spike='ignore'."
+def _rules(trainer: Run) -> list[BadStepRule]:
+    """The run's bad-step rules: non-finite steps, loss spikes where watched, and the
+    definition's own (`Loop.bad_step_rules`)."""
+    options = trainer.step_options
+    # What the update path will do (the definition is not built yet: its Updates are not).
+    leaves_out = leaves_out_nonfinite(
+        on_nonfinite=options.on_nonfinite,
+        mixed_precision=options.mixed_precision,
+        coordinated=trainer.coordinator is not None,
+    )
+    rules: list[BadStepRule] = [NonFiniteSteps(options.on_nonfinite, leaves_out_updates=leaves_out)]
+    definition = trainer.definition
+    if options.on_loss_spike != "ignore":
+        watch = loss_spikes.LossSpikeWatch(
+            loss_spikes.LossSpikeRule(
+                options.loss_spike_factor, options.loss_spike_steps, options.loss_spike_window
             )
-        return self.spike_watch.scan(losses, call.first_step)
-
-    def _after_spike(self, spike: loss_spikes.LossSpike) -> Recovery:
-        """Recovers from a loss spike, or goes back to the last checkpoint and raises.
-
-        Raises:
-            LossSpikeError: under "stop", or past max_recoveries.
-        """
-        problem = spike.describe(str(self._trainer.definition.watched_loss))
-        # Back to a checkpoint saved before the spike's first high step: one saved during it
-        # holds updates of its batches.
-        if self._trainer.step_options.on_loss_spike == "recover":
-            return self.nonfinite.recover(
-                spike.step,
-                problem,
-                cause=recovery.LOSS_SPIKE,
-                error=LossSpikeError,
-                first_bad_step=spike.first_high_step,
+        )
+        rules.append(
+            loss_spikes.LossSpikes(
+                options.on_loss_spike, watch, definition.watched_loss, type(definition).__name__
             )
-        state = self.nonfinite.back_to_checkpoint(
-            weights_finite=True, before_step=spike.first_high_step
         )
-        raise LossSpikeError(
-            f"Step {spike.step}: {problem}. {state} Lower the learning rate, clip gradients, "
-            "check the input at those steps, or pass on_loss_spike='recover' "
-            "(--on_loss_spike=recover) to go on from the last checkpoint past the batches "
-            "that led to it."
-        )
+    return [*rules, *definition.bad_step_rules()]

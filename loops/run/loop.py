@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -11,6 +11,7 @@ from loops.core import weight_average
 from loops.core.update_context import UpdateContext, UpdateStates
 from loops.model_dir.run_config import CONFIG_FREE_TO_CHANGE
 from loops.run import removed_api
+from loops.run.bad_step_rules import BadStepRule
 from loops.run.run_context import RunContext as RunContext  # what evaluation hooks get
 from loops.run.run_context import StepContext
 from loops.run.step_options import StepOptions as StepOptions  # what check_can_train gets
@@ -73,9 +74,11 @@ class Loop:
             (`loops.run.run_context.RunContext`).
         results_extra(): entries of its own for results.json.
 
-    `loops.Update` follows `on_nonfinite` for a step; a step that checks its
-    loss and gradients itself (`loops.all_finite`) applies its update with
-    `self.apply_update` and returns the flag it gets as `nonfinite`.
+    `loops.Update` follows `on_nonfinite` for a step and returns its flag
+    (`loops.Flag`, named `nonfinite`) in `result.outputs`; a step of several
+    Updates returns `loops.any_bad(*results)`. A step that checks its loss
+    and gradients itself (`loops.all_finite`) applies its update with
+    `self.apply_update` and returns the flag it gets as `loops.Flag`.
     """
 
     name = "loop"
@@ -197,6 +200,11 @@ class Loop:
         """Entries a kind of training adds to results.json."""
         return {}
 
+    def bad_step_rules(self) -> Sequence[BadStepRule]:
+        """Bad-step rules of its own, acted on beside non-finite steps and loss spikes
+        (`loops.run.bad_steps.BadStepRule`); their recoveries count in max_recoveries."""
+        return ()
+
     # ---- Services the steps use (from the step context). ----
 
     @property
@@ -219,8 +227,9 @@ class Loop:
         return self.strategy.num_replicas_in_sync
 
     @property
-    def skips_nonfinite(self) -> bool:
-        """Whether `apply_update` leaves out non-finite updates: `NonFiniteUpdates.skips`."""
+    def leaves_out_nonfinite(self) -> bool:
+        """Whether `apply_update` leaves out non-finite updates (under "skip", and under "stop"
+        or "recover" where the update path must: `NonFiniteUpdates.skips`)."""
         return self.update_context.nonfinite.skips
 
     def apply_update(self, finite, apply_fn: Callable[..., Any], *args) -> tf.Tensor:
@@ -251,5 +260,11 @@ class Loop:
 _GIVEN_BY_THE_TRAINER = frozenset(
     {"strategy", "options", "global_step", "data_offset", "update_context"}
     | {"weight_averages", "update_states"}
-    | {"_context", "step", "data_step", "num_replicas", "skips_nonfinite"}  # properties of them
+    | {
+        "_context",
+        "step",
+        "data_step",
+        "num_replicas",
+        "leaves_out_nonfinite",
+    }  # properties of them
 )

@@ -8,7 +8,9 @@ import tensorflow as tf
 
 from loops import topology
 from loops.input import distributed_input
-from loops.run import executors, nonfinite_policy
+from loops.run import bad_steps, executors
+from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
+from loops.run.loss_spikes import LossSpikes
 
 
 def check_can_run(
@@ -43,10 +45,14 @@ def check_can_run(
             "sign of divergence). Pass on_loss_spike='ignore', or set watched_loss in a "
             "subclass to an output bounded below by 0."
         )
-    for setting, policy in (("on_nonfinite", on_nonfinite), ("on_loss_spike", on_loss_spike)):
+    rules: tuple[tuple[type[BadStepRule], str], ...] = (
+        (NonFiniteSteps, on_nonfinite),
+        (LossSpikes, on_loss_spike),
+    )
+    for rule, policy in rules:
         if policy == "recover":
-            nonfinite_policy.check_can_recover(
-                name, strategy, has_train_data=has_train_data, model_dir=model_dir, setting=setting
+            bad_steps.check_can_recover(
+                name, strategy, rule, has_train_data=has_train_data, model_dir=model_dir
             )
 
 

@@ -47,8 +47,8 @@ class LoopSchedule:
             line comes at least this often; None leaves it to steps_per_loop.
         one_process: no other process (worker, parameter server) must agree
             on every inner loop's and call's length.
-        recover: on_nonfinite or on_loss_spike is "recover": a call's steps are what a
-            recovery moves past, which must not depend on timing.
+        recover: a bad-step rule's reaction is "recover" (`BadStepPolicy.recovers`): a
+            call's steps are what a recovery moves past, which must not depend on timing.
         action_after_every_loop: an action runs after every inner loop, and
             may stop the run at any of them.
     """
@@ -71,8 +71,10 @@ class LoopSchedule:
         *,
         trainer: Run,
         profiler: StepProfiler | None,
+        recovers: bool,
     ) -> LoopSchedule:
-        """The schedule of a run of `loop` with these options, actions and profiler."""
+        """The schedule of a run of `loop` with these options, actions and profiler; `recovers`:
+        whether a bad-step rule may recover (`BadStepPolicy.recovers`)."""
         return cls(
             steps_per_loop=options.steps_per_loop,
             eval_every=options.eval_every,
@@ -84,7 +86,7 @@ class LoopSchedule:
             one_process=(
                 topology.num_workers(trainer.strategy) == 1 and trainer.coordinator is None
             ),
-            recover=trainer.step_options.recovers,
+            recover=recovers,
             action_after_every_loop=any(
                 action.every is None and type(action).after_loop is not Action.after_loop
                 for action in actions

@@ -1,13 +1,18 @@
 """Loss spikes: steps whose loss stays a factor above its slow moving average, found on the
-host from each call's per-step losses."""
+host from each call's per-step losses; a bad-step rule (`loops.run.bad_steps`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
+
+from loops.run import recovery
+from loops.run.bad_step_rules import BadStep, BadStepRule
+from loops.vocabulary.errors import LossSpikeError
 
 # The watch's name in a checkpoint, beside the definition's items (reserved: see the Trainer).
 CHECKPOINT_NAME = "loss_spike_watch"
@@ -105,3 +110,63 @@ class LossSpikeWatch(tf.Module):
     def commit(self, state: tuple) -> None:
         self.state.assign(np.array(state, np.float64))
         self._known = state
+
+
+class LossSpikes(BadStepRule):
+    """The loss-spike rule: a step where `watch` finds a spike in the `output` column is bad.
+
+    Args:
+        reaction: the run's on_loss_spike, "stop" or "recover".
+        watch: the moving average and run of high steps, checkpointed with the run.
+        output: the watched output (the definition's `watched_loss`).
+        definition_name: the definition's class name, for errors.
+    """
+
+    cause = recovery.LOSS_SPIKE
+    reported_as = "a loss spike"
+    setting, described, other = "on_loss_spike", "a loss spike", "ignore"
+    error = LossSpikeError
+    advice = (
+        "Lower the learning rate, clip gradients, check the input at those steps, or pass "
+        "on_loss_spike='recover' (--on_loss_spike=recover) to go on from the last checkpoint "
+        "past the batches that led to it."
+    )
+
+    def __init__(
+        self, reaction: str, watch: LossSpikeWatch, output: str | None, definition_name: str
+    ) -> None:
+        super().__init__(reaction)
+        self.watch = watch
+        self._output = output
+        self._definition_name = definition_name
+        self._scanned: tuple = ()  # the watch's state after the last scan's steps
+
+    def scan(
+        self, logs: Mapping[str, np.ndarray], kinds: Mapping[str, type], first_step: int
+    ) -> BadStep | None:
+        """The first spike's last high step, gone back to before its first.
+
+        Raises:
+            ValueError: the definition's steps have no such output.
+        """
+        losses = logs.get(self._output or "")
+        if losses is None:
+            raise ValueError(
+                f"on_loss_spike watches the train step's {self._output!r} output, and "
+                f"{self._definition_name}'s steps give {sorted(logs)}. Set the definition's "
+                "watched_loss to the output to watch, or pass on_loss_spike='ignore'."
+            )
+        spike, self._scanned = self.watch.scan(losses, first_step)
+        if spike is None:
+            return None
+        return BadStep(spike.step, spike.describe(str(self._output)), spike.first_high_step)
+
+    def commit(self) -> None:
+        self.watch.commit(self._scanned)
+
+    def reset(self) -> None:
+        self.watch.reset()
+
+    @property
+    def saved_state(self) -> dict[str, tf.Module]:
+        return {CHECKPOINT_NAME: self.watch}

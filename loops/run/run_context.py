@@ -10,7 +10,7 @@ no module of the run imports either class.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from loops.core import reporting
 from loops.core.update_context import UpdateContext
 from loops.model_dir.checkpoints import Checkpointer
 from loops.run import executors
+from loops.run.bad_step_rules import BadStepRule
 from loops.run.step_options import StepOptions
 
 
@@ -135,6 +136,8 @@ class Definition(Protocol):
 
     def results_extra(self) -> dict[str, Any]: ...
 
+    def bad_step_rules(self) -> Sequence[BadStepRule]: ...
+
 
 class Run(RunContext, Protocol):
     """What the Controller and its parts need of the Trainer they serve."""
@@ -158,9 +161,6 @@ class Run(RunContext, Protocol):
 
     @property
     def data_offset(self) -> tf.Variable: ...
-
-    @property
-    def skips_nonfinite(self) -> bool: ...
 
     @property
     def num_replicas(self) -> int: ...

@@ -9,7 +9,7 @@ import numpy as np
 
 from loops import topology
 from loops.core import health, outputs, reporting
-from loops.run.recovery import LOSS_SPIKE, Recovery
+from loops.run.recovery import Recovery
 from loops.run.run_context import Run
 
 
@@ -125,8 +125,9 @@ class RunReport:
         self.summaries.scalars("eval", step, metrics)
         self.progress.eval(step, metrics)
 
-    def recovery(self, entry: Recovery, *, count: int, max_recoveries: int) -> None:
-        """Reports the run's `count`-th recovery and forgets the evaluations it undid."""
+    def recovery(self, entry: Recovery, *, problem: str, count: int, max_recoveries: int) -> None:
+        """Reports the run's `count`-th recovery (from a step that was `problem`: "not finite")
+        and forgets the evaluations it undid."""
         restored = entry["restored_step"]
         self.eval_history = [item for item in self.eval_history if item["step"] <= restored]
         self.summaries.scalars("train", entry["step"], {"recoveries": count})
@@ -136,7 +137,6 @@ class RunReport:
             else f"those of steps {restored + 1} to {entry['step']}"
         )
         skipped = entry["skipped_batches"]
-        problem = "a loss spike" if entry.get("cause") == LOSS_SPIKE else "not finite"
         self.progress.line(
             f"step {entry['step']} was {problem}: recovery {count} of at most "
             f"{max_recoveries}, back at the checkpoint of step {restored}; the "

@@ -89,11 +89,6 @@ class StepOptions:
     jit_compile: bool
     health_every: int | None
 
-    @property
-    def recovers(self) -> bool:
-        """Whether a bad step (non-finite, or a loss spike) may lead to a recovery."""
-        return "recover" in (self.on_nonfinite, self.on_loss_spike)
-
 
 def checked(**values: Any) -> StepOptions:
     """A Trainer's step options, checked by their declarations; None: the default.

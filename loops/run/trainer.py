@@ -247,7 +247,7 @@ class Trainer:
         return self.strategy.num_replicas_in_sync
 
     @property
-    def skips_nonfinite(self) -> bool:
+    def leaves_out_nonfinite(self) -> bool:
         """Whether non-finite updates are left out: `NonFiniteUpdates.skips`."""
         return self._context.update.nonfinite.skips
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 import tensorflow as tf
 
 from loops.core import health, outputs
-from loops.core.update import Update
+from loops.core.update import Update, any_bad
 
 
 def run_updates(
@@ -54,9 +54,7 @@ def _loss_scale_value(update: Update) -> tf.Tensor | None:
 
 def _update_flags(nonfinite, overflows, loss_scale) -> dict[str, outputs.Output]:
     """The step outputs of its updates: any not finite, and the loss scale's overflows."""
-    flags: dict[str, outputs.Output] = {
-        outputs.NONFINITE: outputs.Sum(tf.cast(nonfinite, tf.int32))
-    }
+    flags = any_bad(nonfinite)
     if loss_scale is not None:
         flags["loss_scale"] = outputs.Last(loss_scale)
         flags["overflow"] = outputs.Sum(tf.cast(overflows, tf.int32))
