@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ROOT, SUBPROCESS_ENV, checkpoint_weights, read_results, run_module
 from loops.cli import flagfiles
+from loops.model_dir import run_config
 from loops.run.profiling import StepProfiler
 
 
@@ -40,7 +41,19 @@ def sixteen_steps(tmp_path_factory, digits_dir):
     return model_dir
 
 
-@pytest.mark.parametrize("damage", ["{garbage", "[]"])
+@pytest.mark.parametrize("damage", ["{garbage", "", "[]", '"a string"'])
+def test_a_config_json_that_is_no_object_reads_as_none_for_the_trainer(tmp_path, damage):
+    # What the trainer's resume checks read (the evaluator's `read` refuses these instead).
+    (tmp_path / "config.json").write_text(damage)
+    assert run_config.read_if_intact(str(tmp_path)) is None
+    (tmp_path / "config.json").write_text('{"global_batch_size": "32", "seed": 1}')
+    assert run_config.read_if_intact(str(tmp_path)) == {"global_batch_size": "32", "seed": 1}
+    with pytest.raises(ValueError, match="holds no JSON object of settings"):
+        (tmp_path / "config.json").write_text(damage)
+        run_config.read(str(tmp_path))
+
+
+@pytest.mark.parametrize("damage", ["{garbage"])  # the others read the same: the test above
 def test_a_damaged_config_json_resumes_to_the_weights_of_an_undamaged_one(
     tmp_path, digits_dir, sixteen_steps, damage
 ):
