@@ -290,6 +290,18 @@ def run_module(module, *argv, timeout=900):
     )
 
 
+def run_python(code, *argv, timeout=300, cwd=ROOT):
+    """Runs `python -c code argv...` with loops importable; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
 def read_results(model_dir):
     """The results.json a run wrote into model_dir."""
     with open(os.path.join(model_dir, "results.json")) as stream:

@@ -6,13 +6,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, SUBPROCESS_ENV, checkpoint_weights, read_results, run_module
+from conftest import checkpoint_weights, read_results, run_module, run_python
 from loops.cli import flagfiles
 from loops.model_dir import run_config
 from loops.run.profiling import StepProfiler
@@ -275,14 +274,7 @@ print(progress.stream.getvalue())
 
 
 def test_async_checkpoints_under_a_cluster_strategy_are_said_to_be_synchronous(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", ASYNC_UNDER_A_CLUSTER_STRATEGY, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = run_python(ASYNC_UNDER_A_CLUSTER_STRATEGY, str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     note = (
         "note: async_checkpoints does not apply under the multi_worker_mirrored strategy "

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, SUBPROCESS_ENV
+from conftest import ROOT, SUBPROCESS_ENV, run_python
 from loops.bin import flag_reference
 from loops.core.text_generation import decode, encode, generate
 from loops.model_dir.export import export_text_generator
@@ -40,27 +40,13 @@ RUN_BLOCKS = (
 
 
 def test_readme_update_without_a_definition_trains():
-    done = subprocess.run(
-        [sys.executable, "-c", readme_block_containing("loops.UpdateContext(")],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = run_python(readme_block_containing("loops.UpdateContext("))
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-4
 
 
 def test_readme_subclass_example_trains():
-    done = subprocess.run(
-        [sys.executable, "-c", readme_block_containing("class ")],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = run_python(readme_block_containing("class "))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 200/200" in done.stdout
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-6
