@@ -280,20 +280,17 @@ SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
 
 def run_module(module, *argv, timeout=900):
     """Runs `python -m module argv...` from the repository root; returns the CompletedProcess."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *argv],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return _run_python_with("-m", module, *argv, timeout=timeout)
 
 
 def run_python(code, *argv, timeout=300, cwd=ROOT):
     """Runs `python -c code argv...` with loops importable; returns the CompletedProcess."""
+    return _run_python_with("-c", code, *argv, timeout=timeout, cwd=cwd)
+
+
+def _run_python_with(*arguments, timeout, cwd=ROOT):
     return subprocess.run(
-        [sys.executable, "-c", code, *argv],
+        [sys.executable, *arguments],
         capture_output=True,
         text=True,
         env=SUBPROCESS_ENV,
