@@ -1,4 +1,4 @@
-"""The two places where loops changes what Keras does through a private name, each in one
+"""The three places where loops reaches into Keras through a private name, each in one
 function, because Keras 3 leaves no public way; `tests/test_keras_private.py` fails when a
 Keras release renames what they rely on.
 """
@@ -12,6 +12,8 @@ from typing import Any
 # What each adapter relies on, checked by the test: (module, class, attribute).
 KERAS_VARIABLE_COPY = ("keras.src.backend.tensorflow.core", "Variable", "_copy_trackable_to_cpu")
 OPTIMIZER_RATE_ATTRIBUTE = "_learning_rate"
+# An optimizer's slot lists ("_accumulators": Adagrad's), indexed by this method of a variable.
+OPTIMIZER_VARIABLE_INDEX = "_get_variable_index"
 
 
 def copy_keras_variables_once() -> None:
@@ -51,3 +53,25 @@ def learning_rates_read_from(optimizers: Sequence[Any], rate: Callable[[], Any])
     finally:
         for optimizer, own in zip(optimizers, own_rates):
             setattr(optimizer, OPTIMIZER_RATE_ATTRIBUTE, own)
+
+
+def optimizer_slot(optimizer: Any, slots: str, variable: Any) -> Any:
+    """The optimizer's slot variable in its list `slots` (e.g. "_accumulators") for `variable`.
+
+    A sparse row update (`loops.core.row_updates`) writes the rows of the very
+    slots the Keras optimizer built, so its checkpoints stay the optimizer's;
+    Keras 3 keeps them in private lists, by the variable's index.
+
+    Raises:
+        ValueError: the optimizer was not built on `variable`, naming it and the fix.
+    """
+    try:
+        index = getattr(optimizer, OPTIMIZER_VARIABLE_INDEX)(variable)
+    except KeyError:
+        name = getattr(variable, "path", None) or variable.name
+        raise ValueError(
+            f"the optimizer {optimizer.name} was not built on the variable {name}, which it "
+            f"is given to update; build it on every variable it trains "
+            f"(optimizer.build(variables)) before making the loops.Update."
+        ) from None
+    return getattr(optimizer, slots)[index]
