@@ -63,3 +63,31 @@ def concatenated(first: tf.IndexedSlices, second: tf.IndexedSlices) -> tf.Indexe
         tf.concat([first.indices, second.indices], axis=0),
         first.dense_shape,
     )
+
+
+def lookup(table, ids: tf.Tensor) -> tf.Tensor | None:
+    """The rows `ids` of `table` read sparsely from this replica's copy; None where that
+    cannot be done (in cross-replica context, or a replica id not known when traced).
+
+    A sparse read (`ResourceGather`) touches only those rows, and its gradient
+    is an IndexedSlices for `unique_rows`. A mirrored variable has no sparse
+    read of its own in replica context (`tf.gather` reads it whole), so this
+    reads the replica's own copy.
+
+    Args:
+        table: a Keras or tf variable ([rows, ...]), mirrored or not.
+        ids: int32 or int64 row numbers in [0, rows).
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None:
+        return None
+    # A Keras variable wraps a tf.Variable (mirrored under a mirrored strategy).
+    variable = table if isinstance(table, tf.Variable) else table.value
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    if replica is None:
+        return None
+    copies = context.strategy.experimental_local_results(variable)
+    try:
+        return copies[int(replica) % len(copies)].sparse_read(ids)
+    except AttributeError:  # a variable without its own sparse read
+        return None

@@ -42,6 +42,8 @@ class TableGradients:
         self.optimizer = optimizer
         self.table_optimizer = optimizer if table_optimizer is None else table_optimizer
         self.averaged = averaged
+        # Whether the tables' gradients stay sparse (their optimizer has a row update).
+        self.sparse = row_updates.why_dense(self.table_optimizer) is None
         self.indices: frozenset[int] = frozenset()  # of the tables among the variables, once traced
         self._noted: set[str] = set()
 

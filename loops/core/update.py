@@ -23,6 +23,7 @@ import tensorflow as tf
 from loops.core import (
     compilation,
     health,
+    keras_private,
     micro_batches,
     mixed_precision,
     outputs,
@@ -240,6 +241,9 @@ class Update:
             averages.add(self.average)
         self.tables = TableGradients(optimizer, table_optimizer, averaged=self.average is not None)
         self.table_optimizer = table_optimizer
+        if isinstance(trained, keras.Model) and self.tables.sparse:
+            for layer in keras_private.embedding_layers(trained):
+                keras_private.read_rows_sparsely(layer, table_rows.lookup)
 
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
