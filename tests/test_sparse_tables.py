@@ -5,6 +5,9 @@ batch), averages them and scores them with a Dense layer; the reference is the
 same training in float64 numpy, Keras' own update rules written out.
 """
 
+import os
+import subprocess
+import sys
 import warnings
 
 import keras
@@ -18,7 +21,7 @@ from loops.topology import replica_bounds
 
 ROWS, DIM, LOOKUPS = 20, 4, 3
 RATE = 0.1
-# Two full global batches of 8, then a partial one of 3: on 4 replicas one is empty.
+# Two full global batches of 8, then partial ones of 3 and 1: replicas left empty.
 IDS = [
     np.array(
         [[1, 1, 2], [3, 1, 5], [2, 2, 2], [7, 1, 3], [5, 6, 7], [1, 9, 9], [2, 3, 4], [1, 1, 1]]
@@ -27,6 +30,7 @@ IDS = [
         [[4, 4, 8], [1, 2, 3], [8, 8, 8], [9, 1, 1], [0, 2, 4], [6, 6, 1], [3, 3, 3], [2, 4, 6]]
     ),
     np.array([[1, 4, 4], [4, 1, 1], [9, 9, 2]]),
+    np.array([[9, 4, 4]]),  # on 2 replicas (or 2 workers) one is empty
 ]
 TARGETS = [np.linspace(-1.0, 1.0, len(ids)).astype(np.float32) for ids in IDS]
 UNTOUCHED = sorted(set(range(ROWS)) - set(np.concatenate([i.ravel() for i in IDS])))
@@ -402,3 +406,38 @@ def test_float16_rows_are_unscaled_before_the_update():
     np.testing.assert_array_equal(
         model.get_weights()[0][UNTOUCHED], initial_weights()[0][UNTOUCHED]
     )
+
+
+def test_two_workers_equal_the_float64_reference_with_a_partial_batch_that_empties_one(
+    tmp_path,
+):
+    from conftest import ROOT, SUBPROCESS_ENV
+
+    output = str(tmp_path / "weights.npz")
+    environment = {name: value for name, value in SUBPROCESS_ENV.items() if name != "TF_CONFIG"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loops.cluster.launch",
+            "--num_workers=2",
+            "--",
+            sys.executable,
+            os.path.join(ROOT, "tests", "sparse_tables_run.py"),
+            output,
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for worker in ("worker_0", "worker_1"):
+        assert f"[{worker}] sparse tables trained {len(IDS)} steps" in done.stdout
+    saved = np.load(output)
+    expected_weights, expected_accumulators = numpy_adagrad(list(zip(IDS, TARGETS)))
+    for index, want in enumerate(expected_weights):
+        np.testing.assert_allclose(saved[f"arr_{index}"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(saved["accumulator"], expected_accumulators[0], rtol=1e-5)
+    np.testing.assert_array_equal(saved["arr_0"][UNTOUCHED], initial_weights()[0][UNTOUCHED])
