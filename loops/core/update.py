@@ -175,6 +175,20 @@ class Update:
       per-layer update ratios reported every `health_every` steps; None:
       none, and no all-reduce of the gradient beyond the optimizer's own.
 
+    Embedding tables (`loops.core.table_updates`): a variable whose gradient
+    is an `IndexedSlices` (a plain `keras.layers.Embedding`) is trained by
+    `table_optimizer` (else `optimizer`). Where that optimizer has an exact
+    row update (SGD without momentum, Adagrad: `loops.core.row_updates`), the
+    gradient stays sparse: duplicate ids summed, the rows all-gathered across
+    replicas (uneven and empty replicas included), only the touched rows of
+    the table and of the optimizer's own slots read and written, and the
+    model's Embedding layers look their rows up with a sparse read; a step
+    then costs what its batch touches, not the table. Clipping and the
+    health norm count each row once, which is the dense gradient's norm;
+    accumulation stays sparse; a float16 loss scale unscales the rows; a
+    moving average (`ema_decay`) of a sparse table is refused. Another
+    optimizer (Adam) trains tables densely, with a note once.
+
     Args:
         context: the `UpdateContext` it runs in; or, in a definition's
             `build`, the definition (`self`, a `loops.Loop` bound by its
@@ -193,6 +207,10 @@ class Update:
             The loss function then takes the other replicas' rows with
             `loops.gather_global_rows` (exact on any replica count), and
             `grad_accum_steps` > 1 is refused.
+        table_optimizer: a built Keras optimizer for the embedding tables (e.g.
+            Adagrad, with Adam as `optimizer` for the rest): each optimizer
+            counts the steps and keeps the slots of its own variables; a
+            definition checkpoints both. None: `optimizer` trains the tables.
 
     Raises:
         ValueError: a bad clip_norm, whole_batch_loss under grad_accum_steps > 1, or
