@@ -441,3 +441,14 @@ def test_two_workers_equal_the_float64_reference_with_a_partial_batch_that_empti
         np.testing.assert_allclose(saved[f"arr_{index}"], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(saved["accumulator"], expected_accumulators[0], rtol=1e-5)
     np.testing.assert_array_equal(saved["arr_0"][UNTOUCHED], initial_weights()[0][UNTOUCHED])
+
+
+def test_a_step_compiled_with_xla_keeps_the_sparse_rows_exact():
+    strategy = loops.testing.replica_strategy(2)
+    model, update = make_update(strategy, lambda: keras.optimizers.Adagrad(RATE), jit_compile=True)
+    steps = list(zip(IDS, TARGETS))
+    train(strategy, update, model, steps)
+    assert update.tables.indices == {0}
+    expected, _ = numpy_adagrad(steps)
+    for got, want in zip(model.get_weights(), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
