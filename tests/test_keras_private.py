@@ -43,6 +43,8 @@ def test_the_embedding_layers_of_a_model_are_found_nested_and_read_sparsely_the_
     given = tf.constant([[0, 5, -1], [2, -6, 3]])
     keras_rows = layer(given)
     assert keras_private.read_rows_sparsely(layer, table_rows.lookup)
+    patched = layer.call
+    assert keras_private.read_rows_sparsely(layer, table_rows.lookup) and layer.call is patched
     rows = layer(given)
     assert rows.dtype == keras_rows.dtype == tf.float16
     np.testing.assert_array_equal(rows.numpy(), keras_rows.numpy())  # -1 is row 5, -6 row 0

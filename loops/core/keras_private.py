@@ -104,6 +104,8 @@ def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
     the layer's compute dtype) with `lookup`; a layer with LoRA or
     quantization, or sparse or ragged ids, keeps Keras' call.
     """
+    if getattr(layer.call, "reads_rows_sparsely", False):
+        return True  # already (a second Update of the same model)
     if layer.lora_enabled or getattr(layer, "quantization_mode", None):
         return False
     keras_call = layer.call
@@ -123,5 +125,6 @@ def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
             return keras_call(inputs)
         return tf.cast(rows, layer.compute_dtype)
 
+    call.reads_rows_sparsely = True  # type: ignore[attr-defined]
     layer.call = call
     return True

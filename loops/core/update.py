@@ -187,7 +187,10 @@ class Update:
     health norm count each row once, which is the dense gradient's norm;
     accumulation stays sparse; a float16 loss scale unscales the rows; a
     moving average (`ema_decay`) of a sparse table is refused. Another
-    optimizer (Adam) trains tables densely, with a note once.
+    optimizer (Adam) trains tables densely, with a note once. Pass the model
+    itself as `trained` for the sparse read: given a function of variables,
+    the layers keep Keras' whole-table read, which TensorFlow copies once
+    rows were scattered (correct, and as slow as a dense update).
 
     Args:
         context: the `UpdateContext` it runs in; or, in a definition's
