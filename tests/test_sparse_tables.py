@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops.core import row_updates, table_rows
+from loops.core import row_updates, table_rows, table_updates
 from loops.topology import replica_bounds
 
 ROWS, DIM, LOOKUPS = 20, 4, 3
@@ -236,7 +236,8 @@ def test_sgd_rows_equal_a_float64_reference_on_four_replicas_one_empty():
     )
 
 
-def test_adam_keeps_its_dense_update_and_says_so_once():
+def test_adam_keeps_its_dense_update_and_says_so_once(monkeypatch):
+    monkeypatch.setattr(table_updates, "NOTE_FROM_ROWS", ROWS)  # this small table is noted
     strategy = loops.testing.replica_strategy(2)
     model, update = make_update(strategy, lambda: keras.optimizers.Adam(RATE))
     steps = list(zip(IDS, TARGETS))

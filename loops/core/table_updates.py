@@ -9,7 +9,7 @@ given. Where that optimizer has a row update (`loops.core.row_updates`: SGD
 without momentum, Adagrad; exact) the gradient stays sparse end to end:
 duplicate ids summed, rows gathered across replicas, only those rows (and
 their slots) read and written. Otherwise the table is trained densely, as
-before, with a note once that says why.
+before, with a note once that says why (for a table of `NOTE_FROM_ROWS` rows or more).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ import tensorflow as tf
 
 from loops.core import row_updates, table_rows
 from loops.core.gradients import sum_over_replicas
+
+# Tables of fewer rows are trained densely without a note: their dense update costs little
+# (the LM's 256 byte embeddings).
+NOTE_FROM_ROWS = 10_000
 
 
 def _name(variable: Any) -> str:
@@ -125,7 +129,7 @@ class TableGradients:
 
     def _note_dense(self, variable: Any, reason: str) -> None:
         name = _name(variable)
-        if name in self._noted:
+        if name in self._noted or variable.shape[0] < NOTE_FROM_ROWS:
             return
         self._noted.add(name)
         warnings.warn(
