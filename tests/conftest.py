@@ -141,6 +141,7 @@ SLOW_TESTS = (
     "test_lm.py::test_losses_weights_and_eval_match_on_1_2_and_4_replicas",
     "test_lm.py::test_gradient_accumulation_equals_one_batch_on_one_replica",
     "test_lm.py::test_a_replica_without_real_tokens_is_exact",
+    "test_lm.py::test_plain_sgd_trains_the_token_embedding_sparsely_with_parity_on_1_and_4_replicas",
     "test_lm.py::test_samples_are_the_same_text_on_1_and_2_replicas",
     "test_lm.py::test_eval_perplexity_equals_a_float64_computation_over_the_same_weights",
     "test_lr_finder.py::test_find_lr_from_a_finished_run_leaves_its_model_dir_untouched",

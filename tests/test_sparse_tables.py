@@ -264,7 +264,7 @@ def test_adam_keeps_its_dense_update_and_says_so_once(monkeypatch):
     assert np.abs(expected[0][earlier] - before[0][earlier]).min() > 1e-4
 
 
-def numpy_adagrad_table_adam_rest(steps, beta_1=0.9, beta_2=0.999, epsilon=1e-7):
+def numpy_adagrad_table_adam_rest(steps, beta_1=0.9, beta_2=0.999, epsilon=1e-3):
     """Adagrad on the table, Keras' Adam on the kernel and bias, in float64."""
     weights = [w.astype(np.float64) for w in initial_weights()]
     accumulator = np.full_like(weights[0], 0.1)
@@ -287,7 +287,11 @@ def test_a_table_optimizer_trains_the_tables_and_is_checkpointed(tmp_path):
 
     def made():
         model, update = make_update(
-            strategy, lambda: keras.optimizers.Adam(RATE), lambda: keras.optimizers.Adagrad(RATE)
+            # Adam's epsilon 1e-3: its update of a near-zero gradient is rounding noise
+            # otherwise (tests/conftest.py, adam_eps3).
+            strategy,
+            lambda: keras.optimizers.Adam(RATE, epsilon=1e-3),
+            lambda: keras.optimizers.Adagrad(RATE),
         )
         checkpoint = tf.train.Checkpoint(
             model=model, optimizer=update.optimizer, table_optimizer=update.table_optimizer
@@ -299,7 +303,9 @@ def test_a_table_optimizer_trains_the_tables_and_is_checkpointed(tmp_path):
     path = checkpoint.save(str(tmp_path / "ckpt"))
     train(strategy, update, model, steps[2:])
     for got, want in zip(model.get_weights(), numpy_adagrad_table_adam_rest(steps)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        # Per tensor, as loops.testing compares: Adam divides by sqrt(v) of small
+        # gradients, where float32 rounding shows in single elements.
+        assert loops.testing.relative_error(got, want) <= 1e-5
     assert int(update.optimizer.iterations.numpy()) == len(steps)
     assert int(update.table_optimizer.iterations.numpy()) == len(steps)
 
@@ -453,3 +459,22 @@ def test_a_step_compiled_with_xla_keeps_the_sparse_rows_exact():
     expected, _ = numpy_adagrad(steps)
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_gathered_capacity_is_the_static_lookups_or_the_bound_at_most_the_table():
+    def capacities(lookups, table, bound):
+        @tf.function(input_signature=[tf.TensorSpec([lookups], tf.int32)])
+        def traced(ids):
+            slices = tf.IndexedSlices(tf.zeros([tf.shape(ids)[0], DIM]), ids)
+            found.append(table_rows.capacity(slices, table, bound))
+            return ids
+
+        found = []
+        traced.get_concrete_function()
+        return found[0]
+
+    assert capacities(1024, 10**6, None) == 1024  # static lookups
+    assert capacities(1024, 300, None) == 300  # at most the table
+    assert capacities(None, 10**6, 2048) == 2048  # the given bound
+    assert capacities(None, table_rows.SMALL_TABLE_ROWS, None) == table_rows.SMALL_TABLE_ROWS
+    assert capacities(None, table_rows.SMALL_TABLE_ROWS + 1, None) is None  # refused

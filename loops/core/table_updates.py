@@ -40,12 +40,22 @@ class TableGradients:
         table_optimizer: the optimizer of the tables; None: `optimizer`.
         averaged: the Update keeps a moving average of its variables, which
             would read every row of a table each step: refused for a sparse table.
+        max_lookups: the most ids one replica looks up in one table in one
+            step, where that is not static (`table_rows.capacity`).
     """
 
-    def __init__(self, optimizer: Any, table_optimizer: Any | None, *, averaged: bool):
+    def __init__(
+        self,
+        optimizer: Any,
+        table_optimizer: Any | None,
+        *,
+        averaged: bool,
+        max_lookups: int | None = None,
+    ):
         self.optimizer = optimizer
         self.table_optimizer = optimizer if table_optimizer is None else table_optimizer
         self.averaged = averaged
+        self.max_lookups = max_lookups
         # Whether the tables' gradients stay sparse (their optimizer has a row update).
         self.sparse = row_updates.why_dense(self.table_optimizer) is None
         self.indices: frozenset[int] = frozenset()  # of the tables among the variables, once traced
@@ -75,7 +85,9 @@ class TableGradients:
                 prepared.append(gradient)
             elif reason is None:
                 self._check_not_averaged(variable)
-                prepared.append(table_rows.rows_over_replicas(table_rows.unique_rows(gradient)))
+                capacity = table_rows.capacity(gradient, variable.shape[0], self.max_lookups)
+                rows = table_rows.unique_rows(gradient)
+                prepared.append(table_rows.rows_over_replicas(rows, capacity))
             else:
                 self._note_dense(variable, reason)
                 prepared.append(tf.convert_to_tensor(gradient))

@@ -37,6 +37,7 @@ from loops.core.table_updates import TableGradients
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
 from loops.topology import replica_bounds
+from loops.vocabulary.whole_numbers import check_whole
 
 # A replica function's result: its share of the loss (already divided by the
 # real global count, `loops.scale_to_global_batch`) and scalars to sum over replicas.
@@ -214,6 +215,12 @@ class Update:
             Adagrad, with Adam as `optimizer` for the rest): each optimizer
             counts the steps and keeps the slots of its own variables; a
             definition checkpoints both. None: `optimizer` trains the tables.
+        max_table_lookups: on several replicas, the most ids one replica looks
+            up in one table in one step (its examples times ids each): the
+            rows gathered across replicas have a shape fixed when traced. Only
+            needed where that count is not static (batches of varying size)
+            and a table has more than 65,536 rows (a smaller one gathers its
+            row count).
 
     Raises:
         ValueError: a bad clip_norm, whole_batch_loss under grad_accum_steps > 1, or
@@ -231,6 +238,7 @@ class Update:
         average: bool = True,
         whole_batch_loss: bool = False,
         table_optimizer: keras.optimizers.Optimizer | None = None,
+        max_table_lookups: int | None = None,
     ):
         self.context = context = update_context.of(context)
         options = context.options
@@ -260,7 +268,14 @@ class Update:
                 name=f"update_{len(averages.updates)}",
             )
             averages.add(self.average)
-        self.tables = TableGradients(optimizer, table_optimizer, averaged=self.average is not None)
+        if max_table_lookups is not None:
+            check_whole("max_table_lookups", max_table_lookups, note=" (ids a replica looks up)")
+        self.tables = TableGradients(
+            optimizer,
+            table_optimizer,
+            averaged=self.average is not None,
+            max_lookups=max_table_lookups,
+        )
         self.table_optimizer = table_optimizer
         if isinstance(trained, keras.Model) and self.tables.sparse:
             for layer in keras_private.embedding_layers(trained):
