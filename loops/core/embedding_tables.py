@@ -1,0 +1,154 @@
+"""`loops.EmbeddingTable`: a Keras layer whose table and slots split by rows over parameter servers.
+
+Under ParameterServerStrategy made with `loops.TablePartitioner` (as
+`loops.make_strategy("parameter_server")` makes it) the table and each slot of
+its row optimizer are `ShardedVariable`s: block i of the rows lives on server i
+and is initialized there, so no task, the chief included, ever holds the whole
+table. A lookup gathers from each shard (`tf.nn.embedding_lookup`) and
+`apply_gradients` touches only the rows the batch hit, shard by shard
+(`loops.core.row_optimizers`). Under any other strategy the same variables are
+ordinary ones, and the layer equals `keras.layers.Embedding` (lookups) and its
+optimizer Keras' (updates).
+
+The table saves as `embeddings` and each slot under its name (`accumulator`),
+every one as one whole tensor whatever the shard count, so a checkpoint saved
+with M servers restores into M' servers or into one process, slots included
+(TensorFlow reshards a ShardedVariable itself when it restores one).
+
+Initial values: uniform in [-0.05, 0.05] (Keras' Embedding default), drawn per
+shard from `seed` and the shard's first row, so they depend on the shard count;
+restored or assigned values do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+
+from loops import topology
+from loops.core import row_optimizers, table_ids
+from loops.core.row_optimizers import RowOptimizer
+
+INITIAL_RANGE = 0.05
+
+
+class EmbeddingTable(keras.layers.Layer):
+    """A table of `rows` vectors of `dim` floats, looked up by row numbers, strings or hashes.
+
+    Args:
+        rows: the table's rows.
+        dim: each vector's length.
+        optimizer: the row optimizer `apply_gradients` uses (`loops.RowAdagrad`,
+            `loops.RowSGD`); its slots live beside the table, split the same way.
+        ids: "rows" (int ids in [0, rows)), "strings" or "hashes" (int64 ids of
+            any value), the last two hashed to rows (`loops.core.table_ids`
+            states the collision policy) unless a vocabulary maps the strings.
+        vocabulary: words mapped to rows 0..len-1 in order; other words hash to
+            the `oov_buckets` rows after them (rows = len(vocabulary) + oov_buckets).
+        seed: the initial values' seed.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        dim: int,
+        optimizer: RowOptimizer | None = None,
+        *,
+        ids: str = "rows",
+        vocabulary: Sequence[str] | None = None,
+        oov_buckets: int = 1,
+        seed: int = 0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("rows", rows), ("dim", dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EmbeddingTable({name}={value!r}) needs a whole number >= 1.")
+        table_ids.check_id_kind(ids, rows, vocabulary, oov_buckets)
+        self.rows, self.dim, self.ids, self.seed = rows, dim, ids, seed
+        self.optimizer = optimizer if optimizer is not None else row_optimizers.RowAdagrad()
+        self._vocabulary = (
+            None if vocabulary is None else table_ids.vocabulary_lookup(vocabulary, oov_buckets)
+        )
+
+    def build(self, input_shape=None) -> None:
+        strategy = tf.distribute.get_strategy()
+        with topology.rows_split_over_servers():
+            self.embeddings = self._table_variable("embeddings", self._initial_rows, True)
+            for name in self.optimizer.slot_names:
+                value = self.optimizer.slot_initial_value(name)
+                setattr(self, name, self._table_variable(name, self._filled(value), False))
+        servers = topology.num_parameter_servers(strategy)
+        expected = min(servers, self.rows)
+        if servers > 1 and len(self.shards) != expected:
+            raise ValueError(
+                f"EmbeddingTable({self.rows}, {self.dim}) under ParameterServerStrategy with "
+                f"{servers} servers came out in {len(self.shards)} shards, not {expected}: make "
+                f"the strategy with variable_partitioner=loops.TablePartitioner({servers}) "
+                "(loops.make_strategy('parameter_server') does)."
+            )
+        super().build(input_shape)
+
+    def _table_variable(self, name: str, initial_value, trainable: bool):
+        return tf.Variable(
+            initial_value=initial_value,
+            shape=(self.rows, self.dim),
+            dtype=tf.float32,
+            trainable=trainable,
+            name=name,
+        )
+
+    def _initial_rows(self, partition_shape=None, partition_offset=None) -> tf.Tensor:
+        shape = partition_shape if partition_shape is not None else (self.rows, self.dim)
+        first = 0 if partition_offset is None else partition_offset[0]
+        return tf.random.stateless_uniform(
+            shape, seed=[self.seed, first], minval=-INITIAL_RANGE, maxval=INITIAL_RANGE
+        )
+
+    def _filled(self, value: float):
+        def initial(partition_shape=None, partition_offset=None):
+            del partition_offset  # every row starts the same
+            shape = partition_shape if partition_shape is not None else (self.rows, self.dim)
+            return tf.fill(shape, tf.constant(value, tf.float32))
+
+        return initial
+
+    @property
+    def shards(self) -> list[tf.Variable]:
+        """The variables holding the rows, in row order: one per server, or the one table."""
+        return _parts(self.embeddings)
+
+    def slot_shards(self, name: str) -> list[tf.Variable]:
+        """Slot `name`'s variables, split as `shards`."""
+        return _parts(getattr(self, name))
+
+    def row_ids(self, ids) -> tf.Tensor:
+        """The table row of each id (see `ids`)."""
+        ids = tf.convert_to_tensor(ids)
+        if self._vocabulary is not None:
+            return self._vocabulary.lookup(ids)
+        if self.ids == "rows":
+            return ids
+        return table_ids.hashed_rows(ids, self.rows)
+
+    def call(self, ids) -> tf.Tensor:
+        return tf.nn.embedding_lookup(self.embeddings, self.row_ids(ids))
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.dim)
+
+    def apply_gradients(self, gradients: Sequence[tf.IndexedSlices | tf.Tensor | None]) -> None:
+        """Updates only the touched rows of each shard and its slots.
+
+        `gradients` is `tape.gradient(loss, table.shards)`: one per shard, in order.
+        """
+        slots = {name: self.slot_shards(name) for name in self.optimizer.slot_names}
+        row_optimizers.apply_row_gradients(self.optimizer, self.shards, slots, gradients)
+
+
+def _parts(variable) -> list[tf.Variable]:
+    if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+        return list(variable.variables)
+    return [variable]
