@@ -235,3 +235,25 @@ def test_tiny_jit_compile_benchmark_reports_on_against_off(tmp_path):
     off, on = row["off"]["steps_per_second"], row["on"]["steps_per_second"]
     assert off > 0 and on > 0 and row["on_over_off"] == on / off
     assert "on/off" in done.stdout
+
+
+def test_tiny_sharded_tables_benchmark_finds_the_table_on_the_servers_alone(tmp_path):
+    done, report = run_benchmark(
+        "sharded_tables", tmp_path, "--rows=200000", "--small_rows=100", "--steps=2"
+    )
+    small, large = report["clusters"]
+    assert (small["rows"], large["rows"]) == (100, 200_000)
+    assert report["table_bytes_with_slots"] == 2 * 4 * 200_000 * 64
+    half = report["table_bytes_with_slots"] / 2 / 2**20  # MiB of table + slots per server
+    for phase in ("built", "trained"):
+        assert sorted(large["memory"][phase]) == ["chief_0", "ps_0", "ps_1", "worker_0"]
+        grew = {
+            task: (large["memory"][phase][task]["rss"] - small["memory"][phase][task]["rss"])
+            / 2**20
+            for task in large["memory"][phase]
+        }
+        # Each server holds its half (49 MiB, more while its initial value is kept for reuse);
+        # the chief and the worker hold none of it.
+        assert half - 2 < grew["ps_0"] < 2.5 * half and half - 2 < grew["ps_1"] < 2.5 * half, grew
+        assert abs(grew["chief_0"]) < 15 and abs(grew["worker_0"]) < 15, grew
+    assert large["steps_per_second"] > 0 and "per server" in done.stdout
