@@ -219,3 +219,20 @@ def test_a_table_split_over_two_servers_equals_one_process_and_restores_into_thr
     assert back["shard_rows"].tolist() == [11]
     np.testing.assert_array_equal(back["restored_table"], three["table"])
     np.testing.assert_array_equal(back["restored_accumulator"], three["accumulator"])
+
+
+def test_updating_a_table_on_synchronous_replicas_is_refused_with_the_fix():
+    strategy = loops.testing.replica_strategy(2)
+    with strategy.scope():
+        table = loops.EmbeddingTable(4, 2, loops.RowSGD(0.1))
+        table.build()
+    before = table.embeddings.numpy()
+
+    def replica_step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(table(ids))
+        table.apply_gradients(tape.gradient(loss, table.shards))
+
+    with pytest.raises(ValueError, match=r"the strategy keeps 2 replicas in sync: use it in one"):
+        strategy.run(tf.function(replica_step), args=(tf.constant([1, 2]),))
+    np.testing.assert_array_equal(table.embeddings.numpy(), before)

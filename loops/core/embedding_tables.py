@@ -143,7 +143,18 @@ class EmbeddingTable(keras.layers.Layer):
         """Updates only the touched rows of each shard and its slots.
 
         `gradients` is `tape.gradient(loss, table.shards)`: one per shard, in order.
+
+        Raises:
+            ValueError: under a strategy of several synchronous replicas, whose
+                copies of the table this would update apart.
         """
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            raise ValueError(
+                f"EmbeddingTable.apply_gradients updates one copy of the table, but the strategy "
+                f"keeps {replicas} replicas in sync: use it in one process, under one_device or "
+                "parameter_server, or train a keras.layers.Embedding through loops.Update."
+            )
         slots = {name: self.slot_shards(name) for name in self.optimizer.slot_names}
         row_optimizers.apply_row_gradients(self.optimizer, self.shards, slots, gradients)
 
