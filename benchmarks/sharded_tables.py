@@ -5,7 +5,7 @@
 
 Runs two clusters (loops-launch, 1 chief, --num_workers workers, --num_ps
 servers), one with a --small_rows table and one with a --rows table, each a
-`loops.EmbeddingTable` with RowAdagrad (table + accumulator, twice the table's
+`loops.EmbeddingTable` with Keras Adagrad (table + accumulator, twice the table's
 bytes), and reads each task's VmRSS and VmHWM (peak) from /proc/PID/status
 after the table is built and again after --steps steps of --batch random ids.
 Each server should hold about 1/M of table + slots more than with the small
@@ -87,6 +87,7 @@ def wait_to_go(args, phase: str) -> None:
 
 def task(args) -> None:
     """A task of the cluster: the servers serve, the chief builds and trains the table."""
+    import keras
     import tensorflow as tf
 
     import loops
@@ -96,7 +97,7 @@ def task(args) -> None:
     strategy = loops.make_strategy("parameter_server")
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        table = loops.EmbeddingTable(args.rows, args.dim, loops.RowAdagrad(0.1))
+        table = loops.EmbeddingTable(args.rows, args.dim, keras.optimizers.Adagrad(0.1))
         table.build()
     wait_to_go(args, "built")
 

@@ -36,8 +36,6 @@ _EXPORTS = {
     "Sum": "loops.core.outputs",
     "Update": "loops.core.update",
     "EmbeddingTable": "loops.core.embedding_tables",
-    "RowAdagrad": "loops.core.row_optimizers",
-    "RowSGD": "loops.core.row_optimizers",
     "TablePartitioner": "loops.topology",
     "any_bad": "loops.core.update",
     "UpdateContext": "loops.core.update_context",

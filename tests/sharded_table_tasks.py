@@ -14,6 +14,7 @@ without TF_CONFIG one process does it on no strategy.
 import os
 import sys
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -47,7 +48,7 @@ def main(mode, from_dir, to_dir, out):
     else:
         strategy = tf.distribute.get_strategy()
     with strategy.scope():
-        table = loops.EmbeddingTable(ROWS, DIM, loops.RowAdagrad(0.1), name="table")
+        table = loops.EmbeddingTable(ROWS, DIM, keras.optimizers.Adagrad(0.1), name="table")
         table.build()
     checkpoint = tf.train.Checkpoint(table=table)
 

@@ -33,8 +33,8 @@ def trained(layer, optimizer_step, weights, initial):
 @pytest.mark.parametrize(
     "row_optimizer, keras_optimizer",
     [
-        (lambda: loops.RowAdagrad(0.1), lambda: keras.optimizers.Adagrad(0.1)),
-        (lambda: loops.RowSGD(0.1), lambda: keras.optimizers.SGD(0.1)),
+        (lambda: keras.optimizers.Adagrad(0.1), lambda: keras.optimizers.Adagrad(0.1)),
+        (lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.SGD(0.1)),
     ],
     ids=["adagrad", "sgd"],
 )
@@ -71,7 +71,7 @@ def test_a_table_in_one_process_equals_keras_embedding_and_its_optimizer(
     assert np.abs(got - initial).min(axis=1)[[0, 3, 9]].min() > 1e-3  # touched rows moved
     # Rows no batch touched are bit-identical, table and slots.
     np.testing.assert_array_equal(got[UNTOUCHED], initial[UNTOUCHED])
-    if isinstance(table.optimizer, loops.RowAdagrad):
+    if isinstance(table.optimizer, keras.optimizers.Adagrad):
         accumulator = table.accumulator.numpy()
         np.testing.assert_allclose(accumulator, optimizer.variables[2].numpy(), rtol=0, atol=1e-6)
         np.testing.assert_array_equal(accumulator[UNTOUCHED], np.full((2, 3), 0.1, np.float32))
@@ -129,13 +129,15 @@ def test_bad_table_arguments_are_refused_with_the_fix(arguments, message):
         loops.EmbeddingTable(**arguments)
 
 
-def test_row_optimizers_refuse_rates_that_are_not_positive():
+def test_an_optimizer_without_an_exact_row_update_is_refused_saying_why():
     with pytest.raises(
-        ValueError, match=r"RowAdagrad\(learning_rate=-1.0\) needs a finite number > 0"
+        ValueError,
+        match=r"EmbeddingTable\(optimizer=Adam\): Adam has no sparse update .* pass "
+        r"keras.optimizers.Adagrad or keras.optimizers.SGD without momentum",
     ):
-        loops.RowAdagrad(-1.0)
-    with pytest.raises(ValueError, match=r"RowSGD\(learning_rate=nan\)"):
-        loops.RowSGD(float("nan"))
+        loops.EmbeddingTable(4, 2, keras.optimizers.Adam())
+    with pytest.raises(ValueError, match=r"optimizer=SGD\): SGD with momentum moves every row"):
+        loops.EmbeddingTable(4, 2, keras.optimizers.SGD(momentum=0.9))
 
 
 def test_the_partitioner_splits_only_what_a_table_creates():
@@ -224,7 +226,7 @@ def test_a_table_split_over_two_servers_equals_one_process_and_restores_into_thr
 def test_updating_a_table_on_synchronous_replicas_is_refused_with_the_fix():
     strategy = loops.testing.replica_strategy(2)
     with strategy.scope():
-        table = loops.EmbeddingTable(4, 2, loops.RowSGD(0.1))
+        table = loops.EmbeddingTable(4, 2, keras.optimizers.SGD(0.1))
         table.build()
     before = table.embeddings.numpy()
 

@@ -5,10 +5,12 @@ Under ParameterServerStrategy made with `loops.TablePartitioner` (as
 its row optimizer are `ShardedVariable`s: block i of the rows lives on server i
 and is initialized there, so no task, the chief included, ever holds the whole
 table. A lookup gathers from each shard (`tf.nn.embedding_lookup`) and
-`apply_gradients` touches only the rows the batch hit, shard by shard
-(`loops.core.row_optimizers`). Under any other strategy the same variables are
-ordinary ones, and the layer equals `keras.layers.Embedding` (lookups) and its
-optimizer Keras' (updates).
+`apply_gradients` touches only the rows the batch hit, shard by shard, with
+the row update of its Keras optimizer (SGD without momentum or Adagrad, exact:
+`loops.core.row_updates`) on slots of the table's own, split as it is. Under
+one process (or one_device) the same variables are ordinary ones, and the
+layer equals `keras.layers.Embedding` (lookups) and its optimizer Keras' on
+the dense gradient (updates).
 
 The table saves as `embeddings` and each slot under its name (`accumulator`),
 every one as one whole tensor whatever the shard count, so a checkpoint saved
@@ -28,8 +30,7 @@ import keras
 import tensorflow as tf
 
 from loops import topology
-from loops.core import row_optimizers, table_ids
-from loops.core.row_optimizers import RowOptimizer
+from loops.core import row_updates, table_ids, table_rows
 
 INITIAL_RANGE = 0.05
 
@@ -40,8 +41,12 @@ class EmbeddingTable(keras.layers.Layer):
     Args:
         rows: the table's rows.
         dim: each vector's length.
-        optimizer: the row optimizer `apply_gradients` uses (`loops.RowAdagrad`,
-            `loops.RowSGD`); its slots live beside the table, split the same way.
+        optimizer: the Keras optimizer `apply_gradients` uses: Adagrad (the
+            default, Keras' defaults) or SGD without momentum, the ones with an exact
+            row update. Its slots live beside the table, split the same way; its
+            learning rate is read each step, a schedule's at the optimizer's
+            `iterations`, which the table does not count (`optimizer.iterations
+            .assign_add(1)` after the step does, or an optimizer that trains more).
         ids: "rows" (int ids in [0, rows)), "strings" or "hashes" (int64 ids of
             any value), the last two hashed to rows (`loops.core.table_ids`
             states the collision policy) unless a vocabulary maps the strings.
@@ -54,7 +59,7 @@ class EmbeddingTable(keras.layers.Layer):
         self,
         rows: int,
         dim: int,
-        optimizer: RowOptimizer | None = None,
+        optimizer: keras.optimizers.Optimizer | None = None,
         *,
         ids: str = "rows",
         vocabulary: Sequence[str] | None = None,
@@ -68,7 +73,8 @@ class EmbeddingTable(keras.layers.Layer):
                 raise ValueError(f"EmbeddingTable({name}={value!r}) needs a whole number >= 1.")
         table_ids.check_id_kind(ids, rows, vocabulary, oov_buckets)
         self.rows, self.dim, self.ids, self.seed = rows, dim, ids, seed
-        self.optimizer = optimizer if optimizer is not None else row_optimizers.RowAdagrad()
+        self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adagrad()
+        self._slots = _slot_initial_values(self.optimizer)
         self._vocabulary = (
             None if vocabulary is None else table_ids.vocabulary_lookup(vocabulary, oov_buckets)
         )
@@ -77,8 +83,7 @@ class EmbeddingTable(keras.layers.Layer):
         strategy = tf.distribute.get_strategy()
         with topology.rows_split_over_servers():
             self.embeddings = self._table_variable("embeddings", self._initial_rows, True)
-            for name in self.optimizer.slot_names:
-                value = self.optimizer.slot_initial_value(name)
+            for name, value in self._slots.items():
                 setattr(self, name, self._table_variable(name, self._filled(value), False))
         servers = topology.num_parameter_servers(strategy)
         expected = min(servers, self.rows)
@@ -155,8 +160,46 @@ class EmbeddingTable(keras.layers.Layer):
                 f"keeps {replicas} replicas in sync: use it in one process, under one_device or "
                 "parameter_server, or train a keras.layers.Embedding through loops.Update."
             )
-        slots = {name: self.slot_shards(name) for name in self.optimizer.slot_names}
-        row_optimizers.apply_row_gradients(self.optimizer, self.shards, slots, gradients)
+        if len(gradients) != len(self.shards):
+            raise ValueError(
+                f"{len(gradients)} gradients for a table of {len(self.shards)} shards: pass "
+                "tape.gradient(loss, table.shards), one per shard."
+            )
+        rate = self.optimizer.learning_rate
+        rate = rate.value if isinstance(rate, keras.Variable) else rate
+        slots = [self.slot_shards(name) for name in self._slots]
+        for index, (shard, gradient) in enumerate(zip(self.shards, gradients, strict=True)):
+            if gradient is None:
+                continue  # no row of this shard was looked up
+            if not isinstance(gradient, tf.IndexedSlices):
+                gradient = tf.IndexedSlices(gradient, tf.range(tf.shape(gradient)[0]))
+            rows = table_rows.unique_rows(gradient)
+            shard_slots = [slot[index] for slot in slots]
+            row_updates.apply_rows(
+                self.optimizer,
+                shard,
+                rows.indices,
+                rows.values,
+                learning_rate=rate,
+                slots=shard_slots,
+            )
+
+
+def _slot_initial_values(optimizer) -> dict[str, float]:
+    """The table's slot variables for `optimizer`, by name, and each one's initial value.
+
+    Raises:
+        ValueError: an optimizer without an exact row update, saying why.
+    """
+    reason = row_updates.why_dense(optimizer)
+    if reason is not None:
+        raise ValueError(
+            f"EmbeddingTable(optimizer={type(optimizer).__name__}): {reason}; pass "
+            "keras.optimizers.Adagrad or keras.optimizers.SGD without momentum."
+        )
+    if isinstance(optimizer, keras.optimizers.Adagrad):
+        return {"accumulator": float(optimizer.initial_accumulator_value)}
+    return {}
 
 
 def _parts(variable) -> list[tf.Variable]:
