@@ -7,7 +7,8 @@ Runs two clusters (loops-launch, 1 chief, --num_workers workers, --num_ps
 servers), one with a --small_rows table and one with a --rows table, each a
 `loops.EmbeddingTable` with Keras Adagrad (table + accumulator, twice the table's
 bytes), and reads each task's VmRSS and VmHWM (peak) from /proc/PID/status
-after the table is built and again after --steps steps of --batch random ids.
+after the table is built, after --steps steps of --batch random ids, after a
+checkpoint save and after its restore.
 Each server should hold about 1/M of table + slots more than with the small
 table, the chief and the workers nothing more. Writes
 benchmarks/results/sharded_tables.json.
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 
-PHASES = ("built", "trained")
+PHASES = ("built", "trained", "saved", "restored")
 
 
 def parse_args(argv=None):
@@ -117,6 +118,12 @@ def task(args) -> None:
     coordinator.join()
     print(f"steps_per_second {args.steps / (time.perf_counter() - start):.2f}", flush=True)
     wait_to_go(args, "trained")
+    # Each server writes and reads its own rows of the checkpoint; the chief only the index.
+    checkpoint = tf.train.Checkpoint(table=table)
+    path = checkpoint.save(os.path.join(args.go_dir, "ckpt"))
+    wait_to_go(args, "saved")
+    checkpoint.restore(path).assert_consumed()
+    wait_to_go(args, "restored")
 
 
 def format_table(results: list[dict], args) -> str:

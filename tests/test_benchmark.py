@@ -245,7 +245,7 @@ def test_tiny_sharded_tables_benchmark_finds_the_table_on_the_servers_alone(tmp_
     assert (small["rows"], large["rows"]) == (100, 200_000)
     assert report["table_bytes_with_slots"] == 2 * 4 * 200_000 * 64
     half = report["table_bytes_with_slots"] / 2 / 2**20  # MiB of table + slots per server
-    for phase in ("built", "trained"):
+    for phase in ("built", "trained", "saved", "restored"):
         assert sorted(large["memory"][phase]) == ["chief_0", "ps_0", "ps_1", "worker_0"]
         grew = {
             task: (large["memory"][phase][task]["rss"] - small["memory"][phase][task]["rss"])
