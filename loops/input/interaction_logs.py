@@ -101,6 +101,17 @@ class Interactions:
         """How many rows name each item, int64 [num_items] (popularity, sampling frequencies)."""
         return np.bincount(self.items, minlength=self.num_items)
 
+    def items_by_user(self) -> np.ndarray:
+        """Each user's items in row order, int32 [num_users, most rows a user has], padded
+        with -1 (for `loops.core.ranking_metrics.items_mask`)."""
+        order = np.argsort(self.users, kind="stable")
+        counts = np.bincount(self.users, minlength=self.num_users)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        table = np.full((self.num_users, max(int(counts.max(initial=0)), 1)), -1, np.int32)
+        users = self.users[order]
+        table[users, np.arange(len(order)) - starts[users]] = self.items[order]
+        return table
+
     def take(self, rows: np.ndarray, *, split: str | None = None) -> Interactions:
         """The rows `rows` (indices or a boolean mask), indices and id maps kept."""
         return dataclasses.replace(
