@@ -127,3 +127,14 @@ def test_the_bias_baseline_is_the_regularized_least_squares_fit():
     assert fitted.rmse(train) == pytest.approx(0.0, abs=1e-6)
     shrunk = baselines.fit_bias_baseline(train, regularization=1.0)
     assert abs(shrunk.user_bias).max() < abs(fitted.user_bias).max()
+
+
+def test_impossible_logs_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"^num_items must be a whole number >= 10, got 5\.$"):
+        generated_log(num_items=5)
+    with pytest.raises(
+        ValueError,
+        match=r"^num_interactions=1000 is more than 10 users picking at most half of 100 items "
+        r"each can make \(500\); ask for fewer interactions or more users or items\.$",
+    ):
+        generated_log(num_users=10, num_items=100, num_interactions=1000)
