@@ -34,7 +34,8 @@ _COLUMN_NAMES = {
 _ID = re.compile(r"^(?:[+-]?\d+|[A-Za-z_][\w\-.:@]*)$")
 
 
-@dataclasses.dataclass(frozen=True)
+# eq=False: equality of numpy arrays is elementwise, so a generated __eq__ would raise.
+@dataclasses.dataclass(frozen=True, eq=False)
 class Interactions:
     """An interaction log with dense indices: one entry a row in every array.
 
