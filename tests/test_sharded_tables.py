@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV
+from loops import topology
 from loops.core import table_ids
 from loops.topology import TablePartitioner, rows_split_over_servers
 
@@ -238,3 +239,20 @@ def test_updating_a_table_on_synchronous_replicas_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"the strategy keeps 2 replicas in sync: use it in one"):
         strategy.run(tf.function(replica_step), args=(tf.constant([1, 2]),))
     np.testing.assert_array_equal(table.embeddings.numpy(), before)
+
+
+def test_a_parameter_server_strategy_without_the_partitioner_is_refused_before_the_table(
+    monkeypatch,
+):
+    # As under ParameterServerStrategy made without loops.TablePartitioner: 2 servers, and
+    # variables that come out whole (a real one needs a cluster; the slow test has one).
+    monkeypatch.setattr(topology, "num_parameter_servers", lambda strategy: 2)
+    table = loops.EmbeddingTable(4_000_000, 64)
+    with pytest.raises(
+        ValueError,
+        match=r"EmbeddingTable\(4000000, 64\) under ParameterServerStrategy with 2 servers "
+        r"would lie whole on one of them: make the strategy with "
+        r"variable_partitioner=loops.TablePartitioner\(2\)",
+    ):
+        table.build()
+    assert not table.built and not hasattr(table, "embeddings")

@@ -10,7 +10,9 @@ the row update of its Keras optimizer (SGD without momentum or Adagrad, exact:
 `loops.core.row_updates`) on slots of the table's own, split as it is. Under
 one process (or one_device) the same variables are ordinary ones, and the
 layer equals `keras.layers.Embedding` (lookups) and its optimizer Keras' on
-the dense gradient (updates).
+the dense gradient (updates). Under several synchronous replicas it looks up
+but refuses to update (a `keras.layers.Embedding` through `loops.Update` is
+the sparse table there).
 
 The table saves as `embeddings` and each slot under its name (`accumulator`),
 every one as one whole tensor whatever the shard count, so a checkpoint saved
@@ -80,21 +82,31 @@ class EmbeddingTable(keras.layers.Layer):
         )
 
     def build(self, input_shape=None) -> None:
-        strategy = tf.distribute.get_strategy()
+        self._check_split_over_servers(tf.distribute.get_strategy())
         with topology.rows_split_over_servers():
             self.embeddings = self._table_variable("embeddings", self._initial_rows, True)
             for name, value in self._slots.items():
                 setattr(self, name, self._table_variable(name, self._filled(value), False))
+        super().build(input_shape)
+
+    def _check_split_over_servers(self, strategy: tf.distribute.Strategy) -> None:
+        """Refuses a parameter-server strategy that would put the whole table on one server.
+
+        A throwaway variable of one row per server, made as the table will be,
+        shows how the strategy splits one before the table is made.
+        """
         servers = topology.num_parameter_servers(strategy)
-        expected = min(servers, self.rows)
-        if servers > 1 and len(self.shards) != expected:
+        if servers < 2:
+            return
+        with topology.rows_split_over_servers():
+            probe = tf.Variable(tf.zeros([servers, 1]), trainable=False, name="split_probe")
+        if len(_parts(probe)) != servers:
             raise ValueError(
                 f"EmbeddingTable({self.rows}, {self.dim}) under ParameterServerStrategy with "
-                f"{servers} servers came out in {len(self.shards)} shards, not {expected}: make "
-                f"the strategy with variable_partitioner=loops.TablePartitioner({servers}) "
+                f"{servers} servers would lie whole on one of them: make the strategy with "
+                f"variable_partitioner=loops.TablePartitioner({servers}) "
                 "(loops.make_strategy('parameter_server') does)."
             )
-        super().build(input_shape)
 
     def _table_variable(self, name: str, initial_value, trainable: bool):
         return tf.Variable(
