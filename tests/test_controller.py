@@ -15,7 +15,7 @@ import tensorflow as tf
 import loops
 import loops_models as models
 from conftest import failing_at_batch
-from loops.run import failed_frames
+from loops.run import failed_frames, removed_api
 from loops.run.train_input import TrainInput
 
 
@@ -34,7 +34,7 @@ class StopAtStep4(loops.Action):
             loop.request_stop("enough at step 4")
 
 
-def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
+def test_the_trainer_shows_the_state_and_run_context_of_its_controller(tmp_path):
     loop = loops.Trainer(
         loops.ClassifierLoop(
             model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
@@ -52,7 +52,9 @@ def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
         config={"learning_rate": 0.01},
     )
     controller = loop.controller
-    assert isinstance(controller, loops.Controller) and controller.trainer is loop
+    assert isinstance(controller, loops.Controller) and not hasattr(controller, "trainer")
+    assert loop.state is controller.state and loop.run_context is controller.run_context
+    assert controller.report.state is loop.state
     assert isinstance(loop.definition, loops.ClassifierLoop)
     assert (
         loop.definition.strategy is loop.strategy
@@ -61,22 +63,25 @@ def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
 
     logs = loop.train(10)
 
-    assert loop.step == 4 and logs["nonfinite"].tolist() == [0, 1, 1, 0]
-    assert loop.skipped_steps == controller.skipped_steps == 2
-    assert loop.stop_reason == controller.stop_reason == "enough at step 4"
-    assert loop.preempted is controller.preempted is False
-    assert loop.last_train_metrics is controller.report.last_train_metrics
-    assert loop.last_train_metrics["nonfinite"] == 1  # the last inner loop: steps 3 and 4
+    state, run = loop.state, loop.run_context
+    assert state.step == run.step == 4 and logs["nonfinite"].tolist() == [0, 1, 1, 0]
+    assert state.skipped_steps == controller._inner_loops.bad_steps.nonfinite.skipped_steps == 2
+    assert state.stop_reason == "enough at step 4"
+    assert state.preempted is False
+    assert run.last_train_metrics is state.last_train_metrics
+    assert state.last_train_metrics["nonfinite"] == 1  # the last inner loop: steps 3 and 4
     assert [entry["step"] for entry in controller.report.eval_history] == [2, 4]
-    assert loop.last_eval_metrics is controller.report.last_eval_metrics
-    assert loop.last_eval_metrics == {
+    assert run.last_eval_metrics is state.last_eval_metrics
+    assert state.last_eval_metrics == {
         name: value for name, value in controller.report.eval_history[-1].items() if name != "step"
     }
-    assert loop.steps_per_second == controller.report.steps_per_second > 0
-    assert loop.checkpointer is controller.checkpointer
-    assert loop.checkpointer.restore() is not None and loop.step == 4  # saved at the stop
-    assert (loop.model_dir, loop.eval_every, loop.is_chief) == (str(tmp_path), 2, True)
-    assert loop.progress is controller.progress and loop.summaries is controller.summaries
+    assert state.steps_per_second > 0
+    assert run.checkpointer is controller._checkpoints.checkpointer
+    assert run.checkpointer.restore() is not None and state.step == 4  # saved at the stop
+    assert (run.model_dir, run.eval_every, run.is_chief) == (str(tmp_path), 2, True)
+    assert run.config == {"learning_rate": 0.01}
+    assert run.progress is controller.report.progress
+    assert run.summaries is controller.report.summaries
     with open(os.path.join(str(tmp_path), "results.json")) as stream:
         results = json.load(stream)
     assert (results["global_step"], results["skipped_steps"], results["stop_reason"]) == (
@@ -85,6 +90,41 @@ def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
         "enough at step 4",
     )
     assert results["config"] == {"learning_rate": 0.01}
+    loop.close()
+
+
+def test_the_run_state_is_read_only_and_the_old_names_name_their_replacement():
+    loop = loops.Trainer(Counter(), steps_per_loop=2, progress=loops.testing.quiet_progress())
+    loop.train(2)
+    with pytest.raises(AttributeError, match=r"trainer.state is read-only \('stop_reason'"):
+        loop.state.stop_reason = "mine"
+    assert loop.state.stop_reason is None and loop.state.step == 2
+    with pytest.raises(AttributeError, match="RunState has no 'steps'"):
+        loop.state.record(steps=3)
+    for name, replacement in removed_api.MOVED_TRAINER_MEMBERS.items():
+        with pytest.raises(AttributeError) as raised:
+            getattr(loop, name)
+        assert str(raised.value) == (
+            f"Trainer.{name} was removed: the Trainer's public face is its methods and its "
+            f"parts; read {replacement} ("
+            + ("its state" if replacement.startswith("trainer.state.") else "a part of it")
+            + ") instead (CHANGELOG.md, the Trainer's state)."
+        )
+    # What each sentence names is there, and holds what the old name held.
+    found = {
+        name: eval(replacement.removesuffix("()"), {"trainer": loop})
+        for name, replacement in removed_api.MOVED_TRAINER_MEMBERS.items()
+    }
+    assert (found["step"], found["num_replicas"], found["skipped_steps"]) == (2, 1, 0)
+    assert (found["stop_reason"], found["preempted"], found["leaves_out_nonfinite"]) == (
+        None,
+        False,
+        False,
+    )
+    assert (found["model_dir"], found["checkpointer"], found["is_chief"]) == (None, None, True)
+    assert found["last_train_metrics"] == {"total": 2.0} and found["steps_per_second"] > 0
+    with pytest.raises(AttributeError, match="'Trainer' object has no attribute 'stepz'"):
+        loop.stepz  # noqa: B018
     loop.close()
 
 
@@ -134,7 +174,9 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
     first.close()
     resumed = counter({"learning_rate": 0.2, "train_steps": 4})  # train_steps is free to change
     warnings = [
-        line for line in resumed.progress.stream.getvalue().splitlines() if "warning" in line
+        line
+        for line in resumed.run_context.progress.stream.getvalue().splitlines()
+        if "warning" in line
     ]
     assert warnings == [
         f"warning: learning_rate was 0.1 in the run that wrote {tmp_path} and is 0.2 now; "
@@ -151,7 +193,7 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
             "seed": 0,
             "checkpoint.total": type(resumed.definition.total).__name__,
         }
-    assert resumed.step == 2 and float(resumed.definition.total.numpy()) == 2.0
+    assert resumed.state.step == 2 and float(resumed.definition.total.numpy()) == 2.0
     resumed.close()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -370,3 +370,25 @@ def _state_variable(initial, name: str) -> tf.Variable:
         name=name,
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
     )
+
+
+def action_state(actions: Sequence[Action]) -> dict[str, dict]:
+    """Checkpoint name -> variables of every action that has state.
+
+    Raises:
+        ValueError: two actions with state have one name.
+    """
+    state = {}
+    for action in actions:
+        variables = dict(action.checkpoint_items())
+        if not variables:
+            continue
+        key = f"action_{action.name}"
+        if key in state:
+            raise ValueError(
+                f"Two actions with state are named {action.name!r}; each needs its "
+                "own name in the checkpoint: set `name` on one of them, e.g. "
+                f"action.name = '{action.name}_2'."
+            )
+        state[key] = variables
+    return state
