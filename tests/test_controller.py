@@ -30,6 +30,7 @@ def images_and_labels(nan_rows=()):
 
 class StopAtStep4(loops.Action):
     def after_loop(self, loop, step, train_metrics):
+        self.seen = loop  # what an action gets of the run
         if step == 4:
             loop.request_stop("enough at step 4")
 
@@ -48,7 +49,7 @@ def test_the_trainer_shows_the_state_and_run_context_of_its_controller(tmp_path)
         model_dir=str(tmp_path),
         on_nonfinite="skip",
         progress=loops.testing.quiet_progress(),
-        actions=[StopAtStep4()],
+        actions=[stop := StopAtStep4()],
         config={"learning_rate": 0.01},
     )
     controller = loop.controller
@@ -64,6 +65,7 @@ def test_the_trainer_shows_the_state_and_run_context_of_its_controller(tmp_path)
     logs = loop.train(10)
 
     state, run = loop.state, loop.run_context
+    assert stop.seen is run and not hasattr(run, "controller") and not hasattr(run, "train")
     assert state.step == run.step == 4 and logs["nonfinite"].tolist() == [0, 1, 1, 0]
     assert state.skipped_steps == controller._inner_loops.bad_steps.nonfinite.skipped_steps == 2
     assert state.stop_reason == "enough at step 4"

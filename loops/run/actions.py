@@ -25,9 +25,10 @@ class Action:
     an action that decides only from them decides the same on every worker:
     all workers then request a stop at the same step and all take part in any
     checkpoint save, as MultiWorkerMirroredStrategy needs (BUILD.md fact 11).
-    Write files only where `run.is_chief`. Each hook gets the run (the
-    `loops.Trainer`); its type, `loops.run.run_context.RunContext`, names what
-    an action may use (`run.definition` is what is trained).
+    Write files only where `run.is_chief`. Each hook gets the run as its
+    `loops.run.run_context.RunContext` (`trainer.run_context`), which names what
+    an action may use (`run.definition` is what is trained, `run.state` what the
+    run did so far).
 
     Attributes:
         every: call `after_loop` only at steps that are multiples of this, and
