@@ -15,6 +15,7 @@ import tensorflow as tf
 import loops
 import loops_models as models
 from conftest import failing_at_batch
+from loops.core import reporting
 from loops.run import failed_frames, removed_api
 from loops.run.train_input import TrainInput
 
@@ -282,3 +283,28 @@ def test_only_the_frameworks_frames_lose_their_locals():
     user = [frame for frame in frames if frame.f_code.co_name == "build_with_a_bad_setting"]
     assert len(user) == 1 and user[0].f_locals == {"mine": "kept"}
     assert frames[0].f_locals  # this test's own frame, still running, is left alone
+
+
+class RecordedSummaries(reporting.Summaries):
+    """Summaries that keep each call's scalars instead of writing them."""
+
+    def __init__(self):
+        super().__init__(None)
+        self.recorded = []
+
+    def scalars(self, name, step, metrics):
+        self.recorded.append((name, step, {key: metrics[key] for key in sorted(metrics)}))
+
+
+def test_report_to_sends_the_runs_summaries_to_the_evaluators_own(tmp_path):
+    # The sidecar evaluator's seam: its evaluations are reported to its own directory.
+    loop = loops.Trainer(Counter(), steps_per_loop=2, progress=loops.testing.quiet_progress())
+    own = RecordedSummaries()
+    loop.controller.report_to(own)
+    assert loop.run_context.summaries is own
+    loop.train(4)
+    assert [(name, step, values["total"]) for name, step, values in own.recorded] == [
+        ("train", 2, 2.0),
+        ("train", 4, 4.0),
+    ]
+    loop.close()
