@@ -52,7 +52,7 @@ SLOW_TESTS = (
     "test_cluster_faults.py::test_sigterm_while_waiting_exits_promptly_as_preempted",
     "test_cluster_faults.py::test_waiting_tasks_see_each_other_and_stop_waiting",
     "test_contrastive.py::test_negatives_from_the_whole_batch_give_the_same_numbers_on_1_2_and_4_replicas",
-    "test_controller.py::test_the_trainer_reads_the_run_state_of_its_controller",
+    "test_controller.py::test_the_trainer_shows_the_state_and_run_context_of_its_controller",
     "test_environments.py::test_a_users_environment_gives_the_same_numbers_on_1_and_2_replicas",
     "test_environments.py::test_ppo_learns_to_pull_the_better_arm",
     "test_environments.py::test_dqn_learns_the_value_of_each_arm",
