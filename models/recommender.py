@@ -128,5 +128,5 @@ def rating_model(
             units, activation="relu", kernel_initializer=_dense_initializer(seed, 10 + index)
         )(deep)
     deep = keras.layers.Dense(1, kernel_initializer="zeros")(deep)
-    score = _PairScore(initial_bias)([user, item, user_bias, item_bias, deep])
+    score = _PairScore(initial_bias, name="pair_score")([user, item, user_bias, item_bias, deep])
     return keras.Model([users, items], score, name="rating")

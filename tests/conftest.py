@@ -162,6 +162,8 @@ SLOW_TESTS = (
     "test_profiling.py::test_the_flag_traces_from_a_binary_and_refuses_a_bad_range",
     "test_loss_spikes.py::test_a_spike_is_rolled_back_past_a_checkpoint_saved_during_it",
     "test_readme.py::test_readme_subclass_example_trains",
+    "test_recommender.py::test_the_default_binary_run_shortened_beats_popularity_by_half_again",
+    "test_recommender.py::test_*_on_1_2_and_4_replicas*",
     "test_readme.py::test_readme_export_example_serves_the_greedy_continuation",
     "test_readme.py::test_readme_update_without_a_definition_trains",
     "test_recover.py::test_every_binary_recovers_from_its_flags",
