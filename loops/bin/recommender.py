@@ -27,17 +27,10 @@ def _interactions():
     train, test = interaction_logs.split(
         interactions, how=data["split"], test_fraction=data["test_fraction"], seed=FLAGS.seed
     )
-    notes = dict(
-        source=data["data"] or "generated",
-        split=data["split"],
-        test_fraction=data["test_fraction"],
-    )
-    return interactions, train, test, notes
+    return interactions, train, test
 
 
 def _retrieval(model, train, test, optimizer_fn, data_notes):
-    import numpy as np
-
     import loops
     from loops_data import recommender_data
     from loops_models import recommender
@@ -53,7 +46,7 @@ def _retrieval(model, train, test, optimizer_fn, data_notes):
         optimizer_fn=optimizer_fn,
         num_items=train.num_items,
         global_batch_size=FLAGS.global_batch_size,
-        item_frequencies=np.bincount(train.items, minlength=train.num_items),
+        item_frequencies=train.item_counts(),
         temperature=model["temperature"],
         top_k=(model["top_k"],),
         baselines=recommender_data.popularity_baseline(train, test, model["top_k"]),
@@ -72,12 +65,14 @@ def _rating(model, train, test, optimizer_fn, data_notes):
             num_users=train.num_users,
             num_items=train.num_items,
             embedding_dim=model["embedding_dim"],
+            hidden_units=(model["hidden_units"],) if model["hidden_units"] else (),
+            l2=model["l2"],
             initial_bias=float(train.ratings.mean()),
             seed=FLAGS.seed,
         ),
         optimizer_fn=optimizer_fn,
         num_items=train.num_items,
-        baselines={"bias_baseline_rmse": recommender_data.bias_baseline_rmse(train, test)},
+        baselines=recommender_data.bias_baseline(train, test),
         data_notes=data_notes,
         **loop_flags.clip_norm_argument(),
     )
@@ -101,13 +96,13 @@ def build_trainer():
         ),
         signature="users -> items, scores (top K); score_pairs: users, items -> scores",
     )
-    interactions, train, test, notes = _interactions()
+    interactions, train, test = _interactions()
     optimizer_fn = training_settings.optimizer_fn(
         loop_flags.setting_values(training_settings.OPTIMIZER),
         learning_rate=FLAGS.learning_rate,
         total_steps=FLAGS.train_steps,
     )
-    data_notes = recommender_data.notes(interactions, train, test, **notes)
+    data_notes = recommender_data.notes(interactions, train, test)
     build = _retrieval if model["model"] == "retrieval" else _rating
     definition = build(model, train, test, optimizer_fn, data_notes)
     data = recommender_data.trainer_data(

@@ -30,8 +30,21 @@ def area_under_curve(positives: np.ndarray, negatives: np.ndarray) -> float:
     return float(np.sum(positives * (below + 0.5 * negatives)) / pairs)
 
 
+def _scores_and_penalties(outputs) -> tuple[tf.Tensor, tf.Tensor]:
+    """A model's scores [pairs] and per-pair penalties (0 for a model that gives scores alone)."""
+    if isinstance(outputs, list | tuple):
+        scores, penalties = outputs
+    else:
+        scores, penalties = outputs, tf.zeros([])
+    return tf.cast(tf.reshape(scores, [-1]), tf.float32), tf.cast(penalties, tf.float32)
+
+
 class RatingLoop(Loop):
     """Trains a model of (user ids, item ids) -> one score a pair on (users, items, targets).
+
+    The model may give (scores, penalties) instead: a regularization term of
+    each pair (e.g. L2 on the rows it looked up) added to the pair's training
+    loss, not to its eval metrics.
 
     task "rating": the score is the rating, the loss its squared error, and
     evaluation reports `rmse` over the eval pairs. task "click": the score is
@@ -110,7 +123,7 @@ class RatingLoop(Loop):
 
     def score_pairs(self, users: tf.Tensor, items: tf.Tensor) -> tf.Tensor:
         """float32 [pairs]: the model's score of each (user, item) pair."""
-        return tf.cast(tf.reshape(self.model([users, items], training=False), [-1]), tf.float32)
+        return _scores_and_penalties(self.model([users, items], training=False))[0]
 
     def score_all_items(self, users: tf.Tensor) -> tf.Tensor:
         """float32 [users, num_items]: each user's score of every item, pair by pair."""
@@ -127,8 +140,9 @@ class RatingLoop(Loop):
 
     def _replica_loss(self, users, items, targets):
         count = reduction.global_count(tf.shape(users)[0])
-        scores = tf.reshape(self.model([users, items], training=True), [-1])
-        loss = reduction.scale_to_global_batch(self.pair_losses(scores, targets), count)
+        scores, penalties = _scores_and_penalties(self.model([users, items], training=True))
+        losses = self.pair_losses(scores, targets) + penalties
+        loss = reduction.scale_to_global_batch(losses, count)
         return loss, {"pairs": tf.cast(tf.shape(users)[0], tf.float32)}
 
     def train_step(self, iterator):

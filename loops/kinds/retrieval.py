@@ -11,59 +11,35 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, reduction
-from loops.core.global_rows import gather_global_rows, global_row_offset
+from loops.core import outputs, ranking_metrics, reduction, retrieval_loss
 from loops.core.update import Update, check_clip_norm
 from loops.run.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
-# The logit of a candidate that is left out (another row's copy of this row's item): its
-# softmax weight underflows to exactly 0 in float32.
-_LEFT_OUT = -1e9
 
-
-def items_mask(ids: tf.Tensor, num_items: int) -> tf.Tensor:
-    """float32 [rows, num_items]: 1 where a row's padded id list [rows, n] (-1 = none) holds it."""
-    ids = tf.cast(ids, tf.int64)
-    where = tf.where(ids >= 0)
-    positions = tf.stack([where[:, 0], tf.gather_nd(ids, where)], axis=1)
-    shape = tf.cast(tf.stack([tf.shape(ids)[0], num_items]), tf.int64)
-    ones = tf.ones(tf.shape(where)[:1], tf.float32)
-    return tf.minimum(tf.scatter_nd(positions, ones, shape), 1.0)
-
-
-def ranking_sums(
+def ranking_sums_at(
     scores: tf.Tensor, seen: tf.Tensor, held_out: tf.Tensor, ks: Sequence[int]
 ) -> dict[str, tf.Tensor]:
-    """Summable Recall@K and NDCG@K of each row's top-K items, over the rows with a held-out item.
+    """`loops.core.ranking_metrics.ranking_sums` at each cut-off, by name (float64 sums).
 
     Args:
-        scores: float32 [rows, num_items], one score an item of the corpus.
+        scores: [rows, num_items], one score an item of the corpus.
         seen: int [rows, n] the items each row saw in training (-1 pads): never ranked.
         held_out: int [rows, m] the items to find (-1 pads).
         ks: the cut-offs.
 
     Returns:
-        "users" (rows with a held-out item), and for each k "recall_at_k" (hits in the top k /
-        held-out items) and "ndcg_at_k" (DCG of the top k / the best DCG possible), summed.
+        "users" (rows with a held-out item not seen), and for each k "recall_at_k" and
+        "ndcg_at_k", summed over those rows.
     """
     num_items = scores.shape[-1]
-    scores = tf.where(items_mask(seen, num_items) > 0, -np.inf, tf.cast(scores, tf.float32))
-    relevant = items_mask(held_out, num_items)
-    wanted = tf.reduce_sum(relevant, axis=1)
-    top = tf.math.top_k(scores, k=max(ks)).indices
-    hits = tf.gather(relevant, top, batch_dims=1)  # [rows, max k]
-    discounts = 1.0 / np.log2(np.arange(max(ks)) + 2.0)
-    sums = {"users": tf.reduce_sum(tf.cast(wanted > 0, tf.float32))}
+    exclude = ranking_metrics.items_mask(seen, num_items)
+    relevant = ranking_metrics.items_mask(held_out, num_items)
+    sums = {}
     for k in ks:
-        found = tf.reduce_sum(hits[:, :k], axis=1)
-        sums[f"recall_at_{k}"] = tf.reduce_sum(tf.math.divide_no_nan(found, wanted))
-        dcg = tf.reduce_sum(hits[:, :k] * discounts[:k].astype(np.float32), axis=1)
-        best = tf.gather(
-            np.concatenate([[0.0], np.cumsum(discounts[:k])]).astype(np.float32),
-            tf.cast(tf.minimum(wanted, k), tf.int32),
-        )
-        sums[f"ndcg_at_{k}"] = tf.reduce_sum(tf.math.divide_no_nan(dcg, best))
+        at_k = ranking_metrics.ranking_sums(scores, relevant, k=k, exclude=exclude)
+        sums[f"recall_at_{k}"], sums[f"ndcg_at_{k}"] = at_k.recall, at_k.ndcg
+        sums["users"] = at_k.users
     return sums
 
 
@@ -165,24 +141,14 @@ class RetrievalLoop(Loop):
 
     def replica_losses(self, users, items):
         """Each of this replica's rows' softmax loss over the global batch's items [rows]."""
-        rows = tf.shape(users)[0]
-        user_vectors = tf.cast(self.user_model(users, training=True), tf.float32)
-        item_vectors = tf.cast(self.item_model(items, training=True), tf.float32)
-        size = self.global_batch_size
-        candidates = gather_global_rows(item_vectors, global_batch_size=size)
-        # float64 sums of ids are exact (ids below 2**53); the collectives take floats.
-        candidate_ids = tf.cast(
-            gather_global_rows(tf.cast(items, tf.float64), global_batch_size=size), tf.int32
+        return retrieval_loss.in_batch_softmax(
+            self.user_model(users, training=True),
+            self.item_model(items, training=True),
+            items,
+            global_batch_size=self.global_batch_size,
+            log_q=None if self.log_q is None else tf.gather(self.log_q, items),
+            temperature=self.temperature,
         )
-        logits = tf.matmul(user_vectors, candidates, transpose_b=True) / self.temperature
-        if self.log_q is not None:
-            logits -= tf.gather(self.log_q, candidate_ids)[None, :]
-        mine = global_row_offset(rows) + tf.range(rows)
-        own_row = tf.one_hot(mine, tf.shape(candidate_ids)[0], on_value=True, off_value=False)
-        accidental = tf.equal(tf.cast(items, tf.int32)[:, None], candidate_ids[None, :])
-        logits = tf.where(accidental & ~own_row, _LEFT_OUT, logits)
-        positive = tf.gather(logits, mine, batch_dims=1)
-        return tf.reduce_logsumexp(logits, axis=1) - positive
 
     def _replica_loss(self, users, items):
         count = reduction.global_count(tf.shape(users)[0])
@@ -216,7 +182,7 @@ class RetrievalLoop(Loop):
         return tf.reduce_sum(user_vectors * item_vectors, axis=1) / self.temperature
 
     def _replica_eval_sums(self, users, seen, held_out):
-        return ranking_sums(self.score_all_items(users), seen, held_out, self.top_k)
+        return ranking_sums_at(self.score_all_items(users), seen, held_out, self.top_k)
 
     def eval_step(self, batch):
         sums = reduction.sum_over_replicas(
@@ -257,17 +223,13 @@ def _checked_top_k(top_k: Sequence[int], num_items: int) -> tuple[int, ...]:
 
 
 def _log_sampling_probabilities(frequencies, num_items: int) -> tf.Tensor | None:
-    """log q(item): the log of each item's share of the interactions (0 for an unseen one)."""
+    """log q(item) as a table (`loops.core.retrieval_loss.item_log_probabilities`), checked."""
     if frequencies is None:
         return None
-    counts = np.asarray(frequencies, np.float64)
-    if counts.shape != (num_items,) or not np.all(np.isfinite(counts)) or np.any(counts < 0):
+    counts = np.asarray(frequencies)
+    if counts.shape != (num_items,):
         raise ValueError(
-            f"item_frequencies must hold one count >= 0 an item ({num_items} numbers), got "
-            f"shape {counts.shape}; pass np.bincount(train_items, minlength=num_items)."
+            f"item_frequencies must hold one count an item ({num_items} numbers), got shape "
+            f"{counts.shape}; pass np.bincount(train_items, minlength=num_items)."
         )
-    if counts.sum() <= 0:
-        raise ValueError("item_frequencies are all 0; pass the training items' counts.")
-    shares = counts / counts.sum()
-    # An item never trained on never is a candidate; its 0 keeps the table finite.
-    return tf.constant(np.where(shares > 0, np.log(np.maximum(shares, 1e-300)), 0.0), tf.float32)
+    return tf.constant(retrieval_loss.item_log_probabilities(counts))
