@@ -3,11 +3,12 @@
 Users and items get latent factors; each user picks items with probability
 proportional to the item's popularity (Zipf over a random order of the items,
 as real logs have) times exp(taste * affinity), the affinity being the dot
-product of the factors; a rating is the affinity plus user and item biases and
-noise, rounded to 1..5 stars. So popularity explains part of who picks what,
-and the factors the rest: a model that learns them beats popularity, and one
-that learns the biases and factors beats the bias baseline's RMSE. The log
-is the same for the same arguments and seed.
+product of the first half of the factors; a rating is the dot product of all
+the factors plus user and item biases and noise, rounded to 1..5 stars. So
+popularity explains part of who picks what, and the factors the rest: a model
+that learns them beats popularity, and one that learns the biases and factors
+beats the bias baseline's RMSE. The log is the same for the same arguments and
+seed.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ _START, _SPAN = 879_897_600, 60 * 86_400
 
 def generated_log(
     *,
-    num_users: int = 6_000,
-    num_items: int = 2_000,
+    num_users: int = 3_000,
+    num_items: int = 1_500,
     num_interactions: int = 200_000,
-    dim: int = 16,
+    dim: int = 8,
     taste: float = 3.0,
     zipf_exponent: float = 1.0,
     seed: int = 0,
@@ -39,7 +40,8 @@ def generated_log(
         num_users, num_items: the index spaces.
         num_interactions: the rows wanted; each user gets at least 5 and at
             most half the items, so the log can hold a few fewer.
-        dim: the latent factors' size.
+        dim: the latent factors' size; users pick items by the first half of
+            them (scaled to variance 1) and rate them by all.
         taste: how strongly affinity steers a user's picks (0: popularity alone).
         zipf_exponent: item popularity falls as rank ** -zipf_exponent.
         seed: the whole log follows from it.
@@ -56,7 +58,11 @@ def generated_log(
     ranks = rng.permutation(num_items) + 1.0
     log_popularity = -zipf_exponent * np.log(ranks)
     counts = _activity(rng, num_users, num_items, num_interactions)
-    users, items = _picks(rng, user_factors, item_factors, log_popularity, taste, counts)
+    # Users pick by the first half of the factors and rate by all of them: along the second
+    # half their picks are unselected, so a rating model can learn it from the ratings.
+    half = max(dim // 2, 1)
+    picking = (user_factors[:, :half] * math.sqrt(dim / half), item_factors[:, :half])
+    users, items = _picks(rng, *picking, log_popularity, taste, counts)
     affinity = np.einsum("nd,nd->n", user_factors[users], item_factors[items])
     user_bias = rng.normal(0.0, 0.3, num_users)
     item_bias = rng.normal(0.0, 0.3, num_items) + 0.1 * log_popularity / math.log(num_items)

@@ -139,6 +139,20 @@ def test_an_implicit_csv_rates_every_row_one(tmp_path):
             "'recbole' (.inter, a typed header) or 'csv' (a header naming user,item,...).",
         ),
         (
+            "log.csv",
+            "user,item,rating,label\n1,2,3,1\n",
+            "auto",
+            "{path}'s header names two rating columns (rating and label); keep one, or rename "
+            "the other to a feature name.",
+        ),
+        (
+            "log.inter",
+            "user_id:token\titem_id:token\n",
+            "auto",
+            "{path} holds a header and no interactions; pass a log with one interaction a line "
+            "below its header.",
+        ),
+        (
             "log.txt",
             "1\t2\t3\t4\n",
             "parquet",

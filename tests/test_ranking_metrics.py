@@ -157,3 +157,20 @@ def test_auc_edges():
     assert math.isnan(ranking_metrics.auc([0.1, 0.9], [1, 1]))
     with pytest.raises(ValueError, match=r"^auc got 2 scores and 3 labels; pass one label"):
         ranking_metrics.auc([0.1, 0.9], [1, 0, 1])
+
+
+def test_the_metric_agrees_with_the_numpy_baselines_on_a_split_log():
+    from loops.input import interaction_baselines, interaction_logs
+    from loops_data.interactions import generated_log
+
+    log = generated_log(num_users=300, num_items=120, num_interactions=6000, seed=3)
+    train, test = interaction_logs.split(log, how="random", test_fraction=0.2, seed=1)
+    popularity = interaction_baselines.popularity_scores(train)  # many ties
+    expected = interaction_baselines.ranking_metrics(popularity, train, test, k=10)
+    seen = ranking_metrics.items_mask(train.items_by_user(), log.num_items)
+    held_out = ranking_metrics.items_mask(test.items_by_user(), log.num_items)
+    scores = tf.tile(tf.constant(popularity, tf.float32)[tf.newaxis], [log.num_users, 1])
+    sums = ranking_metrics.ranking_sums(scores, held_out, k=10, exclude=seen)
+    assert int(sums.users) == expected["users"] > 250
+    assert float(sums.recall / sums.users) == pytest.approx(expected["recall@10"], rel=1e-12)
+    assert float(sums.ndcg / sums.users) == pytest.approx(expected["ndcg@10"], rel=1e-12)

@@ -34,7 +34,8 @@ _COLUMN_NAMES = {
 _ID = re.compile(r"^(?:[+-]?\d+|[A-Za-z_][\w\-.:@]*)$")
 
 
-@dataclasses.dataclass(frozen=True)
+# eq=False: equality of numpy arrays is elementwise, so a generated __eq__ would raise.
+@dataclasses.dataclass(frozen=True, eq=False)
 class Interactions:
     """An interaction log with dense indices: one entry a row in every array.
 
@@ -192,6 +193,11 @@ def read_interactions(path: str | os.PathLike, *, format: str = "auto") -> Inter
         header, first_line = ["user", "item", "rating", "timestamp"], 1
     else:
         header, first_line, rows = [_column_name(n) for n in rows[0]], 2, rows[1:]
+    if not rows:
+        raise ValueError(
+            f"{path} holds a header and no interactions; pass a log with one interaction a "
+            "line below its header."
+        )
     columns = _columns(path, header, rows, first_line, chosen)
     return _interactions(path, columns, first_line)
 
@@ -226,7 +232,12 @@ def _columns(
     roles: dict[str, int] = {}
     for index, name in enumerate(header):
         role = next((r for r, names in _COLUMN_NAMES.items() if name in names), name)
-        roles.setdefault(role, index)
+        if role in roles:
+            raise ValueError(
+                f"{path}'s header names two {role} columns ({header[roles[role]]} and {name}); "
+                "keep one, or rename the other to a feature name."
+            )
+        roles[role] = index
     for needed in ("user", "item"):
         if needed not in roles:
             raise ValueError(
