@@ -279,6 +279,20 @@ def test_the_default_binary_run_shortened_beats_popularity_by_half_again(tmp_pat
     assert os.path.exists(tmp_path / "export" / "saved_model.pb")
 
 
+def test_the_binary_rating_model_shortened_beats_the_bias_baseline_by_a_tenth(tmp_path):
+    done = run_module(
+        "loops.bin.recommender",
+        "--model=rating",
+        f"--model_dir={tmp_path}",
+        "--train_steps=1000",
+        "--eval_every=1000",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = read_results(tmp_path)["eval"]
+    assert metrics["rmse"] <= 0.9 * metrics["bias_baseline_rmse"], metrics
+    assert metrics["pairs"] == read_results(tmp_path)["data"]["test_interactions"]
+
+
 def test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_prints_the_table(
     tmp_path,
 ):
