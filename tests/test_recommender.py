@@ -325,3 +325,22 @@ def test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_print
     assert 0 <= numbers["retrieval"]["eval"]["recall_at_10"] <= 1
     assert "| rating (biases + dot + l2) | test RMSE |" in done.stdout
     assert "Surprise SVD (biased MF) 0.934" in done.stdout
+
+
+def test_a_tower_with_features_reads_each_ids_row_and_saves_the_table():
+    features = np.arange(12, dtype=np.float32).reshape(6, 2)
+    tower = recommender.id_tower(
+        num_ids=6, embedding_dim=3, features=features, normalize=False, seed=4, name="with"
+    )
+    lookup = tower.get_layer("with_features")
+    np.testing.assert_array_equal(lookup(tf.constant([4, 1])).numpy(), features[[4, 1]])
+    assert [w.name for w in tower.non_trainable_weights] == ["features"]
+    assert tower(tf.constant([0, 5])).shape == (2, 3)
+    # The same ids with other features embed differently: the features reach the output.
+    other = recommender.id_tower(
+        num_ids=6, embedding_dim=3, features=features + 1, normalize=False, seed=4, name="with"
+    )
+    ids = tf.constant([0, 5])
+    assert not np.allclose(tower(ids).numpy(), other(ids).numpy())
+    with pytest.raises(ValueError, match=r"features must be a \[num_ids, num_features\] table"):
+        recommender.id_tower(num_ids=6, features=np.ones(6))
