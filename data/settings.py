@@ -185,8 +185,8 @@ INTERACTIONS: tuple[Setting, ...] = (
     Setting(
         "data",
         "data",
-        "An interaction log to train on: a TSV or CSV file of user, item, rating (or 0/1 "
-        "label) and timestamp columns (MovieLens u.data, RecBole .inter). Default: a "
+        "An interaction log to train on: a file of user, item, rating and timestamp "
+        "columns (MovieLens u.data, RecBole .inter, or CSV with a header). Default: a "
         "generated log with planted user and item factors and Zipf item popularity.",
         "string",
         flag_rule=(_data_is_a_file, "--data must name an interaction log file that exists."),
@@ -195,7 +195,8 @@ INTERACTIONS: tuple[Setting, ...] = (
         "split",
         "data",
         "Which interactions are held out for evaluation: random = a random --test_fraction "
-        "of them (drawn from --seed), time = the latest --test_fraction by timestamp.",
+        "of them (drawn from --seed), time = each user's latest --test_fraction by "
+        "timestamp (rounded down).",
         "enum",
         flag_default="random",
         choices=("random", "time"),

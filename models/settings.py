@@ -145,7 +145,8 @@ RECOMMENDER: tuple[Setting, ...] = (
         "model",
         "retrieval: two towers (users, items) trained with an in-batch softmax over the "
         "global batch, evaluated by Recall@K and NDCG@K over every item; rating: biases, a "
-        "dot product and an MLP fitted to the ratings, evaluated by RMSE.",
+        "dot product (and an MLP with --hidden_units) fitted to the ratings, evaluated by "
+        "RMSE.",
         "enum",
         flag_default="retrieval",
         choices=("retrieval", "rating"),
@@ -161,8 +162,8 @@ RECOMMENDER: tuple[Setting, ...] = (
     Setting(
         "hidden_units",
         "model",
-        "rating: the width of the MLP's hidden layer beside the dot product; 0: no MLP "
-        "(it overfits the generated log's 25 ratings a user).",
+        "rating: the width of an MLP's hidden layer over both embeddings, added to the dot "
+        "product; 0: no MLP (one of 64 overfit the generated log in trials).",
         "integer",
         flag_default=0,
         lower_bound=0,
