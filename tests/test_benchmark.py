@@ -237,6 +237,28 @@ def test_tiny_jit_compile_benchmark_reports_on_against_off(tmp_path):
     assert "on/off" in done.stdout
 
 
+def test_tiny_sharded_tables_benchmark_finds_the_table_on_the_servers_alone(tmp_path):
+    done, report = run_benchmark(
+        "sharded_tables", tmp_path, "--rows=200000", "--small_rows=100", "--steps=2"
+    )
+    small, large = report["clusters"]
+    assert (small["rows"], large["rows"]) == (100, 200_000)
+    assert report["table_bytes_with_slots"] == 2 * 4 * 200_000 * 64
+    half = report["table_bytes_with_slots"] / 2 / 2**20  # MiB of table + slots per server
+    for phase in ("built", "trained", "saved", "restored"):
+        assert sorted(large["memory"][phase]) == ["chief_0", "ps_0", "ps_1", "worker_0"]
+        grew = {
+            task: (large["memory"][phase][task]["rss"] - small["memory"][phase][task]["rss"])
+            / 2**20
+            for task in large["memory"][phase]
+        }
+        # Each server holds its half (49 MiB; after a restore about twice that, TensorFlow's
+        # restore buffers kept by the allocator); the chief and the worker hold none of it.
+        assert half - 2 < grew["ps_0"] < 2.5 * half and half - 2 < grew["ps_1"] < 2.5 * half, grew
+        assert abs(grew["chief_0"]) < 15 and abs(grew["worker_0"]) < 15, grew
+    assert large["steps_per_second"] > 0 and "per server" in done.stdout
+
+
 def test_movielens_data_reads_the_wheels_file_and_refuses_a_cache_in_the_repository(tmp_path):
     import zipfile
 

@@ -122,7 +122,7 @@ def test_the_token_weighted_loss_is_the_single_device_one_and_a_per_replica_mean
 def test_eval_perplexity_equals_a_float64_computation_over_the_same_weights():
     loop = build(loops.testing.replica_strategy(2), unigram_perplexity=20.0)
     loop.train(4)
-    metrics = loop.last_eval_metrics
+    metrics = loop.state.last_eval_metrics
     total, count = 0.0, 0
     for tokens, lengths in build(loops.testing.replica_strategy(1)).eval_data():
         logits = loop.definition.model(tokens[:, :-1]).numpy().astype(np.float64)

@@ -23,14 +23,17 @@ import tensorflow as tf
 from loops.core import (
     compilation,
     health,
+    keras_private,
     micro_batches,
     mixed_precision,
     outputs,
     reduction,
+    table_rows,
     update_context,
 )
-from loops.core.gradients import all_finite, apply_gradients, apply_summed, sum_over_replicas
+from loops.core.gradients import all_finite
 from loops.core.health import Totals, UpdateHealth
+from loops.core.table_updates import TableGradients
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
 from loops.topology import replica_bounds
@@ -206,6 +209,7 @@ class Update:
         clip_norm: float | None = None,
         average: bool = True,
         whole_batch_loss: bool = False,
+        table_optimizer: keras.optimizers.Optimizer | None = None,
     ):
         self.context = context = update_context.of(context)
         options = context.options
@@ -235,6 +239,11 @@ class Update:
                 name=f"update_{len(averages.updates)}",
             )
             averages.add(self.average)
+        self.tables = TableGradients(optimizer, table_optimizer, averaged=self.average is not None)
+        self.table_optimizer = table_optimizer
+        if isinstance(trained, keras.Model) and self.tables.sparse:
+            for layer in keras_private.embedding_layers(trained):
+                keras_private.read_rows_sparsely(layer, table_rows.lookup)
 
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
@@ -294,18 +303,16 @@ class Update:
             loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
         else:
             loss, logs, gradients = self._accumulated(replica_loss, args)
-        # Dense: Keras' Adam squares each row of an IndexedSlices gradient (an
-        # embedding's) before summing duplicate rows, which is not the update of the
-        # summed gradient and changes with how the rows are split (BUILD.md, LM).
-        gradients = [
-            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
-        ]
+        # A table's rows, summed over duplicates and replicas, where its optimizer has
+        # an exact row update; else dense: Keras' own Adam squares each row of an
+        # IndexedSlices before summing duplicates, which changes with the split.
+        gradients = self.tables.prepared(gradients, self.variables())
         finite = all_finite([loss, *gradients])
         summed = norm = None
         if self.clip_norm is not None or self.health_every is not None:
             # The norm of the replicas' sum, which clipping and the health metrics
             # share, the same on every replica whatever their number.
-            summed = sum_over_replicas(gradients)
+            summed = self.tables.summed(gradients)
             norm = tf.linalg.global_norm(summed)
         return {"loss": loss, **logs}, gradients, finite, summed, norm
 
@@ -367,25 +374,57 @@ class Update:
                     replica_loss, tf.nest.pack_sequence_as(args, sliced)
                 )
             count = tf.cast(micro_batch.normalizer(self.grad_accum_steps), tf.float32)
-            scaled = [None if g is None else count * tf.convert_to_tensor(g) for g in gradients]
+            scaled = [_times(g, count) for g in gradients]
             if total is None:
                 total, weighted_loss, summed_logs, weighted = count, count * loss, logs, scaled
                 continue
             total += count
             weighted_loss += count * loss
             summed_logs = {name: summed_logs[name] + logs[name] for name in summed_logs}
-            weighted = [None if w is None else w + g for w, g in zip(weighted, scaled)]
+            weighted = [_plus(w, g) for w, g in zip(weighted, scaled)]
         return (
             tf.math.divide_no_nan(weighted_loss, total),
             summed_logs,
-            [None if w is None else tf.math.divide_no_nan(w, total) for w in weighted],
+            [_divided(w, total) for w in weighted],
         )
 
     def _replica_apply(self, gradients) -> None:
-        apply_gradients(self.optimizer, gradients, self.variables())
+        self.tables.apply(gradients, self.variables(), dense_share=None)
 
     def _replica_apply_summed(self, summed, norm) -> None:
-        apply_summed(self.optimizer, summed, self.variables(), clip_norm=self.clip_norm, norm=norm)
+        if self.clip_norm is not None:
+            # A table's rows count once each in the norm, as in the dense gradient's.
+            summed, _ = tf.clip_by_global_norm(summed, self.clip_norm, use_norm=norm)
+        share = 1.0 / tf.distribute.get_replica_context().num_replicas_in_sync
+        self.tables.apply(summed, self.variables(), dense_share=share)
+
+
+def _times(gradient, factor):
+    """A gradient (dense, a table's IndexedSlices, or None) times a scalar, sparse kept."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return table_rows.scaled(gradient, factor)
+    return factor * gradient
+
+
+def _divided(gradient, total):
+    """A gradient divided by a count (0 where the count is 0); a table's stays sparse."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        values = tf.math.divide_no_nan(gradient.values, tf.cast(total, gradient.values.dtype))
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return tf.math.divide_no_nan(gradient, total)
+
+
+def _plus(first, second):
+    """The sum of two micro-batches' gradients of one variable; a table's stays sparse."""
+    if first is None:
+        return None
+    if isinstance(first, tf.IndexedSlices):
+        return table_rows.concatenated(first, second)
+    return first + second
 
 
 def check_clip_norm(clip_norm: float | None) -> None:
