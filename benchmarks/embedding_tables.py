@@ -16,6 +16,7 @@ its looked-up rows averaged, a Dense head, the squared error; Adagrad; a global 
 Each mode's steps are timed in rounds that take turns, the median round's steps/s kept;
 `loops/plain` is their ratio, `vs smallest` each mode's steps/s over its own at the
 smallest table (the target: >= 0.8 at 1M rows, and loops >= 1.5x plain from 100K rows up).
+`CPU ms` is each mode's median CPU time a step (all threads), steadier on a shared machine.
 """
 
 from __future__ import annotations
@@ -129,17 +130,30 @@ def plain_step(strategy, rows: int, global_batch_size: int):
     return lambda: step(*args)
 
 
-def steps_per_second(steppers: dict, steps: int, rounds: int) -> dict[str, float]:
-    """The median over `rounds` of each mode's steps/s, the modes taking turns."""
-    rates: dict[str, list[float]] = {name: [] for name in steppers}
+def steps_per_second(steppers: dict, steps: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """Each mode's (steps per wall second, CPU ms a step), medians over `rounds`, the modes
+    taking turns. CPU time (every thread of the process) is the steadier cost where other
+    processes share the cores: they lengthen the wall time, not the CPU time."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in steppers}
     for _ in range(rounds):
         for name, step in steppers.items():
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 result = step()
             _ = [float(v) for v in _flat(result)]  # waits for the last step
-            rates[name].append(steps / (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in rates.items()}
+            samples[name].append(
+                (
+                    steps / (time.perf_counter() - wall),
+                    1e3 * (time.process_time() - cpu) / steps,
+                )
+            )
+    return {
+        name: (
+            statistics.median(rate for rate, _ in values),
+            statistics.median(cost for _, cost in values),
+        )
+        for name, values in samples.items()
+    }
 
 
 def _flat(result):
@@ -163,13 +177,15 @@ def measure(args) -> list[dict]:
             for step in steppers.values():
                 step()  # trace
                 step()
-            rates = steps_per_second(steppers, args.steps, args.rounds)
+            measured = steps_per_second(steppers, args.steps, args.rounds)
+            rates = {mode: measured[mode][0] for mode in MODES}
             smallest = smallest or rates
             rows.append(
                 {
                     "rows": table_rows,
                     "replicas": replicas,
                     **{f"{mode}_steps_per_second": rates[mode] for mode in MODES},
+                    **{f"{mode}_cpu_ms_per_step": measured[mode][1] for mode in MODES},
                     "loops_over_plain": rates["loops"] / rates["plain"],
                     **{f"{mode}_vs_smallest": rates[mode] / smallest[mode] for mode in MODES},
                 }
@@ -181,13 +197,15 @@ def measure(args) -> list[dict]:
 def format_table(rows: list[dict]) -> str:
     lines = [
         f"{'rows':>9} {'replicas':>8} {'loops steps/s':>13} {'plain steps/s':>13} "
-        f"{'loops/plain':>11} {'loops vs smallest':>17} {'plain vs smallest':>17}"
+        f"{'loops/plain':>11} {'loops vs smallest':>17} {'plain vs smallest':>17} "
+        f"{'loops CPU ms':>12} {'plain CPU ms':>12}"
     ]
     for row in rows:
         lines.append(
             f"{row['rows']:>9} {row['replicas']:>8} {row['loops_steps_per_second']:13.1f} "
             f"{row['plain_steps_per_second']:13.1f} {row['loops_over_plain']:11.2f} "
-            f"{row['loops_vs_smallest']:17.2f} {row['plain_vs_smallest']:17.2f}"
+            f"{row['loops_vs_smallest']:17.2f} {row['plain_vs_smallest']:17.2f} "
+            f"{row['loops_cpu_ms_per_step']:12.2f} {row['plain_cpu_ms_per_step']:12.2f}"
         )
     return "\n".join(lines)
 

@@ -237,6 +237,27 @@ def test_tiny_jit_compile_benchmark_reports_on_against_off(tmp_path):
     assert "on/off" in done.stdout
 
 
+def test_tiny_embedding_tables_benchmark_reports_loops_and_plain_at_each_size(tmp_path):
+    done, report = run_benchmark(
+        "embedding_tables",
+        tmp_path,
+        "--rows=50,5000",
+        "--replicas=1,2",
+        "--steps=2",
+        "--rounds=1",
+        "--global_batch_size=16",
+    )
+    rows = {(row["rows"], row["replicas"]): row for row in report["rows"]}
+    assert sorted(rows) == [(50, 1), (50, 2), (5000, 1), (5000, 2)]
+    for (_, replicas), row in rows.items():
+        loops_rate, plain = row["loops_steps_per_second"], row["plain_steps_per_second"]
+        assert math.isfinite(loops_rate) and loops_rate > 0 and plain > 0, row
+        assert row["loops_over_plain"] == loops_rate / plain
+        smallest = rows[(50, replicas)]["loops_steps_per_second"]
+        assert row["loops_vs_smallest"] == loops_rate / smallest
+    assert "loops/plain" in done.stdout
+
+
 def test_tiny_sharded_tables_benchmark_finds_the_table_on_the_servers_alone(tmp_path):
     done, report = run_benchmark(
         "sharded_tables", tmp_path, "--rows=200000", "--small_rows=100", "--steps=2"

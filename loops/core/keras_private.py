@@ -16,6 +16,9 @@ OPTIMIZER_RATE_ATTRIBUTE = "_learning_rate"
 OPTIMIZER_VARIABLE_INDEX = "_get_variable_index"
 # Every layer of a model, nested ones included (the Keras 3 method `embedding_layers` calls).
 LAYER_WALK = "_flatten_layers"
+# The tf.Variable a Keras variable wraps: its public `value` is a cast copy inside a layer
+# call under a mixed precision policy.
+KERAS_VARIABLE_WRAPPED = "_value"
 
 
 def copy_keras_variables_once() -> None:
@@ -101,6 +104,8 @@ def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
     the layer's compute dtype) with `lookup`; a layer with LoRA or
     quantization, or sparse or ragged ids, keeps Keras' call.
     """
+    if getattr(layer.call, "reads_rows_sparsely", False):
+        return True  # already (a second Update of the same model)
     if layer.lora_enabled or getattr(layer, "quantization_mode", None):
         return False
     keras_call = layer.call
@@ -113,12 +118,13 @@ def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
         ids = tf.convert_to_tensor(inputs)
         if ids.dtype not in (tf.int32, tf.int64):
             ids = tf.cast(ids, tf.int32)
-        table = layer.embeddings
+        table = getattr(layer.embeddings, KERAS_VARIABLE_WRAPPED)
         ids = tf.where(ids < 0, ids + tf.cast(table.shape[0], ids.dtype), ids)
         rows = lookup(table, ids)
         if rows is None:  # no sparse read here (not in a replica's step)
             return keras_call(inputs)
         return tf.cast(rows, layer.compute_dtype)
 
+    call.reads_rows_sparsely = True  # type: ignore[attr-defined]
     layer.call = call
     return True

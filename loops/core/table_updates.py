@@ -9,7 +9,7 @@ given. Where that optimizer has a row update (`loops.core.row_updates`: SGD
 without momentum, Adagrad; exact) the gradient stays sparse end to end:
 duplicate ids summed, rows gathered across replicas, only those rows (and
 their slots) read and written. Otherwise the table is trained densely, as
-before, with a note once that says why.
+before, with a note once that says why (for a table of `NOTE_FROM_ROWS` rows or more).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ import tensorflow as tf
 
 from loops.core import row_updates, table_rows
 from loops.core.gradients import sum_over_replicas
+
+# Tables of fewer rows are trained densely without a note: their dense update costs little
+# (the LM's 256 byte embeddings).
+NOTE_FROM_ROWS = 10_000
 
 
 def _name(variable: Any) -> str:
@@ -36,12 +40,22 @@ class TableGradients:
         table_optimizer: the optimizer of the tables; None: `optimizer`.
         averaged: the Update keeps a moving average of its variables, which
             would read every row of a table each step: refused for a sparse table.
+        max_lookups: the most ids one replica looks up in one table in one
+            step, where that is not static (`table_rows.capacity`).
     """
 
-    def __init__(self, optimizer: Any, table_optimizer: Any | None, *, averaged: bool):
+    def __init__(
+        self,
+        optimizer: Any,
+        table_optimizer: Any | None,
+        *,
+        averaged: bool,
+        max_lookups: int | None = None,
+    ):
         self.optimizer = optimizer
         self.table_optimizer = optimizer if table_optimizer is None else table_optimizer
         self.averaged = averaged
+        self.max_lookups = max_lookups
         # Whether the tables' gradients stay sparse (their optimizer has a row update).
         self.sparse = row_updates.why_dense(self.table_optimizer) is None
         self.indices: frozenset[int] = frozenset()  # of the tables among the variables, once traced
@@ -71,7 +85,9 @@ class TableGradients:
                 prepared.append(gradient)
             elif reason is None:
                 self._check_not_averaged(variable)
-                prepared.append(table_rows.rows_over_replicas(table_rows.unique_rows(gradient)))
+                capacity = table_rows.capacity(gradient, variable.shape[0], self.max_lookups)
+                rows = table_rows.unique_rows(gradient)
+                prepared.append(table_rows.rows_over_replicas(rows, capacity))
             else:
                 self._note_dense(variable, reason)
                 prepared.append(tf.convert_to_tensor(gradient))
@@ -125,7 +141,7 @@ class TableGradients:
 
     def _note_dense(self, variable: Any, reason: str) -> None:
         name = _name(variable)
-        if name in self._noted:
+        if name in self._noted or variable.shape[0] < NOTE_FROM_ROWS:
             return
         self._noted.add(name)
         warnings.warn(

@@ -37,6 +37,7 @@ from loops.core.table_updates import TableGradients
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
 from loops.topology import replica_bounds
+from loops.vocabulary.whole_numbers import check_whole
 
 # A replica function's result: its share of the loss (already divided by the
 # real global count, `loops.scale_to_global_batch`) and scalars to sum over replicas.
@@ -175,6 +176,23 @@ class Update:
       per-layer update ratios reported every `health_every` steps; None:
       none, and no all-reduce of the gradient beyond the optimizer's own.
 
+    Embedding tables (`loops.core.table_updates`): a variable whose gradient
+    is an `IndexedSlices` (a plain `keras.layers.Embedding`) is trained by
+    `table_optimizer` (else `optimizer`). Where that optimizer has an exact
+    row update (SGD without momentum, Adagrad: `loops.core.row_updates`), the
+    gradient stays sparse: duplicate ids summed, the rows all-gathered across
+    replicas (uneven and empty replicas included), only the touched rows of
+    the table and of the optimizer's own slots read and written, and the
+    model's Embedding layers look their rows up with a sparse read; a step
+    then costs what its batch touches, not the table. Clipping and the
+    health norm count each row once, which is the dense gradient's norm;
+    accumulation stays sparse; a float16 loss scale unscales the rows; a
+    moving average (`ema_decay`) of a sparse table is refused. Another
+    optimizer (Adam) trains tables densely, with a note once. Pass the model
+    itself as `trained` for the sparse read: given a function of variables,
+    the layers keep Keras' whole-table read, which TensorFlow copies once
+    rows were scattered (correct, and as slow as a dense update).
+
     Args:
         context: the `UpdateContext` it runs in; or, in a definition's
             `build`, the definition (`self`, a `loops.Loop` bound by its
@@ -193,6 +211,16 @@ class Update:
             The loss function then takes the other replicas' rows with
             `loops.gather_global_rows` (exact on any replica count), and
             `grad_accum_steps` > 1 is refused.
+        table_optimizer: a built Keras optimizer for the embedding tables (e.g.
+            Adagrad, with Adam as `optimizer` for the rest): each optimizer
+            counts the steps and keeps the slots of its own variables; a
+            definition checkpoints both. None: `optimizer` trains the tables.
+        max_table_lookups: on several replicas, the most ids one replica looks
+            up in one table in one step (its examples times ids each): the
+            rows gathered across replicas have a shape fixed when traced. Only
+            needed where that count is not static (batches of varying size)
+            and a table has more than 65,536 rows (a smaller one gathers its
+            row count).
 
     Raises:
         ValueError: a bad clip_norm, whole_batch_loss under grad_accum_steps > 1, or
@@ -210,6 +238,7 @@ class Update:
         average: bool = True,
         whole_batch_loss: bool = False,
         table_optimizer: keras.optimizers.Optimizer | None = None,
+        max_table_lookups: int | None = None,
     ):
         self.context = context = update_context.of(context)
         options = context.options
@@ -239,7 +268,14 @@ class Update:
                 name=f"update_{len(averages.updates)}",
             )
             averages.add(self.average)
-        self.tables = TableGradients(optimizer, table_optimizer, averaged=self.average is not None)
+        if max_table_lookups is not None:
+            check_whole("max_table_lookups", max_table_lookups, note=" (ids a replica looks up)")
+        self.tables = TableGradients(
+            optimizer,
+            table_optimizer,
+            averaged=self.average is not None,
+            max_lookups=max_table_lookups,
+        )
         self.table_optimizer = table_optimizer
         if isinstance(trained, keras.Model) and self.tables.sparse:
             for layer in keras_private.embedding_layers(trained):
