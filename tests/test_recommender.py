@@ -164,7 +164,7 @@ def test_retrieval_eval_equals_the_reference_over_the_trained_towers():
     users, seen, held_out = eval_rows()
     scores = trainer.definition.score_all_items(tf.constant(users)).numpy()
     recall, ndcg, _ = ranking_reference(scores, seen, held_out, 5)
-    metrics = trainer.last_eval_metrics
+    metrics = trainer.state.last_eval_metrics
     np.testing.assert_allclose(metrics["recall_at_5"], recall, rtol=1e-6)
     np.testing.assert_allclose(metrics["ndcg_at_5"], ndcg, rtol=1e-6)
 
@@ -177,8 +177,8 @@ def test_rating_loss_and_rmse_equal_on_1_2_and_4_replicas_with_an_empty_replica(
     trainer.train(6)
     predicted = trainer.definition.score_pairs(tf.constant(USERS), tf.constant(ITEMS)).numpy()
     rmse = np.sqrt(np.mean((predicted.astype(np.float64) - RATINGS) ** 2))
-    np.testing.assert_allclose(trainer.last_eval_metrics["rmse"], rmse, rtol=1e-5)
-    assert trainer.last_eval_metrics["pairs"] == len(USERS)
+    np.testing.assert_allclose(trainer.state.last_eval_metrics["rmse"], rmse, rtol=1e-5)
+    assert trainer.state.last_eval_metrics["pairs"] == len(USERS)
 
 
 def exact_auc(scores, labels):
@@ -199,7 +199,7 @@ def test_click_log_loss_and_auc_equal_on_1_2_and_4_replicas_and_the_exact_auc():
     labels = (RATINGS > 3).astype(np.float64)
     probabilities = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
     log_loss = -np.mean(labels * np.log(probabilities) + (1 - labels) * np.log(1 - probabilities))
-    metrics = trainer.last_eval_metrics
+    metrics = trainer.state.last_eval_metrics
     np.testing.assert_allclose(metrics["log_loss"], log_loss, rtol=1e-5)
     # 1000 bins: pairs closer than a thousandth of probability would count as ties.
     gaps = np.abs(probabilities[labels > 0.5][:, None] - probabilities[labels <= 0.5][None, :])
@@ -371,7 +371,7 @@ definition = loops.RetrievalLoop(
 data = recommender_data.trainer_data("retrieval", train, test, global_batch_size=256, seed=0)
 trainer = loops.Trainer(definition, **data, steps_per_loop=100)
 trainer.train(600)
-metrics = trainer.last_eval_metrics
+metrics = trainer.state.last_eval_metrics
 print(metrics["recall_at_10"], metrics["popularity_recall_at_10"])
 """
 
@@ -381,3 +381,29 @@ def test_the_readme_example_trains_a_retrieval_model_that_beats_popularity():
     assert done.returncode == 0, done.stderr[-3000:]
     recall, popularity = (float(part) for part in done.stdout.strip().splitlines()[-1].split())
     assert recall >= 1.5 * popularity > 0
+
+
+def test_adagrad_tables_train_sparsely_and_equal_on_1_2_and_4_replicas():
+    def with_tables(strategy):
+        definition = retrieval_definition(table_optimizer_fn=lambda: keras.optimizers.Adagrad(0.5))
+        return loops.Trainer(
+            definition,
+            strategy=strategy,
+            train_data=lambda: tf.data.Dataset.from_tensor_slices((USERS, ITEMS)).batch(BATCH),
+            eval_data=lambda: tf.data.Dataset.from_tensor_slices(eval_rows()).batch(4),
+            steps_per_loop=3,
+            progress=loops.testing.quiet_progress(),
+        )
+
+    runs = loops.testing.assert_replica_parity(with_tables, num_steps=6)
+    assert runs[4]["logs"]["loss"][3] < runs[4]["logs"]["loss"][0]
+    definition = with_tables(loops.testing.replica_strategy(2)).definition
+    assert definition.update.tables.sparse  # Adagrad has an exact row update
+    assert isinstance(definition.checkpoint_items()["table_optimizer"], keras.optimizers.Adagrad)
+    # Adam trains the rest (the user tower's hidden layers); runs without the table
+    # optimizer give other weights, so the tables really took Adagrad's steps.
+    plain = runs[1]["weights"]
+    adam_only = loops.testing.train_run(
+        build_retrieval, loops.testing.replica_strategy(1), num_steps=6
+    )["weights"]
+    assert any(not np.allclose(plain[name], adam_only[name]) for name in plain if name in adam_only)

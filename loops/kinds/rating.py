@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.core import outputs, reduction
+from loops.core.table_updates import built_table_optimizer
 from loops.core.update import Update, check_clip_norm
 from loops.run.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
@@ -67,6 +68,7 @@ class RatingLoop(Loop):
         *,
         model_fn: Callable[[], keras.Model],
         optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+        table_optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
         task: str = "rating",
         num_items: int | None = None,
         clip_norm: float | None = None,
@@ -79,6 +81,9 @@ class RatingLoop(Loop):
             model_fn: builds the model (in scope): (users [batch], items [batch]) int32 ->
                 float scores [batch]; e.g. loops_models.recommender.rating_model.
             optimizer_fn: builds the optimizer (in scope).
+            table_optimizer_fn: builds the optimizer of the embedding tables (e.g.
+                keras.optimizers.Adagrad: a sparse, exact row update, `loops.Update`);
+                None: optimizer_fn's trains them too.
             task: "rating" (squared error, RMSE) or "click" (log loss, AUC).
             num_items: the items of the corpus (ids 0..num_items - 1), which
                 `score_all_items` scores; None: it is not used.
@@ -98,6 +103,7 @@ class RatingLoop(Loop):
             check_whole("num_items", num_items)
         self.num_items = num_items
         self.model_fn, self.optimizer_fn = model_fn, optimizer_fn
+        self.table_optimizer_fn = table_optimizer_fn
         self.task = task
         self.clip_norm = clip_norm
         self.auc_bins = auc_bins
@@ -109,10 +115,20 @@ class RatingLoop(Loop):
         self.optimizer = self.optimizer_fn()
         # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
-        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
+        self.table_optimizer = built_table_optimizer(self.table_optimizer_fn, self.model)
+        self.update = Update(
+            self,
+            self.optimizer,
+            self.model,
+            clip_norm=self.clip_norm,
+            table_optimizer=self.table_optimizer,
+        )
 
     def checkpoint_items(self):
-        return {"model": self.model, "optimizer": self.optimizer}
+        items = {"model": self.model, "optimizer": self.optimizer}
+        if self.table_optimizer is not None:
+            items["table_optimizer"] = self.table_optimizer
+        return items
 
     def pair_losses(self, scores: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
         """Each pair's loss: squared error (rating) or log loss of the logit (click)."""

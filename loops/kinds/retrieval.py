@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.core import outputs, ranking_metrics, reduction, retrieval_loss
+from loops.core.table_updates import built_table_optimizer
 from loops.core.update import Update, check_clip_norm
 from loops.run.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
@@ -75,6 +76,7 @@ class RetrievalLoop(Loop):
         user_model_fn: Callable[[], keras.Model],
         item_model_fn: Callable[[], keras.Model],
         optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+        table_optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
         num_items: int,
         global_batch_size: int,
         item_frequencies: np.ndarray | None = None,
@@ -89,6 +91,9 @@ class RetrievalLoop(Loop):
             user_model_fn: builds the user tower (in scope): int32 ids [batch] -> [batch, dim].
             item_model_fn: builds the item tower: int32 ids [batch] -> [batch, dim].
             optimizer_fn: builds the optimizer (in scope).
+            table_optimizer_fn: builds the optimizer of the embedding tables (e.g.
+                keras.optimizers.Adagrad: a sparse, exact row update, `loops.Update`);
+                None: optimizer_fn's trains them too.
             num_items: the items of the corpus (ids 0..num_items - 1).
             global_batch_size: the most rows a train batch holds.
             item_frequencies: [num_items] how often each item occurs in training
@@ -113,6 +118,7 @@ class RetrievalLoop(Loop):
         self.log_q = _log_sampling_probabilities(item_frequencies, num_items)
         self.user_model_fn, self.item_model_fn = user_model_fn, item_model_fn
         self.optimizer_fn = optimizer_fn
+        self.table_optimizer_fn = table_optimizer_fn
         self.num_items = num_items
         self.global_batch_size = global_batch_size
         self.temperature = float(temperature)
@@ -132,12 +138,21 @@ class RetrievalLoop(Loop):
         self.optimizer = self.optimizer_fn()
         # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
         self.optimizer.build(self.model.trainable_variables)
+        self.table_optimizer = built_table_optimizer(self.table_optimizer_fn, self.model)
         self.update = Update(
-            self, self.optimizer, self.model, clip_norm=self.clip_norm, whole_batch_loss=True
+            self,
+            self.optimizer,
+            self.model,
+            clip_norm=self.clip_norm,
+            whole_batch_loss=True,
+            table_optimizer=self.table_optimizer,
         )
 
     def checkpoint_items(self):
-        return {"model": self.model, "optimizer": self.optimizer}
+        items = {"model": self.model, "optimizer": self.optimizer}
+        if self.table_optimizer is not None:
+            items["table_optimizer"] = self.table_optimizer
+        return items
 
     def replica_losses(self, users, items):
         """Each of this replica's rows' softmax loss over the global batch's items [rows]."""

@@ -110,8 +110,11 @@ class _RecommenderServer(tf.Module):
         self.model = model
         users = tf.TensorSpec([None], tf.int32, name="users")
         items = tf.TensorSpec([None], tf.int32, name="items")
-        self.serve = tf.function(top_items, input_signature=[users])
-        self.score_pairs = tf.function(pairs, input_signature=[users, items])
+        # No AutoGraph (nothing to convert): in a long process its cache of converted
+        # functions was seen to hand a definition's bound method another method's
+        # conversion ("tf__train_step() takes 2 positional arguments but 3 were given").
+        self.serve = tf.function(top_items, input_signature=[users], autograph=False)
+        self.score_pairs = tf.function(pairs, input_signature=[users, items], autograph=False)
 
 
 def export_recommender(
