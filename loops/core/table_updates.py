@@ -151,3 +151,15 @@ class TableGradients:
             "loops.Update(..., table_optimizer=keras.optimizers.Adagrad(...)).",
             stacklevel=2,
         )
+
+
+def built_table_optimizer(optimizer_fn: Any | None, model: Any) -> Any | None:
+    """`optimizer_fn()` built on every `keras.layers.Embedding` table of `model` (a definition's
+    `table_optimizer`, e.g. Adagrad: sparse and exact), or None without a function."""
+    if optimizer_fn is None:
+        return None
+    from loops.core import keras_private
+
+    optimizer = optimizer_fn()
+    optimizer.build([layer.embeddings for layer in keras_private.embedding_layers(model)])
+    return optimizer
