@@ -104,6 +104,5 @@ RECOMMENDER = BinaryFlags(
     "scores; score_pairs: users, items -> scores)",
     defaults=dict(train_steps=1500, global_batch_size=1024, learning_rate=3e-3),
 )
-# In the order README's flag reference lists them. RECOMMENDER joins them in the commit that
-# regenerates README's reference (`python -m loops.bin.flag_reference --write README.md`).
-BINARIES: tuple[BinaryFlags, ...] = (CLASSIFIER, GAN, LM, RL)
+# In the order README's flag reference lists them.
+BINARIES: tuple[BinaryFlags, ...] = (CLASSIFIER, GAN, LM, RL, RECOMMENDER)
