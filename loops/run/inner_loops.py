@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from loops.core.nonfinite_updates import leaves_out_nonfinite
-from loops.run import loss_spikes
+from loops.run import exact_parameter_server, loss_spikes
 from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.run.bad_steps import BadStepPolicy
 from loops.run.loop_schedule import LoopSchedule
@@ -206,7 +206,9 @@ def _rules(trainer: Run) -> list[BadStepRule]:
     leaves_out = leaves_out_nonfinite(
         on_nonfinite=options.on_nonfinite,
         mixed_precision=options.mixed_precision,
-        coordinated=trainer.coordinator is not None,
+        coordinated=exact_parameter_server.is_asynchronous(
+            trainer.strategy, options.parameter_server_mode
+        ),
     )
     rules: list[BadStepRule] = [NonFiniteSteps(options.on_nonfinite, leaves_out_updates=leaves_out)]
     definition = trainer.definition

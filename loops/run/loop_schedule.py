@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from loops import topology
+from loops.run import exact_parameter_server
 from loops.run.actions import Action
 from loops.run.profiling import StepProfiler
 from loops.run.run_context import Run
@@ -85,6 +86,10 @@ class LoopSchedule:
             # Several workers or a ps would have to agree on every inner loop's length.
             one_process=(
                 topology.num_workers(trainer.strategy) == 1 and trainer.coordinator is None
+            )
+            # In the exact parameter-server mode the chief alone runs the loop.
+            or exact_parameter_server.is_exact(
+                trainer.strategy, trainer.step_options.parameter_server_mode
             ),
             recover=recovers,
             action_after_every_loop=any(

@@ -190,4 +190,5 @@ class RunReport:
             "history": self.eval_history,
             "versions": reporting.library_versions(),
             **trainer.definition.results_extra(),
+            **trainer.executor.results_extra(),  # h-psexact: the parameter-server mode's counts
         }

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from loops.input import distributed_input
-from loops.run import parameter_server
 from loops.run.recovery import Recoveries
 from loops.run.run_context import Run
 
@@ -45,17 +44,15 @@ class TrainInput:
             trainer.data_offset.assign(offset)
         if trainer.train_data is None:
             return None
-        if trainer.coordinator is not None:
-            # Asynchronous workers read their own streams: there is no position to resume at.
-            if self._iterator is None:
-                self._iterator = parameter_server.worker_iterator(
-                    trainer.coordinator, trainer.train_data
-                )
-            return self._iterator
         position = self.position_at(step)
         if self._iterator is None or self.position != position:
-            self._iterator = distributed_input.train_iterator(
-                trainer.strategy, trainer.train_data, skip_batches=position
-            )
+            if trainer.coordinator is not None:  # the chief reads and hands out the batches
+                self._iterator = distributed_input.global_batch_iterator(
+                    trainer.train_data, skip_batches=position
+                )
+            else:
+                self._iterator = distributed_input.train_iterator(
+                    trainer.strategy, trainer.train_data, skip_batches=position
+                )
             self.position = position
         return self._iterator
