@@ -10,21 +10,21 @@ new Trainer resumes it.
 
 import json
 import os
-import subprocess
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import loops  # noqa: E402
 import loops_models as models  # noqa: E402
-from conftest import make_trainer, optimizer_factory, tiny_batches  # noqa: E402  (4 CPUs)
+from conftest import make_trainer, optimizer_factory, tiny_batches, tiny_examples  # noqa: E402  (4 CPUs)
 from loops import testing  # noqa: E402
-from loops.cluster import launch  # noqa: E402
 
 
-def build(strategy, **settings):
+def build(strategy, train_data=None, **settings):
     return make_trainer(
         loops.ClassifierLoop,
         model_fn=lambda: models.build_classifier(
@@ -39,7 +39,7 @@ def build(strategy, **settings):
         optimizer_fn=optimizer_factory("adam"),
         strategy=strategy,
         # 21 examples in batches of 8: every third step is a partial batch of 5.
-        train_data=tiny_batches(8, 21, shuffle_seed=5),
+        train_data=train_data or tiny_batches(8, 21, shuffle_seed=5),
         eval_data=tiny_batches(8, 21, seed=1),
         steps_per_loop=4,
         progress=loops.testing.quiet_progress(),
@@ -47,53 +47,18 @@ def build(strategy, **settings):
     )
 
 
-SERVE = """
-import json, os, sys
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import tensorflow as tf
-spec, job, index = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index)
-print("serving", flush=True)
-server.join()
-"""
-
-
-def start_cluster(workers, servers):
-    """Starts the workers and servers, processes on 127.0.0.1; returns (spec, processes)."""
-    addresses = [f"127.0.0.1:{port}" for port in launch.free_ports(1 + workers + servers)]
-    spec = {
-        "chief": addresses[:1],
-        "worker": addresses[1 : 1 + workers],
-        "ps": addresses[1 + workers :],
-    }
-    tasks = [("worker", index) for index in range(workers)]
-    tasks += [("ps", index) for index in range(servers)]
-    processes = {
-        f"{job}_{index}": subprocess.Popen(
-            [sys.executable, "-c", SERVE, json.dumps(spec), job, str(index)],
-            stdin=subprocess.DEVNULL,
-        )
-        for job, index in tasks
-    }
-    return spec, processes
-
-
-def connect(spec):
-    """The chief's ParameterServerStrategy of the cluster `spec` (it waits for the tasks)."""
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc"
-    )
-    return tf.distribute.experimental.ParameterServerStrategy(resolver)
-
-
 def main(workers, servers, steps, model_dir):
     # Started first: they import TensorFlow while the references train.
-    spec, processes = start_cluster(workers, servers)
+    spec, processes = testing.local_parameter_server(workers, servers)
     runs = {
         "1 replica": testing.train_run(build, testing.replica_strategy(1), num_steps=steps),
         "2 mirrored": testing.train_run(build, testing.replica_strategy(2), num_steps=steps),
     }
-    strategy = connect(spec)
+    one_recovered = recovered(testing.replica_strategy(1), model_dir + "_one", steps)
+    # Saved by 2 mirrored replicas after 4 steps, for the cluster to continue.
+    mirrored_dir = model_dir + "_mirrored"
+    build(testing.replica_strategy(2), model_dir=mirrored_dir).train(4)
+    strategy = testing.parameter_server_strategy(spec)
     exact = testing.train_run(build, strategy, num_steps=steps)
     report = {
         "num_examples": exact["logs"]["num_examples"].tolist(),
@@ -110,6 +75,13 @@ def main(workers, servers, steps, model_dir):
     weights = testing.loop_weights(resumed)
     testing.assert_close(weights, exact["weights"], rtol=1e-5, label="resumed vs uninterrupted")
     report["resumed"] = largest_difference({"weights": weights}, exact)
+    # Another shape: 2 mirrored replicas saved step 4, the cluster trains on from there.
+    reshaped = build(strategy, model_dir=mirrored_dir)
+    report["reshaped_restored_step"] = int(reshaped.global_step.numpy())
+    reshaped.train(steps)
+    weights = testing.loop_weights(reshaped)
+    testing.assert_close(weights, exact["weights"], rtol=1e-5, label="mirrored then exact")
+    report["reshaped"] = largest_difference({"weights": weights}, exact)
     # The asynchronous mode: each batch scheduled once, in order; a resume goes on from
     # the first batch not yet scheduled.
     async_dir = model_dir + "_async"
@@ -118,9 +90,85 @@ def main(workers, servers, steps, model_dir):
     resumed = build(strategy, model_dir=async_dir, parameter_server_mode="async")
     report["async_resumed_num_examples"] = resumed.train(steps)["num_examples"].tolist()
     report["async_counts"] = resumed.executor.results_extra()["parameter_server"]
+    # A step that reads an inf: back to step 0 and past its batches, as one replica does.
+    exact_recovered = recovered(strategy, model_dir + "_recovered", steps)
+    testing.assert_close(
+        exact_recovered["weights"], one_recovered["weights"], rtol=1e-5, label="recovered"
+    )
+    report["recoveries"] = exact_recovered["recoveries"]
+    report["recovered"] = largest_difference(exact_recovered, one_recovered)
+    report["worker_killed"] = worker_killed_mid_step(strategy, processes["worker_1"], exact, steps)
+    report["server_killed"] = server_killed(strategy, spec, processes["ps_1"], model_dir)
     print("RESULT " + json.dumps(report), flush=True)
     for process in processes.values():
         process.kill()
+    # The coordinator's threads would go on trying to reach the killed worker.
+    os._exit(0)
+
+
+def worker_killed_mid_step(strategy, worker, exact, steps):
+    """Trains again, killing `worker` right after step 4's closures are scheduled (they run
+    again on the other worker); returns the largest difference from the `exact` weights."""
+    trainer = build(strategy)
+    coordinator = trainer.coordinator
+    schedule = coordinator.schedule
+    scheduled = []
+
+    def schedule_then_kill(*args, **kwargs):
+        remote = schedule(*args, **kwargs)
+        scheduled.append(remote)
+        if len(scheduled) == 8:  # both closures of step 4
+            worker.kill()
+        return remote
+
+    coordinator.schedule = schedule_then_kill
+    trainer.train(steps)
+    assert worker.wait(timeout=10) is not None
+    return {
+        "difference": largest_difference({"weights": testing.loop_weights(trainer)}, exact),
+        **trainer.executor.results_extra()["parameter_server"],
+    }
+
+
+def recovered(strategy, model_dir, steps):
+    """Trains with on_nonfinite="recover" on a stream whose second batch holds an inf (only
+    the first time: the rest repeats clean epochs); returns its weights and recoveries."""
+    images, labels = tiny_examples(21)
+    bad = images.astype(np.float32)
+    bad[8 + 6, 3, 3, 0] = np.inf
+
+    def stream():
+        first = tf.data.Dataset.from_tensor_slices((bad, labels)).batch(8)
+        clean = tf.data.Dataset.from_tensor_slices((images.astype(np.float32), labels))
+        return first.concatenate(clean.batch(8).repeat())
+
+    trainer = build(strategy, train_data=stream, model_dir=model_dir, on_nonfinite="recover")
+    trainer.train(steps)
+    return {
+        "weights": testing.loop_weights(trainer),
+        "recoveries": [dict(entry) for entry in trainer.controller.recoveries.entries],
+    }
+
+
+def server_killed(strategy, spec, server, model_dir):
+    """Trains 2 steps, kills `server`, and trains on: returns what the Trainer raised, and
+    in how many seconds."""
+    # The sentence takes the addresses from TF_CONFIG, as a launched chief has it.
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": "chief", "index": 0}})
+    trainer = build(strategy, model_dir=model_dir + "_server")
+    trainer.train(2)
+    server.kill()
+    server.wait()
+    started = time.monotonic()
+    try:
+        trainer.train(7)
+    except Exception as error:  # noqa: BLE001  (reported, whatever it is)
+        return {
+            "error": type(error).__name__,
+            "message": str(error),
+            "seconds": time.monotonic() - started,
+        }
+    return {"error": None}
 
 
 def largest_difference(run, reference):

@@ -33,6 +33,9 @@ import tensorflow as tf
 from loops import topology
 from loops.run import executors
 
+# How often a slice whose worker was lost with its result is computed again, before the
+# run stops (its error names the task).
+MAX_REFETCHES = 3
 EXACT = "exact"
 ASYNC = "async"
 
@@ -66,9 +69,14 @@ class WorkerGradients:
         self._coordinator = coordinator
         self._strategy = coordinator.strategy
         self.num_workers = num_workers(self._strategy)
+        # The chief runs the apply through `strategy.run` on purpose (its ops run on the
+        # servers that hold the variables); TensorFlow would warn about it on every step.
+        self._strategy.extended._allow_run_without_coordinator = True  # pylint: disable=protected-access
         # Per slice function: the tf.function scheduled, and which gradients it returns
         # (a remote function cannot return None: the variables without one are noted).
         self._scheduled: dict[Any, tuple[Any, list[bool]]] = {}
+        self.scheduled_closures = 0  # slices scheduled, in this process
+        self.recomputed_closures = 0  # of them, scheduled again after their worker was lost
 
     def __call__(
         self, compute: Callable[..., Any], args: Sequence[Any]
@@ -84,16 +92,29 @@ class WorkerGradients:
             )
         rows = tf.shape(parts[batched.index(True)])[0]
         function, present = self._function(compute)
-        remote = []
+        arguments = []
         for worker in range(self.num_workers):
             start, end = topology.replica_bounds(rows, worker, self.num_workers)
             sliced = [part[start:end] if cut else part for part, cut in zip(parts, batched)]
-            remote.append(
-                self._coordinator.schedule(
-                    function, args=(tf.nest.pack_sequence_as(args, sliced), rows, start)
-                )
-            )
-        return _summed([value.fetch() for value in remote], present)
+            arguments.append((tf.nest.pack_sequence_as(args, sliced), rows, start))
+        remote = [self._coordinator.schedule(function, args=slice_args) for slice_args in arguments]
+        self.scheduled_closures += len(remote)
+        results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
+        return _summed(results, present)
+
+    def _fetched(self, value, function, arguments) -> Any:
+        """The result of a slice's closure, computed again where the worker that held it was
+        lost before it came back (TensorFlow reruns only closures that failed, and a result
+        stays on its worker until fetched); a lost server's error is raised at once."""
+        for _ in range(MAX_REFETCHES):
+            try:
+                return value.fetch()
+            except (tf.errors.UnavailableError, tf.errors.CancelledError) as error:
+                if "/job:ps" in error.message or "/job:worker" not in error.message:
+                    raise
+            value = self._coordinator.schedule(function, args=arguments)
+            self.recomputed_closures += 1
+        return value.fetch()
 
     def _function(self, compute: Callable[..., Any]) -> tuple[Any, list[bool]]:
         if compute not in self._scheduled:
@@ -149,7 +170,34 @@ class ExactExecutor(executors.EagerExecutor):
     (`WorkerGradients`) and apply once; evaluates on the chief in a `tf.function`.
 
     Its input is the plain iterator of global batches `TrainInput` positions.
+
+    Args:
+        worker_gradients: what the definition's Updates compute on (their
+            context's `slice_gradients`, a `WorkerGradients`), whose counts
+            results.json reports.
     """
+
+    def __init__(
+        self,
+        definition: executors.StepDefinition,
+        *,
+        stop_on_nonfinite: bool,
+        worker_gradients: object,
+    ):
+        super().__init__(definition, stop_on_nonfinite=stop_on_nonfinite)
+        self.worker_gradients = worker_gradients
+
+    def results_extra(self) -> dict[str, Any]:
+        counts = self.worker_gradients
+        if not isinstance(counts, WorkerGradients):
+            return {"parameter_server": {"mode": EXACT}}
+        return {
+            "parameter_server": {
+                "mode": EXACT,
+                "scheduled_closures": counts.scheduled_closures,
+                "recomputed_closures": counts.recomputed_closures,
+            }
+        }
 
     def _eval_totals(self, iterator) -> dict[str, tf.Tensor]:
         return executors.Executor._eval_totals(self, iterator)

@@ -81,11 +81,14 @@ def make_executor(
     run_eagerly: bool,
     stop_on_nonfinite: bool,
     parameter_server_mode: str = exact_parameter_server.EXACT,
+    worker_gradients: object = None,
 ) -> executors.Executor:
     """The executor of a loop's steps: applied once by the chief from the workers' gradients
     (exact), scheduled on the workers (async), eager, or compiled."""
     if coordinator is not None and parameter_server_mode == exact_parameter_server.EXACT:
-        return exact_parameter_server.ExactExecutor(definition, stop_on_nonfinite=stop_on_nonfinite)
+        return exact_parameter_server.ExactExecutor(
+            definition, stop_on_nonfinite=stop_on_nonfinite, worker_gradients=worker_gradients
+        )
     if coordinator is not None:
         return executors.ScheduledExecutor(definition, coordinator=coordinator)
     executor_class = executors.EagerExecutor if run_eagerly else executors.Executor

@@ -154,6 +154,7 @@ class Trainer:
             ),
             coordinator=self.coordinator,
             parameter_server_mode=self.step_options.parameter_server_mode,
+            worker_gradients=self._context.update.slice_gradients,
             run_eagerly=self.step_options.run_eagerly,
             stop_on_nonfinite=self.step_options.on_nonfinite != "skip",
         )
