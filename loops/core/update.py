@@ -245,22 +245,26 @@ class Update:
 
     def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
+        if self.context.slice_gradients is None:
+            return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
+        # h-psexact (issue 44): computed on the parameter-server workers and summed, applied
+        # here on the chief, eagerly (traced into a tf.function on the chief, the
+        # strategy's update fails with "destinations can not be empty").
+        loss, logs, gradients = self.context.slice_gradients(
+            self._slice_function(replica_loss), tuple(args)
+        )
+        return self._applied(lambda: self._checked(loss, logs, gradients), ())
+
+    def _applied(self, replica_gradients: Callable[..., tuple], args: Sequence) -> UpdateResult:
+        """Runs `replica_gradients(*args)` (a replica's logs, gradients, finiteness, summed
+        gradient and norm) on every replica and applies the update as the policy says."""
         strategy = self.context.strategy
         variables = self.variables()
         ratio_step = before = None
         if self.health_every is not None:
             ratio_step = health.is_ratio_step(self.context.global_step, self.health_every)
             before = health.read_weights(variables, ratio_step)
-        if self.context.slice_gradients is None:
-            computed = strategy.run(
-                functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
-            )
-        else:  # h-psexact (issue 44): computed on the parameter-server workers, summed
-            loss, logs, gradients = self.context.slice_gradients(
-                self._slice_function(replica_loss), tuple(args)
-            )
-            computed = strategy.run(lambda: self._checked(loss, logs, gradients))
-        logs, gradients, finite, summed, norm = computed
+        logs, gradients, finite, summed, norm = strategy.run(replica_gradients, args=tuple(args))
         if self.clip_norm is None:
             # The optimizer sums the replicas' gradients itself, as it would without
             # health metrics: `summed` only gives their norm.
