@@ -82,7 +82,7 @@ def trainer_runner(strategy, args, **settings):
         progress=loops.testing.quiet_progress(),
         **settings,
     )
-    return (lambda steps: trainer.train(trainer.step + steps)), trainer
+    return (lambda steps: trainer.train(trainer.state.step + steps)), trainer
 
 
 def interleaved_ms(runners: dict, steps: int, rounds: int) -> dict[str, list[float]]:

@@ -35,6 +35,8 @@ _EXPORTS = {
     "Ratio": "loops.core.outputs",
     "Sum": "loops.core.outputs",
     "Update": "loops.core.update",
+    "EmbeddingTable": "loops.core.embedding_tables",
+    "TablePartitioner": "loops.topology",
     "any_bad": "loops.core.update",
     "UpdateContext": "loops.core.update_context",
     "UpdateOptions": "loops.core.update_context",

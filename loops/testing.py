@@ -127,7 +127,7 @@ def train_run(
     if trainer.strategy is not strategy:
         raise AssertionError(f"build_trainer ignored the strategy it was given: {strategy!r}.")
     logs = trainer.train(num_steps)
-    return {"logs": logs, "weights": loop_weights(trainer), "eval": trainer.last_eval_metrics}
+    return {"logs": logs, "weights": loop_weights(trainer), "eval": trainer.state.last_eval_metrics}
 
 
 def assert_runs_agree(

@@ -6,8 +6,13 @@ import os
 import re
 import subprocess
 import sys
+import types
 
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
+import test_sparse_tables as sparse_tables
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV, tiny_batches
@@ -110,3 +115,54 @@ def test_only_parameter_server_strategies_are_exact_or_asynchronous():
     mirrored = type("MirroredStrategy", (), {})()
     assert not exact_parameter_server.is_exact(mirrored, "exact")
     assert not exact_parameter_server.is_asynchronous(mirrored, "async")
+
+
+class InProcessCoordinator:
+    """Runs each closure `WorkerGradients` schedules at once, in this process: its slices and
+    their sum without a cluster (the strategy stands for one of 2 workers)."""
+
+    def __init__(self, strategy):
+        strategy._num_workers = 2  # what a ParameterServerStrategy counts when it connects
+        self.strategy = strategy
+
+    def schedule(self, function, args):
+        value = tf.nest.map_structure(np.asarray, function(*args))
+        return types.SimpleNamespace(fetch=lambda: value)
+
+
+def test_an_embedding_table_is_sent_dense_and_trained_by_its_table_optimizer():
+    # h-sparse's table path meets the exact mode: each slice's IndexedSlices gradient is made
+    # dense for the transfer, and the chief still applies it with table_optimizer (Adagrad:
+    # equal to its sparse row update), the rest with optimizer (Adam).
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        context = loops.UpdateContext(
+            strategy=strategy,
+            global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
+            nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
+            slice_gradients=exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy)),
+        )
+        model = sparse_tables.make_model()
+        table, *rest = model.trainable_variables
+        optimizer = keras.optimizers.Adam(sparse_tables.RATE, epsilon=1e-3)
+        optimizer.build(rest)
+        table_optimizer = keras.optimizers.Adagrad(sparse_tables.RATE)
+        table_optimizer.build([table])
+        update = loops.Update(context, optimizer, model, table_optimizer=table_optimizer)
+
+    def replica_loss(ids, targets):
+        count = loops.global_count(tf.shape(targets)[0])
+        scores = tf.cast(tf.squeeze(model(ids, training=True), -1), tf.float32)
+        return loops.scale_to_global_batch((scores - targets) ** 2, count), {}
+
+    steps = list(zip(sparse_tables.IDS, sparse_tables.TARGETS))
+    for ids, targets in steps:  # the last batch of 1 leaves the second slice empty
+        update(replica_loss, args=(tf.constant(ids, tf.int32), tf.constant(targets)))
+    assert update.tables.indices == {0} and update.tables.sent_dense
+    for got, want in zip(
+        model.get_weights(), sparse_tables.numpy_adagrad_table_adam_rest(steps), strict=True
+    ):
+        assert loops.testing.relative_error(got, want) <= 1e-5
+    assert int(optimizer.iterations.numpy()) == len(steps)
+    assert int(table_optimizer.iterations.numpy()) == len(steps)
+    assert context.slice_gradients.scheduled_closures == 2 * len(steps)

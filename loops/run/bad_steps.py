@@ -52,7 +52,7 @@ class BadStepPolicy:
         self._checkpoints = checkpoints
         self._train_input = train_input
         self._recoveries = recoveries
-        self._max_recoveries = max_recoveries
+        self.max_recoveries = max_recoveries
         # The step that left non-finite weights in memory with no checkpoint to go back to.
         self._weights_lost_at: int | None = None
 
@@ -63,6 +63,11 @@ class BadStepPolicy:
         for rule in self.rules:
             state.update(rule.saved_state)
         return state
+
+    @property
+    def recoveries_made(self) -> int:
+        """The recoveries the run has made (those of its record), over all rules."""
+        return len(self._recoveries.entries)
 
     @property
     def recovers(self) -> bool:
@@ -144,7 +149,7 @@ class BadStepPolicy:
                 there is no checkpoint to go back to.
         """
         entries = list(self._recoveries.entries)
-        limit = self._max_recoveries
+        limit = self.max_recoveries
         if len(entries) >= limit:
             steps = ", ".join(str(entry["step"]) for entry in entries)
             plural = "s" if len(entries) > 1 else ""

@@ -1,13 +1,10 @@
-"""Where a definition's steps run: the strategy check, the coordinator, the executor, eval input."""
+"""Where a definition's steps run: the strategy check, the coordinator, the executor."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import tensorflow as tf
 
 from loops import topology
-from loops.input import distributed_input
 from loops.run import bad_steps, exact_parameter_server, executors
 from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.run.loss_spikes import LossSpikes
@@ -93,50 +90,3 @@ def make_executor(
         return executors.ScheduledExecutor(definition, coordinator=coordinator)
     executor_class = executors.EagerExecutor if run_eagerly else executors.Executor
     return executor_class(definition, stop_on_nonfinite=stop_on_nonfinite)
-
-
-class EvalInput:
-    """A loop's eval data as its executor reads it: distributed once, kept until `release`.
-
-    Args:
-        strategy: the loop's strategy, which distributes the eval batches.
-        coordinator: under ParameterServerStrategy, the coordinator, which
-            evaluates by itself (reading the weights from the parameter servers).
-    """
-
-    def __init__(
-        self,
-        strategy: tf.distribute.Strategy,
-        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None,
-    ):
-        self._strategy = strategy
-        self._coordinator = coordinator
-        self._dataset: Any = None
-
-    def evaluate(
-        self, eval_data: distributed_input.DatasetSource | None, executor: executors.Executor
-    ) -> dict[str, float]:
-        """One pass of the executor's eval step over `eval_data`; {} without eval data."""
-        if eval_data is None:
-            return {}
-        if self._dataset is None and self._coordinator is not None:
-            self._dataset = distributed_input.as_dataset_fn(eval_data)()
-        elif self._dataset is None:
-            self._dataset = distributed_input.distribute(self._strategy, eval_data)
-        return executor.evaluate(iter(self._dataset))
-
-    def output_names(
-        self, eval_data: distributed_input.DatasetSource | None, executor: executors.Executor
-    ) -> set[str] | None:
-        """The eval step's outputs, found by tracing it (nothing runs); None when unknown."""
-        if eval_data is None:
-            return set()
-        if self._coordinator is not None:
-            return None
-        if self._dataset is None:
-            self._dataset = distributed_input.distribute(self._strategy, eval_data)
-        return executor.eval_output_names(self._dataset.element_spec)
-
-    def release(self) -> None:
-        """Drops the distributed dataset (and its iterators' buffers)."""
-        self._dataset = None
