@@ -46,8 +46,7 @@ def arm(bad_batches: list[int]) -> None:
             context = tf.distribute.get_replica_context()
             last_replica = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
             # The global step holds the index of the step being run.
-            (per_step,) = run
-            global_step = self.context.global_step
+            per_step, global_step = run[0], self.context.global_step
             first = tf.cast(global_step, tf.int64) * per_step + skipped[0] + 1
             reads = first + tf.range(per_step, dtype=tf.int64)
             bad = tf.reduce_any(tf.equal(reads[:, None], tf.constant(bad_batches, tf.int64)))

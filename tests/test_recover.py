@@ -327,20 +327,22 @@ def test_recover_without_the_train_stream_a_loop_needs_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
-def test_recover_under_parameter_server_is_refused():
+def test_recover_under_the_asynchronous_parameter_server_mode_is_refused():
     # Only the strategy's class name decides; a real one would connect to a cluster.
     strategy = type("ParameterServerStrategyV2", (), {})()
     asynchronous = type("Asynchronous", (loops.Loop,), {"supports_parameter_server": True})
     with pytest.raises(
         ValueError,
-        match=r"under ParameterServerStrategy each worker reads its own stream, at no "
-        r"position a checkpoint records\. Pass on_nonfinite='skip'",
+        match=r"under parameter_server_mode='async' the workers' steps run out of order, at "
+        r"no position a checkpoint records\. Pass --parameter_server_mode=exact, or "
+        r"on_nonfinite='skip'",
     ):
         loops.Trainer(
             asynchronous(),
             strategy=strategy,
             on_nonfinite="recover",
             train_data=stream(*examples()),
+            parameter_server_mode="async",
         )
 
 

@@ -60,6 +60,9 @@ class TableGradients:
         self.sparse = row_updates.why_dense(self.table_optimizer) is None
         self.indices: frozenset[int] = frozenset()  # of the tables among the variables, once traced
         self._noted: set[str] = set()
+        # Whether the gradients reach `prepared` dense from `densified` (the exact
+        # parameter-server mode), its tables noted there.
+        self.sent_dense = False
 
     def optimizer_of(self, index: int) -> Any:
         """The optimizer of the Update's variable number `index`."""
@@ -75,9 +78,11 @@ class TableGradients:
         Raises:
             ValueError: a sparse table in an Update that averages its weights.
         """
-        self.indices = frozenset(
+        tables = frozenset(
             index for index, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)
         )
+        if not self.sent_dense:  # else dense from `densified`, which noted the tables
+            self.indices = tables
         reason = row_updates.why_dense(self.table_optimizer)
         prepared = []
         for gradient, variable in zip(gradients, variables):
@@ -92,6 +97,19 @@ class TableGradients:
                 self._note_dense(variable, reason)
                 prepared.append(tf.convert_to_tensor(gradient))
         return prepared
+
+    def densified(self, gradients: Sequence[Any]) -> list[Any]:
+        """Every gradient dense, the tables among them noted for `optimizer_of`: the
+        exact parameter-server mode sends a slice's gradients to the chief so, and the
+        chief's `prepared` then finds no IndexedSlices (the update equals the sparse one:
+        SGD and Adagrad leave a row with a zero gradient as it is)."""
+        self.sent_dense = True
+        self.indices = frozenset(
+            index for index, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)
+        )
+        return [
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
+        ]
 
     def summed(self, gradients: Sequence[Any]) -> list[Any]:
         """The replicas' sum of each gradient; table rows are already one (replica context)."""

@@ -249,6 +249,8 @@ class Update:
             compilation.check_can_compile(trained, context.strategy)
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
+        check_slices_can_compute(context, whole_batch_loss, options.grad_accum_steps)
+        self._slice_functions: dict[ReplicaLoss, Callable[..., tuple]] = {}
         self.optimizer = optimizer
         self._trained = trained
         self.clip_norm = clip_norm
@@ -288,15 +290,26 @@ class Update:
 
     def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
+        if self.context.slice_gradients is None:
+            return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
+        # h-psexact (issue 44): computed on the parameter-server workers and summed, applied
+        # here on the chief, eagerly (traced into a tf.function on the chief, the
+        # strategy's update fails with "destinations can not be empty").
+        loss, logs, gradients = self.context.slice_gradients(
+            self._slice_function(replica_loss), tuple(args)
+        )
+        return self._applied(lambda: self._checked(loss, logs, gradients), ())
+
+    def _applied(self, replica_gradients: Callable[..., tuple], args: Sequence) -> UpdateResult:
+        """Runs `replica_gradients(*args)` (a replica's logs, gradients, finiteness, summed
+        gradient and norm) on every replica and applies the update as the policy says."""
         strategy = self.context.strategy
         variables = self.variables()
         ratio_step = before = None
         if self.health_every is not None:
             ratio_step = health.is_ratio_step(self.context.global_step, self.health_every)
             before = health.read_weights(variables, ratio_step)
-        logs, gradients, finite, summed, norm = strategy.run(
-            functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
-        )
+        logs, gradients, finite, summed, norm = strategy.run(replica_gradients, args=tuple(args))
         if self.clip_norm is None:
             # The optimizer sums the replicas' gradients itself, as it would without
             # health metrics: `summed` only gives their norm.
@@ -339,9 +352,15 @@ class Update:
             loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
         else:
             loss, logs, gradients = self._accumulated(replica_loss, args)
+        return self._checked(loss, logs, gradients)
+
+    def _checked(self, loss, logs, gradients):
+        """A replica's loss, logs and gradients with the finiteness flag and the summed
+        gradient's norm (when clipping or health needs it); replica context."""
         # A table's rows, summed over duplicates and replicas, where its optimizer has
         # an exact row update; else dense: Keras' own Adam squares each row of an
-        # IndexedSlices before summing duplicates, which changes with the split.
+        # IndexedSlices before summing duplicates, which changes with the split. (In the
+        # exact parameter-server mode they come dense from the workers: passed as they are.)
         gradients = self.tables.prepared(gradients, self.variables())
         finite = all_finite([loss, *gradients])
         summed = norm = None
@@ -351,6 +370,33 @@ class Update:
             summed = self.tables.summed(gradients)
             norm = tf.linalg.global_norm(summed)
         return {"loss": loss, **logs}, gradients, finite, summed, norm
+
+    def _slice_function(self, replica_loss: ReplicaLoss) -> Callable[..., tuple]:
+        """The function `context.slice_gradients` runs on each slice, the same object for the
+        same `replica_loss` (so that it is traced once)."""
+        if replica_loss not in self._slice_functions:
+            self._slice_functions[replica_loss] = functools.partial(
+                self._slice_gradients, replica_loss
+            )
+        return self._slice_functions[replica_loss]
+
+    def _slice_gradients(self, replica_loss: ReplicaLoss, step_rows, first_row, *args):
+        """One slice's loss (divided by its own count), logs, dense gradients and that count:
+        a micro-batch of the step computed elsewhere (`UpdateContext.slice_gradients`)."""
+        micro_batch = micro_batches.MicroBatch(step_rows, first_row=first_row)
+        with micro_batch.computing():
+            loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
+        try:
+            count = micro_batch.normalizer(1)
+        except ValueError as error:
+            raise ValueError(
+                "parameter_server_mode='exact' sums the workers' gradients weighted by the "
+                f"count each slice's loss is divided by, and: {error}"
+            ) from None
+        # Dense for the transfer to the chief, which applies the slices' sum: a table is
+        # trained densely in this mode, by its own optimizer (`TableGradients.densified`).
+        gradients = self.tables.densified(gradients)
+        return loss, logs, gradients, tf.cast(count, tf.float32)
 
     def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
         variables = self.variables()
@@ -467,6 +513,27 @@ def check_clip_norm(clip_norm: float | None) -> None:
     """Raises ValueError unless clip_norm is None or > 0 (loops check it before building)."""
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
+
+
+def check_slices_can_compute(
+    context: UpdateContext, whole_batch_loss: bool, grad_accum_steps: int
+) -> None:
+    """Raises ValueError for an update that slices computed apart cannot give exactly."""
+    if context.slice_gradients is None:
+        return
+    if whole_batch_loss:
+        raise ValueError(
+            "parameter_server_mode='exact' computes each worker's slice of a step apart, and "
+            "this Update's loss is over the whole batch (whole_batch_loss=True): a slice "
+            "cannot see the other slices' rows. Pass --parameter_server_mode=async, or "
+            "--strategy=mirrored or multi_worker_mirrored."
+        )
+    if grad_accum_steps > 1:
+        raise ValueError(
+            f"grad_accum_steps={grad_accum_steps} under parameter_server_mode='exact': each "
+            "worker already computes a slice of the step; pass --grad_accum_steps=1, or "
+            "more workers."
+        )
 
 
 def check_whole_batch_loss(whole_batch_loss: bool, grad_accum_steps: int) -> None:

@@ -225,6 +225,7 @@ def check_can_recover(
     *,
     has_train_data: bool,
     model_dir: str | None,
+    parameter_server_mode: str = "exact",
 ) -> None:
     """Raises ValueError when `rule.setting`='recover' cannot work for the definition `name`.
 
@@ -236,12 +237,12 @@ def check_can_recover(
     setting, bad = rule.setting, rule.described
     policy = f"{setting}='recover'"
     others = f"{setting}='stop' or '{rule.other}' (--{setting}=stop or {rule.other})"
-    if topology.strategy_name(strategy) == "parameter_server":
+    if topology.strategy_name(strategy) == "parameter_server" and parameter_server_mode == "async":
         raise ValueError(
             f"{policy} moves the train stream past the batches that led "
-            f"to {bad}, and under ParameterServerStrategy each worker reads "
-            "its own stream, at no position a checkpoint records. Pass "
-            + (rule.parameter_server_advice or f"{others}.")
+            f"to {bad}, and under parameter_server_mode='async' the workers' steps run "
+            "out of order, at no position a checkpoint records. Pass "
+            "--parameter_server_mode=exact, or " + (rule.parameter_server_advice or f"{others}.")
         )
     if not has_train_data:
         raise ValueError(

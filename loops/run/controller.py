@@ -12,7 +12,7 @@ import numpy as np
 from loops import topology
 from loops.core import reporting
 from loops.model_dir import run_config
-from loops.run import executors, profiling
+from loops.run import exact_parameter_server, executors, profiling
 from loops.run.actions import action_state, watched_metrics
 from loops.run.bad_steps import BadStepPolicy
 from loops.run.inner_loops import InnerLoops, run_rules
@@ -101,8 +101,12 @@ class Controller:
         self._inner_loops = self._make_inner_loops(step_context, executor)
         self._eval_input = EvalInput(inputs, executor)
         self.run_context = self._make_run_context(step_context)
-        # Several workers or a ps would have to agree on every inner loop's length.
-        self._one_process = topology.num_workers(self.strategy) == 1 and inputs.coordinator is None
+        self._executor = executor  # results.json holds how it ran the steps (`results_extra`)
+        # Several workers or a ps would have to agree on every inner loop's length; in the
+        # exact parameter-server mode the chief alone runs the loop.
+        self._one_process = (
+            topology.num_workers(self.strategy) == 1 and inputs.coordinator is None
+        ) or exact_parameter_server.is_exact(self.strategy, self.step_options.parameter_server_mode)
 
     def _make_run_context(self, step_context: StepContext) -> RunView:
         """What the actions and the definition's evaluation see of the run."""
@@ -367,7 +371,8 @@ class Controller:
             strategy=self.strategy,
             recoveries=self.recoveries.entries,
             config={**self.config, **self._checkpoints.changed_on_resume},
-            extra=self.definition.results_extra(),
+            # h-psexact: the parameter-server mode's counts come from the executor.
+            extra={**self.definition.results_extra(), **self._executor.results_extra()},
         )
         model_dir = self.options.model_dir
         if model_dir and self.is_chief:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from loops import topology
-from loops.run import bad_steps, executors
+from loops.run import bad_steps, exact_parameter_server, executors
 from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.run.loss_spikes import LossSpikes
 
@@ -18,6 +18,7 @@ def check_can_run(
     has_train_data: bool,
     model_dir: str | None,
     on_loss_spike: str = "ignore",
+    parameter_server_mode: str = exact_parameter_server.EXACT,
 ) -> None:
     """Raises ValueError when a loop of `loop_class` cannot train under `strategy` so.
 
@@ -49,7 +50,12 @@ def check_can_run(
     for rule, policy in rules:
         if policy == "recover":
             bad_steps.check_can_recover(
-                name, strategy, rule, has_train_data=has_train_data, model_dir=model_dir
+                name,
+                strategy,
+                rule,
+                has_train_data=has_train_data,
+                model_dir=model_dir,
+                parameter_server_mode=parameter_server_mode,
             )
 
 
@@ -71,8 +77,15 @@ def make_executor(
     coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None,
     run_eagerly: bool,
     stop_on_nonfinite: bool,
+    parameter_server_mode: str = exact_parameter_server.EXACT,
+    worker_gradients: object = None,
 ) -> executors.Executor:
-    """The executor of a loop's steps: scheduled on the workers, eager, or compiled."""
+    """The executor of a loop's steps: applied once by the chief from the workers' gradients
+    (exact), scheduled on the workers (async), eager, or compiled."""
+    if coordinator is not None and parameter_server_mode == exact_parameter_server.EXACT:
+        return exact_parameter_server.ExactExecutor(
+            definition, stop_on_nonfinite=stop_on_nonfinite, worker_gradients=worker_gradients
+        )
     if coordinator is not None:
         return executors.ScheduledExecutor(definition, coordinator=coordinator)
     executor_class = executors.EagerExecutor if run_eagerly else executors.Executor

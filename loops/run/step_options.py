@@ -37,7 +37,7 @@ class StepOptions:
             finite after an inner loop recover the same way, b being its last
             step. Needs a model_dir (a checkpoint of step 0 is saved when
             there is none) and train_data, and does not run under
-            ParameterServerStrategy.
+            ParameterServerStrategy's asynchronous mode.
         max_recoveries: under "recover", how many recoveries a run may make
             (counted over resumes: the count is checkpointed) before the next
             non-finite step raises NonFiniteError (default 3).
@@ -88,6 +88,9 @@ class StepOptions:
     ema_decay: float | None
     jit_compile: bool
     health_every: int | None
+    # h-psexact (issue 44): under ParameterServerStrategy, "exact" (each step applied once
+    # by the chief from every worker's slice) or "async" (`loops.run.exact_parameter_server`).
+    parameter_server_mode: str = "exact"
 
 
 def checked(**values: Any) -> StepOptions:
@@ -143,6 +146,9 @@ def checked(**values: Any) -> StepOptions:
         ema_decay=ema_decay,
         jit_compile=values["jit_compile"],
         health_every=values["health_every"],
+        parameter_server_mode=settings.check_loop_settings(
+            {"parameter_server_mode": values["parameter_server_mode"]}
+        )["parameter_server_mode"],
     )
 
 

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 import tensorflow as tf
 
 from loops.input import distributed_input
-from loops.run import parameter_server
 from loops.run.recovery import Recoveries
 from loops.run.run_inputs import RunInputs
 
@@ -62,17 +61,15 @@ class TrainInput:
             self._data_offset.assign(offset)
         if inputs.train_data is None:
             return None
-        if inputs.coordinator is not None:
-            # Asynchronous workers read their own streams: there is no position to resume at.
-            if self._iterator is None:
-                self._iterator = parameter_server.worker_iterator(
-                    inputs.coordinator, inputs.train_data
-                )
-            return self._iterator
         position = self.position_at(step)
         if self._iterator is None or self.position != position:
-            self._iterator = distributed_input.train_iterator(
-                inputs.strategy, inputs.train_data, skip_batches=position
-            )
+            if inputs.coordinator is not None:  # the chief reads and hands out the batches
+                self._iterator = distributed_input.global_batch_iterator(
+                    inputs.train_data, skip_batches=position
+                )
+            else:
+                self._iterator = distributed_input.train_iterator(
+                    inputs.strategy, inputs.train_data, skip_batches=position
+                )
             self.position = position
         return self._iterator

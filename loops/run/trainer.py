@@ -19,6 +19,7 @@ from loops.core.update_context import UpdateContext, UpdateOptions
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
 from loops.run import (
+    exact_parameter_server,
     executors,
     failed_frames,
     loop_execution,
@@ -99,6 +100,8 @@ class Trainer:
         # Host-side callbacks, and what the run was asked to do (recorded with its results).
         actions: Sequence[Action] = (),
         config: Mapping[str, Any] | None = None,
+        # h-psexact (issue 44): how ParameterServerStrategy applies steps.
+        parameter_server_mode: str = "exact",
     ):
         """Checks the settings, builds the definition and restores the run.
 
@@ -143,7 +146,7 @@ class Trainer:
                 # Not checkpointed: the Controller sets it from the recovery record it restores.
                 data_offset=_step_counter("data_offset"),
                 update=_update_context(
-                    self.strategy, options, global_step, coordinated=self.coordinator is not None
+                    self.strategy, options, global_step, coordinator=self.coordinator
                 ),
             )
             self.definition.bind(context)
@@ -169,6 +172,8 @@ class Trainer:
                 has_convolution=executors.has_convolution(saved),
             ),
             coordinator=self.coordinator,
+            parameter_server_mode=self.step_options.parameter_server_mode,
+            worker_gradients=self.step_context.update.slice_gradients,
             run_eagerly=self.step_options.run_eagerly,
             stop_on_nonfinite=self.step_options.on_nonfinite != "skip",
         )
@@ -269,6 +274,7 @@ def _checked_options(
         strategy,
         on_nonfinite=options.on_nonfinite,
         on_loss_spike=options.on_loss_spike,
+        parameter_server_mode=options.parameter_server_mode,
         has_train_data=has_train_data or not definition.needs_train_data,
         model_dir=arguments["model_dir"],
     )
@@ -297,19 +303,23 @@ def _update_context(
     options: step_options.StepOptions,
     global_step: tf.Variable,
     *,
-    coordinated: bool,
+    coordinator: Any,
 ) -> UpdateContext:
-    """What the definition's `loops.Update`s are given: the run's strategy, step and options."""
+    """What the definition's `loops.Update`s are given: the run's strategy, step and options
+    (and, in the exact parameter-server mode, the workers that compute their gradients)."""
+    mode = options.parameter_server_mode
     skips = leaves_out_nonfinite(
         on_nonfinite=options.on_nonfinite,
         mixed_precision=options.mixed_precision,
-        coordinated=coordinated,
+        coordinated=exact_parameter_server.is_asynchronous(strategy, mode),
     )
+    exact = coordinator is not None and exact_parameter_server.is_exact(strategy, mode)
     return UpdateContext(
         strategy=strategy,
         global_step=global_step,
         nonfinite=NonFiniteUpdates(strategy, skips=skips),
         options=UpdateOptions.of(options),
+        slice_gradients=exact_parameter_server.WorkerGradients(coordinator) if exact else None,
     )
 
 

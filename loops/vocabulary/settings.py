@@ -19,6 +19,7 @@ from loops.vocabulary.choices import (
     LOSS_SPIKE_POLICIES,
     METRIC_MODES,
     NONFINITE_POLICIES,
+    PARAMETER_SERVER_MODES,
     PRECISION_POLICIES,
     STRATEGY_NAMES,
 )
@@ -632,7 +633,7 @@ SETTINGS: tuple[Setting, ...] = (
         "error (nothing saved after it; back to the last checkpoint), skip its update "
         "everywhere and go on, or recover: go back to the last checkpoint, move the train "
         "stream past every batch from there to the bad step, and go on (logged; not for "
-        "parameter_server).",
+        "--parameter_server_mode=async).",
         "enum",
         flag_default="stop",
         loop=True,
@@ -701,6 +702,22 @@ SETTINGS: tuple[Setting, ...] = (
         check=whole_number(2),
         lower_bound=2,
     ),
+    # ---- h-psexact (issue 44): how parameter-server steps are applied. ----
+    Setting(
+        "parameter_server_mode",
+        "strategy",
+        "--strategy=parameter_server: exact (the workers compute the gradients of a step's "
+        "slices on the same weights and the chief applies their sum once: the numbers of one "
+        "process, resumable mid-stream) or async (each worker applies its own steps as soon "
+        "as they are done: faster, not reproducible).",
+        "enum",
+        flag_default="exact",
+        loop=True,
+        default="exact",
+        check=one_of(PARAMETER_SERVER_MODES),
+        choices=PARAMETER_SERVER_MODES,
+    ),
+    # ---- end h-psexact ----
 )
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
