@@ -83,12 +83,13 @@ def batches():
     return dataset
 
 
-def trained(own_table, clip_norm=None):
+def trained(own_table, clip_norm=None, grad_accum_steps=1):
     loop = loops.Trainer(
         TableModel(own_table=own_table, clip_norm=clip_norm),
         strategy=loops.testing.replica_strategy(1),
         train_data=batches,
         health_every=1,
+        grad_accum_steps=grad_accum_steps,
         progress=loops.testing.quiet_progress(),
     )
     logs = loop.train(len(IDS))
@@ -98,10 +99,12 @@ def trained(own_table, clip_norm=None):
     return definition, table, logs
 
 
-@pytest.mark.parametrize("clip_norm", [None, 0.05])
-def test_a_trainer_trains_an_embedding_table_as_keras_embedding_and_the_same_adagrad(clip_norm):
-    own, own_table, own_logs = trained(True, clip_norm)
-    keras_one, keras_table, keras_logs = trained(False, clip_norm)
+@pytest.mark.parametrize("clip_norm, grad_accum_steps", [(None, 1), (0.05, 1), (None, 2)])
+def test_a_trainer_trains_an_embedding_table_as_keras_embedding_and_the_same_adagrad(
+    clip_norm, grad_accum_steps
+):
+    own, own_table, own_logs = trained(True, clip_norm, grad_accum_steps)
+    keras_one, keras_table, keras_logs = trained(False, clip_norm, grad_accum_steps)
     initial = initial_weights()[0]
     assert np.abs(own_table - keras_table).max() <= 1e-6
     for got, want in zip(own.head.get_weights(), keras_one.head.get_weights()):
