@@ -1,12 +1,17 @@
 """A model's `loops.EmbeddingTable` trained by `loops.Update` and the Trainer: equal to the
 same model with `keras.layers.Embedding`, never silently untrained, refused where it cannot."""
 
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import loops
+from conftest import ROOT, SUBPROCESS_ENV
 
 ROWS, DIM, LOOKUPS = 20, 4, 3
 RATE = 0.1
@@ -52,6 +57,8 @@ def make_model(own_table: bool):
 
 
 class TableModel(loops.Loop):
+    supports_parameter_server = True  # its steps are sums over examples
+
     def __init__(self, *, own_table, clip_norm=None, **loop_args):
         super().__init__(**loop_args)
         self.own_table, self.clip_norm = own_table, clip_norm
@@ -175,3 +182,32 @@ def test_an_update_refuses_a_table_it_cannot_train_with_the_fix(
         extra = {} if table_optimizer is None else {"table_optimizer": table_optimizer(RATE)}
         with pytest.raises(ValueError, match=message):
             loops.Update(make_context(strategy, **options), optimizer, model, **extra)
+
+
+def test_a_table_split_over_two_servers_trains_through_the_trainer(tmp_path):
+    """Under parameter servers (one worker, two servers) the Trainer trains the table on
+    the servers: every hit row moves, the others stay bit-identical, and its optimizer
+    counts every step. Not compared to one process: main's asynchronous parameter-server
+    steps differ from one process for a keras.layers.Embedding model too (exact mode is
+    issue 44's)."""
+    out = str(tmp_path / "two.npz")
+    launcher = [sys.executable, "-m", "loops.cluster.launch", "--num_workers=1", "--num_ps=2"]
+    task = [sys.executable, os.path.join(ROOT, "tests", "table_training_tasks.py"), out]
+    done = subprocess.run(
+        [*launcher, "--grace_period=5", "--", *task],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    two = dict(np.load(out))
+    assert two["shard_rows"].tolist() == [10, 10]
+    assert two["devices"].tolist() == [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in (0, 1)]
+    initial = initial_weights()[0]
+    touched = sorted(set(range(ROWS)) - set(UNTOUCHED))
+    assert (np.abs(two["table"][touched] - initial[touched]).max(axis=1) > 0).all()
+    np.testing.assert_array_equal(two["table"][UNTOUCHED], initial[UNTOUCHED])
+    assert np.isfinite(two["table"]).all() and np.isfinite(two["kernel"]).all()
+    assert int(two["iterations"]) == len(IDS)
