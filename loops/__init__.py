@@ -27,6 +27,8 @@ _EXPORTS = {
     "SeekableBatches": "loops.input.random_access",
     "random_access": "loops.input.random_access",
     "LanguageModelLoop": "loops.kinds.lm",
+    "RatingLoop": "loops.kinds.rating",
+    "RetrievalLoop": "loops.kinds.retrieval",
     "Loop": "loops.run.loop",
     "Flag": "loops.core.outputs",
     "Highest": "loops.core.outputs",

@@ -97,5 +97,13 @@ LM = BinaryFlags(
         eval_every=1350,
     ),
 )
-# In the order README's flag reference lists them.
+RECOMMENDER = BinaryFlags(
+    "loops-recommender",
+    (data_settings.INTERACTIONS, model_settings.RECOMMENDER, training_settings.OPTIMIZER),
+    export="the trained recommender (serving_default: users -> their top-K items and "
+    "scores; score_pairs: users, items -> scores)",
+    defaults=dict(train_steps=1500, global_batch_size=1024, learning_rate=3e-3),
+)
+# In the order README's flag reference lists them. RECOMMENDER joins them in the commit that
+# regenerates README's reference (`python -m loops.bin.flag_reference --write README.md`).
 BINARIES: tuple[BinaryFlags, ...] = (CLASSIFIER, GAN, LM, RL)

@@ -243,3 +243,15 @@ def check_own_tables(
                 "all its rows each step. Make this Update with average=False, or set "
                 "ema_decay=None."
             )
+
+
+def built_table_optimizer(optimizer_fn: Any | None, model: Any) -> Any | None:
+    """`optimizer_fn()` built on every `keras.layers.Embedding` table of `model` (a definition's
+    `table_optimizer`, e.g. Adagrad: sparse and exact), or None without a function."""
+    if optimizer_fn is None:
+        return None
+    from loops.core import keras_private
+
+    optimizer = optimizer_fn()
+    optimizer.build([layer.embeddings for layer in keras_private.embedding_layers(model)])
+    return optimizer
