@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV
+from loops.core import update as update_module
 
 ROWS, DIM, LOOKUPS = 20, 4, 3
 RATE = 0.1
@@ -211,3 +212,13 @@ def test_a_table_split_over_two_servers_trains_through_the_trainer(tmp_path):
     np.testing.assert_array_equal(two["table"][UNTOUCHED], initial[UNTOUCHED])
     assert np.isfinite(two["table"]).all() and np.isfinite(two["kernel"]).all()
     assert int(two["iterations"]) == len(IDS)
+
+
+def test_micro_batches_keep_a_shards_rows_that_only_a_later_one_looked_up():
+    # A shard of a split table that the first micro-batch did not look up has no gradient
+    # (None) there; the later micro-batches' rows of it are kept, not dropped.
+    rows = tf.IndexedSlices(tf.constant([[1.0, 2.0]]), tf.constant([3]), tf.constant([5, 2]))
+    for first, second in ((None, rows), (rows, None)):
+        summed = update_module._plus(first, second)
+        np.testing.assert_array_equal(tf.convert_to_tensor(summed).numpy()[3], [1.0, 2.0])
+    assert update_module._plus(None, None) is None

@@ -476,9 +476,12 @@ def _divided(gradient, total):
 
 
 def _plus(first, second):
-    """The sum of two micro-batches' gradients of one variable; a table's stays sparse."""
-    if first is None:
-        return None
+    """The sum of two micro-batches' gradients of one variable; a table's stays sparse.
+
+    None is no rows: a shard of an EmbeddingTable that one micro-batch did not look up.
+    """
+    if first is None or second is None:
+        return second if first is None else first
     if isinstance(first, tf.IndexedSlices):
         return table_rows.concatenated(first, second)
     return first + second
