@@ -186,6 +186,7 @@ SLOW_TESTS = (
     "test_scheduler_cluster.py::test_a_binary_started_by_srun_as_several_one_process_tasks_stops_before_tensorflow",
     "test_scheduler_cluster.py::test_the_slurm_template_gives_each_task_its_place_and_requeues_a_preempted_job",
     "test_sharded_tables.py::test_a_table_split_over_two_servers_equals_one_process_and_restores_into_three_then_one",
+    "test_table_training.py::test_a_table_split_over_two_servers_trains_through_the_trainer",
     "test_settings.py::test_every_binary_lists_every_setting_under_its_heading_with_its_declared_help",
     "test_settings.py::test_a_binary_defines_its_flags_only_through_declarations",
     "test_settings.py::test_a_run_takes_its_settings_from_a_flagfile_with_command_line_overrides",

@@ -32,7 +32,7 @@ import keras
 import tensorflow as tf
 
 from loops import topology
-from loops.core import row_updates, table_ids, table_rows
+from loops.core import keras_private, row_updates, table_ids, table_rows
 
 INITIAL_RANGE = 0.05
 
@@ -193,6 +193,12 @@ class EmbeddingTable(keras.layers.Layer):
                 learning_rate=rate,
                 slots=shard_slots,
             )
+
+
+def tables_in(model: keras.Layer) -> list[EmbeddingTable]:
+    """Every trainable `EmbeddingTable` in `model` (nested models and layers included)."""
+    layers = getattr(model, keras_private.LAYER_WALK)(include_self=True, recursive=True)
+    return [layer for layer in layers if isinstance(layer, EmbeddingTable) and layer.trainable]
 
 
 # The initial values are made in a function, not op by op, whose temporaries stay inside it:

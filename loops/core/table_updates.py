@@ -10,6 +10,11 @@ without momentum, Adagrad; exact) the gradient stays sparse end to end:
 duplicate ids summed, rows gathered across replicas, only those rows (and
 their slots) read and written. Otherwise the table is trained densely, as
 before, with a note once that says why (for a table of `NOTE_FROM_ROWS` rows or more).
+
+A model's `loops.EmbeddingTable` layers are tables of their own: their shards'
+gradients summed by row and applied by each layer's `apply_gradients` with its
+own row optimizer and slots (split as the table is), on one replica only
+(`check_own_tables` refuses the rest before any step).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class TableGradients:
             would read every row of a table each step: refused for a sparse table.
         max_lookups: the most ids one replica looks up in one table in one
             step, where that is not static (`table_rows.capacity`).
+        own_tables: the model's `loops.EmbeddingTable` layers (built, checked
+            by `check_own_tables`), each trained by its own optimizer.
     """
 
     def __init__(
@@ -51,8 +58,10 @@ class TableGradients:
         *,
         averaged: bool,
         max_lookups: int | None = None,
+        own_tables: Sequence[Any] = (),
     ):
         self.optimizer = optimizer
+        self.own_tables = list(own_tables)
         self.table_optimizer = optimizer if table_optimizer is None else table_optimizer
         self.averaged = averaged
         self.max_lookups = max_lookups
@@ -78,15 +87,23 @@ class TableGradients:
         Raises:
             ValueError: a sparse table in an Update that averages its weights.
         """
+        own = self._own_shards()
         tables = frozenset(
-            index for index, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)
+            index
+            for index, (g, v) in enumerate(zip(gradients, variables))
+            if isinstance(g, tf.IndexedSlices) and id(v) not in own
         )
         if not self.sent_dense:  # else dense from `densified`, which noted the tables
             self.indices = tables
         reason = row_updates.why_dense(self.table_optimizer)
         prepared = []
         for gradient, variable in zip(gradients, variables):
-            if not isinstance(gradient, tf.IndexedSlices):
+            if id(variable) in own:
+                # One replica (check_own_tables): its rows are the step's, summed by id.
+                prepared.append(
+                    None if gradient is None else table_rows.unique_rows(_rows(gradient))
+                )
+            elif not isinstance(gradient, tf.IndexedSlices):
                 prepared.append(gradient)
             elif reason is None:
                 self._check_not_averaged(variable)
@@ -130,8 +147,13 @@ class TableGradients:
                 1 / replicas, which the dense gradients are multiplied by,
                 since each optimizer sums the replicas' again.
         """
+        own = self._own_shards()
+        own_gradients = {}
         groups: dict[int, tuple[Any, list, list]] = {}
         for index, (gradient, variable) in enumerate(zip(gradients, variables)):
+            if id(variable) in own:
+                own_gradients[id(variable)] = gradient
+                continue
             optimizer = self.optimizer_of(index)
             _, dense, rows = groups.setdefault(id(optimizer), (optimizer, [], []))
             if isinstance(gradient, tf.IndexedSlices):
@@ -140,12 +162,27 @@ class TableGradients:
                 if dense_share is not None and gradient is not None:
                     gradient = gradient * dense_share
                 dense.append((gradient, variable))
+        self._apply_own_tables(own_gradients)
         for optimizer, dense, rows in groups.values():
             # Rows first: they read the rate of this step, before apply_gradients counts it.
             if rows:
                 row_updates.apply_table_rows(optimizer, rows, count_step=not dense)
             if dense:
                 optimizer.apply_gradients(dense)
+        for optimizer in {
+            id(layer.optimizer): layer.optimizer for layer in self.own_tables
+        }.values():
+            if id(optimizer) not in groups:  # no group counted this step of its schedule
+                optimizer.iterations.assign_add(1)
+
+    def _apply_own_tables(self, own_gradients: dict[int, Any]) -> None:
+        """Each EmbeddingTable's rows, by its own optimizer, at this step's rate."""
+        for layer in self.own_tables:
+            layer.apply_gradients([own_gradients.get(id(shard)) for shard in layer.shards])
+
+    def _own_shards(self) -> dict[int, Any]:
+        """The EmbeddingTables' shards, by id (a variable is not hashable), and each's layer."""
+        return {id(shard): layer for layer in self.own_tables for shard in layer.shards}
 
     def _check_not_averaged(self, variable: Any) -> None:
         if self.averaged:
@@ -169,6 +206,61 @@ class TableGradients:
             "loops.Update(..., table_optimizer=keras.optimizers.Adagrad(...)).",
             stacklevel=2,
         )
+
+
+def _rows(gradient: Any) -> tf.IndexedSlices:
+    """A table shard's gradient as rows: dense (summed elsewhere, h-psexact) as all of them."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return gradient
+    gradient = tf.convert_to_tensor(gradient)
+    return tf.IndexedSlices(gradient, tf.range(tf.shape(gradient)[0]), tf.shape(gradient))
+
+
+def check_own_tables(
+    tables: Sequence[Any],
+    replicas: int,
+    table_optimizer: Any | None,
+    *,
+    averaged: bool,
+) -> None:
+    """Refuses, with the fix, a model's `loops.EmbeddingTable` that an Update cannot train.
+
+    Args:
+        tables: the model's EmbeddingTable layers (`embedding_tables.tables_in`).
+        replicas: the strategy's replicas in sync.
+        table_optimizer: the Update's `table_optimizer`.
+        averaged: the Update keeps a moving average of its variables.
+    """
+    for table in tables:
+        name = f"EmbeddingTable {table.name!r} ({table.rows} rows)"
+        if not table.built:
+            raise ValueError(
+                f"loops.Update trains the {name} of its model, which is not built yet: build "
+                "the model (give it a keras.Input, or call it on a batch) before the Update."
+            )
+        if replicas > 1:
+            raise ValueError(
+                f"loops.Update cannot train the {name} on {replicas} synchronous replicas: it "
+                "updates one copy of its rows (one process, one_device or parameter_server). "
+                "Use keras.layers.Embedding(rows, dim) there: through loops.Update it trains "
+                "sparsely and exactly on any replica count "
+                "(table_optimizer=keras.optimizers.Adagrad(...))."
+            )
+        if table_optimizer is not None and table_optimizer is not table.optimizer:
+            raise ValueError(
+                f"loops.Update(table_optimizer={type(table_optimizer).__name__}) would train "
+                f"the {name}, which trains with its own optimizer "
+                f"(EmbeddingTable(optimizer=...)), whose slots are split as the table: pass "
+                "that same optimizer as table_optimizer, or leave table_optimizer=None "
+                "(each EmbeddingTable then trains with its own optimizer)."
+            )
+        if averaged:
+            raise ValueError(
+                f"ema_decay keeps a moving average of every weight of this loops.Update, and "
+                f"its model's {name} is trained by rows: averaging it would read and write "
+                "all its rows each step. Make this Update with average=False, or set "
+                "ema_decay=None."
+            )
 
 
 def built_table_optimizer(optimizer_fn: Any | None, model: Any) -> Any | None:

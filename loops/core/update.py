@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from loops.core import (
     compilation,
+    embedding_tables,
     health,
     keras_private,
     micro_batches,
@@ -33,7 +34,7 @@ from loops.core import (
 )
 from loops.core.gradients import all_finite
 from loops.core.health import Totals, UpdateHealth
-from loops.core.table_updates import TableGradients
+from loops.core.table_updates import TableGradients, check_own_tables
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
 from loops.topology import replica_bounds
@@ -192,6 +193,13 @@ class Update:
     itself as `trained` for the sparse read: given a function of variables,
     the layers keep Keras' whole-table read, which TensorFlow copies once
     rows were scattered (correct, and as slow as a dense update).
+    A `loops.EmbeddingTable` in the model (its variables are not Keras
+    weights) trains too: its shards' rows, counted by the non-finite check,
+    clipping and health like the rest, applied by its own row optimizer
+    (`table_optimizer` may only be that same optimizer), whose `iterations`
+    the Update counts. It trains on one replica or under parameter servers;
+    on several synchronous replicas, or with a moving average, the Update is
+    refused with the fix (`table_updates.check_own_tables`).
 
     Args:
         context: the `UpdateContext` it runs in; or, in a definition's
@@ -261,6 +269,8 @@ class Update:
             growth_steps = options.loss_scale_growth_steps or mixed_precision.DEFAULT_GROWTH_STEPS
             self.loss_scale = mixed_precision.DynamicLossScale(growth_steps=growth_steps)
             context.update_states.add(self.loss_scale)
+        averaged = average and options.ema_decay is not None
+        self._set_up_tables(trained, optimizer, table_optimizer, max_table_lookups, averaged)
         self.average: WeightAverage | None = None
         if average and options.ema_decay is not None:
             averages = context.weight_averages
@@ -270,13 +280,23 @@ class Update:
                 name=f"update_{len(averages.updates)}",
             )
             averages.add(self.average)
+
+    def _set_up_tables(self, trained, optimizer, table_optimizer, max_table_lookups, averaged):
+        """The embedding tables' gradients (`TableGradients`), checked before any step."""
+        # The model's loops.EmbeddingTable layers: their variables are not Keras weights.
+        self._own_tables = (
+            embedding_tables.tables_in(trained) if isinstance(trained, keras.Model) else []
+        )
+        replicas = self.context.strategy.num_replicas_in_sync
+        check_own_tables(self._own_tables, replicas, table_optimizer, averaged=averaged)
         if max_table_lookups is not None:
             check_whole("max_table_lookups", max_table_lookups, note=" (ids a replica looks up)")
         self.tables = TableGradients(
             optimizer,
             table_optimizer,
-            averaged=self.average is not None,
+            averaged=averaged,
             max_lookups=max_table_lookups,
+            own_tables=self._own_tables,
         )
         self.table_optimizer = table_optimizer
         if isinstance(trained, keras.Model) and self.tables.sparse:
@@ -285,7 +305,8 @@ class Update:
 
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
-            return list(self._trained.trainable_variables)
+            shards = [shard for table in self._own_tables for shard in table.shards]
+            return [*self._trained.trainable_variables, *shards]
         return list(self._trained())
 
     def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
@@ -501,9 +522,12 @@ def _divided(gradient, total):
 
 
 def _plus(first, second):
-    """The sum of two micro-batches' gradients of one variable; a table's stays sparse."""
-    if first is None:
-        return None
+    """The sum of two micro-batches' gradients of one variable; a table's stays sparse.
+
+    None is no rows: a shard of an EmbeddingTable that one micro-batch did not look up.
+    """
+    if first is None or second is None:
+        return second if first is None else first
     if isinstance(first, tf.IndexedSlices):
         return table_rows.concatenated(first, second)
     return first + second
