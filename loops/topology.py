@@ -10,6 +10,7 @@ cluster-specific parts import.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from collections.abc import Iterator
 
@@ -143,7 +144,8 @@ class TablePartitioner:
     """
 
     def __init__(self, num_shards: int):
-        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+        # Not loops.vocabulary's whole-number check: the ground floor imports nothing.
+        if type(num_shards) is bool or _as_index(num_shards) < 1:
             raise ValueError(
                 f"TablePartitioner(num_shards={num_shards!r}) needs a whole number >= 1: "
                 "the count of parameter servers."
@@ -167,3 +169,11 @@ def num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
     return len(
         {device.name.split("/device:")[0] for device in devices if "/job:ps/" in device.name}
     )
+
+
+def _as_index(value: object) -> int:
+    """`value` as an int where it is one (numpy integers included), else 0."""
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return 0

@@ -238,7 +238,8 @@ def test_a_file_damaged_with_its_size_and_mtime_kept_is_decoded_again_and_named(
     assert image_folders.changed_files(root, ("train", "test")) == {path: TRUNCATED}
     # What a run stopped by it in training ends with (and a rerun's check refuses it too).
     trainer = types.SimpleNamespace(
-        definition=types.SimpleNamespace(data_notes={}), checkpointer=None
+        definition=types.SimpleNamespace(data_notes={}),
+        run_context=types.SimpleNamespace(checkpointer=None),
     )
     assert image_folders.explain_changed_images(root, ("train", "test"), trainer) == (
         "training stopped: an image changed after the check before training and no longer "

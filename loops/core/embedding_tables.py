@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from loops import topology
 from loops.core import keras_private, row_updates, table_ids, table_rows
+from loops.vocabulary.whole_numbers import is_whole
 
 INITIAL_RANGE = 0.05
 
@@ -71,7 +72,7 @@ class EmbeddingTable(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         for name, value in (("rows", rows), ("dim", dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_whole(value, 1):
                 raise ValueError(f"EmbeddingTable({name}={value!r}) needs a whole number >= 1.")
         table_ids.check_id_kind(ids, rows, vocabulary, oov_buckets)
         self.rows, self.dim, self.ids, self.seed = rows, dim, ids, seed

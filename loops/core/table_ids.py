@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from loops.vocabulary.whole_numbers import is_whole
+
 ID_KINDS = ("rows", "strings", "hashes")
 
 
@@ -32,7 +34,7 @@ def check_id_kind(ids: str, rows: int, vocabulary: Sequence[str] | None, oov_buc
             f"EmbeddingTable(ids={ids!r}) with a vocabulary: a vocabulary maps strings; "
             "pass ids='strings'."
         )
-    if isinstance(oov_buckets, bool) or not isinstance(oov_buckets, int) or oov_buckets < 1:
+    if not is_whole(oov_buckets, 1):
         raise ValueError(
             f"EmbeddingTable(oov_buckets={oov_buckets!r}) needs a whole number >= 1: the rows "
             "that words outside the vocabulary hash to."

@@ -15,7 +15,7 @@ from loops.core import outputs, ranking_metrics, reduction, retrieval_loss
 from loops.core.table_updates import built_table_optimizer
 from loops.core.update import Update, check_clip_norm
 from loops.run.loop import Loop, RunContext
-from loops.vocabulary.whole_numbers import check_whole
+from loops.vocabulary.whole_numbers import check_whole, is_whole
 
 
 def ranking_sums_at(
@@ -225,7 +225,7 @@ class RetrievalLoop(Loop):
 
 
 def _checked_top_k(top_k: Sequence[int], num_items: int) -> tuple[int, ...]:
-    if isinstance(top_k, int) or not top_k:
+    if is_whole(top_k) or not top_k:
         raise ValueError(f"top_k must be a list of cut-offs, e.g. (10,); got {top_k!r}.")
     for k in top_k:
         check_whole("top_k", k, note=" (each cut-off)")
