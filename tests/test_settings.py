@@ -23,7 +23,13 @@ BINARIES = ("classifier", "gan", "rl", "lm")
 # Loop keyword arguments that are objects, not settings a flag could carry.
 LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "config"}
 # Settings whose flag default each binary gives (`define_binary_flags` keywords).
-BINARY_OWN_DEFAULTS = {"train_steps", "global_batch_size", "learning_rate", "steps_per_loop"}
+BINARY_OWN_DEFAULTS = {
+    "train_steps",
+    "global_batch_size",
+    "learning_rate",
+    "steps_per_loop",
+    "progress_every_seconds",  # the binaries' shared default (flags.BINARY_DEFAULTS)
+}
 # ... and those only some binaries give (the LM's: tests/test_lm.py DEFAULT_RUN).
 OWN_DEFAULTS_OF = {
     "gan": {"ema_decay"},

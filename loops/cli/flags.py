@@ -94,14 +94,19 @@ def binary_flag_names() -> list[str]:
     return list(_heading_of)
 
 
+# The binaries' default of a shared setting whose Python default is another: a run on the
+# command line shows a progress line at least every 10 s (a Trainer, none unless asked).
+BINARY_DEFAULTS = {"progress_every_seconds": 10.0}
+
+
 def define_settings(declarations: Iterable[settings.Setting], **binary_defaults: Any) -> None:
-    """Defines a flag for each of `declarations`, under its heading, with its bounds and rule.
+    """Defines a flag for each of `declarations`, under its heading, checked by its declaration.
 
     Args:
         declarations: the settings the binary takes, in --help order within each heading.
         **binary_defaults: setting name -> this binary's default, instead of the declared
-            `flag_default`. None for a default the binary fills in after parsing (the RL
-            algorithm's).
+            one (`Setting.flag_default`). None for a default the binary fills in after
+            parsing (the RL algorithm's).
 
     Raises:
         ValueError: a default for a setting not in `declarations`.
@@ -114,9 +119,19 @@ def define_settings(declarations: Iterable[settings.Setting], **binary_defaults:
         with heading(setting.heading):
             _define_flag(setting, binary_defaults.get(setting.name, setting.flag_default))
         # After the finiteness check of the heading, so that nan is called not finite.
-        if setting.flag_rule is not None:
-            rule, message = setting.flag_rule
-            flags.register_validator(setting.name, rule, message=message)
+        flags.register_validator(setting.name, functools.partial(_check_flag, setting))
+
+
+def _check_flag(setting: settings.Setting, value: Any) -> bool:
+    """A flag's validator: its value, made Python's (`Setting.value_of_flag`), goes through
+    the declaration's one check; unset (None) is the binary's to fill in."""
+    if value is None:
+        return True
+    try:
+        setting.checked(setting.value_of_flag(value), flag=True)
+    except ValueError as error:
+        raise flags.ValidationError(str(error)) from error
+    return True
 
 
 def define_binary_flags(
@@ -128,31 +143,26 @@ def define_binary_flags(
         own: the declaration tuples of the binary's own settings (data, model, training).
         export: what the binary exports at the end of training (`define_export_dir_flag`);
             None: it exports nothing.
-        **defaults: this binary's defaults (`define_settings`).
+        **defaults: this binary's defaults (`define_settings`), over `BINARY_DEFAULTS`.
     """
-    define_settings((*settings.SETTINGS, *itertools.chain.from_iterable(own)), **defaults)
+    define_settings(
+        (*settings.SETTINGS, *itertools.chain.from_iterable(own)), **BINARY_DEFAULTS, **defaults
+    )
     if export is not None:
         define_export_dir_flag(export)
 
 
 def _define_flag(setting: settings.Setting, default: Any) -> None:
-    """One absl flag of the type, bounds and choices `setting` declares."""
+    """One absl flag of the type and choices `setting` declares (its check: `_check_flag`)."""
     name, help_text = setting.name, setting.help
-    lower, upper = setting.lower_bound, setting.upper_bound
     if setting.kind == "enum":
         flags.DEFINE_enum(name, default, list(setting.choices), help_text)
     elif setting.kind == "bool":
         flags.DEFINE_bool(name, default, help_text)
     elif setting.kind == "integer":
-        flags.DEFINE_integer(
-            name,
-            default,
-            help_text,
-            lower_bound=None if lower is None else int(lower),
-            upper_bound=None if upper is None else int(upper),
-        )
+        flags.DEFINE_integer(name, default, help_text)
     elif setting.kind == "float":
-        flags.DEFINE_float(name, default, help_text, lower_bound=lower, upper_bound=upper)
+        flags.DEFINE_float(name, default, help_text)
     elif setting.kind == "list":
         flags.DEFINE_list(name, default, help_text)
     else:
@@ -160,31 +170,20 @@ def _define_flag(setting: settings.Setting, default: Any) -> None:
 
 
 def setting_values(declarations: Iterable[settings.Setting]) -> dict[str, Any]:
-    """Each declared setting's value from its flag (through its `from_flag`), by name.
+    """Each declared setting's value from its flag (`Setting.value_of_flag`), by name.
 
     Raises:
         ValueError: a `from_flag` refuses its flag's value.
     """
     return {
-        setting.name: setting.from_flag(flags.FLAGS[setting.name].value) for setting in declarations
+        setting.name: setting.value_of_flag(flags.FLAGS[setting.name].value)
+        for setting in declarations
     }
-
-
-def export_dir_setting(what: str) -> settings.Setting:
-    """The --export_dir of a binary that exports `what` at the end of training."""
-    return settings.Setting(
-        "export_dir",
-        "outputs",
-        f"Where to export {what} as a SavedModel at the end of training "
-        "(a directory that exists must hold an earlier export). Default: "
-        "MODEL_DIR/export.",
-        "string",
-    )
 
 
 def define_export_dir_flag(what: str) -> None:
     """Defines --export_dir for a binary that exports `what` at the end of training."""
-    define_settings((export_dir_setting(what),))
+    define_settings((settings.export_dir_setting(what),))
 
 
 def resolve_export_dir(model_dir: str) -> str:
@@ -498,7 +497,7 @@ def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -
     """
     values = flags.FLAGS
     arguments = {
-        setting.name: setting.from_flag(values[setting.name].value)
+        setting.name: setting.value_of_flag(values[setting.name].value)
         for setting in settings.LOOP_SETTINGS
     }
     arguments.update(
