@@ -328,13 +328,12 @@ def checkpoint_weights(model_dir):
 
 def make_trainer(definition_class, /, *args, **arguments):
     """`loops.Trainer(definition_class(*args, ...), ...)`, the keyword arguments split between
-    the definition and the Trainer by the Trainer's signature (for tests' factories that
-    take both)."""
-    import inspect
+    the definition and the Trainer by the Trainer's arguments and settings (for tests'
+    factories that take both)."""
+    from loops.run.removed_api import TRAINER_KEYWORDS
 
-    settings = set(inspect.signature(loops.Trainer).parameters) - {"definition"}
-    run = {name: value for name, value in arguments.items() if name in settings}
-    own = {name: value for name, value in arguments.items() if name not in settings}
+    run = {name: value for name, value in arguments.items() if name in TRAINER_KEYWORDS}
+    own = {name: value for name, value in arguments.items() if name not in TRAINER_KEYWORDS}
     return loops.Trainer(definition_class(*args, **own), **run)
 
 

@@ -2,8 +2,15 @@
 Python value and a flag's, a section of the typed configuration, and whether a resume may
 change it."""
 
-import pytest
+import dataclasses
+import json
 
+import pytest
+import tensorflow as tf
+
+import loops
+from loops.bin import config_source
+from loops.cli import config_json
 from loops.model_dir import run_config
 from loops.run.run_options import RunOptions
 from loops.vocabulary import settings
@@ -98,3 +105,133 @@ def test_what_a_resume_may_change_is_the_resumable_declarations():
 
 def test_every_shared_setting_names_a_documented_section():
     assert {setting.section for setting in settings.SETTINGS} == set(settings.SECTIONS)
+
+
+def quiet():
+    return loops.testing.quiet_progress()
+
+
+# ---- The typed tree, generated from the declarations, and the Trainer that takes it. ----
+
+
+class Counter(loops.Loop):
+    """Counts its steps: a definition that needs no data."""
+
+    needs_train_data = False
+
+    def build(self):
+        self.total = tf.Variable(
+            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
+
+    def checkpoint_items(self):
+        return {"total": self.total}
+
+    def train_step(self, iterator):
+        self.total.assign_add(1.0)
+        return {"total": loops.Last(self.total.read_value())}
+
+
+def test_the_checked_in_tree_is_what_the_declarations_generate():
+    with open(config_source.TARGET, encoding="utf-8") as file:
+        assert file.read() == config_source.source(), (
+            f"loops/vocabulary/run_config_tree.py is stale: run {config_source.COMMAND}"
+        )
+
+
+def test_the_tree_holds_every_shared_setting_typed_in_its_section():
+    config = loops.RunConfig()
+    assert list(config.sections()) == list(settings.SECTIONS)
+    assert config.flat() == {setting.name: setting.default for setting in settings.SETTINGS}
+    for setting in settings.SETTINGS:
+        section = getattr(config, setting.section)
+        field = {field.name: field for field in dataclasses.fields(section)}[setting.name]
+        assert field.type == setting.annotation, setting.name
+    assert config.update.mixed_precision == "none" and config.run.steps_per_loop == 100
+
+
+def test_from_flat_flat_and_replace_check_by_the_declarations():
+    config = loops.RunConfig.from_flat({"steps_per_loop": 4, "profile_steps": [2, 3]})
+    assert config.run.steps_per_loop == 4 and config.outputs.profile_steps == (2, 3)
+    assert loops.RunConfig.from_flat(config.flat()) == config
+    replaced = config.replace(ema_decay=0.5)
+    assert replaced.update.ema_decay == 0.5 and config.update.ema_decay is None
+    with pytest.raises(ValueError, match="^ema_decay must be in \\(0, 1\\)"):
+        config.replace(ema_decay=1.0)
+    with pytest.raises(ValueError, match="has no setting 'steps_per_lop'; did you mean 'steps_"):
+        loops.RunConfig.from_flat({"steps_per_lop": 4})
+
+
+def test_async_checkpoints_no_is_refused_by_the_trainer_and_the_tree():
+    with pytest.raises(ValueError) as refused:
+        loops.Trainer(Counter(), async_checkpoints="no")
+    assert str(refused.value) == "async_checkpoints must be True or False, got 'no'."
+    with pytest.raises(ValueError, match="async_checkpoints must be True or False, got 'no'"):
+        loops.RunConfig().replace(async_checkpoints="no")
+
+
+def test_the_trainer_takes_a_config_and_keyword_overrides_checked_alike(tmp_path):
+    config = loops.RunConfig().replace(steps_per_loop=3, seed=7, model_dir=str(tmp_path))
+    trainer = loops.Trainer(Counter(), config, max_checkpoints=2, progress=quiet())
+    assert trainer.run_config == config.replace(max_checkpoints=2)
+    assert trainer.step_options.seed == 7
+    options = trainer.controller.options
+    assert (options.steps_per_loop, options.max_checkpoints, options.model_dir) == (
+        3,
+        2,
+        str(tmp_path),
+    )
+    trainer.train(6)
+    assert trainer.step == 6
+    trainer.close()
+    with pytest.raises(TypeError, match="has no setting 'steps_per_lop'; did you mean 'steps_per_"):
+        loops.Trainer(Counter(), steps_per_lop=3)
+    with pytest.raises(TypeError, match="a mapping of your hyperparameters .* is record="):
+        loops.Trainer(Counter(), {"learning_rate": 0.1})
+
+
+def test_a_run_restarts_from_its_config_json(tmp_path):
+    # A binary's config.json: flag values (0 for off, START,END), its own flags, the items.
+    recorded = {
+        "steps_per_loop": 5,
+        "ema_decay": 0.0,
+        "health_every": 0,
+        "profile_steps": "2,3",
+        "mixed_precision": "mixed_bfloat16",
+        "dataset": "digits",
+        "checkpoint.model": "Functional",
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(recorded))
+    config = loops.RunConfig.from_json(str(path))
+    assert config == loops.RunConfig().replace(
+        steps_per_loop=5, profile_steps=(2, 3), mixed_precision="mixed_bfloat16"
+    )
+    # A Python run's: its settings as values; the Trainer's own record is read back too.
+    trainer = loops.Trainer(
+        Counter(), config.replace(model_dir=str(tmp_path / "run")), progress=quiet()
+    )
+    trainer.train(5)
+    trainer.close()
+    again = loops.RunConfig.from_json(str(tmp_path / "run" / "config.json"))
+    assert again.update.mixed_precision == "mixed_bfloat16" and again.run.seed == 0
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds no JSON object of settings"):
+        loops.RunConfig.from_json(str(path))
+
+
+def test_config_json_on_a_command_line_is_the_flags_of_the_recorded_settings(tmp_path):
+    path = tmp_path / "config.json"
+    recorded = {"steps_per_loop": 5, "jit_compile": True, "model_dir": None, "dataset": "x"}
+    path.write_text(json.dumps(recorded) + "\n")
+    defined = {"steps_per_loop", "jit_compile", "model_dir"}
+    argv = ["prog", "--seed=1", f"--config_json={path}", "--steps_per_loop=2"]
+    assert config_json.expanded(argv, defined) == [
+        "prog",
+        "--seed=1",
+        "--steps_per_loop=5",
+        "--jit_compile=true",
+        "--steps_per_loop=2",  # after it: overrides
+    ]
+    with pytest.raises(ValueError, match="--config_json=.* does not read as a run's settings"):
+        config_json.expanded(["prog", f"--config_json={tmp_path / 'missing.json'}"], defined)

@@ -49,7 +49,7 @@ def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
         on_nonfinite="skip",
         progress=loops.testing.quiet_progress(),
         actions=[StopAtStep4()],
-        config={"learning_rate": 0.01},
+        record={"learning_rate": 0.01},
     )
     controller = loop.controller
     assert isinstance(controller, loops.Controller) and controller.trainer is loop
@@ -126,7 +126,7 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
             Counter(),
             model_dir=str(tmp_path),
             progress=loops.testing.quiet_progress(),
-            config=config,
+            record=config,
         )
 
     first = counter({"learning_rate": 0.1, "train_steps": 2})

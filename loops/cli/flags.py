@@ -22,7 +22,7 @@ from typing import Any
 
 from absl import app, flags
 
-from loops.cli import flagfiles, startup_preemption, tensorflow_logs
+from loops.cli import config_json, flagfiles, startup_preemption, tensorflow_logs
 from loops.cluster import cluster_config
 from loops.core import own_files
 from loops.model_dir import run_config
@@ -268,7 +268,10 @@ def help_text(description: str) -> str:
         lines.append("")
     lines.append(
         "logging:\n  -v N, --verbosity=N\n      Also show TensorFlow's own log lines "
-        "(as does setting TF_CPP_MIN_LOG_LEVEL);\n      N >= 0 adds absl INFO lines."
+        "(as does setting TF_CPP_MIN_LOG_LEVEL);\n      N >= 0 adds absl INFO lines.\n"
+        "\nsettings from a file (the flags after it override them):\n"
+        "      --flagfile=FILE: FILE's lines, one --flag=value a line.\n"
+        "      --config_json=MODEL_DIR/config.json: every setting a run recorded."
     )
     return "\n".join(lines)
 
@@ -284,6 +287,7 @@ def parse_flags(argv: list[str], *, description: str) -> list[str]:
         sys.exit(0)
     try:
         flagfiles.check_flagfiles(options)
+        argv = config_json.expanded(argv, set(flags.FLAGS))
     except ValueError as error:
         sys.exit(f"error: {error}")
     try:
@@ -484,9 +488,43 @@ def flag_actions() -> list:
     return actions
 
 
+def flags_config():
+    """The `loops.RunConfig` of the shared flags (`Setting.value_of_flag` each), with the
+    model_dir and eval_every the binary resolves; for an evaluator or a range test, none of
+    the training-only settings (see `loop_arguments`).
+
+    Raises:
+        ValueError: a flag value its declaration refuses (absl checked it already).
+    """
+    from loops.vocabulary.run_config_tree import RunConfig
+
+    values = flags.FLAGS
+    config = RunConfig.from_flat(
+        {
+            name: settings.BY_NAME[name].value_of_flag(values[name].value)
+            for name in RunConfig.names()
+        }
+    )
+    if mode() in (EVALUATE_CHECKPOINTS, FIND_LR):
+        # The evaluator trains nothing, the range test only for itself: a recovery
+        # (which needs a model_dir of its own) and a profile of train steps do not
+        # apply to them. They keep ema_decay: the checkpoints hold the averages the
+        # evaluator evaluates with.
+        return config.replace(
+            model_dir=None,
+            eval_every=eval_every(),
+            on_nonfinite="stop",
+            max_recoveries=None,
+            on_loss_spike="ignore",
+            profile_steps=None,
+        )
+    return config
+
+
 def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -> dict[str, Any]:
-    """The `Trainer` keyword arguments: one per Trainer setting (`settings.LOOP_SETTINGS`), from its
-    flag, with the binary's own `actions`.
+    """The `Trainer` arguments: the `flags_config` of the flags with `model_dir`, and the
+    strategy, the actions the flags ask for with the binary's own, and the flag values to
+    record in results.json.
 
     Reads --train_steps and --steps_per_loop, which a binary with
     algorithm-dependent defaults fills in before. An evaluator's loop
@@ -495,32 +533,13 @@ def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -
     (loops/run/sidecar.py). Nor does a range test's (--mode=find_lr), which
     writes nothing into --model_dir (loops/run/lr_finder.py).
     """
-    values = flags.FLAGS
-    arguments = {
-        setting.name: setting.value_of_flag(values[setting.name].value)
-        for setting in settings.LOOP_SETTINGS
-    }
-    arguments.update(
-        strategy=strategy,
-        model_dir=model_dir,
-        eval_every=eval_every(),
-        actions=[*flag_actions(), *actions],
-        config=flag_values(),
-    )
-    if mode() in (EVALUATE_CHECKPOINTS, FIND_LR):
-        # The evaluator trains nothing, the range test only for itself: a recovery
-        # (which needs a model_dir of its own), a profile of train steps and the
-        # actions do not apply to them. They keep ema_decay: the checkpoints hold
-        # the averages the evaluator evaluates with.
-        arguments.update(
-            model_dir=None,
-            on_nonfinite="stop",
-            max_recoveries=None,
-            on_loss_spike="ignore",
-            profile_steps=None,
-            actions=[],
-        )
-    return arguments
+    config = flags_config()
+    if mode() not in (EVALUATE_CHECKPOINTS, FIND_LR):
+        config = config.replace(model_dir=model_dir, eval_every=eval_every())
+        actions = [*flag_actions(), *actions]
+    else:
+        actions = []
+    return dict(config=config, strategy=strategy, actions=actions, record=flag_values())
 
 
 def binary_arguments(

@@ -36,6 +36,7 @@ from loops.vocabulary.declarations import (
     satisfies,
     whole_number,
 )
+from loops.vocabulary.whole_numbers import is_whole
 
 __all__ = [
     "SETTINGS",
@@ -565,7 +566,7 @@ SETTINGS: tuple[Setting, ...] = (
         section="faults",
         resumable=True,
         loop=True,
-        lower_bound=1,
+        check=lambda name, value: _check_max_recoveries(name, value),
     ),
     Setting(
         "on_loss_spike",
@@ -650,6 +651,15 @@ def _check_spike_factor(name: str, value: Any) -> float:
         raise ValueError(
             f"{name} must be a number > 1 (a loss that many times its moving average is "
             f"high), got {value!r}; e.g. 4.0."
+        )
+    return value
+
+
+def _check_max_recoveries(name: str, value: Any) -> int | None:
+    if value is not None and not is_whole(value, 1):
+        raise ValueError(
+            f"{name} must be a whole number >= 1, got {value!r}; to stop at the first "
+            "non-finite step, pass on_nonfinite='stop' instead."
         )
     return value
 
