@@ -4,16 +4,18 @@ change it."""
 
 import dataclasses
 import json
+import sys
 
 import pytest
 import tensorflow as tf
 
 import loops
+from conftest import read_results, run_module, run_python
 from loops.bin import config_source
 from loops.cli import config_json
 from loops.model_dir import run_config
 from loops.run.run_options import RunOptions
-from loops.vocabulary import settings
+from loops.vocabulary import run_config_tree, settings
 
 # What a resumed run could change without a warning before the declarations said it.
 FREE_TO_CHANGE_BEFORE = {
@@ -235,3 +237,93 @@ def test_config_json_on_a_command_line_is_the_flags_of_the_recorded_settings(tmp
     ]
     with pytest.raises(ValueError, match="--config_json=.* does not read as a run's settings"):
         config_json.expanded(["prog", f"--config_json={tmp_path / 'missing.json'}"], defined)
+
+
+# ---- The proof: a new setting is its declaration plus the regenerate command. ----
+
+# Declares a scratch setting beside the shared ones and regenerates loops.RunConfig from
+# them, as `python -m loops.bin.config_source --write` would: nothing else is edited.
+SCRATCH = """
+import sys, types
+from loops.vocabulary import settings
+from loops.vocabulary.declarations import Setting, satisfies
+from loops.bin import config_source
+
+scratch = Setting(
+    "scratch_ratio", "training", "A scratch setting of the proof test: a ratio in (0, 1].",
+    "float", default=0.5, section="run",
+    check=satisfies(lambda value: 0 < value <= 1, "{name} must lie in (0, 1], e.g. {name}=0.5."),
+)
+settings.SETTINGS = (*settings.SETTINGS, scratch)
+settings.BY_NAME = {setting.name: setting for setting in settings.SETTINGS}
+tree = types.ModuleType("loops.vocabulary.run_config_tree")
+sys.modules[tree.__name__] = tree
+exec(compile(config_source.source(), "run_config_tree.py", "exec"), tree.__dict__)
+"""
+
+
+def test_a_declared_setting_is_in_the_typed_config_with_its_check():
+    namespace = {}
+    exec(SCRATCH, namespace)  # in this process: undone below
+    scratch = namespace["scratch"]
+    tree = namespace["tree"]
+    try:
+        config = tree.RunConfig()
+        assert config.run.scratch_ratio == 0.5 and config.flat()["scratch_ratio"] == 0.5
+        assert "scratch_ratio: float = 0.5" in config_source.source()
+        assert config.replace(scratch_ratio=0.25).run.scratch_ratio == 0.25
+        with pytest.raises(ValueError, match=r"^scratch_ratio must lie in \(0, 1\], e.g."):
+            config.replace(scratch_ratio=2.0)
+        assert scratch.checked(1.0) == 1.0
+    finally:
+        settings.SETTINGS = settings.SETTINGS[:-1]
+        settings.BY_NAME = {setting.name: setting for setting in settings.SETTINGS}
+        sys.modules["loops.vocabulary.run_config_tree"] = run_config_tree
+    assert "scratch_ratio" not in loops.RunConfig.names()
+
+
+def test_a_declared_setting_reaches_the_flags_help_results_and_config_json(tmp_path, digits_dir):
+    binary = SCRATCH + "from loops.bin import classifier\nclassifier.run()\n"
+    helped = run_python(binary, "--help")
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert "  --scratch_ratio (float, default: 0.5)\n" in helped.stdout
+    refused = run_python(binary, "--scratch_ratio=2", f"--model_dir={tmp_path / 'bad'}")
+    assert refused.returncode == 1
+    assert "flag --scratch_ratio=2.0: --scratch_ratio must lie in (0, 1]" in refused.stderr
+    model_dir = tmp_path / "run"
+    run = ("--train_steps=2", "--steps_per_loop=1", "--global_batch_size=16")
+    done = run_python(
+        binary, *run, f"--data_dir={digits_dir}", f"--model_dir={model_dir}", "--scratch_ratio=0.25"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_results(str(model_dir))["config"]["scratch_ratio"] == 0.25
+    recorded = json.loads((model_dir / "config.json").read_text())
+    assert recorded["scratch_ratio"] == 0.25
+    # And the typed config the binary built: restarted from config.json, it reads it back.
+    check = SCRATCH + (
+        "print(sys.modules['loops.vocabulary.run_config_tree'].RunConfig"
+        f".from_json({str(model_dir / 'config.json')!r}).run.scratch_ratio)"
+    )
+    read_back = run_python(check)
+    assert read_back.returncode == 0, read_back.stderr[-2000:]
+    assert read_back.stdout.strip().splitlines()[-1] == "0.25"
+
+
+def test_a_binary_restarts_from_a_runs_config_json(tmp_path, digits_dir):
+    first = tmp_path / "first"
+    run = ("--train_steps=2", "--steps_per_loop=1", "--global_batch_size=16", "--seed=5")
+    done = run_module(
+        "loops.bin.classifier", *run, f"--data_dir={digits_dir}", f"--model_dir={first}"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = tmp_path / "second"
+    again = run_module(
+        "loops.bin.classifier",
+        f"--config_json={first / 'config.json'}",
+        f"--model_dir={second}",
+        "--train_steps=3",
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    was, now = read_results(str(first))["config"], read_results(str(second))["config"]
+    assert now == {**was, "model_dir": str(second), "train_steps": 3}
+    assert read_results(str(second))["global_step"] == 3

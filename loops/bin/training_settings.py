@@ -192,9 +192,8 @@ def prepare_rl_flags() -> None:
             "--eval_episodes is 0: pass e.g. --eval_episodes=10 (to the trainer too, "
             "for the same evaluation there)."
         )
-    for name, value in ALGORITHM_DEFAULTS[values.algorithm].items():
-        if values[name].value is None:
-            values[name].value = value
+    defaults = ALGORITHM_DEFAULTS[values.algorithm].items()
+    loop_flags.set_values({name: value for name, value in defaults if values[name].value is None})
 
 
 # The environment loop's keywords (None: the loop's default).
