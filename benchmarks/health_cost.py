@@ -68,7 +68,7 @@ def trainer_runner(setup, health_every: int | None):
         health_every=health_every,
         progress=loops.testing.quiet_progress(),
     )
-    return lambda steps: trainer.train(trainer.step + steps)
+    return lambda steps: trainer.train(trainer.state.step + steps)
 
 
 def interleaved_costs(runners: dict, steps: int, rounds: int) -> dict[str, list[tuple]]:

@@ -93,7 +93,7 @@ def measure(args) -> list[dict]:
 
             def runner(jit_compile: bool, model_name=model_name, replicas=replicas):
                 loop = trainer(model_name, replicas, jit_compile, args)
-                return lambda count: loop.train(loop.step + count)
+                return lambda count: loop.train(loop.state.step + count)
 
             builders = {"off": lambda: runner(False), "on": lambda: runner(True)}
             runners = warmed_up(builders, argparse.Namespace(steps=steps, steps_per_loop=steps))

@@ -102,7 +102,7 @@ def compute_bound(setup: Setup):
 
 def loops_mode(setup: Setup):
     loop = lm_loop(setup, steps_per_loop=setup.args.steps_per_loop)
-    return lambda steps: loop.train(loop.step + steps)
+    return lambda steps: loop.train(loop.state.step + steps)
 
 
 def keras_fit(setup: Setup):

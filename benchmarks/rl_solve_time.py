@@ -54,8 +54,8 @@ def time_to_solve(num_replicas: int, *, max_train_steps: int, seed: int) -> dict
         progress=loops.testing.quiet_progress(),
     )
     mean_return = 0.0
-    while loop.step < max_train_steps and mean_return < SOLVED_RETURN:
-        loop.train(min(loop.step + loop.steps_per_loop, max_train_steps))
+    while loop.state.step < max_train_steps and mean_return < SOLVED_RETURN:
+        loop.train(min(loop.state.step + loop.controller.options.steps_per_loop, max_train_steps))
         mean_return = float(loop.definition.mean_return().numpy())
     seconds = time.perf_counter() - started
     results = loop.definition.results_extra()
@@ -63,7 +63,7 @@ def time_to_solve(num_replicas: int, *, max_train_steps: int, seed: int) -> dict
         "num_replicas": num_replicas,
         "solved": mean_return >= SOLVED_RETURN,
         "seconds": round(seconds, 1),
-        "train_steps": loop.step,
+        "train_steps": loop.state.step,
         "env_steps": results["env_steps"],
         "episodes": results["episodes"],
         "mean_return_100": round(mean_return, 1),

@@ -152,7 +152,7 @@ def loops_mode(setup: Setup):
         steps_per_loop=setup.args.steps_per_loop,
         progress=loops.testing.quiet_progress(),
     )
-    return lambda steps: loop.train(loop.step + steps)
+    return lambda steps: loop.train(loop.state.step + steps)
 
 
 def keras_fit(setup: Setup, steps_per_execution: int):

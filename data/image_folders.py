@@ -305,7 +305,8 @@ def explain_changed_images(root: str | None, splits: tuple[str, ...], trainer) -
     if not changed:
         return None
     files = "; ".join(f"{path} {why}" for path, why in changed.items())
-    newest = trainer.checkpointer.latest if trainer.checkpointer is not None else None
+    checkpointer = trainer.run_context.checkpointer
+    newest = checkpointer.latest if checkpointer is not None else None
     resume = (
         f"it goes on from {newest}" if newest else "no checkpoint was saved yet: it starts over"
     )

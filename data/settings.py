@@ -174,3 +174,39 @@ PYTHON_TEXT: tuple[Setting, ...] = (
         lower_bound=1,
     ),
 )
+
+
+def _data_is_a_file(value: str | None) -> bool:
+    return value is None or os.path.isfile(value)
+
+
+# loops.bin.recommender: an interaction log of the user's, or the generated one, and its split.
+INTERACTIONS: tuple[Setting, ...] = (
+    Setting(
+        "data",
+        "data",
+        "An interaction log to train on: a file of user, item, rating and timestamp "
+        "columns (MovieLens u.data, RecBole .inter, or CSV with a header). Default: a "
+        "generated log with planted user and item factors and Zipf item popularity.",
+        "string",
+        flag_rule=(_data_is_a_file, "--data must name an interaction log file that exists."),
+    ),
+    Setting(
+        "split",
+        "data",
+        "Which interactions are held out for evaluation: random = a random --test_fraction "
+        "of them (drawn from --seed), time = each user's latest --test_fraction by "
+        "timestamp (rounded down).",
+        "enum",
+        flag_default="random",
+        choices=("random", "time"),
+    ),
+    Setting(
+        "test_fraction",
+        "data",
+        "The share of the interactions held out for evaluation, in (0, 1).",
+        "float",
+        flag_default=0.2,
+        flag_rule=(lambda value: 0 < value < 1, "--test_fraction must lie in (0, 1), e.g. 0.2."),
+    ),
+)

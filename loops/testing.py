@@ -8,19 +8,25 @@ Usage (the CPU must be split before any TensorFlow op runs, e.g. in conftest.py)
         loops.testing.assert_replica_parity(
             lambda strategy: loops.Trainer(MyLoop(), strategy=strategy, train_data=..., seed=1),
             num_steps=5)
+
+`local_parameter_server` starts the workers and servers of a parameter-server
+cluster on 127.0.0.1, for this process to be its chief (tests, benchmarks).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.cluster import strategies
+from loops.cluster import launch, strategies
 from loops.core import health, reporting
 from loops.run.trainer import Trainer
 
@@ -121,7 +127,7 @@ def train_run(
     if trainer.strategy is not strategy:
         raise AssertionError(f"build_trainer ignored the strategy it was given: {strategy!r}.")
     logs = trainer.train(num_steps)
-    return {"logs": logs, "weights": loop_weights(trainer), "eval": trainer.last_eval_metrics}
+    return {"logs": logs, "weights": loop_weights(trainer), "eval": trainer.state.last_eval_metrics}
 
 
 def assert_runs_agree(
@@ -192,3 +198,61 @@ def assert_replica_parity(
             label=f"{count} vs {reference} replicas",
         )
     return runs
+
+
+# A worker or ps task: a TensorFlow server of the cluster spec given as JSON, until killed
+# or its parent (the chief) ends.
+_SERVE = """
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import threading, time
+parent = os.getppid()
+
+def end_with_the_parent():
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(0)
+
+threading.Thread(target=end_with_the_parent, daemon=True).start()
+import tensorflow as tf
+spec, job, index = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index).join()
+"""
+
+
+def local_parameter_server(
+    workers: int, servers: int
+) -> tuple[dict[str, list[str]], dict[str, subprocess.Popen]]:
+    """Starts `workers` worker and `servers` ps processes on free ports of 127.0.0.1.
+
+    Returns the cluster spec (its chief is this process) and the processes by task
+    name (`worker_1`), for the caller to kill. Connect with
+    `parameter_server_strategy(spec)` once they may have started (it waits for them).
+    """
+    addresses = [f"127.0.0.1:{port}" for port in launch.free_ports(1 + workers + servers)]
+    spec = {
+        "chief": addresses[:1],
+        "worker": addresses[1 : 1 + workers],
+        "ps": addresses[1 + workers :],
+    }
+    tasks = [("worker", index) for index in range(workers)]
+    tasks += [("ps", index) for index in range(servers)]
+    processes = {
+        f"{job}_{index}": subprocess.Popen(
+            [sys.executable, "-c", _SERVE, json.dumps(spec), job, str(index)],
+            stdin=subprocess.DEVNULL,
+            # Not the chief's pipes: a reader of its output would wait for the servers too.
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for job, index in tasks
+    }
+    return spec, processes
+
+
+def parameter_server_strategy(spec: Mapping[str, list[str]]) -> tf.distribute.Strategy:
+    """This process as the chief of the cluster `spec`: its ParameterServerStrategy."""
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(dict(spec)), task_type="chief", task_id=0, rpc_layer="grpc"
+    )
+    return tf.distribute.experimental.ParameterServerStrategy(resolver)

@@ -134,3 +134,61 @@ def check_attention_fits(
         f"{needed / gib:,.0f} GiB, and it has {memory / gib:,.0f} GiB of memory; pass "
         f"--sequence_length<={longest} (or fewer --num_layers or --num_heads{fewer_rows})."
     )
+
+
+# loops.bin.recommender: `loops_models.recommender.id_tower` (retrieval) or `rating_model`.
+RECOMMENDER: tuple[Setting, ...] = (
+    Setting(
+        "model",
+        "model",
+        "retrieval: two towers (users, items) trained with an in-batch softmax over the "
+        "global batch, evaluated by Recall@K and NDCG@K over every item; rating: biases, a "
+        "dot product (and an MLP with --hidden_units) fitted to the ratings, evaluated by "
+        "RMSE.",
+        "enum",
+        flag_default="retrieval",
+        choices=("retrieval", "rating"),
+    ),
+    Setting(
+        "embedding_dim",
+        "model",
+        "Width of the user and item embeddings.",
+        "integer",
+        flag_default=32,
+        lower_bound=1,
+    ),
+    Setting(
+        "hidden_units",
+        "model",
+        "rating: the width of an MLP's hidden layer over both embeddings, added to the dot "
+        "product; 0: no MLP (one of 64 overfit the generated log in trials).",
+        "integer",
+        flag_default=0,
+        lower_bound=0,
+    ),
+    Setting(
+        "l2",
+        "model",
+        "rating: each pair's loss adds l2 times the sum of squares of the embedding and "
+        "bias rows it looked up (>= 0).",
+        "float",
+        flag_default=0.02,
+        lower_bound=0.0,
+    ),
+    Setting(
+        "temperature",
+        "model",
+        "retrieval: the towers' (unit length) dot products are divided by it.",
+        "float",
+        flag_default=0.1,
+        flag_rule=(lambda value: value > 0, "--temperature must be > 0, e.g. 0.1."),
+    ),
+    Setting(
+        "top_k",
+        "model",
+        "retrieval: the cut-off K of Recall@K and NDCG@K, and the items the export returns.",
+        "integer",
+        flag_default=10,
+        lower_bound=1,
+    ),
+)

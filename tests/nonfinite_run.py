@@ -26,15 +26,14 @@ def arm(bad_batches: list[int]) -> None:
     # the Controller positions the train stream (made then: no op may run before
     # the binary splits the CPU into replicas).
     skipped: list[tf.Variable] = []
-    # The definition's batches_per_step and global step (an Update sees neither), set there too.
+    # The definition's batches_per_step (an Update does not see it), set there too.
     run: list = []
     at_step = train_input.TrainInput.at_step
 
     def positioned_at_step(self, step):
         if not skipped:
             skipped.append(tf.Variable(0, dtype=tf.int64, trainable=False))
-            definition = self._trainer.definition
-            run.extend([definition.batches_per_step, definition.global_step])
+            run.append(self._batches_per_step)
         skipped[0].assign(self._recoveries.skipped_batches)
         return at_step(self, step)
 
@@ -47,7 +46,7 @@ def arm(bad_batches: list[int]) -> None:
             context = tf.distribute.get_replica_context()
             last_replica = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
             # The global step holds the index of the step being run.
-            per_step, global_step = run
+            per_step, global_step = run[0], self.context.global_step
             first = tf.cast(global_step, tf.int64) * per_step + skipped[0] + 1
             reads = first + tf.range(per_step, dtype=tf.int64)
             bad = tf.reduce_any(tf.equal(reads[:, None], tf.constant(bad_batches, tf.int64)))

@@ -57,7 +57,7 @@ def scripted(model_dir=None, *, actions=(), eval_every=2, steps_per_loop=2, **kw
 
 
 def lines(loop):
-    return loop.progress.stream.getvalue().splitlines()
+    return loop.run_context.progress.stream.getvalue().splitlines()
 
 
 # ---- Early stopping. ----
@@ -69,7 +69,7 @@ def test_early_stopping_stops_at_the_expected_step_and_says_why(tmp_path):
     )
     logs = loop.train(16)
     # Losses 5, 4 (best), 4.5, 4.2: the second evaluation in a row without improvement.
-    assert loop.step == 8
+    assert loop.state.step == 8
     np.testing.assert_array_equal(logs["total"], np.arange(1, 9))
     results = read_results(str(tmp_path))
     assert results["global_step"] == 8 and results["eval"]["loss"] == 4.2
@@ -111,27 +111,27 @@ def test_a_metric_that_is_never_finite_stops_training_with_that_reason():
 def test_resume_keeps_the_wait_count_and_a_rerun_after_a_stop_stops_at_once(tmp_path):
     first = scripted(str(tmp_path), actions=[loops.EarlyStopping("loss", patience=2)])
     first.train(6)  # evaluations 5, 4, 4.5: one without improvement, saved at step 6
-    assert first.stop_reason is None
+    assert first.state.stop_reason is None
     first.close()
 
     resumed = scripted(str(tmp_path), actions=[loops.EarlyStopping("loss", patience=2)])
-    assert resumed.step == 6
+    assert resumed.state.step == 6
     resumed.train(16)
     # Counting on from 1, the evaluation at 8 (4.2) is the second without improvement.
     # With the count lost, 4.2, 4.1, 3, 2, 1 would each improve and the run reach 16.
-    assert resumed.step == 8 and resumed.stop_reason.startswith("early stopping")
+    assert resumed.state.step == 8 and resumed.state.stop_reason.startswith("early stopping")
     resumed.close()
 
     rerun = scripted(str(tmp_path), actions=[loops.EarlyStopping("loss", patience=2)])
     rerun.train(16)
-    assert rerun.step == 8
+    assert rerun.state.step == 8
     assert read_results(str(tmp_path))["stop_reason"].startswith("early stopping")
     rerun.close()
 
     # A larger patience trains on: 4.1 at step 10 is the third without improvement.
     patient = scripted(str(tmp_path), actions=[loops.EarlyStopping("loss", patience=3)])
     patient.train(16)
-    assert patient.step == 10
+    assert patient.state.step == 10
 
 
 def test_an_action_added_on_resume_starts_fresh(tmp_path):
@@ -139,10 +139,10 @@ def test_an_action_added_on_resume_starts_fresh(tmp_path):
     plain.train(4)
     plain.close()
     resumed = scripted(str(tmp_path), actions=[loops.EarlyStopping("loss", patience=2)])
-    assert resumed.step == 4
+    assert resumed.state.step == 4
     resumed.train(16)
     # Fresh: 4.5 at step 6 is the first best; 4.2, 4.1, 3, 2, 1 each improve on it.
-    assert resumed.step == 16 and resumed.stop_reason is None
+    assert resumed.state.step == 16 and resumed.state.stop_reason is None
 
 
 def test_action_state_is_checkpointed_under_each_action_name(tmp_path):
@@ -170,14 +170,14 @@ class ScriptedClassifier(loops.ClassifierLoop):
         super().__init__(**kwargs)
 
     def run_evaluation(self, run):
-        self.weights_at[self.step] = loops.testing.loop_weights(run)
+        self.weights_at[self.step] = self.weigh()
         return {"loss": self.script[self.step], "num_examples": 21}
 
 
 def scripted_classifier(script, model_dir, actions=()):
     import loops_models as models
 
-    return loops.Trainer(
+    trainer = loops.Trainer(
         ScriptedClassifier(
             script,
             model_fn=lambda: models.build_classifier(
@@ -193,6 +193,9 @@ def scripted_classifier(script, model_dir, actions=()):
         actions=actions,
         progress=loops.testing.quiet_progress(),
     )
+    # What the trainer checkpoints (its run context does not say): read at each evaluation.
+    trainer.definition.weigh = lambda: loops.testing.loop_weights(trainer)
+    return trainer
 
 
 def test_keep_best_keeps_the_checkpoint_of_the_best_evaluation(tmp_path):
@@ -257,7 +260,7 @@ class Recorder(loops.Action):
         self.calls = {"before_train": [], "after_loop": [], "after_eval": [], "after_train": []}
 
     def before_train(self, loop):
-        self.calls["before_train"].append(loop.step)
+        self.calls["before_train"].append(loop.state.step)
 
     def after_loop(self, loop, step, train_metrics):
         self.calls["after_loop"].append(step)
@@ -266,7 +269,7 @@ class Recorder(loops.Action):
         self.calls["after_eval"].append((step, eval_metrics["loss"]))
 
     def after_train(self, loop):
-        self.calls["after_train"].append(loop.step)
+        self.calls["after_train"].append(loop.state.step)
 
 
 def test_a_custom_action_runs_every_n_steps_and_cuts_the_inner_loop_there():
@@ -297,7 +300,7 @@ def test_a_custom_action_can_stop_training_from_after_loop_or_after_eval(tmp_pat
 
     loop = scripted(actions=[StopAfterStep5()], steps_per_loop=3, eval_every=None)
     logs = loop.train(16)
-    assert loop.step == 6 and len(logs["total"]) == 6 and loop.stop_reason == "enough"
+    assert loop.state.step == 6 and len(logs["total"]) == 6 and loop.state.stop_reason == "enough"
     assert [line.split(" |")[0] for line in lines(loop)][-3:] == [
         "step 6/16",
         "stopping at step 6: enough",
@@ -306,7 +309,7 @@ def test_a_custom_action_can_stop_training_from_after_loop_or_after_eval(tmp_pat
 
     loop = scripted(str(tmp_path), actions=[StopAtLoss()])
     loop.train(16)
-    assert loop.step == 4 and read_results(str(tmp_path))["stop_reason"] == "loss 4.0 < 4.5"
+    assert loop.state.step == 4 and read_results(str(tmp_path))["stop_reason"] == "loss 4.0 < 4.5"
 
 
 # ---- User errors. ----
@@ -323,7 +326,7 @@ def test_an_unknown_metric_names_the_ones_the_loop_reports():
         ),
     ):
         loop.train(4)
-    assert loop.step == 2  # at the first evaluation
+    assert loop.state.step == 2  # at the first evaluation
 
 
 @pytest.mark.parametrize(

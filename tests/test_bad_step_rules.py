@@ -84,7 +84,7 @@ def test_recover_goes_on_with_the_weights_of_a_run_without_its_batches(tmp_path)
     assert (
         "step 6 was above the gradient-norm ceiling: recovery 1 of at most 3, back at the "
         "checkpoint of step 4; the train stream moved past 2 batches (those of steps 5 to 6)"
-    ) in loop.progress.stream.getvalue()
+    ) in loop.run_context.progress.stream.getvalue()
     assert recoveries_in_tensorboard(tmp_path) == {6: 1.0}
 
 
@@ -98,7 +98,7 @@ def test_stop_goes_back_to_the_last_checkpoint_and_raises_the_rules_error(tmp_pa
         r"steps\.$",
     ):
         loop.train(10)
-    assert loop.step == 4 and loop.controller.recoveries.entries == []
+    assert loop.state.step == 4 and loop.controller.recoveries.entries == []
     loop.close()
 
 
@@ -118,7 +118,7 @@ def test_recover_without_a_checkpoint_raises_and_keeps_the_finite_weights():
         r"checkpoint to go back to: the weights in memory are those after step 6\.$",
     ):
         loop.train(9)
-    assert loop.step == 6 and loop.controller.recoveries.entries == []
+    assert loop.state.step == 6 and loop.controller.recoveries.entries == []
 
 
 def test_a_rule_reacts_by_stop_or_recover_only():
@@ -159,7 +159,7 @@ def test_the_executor_and_the_policy_know_a_flag_by_its_type_not_its_name(run_ea
         r"nothing was saved\. Lower the learning rate",
     ):
         loop.train(4)
-    assert loop.step == 2  # the inner loop of 4 steps ended after the flagged one
+    assert loop.state.step == 2  # the inner loop of 4 steps ended after the flagged one
 
 
 def test_any_bad_is_one_flag_over_a_steps_updates():

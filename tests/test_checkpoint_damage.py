@@ -101,7 +101,7 @@ def test_resumes_from_the_newest_intact_checkpoint(trained_dir, damage, restored
             )
     older = checkpoint_bytes(trained_dir, [2, 4])
     loop, output = resume(trained_dir)
-    assert loop.step == restored_step
+    assert loop.state.step == restored_step
     assert said in output
     assert (
         f"restored {os.path.join(checkpoints, f'ckpt-{restored_step}')} at step {restored_step}"
@@ -109,7 +109,7 @@ def test_resumes_from_the_newest_intact_checkpoint(trained_dir, damage, restored
     )
     loop.train(10)
     loop.close()
-    assert loop.step == 10
+    assert loop.state.step == 10
     # Training on never touched the older checkpoints, and the state file reads again.
     assert checkpoint_bytes(trained_dir, [2, 4]) == older
     _, output = resume(trained_dir)
@@ -139,7 +139,7 @@ def test_a_state_file_that_does_not_read_with_no_checkpoint_is_dropped(tmp_path)
         stream.write(b"\x80\x81\xff\x00 not text")
     loop, output = resume(str(tmp_path))
     assert f"the checkpoint state file {state_file(str(tmp_path))} did not read" in output
-    assert loop.step == 0
+    assert loop.state.step == 0
     loop.train(2)
     loop.close()
     _, output = resume(str(tmp_path))
@@ -153,7 +153,7 @@ def test_a_killed_save_leaves_nothing_the_next_run_keeps(trained_dir):
         stream.write("{")
     os.makedirs(os.path.join(trained_dir, ".export-123-abc"))
     loop, _ = resume(trained_dir)
-    assert loop.step == 6
+    assert loop.state.step == 6
     assert sorted(name for name in os.listdir(trained_dir) if name.startswith(".")) == [".lock"]
     assert not glob.glob(os.path.join(checkpoints, "*_temp"))
     loop.close()
@@ -270,7 +270,7 @@ def test_an_update_that_is_not_finite_stops_the_run_at_its_last_finite_checkpoin
     ):
         loop.train(6)
     loop.close()
-    assert loop.step == 2
+    assert loop.state.step == 2
     assert all(np.all(np.isfinite(value)) for value in loops.testing.loop_weights(loop).values())
     prefixes = sorted(p[: -len(".index")] for p in glob.glob(str(tmp_path / "checkpoints/*.index")))
     assert [os.path.basename(p) for p in prefixes] == ["ckpt-1", "ckpt-2"]

@@ -18,14 +18,21 @@ from loops.cli import application, tensorflow_logs
 from loops.cli import flags as loop_flags
 from loops.vocabulary.choices import STRATEGY_NAMES
 
-BINARIES = ("classifier", "gan", "rl", "lm")
+BINARIES = ("classifier", "gan", "rl", "lm", "recommender")
 CONSOLE_SCRIPTS = {
     "classifier": "loops-classifier",
     "gan": "loops-gan",
     "rl": "loops-rl",
     "lm": "loops-lm",
+    "recommender": "loops-recommender",
 }
-DEFAULT_LEARNING_RATES = {"classifier": 0.002, "gan": 0.002, "rl": 0.001, "lm": 0.003}
+DEFAULT_LEARNING_RATES = {
+    "classifier": 0.002,
+    "gan": 0.002,
+    "rl": 0.001,
+    "lm": 0.003,
+    "recommender": 0.003,
+}
 
 # Runs in a fresh process: defines a binary's flags, asks its parser for --help
 # and for every enum and float flag with a bad value, and reports what each

@@ -15,7 +15,8 @@ import tensorflow as tf
 import loops
 import loops_models as models
 from conftest import failing_at_batch
-from loops.run import failed_frames
+from loops.core import reporting
+from loops.run import failed_frames, removed_api
 from loops.run.train_input import TrainInput
 
 
@@ -30,11 +31,12 @@ def images_and_labels(nan_rows=()):
 
 class StopAtStep4(loops.Action):
     def after_loop(self, loop, step, train_metrics):
+        self.seen = loop  # what an action gets of the run
         if step == 4:
             loop.request_stop("enough at step 4")
 
 
-def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
+def test_the_trainer_shows_the_state_and_run_context_of_its_controller(tmp_path):
     loop = loops.Trainer(
         loops.ClassifierLoop(
             model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
@@ -48,11 +50,13 @@ def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
         model_dir=str(tmp_path),
         on_nonfinite="skip",
         progress=loops.testing.quiet_progress(),
-        actions=[StopAtStep4()],
+        actions=[stop := StopAtStep4()],
         record={"learning_rate": 0.01},
     )
     controller = loop.controller
-    assert isinstance(controller, loops.Controller) and controller.trainer is loop
+    assert isinstance(controller, loops.Controller) and not hasattr(controller, "trainer")
+    assert loop.state is controller.state and loop.run_context is controller.run_context
+    assert controller.report.state is loop.state
     assert isinstance(loop.definition, loops.ClassifierLoop)
     assert (
         loop.definition.strategy is loop.strategy
@@ -61,22 +65,26 @@ def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
 
     logs = loop.train(10)
 
-    assert loop.step == 4 and logs["nonfinite"].tolist() == [0, 1, 1, 0]
-    assert loop.skipped_steps == controller.skipped_steps == 2
-    assert loop.stop_reason == controller.stop_reason == "enough at step 4"
-    assert loop.preempted is controller.preempted is False
-    assert loop.last_train_metrics is controller.report.last_train_metrics
-    assert loop.last_train_metrics["nonfinite"] == 1  # the last inner loop: steps 3 and 4
+    state, run = loop.state, loop.run_context
+    assert stop.seen is run and not hasattr(run, "controller") and not hasattr(run, "train")
+    assert state.step == run.step == 4 and logs["nonfinite"].tolist() == [0, 1, 1, 0]
+    assert state.skipped_steps == controller._inner_loops.bad_steps.nonfinite.skipped_steps == 2
+    assert state.stop_reason == "enough at step 4"
+    assert state.preempted is False
+    assert run.last_train_metrics is state.last_train_metrics
+    assert state.last_train_metrics["nonfinite"] == 1  # the last inner loop: steps 3 and 4
     assert [entry["step"] for entry in controller.report.eval_history] == [2, 4]
-    assert loop.last_eval_metrics is controller.report.last_eval_metrics
-    assert loop.last_eval_metrics == {
+    assert run.last_eval_metrics is state.last_eval_metrics
+    assert state.last_eval_metrics == {
         name: value for name, value in controller.report.eval_history[-1].items() if name != "step"
     }
-    assert loop.steps_per_second == controller.report.steps_per_second > 0
-    assert loop.checkpointer is controller.checkpointer
-    assert loop.checkpointer.restore() is not None and loop.step == 4  # saved at the stop
-    assert (loop.model_dir, loop.eval_every, loop.is_chief) == (str(tmp_path), 2, True)
-    assert loop.progress is controller.progress and loop.summaries is controller.summaries
+    assert state.steps_per_second > 0
+    assert run.checkpointer is controller._checkpoints.checkpointer
+    assert run.checkpointer.restore() is not None and state.step == 4  # saved at the stop
+    assert (run.model_dir, run.eval_every, run.is_chief) == (str(tmp_path), 2, True)
+    assert run.config == {"learning_rate": 0.01}
+    assert run.progress is controller.report.progress
+    assert run.summaries is controller.report.summaries
     with open(os.path.join(str(tmp_path), "results.json")) as stream:
         results = json.load(stream)
     assert (results["global_step"], results["skipped_steps"], results["stop_reason"]) == (
@@ -85,6 +93,41 @@ def test_the_trainer_reads_the_run_state_of_its_controller(tmp_path):
         "enough at step 4",
     )
     assert results["config"] == {"learning_rate": 0.01}
+    loop.close()
+
+
+def test_the_run_state_is_read_only_and_the_old_names_name_their_replacement():
+    loop = loops.Trainer(Counter(), steps_per_loop=2, progress=loops.testing.quiet_progress())
+    loop.train(2)
+    with pytest.raises(AttributeError, match=r"trainer.state is read-only \('stop_reason'"):
+        loop.state.stop_reason = "mine"
+    assert loop.state.stop_reason is None and loop.state.step == 2
+    with pytest.raises(AttributeError, match="RunState has no 'steps'"):
+        loop.state.record(steps=3)
+    for name, replacement in removed_api.MOVED_TRAINER_MEMBERS.items():
+        with pytest.raises(AttributeError) as raised:
+            getattr(loop, name)
+        assert str(raised.value) == (
+            f"Trainer.{name} was removed: the Trainer's public face is its methods and its "
+            f"parts; read {replacement} ("
+            + ("its state" if replacement.startswith("trainer.state.") else "a part of it")
+            + ") instead (CHANGELOG.md, the Trainer's state)."
+        )
+    # What each sentence names is there, and holds what the old name held.
+    found = {
+        name: eval(replacement.removesuffix("()"), {"trainer": loop})
+        for name, replacement in removed_api.MOVED_TRAINER_MEMBERS.items()
+    }
+    assert (found["step"], found["num_replicas"], found["skipped_steps"]) == (2, 1, 0)
+    assert (found["stop_reason"], found["preempted"], found["leaves_out_nonfinite"]) == (
+        None,
+        False,
+        False,
+    )
+    assert (found["model_dir"], found["checkpointer"], found["is_chief"]) == (None, None, True)
+    assert found["last_train_metrics"] == {"total": 2.0} and found["steps_per_second"] > 0
+    with pytest.raises(AttributeError, match="'Trainer' object has no attribute 'stepz'"):
+        loop.stepz  # noqa: B018
     loop.close()
 
 
@@ -134,7 +177,9 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
     first.close()
     resumed = counter({"learning_rate": 0.2, "train_steps": 4})  # train_steps is free to change
     warnings = [
-        line for line in resumed.progress.stream.getvalue().splitlines() if "warning" in line
+        line
+        for line in resumed.run_context.progress.stream.getvalue().splitlines()
+        if "warning" in line
     ]
     assert warnings == [
         f"warning: learning_rate was 0.1 in the run that wrote {tmp_path} and is 0.2 now; "
@@ -151,7 +196,7 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
             "seed": 0,
             "checkpoint.total": type(resumed.definition.total).__name__,
         }
-    assert resumed.step == 2 and float(resumed.definition.total.numpy()) == 2.0
+    assert resumed.state.step == 2 and float(resumed.definition.total.numpy()) == 2.0
     resumed.close()
 
 
@@ -238,3 +283,28 @@ def test_only_the_frameworks_frames_lose_their_locals():
     user = [frame for frame in frames if frame.f_code.co_name == "build_with_a_bad_setting"]
     assert len(user) == 1 and user[0].f_locals == {"mine": "kept"}
     assert frames[0].f_locals  # this test's own frame, still running, is left alone
+
+
+class RecordedSummaries(reporting.Summaries):
+    """Summaries that keep each call's scalars instead of writing them."""
+
+    def __init__(self):
+        super().__init__(None)
+        self.recorded = []
+
+    def scalars(self, name, step, metrics):
+        self.recorded.append((name, step, {key: metrics[key] for key in sorted(metrics)}))
+
+
+def test_report_to_sends_the_runs_summaries_to_the_evaluators_own(tmp_path):
+    # The sidecar evaluator's seam: its evaluations are reported to its own directory.
+    loop = loops.Trainer(Counter(), steps_per_loop=2, progress=loops.testing.quiet_progress())
+    own = RecordedSummaries()
+    loop.controller.report_to(own)
+    assert loop.run_context.summaries is own
+    loop.train(4)
+    assert [(name, step, values["total"]) for name, step, values in own.recorded] == [
+        ("train", 2, 2.0),
+        ("train", 4, 4.0),
+    ]
+    loop.close()

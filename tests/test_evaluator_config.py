@@ -263,7 +263,7 @@ def test_a_run_without_config_json_is_evaluated_unchecked_with_a_note(python_run
     os.remove(os.path.join(run_dir, "config.json"))
     loop = make_loop(ema_decay=0.5)
     lines = []
-    loop.progress.line = lines.append
+    loop.run_context.progress.line = lines.append
     history = loops.evaluate_checkpoints(loop, run_dir, train_steps=4, poll_seconds=0.05)
     assert [entry["step"] for entry in history] == [2, 4]
     assert lines[1] == (

@@ -119,7 +119,7 @@ def test_the_gan_binary_exports_the_generator_it_trained(tmp_path):
         model_dir=model_dir,
         progress=loops.testing.quiet_progress(),
     )
-    assert restored.step == 4
+    assert restored.state.step == 4
     noise = (
         np.random.default_rng(1)
         .standard_normal((5, *restored.definition.noise_shape))

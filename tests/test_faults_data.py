@@ -364,7 +364,7 @@ def test_a_file_damaged_during_training_is_named_after_the_last_checkpoint(tmp_p
         save = Controller.save_checkpoint
         def save_then_damage(self):
             path = save(self)
-            if self.trainer.step == 4:
+            if self.state.step == 4:
                 with open({damaged!r}, "r+b") as handle:
                     handle.truncate(os.path.getsize({damaged!r}) // 2)
             return path

@@ -84,7 +84,7 @@ def changed(before, after):
 def test_k_steps_make_n_critic_times_k_critic_updates_and_k_generator_updates():
     loop = make_gan(n_critic=3)
     logs = loop.train(4)
-    assert loop.step == 4
+    assert loop.state.step == 4
     assert int(loop.definition.d_steps.numpy()) == 12 and int(loop.definition.g_steps.numpy()) == 4
     assert int(loop.definition.discriminator_optimizer.iterations.numpy()) == 12
     assert int(loop.definition.generator_optimizer.iterations.numpy()) == 4
@@ -214,7 +214,7 @@ def test_resume_continues_with_the_next_batches_and_the_counters(tmp_path):
     make_gan(n_critic=2, model_dir=str(tmp_path)).train(2)
     resumed = make_gan(n_critic=2, model_dir=str(tmp_path))
     assert (
-        resumed.step,
+        resumed.state.step,
         int(resumed.definition.d_steps.numpy()),
         int(resumed.definition.g_steps.numpy()),
     ) == (2, 4, 2)

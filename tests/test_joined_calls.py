@@ -59,15 +59,15 @@ def trained(monkeypatch, *, joined_seconds, actions=(), num_steps=60, **options)
 
     loop.executor.run = counted
     summaries = []
-    scalars = loop.controller.summaries.scalars
+    scalars = loop.run_context.summaries.scalars
 
     def recorded(tag, step, values):
         summaries.append((tag, step, {k: v for k, v in values.items() if "per_second" not in k}))
         scalars(tag, step, values)
 
-    loop.controller.summaries.scalars = recorded
+    loop.run_context.summaries.scalars = recorded
     history = loop.train(num_steps)
-    lines = loop.controller.progress.stream.getvalue().splitlines()
+    lines = loop.run_context.progress.stream.getvalue().splitlines()
     return calls, summaries, history, lines, loop
 
 
@@ -133,8 +133,8 @@ def test_a_stop_at_a_nonfinite_step_inside_a_joined_call_reports_the_loops_befor
 
     loop = classifier(monkeypatch, joined_seconds, train_data=poisoned, on_nonfinite="stop")
     reported = []
-    scalars = loop.controller.summaries.scalars
-    loop.controller.summaries.scalars = lambda tag, step, values: (
+    scalars = loop.run_context.summaries.scalars
+    loop.run_context.summaries.scalars = lambda tag, step, values: (
         reported.append((tag, step, values.get("nonfinite"))),
         scalars(tag, step, values),
     )
@@ -144,7 +144,7 @@ def test_a_stop_at_a_nonfinite_step_inside_a_joined_call_reports_the_loops_befor
     # The inner loop of steps 4-6 reports; the one the stop cut short at step 8 does not.
     train = [(step, nonfinite) for tag, step, nonfinite in reported if tag == "train"]
     assert train == [(3, 0), (6, 0)]
-    assert loop.step == 8
+    assert loop.state.step == 8
 
 
 def test_a_run_that_recovers_keeps_one_call_per_inner_loop(monkeypatch, tmp_path):

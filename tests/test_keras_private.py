@@ -24,3 +24,36 @@ def test_an_optimizer_reads_its_rate_from_the_attribute_the_finder_swaps():
     optimizer.apply([keras.ops.convert_to_tensor([2.0])], [variable])
     assert float(variable.numpy()[0]) == 0.5 - 0.5 * 2.0  # its own again
     assert float(optimizer.learning_rate.numpy()) == 0.5
+
+
+def test_the_embedding_layers_of_a_model_are_found_nested_and_read_sparsely_the_same():
+    import numpy as np
+    import tensorflow as tf
+
+    from loops.core import table_rows
+
+    inner = keras.Sequential([keras.Input((2,), dtype="int32"), keras.layers.Embedding(7, 3)])
+    ids = keras.Input((2,), dtype="int32")
+    model = keras.Model(ids, keras.layers.Embedding(5, 3)(ids) + inner(ids))
+    found = keras_private.embedding_layers(model)
+    assert sorted(layer.input_dim for layer in found) == [5, 7]
+
+    layer = keras.layers.Embedding(6, 2, dtype="mixed_float16")
+    layer.build((None,))
+    given = tf.constant([[0, 5, -1], [2, -6, 3]])
+    keras_rows = layer(given)
+    assert keras_private.read_rows_sparsely(layer, table_rows.lookup)
+    patched = layer.call
+    assert keras_private.read_rows_sparsely(layer, table_rows.lookup) and layer.call is patched
+    rows = layer(given)
+    assert rows.dtype == keras_rows.dtype == tf.float16
+    np.testing.assert_array_equal(rows.numpy(), keras_rows.numpy())  # -1 is row 5, -6 row 0
+    traced = tf.function(lambda: layer(given)).get_concrete_function()
+    assert "ResourceGather" in {node.op for node in traced.graph.as_graph_def().node}
+
+
+def test_a_keras_variable_wraps_its_tf_variable_where_the_sparse_read_finds_it():
+    import tensorflow as tf
+
+    variable = keras.Variable([[1.0, 2.0]])
+    assert isinstance(getattr(variable, keras_private.KERAS_VARIABLE_WRAPPED), tf.Variable)

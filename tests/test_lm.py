@@ -40,7 +40,7 @@ def tiny_model():
     )
 
 
-def build(strategy, *, batch=8, **loop_args):
+def build(strategy, *, batch=8, optimizer_fn=lambda: keras.optimizers.Adam(0.01), **loop_args):
     tokens, lengths = uneven_rows()
 
     def batches():
@@ -51,7 +51,7 @@ def build(strategy, *, batch=8, **loop_args):
     return make_trainer(
         LanguageModelLoop,
         model_fn=tiny_model,
-        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+        optimizer_fn=optimizer_fn,
         sequence_length=SEQUENCE,
         sample_prompts=(),
         strategy=strategy,
@@ -67,6 +67,18 @@ def test_losses_weights_and_eval_match_on_1_2_and_4_replicas():
     runs = loops.testing.assert_replica_parity(build, num_steps=6, rtol=1e-5)
     # The steps really hold different real-token counts (8, 8, 5 rows).
     assert runs[4]["logs"]["tokens"].tolist() == [53, 60, 25, 53, 60, 25]
+    assert runs[1]["logs"]["loss"][-1] < runs[1]["logs"]["loss"][0]
+
+
+def test_plain_sgd_trains_the_token_embedding_sparsely_with_parity_on_1_and_4_replicas():
+    def sgd(strategy):
+        return build(strategy, optimizer_fn=lambda: keras.optimizers.SGD(0.5))
+
+    trainer = sgd(loops.testing.replica_strategy(1))
+    trainer.train(1)
+    tables = trainer.definition.update.tables
+    assert tables.sparse and len(tables.indices) == 1  # the token embedding's rows
+    runs = loops.testing.assert_replica_parity(sgd, num_steps=6, replica_counts=(1, 4), rtol=1e-5)
     assert runs[1]["logs"]["loss"][-1] < runs[1]["logs"]["loss"][0]
 
 
@@ -122,7 +134,7 @@ def test_the_token_weighted_loss_is_the_single_device_one_and_a_per_replica_mean
 def test_eval_perplexity_equals_a_float64_computation_over_the_same_weights():
     loop = build(loops.testing.replica_strategy(2), unigram_perplexity=20.0)
     loop.train(4)
-    metrics = loop.last_eval_metrics
+    metrics = loop.state.last_eval_metrics
     total, count = 0.0, 0
     for tokens, lengths in build(loops.testing.replica_strategy(1)).eval_data():
         logits = loop.definition.model(tokens[:, :-1]).numpy().astype(np.float64)

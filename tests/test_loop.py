@@ -42,9 +42,9 @@ def test_train_step_traced_once_over_two_epochs_with_partial_batches():
 def test_train_counts_to_a_total_and_steps_the_global_step():
     loop = make_loop()
     assert loop.train(5)["loss"].shape == (5,)
-    assert loop.step == 5
+    assert loop.state.step == 5
     assert loop.train(8)["loss"].shape == (3,)
-    assert loop.step == 8
+    assert loop.state.step == 8
 
 
 def test_resume_matches_an_uninterrupted_run(tmp_path):
@@ -55,9 +55,9 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     first.train(4)
     del first
     resumed = make_loop(model_dir=str(tmp_path))
-    assert resumed.step == 4
+    assert resumed.state.step == 4
     logs = resumed.train(8)
-    assert resumed.step == 8
+    assert resumed.state.step == 8
     assert logs["loss"].shape == (4,)
     loops.testing.assert_close(
         loops.testing.loop_weights(resumed),
@@ -86,7 +86,7 @@ def test_checkpoint_cadence_and_results_file(tmp_path):
     assert 0.0 <= results["eval"]["accuracy"] <= 1.0
     assert results["train"]["loss"] > 0
     assert results["steps_per_second"] > 0
-    lines = loop.progress.stream.getvalue().splitlines()
+    lines = loop.run_context.progress.stream.getvalue().splitlines()
     assert [line.split(" |")[0] for line in lines] == [
         "step 2/5",
         "step 3/5",
@@ -259,7 +259,7 @@ def test_a_step_must_take_exactly_batches_per_step_batches(loop_class, message):
     )
     with pytest.raises(ValueError, match=message):
         loop.train(2)
-    assert loop.step == 0
+    assert loop.state.step == 0
 
 
 @pytest.mark.parametrize("num_replicas", [1, 2])
@@ -299,4 +299,4 @@ def test_logs_of_every_dtype_come_back_step_by_step(num_replicas):
     assert logs["total"].tolist() == np.cumsum(values).tolist()
     assert logs["half"].dtype == np.float32 and logs["half"].tolist() == [v / 2 for v in values]
     assert logs["step"].dtype == np.float64 and logs["step"].tolist() == list(range(7))
-    assert loop.step == 7 and int(loop.definition.total.numpy()) == 96
+    assert loop.state.step == 7 and int(loop.definition.total.numpy()) == 96

@@ -103,7 +103,7 @@ def test_a_recovered_spike_ends_with_the_weights_of_a_run_without_its_batches(
     loop.close()
     results = read_results(str(tmp_path))
     assert results["recoveries"][0]["cause"] == "loss_spike"
-    progress = loop.progress.stream.getvalue()
+    progress = loop.run_context.progress.stream.getvalue()
     assert (
         "step 8 was a loss spike: recovery 1 of at most 3, back at the checkpoint of step 4; "
         "the train stream moved past 4 batches (those of steps 5 to 8)"
@@ -149,7 +149,7 @@ def test_a_spike_is_rolled_back_past_a_checkpoint_saved_during_it(
         label=f"rolled back to step {restored} vs never saw batches {restored + 1}-9",
     )
     loop.close()
-    progress = loop.progress.stream.getvalue()
+    progress = loop.run_context.progress.stream.getvalue()
     if restored:  # the checkpoint of step 8 held two high steps: removed, then saved again
         assert (
             "removed ckpt-8: saved at step 7 or later, they hold the steps gone back over"
@@ -184,7 +184,7 @@ def test_past_max_recoveries_it_stops_with_the_error_and_keeps_finite_checkpoint
         r"after it; the loop is back at its last checkpoint \(step 8\)",
     ):
         loop.train(16)
-    assert loop.step == 8
+    assert loop.state.step == 8
     loop.close()
     assert_checkpoints_finite(str(tmp_path))
 
@@ -193,7 +193,7 @@ def test_stop_goes_back_to_the_last_checkpoint_and_names_the_spike(tmp_path):
     loop = spiking(tmp_path, [6, 7, 8], policy="stop", num_replicas=1, checkpoint_every=4)
     with pytest.raises(loops.LossSpikeError, match=r"Step 8: loss was high from step 6 to 8"):
         loop.train(12)
-    assert loop.step == 4
+    assert loop.state.step == 4
     loop.close()
 
 
@@ -207,7 +207,7 @@ def test_a_resume_after_a_recovery_continues_it_exactly(tmp_path):
     first.close()
     # The watch's average and the recovery record come back with the final checkpoint.
     second = spiking(tmp_path / "parts", [6, 7, 8], num_replicas=1, checkpoint_every=4)
-    assert second.step == 10
+    assert second.state.step == 10
     assert spike_watch(second).average == pytest.approx(average_at_10, rel=1e-12)
     second.train(16)
     assert second.controller.recoveries.entries == whole.controller.recoveries.entries

@@ -143,7 +143,7 @@ def test_the_stop_rule_ends_the_test_once_the_smoothed_loss_is_four_times_its_lo
     np.testing.assert_allclose(curve.smoothed_losses, smoothed, rtol=1e-5)
     assert f"is above 4 x its lowest, {smoothed[0]:.4g}" in curve.stop_reason
     assert curve.suggested_rate == pytest.approx(1e-5)  # the first rate / 10
-    lines = trainer.progress.stream.getvalue()
+    lines = trainer.run_context.progress.stream.getvalue()
     assert "the loss never fell below its first value" in lines
     assert "lr_find: suggested learning rate 1e-05 (the rate at the lowest smoothed loss, " in lines
 

@@ -66,9 +66,9 @@ def test_inf_on_one_replica_of_four_skips_the_step_on_all_and_halves_the_scale()
     logs = loop.train(4)
     assert logs["nonfinite"].tolist() == [0.0, 0.0]
     assert logs["loss_scale"].tolist() == [INITIAL_SCALE / 2] * 2
-    assert loop.skipped_steps == 1
+    assert loop.state.skipped_steps == 1
     assert all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
-    assert loop.last_train_metrics["loss_scale"] == INITIAL_SCALE / 2
+    assert loop.state.last_train_metrics["loss_scale"] == INITIAL_SCALE / 2
 
 
 def test_float16_overflow_on_one_replica_lowers_the_scale_without_stopping_the_run():
@@ -85,7 +85,7 @@ def test_float16_overflow_on_one_replica_lowers_the_scale_without_stopping_the_r
     logs = loop.train(3)
     assert logs["overflow"].tolist() == [0.0]
     assert logs["loss_scale"].tolist() == [INITIAL_SCALE / 2]
-    assert loop.skipped_steps == 0
+    assert loop.state.skipped_steps == 0
 
 
 def test_scale_doubles_after_growth_steps_finite_steps():
@@ -163,7 +163,7 @@ def test_resume_continues_the_loss_scale(tmp_path):
     first.train(3)
     first.close()
     resumed = build(str(tmp_path))
-    assert resumed.step == 3
+    assert resumed.state.step == 3
     assert resumed.definition.loss_scale.scale.numpy() == INITIAL_SCALE / 2
     assert resumed.definition.loss_scale.finite_steps.numpy() == 1
     logs = resumed.train(6)

@@ -105,7 +105,7 @@ def test_progress_summaries_checkpoints_and_exact_resume(tmp_path):
     saved = os.listdir(os.path.join(model_dir, "checkpoints"))
     assert "ckpt-3.index" in saved and "ckpt-5.index" in saved
     resumed = build(loops.testing.replica_strategy(2), model_dir=model_dir, checkpoint_every=3)
-    assert resumed.step == 5
+    assert resumed.state.step == 5
     resumed.train(8)
     resumed.close()
     loops.testing.assert_close(
@@ -114,7 +114,7 @@ def test_progress_summaries_checkpoints_and_exact_resume(tmp_path):
         rtol=1e-6,
         label="resumed vs uninterrupted",
     )
-    progress = resumed.progress.stream.getvalue()
+    progress = resumed.run_context.progress.stream.getvalue()
     assert "restored" in progress and "step 8/8 | loss" in progress
     results = read_results(model_dir)
     assert results["global_step"] == 8 and results["eval"]["loss"] < 2.0
@@ -149,7 +149,7 @@ def test_mixed_float16_gets_a_loss_scale_the_step_does_not_write():
     # Each overflow is skipped and halves the next step's scale; nothing else moves it.
     for step in range(1, 8):
         assert scales[step] == scales[step - 1] / (2 if overflows[step - 1] else 1), scales
-    assert logs["nonfinite"].tolist() == [0] * 8 and loop.skipped_steps == 0
+    assert logs["nonfinite"].tolist() == [0] * 8 and loop.state.skipped_steps == 0
     assert np.all(np.isfinite(logs["loss"])) and logs["loss"][-1] < logs["loss"][0]
 
 
@@ -168,9 +168,9 @@ def test_a_nan_on_one_replica_follows_the_policy(policy, tmp_path):
     if policy == "stop":
         with pytest.raises(loops.NonFiniteError, match="Step 2: .* back at its last checkpoint"):
             loop.train(4)
-        assert loop.step == 1
+        assert loop.state.step == 1
     else:
         logs = loop.train(4)
-        assert logs["nonfinite"].tolist() == [0, 1, 0, 0] and loop.skipped_steps == 1
+        assert logs["nonfinite"].tolist() == [0, 1, 0, 0] and loop.state.skipped_steps == 1
     assert all(np.all(np.isfinite(v)) for v in loops.testing.loop_weights(loop).values())
     loop.close()

@@ -50,7 +50,7 @@ def test_skip_leaves_weights_and_optimizer_untouched_by_the_bad_step():
             np.testing.assert_array_equal(after_bad[key], value, err_msg=key)
     logs = loop.train(4)
     assert logs["nonfinite"].tolist() == [0.0, 0.0]
-    assert loop.skipped_steps == 1
+    assert loop.state.skipped_steps == 1
     assert all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
     assert loop.write_results()["skipped_steps"] == 1
 
@@ -62,13 +62,13 @@ def test_stop_names_the_step_saves_nothing_after_it_and_goes_back_to_the_checkpo
         match="Step 2: the loss or the gradients .* back at its last checkpoint \\(step 1\\)",
     ):
         loop.train(4)
-    assert loop.step == 1
+    assert loop.state.step == 1
     # Training again reads the stream from the checkpoint's position: the same bad batch.
     with pytest.raises(
         loops.run.loop.NonFiniteError, match="Step 2: .* back at its last checkpoint"
     ):
         loop.train(4)
-    assert loop.step == 1
+    assert loop.state.step == 1
     kept = sorted(
         os.path.basename(p)
         for p in tf.train.get_checkpoint_state(
@@ -77,7 +77,7 @@ def test_stop_names_the_step_saves_nothing_after_it_and_goes_back_to_the_checkpo
     )
     assert kept == ["ckpt-1"]
     restored = make_loop("stop", model_dir=str(tmp_path))
-    assert restored.step == 1
+    assert restored.state.step == 1
     weights = loops.testing.loop_weights(restored)
     assert all(np.all(np.isfinite(w)) for w in weights.values())
     loops.testing.assert_close(
@@ -101,14 +101,14 @@ def test_stop_applies_updates_without_waiting_for_the_check():
     # the bad update reaches the weights, and with no checkpoint to go back to
     # the error says so.
     loop = make_loop("stop")
-    assert not loop.leaves_out_nonfinite
+    assert not loop.step_context.update.nonfinite.skips
     with pytest.raises(
         loops.run.loop.NonFiniteError,
         match="Step 2: .* no checkpoint to go back to: the weights in memory are not finite",
     ):
         loop.train(4)
-    assert loop.step == 2
-    assert loop.skipped_steps == 0
+    assert loop.state.step == 2
+    assert loop.state.skipped_steps == 0
     assert not all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
     # Training again is refused: the weights are not finite, whether or not the
     # next steps' kernels would show it (oneDNN's fused ReLU turns a NaN into 0).
@@ -117,4 +117,4 @@ def test_stop_applies_updates_without_waiting_for_the_check():
         match="At step 2 the weights were not finite .* cannot train on",
     ):
         loop.train(4)
-    assert loop.step == 2
+    assert loop.state.step == 2

@@ -173,7 +173,7 @@ def test_a_plain_tensor_output_is_refused_with_the_kinds_to_choose_from():
         r"loops\.Last",
     ):
         loop.train(1)
-    assert loop.step == 0
+    assert loop.state.step == 0
 
 
 # Values a float64 column could not hold by a plain cast: 64-bit integers

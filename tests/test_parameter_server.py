@@ -1,4 +1,4 @@
-"""ParameterServerStrategy: asynchronous classifier training through a ClusterCoordinator."""
+"""ParameterServerStrategy: classifier training through a ClusterCoordinator (exact mode)."""
 
 import json
 import os
@@ -44,7 +44,7 @@ def checkpoint_steps(model_dir):
 
 def test_two_workers_and_a_ps_train_the_classifier_and_the_chief_resumes(tmp_path, digits_dir):
     model_dir = str(tmp_path)
-    run = Run(parameter_server_run(model_dir, digits_dir, TRAIN_STEPS)).succeed(timeout=150)
+    run = Run(parameter_server_run(model_dir, digits_dir, TRAIN_STEPS)).succeed(timeout=300)
 
     # Every task ran: the servers served until the launcher stopped them after the chief.
     for task in ("worker_0", "worker_1", "ps_0"):
@@ -77,7 +77,7 @@ def test_two_workers_and_a_ps_train_the_classifier_and_the_chief_resumes(tmp_pat
     ]
 
     # A larger --train_steps restores the chief's checkpoint and trains only the rest.
-    run = Run(parameter_server_run(model_dir, digits_dir, MORE_STEPS)).succeed(timeout=150)
+    run = Run(parameter_server_run(model_dir, digits_dir, MORE_STEPS)).succeed(timeout=300)
     assert re.search(
         rf"\[chief_0\] restored \S+ckpt-{TRAIN_STEPS} at step {TRAIN_STEPS}", run.output
     )

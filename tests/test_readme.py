@@ -93,10 +93,11 @@ def test_the_flag_reference_lists_each_binary_and_its_own_defaults():
         "### loops-gan",
         "### loops-lm",
         "### loops-rl",
+        "### loops-recommender",
     ]
     # A shared flag is listed once, with its declared default; a binary's own default beside it.
     assert reference.count("| `--train_steps` |") == 1
-    assert reference.count("| `--export_dir` |") == 3
+    assert reference.count("| `--export_dir` |") == 4
     assert "Its defaults of shared flags: `--train_steps=600`, `--global_batch_size=64`, " in (
         reference
     )

@@ -147,7 +147,7 @@ def test_results_tensorboard_and_progress_record_every_recovery(tmp_path):
     results = read_results(str(tmp_path))
     assert results["recoveries"] == expected and results["global_step"] == 8
     assert recoveries_in_tensorboard(tmp_path) == {3: 1.0, 5: 2.0}
-    progress = loop.progress.stream.getvalue()
+    progress = loop.run_context.progress.stream.getvalue()
     assert (
         "step 3 was not finite: recovery 1 of at most 3, back at the checkpoint of step 2; "
         "the train stream moved past 1 batch (step 3's), and training goes on"
@@ -166,7 +166,7 @@ def test_past_max_recoveries_it_stops_with_the_error_and_keeps_finite_checkpoint
         r".* raise max_recoveries \(--max_recoveries\)",
     ):
         loop.train(12)
-    assert loop.step == 6
+    assert loop.state.step == 6
     assert all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
     loop.close()
     assert_checkpoints_finite(str(tmp_path))
@@ -192,7 +192,7 @@ def test_a_resume_after_a_recovery_reads_on_where_the_recovered_run_did(tmp_path
     first.train(8)  # recovers at step 6, saves at 8 with the stream moved 2 batches on
     first.close()
     resumed = recovering(model_dir, [6], checkpoint_every=4)
-    assert resumed.step == 8 and len(resumed.controller.recoveries.entries) == 1
+    assert resumed.state.step == 8 and len(resumed.controller.recoveries.entries) == 1
     resumed.train(12)
     resumed.close()
     loops.testing.assert_close(
@@ -211,7 +211,7 @@ def test_a_resume_after_a_recovery_reads_on_where_the_recovered_run_did(tmp_path
         if not os.path.basename(name).startswith("ckpt-4."):
             os.remove(name)
     from_before = recovering(model_dir, [6], checkpoint_every=4)
-    assert from_before.step == 4 and from_before.controller.recoveries.entries == []
+    assert from_before.state.step == 4 and from_before.controller.recoveries.entries == []
     from_before.train(12)
     from_before.close()
     loops.testing.assert_close(
@@ -233,7 +233,7 @@ def test_a_checkpoint_from_before_the_recovery_record_restores_as_no_recovery(tm
         max_to_keep=1,
     ).save(checkpoint_number=4)
     loop = recovering(tmp_path, [6], checkpoint_every=4)
-    assert loop.step == 4 and loop.controller.recoveries.entries == []
+    assert loop.state.step == 4 and loop.controller.recoveries.entries == []
     loops.testing.assert_close(
         loops.testing.loop_weights(loop), loops.testing.loop_weights(old), rtol=0, label="old"
     )
@@ -327,20 +327,22 @@ def test_recover_without_the_train_stream_a_loop_needs_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
-def test_recover_under_parameter_server_is_refused():
+def test_recover_under_the_asynchronous_parameter_server_mode_is_refused():
     # Only the strategy's class name decides; a real one would connect to a cluster.
     strategy = type("ParameterServerStrategyV2", (), {})()
     asynchronous = type("Asynchronous", (loops.Loop,), {"supports_parameter_server": True})
     with pytest.raises(
         ValueError,
-        match=r"under ParameterServerStrategy each worker reads its own stream, at no "
-        r"position a checkpoint records\. Pass on_nonfinite='skip'",
+        match=r"under parameter_server_mode='async' the workers' steps run out of order, at "
+        r"no position a checkpoint records\. Pass --parameter_server_mode=exact, or "
+        r"on_nonfinite='skip'",
     ):
         loops.Trainer(
             asynchronous(),
             strategy=strategy,
             on_nonfinite="recover",
             train_data=stream(*examples()),
+            parameter_server_mode="async",
         )
 
 
@@ -540,7 +542,7 @@ def test_rl_recovers_by_drawing_the_data_after_the_bad_steps(tmp_path, num_repli
     recovered.close()
     # A resume reads the offset back from the recovery record in the checkpoint.
     resumed = ppo([5], num_replicas, model_dir=str(tmp_path), on_nonfinite="recover")
-    assert resumed.step == 10
+    assert resumed.state.step == 10
     resumed.train(10)
     assert int(resumed.data_offset.numpy()) == 2
     resumed.close()

@@ -334,7 +334,7 @@ def test_a_resumed_dqn_run_continues_exactly(tmp_path):
     first = build(str(tmp_path))
     first.train(4)
     resumed = build(str(tmp_path))
-    assert resumed.step == 4
+    assert resumed.state.step == 4
     resumed.train(6)
     # Environments mid-episode, episode statistics, replay buffer, target
     # network and optimizer all came back from the checkpoint.
@@ -485,7 +485,7 @@ def test_greedy_episodes_give_the_same_returns_on_any_replica_count(make):
         loop.train(2)
         results[replicas] = loop.evaluate()
         # The same starts and noise at every evaluation: the weights alone decide.
-        assert loop.definition.run_evaluation(loop) == results[replicas]
+        assert loop.definition.run_evaluation(loop.run_context) == results[replicas]
     assert results[1] == pytest.approx(results[2], rel=1e-6)
     metrics = results[1]
     assert metrics["episodes_ended"] == 5

@@ -81,7 +81,7 @@ def test_the_loop_reports_the_rate_of_each_step_and_continues_it_after_a_resume(
     loop, schedule = make_loop(str(tmp_path))
     first = loop.train(4)["learning_rate"]
     np.testing.assert_allclose(first, rates(schedule, range(4)), rtol=1e-6, atol=1e-9)
-    assert loop.last_train_metrics["learning_rate"] == pytest.approx(float(schedule(3)))
+    assert loop.state.last_train_metrics["learning_rate"] == pytest.approx(float(schedule(3)))
     loop.close()
     resumed, _ = make_loop(str(tmp_path))
     second = resumed.train(8)["learning_rate"]

@@ -20,7 +20,7 @@ from loops.vocabulary import settings
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
-BINARIES = ("classifier", "gan", "rl", "lm")
+BINARIES = ("classifier", "gan", "rl", "lm", "recommender")
 # Trainer keyword arguments that are objects, not settings a flag could carry.
 LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "record"}
 # Settings whose flag default each binary gives (`define_binary_flags` keywords).
@@ -70,9 +70,14 @@ OWN_SETTINGS = {
         *training_settings.OPTIMIZER,
         *training_settings.LANGUAGE_MODEL,
     ),
+    "recommender": (
+        *data_settings.INTERACTIONS,
+        *model_settings.RECOMMENDER,
+        *training_settings.OPTIMIZER,
+    ),
 }
 # The binaries that export at the end of training: they also take --export_dir.
-EXPORTING = {"classifier", "gan", "lm"}
+EXPORTING = {"classifier", "gan", "lm", "recommender"}
 
 
 def help_entries(binary):

@@ -87,7 +87,7 @@ def run_dir(finished_run, tmp_path):
 def in_process_evaluation(loop, prefix):
     """The metrics of `loop` (no model_dir) given the weights of the checkpoint `prefix`."""
     tf.train.Checkpoint(model=loop.definition.model).read(prefix).expect_partial()
-    return loop.definition.run_evaluation(loop)
+    return loop.definition.run_evaluation(loop.run_context)
 
 
 def eval_scalars(directory):
@@ -179,7 +179,7 @@ def test_a_checkpoint_deleted_before_it_is_read_is_skipped_with_a_note(run_dir):
 
     lines = []
     loop = make_loop()
-    loop.progress.line = rotate_step_8_away
+    loop.run_context.progress.line = rotate_step_8_away
     history = loops.evaluate_checkpoints(loop, run_dir, train_steps=TRAIN_STEPS, poll_seconds=0.05)
     assert [entry["step"] for entry in history] == KEPT_STEPS
     assert "metrics" in history[0] and "metrics" in history[2]

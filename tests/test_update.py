@@ -83,7 +83,7 @@ def test_skip_leaves_out_the_update_an_inf_on_one_replica_poisons(kind):
     loop = make(kind, on_nonfinite="skip")
     logs = loop.train(4)
     assert logs["nonfinite"].tolist() == [0, 0, 1, 0]
-    assert loop.skipped_steps == 1 and loop.write_results()["skipped_steps"] == 1
+    assert loop.state.skipped_steps == 1 and loop.write_results()["skipped_steps"] == 1
     assert finite(loop)
 
 
@@ -96,7 +96,7 @@ def test_stop_names_the_step_and_goes_back_to_the_checkpoint(kind, tmp_path):
         f"last checkpoint \\(step {BAD_STEP}\\)",
     ):
         loop.train(4)
-    assert loop.step == BAD_STEP and finite(loop)
+    assert loop.state.step == BAD_STEP and finite(loop)
     loop.close()
 
 

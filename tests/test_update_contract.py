@@ -113,7 +113,7 @@ def test_an_ambiguous_normalizer_under_accumulation_is_an_error_naming_the_fix(v
     assert "grad_accum_steps=2 weights each micro-batch's gradients by" in message
     assert says in message
     assert "divide it once, by loops.scale_to_global_batch(per_example_loss, count)" in message
-    assert loop.step == 0
+    assert loop.state.step == 0
 
 
 def test_without_accumulation_the_normalizer_does_not_matter_and_nothing_is_refused():
@@ -171,7 +171,7 @@ def test_a_float16_definition_that_lists_only_its_own_objects_resumes_with_its_l
     assert logs["loss_scale"].tolist() == [2.0**15] * 2 + [2.0**16] * 2 + [2.0**17]
     assert logs["overflow"].tolist() == [0] * 5
     resumed = make(tmp_path)
-    assert resumed.step == 5
+    assert resumed.state.step == 5
     assert resumed.definition.update.loss_scale.scale.numpy() == 2.0**17
     assert resumed.definition.update.loss_scale.finite_steps.numpy() == 1
     assert resumed.train(6)["loss_scale"].tolist() == [2.0**17]

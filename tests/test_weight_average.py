@@ -53,10 +53,10 @@ def test_evaluation_uses_the_averages_and_leaves_the_trained_weights(tmp_path):
     loop = build(model_dir=str(tmp_path))(loops.testing.replica_strategy(2))
     loop.train(6)
     trained = trainable_values(loop)
-    raw_metrics = loop.definition.run_evaluation(loop)
+    raw_metrics = loop.definition.run_evaluation(loop.run_context)
     with loop.averaged_weights():
         swapped = trainable_values(loop)
-        averaged_metrics = loop.definition.run_evaluation(loop)
+        averaged_metrics = loop.definition.run_evaluation(loop.run_context)
         with loop.definition.raw_weights():
             for before, now in zip(trained, trainable_values(loop)):
                 np.testing.assert_array_equal(before, now)
@@ -75,7 +75,7 @@ def test_evaluation_uses_the_averages_and_leaves_the_trained_weights(tmp_path):
     assert len(saved_average) == len(loop.definition.model.trainable_variables) + 1
     loop.close()
     restored = build(model_dir=str(tmp_path))(loops.testing.replica_strategy(2))
-    assert restored.step == 6
+    assert restored.state.step == 6
     for before, now in zip(trained, trainable_values(restored)):
         np.testing.assert_array_equal(before, now)
     restored.close()
@@ -89,7 +89,7 @@ def test_a_resumed_run_averages_exactly_as_an_uninterrupted_one(tmp_path):
     first.train(5)  # saved at 3 and 5
     first.close()
     resumed = build(model_dir=str(tmp_path), checkpoint_every=3)(strategy)
-    assert resumed.step == 5
+    assert resumed.state.step == 5
     resumed.train(8)
     loops.testing.assert_close(
         loops.testing.loop_weights(resumed),
@@ -117,7 +117,7 @@ def test_a_skipped_update_leaves_the_average_alone():
     before = [v.numpy() for v in average.averages]
     logs = loop.train(3)
     assert logs["nonfinite"].tolist() == [1]
-    assert loop.skipped_steps == 1
+    assert loop.state.skipped_steps == 1
     assert int(average.num_updates.numpy()) == 2
     for old, new in zip(before, average.averages):
         np.testing.assert_array_equal(old, new.numpy())
@@ -173,5 +173,5 @@ def test_the_evaluator_beside_a_run_evaluates_its_averaged_weights(tmp_path):
         )
     # And the averages are what made the difference: the trained weights score otherwise.
     with evaluator.averaged_weights(), evaluator.definition.raw_weights():
-        raw_loss = evaluator.definition.run_evaluation(evaluator)["loss"]
+        raw_loss = evaluator.definition.run_evaluation(evaluator.run_context)["loss"]
     assert abs(raw_loss - history[-1]["metrics"]["loss"]) > 1e-4

@@ -98,5 +98,12 @@ LM = BinaryFlags(
         eval_every=1350,
     ),
 )
+RECOMMENDER = BinaryFlags(
+    "loops-recommender",
+    (data_settings.INTERACTIONS, model_settings.RECOMMENDER, training_settings.OPTIMIZER),
+    export="the trained recommender (serving_default: users -> their top-K items and "
+    "scores; score_pairs: users, items -> scores)",
+    defaults=dict(train_steps=1500, global_batch_size=1024, learning_rate=3e-3),
+)
 # In the order README's flag reference lists them.
-BINARIES: tuple[BinaryFlags, ...] = (CLASSIFIER, GAN, LM, RL)
+BINARIES: tuple[BinaryFlags, ...] = (CLASSIFIER, GAN, LM, RL, RECOMMENDER)

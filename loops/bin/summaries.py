@@ -12,7 +12,7 @@ def gan(trainer) -> str:
     """Steps of each network, and on the ring the modes the generator covers."""
     from loops_data.ring import Ring
 
-    results, metrics = trainer.definition.results_extra(), trainer.last_eval_metrics
+    results, metrics = trainer.definition.results_extra(), trainer.state.last_eval_metrics
     summary = f"trained {results['g_steps']} generator and {results['d_steps']} discriminator steps"
     if "modes_covered" in metrics:
         summary += (
@@ -24,7 +24,7 @@ def gan(trainer) -> str:
 
 def language_model(trainer) -> str:
     """The eval perplexity, against the train split's byte frequencies and compressors."""
-    metrics = trainer.last_eval_metrics
+    metrics = trainer.state.last_eval_metrics
     if "perplexity" not in metrics:
         return "no evaluation"
     line = (
@@ -54,5 +54,5 @@ def reinforcement_learning(trainer) -> str:
     return (
         f"{results['algorithm']}: mean return of the last 100 episodes {mean_return:.1f}, "
         f"{verdict}; {results['episodes']} episodes, {results['env_steps']} environment "
-        f"steps at {trainer.units_per_second or 0:.0f} per second"
+        f"steps at {trainer.state.units_per_second or 0:.0f} per second"
     )

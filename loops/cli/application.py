@@ -289,9 +289,9 @@ def _build_and_train(
             trainer.close()
     with startup_preemption.sigterm_handler(startup_preemption.note_after_training):
         if summary is not None:
-            trainer.progress.line(summary(trainer))
+            trainer.run_context.progress.line(summary(trainer))
         report_outputs(trainer)
-    if trainer.preempted:
+    if trainer.state.preempted:
         # Not 0: a scheduler must tell a preempted run (rerun it) from a finished one.
         sys.exit(exit_codes.PREEMPTED)
 
@@ -456,10 +456,10 @@ def quiet_logging() -> None:
 
 def report_outputs(trainer) -> None:
     """Tells the user where the run's outputs went."""
-    if not trainer.is_chief:
+    if not trainer.run_context.is_chief:
         return
-    directory = trainer.model_dir
-    trainer.progress.line(
+    directory = trainer.run_context.model_dir
+    trainer.run_context.progress.line(
         f"outputs in {directory}\n"
         f"  results:     {os.path.join(directory, 'results.json')}\n"
         f"  checkpoints: {os.path.join(directory, 'checkpoints')} (rerun with "

@@ -6,6 +6,7 @@ import sys
 
 import tensorflow as tf
 
+from loops import topology
 from loops.cluster import cluster_config, task_cluster
 from loops.cluster.cluster_config import host_and_port  # noqa: F401  (re-exported)
 from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.cluster.strategies.X keeps working)
@@ -117,7 +118,11 @@ def _start_cluster_strategy(name: str, timeout_seconds: float) -> tf.distribute.
         watchdog.tensorflow_starts()
         if name == "multi_worker_mirrored":
             return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
-        return tf.distribute.experimental.ParameterServerStrategy(resolver)
+        # Only embedding tables are split by rows over the servers (`topology.TablePartitioner`).
+        servers = len(resolver.cluster_spec().as_dict().get("ps", []))
+        return tf.distribute.experimental.ParameterServerStrategy(
+            resolver, variable_partitioner=topology.TablePartitioner(servers)
+        )
 
 
 def make_strategy(

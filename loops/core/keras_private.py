@@ -1,6 +1,6 @@
-"""The two places where loops changes what Keras does through a private name, each in one
-function, because Keras 3 leaves no public way; `tests/test_keras_private.py` fails when a
-Keras release renames what they rely on.
+"""The places where loops reaches into Keras through a private name or changes what a Keras
+object does, each in one function, because Keras 3 leaves no public way;
+`tests/test_keras_private.py` fails when a Keras release renames what they rely on.
 """
 
 from __future__ import annotations
@@ -12,6 +12,13 @@ from typing import Any
 # What each adapter relies on, checked by the test: (module, class, attribute).
 KERAS_VARIABLE_COPY = ("keras.src.backend.tensorflow.core", "Variable", "_copy_trackable_to_cpu")
 OPTIMIZER_RATE_ATTRIBUTE = "_learning_rate"
+# An optimizer's slot lists ("_accumulators": Adagrad's), indexed by this method of a variable.
+OPTIMIZER_VARIABLE_INDEX = "_get_variable_index"
+# Every layer of a model, nested ones included (the Keras 3 method `embedding_layers` calls).
+LAYER_WALK = "_flatten_layers"
+# The tf.Variable a Keras variable wraps: its public `value` is a cast copy inside a layer
+# call under a mixed precision policy.
+KERAS_VARIABLE_WRAPPED = "_value"
 
 
 def copy_keras_variables_once() -> None:
@@ -51,3 +58,73 @@ def learning_rates_read_from(optimizers: Sequence[Any], rate: Callable[[], Any])
     finally:
         for optimizer, own in zip(optimizers, own_rates):
             setattr(optimizer, OPTIMIZER_RATE_ATTRIBUTE, own)
+
+
+def optimizer_slot(optimizer: Any, slots: str, variable: Any) -> Any:
+    """The optimizer's slot variable in its list `slots` (e.g. "_accumulators") for `variable`.
+
+    A sparse row update (`loops.core.row_updates`) writes the rows of the very
+    slots the Keras optimizer built, so its checkpoints stay the optimizer's;
+    Keras 3 keeps them in private lists, by the variable's index.
+
+    Raises:
+        ValueError: the optimizer was not built on `variable`, naming it and the fix.
+    """
+    try:
+        index = getattr(optimizer, OPTIMIZER_VARIABLE_INDEX)(variable)
+    except KeyError:
+        name = getattr(variable, "path", None) or variable.name
+        raise ValueError(
+            f"the optimizer {optimizer.name} was not built on the variable {name}, which it "
+            f"is given to update; build it on every variable it trains "
+            f"(optimizer.build(variables)) before making the loops.Update."
+        ) from None
+    return getattr(optimizer, slots)[index]
+
+
+def embedding_layers(model: Any) -> list[Any]:
+    """Every `keras.layers.Embedding` in `model` (nested models and layers included), of
+    that class exactly: a subclass may look up its rows another way."""
+    import keras
+
+    layers = getattr(model, LAYER_WALK)(include_self=True, recursive=True)
+    return [layer for layer in layers if type(layer) is keras.layers.Embedding]
+
+
+def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
+    """Makes a `keras.layers.Embedding` look its ids up with `lookup(table, ids)`; returns
+    whether it did.
+
+    Keras' own call reads the whole table (`ops.take` converts the variable to
+    a tensor) and gathers from the copy. Once a step has written rows of the
+    table with a scatter, TensorFlow copies the whole variable on every such
+    read (measured: 1M x 32 rows, 634 -> 23 steps/s), so a sparse update is
+    only fast with a sparse read. The replacement does what Keras' call does
+    (ids cast to int32, negative ids counted from the end, the output cast to
+    the layer's compute dtype) with `lookup`; a layer with LoRA or
+    quantization, or sparse or ragged ids, keeps Keras' call.
+    """
+    if getattr(layer.call, "reads_rows_sparsely", False):
+        return True  # already (a second Update of the same model)
+    if layer.lora_enabled or getattr(layer, "quantization_mode", None):
+        return False
+    keras_call = layer.call
+
+    def call(inputs):
+        import tensorflow as tf
+
+        if isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor)):
+            return keras_call(inputs)
+        ids = tf.convert_to_tensor(inputs)
+        if ids.dtype not in (tf.int32, tf.int64):
+            ids = tf.cast(ids, tf.int32)
+        table = getattr(layer.embeddings, KERAS_VARIABLE_WRAPPED)
+        ids = tf.where(ids < 0, ids + tf.cast(table.shape[0], ids.dtype), ids)
+        rows = lookup(table, ids)
+        if rows is None:  # no sparse read here (not in a replica's step)
+            return keras_call(inputs)
+        return tf.cast(rows, layer.compute_dtype)
+
+    call.reads_rows_sparsely = True  # type: ignore[attr-defined]
+    layer.call = call
+    return True

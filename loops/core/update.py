@@ -22,18 +22,23 @@ import tensorflow as tf
 
 from loops.core import (
     compilation,
+    embedding_tables,
     health,
+    keras_private,
     micro_batches,
     mixed_precision,
     outputs,
     reduction,
+    table_rows,
     update_context,
 )
-from loops.core.gradients import all_finite, apply_gradients, apply_summed, sum_over_replicas
+from loops.core.gradients import all_finite
 from loops.core.health import Totals, UpdateHealth
+from loops.core.table_updates import TableGradients, check_own_tables
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
 from loops.topology import replica_bounds
+from loops.vocabulary.whole_numbers import check_whole
 
 # A replica function's result: its share of the loss (already divided by the
 # real global count, `loops.scale_to_global_batch`) and scalars to sum over replicas.
@@ -172,6 +177,30 @@ class Update:
       per-layer update ratios reported every `health_every` steps; None:
       none, and no all-reduce of the gradient beyond the optimizer's own.
 
+    Embedding tables (`loops.core.table_updates`): a variable whose gradient
+    is an `IndexedSlices` (a plain `keras.layers.Embedding`) is trained by
+    `table_optimizer` (else `optimizer`). Where that optimizer has an exact
+    row update (SGD without momentum, Adagrad: `loops.core.row_updates`), the
+    gradient stays sparse: duplicate ids summed, the rows all-gathered across
+    replicas (uneven and empty replicas included), only the touched rows of
+    the table and of the optimizer's own slots read and written, and the
+    model's Embedding layers look their rows up with a sparse read; a step
+    then costs what its batch touches, not the table. Clipping and the
+    health norm count each row once, which is the dense gradient's norm;
+    accumulation stays sparse; a float16 loss scale unscales the rows; a
+    moving average (`ema_decay`) of a sparse table is refused. Another
+    optimizer (Adam) trains tables densely, with a note once. Pass the model
+    itself as `trained` for the sparse read: given a function of variables,
+    the layers keep Keras' whole-table read, which TensorFlow copies once
+    rows were scattered (correct, and as slow as a dense update).
+    A `loops.EmbeddingTable` in the model (its variables are not Keras
+    weights) trains too: its shards' rows, counted by the non-finite check,
+    clipping and health like the rest, applied by its own row optimizer
+    (`table_optimizer` may only be that same optimizer), whose `iterations`
+    the Update counts. It trains on one replica or under parameter servers;
+    on several synchronous replicas, or with a moving average, the Update is
+    refused with the fix (`table_updates.check_own_tables`).
+
     Args:
         context: the `UpdateContext` it runs in; or, in a definition's
             `build`, the definition (`self`, a `loops.Loop` bound by its
@@ -190,6 +219,16 @@ class Update:
             The loss function then takes the other replicas' rows with
             `loops.gather_global_rows` (exact on any replica count), and
             `grad_accum_steps` > 1 is refused.
+        table_optimizer: a built Keras optimizer for the embedding tables (e.g.
+            Adagrad, with Adam as `optimizer` for the rest): each optimizer
+            counts the steps and keeps the slots of its own variables; a
+            definition checkpoints both. None: `optimizer` trains the tables.
+        max_table_lookups: on several replicas, the most ids one replica looks
+            up in one table in one step (its examples times ids each): the
+            rows gathered across replicas have a shape fixed when traced. Only
+            needed where that count is not static (batches of varying size)
+            and a table has more than 65,536 rows (a smaller one gathers its
+            row count).
 
     Raises:
         ValueError: a bad clip_norm, whole_batch_loss under grad_accum_steps > 1, or
@@ -206,6 +245,8 @@ class Update:
         clip_norm: float | None = None,
         average: bool = True,
         whole_batch_loss: bool = False,
+        table_optimizer: keras.optimizers.Optimizer | None = None,
+        max_table_lookups: int | None = None,
     ):
         self.context = context = update_context.of(context)
         options = context.options
@@ -216,6 +257,8 @@ class Update:
             compilation.check_can_compile(trained, context.strategy)
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
+        check_slices_can_compute(context, whole_batch_loss, options.grad_accum_steps)
+        self._slice_functions: dict[ReplicaLoss, Callable[..., tuple]] = {}
         self.optimizer = optimizer
         self._trained = trained
         self.clip_norm = clip_norm
@@ -226,6 +269,8 @@ class Update:
             growth_steps = options.loss_scale_growth_steps or mixed_precision.DEFAULT_GROWTH_STEPS
             self.loss_scale = mixed_precision.DynamicLossScale(growth_steps=growth_steps)
             context.update_states.add(self.loss_scale)
+        averaged = average and options.ema_decay is not None
+        self._set_up_tables(trained, optimizer, table_optimizer, max_table_lookups, averaged)
         self.average: WeightAverage | None = None
         if average and options.ema_decay is not None:
             averages = context.weight_averages
@@ -236,22 +281,56 @@ class Update:
             )
             averages.add(self.average)
 
+    def _set_up_tables(self, trained, optimizer, table_optimizer, max_table_lookups, averaged):
+        """The embedding tables' gradients (`TableGradients`), checked before any step."""
+        # The model's loops.EmbeddingTable layers: their variables are not Keras weights.
+        self._own_tables = (
+            embedding_tables.tables_in(trained) if isinstance(trained, keras.Model) else []
+        )
+        replicas = self.context.strategy.num_replicas_in_sync
+        check_own_tables(self._own_tables, replicas, table_optimizer, averaged=averaged)
+        if max_table_lookups is not None:
+            check_whole("max_table_lookups", max_table_lookups, note=" (ids a replica looks up)")
+        self.tables = TableGradients(
+            optimizer,
+            table_optimizer,
+            averaged=averaged,
+            max_lookups=max_table_lookups,
+            own_tables=self._own_tables,
+        )
+        self.table_optimizer = table_optimizer
+        if isinstance(trained, keras.Model) and self.tables.sparse:
+            for layer in keras_private.embedding_layers(trained):
+                keras_private.read_rows_sparsely(layer, table_rows.lookup)
+
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
-            return list(self._trained.trainable_variables)
+            shards = [shard for table in self._own_tables for shard in table.shards]
+            return [*self._trained.trainable_variables, *shards]
         return list(self._trained())
 
     def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
+        if self.context.slice_gradients is None:
+            return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
+        # h-psexact (issue 44): computed on the parameter-server workers and summed, applied
+        # here on the chief, eagerly (traced into a tf.function on the chief, the
+        # strategy's update fails with "destinations can not be empty").
+        loss, logs, gradients = self.context.slice_gradients(
+            self._slice_function(replica_loss), tuple(args)
+        )
+        return self._applied(lambda: self._checked(loss, logs, gradients), ())
+
+    def _applied(self, replica_gradients: Callable[..., tuple], args: Sequence) -> UpdateResult:
+        """Runs `replica_gradients(*args)` (a replica's logs, gradients, finiteness, summed
+        gradient and norm) on every replica and applies the update as the policy says."""
         strategy = self.context.strategy
         variables = self.variables()
         ratio_step = before = None
         if self.health_every is not None:
             ratio_step = health.is_ratio_step(self.context.global_step, self.health_every)
             before = health.read_weights(variables, ratio_step)
-        logs, gradients, finite, summed, norm = strategy.run(
-            functools.partial(self._replica_gradients, replica_loss), args=tuple(args)
-        )
+        logs, gradients, finite, summed, norm = strategy.run(replica_gradients, args=tuple(args))
         if self.clip_norm is None:
             # The optimizer sums the replicas' gradients itself, as it would without
             # health metrics: `summed` only gives their norm.
@@ -294,20 +373,51 @@ class Update:
             loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
         else:
             loss, logs, gradients = self._accumulated(replica_loss, args)
-        # Dense: Keras' Adam squares each row of an IndexedSlices gradient (an
-        # embedding's) before summing duplicate rows, which is not the update of the
-        # summed gradient and changes with how the rows are split (BUILD.md, LM).
-        gradients = [
-            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
-        ]
+        return self._checked(loss, logs, gradients)
+
+    def _checked(self, loss, logs, gradients):
+        """A replica's loss, logs and gradients with the finiteness flag and the summed
+        gradient's norm (when clipping or health needs it); replica context."""
+        # A table's rows, summed over duplicates and replicas, where its optimizer has
+        # an exact row update; else dense: Keras' own Adam squares each row of an
+        # IndexedSlices before summing duplicates, which changes with the split. (In the
+        # exact parameter-server mode they come dense from the workers: passed as they are.)
+        gradients = self.tables.prepared(gradients, self.variables())
         finite = all_finite([loss, *gradients])
         summed = norm = None
         if self.clip_norm is not None or self.health_every is not None:
             # The norm of the replicas' sum, which clipping and the health metrics
             # share, the same on every replica whatever their number.
-            summed = sum_over_replicas(gradients)
+            summed = self.tables.summed(gradients)
             norm = tf.linalg.global_norm(summed)
         return {"loss": loss, **logs}, gradients, finite, summed, norm
+
+    def _slice_function(self, replica_loss: ReplicaLoss) -> Callable[..., tuple]:
+        """The function `context.slice_gradients` runs on each slice, the same object for the
+        same `replica_loss` (so that it is traced once)."""
+        if replica_loss not in self._slice_functions:
+            self._slice_functions[replica_loss] = functools.partial(
+                self._slice_gradients, replica_loss
+            )
+        return self._slice_functions[replica_loss]
+
+    def _slice_gradients(self, replica_loss: ReplicaLoss, step_rows, first_row, *args):
+        """One slice's loss (divided by its own count), logs, dense gradients and that count:
+        a micro-batch of the step computed elsewhere (`UpdateContext.slice_gradients`)."""
+        micro_batch = micro_batches.MicroBatch(step_rows, first_row=first_row)
+        with micro_batch.computing():
+            loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
+        try:
+            count = micro_batch.normalizer(1)
+        except ValueError as error:
+            raise ValueError(
+                "parameter_server_mode='exact' sums the workers' gradients weighted by the "
+                f"count each slice's loss is divided by, and: {error}"
+            ) from None
+        # Dense for the transfer to the chief, which applies the slices' sum: a table is
+        # trained densely in this mode, by its own optimizer (`TableGradients.densified`).
+        gradients = self.tables.densified(gradients)
+        return loss, logs, gradients, tf.cast(count, tf.float32)
 
     def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
         variables = self.variables()
@@ -367,31 +477,87 @@ class Update:
                     replica_loss, tf.nest.pack_sequence_as(args, sliced)
                 )
             count = tf.cast(micro_batch.normalizer(self.grad_accum_steps), tf.float32)
-            scaled = [None if g is None else count * tf.convert_to_tensor(g) for g in gradients]
+            scaled = [_times(g, count) for g in gradients]
             if total is None:
                 total, weighted_loss, summed_logs, weighted = count, count * loss, logs, scaled
                 continue
             total += count
             weighted_loss += count * loss
             summed_logs = {name: summed_logs[name] + logs[name] for name in summed_logs}
-            weighted = [None if w is None else w + g for w, g in zip(weighted, scaled)]
+            weighted = [_plus(w, g) for w, g in zip(weighted, scaled)]
         return (
             tf.math.divide_no_nan(weighted_loss, total),
             summed_logs,
-            [None if w is None else tf.math.divide_no_nan(w, total) for w in weighted],
+            [_divided(w, total) for w in weighted],
         )
 
     def _replica_apply(self, gradients) -> None:
-        apply_gradients(self.optimizer, gradients, self.variables())
+        self.tables.apply(gradients, self.variables(), dense_share=None)
 
     def _replica_apply_summed(self, summed, norm) -> None:
-        apply_summed(self.optimizer, summed, self.variables(), clip_norm=self.clip_norm, norm=norm)
+        if self.clip_norm is not None:
+            # A table's rows count once each in the norm, as in the dense gradient's.
+            summed, _ = tf.clip_by_global_norm(summed, self.clip_norm, use_norm=norm)
+        share = 1.0 / tf.distribute.get_replica_context().num_replicas_in_sync
+        self.tables.apply(summed, self.variables(), dense_share=share)
+
+
+def _times(gradient, factor):
+    """A gradient (dense, a table's IndexedSlices, or None) times a scalar, sparse kept."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return table_rows.scaled(gradient, factor)
+    return factor * gradient
+
+
+def _divided(gradient, total):
+    """A gradient divided by a count (0 where the count is 0); a table's stays sparse."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        values = tf.math.divide_no_nan(gradient.values, tf.cast(total, gradient.values.dtype))
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return tf.math.divide_no_nan(gradient, total)
+
+
+def _plus(first, second):
+    """The sum of two micro-batches' gradients of one variable; a table's stays sparse.
+
+    None is no rows: a shard of an EmbeddingTable that one micro-batch did not look up.
+    """
+    if first is None or second is None:
+        return second if first is None else first
+    if isinstance(first, tf.IndexedSlices):
+        return table_rows.concatenated(first, second)
+    return first + second
 
 
 def check_clip_norm(clip_norm: float | None) -> None:
     """Raises ValueError unless clip_norm is None or > 0 (loops check it before building)."""
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
+
+
+def check_slices_can_compute(
+    context: UpdateContext, whole_batch_loss: bool, grad_accum_steps: int
+) -> None:
+    """Raises ValueError for an update that slices computed apart cannot give exactly."""
+    if context.slice_gradients is None:
+        return
+    if whole_batch_loss:
+        raise ValueError(
+            "parameter_server_mode='exact' computes each worker's slice of a step apart, and "
+            "this Update's loss is over the whole batch (whole_batch_loss=True): a slice "
+            "cannot see the other slices' rows. Pass --parameter_server_mode=async, or "
+            "--strategy=mirrored or multi_worker_mirrored."
+        )
+    if grad_accum_steps > 1:
+        raise ValueError(
+            f"grad_accum_steps={grad_accum_steps} under parameter_server_mode='exact': each "
+            "worker already computes a slice of the step; pass --grad_accum_steps=1, or "
+            "more workers."
+        )
 
 
 def check_whole_batch_loss(whole_batch_loss: bool, grad_accum_steps: int) -> None:

@@ -10,6 +10,7 @@ made itself: `loops.Update(context, optimizer, model)`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import tensorflow as tf
@@ -105,6 +106,24 @@ class UpdateContext:
     options: UpdateOptions = UpdateOptions()
     weight_averages: WeightAverages = dataclasses.field(default_factory=WeightAverages)
     update_states: UpdateStates = dataclasses.field(default_factory=UpdateStates)
+    # h-psexact (issue 44): where the gradients are computed when not on the strategy's
+    # own replicas (the exact parameter-server mode's workers); None: on the replicas.
+    slice_gradients: SliceGradients | None = None
+
+
+class SliceGradients(Protocol):
+    """Computes a step's loss, logs and gradients elsewhere, a slice of the batch at a time,
+    and returns them summed as one replica's would be (`loops.run.exact_parameter_server`).
+
+    `compute(step_rows, first_row, *sliced_args)` runs in replica context on one
+    slice (`sliced_args`, rows `first_row` .. of a batch of `step_rows`) and
+    returns (loss, logs, gradients, count): the slice's loss divided by its own
+    count, its logs, its gradients (None where a variable has none) and that count.
+    """
+
+    def __call__(
+        self, compute: Callable[..., Any], args: Sequence[Any]
+    ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor | None]]: ...
 
 
 class Bound(Protocol):

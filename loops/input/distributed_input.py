@@ -215,6 +215,14 @@ def train_iterator(
         return iter(dataset)
 
 
+def global_batch_iterator(source: DatasetSource, *, skip_batches: int = 0) -> tf.data.Iterator:
+    """An endless plain iterator over `source`'s global batches on this host's CPU,
+    `skip_batches` in: where the chief of the exact parameter-server mode reads each step's
+    batch (the same batch the synchronous strategies read at that step)."""
+    with tf.device("/cpu:0"):
+        return iter(as_dataset_fn(source, skip_batches=skip_batches)().repeat())
+
+
 def next_batch(iterator, strategy: tf.distribute.Strategy):
     """The next step's input from a `train_iterator`: a global batch at 1 replica, else per replica.
 

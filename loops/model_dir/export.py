@@ -1,4 +1,5 @@
-"""Exports trained models as SavedModels: a classifier, a GAN generator and a text generator."""
+"""Exports trained models as SavedModels: a classifier, a GAN generator, a text generator and a
+recommender."""
 
 from __future__ import annotations
 
@@ -101,7 +102,65 @@ def export_text_generator(model: keras.Model, export_dir: str, *, sequence_lengt
     return _save(_Server(model, serve, signature), export_dir)
 
 
-def _save(server: _Server, export_dir: str) -> str:
+class _RecommenderServer(tf.Module):
+    """Holds a recommender's model and its two traced serving functions."""
+
+    def __init__(self, model: keras.Model, top_items: Callable, pairs: Callable):
+        super().__init__()
+        self.model = model
+        users = tf.TensorSpec([None], tf.int32, name="users")
+        items = tf.TensorSpec([None], tf.int32, name="items")
+        # No AutoGraph (nothing to convert): in a long process its cache of converted
+        # functions was seen to hand a definition's bound method another method's
+        # conversion ("tf__train_step() takes 2 positional arguments but 3 were given").
+        self.serve = tf.function(top_items, input_signature=[users], autograph=False)
+        self.score_pairs = tf.function(pairs, input_signature=[users, items], autograph=False)
+
+
+def export_recommender(
+    model: keras.Model,
+    export_dir: str,
+    *,
+    score_all_items: Callable[[tf.Tensor], tf.Tensor],
+    score_pairs: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+    top_k: int,
+) -> str:
+    """Saves a recommender with two signatures, both on int32 user (and item) rows.
+
+    `serving_default`: users [n] -> `items` int32 [n, top_k], the highest
+    scored items of the whole corpus in descending score, and their `scores`
+    [n, top_k] (nothing left out: a client drops the items a user has).
+    `score_pairs`: users [n], items [n] -> `scores` [n], each pair's score.
+
+    Args:
+        model: the model holding every weight the scores read (saved with them).
+        score_all_items: users [n] -> float32 scores [n, num_items].
+        score_pairs: (users [n], items [n]) -> float32 scores [n].
+        top_k: the items returned a user (at most the corpus).
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists and is not a SavedModel directory.
+    """
+
+    def top_items(users):
+        best = tf.math.top_k(score_all_items(users), k=top_k)
+        return {"items": best.indices, "scores": best.values}
+
+    def pairs(users, items):
+        return {"scores": score_pairs(users, items)}
+
+    server = _RecommenderServer(model, top_items, pairs)
+    signatures = {
+        "serving_default": server.serve,
+        "score_pairs": server.score_pairs,
+    }
+    return _save(server, export_dir, signatures=signatures)
+
+
+def _save(server: tf.Module, export_dir: str, *, signatures: dict | None = None) -> str:
     """Saves next to `export_dir`, then renames: a crash never leaves half an export."""
     if os.path.exists(export_dir) and not tf.saved_model.contains_saved_model(export_dir):
         raise ValueError(
@@ -119,7 +178,9 @@ def _save(server: _Server, export_dir: str) -> str:
     staging = tempfile.mkdtemp(dir=parent, prefix=f".export-{os.getpid()}-")
     try:
         os.chmod(staging, 0o777 & ~current_umask())
-        tf.saved_model.save(server, staging, signatures={"serving_default": server.serve})
+        if signatures is None:
+            signatures = {"serving_default": server.serve}
+        tf.saved_model.save(server, staging, signatures=signatures)
         if os.path.exists(export_dir):
             shutil.rmtree(export_dir)
         os.replace(staging, export_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -25,9 +25,10 @@ class Action:
     an action that decides only from them decides the same on every worker:
     all workers then request a stop at the same step and all take part in any
     checkpoint save, as MultiWorkerMirroredStrategy needs (BUILD.md fact 11).
-    Write files only where `run.is_chief`. Each hook gets the run (the
-    `loops.Trainer`); its type, `loops.run.run_context.RunContext`, names what
-    an action may use (`run.definition` is what is trained).
+    Write files only where `run.is_chief`. Each hook gets the run as its
+    `loops.run.run_context.RunContext` (`trainer.run_context`), which names what
+    an action may use (`run.definition` is what is trained, `run.state` what the
+    run did so far).
 
     Attributes:
         every: call `after_loop` only at steps that are multiples of this, and
@@ -370,3 +371,25 @@ def _state_variable(initial, name: str) -> tf.Variable:
         name=name,
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
     )
+
+
+def action_state(actions: Sequence[Action]) -> dict[str, dict]:
+    """Checkpoint name -> variables of every action that has state.
+
+    Raises:
+        ValueError: two actions with state have one name.
+    """
+    state = {}
+    for action in actions:
+        variables = dict(action.checkpoint_items())
+        if not variables:
+            continue
+        key = f"action_{action.name}"
+        if key in state:
+            raise ValueError(
+                f"Two actions with state are named {action.name!r}; each needs its "
+                "own name in the checkpoint: set `name` on one of them, e.g. "
+                f"action.name = '{action.name}_2'."
+            )
+        state[key] = variables
+    return state

@@ -127,8 +127,8 @@ class NonFiniteSteps(BadStepRule):
     weights_finite = False
     setting, described, other = "on_nonfinite", "a non-finite step", "skip"
     parameter_server_advice = (
-        "on_nonfinite='skip' (--on_nonfinite=skip; the workers leave out a non-finite update "
-        "under every policy) or 'stop'."
+        "on_nonfinite='skip' (--on_nonfinite=skip; asynchronous workers leave out a "
+        "non-finite update under every policy) or 'stop'."
     )
 
     def __init__(self, reaction: str, *, leaves_out_updates: bool) -> None:

@@ -52,7 +52,7 @@ class BadStepPolicy:
         self._checkpoints = checkpoints
         self._train_input = train_input
         self._recoveries = recoveries
-        self._max_recoveries = max_recoveries
+        self.max_recoveries = max_recoveries
         # The step that left non-finite weights in memory with no checkpoint to go back to.
         self._weights_lost_at: int | None = None
 
@@ -63,6 +63,11 @@ class BadStepPolicy:
         for rule in self.rules:
             state.update(rule.saved_state)
         return state
+
+    @property
+    def recoveries_made(self) -> int:
+        """The recoveries the run has made (those of its record), over all rules."""
+        return len(self._recoveries.entries)
 
     @property
     def recovers(self) -> bool:
@@ -144,7 +149,7 @@ class BadStepPolicy:
                 there is no checkpoint to go back to.
         """
         entries = list(self._recoveries.entries)
-        limit = self._max_recoveries
+        limit = self.max_recoveries
         if len(entries) >= limit:
             steps = ", ".join(str(entry["step"]) for entry in entries)
             plural = "s" if len(entries) > 1 else ""
@@ -220,6 +225,7 @@ def check_can_recover(
     *,
     has_train_data: bool,
     model_dir: str | None,
+    parameter_server_mode: str = "exact",
 ) -> None:
     """Raises ValueError when `rule.setting`='recover' cannot work for the definition `name`.
 
@@ -231,12 +237,12 @@ def check_can_recover(
     setting, bad = rule.setting, rule.described
     policy = f"{setting}='recover'"
     others = f"{setting}='stop' or '{rule.other}' (--{setting}=stop or {rule.other})"
-    if topology.strategy_name(strategy) == "parameter_server":
+    if topology.strategy_name(strategy) == "parameter_server" and parameter_server_mode == "async":
         raise ValueError(
             f"{policy} moves the train stream past the batches that led "
-            f"to {bad}, and under ParameterServerStrategy each worker reads "
-            "its own stream, at no position a checkpoint records. Pass "
-            + (rule.parameter_server_advice or f"{others}.")
+            f"to {bad}, and under parameter_server_mode='async' the workers' steps run "
+            "out of order, at no position a checkpoint records. Pass "
+            "--parameter_server_mode=exact, or " + (rule.parameter_server_advice or f"{others}.")
         )
     if not has_train_data:
         raise ValueError(

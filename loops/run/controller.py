@@ -1,4 +1,4 @@
-"""The Controller: the lifecycle of one run of a Trainer, from its restore to results.json."""
+"""The Controller: the lifecycle of one run of a definition, from its restore to results.json."""
 
 from __future__ import annotations
 
@@ -12,75 +12,145 @@ import numpy as np
 from loops import topology
 from loops.core import reporting
 from loops.model_dir import run_config
-from loops.model_dir.checkpoints import Checkpointer
-from loops.run import profiling
-from loops.run.actions import watched_metrics
-from loops.run.inner_loops import InnerLoops
+from loops.run import exact_parameter_server, executors, profiling
+from loops.run.actions import action_state, watched_metrics
+from loops.run.bad_steps import BadStepPolicy
+from loops.run.inner_loops import InnerLoops, run_rules
 from loops.run.loop_schedule import LoopSchedule
 from loops.run.preemption import PreemptionWatcher
 from loops.run.recovery import Recoveries
-from loops.run.run_checkpoints import RunCheckpoints, action_state
-from loops.run.run_context import Run
+from loops.run.run_checkpoints import RunCheckpoints
+from loops.run.run_context import Definition, StepContext
+from loops.run.run_inputs import EvalInput, RunInputs
 from loops.run.run_options import RunOptions
 from loops.run.run_report import RunReport, TimedCall, TrainHistory
+from loops.run.run_state import RunState
+from loops.run.run_view import RunView
 from loops.run.train_input import TrainInput
 from loops.vocabulary.whole_numbers import check_whole
 
 
 class Controller:
-    """Runs a Trainer's steps to a step count in inner loops through its executor, and
+    """Runs a definition's steps to a step count in inner loops through its executor, and
     between them evaluates, checkpoints, writes summaries and progress, runs the actions,
-    and handles preemption and the non-finite policy; writes results.json.
+    and handles preemption and the bad-step policy; writes results.json.
 
-    A `loops.Trainer` makes it before its definition's `build`, then has it
-    `restore` the newest checkpoint in `model_dir`: a restarted job goes on from there.
+    A `loops.Trainer` makes it once its definition is built, from the pieces
+    the run is made of, then has it `restore` the newest checkpoint in
+    `model_dir`: a restarted job goes on from there. It records what happens
+    in `state` (`trainer.state`).
 
-    Actions run on the host on every worker and get the Trainer: `before_train`,
-    then `after_loop` after inner loops, `after_eval` after each evaluation, and
-    `after_train` at the end (not when preempted). An action may call
-    `run.request_stop(reason)`: the inner loop in progress is the last, then the
-    Controller evaluates (unless it just did), saves, writes results.json with
-    the `stop_reason`, and `train` returns. It evaluates before it saves, so a
-    checkpoint holds what the actions concluded from the evaluation at its step.
+    Actions run on the host on every worker and get `run_context` (a
+    `loops.run.run_context.RunContext`): `before_train`, then `after_loop`
+    after inner loops, `after_eval` after each evaluation, and `after_train` at
+    the end (not when preempted). An action may call `run.request_stop(reason)`:
+    the inner loop in progress is the last, then the Controller evaluates
+    (unless it just did), saves, writes results.json with the `stop_reason`,
+    and `train` returns. It evaluates before it saves, so a checkpoint holds
+    what the actions concluded from the evaluation at its step.
     """
 
-    def __init__(self, *, trainer: Run, options: RunOptions):
-        """Builds nothing (`restore` does, once the Trainer has its `executor` and `global_step`).
+    def __init__(
+        self,
+        *,
+        definition: Definition,
+        step_context: StepContext,
+        executor: executors.Executor,
+        inputs: RunInputs,
+        options: RunOptions,
+    ):
+        """Builds the run's parts; `restore` then builds the actions and restores.
 
-        options: how to run it, checked (`loops.run.run_options.RunOptions`).
+        Args:
+            definition: the definition, built (bound to `step_context`).
+            step_context: its strategy, step options, global step, data offset and updates.
+            executor: what runs its steps.
+            inputs: the train and eval data, and the coordinator that runs steps, if any.
+            options: how to run it, checked (`loops.run.run_options.RunOptions`).
         """
-        self.trainer = trainer
-        self.options = options
-        self.is_chief = topology.is_chief(trainer.strategy)
+        self.definition, self.options = definition, options
+        self.strategy, self.step_options = step_context.strategy, step_context.options
+        self._global_step = step_context.global_step
+        self._train_data = inputs.train_data
+        self.is_chief = topology.is_chief(self.strategy)
+        self.state = RunState(step_context.global_step)
         model_dir = options.model_dir
         summaries = os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
         self.report = RunReport(
             progress=options.progress or reporting.Progress(),
             summaries=reporting.Summaries(summaries),
-            throughput_unit=trainer.definition.throughput_unit,
+            throughput_unit=definition.throughput_unit,
+            state=self.state,
         )
         self.actions = tuple(options.actions)
         self.config = dict(options.config or {})
-        self._profiler = _profiler(options, is_chief=self.is_chief, say=self.progress.line)
+        self._profiler = _profiler(options, is_chief=self.is_chief, say=self.report.progress.line)
         self._checkpoints = RunCheckpoints(
             model_dir=model_dir,
             max_checkpoints=options.max_checkpoints,
             asynchronous=options.async_checkpoints,
             is_chief=self.is_chief,
-            say=self.progress.line,
+            say=self.report.progress.line,
         )
-        # The run's state; the trainer forwards what code outside reads (and `report`'s).
-        self.preempted = False
-        self.stop_reason: str | None = None
         self._evaluated_step: int | None = None
-        # The run's recoveries from non-finite steps, checkpointed; they set the input's offset.
+        # The run's recoveries from bad steps, checkpointed; they set the input's offset.
         self.recoveries = Recoveries()
-        self._train_input = TrainInput(trainer, self.recoveries)
-        self._inner_loops = InnerLoops(
-            trainer=trainer,
-            train_input=self._train_input,
+        self._train_input = TrainInput(
+            inputs, step_context.data_offset, definition.batches_per_step, self.recoveries
+        )
+        self._inner_loops = self._make_inner_loops(step_context, executor)
+        self._eval_input = EvalInput(inputs, executor)
+        self.run_context = self._make_run_context(step_context)
+        self._executor = executor  # results.json holds how it ran the steps (`results_extra`)
+        # Several workers or a ps would have to agree on every inner loop's length; in the
+        # exact parameter-server mode the chief alone runs the loop.
+        self._one_process = (
+            topology.num_workers(self.strategy) == 1 and inputs.coordinator is None
+        ) or exact_parameter_server.is_exact(self.strategy, self.step_options.parameter_server_mode)
+
+    def _make_run_context(self, step_context: StepContext) -> RunView:
+        """What the actions and the definition's evaluation see of the run."""
+        return RunView(
+            definition=self.definition,
+            strategy=self.strategy,
+            global_step=step_context.global_step,
+            state=self.state,
+            options=self.options,
+            config=self.config,
+            is_chief=self.is_chief,
+            report=self.report,
             checkpoints=self._checkpoints,
-            recoveries=self.recoveries,
+            eval_input=self._eval_input,
+            weight_averages=step_context.update.weight_averages,
+            request_stop=self.request_stop,
+            save_checkpoint=self.save_checkpoint,
+        )
+
+    def _make_inner_loops(
+        self, step_context: StepContext, executor: executors.Executor
+    ) -> InnerLoops:
+        """The run's inner loops, with its bad-step rules (`inner_loops.run_rules`)."""
+        options, definition = self.step_options, self.definition
+        rules = run_rules(
+            options,
+            leaves_out_updates=step_context.update.nonfinite.skips,
+            watched_loss=definition.watched_loss,
+            kind=type(definition).__name__,
+            own_rules=definition.bad_step_rules(),
+        )
+        return InnerLoops(
+            executor=executor,
+            state=self.state,
+            bad_steps=BadStepPolicy(
+                rules,
+                current_step=lambda: self.state.step,
+                batches_per_step=definition.batches_per_step,
+                checkpoints=self._checkpoints,
+                train_input=self._train_input,
+                recoveries=self.recoveries,
+                max_recoveries=options.max_recoveries,
+            ),
+            train_input=self._train_input,
             report=self.report,
             profiler=self._profiler,
         )
@@ -100,10 +170,9 @@ class Controller:
                 that does not fit the options.
             OSError: model_dir cannot be written or read.
         """
-        trainer = self.trainer
-        with topology.variable_scope(trainer.strategy):
+        with topology.variable_scope(self.strategy):
             for action in self.actions:
-                action.build(trainer)
+                action.build(self.run_context)
         # Optional: a checkpoint without the recovery record or spike watch restores as none.
         optional_items = {
             **action_state(self.actions),
@@ -113,20 +182,19 @@ class Controller:
         if model_dir is None:
             return
         restored = self._checkpoints.open(
-            strategy=trainer.strategy,
+            strategy=self.strategy,
             items=items,
-            step_counter=trainer.global_step,
+            step_counter=self._global_step,
             optional_items=optional_items,
             # The run's own settings an evaluator must share, also when no config was given.
-            config={**run_config.loop_settings(trainer.step_options), **self.config},
-            config_items=trainer.definition.checkpoint_items(),
-            config_free_to_change=trainer.definition.config_free_to_change,
+            config={**run_config.loop_settings(self.step_options), **self.config},
+            config_items=self.definition.checkpoint_items(),
+            config_free_to_change=self.definition.config_free_to_change,
         )
         if restored:
-            self.progress.line(f"restored {restored} at step {trainer.step}")
-            self.report.eval_history = reporting.previous_history(
-                model_dir, up_to_step=trainer.step
-            )
+            step = self.state.step
+            self.report.progress.line(f"restored {restored} at step {step}")
+            self.report.eval_history = reporting.previous_history(model_dir, up_to_step=step)
 
     # ---- The run. ----
 
@@ -148,25 +216,24 @@ class Controller:
             ValueError: a bad `num_steps`, no train_data where the definition needs it.
         """
         self._check_can_train(num_steps)
-        self.stop_reason = None
-        self.preempted = False
+        self.state.record(stop_reason=None, preempted=False)
         # SIGTERM is only noted from here to the end of train, and acted on at
         # the next boundary (after an inner loop, an evaluation or the final
         # save): whatever moment it comes, every completed step gets saved.
         history = TrainHistory()
         calls: list[TimedCall] = []  # the executor calls that training went on from
-        with PreemptionWatcher(self.trainer.strategy) as preemption:
+        with PreemptionWatcher(self.strategy) as preemption:
             self._before_train(num_steps)
             schedule = LoopSchedule.of_run(
                 self.options,
                 self.actions,
-                trainer=self.trainer,
+                one_process=self._one_process,
                 profiler=self._profiler,
                 recovers=self._inner_loops.bad_steps.recovers,
             )
             between = functools.partial(self._between_loops, preemption, num_steps)
             try:
-                if self.stop_reason is None:  # an action's before_train may stop it
+                if self.state.stop_reason is None:  # an action's before_train may stop it
                     calls = self._inner_loops.run(schedule, num_steps, history, between)
             finally:
                 if self._profiler is not None:
@@ -176,27 +243,26 @@ class Controller:
 
     def _check_can_train(self, num_steps: int) -> None:
         """Raises before any step when `train(num_steps)` cannot run (see `train`)."""
-        trainer = self.trainer
+        definition = self.definition
         check_whole("num_steps", num_steps)
         self._inner_loops.bad_steps.check_can_train()
-        if trainer.train_data is None and trainer.definition.needs_train_data:
+        if self._train_data is None and definition.needs_train_data:
             raise ValueError(
-                f"{type(trainer.definition).__name__} has no train_data; pass train_data= to "
-                "the Trainer."
+                f"{type(definition).__name__} has no train_data; pass train_data= to the Trainer."
             )
-        names = trainer.definition.eval_metric_names(trainer)
+        names = definition.eval_metric_names(self.run_context)
         if names is not None:
             watched_metrics(self.actions, names)
 
     def _before_train(self, num_steps: int) -> None:
         """Records the config, runs the actions' `before_train`; saves where "recover" needs it."""
-        trainer = self.trainer
-        self.summaries.hparams(self.config)
+        self.report.summaries.hparams(self.config)
         for action in self.actions:
-            action.before_train(trainer)
-        if trainer.step >= num_steps:
-            self.progress.line(
-                f"already at step {trainer.step} >= {num_steps}: nothing to train "
+            action.before_train(self.run_context)
+        step = self.state.step
+        if step >= num_steps:
+            self.report.progress.line(
+                f"already at step {step} >= {num_steps}: nothing to train "
                 "(the model_dir holds a finished run; raise the step count to continue)."
             )
         if self._inner_loops.bad_steps.recovers and not self._checkpoints.on_disk:
@@ -209,80 +275,63 @@ class Controller:
         done (then `_after_train` evaluates and saves instead).
         """
         if preemption.should_stop():
-            self.preempted = True
+            self.state.record(preempted=True)
             return False
         for action in self.actions:
             if not action.every or step % action.every == 0:
-                action.after_loop(self.trainer, step, self.report.last_train_metrics)
-        if step >= num_steps or self.stop_reason is not None:
+                action.after_loop(self.run_context, step, self.state.last_train_metrics)
+        if step >= num_steps or self.state.stop_reason is not None:
             return False
         if self.options.eval_every and step % self.options.eval_every == 0:
             self.evaluate()
             if preemption.should_stop():
-                self.preempted = True
+                self.state.record(preempted=True)
                 return False
         if self.options.checkpoint_every and step % self.options.checkpoint_every == 0:
             self.save_checkpoint()
-        return self.stop_reason is None  # an action's after_eval may have stopped it
+        return self.state.stop_reason is None  # an action's after_eval may have stopped it
 
     def _after_train(self, preemption: PreemptionWatcher, *, trained: bool) -> None:
         """Evaluates and saves at the end (unless done there), writes results, ends the actions."""
-        trainer = self.trainer
-        if not self.preempted and self._evaluated_step != trainer.step:
+        state = self.state
+        if not state.preempted and self._evaluated_step != state.step:
             self.evaluate()
-            self.preempted = preemption.should_stop()
-        if self._checkpoints.saved_step != trainer.step and (trained or self.preempted):
+            state.record(preempted=preemption.should_stop())
+        if self._checkpoints.saved_step != state.step and (trained or state.preempted):
             self.save_checkpoint()
         # A SIGTERM during the final save or results leaves the export (often
         # the longest part) to the rerun, which finds nothing to train.
-        self.preempted = self.preempted or preemption.should_stop()
+        state.record(preempted=state.preempted or preemption.should_stop())
         self.write_results()
-        if not self.preempted and preemption.should_stop():
-            self.preempted = True
+        if not state.preempted and preemption.should_stop():
+            state.record(preempted=True)
             self.write_results()
-        if self.preempted:
-            self.progress.line(
-                f"preempted ({preemption.received}) at step {trainer.step}: every completed step "
+        if state.preempted:
+            self.report.progress.line(
+                f"preempted ({preemption.received}) at step {state.step}: every completed step "
                 "is saved; run the same command again to continue from it"
             )
             return
         for action in self.actions:
-            action.after_train(trainer)
+            action.after_train(self.run_context)
 
     def evaluate(self) -> dict[str, float]:
         """Runs the definition's `run_evaluation`, reports it, runs the actions' `after_eval`."""
-        trainer = self.trainer
+        run = self.run_context
         # With ema_decay, evaluation sees the averaged weights; every save, the trained ones.
-        with trainer.averaged_weights():
-            metrics = trainer.definition.run_evaluation(trainer)
-        step = trainer.step
+        with run.averaged_weights():
+            metrics = self.definition.run_evaluation(run)
+        step = self.state.step
         self._evaluated_step = step
         self.report.evaluation(step, metrics)
         for action in self.actions:
-            action.after_eval(trainer, step, metrics)
+            action.after_eval(run, step, metrics)
         return metrics
 
-    @property
-    def checkpointer(self) -> Checkpointer | None:
-        return self._checkpoints.checkpointer
-
-    @property
-    def progress(self) -> reporting.Progress:
-        return self.report.progress
-
-    @property
-    def summaries(self) -> reporting.Summaries:
-        """Where TensorBoard scalars go; the sidecar evaluator sets its own."""
-        return self.report.summaries
-
-    @summaries.setter
-    def summaries(self, summaries: reporting.Summaries) -> None:
+    def report_to(self, summaries: reporting.Summaries) -> None:
+        """Writes the run's TensorBoard scalars, and the definition's evaluation summaries,
+        to `summaries` from now on (the sidecar evaluator writes its own directory)."""
         self.report.summaries = summaries
-
-    @property
-    def skipped_steps(self) -> int:
-        """Steps whose update was left out because it was not finite."""
-        return self._inner_loops.bad_steps.nonfinite.skipped_steps
 
     def request_stop(self, reason: str) -> None:
         """Ends `train` after the inner loop in progress; see the class docstring.
@@ -290,17 +339,19 @@ class Controller:
         Every worker must request it at the same step: decide from the
         metrics the action hooks get, which are the same on every worker.
         """
-        if self.stop_reason is None:
-            self.stop_reason = reason
-            self.progress.line(f"stopping at step {self.trainer.step}: {reason}")
+        if self.state.stop_reason is None:
+            self.state.record(stop_reason=reason)
+            self.report.progress.line(f"stopping at step {self.state.step}: {reason}")
 
     def close(self) -> None:
-        """Releases the train input and the model_dir lock (a kill leaves its file, unlocked)."""
-        self.release_train_input()
+        """Releases the inputs and the model_dir lock (a kill leaves its file, unlocked)."""
+        self.release_inputs()
         self._checkpoints.close()
 
-    def release_train_input(self) -> None:
-        """Drops the train iterator now, while Python runs (`failed_frames` says why)."""
+    def release_inputs(self) -> None:
+        """Drops the train iterator and the distributed eval data now, while Python runs
+        (`failed_frames` says why); the next call makes new ones where the run stands."""
+        self._eval_input.release()
         self._train_input.release()
 
     def save_checkpoint(self) -> str | None:
@@ -310,18 +361,18 @@ class Controller:
             NonFiniteWeightsError: a variable is not finite; nothing is saved.
             OSError: the checkpoint cannot be written; the earlier ones are intact.
         """
-        return self._checkpoints.save(self.trainer.step)
+        return self._checkpoints.save(self.state.step)
 
     def write_results(self) -> dict[str, Any]:
         """Writes model_dir/results.json (chief only) and returns its contents."""
         self._checkpoints.wait()  # results.json names no step whose checkpoint is unwritten
         results = self.report.results(
-            self.trainer,
-            skipped_steps=self.skipped_steps,
+            loop=self.definition.name,
+            strategy=self.strategy,
             recoveries=self.recoveries.entries,
-            preempted=self.preempted,
-            stop_reason=self.stop_reason,
             config={**self.config, **self._checkpoints.changed_on_resume},
+            # h-psexact: the parameter-server mode's counts come from the executor.
+            extra={**self.definition.results_extra(), **self._executor.results_extra()},
         )
         model_dir = self.options.model_dir
         if model_dir and self.is_chief:

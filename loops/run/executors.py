@@ -114,6 +114,10 @@ class Executor:
         columns = traced.structured_outputs
         return {name for name in self.eval_kinds or () if columns[name].shape.rank == 0}
 
+    def results_extra(self) -> dict[str, Any]:
+        """What results.json holds about how the steps ran, beside the run's own entries."""
+        return {}
+
     # ---- Running. ----
 
     def run(self, iterator, steps: int) -> StepsRun:
@@ -272,13 +276,21 @@ class EagerExecutor(Executor):
 
 
 class ScheduledExecutor(Executor):
-    """Schedules each train step on a parameter-server worker; the coordinator evaluates.
+    """Schedules each train step on a parameter-server worker, which applies it at once
+    (`parameter_server_mode="async"`); the coordinator evaluates.
 
-    Each scheduled call runs one step on one worker and then adds 1 to the
-    global step on the parameter servers, so the global step counts the steps
-    that completed. An inner loop waits for all of them and returns their
-    logs in the order they were scheduled. A step a `loops.Flag` output marks
-    does not stop the others already scheduled.
+    The coordinator reads each step's batches from the train stream at the
+    run's position and schedules the step with them, once: every batch of an
+    epoch is trained on (a step TensorFlow retries after a worker failure runs
+    again on the same batches), and a resume continues at the first batch not
+    yet scheduled. The steps run on whatever weights their worker reads and
+    apply their updates in the order they finish: not reproducible. Each
+    scheduled call adds 1 to the global step on the parameter servers, so the
+    global step counts the steps that completed, and 1 to a count of step runs,
+    so that the runs beyond the steps scheduled are the retries. An inner
+    loop waits for all of them and returns their logs in the order they were
+    scheduled. A step a `loops.Flag` output marks does not stop the others
+    already scheduled.
 
     Args:
         coordinator: the ClusterCoordinator of the ParameterServerStrategy.
@@ -293,25 +305,37 @@ class ScheduledExecutor(Executor):
         super().__init__(definition, stop_on_nonfinite=False)
         self.coordinator = coordinator
         self._step_function = None
+        self.scheduled_steps = 0  # by this executor, in this process
+        with definition.strategy.scope():  # on a parameter server: every worker adds to it
+            self._step_runs = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_runs")
+
+    def results_extra(self) -> dict[str, Any]:
+        runs = int(self._step_runs.numpy())
+        return {
+            "parameter_server": {
+                "mode": "async",
+                "scheduled_steps": self.scheduled_steps,
+                "step_runs": runs,
+                "retried_steps": runs - self.scheduled_steps,
+            }
+        }
 
     def _run(self, iterator, steps: int) -> StepsRun:
         definition = self.definition
         if self._step_function is None:
 
-            def counted_step(worker_iterator):
-                batches = (
-                    ()
-                    if worker_iterator is None
-                    else tuple(next(worker_iterator) for _ in range(definition.batches_per_step))
-                )
+            def counted_step(*batches):
                 logs = self.flat_train_step(*batches)
                 definition.global_step.assign_add(1)
+                self._step_runs.assign_add(1)
                 return logs
 
             self._step_function = tf.function(counted_step)
         remote_logs = [
-            self.coordinator.schedule(self._step_function, args=(iterator,)) for _ in range(steps)
+            self.coordinator.schedule(self._step_function, args=self.dequeue(iterator))
+            for _ in range(steps)
         ]
+        self.scheduled_steps += steps
         self.coordinator.join()
         rows = [self.coordinator.fetch(logs) for logs in remote_logs]
         logs = {name: np.array([row[name] for row in rows]) for name in rows[0]}

@@ -9,16 +9,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from loops.core.nonfinite_updates import leaves_out_nonfinite
-from loops.run import loss_spikes
+from loops.run import executors, loss_spikes
 from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.run.bad_steps import BadStepPolicy
 from loops.run.loop_schedule import LoopSchedule
 from loops.run.profiling import StepProfiler
-from loops.run.recovery import Recoveries
-from loops.run.run_checkpoints import RunCheckpoints
-from loops.run.run_context import Run
 from loops.run.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
+from loops.run.run_state import RunState
+from loops.run.step_options import StepOptions
 from loops.run.train_input import TrainInput
 
 
@@ -46,10 +44,10 @@ class InnerLoops:
     definition's own rules), and a recovery trains again from its checkpoint.
 
     Args:
-        trainer: the trainer whose executor runs the steps.
+        executor: runs the steps.
+        state: the run's state: its step, and where the skipped steps are counted.
+        bad_steps: the rules for bad steps and what follows one, acted on after each call.
         train_input: the train stream's position.
-        checkpoints: the run's checkpoints, which a recovery or stop goes back to.
-        recoveries: the run's record of recoveries.
         report: where each inner loop and recovery is reported.
         profiler: traces a range of steps; None when not asked for.
     """
@@ -57,26 +55,17 @@ class InnerLoops:
     def __init__(
         self,
         *,
-        trainer: Run,
+        executor: executors.Executor,
+        state: RunState,
+        bad_steps: BadStepPolicy,
         train_input: TrainInput,
-        checkpoints: RunCheckpoints,
-        recoveries: Recoveries,
         report: RunReport,
         profiler: StepProfiler | None,
     ):
-        self._trainer = trainer
+        self._executor = executor
+        self._state = state
+        self.bad_steps = bad_steps
         self._train_input = train_input
-        self._recoveries = recoveries
-        # The rules for bad steps and what follows one, acted on after each call.
-        self.bad_steps = BadStepPolicy(
-            _rules(trainer),
-            current_step=lambda: trainer.step,
-            batches_per_step=trainer.definition.batches_per_step,
-            checkpoints=checkpoints,
-            train_input=train_input,
-            recoveries=recoveries,
-            max_recoveries=trainer.step_options.max_recoveries,
-        )
         self._report = report
         self._profiler = profiler
         # The last call's speed, which plans the next calls (also those of the next train).
@@ -106,7 +95,7 @@ class InnerLoops:
             NonFiniteError: the non-finite policy stops the run.
         """
         calls: list[TimedCall] = []
-        step = self._trainer.step
+        step = self._state.step
         if self._profiler is not None:
             self._profiler.check_reachable(step, num_steps)
         iterator = self._train_input.at_step(step)
@@ -114,7 +103,7 @@ class InnerLoops:
             ends = schedule.call_ends(step, num_steps, self.seconds_per_step)
             call = self._call(iterator, step, ends)
             if self._recovered(call, num_steps, history):
-                step = self._trainer.step
+                step = self._state.step
                 iterator = self._train_input.at_step(step)
                 continue
             step = call.reached
@@ -134,7 +123,7 @@ class InnerLoops:
         if self._profiler is not None:
             self._profiler.before_loop(step)
         started = time.perf_counter()
-        run = self._trainer.executor.run(iterator, ends[-1] - step)
+        run = self._executor.run(iterator, ends[-1] - step)
         seconds = time.perf_counter() - started
         done = run.reached - step
         logs = {name: values[:done] for name, values in run.logs.items()}
@@ -168,7 +157,9 @@ class InnerLoops:
         Raises:
             NonFiniteError, LossSpikeError (or a rule's error): the policy stops the run.
         """
-        found = self.bad_steps.first_bad(call.logs, call.kinds, call.first_step)
+        bad_steps = self.bad_steps
+        found = bad_steps.first_bad(call.logs, call.kinds, call.first_step)
+        self._state.record(skipped_steps=bad_steps.nonfinite.skipped_steps)
         reported_to = call.first_step
         for inner_loop in call.inner_loops:
             if found is None or inner_loop.end >= found[1].step:
@@ -179,7 +170,7 @@ class InnerLoops:
         if found is not None:
             rule, recovered = found[0], self.bad_steps.act(*found)
         if recovered is None and not call.weights_finite:
-            finiteness = self._trainer.executor.definition.finiteness
+            finiteness = self._executor.definition.finiteness
             rule = self.bad_steps.nonfinite
             recovered = self.bad_steps.after_nonfinite_weights(
                 call.reached, finiteness.nonfinite_names()
@@ -192,33 +183,39 @@ class InnerLoops:
         self._report.recovery(
             recovered,
             problem=rule.reported_as,
-            count=len(self._recoveries.entries),
-            max_recoveries=self._trainer.step_options.max_recoveries,
+            count=bad_steps.recoveries_made,
+            max_recoveries=bad_steps.max_recoveries,
         )
         return True
 
 
-def _rules(trainer: Run) -> list[BadStepRule]:
-    """The run's bad-step rules: non-finite steps, loss spikes where watched, and the
-    definition's own (`Loop.bad_step_rules`)."""
-    options = trainer.step_options
-    # What the update path will do (the definition is not built yet: its Updates are not).
-    leaves_out = leaves_out_nonfinite(
-        on_nonfinite=options.on_nonfinite,
-        mixed_precision=options.mixed_precision,
-        coordinated=trainer.coordinator is not None,
-    )
-    rules: list[BadStepRule] = [NonFiniteSteps(options.on_nonfinite, leaves_out_updates=leaves_out)]
-    definition = trainer.definition
+def run_rules(
+    options: StepOptions,
+    *,
+    leaves_out_updates: bool,
+    watched_loss: str | None,
+    kind: str,
+    own_rules: Sequence[BadStepRule],
+) -> list[BadStepRule]:
+    """A run's bad-step rules: non-finite steps, loss spikes where watched, and the
+    definition's own (`Loop.bad_step_rules`).
+
+    Args:
+        options: the run's step options (on_nonfinite, on_loss_spike and its settings).
+        leaves_out_updates: whether the graph leaves a non-finite step's update out
+            (`loops.core.nonfinite_updates.NonFiniteUpdates.skips`).
+        watched_loss: the definition's output that loss spikes are watched on.
+        kind: the definition's class name, which the loss spike rule's errors name.
+        own_rules: the definition's own rules.
+    """
+    rules: list[BadStepRule] = [
+        NonFiniteSteps(options.on_nonfinite, leaves_out_updates=leaves_out_updates)
+    ]
     if options.on_loss_spike != "ignore":
         watch = loss_spikes.LossSpikeWatch(
             loss_spikes.LossSpikeRule(
                 options.loss_spike_factor, options.loss_spike_steps, options.loss_spike_window
             )
         )
-        rules.append(
-            loss_spikes.LossSpikes(
-                options.on_loss_spike, watch, definition.watched_loss, type(definition).__name__
-            )
-        )
-    return [*rules, *definition.bad_step_rules()]
+        rules.append(loss_spikes.LossSpikes(options.on_loss_spike, watch, watched_loss, kind))
+    return [*rules, *own_rules]

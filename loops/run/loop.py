@@ -70,8 +70,8 @@ class Loop:
             same way, aggregated over the whole eval set.
         run_evaluation(run), eval_metric_names(run): a definition that
             evaluates some other way than one pass of `eval_step` over the
-            eval data overrides both; `run` is the Trainer
-            (`loops.run.run_context.RunContext`).
+            eval data overrides both; `run` is the run's
+            `loops.run.run_context.RunContext` (`trainer.run_context`).
         results_extra(): entries of its own for results.json.
 
     `loops.Update` follows `on_nonfinite` for a step and returns its flag

@@ -1,14 +1,11 @@
-"""Where a definition's steps run: the strategy check, the coordinator, the executor, eval input."""
+"""Where a definition's steps run: the strategy check, the coordinator, the executor."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import tensorflow as tf
 
 from loops import topology
-from loops.input import distributed_input
-from loops.run import bad_steps, executors
+from loops.run import bad_steps, exact_parameter_server, executors
 from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.run.loss_spikes import LossSpikes
 
@@ -21,6 +18,7 @@ def check_can_run(
     has_train_data: bool,
     model_dir: str | None,
     on_loss_spike: str = "ignore",
+    parameter_server_mode: str = exact_parameter_server.EXACT,
 ) -> None:
     """Raises ValueError when a loop of `loop_class` cannot train under `strategy` so.
 
@@ -52,7 +50,12 @@ def check_can_run(
     for rule, policy in rules:
         if policy == "recover":
             bad_steps.check_can_recover(
-                name, strategy, rule, has_train_data=has_train_data, model_dir=model_dir
+                name,
+                strategy,
+                rule,
+                has_train_data=has_train_data,
+                model_dir=model_dir,
+                parameter_server_mode=parameter_server_mode,
             )
 
 
@@ -74,56 +77,16 @@ def make_executor(
     coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None,
     run_eagerly: bool,
     stop_on_nonfinite: bool,
+    parameter_server_mode: str = exact_parameter_server.EXACT,
+    worker_gradients: object = None,
 ) -> executors.Executor:
-    """The executor of a loop's steps: scheduled on the workers, eager, or compiled."""
+    """The executor of a loop's steps: applied once by the chief from the workers' gradients
+    (exact), scheduled on the workers (async), eager, or compiled."""
+    if coordinator is not None and parameter_server_mode == exact_parameter_server.EXACT:
+        return exact_parameter_server.ExactExecutor(
+            definition, stop_on_nonfinite=stop_on_nonfinite, worker_gradients=worker_gradients
+        )
     if coordinator is not None:
         return executors.ScheduledExecutor(definition, coordinator=coordinator)
     executor_class = executors.EagerExecutor if run_eagerly else executors.Executor
     return executor_class(definition, stop_on_nonfinite=stop_on_nonfinite)
-
-
-class EvalInput:
-    """A loop's eval data as its executor reads it: distributed once, kept until `release`.
-
-    Args:
-        strategy: the loop's strategy, which distributes the eval batches.
-        coordinator: under ParameterServerStrategy, the coordinator, which
-            evaluates by itself (reading the weights from the parameter servers).
-    """
-
-    def __init__(
-        self,
-        strategy: tf.distribute.Strategy,
-        coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator | None,
-    ):
-        self._strategy = strategy
-        self._coordinator = coordinator
-        self._dataset: Any = None
-
-    def evaluate(
-        self, eval_data: distributed_input.DatasetSource | None, executor: executors.Executor
-    ) -> dict[str, float]:
-        """One pass of the executor's eval step over `eval_data`; {} without eval data."""
-        if eval_data is None:
-            return {}
-        if self._dataset is None and self._coordinator is not None:
-            self._dataset = distributed_input.as_dataset_fn(eval_data)()
-        elif self._dataset is None:
-            self._dataset = distributed_input.distribute(self._strategy, eval_data)
-        return executor.evaluate(iter(self._dataset))
-
-    def output_names(
-        self, eval_data: distributed_input.DatasetSource | None, executor: executors.Executor
-    ) -> set[str] | None:
-        """The eval step's outputs, found by tracing it (nothing runs); None when unknown."""
-        if eval_data is None:
-            return set()
-        if self._coordinator is not None:
-            return None
-        if self._dataset is None:
-            self._dataset = distributed_input.distribute(self._strategy, eval_data)
-        return executor.eval_output_names(self._dataset.element_spec)
-
-    def release(self) -> None:
-        """Drops the distributed dataset (and its iterators' buffers)."""
-        self._dataset = None

@@ -6,10 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from loops import topology
 from loops.run.actions import Action
 from loops.run.profiling import StepProfiler
-from loops.run.run_context import Run
 from loops.run.run_options import RunOptions
 
 # About how long one executor call may run when it joins inner loops that
@@ -69,11 +67,12 @@ class LoopSchedule:
         options: RunOptions,
         actions: Sequence[Action],
         *,
-        trainer: Run,
+        one_process: bool,
         profiler: StepProfiler | None,
         recovers: bool,
     ) -> LoopSchedule:
-        """The schedule of a run of `loop` with these options, actions and profiler; `recovers`:
+        """The schedule of a run with these options, actions and profiler; `one_process`:
+        whether no other process (worker, parameter server) runs its steps; `recovers`:
         whether a bad-step rule may recover (`BadStepPolicy.recovers`)."""
         return cls(
             steps_per_loop=options.steps_per_loop,
@@ -82,10 +81,7 @@ class LoopSchedule:
             action_every=tuple(action.every for action in actions),
             profiler_boundary=None if profiler is None else profiler.stop_before,
             progress_every_seconds=options.progress_every_seconds,
-            # Several workers or a ps would have to agree on every inner loop's length.
-            one_process=(
-                topology.num_workers(trainer.strategy) == 1 and trainer.coordinator is None
-            ),
+            one_process=one_process,
             recover=recovers,
             action_after_every_loop=any(
                 action.every is None and type(action).after_loop is not Action.after_loop

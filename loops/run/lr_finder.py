@@ -125,10 +125,10 @@ def find_learning_rate(
     if output_dir is not None:
         check_output_dir(output_dir, run_path=from_checkpoint)
     curve = _range_test_keeping_state(trainer, prefix, rates, stop_factor, loss)
-    _report(trainer.progress.line, curve, prefix)
+    _report(trainer.run_context.progress.line, curve, prefix)
     if output_dir is not None:
         for path in write_curve(curve, output_dir):
-            trainer.progress.line(f"lr_find: wrote {path}")
+            trainer.run_context.progress.line(f"lr_find: wrote {path}")
     return curve
 
 
@@ -144,7 +144,7 @@ def _range_test_keeping_state(
         try:
             if prefix is not None:
                 _restore(prefix, trainer)
-            start_step = trainer.step
+            start_step = trainer.state.step
             with failed_frames.dropped_on_failure():  # its frames hold the test's iterator
                 record = _range_test(trainer, optimizers, rates, stop_factor, loss)
         finally:
@@ -174,10 +174,10 @@ def _checked_rates(min_rate: float, max_rate: float, steps: int, stop_factor: fl
 def _check_trainer(trainer: Trainer) -> None:
     """Raises ValueError for a trainer the range test cannot run on without a trace."""
     kind = type(trainer.definition).__name__
-    if trainer.model_dir is not None:
+    if trainer.run_context.model_dir is not None:
         raise ValueError(
             f"The range test trains at rates up to where the loss blows up, and this "
-            f"Trainer has model_dir={trainer.model_dir!r}, which it restored from and "
+            f"Trainer has model_dir={trainer.run_context.model_dir!r}, which it restored from and "
             "saves into. Build the Trainer with model_dir=None, and pass "
             "from_checkpoint=MODEL_DIR to start from that run's newest checkpoint."
         )

@@ -1,13 +1,19 @@
-"""Parameter-server training: the workers' input streams and the tasks that serve the chief.
+"""Parameter-server training: the tasks that serve the chief, and what each mode promises.
 
 Under `tf.distribute.ParameterServerStrategy` the variables live on the `ps`
 tasks, the `worker` tasks only run functions the coordinator (the `chief`
-task, which runs the Trainer) schedules on them, and no two workers ever wait for
-each other. Training is therefore asynchronous: each worker reads its own
-stream of global batches, computes a step on whatever weights it reads from the
-parameter servers, and applies its update there; the order of updates is not
-reproducible. Exact resume mid-stream and replica parity, which the synchronous
-strategies give, do not apply here.
+task, which runs the Trainer) schedules on them, and the chief reads each
+step's batches from the train stream at the run's position (`TrainInput`).
+`parameter_server_mode` says how a step is applied:
+- "exact" (the default): the workers compute the gradients of the step's
+  slices on the same weights and the chief applies their sum once
+  (`loops.run.exact_parameter_server`): the losses and weights of one process,
+  exact resume mid-stream, recovery from divergence, a retried closure
+  changing nothing.
+- "async": each step runs whole on one worker, which applies it at once on
+  whatever weights it read (`executors.ScheduledExecutor`): every batch is
+  scheduled once and a resume continues at the first batch not yet scheduled,
+  but the order of the updates, and so the numbers, are not reproducible.
 
 Every process of such a cluster runs the same binary: `serve_unless_chief`
 turns a `worker` or `ps` process into a `tf.distribute.Server` that serves
@@ -21,37 +27,6 @@ import signal
 import tensorflow as tf
 
 from loops.cluster import strategies
-from loops.input import distributed_input
-
-
-def worker_iterator(
-    coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
-    source: distributed_input.DatasetSource,
-):
-    """A per-worker iterator over `worker_stream(source)`, for steps scheduled on the workers."""
-    strategy = coordinator.strategy
-
-    def per_worker_dataset():
-        return strategy.distribute_datasets_from_function(
-            lambda context: distributed_input.split_global_batches(worker_stream(source), context)
-        )
-
-    return iter(coordinator.create_per_worker_dataset(per_worker_dataset))
-
-
-def worker_stream(source: distributed_input.DatasetSource) -> tf.data.Dataset:
-    """The endless stream of global batches one worker trains on.
-
-    Every worker builds the same stream, so each starts it at its own random
-    batch of the first epoch: at any time the workers train on different
-    batches, and over the run each sees every example equally often. The draw
-    has no seed, so it differs per worker (unless a global seed is set with
-    tf.random.set_seed); a stream of unknown length starts at its beginning.
-    """
-    epoch = distributed_input.as_dataset_fn(source)()
-    length = tf.maximum(epoch.cardinality(), 1)
-    start = tf.random.uniform([], maxval=length, dtype=tf.int64)
-    return epoch.repeat().skip(start)
 
 
 def serve_unless_chief() -> None:

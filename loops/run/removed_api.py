@@ -1,4 +1,5 @@
-"""What a user of the removed v2 API is told: what replaced a Loop's run settings and methods.
+"""What a user of a removed API is told: what replaced a v2 Loop's run settings and methods,
+and the Trainer's forwarding properties.
 
 Until 3.0.0 a `loops.Loop` took the run's settings (`MyLoop(strategy=...,
 train_data=...)`) and ran itself (`loop.train(n)`); since then a definition is
@@ -31,6 +32,7 @@ RUN_METHODS = frozenset(
     {"train", "evaluate", "request_stop", "save_checkpoint", "write_results", "close", "controller"}
 )
 _CHANGELOG = "CHANGELOG.md, 3.0.0"
+_CHANGELOG_STATE = "CHANGELOG.md, the Trainer's state"
 
 
 def check_no_run_settings(definition_class: type, keywords: Iterable[str]) -> None:
@@ -63,4 +65,42 @@ def run_method_sentence(kind: str, name: str) -> str:
         f"{kind} has no {name}: a definition does not run itself; a loops.Trainer runs it, "
         f"trainer = loops.Trainer({kind}(...), train_data=..., ...), and use trainer.{name} "
         f"({_CHANGELOG})."
+    )
+
+
+# The Trainer's properties until 3.x that forwarded to its parts, and what replaced each:
+# its state (`trainer.state`), what its actions see (`trainer.run_context`), or a plain
+# attribute. A read of an old name raises AttributeError with the sentence.
+MOVED_TRAINER_MEMBERS = {
+    "step": "trainer.state.step",
+    "last_train_metrics": "trainer.state.last_train_metrics",
+    "last_eval_metrics": "trainer.state.last_eval_metrics",
+    "steps_per_second": "trainer.state.steps_per_second",
+    "units_per_second": "trainer.state.units_per_second",
+    "skipped_steps": "trainer.state.skipped_steps",
+    "stop_reason": "trainer.state.stop_reason",
+    "preempted": "trainer.state.preempted",
+    "model_dir": "trainer.run_context.model_dir",
+    "eval_every": "trainer.run_context.eval_every",
+    "config": "trainer.run_context.config",
+    "is_chief": "trainer.run_context.is_chief",
+    "progress": "trainer.run_context.progress",
+    "summaries": "trainer.run_context.summaries",
+    "checkpointer": "trainer.run_context.checkpointer",
+    "num_replicas": "trainer.strategy.num_replicas_in_sync",
+    "leaves_out_nonfinite": "trainer.step_context.update.nonfinite.skips",
+    "evaluate_eval_data": "trainer.run_context.evaluate_eval_data()",
+    "eval_step_output_names": "trainer.run_context.eval_step_output_names()",
+}
+
+
+def moved_member_sentence(name: str) -> str | None:
+    """What replaced the Trainer's old member `name`; None when `name` is no old member."""
+    replacement = MOVED_TRAINER_MEMBERS.get(name)
+    if replacement is None:
+        return None
+    kind = "its state" if replacement.startswith("trainer.state.") else "a part of it"
+    return (
+        f"Trainer.{name} was removed: the Trainer's public face is its methods and its parts; "
+        f"read {replacement} ({kind}) instead ({_CHANGELOG_STATE})."
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf
@@ -14,7 +14,6 @@ from loops.core import reporting
 from loops.model_dir import model_dir_lock
 from loops.model_dir.checkpoints import Checkpointer
 from loops.model_dir.run_config import check_resume, exact_only_settings, record_config
-from loops.run.actions import Action
 from loops.vocabulary.choices import ONE_PROCESS_STRATEGIES
 
 SETTINGS_RECORD = "exact_only_settings"  # the checkpoint's name of `SettingsRecord`
@@ -213,25 +212,3 @@ class RunCheckpoints:
         if self._lock is not None:
             model_dir_lock.release(self._lock)
             self._lock = None
-
-
-def action_state(actions: Sequence[Action]) -> dict[str, dict]:
-    """Checkpoint name -> variables of every action that has state.
-
-    Raises:
-        ValueError: two actions with state have one name.
-    """
-    state = {}
-    for action in actions:
-        variables = dict(action.checkpoint_items())
-        if not variables:
-            continue
-        key = f"action_{action.name}"
-        if key in state:
-            raise ValueError(
-                f"Two actions with state are named {action.name!r}; each needs its "
-                "own name in the checkpoint: set `name` on one of them, e.g. "
-                f"action.name = '{action.name}_2'."
-            )
-        state[key] = variables
-    return state

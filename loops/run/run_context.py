@@ -1,10 +1,10 @@
 """The surfaces between a definition and its run: what each is given of the other.
 
-A Trainer gives its definition a `StepContext` before `build`; it needs of
-the definition only `Definition`; actions and a definition's evaluation see
-the Trainer as a `RunContext`; the Controller and its parts see it as a
-`Run`. mypy checks that `loops.Loop` and `loops.Trainer` satisfy them, and
-no module of the run imports either class.
+A Trainer gives its definition a `StepContext` before `build`; it and its
+Controller need of the definition only `Definition`; actions and a
+definition's evaluation see the run as a `RunContext` (the Controller's
+`loops.run.run_view.RunView`). mypy checks that `loops.Loop` and the run view
+satisfy them, and no module of the run imports the Loop or the Trainer.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import tensorflow as tf
 from loops.core import reporting
 from loops.core.update_context import UpdateContext
 from loops.model_dir.checkpoints import Checkpointer
-from loops.run import executors
 from loops.run.bad_step_rules import BadStepRule
+from loops.run.run_state import RunState
 from loops.run.step_options import StepOptions
 
 
@@ -47,10 +47,14 @@ class StepContext:
 
 
 class RunContext(Protocol):
-    """What an Action, and a definition's `run_evaluation`, may use of the run (the Trainer)."""
+    """What an Action, and a definition's `run_evaluation`, may use of the run
+    (`trainer.run_context`)."""
 
     @property
     def definition(self) -> Any: ...  # the trained `loops.Loop`
+
+    @property
+    def state(self) -> RunState: ...  # the run's step, last metrics, how it ended
 
     @property
     def strategy(self) -> tf.distribute.Strategy: ...
@@ -66,6 +70,9 @@ class RunContext(Protocol):
 
     @property
     def eval_every(self) -> int | None: ...
+
+    @property
+    def config(self) -> Mapping[str, Any]: ...  # what the run was asked to do
 
     @property
     def is_chief(self) -> bool: ...
@@ -137,30 +144,3 @@ class Definition(Protocol):
     def results_extra(self) -> dict[str, Any]: ...
 
     def bad_step_rules(self) -> Sequence[BadStepRule]: ...
-
-
-class Run(RunContext, Protocol):
-    """What the Controller and its parts need of the Trainer they serve."""
-
-    @property
-    def definition(self) -> Definition: ...
-
-    @property
-    def step_options(self) -> StepOptions: ...
-
-    @property
-    def coordinator(
-        self,
-    ) -> Any: ...  # a ClusterCoordinator under ParameterServerStrategy
-
-    @property
-    def executor(self) -> executors.Executor: ...
-
-    @property
-    def train_data(self) -> Any: ...
-
-    @property
-    def data_offset(self) -> tf.Variable: ...
-
-    @property
-    def num_replicas(self) -> int: ...

@@ -6,11 +6,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+import tensorflow as tf
 
 from loops import topology
 from loops.core import health, outputs, reporting
 from loops.run.recovery import Recovery
-from loops.run.run_context import Run
+from loops.run.run_state import RunState
 
 
 class InnerLoop(NamedTuple):
@@ -54,13 +55,16 @@ class TrainHistory:
 
 
 class RunReport:
-    """A run's progress lines and TensorBoard scalars, and the metrics and speeds it last reported.
+    """A run's progress lines and TensorBoard scalars; it records the metrics and speeds it
+    reports in the run's state.
 
     Args:
         progress: where progress lines go.
-        summaries: where TensorBoard scalars go (the sidecar evaluator swaps it).
+        summaries: where TensorBoard scalars go (the sidecar evaluator sets its own:
+            `Controller.report_to`).
         throughput_unit: (the Sum output counting what a step processes, its
             unit's name), reported as "<unit>_per_second" beside steps/s.
+        state: the run's state, where the last metrics and speeds go.
     """
 
     def __init__(
@@ -69,21 +73,14 @@ class RunReport:
         progress: reporting.Progress,
         summaries: reporting.Summaries,
         throughput_unit: tuple[str, str],
+        state: RunState,
     ):
         self.progress = progress
         self.summaries = summaries
         self.throughput_unit = throughput_unit
+        self.state = state
         # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
         self.eval_history: list[dict[str, Any]] = []
-        self.last_train_metrics: dict[str, float] = {}
-        # The last health metrics (`loops.core.health`), the per-layer ones of the last
-        # step that had them.
-        self.last_health_metrics: dict[str, float] = {}
-        self.last_eval_metrics: dict[str, float] = {}
-        self.steps_per_second = 0.0
-        # The throughput unit per second over the same inner loops; None when
-        # the loop's steps do not return that output.
-        self.units_per_second: float | None = None
 
     def units(self, logs: Mapping[str, np.ndarray]) -> float | None:
         """How much of the throughput unit the steps of `logs` processed; None if not counted."""
@@ -104,11 +101,16 @@ class RunReport:
         units = self.units(logs)
         if units is not None:
             rates[f"{self.throughput_unit[1]}_per_second"] = units / seconds if seconds > 0 else 0.0
-        self.last_train_metrics, found = health.reported(outputs.aggregate_steps(kinds, logs))
-        self.last_health_metrics = health.latest(self.last_health_metrics, found)
+        metrics, found = health.reported(outputs.aggregate_steps(kinds, logs))
+        # The health metrics kept are the per-layer ones of the last step that had them.
+        state = self.state
+        state.record(
+            last_train_metrics=metrics,
+            last_health_metrics=health.latest(state.last_health_metrics, found),
+        )
         tagged = {health.PREFIX + name: value for name, value in found.items()}
-        self.summaries.scalars("train", end, {**self.last_train_metrics, **tagged, **rates})
-        shown = {**self.last_train_metrics, **health.in_progress(found)}
+        self.summaries.scalars("train", end, {**metrics, **tagged, **rates})
+        shown = {**metrics, **health.in_progress(found)}
         self.progress.train(end, num_steps, shown, rates)
 
     def evaluation(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -119,7 +121,7 @@ class RunReport:
         metrics = reporting.scalar_metrics(metrics)
         if not metrics:
             return
-        self.last_eval_metrics = metrics
+        self.state.record(last_eval_metrics=metrics)
         self.eval_history = [entry for entry in self.eval_history if entry["step"] < step]
         self.eval_history.append({"step": step, **metrics})
         self.summaries.scalars("eval", step, metrics)
@@ -151,43 +153,46 @@ class RunReport:
         # The first call includes tracing; leave it out when there are others.
         timed = calls[1:] or calls
         seconds = max(sum(call.seconds for call in timed), 1e-9)
-        self.steps_per_second = sum(call.steps for call in timed) / seconds
         units = [call.units for call in timed]
-        self.units_per_second = (
-            None if None in units else sum(u for u in units if u is not None) / seconds
+        self.state.record(
+            steps_per_second=sum(call.steps for call in timed) / seconds,
+            units_per_second=(
+                None if None in units else sum(u for u in units if u is not None) / seconds
+            ),
         )
 
     def results(
         self,
-        trainer: Run,
         *,
-        skipped_steps: int,
+        loop: str,
+        strategy: tf.distribute.Strategy,
         recoveries: Sequence[Recovery],
-        preempted: bool,
-        stop_reason: str | None,
         config: Mapping[str, Any],
+        extra: Mapping[str, Any],
     ) -> dict[str, Any]:
-        """What results.json holds: the run, its metrics and speeds, how it ended, its config."""
+        """What results.json holds: the run (the definition's name `loop`, its strategy), its
+        metrics and speeds, how it ended, its config, then the definition's `extra`."""
+        state = self.state
         return {
-            "loop": trainer.definition.name,
-            "strategy": topology.strategy_name(trainer.strategy),
-            "num_replicas": trainer.num_replicas,
-            "global_step": trainer.step,
-            "train": self.last_train_metrics,
-            "health": self.last_health_metrics,
-            "eval": self.last_eval_metrics,
-            "steps_per_second": self.steps_per_second,
+            "loop": loop,
+            "strategy": topology.strategy_name(strategy),
+            "num_replicas": strategy.num_replicas_in_sync,
+            "global_step": state.step,
+            "train": state.last_train_metrics,
+            "health": state.last_health_metrics,
+            "eval": state.last_eval_metrics,
+            "steps_per_second": state.steps_per_second,
             **(
                 {}
-                if self.units_per_second is None
-                else {f"{self.throughput_unit[1]}_per_second": self.units_per_second}
+                if state.units_per_second is None
+                else {f"{self.throughput_unit[1]}_per_second": state.units_per_second}
             ),
-            "skipped_steps": skipped_steps,
+            "skipped_steps": state.skipped_steps,
             "recoveries": list(recoveries),
-            "preempted": preempted,
-            "stop_reason": stop_reason,
+            "preempted": state.preempted,
+            "stop_reason": state.stop_reason,
             "config": config,
             "history": self.eval_history,
             "versions": reporting.library_versions(),
-            **trainer.definition.results_extra(),
+            **extra,
         }

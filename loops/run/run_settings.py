@@ -67,6 +67,7 @@ def checked_options(
         strategy,
         on_nonfinite=options.on_nonfinite,
         on_loss_spike=options.on_loss_spike,
+        parameter_server_mode=options.parameter_server_mode,
         has_train_data=has_train_data or not definition.needs_train_data,
         model_dir=values["model_dir"],
     )

@@ -151,10 +151,10 @@ class _Watch:
         self.items = trainer.saved_items()
         # The loop's own evaluation summaries (scalars, a GAN's sample grid, a
         # language model's samples) go to the evaluator's directory.
-        trainer.controller.summaries = reporting.Summaries(evaluator_directory(model_dir))
+        trainer.controller.report_to(reporting.Summaries(evaluator_directory(model_dir)))
         self.settings = {
             **run_config.loop_settings(trainer.step_options),
-            **{key: trainer.config[key] for key in compared_config},
+            **{key: trainer.run_context.config[key] for key in compared_config},
         }
         self._settings_checked = False
 
@@ -163,7 +163,7 @@ class _Watch:
         return max((entry["step"] for entry in self.history), default=-1)
 
     def say(self, text: str) -> None:
-        self.trainer.progress.line(f"evaluator: {text}")
+        self.trainer.run_context.progress.line(f"evaluator: {text}")
 
     def run(
         self, sightings: _Sightings, poll_seconds: float, timeout_seconds: float | None
@@ -332,10 +332,11 @@ def _check_arguments(
     timeout_seconds: float | None,
     compared_config: Sequence[str],
 ) -> None:
-    if trainer.model_dir is not None:
+    own_model_dir = trainer.run_context.model_dir
+    if own_model_dir is not None:
         raise ValueError(
             f"evaluate_checkpoints needs a Trainer made with model_dir=None, got "
-            f"model_dir={trainer.model_dir!r}: a Trainer with a model_dir takes that directory's "
+            f"model_dir={own_model_dir!r}: a Trainer with a model_dir takes that directory's "
             "lock and restores its newest checkpoint. Make the evaluator's Trainer without "
             "one; it writes into MODEL_DIR/evaluator."
         )
@@ -356,7 +357,7 @@ def _check_arguments(
             f"timeout_seconds must be a number of seconds > 0 (or None: wait for ever), got "
             f"{timeout_seconds!r}."
         )
-    config = trainer.config
+    config = trainer.run_context.config
     unknown = [key for key in compared_config if key not in config]
     if isinstance(compared_config, str) or unknown:
         raise ValueError(

@@ -40,7 +40,7 @@ class StepOptions:
             finite after an inner loop recover the same way, b being its last
             step. Needs a model_dir (a checkpoint of step 0 is saved when
             there is none) and train_data, and does not run under
-            ParameterServerStrategy.
+            ParameterServerStrategy's asynchronous mode.
         max_recoveries: under "recover", how many recoveries a run may make
             (counted over resumes: the count is checkpointed) before the next
             non-finite step raises NonFiniteError (default 3).
@@ -91,6 +91,9 @@ class StepOptions:
     ema_decay: float | None
     jit_compile: bool
     health_every: int | None
+    # h-psexact (issue 44): under ParameterServerStrategy, "exact" (each step applied once
+    # by the chief from every worker's slice) or "async" (`loops.run.exact_parameter_server`).
+    parameter_server_mode: str = "exact"
 
 
 def of(config: RunConfig) -> StepOptions:

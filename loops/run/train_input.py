@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import tensorflow as tf
+
 from loops.input import distributed_input
-from loops.run import parameter_server
 from loops.run.recovery import Recoveries
-from loops.run.run_context import Run
+from loops.run.run_inputs import RunInputs
 
 
 class TrainInput:
@@ -15,10 +16,25 @@ class TrainInput:
 
     Step k's batches start at k * batches_per_step plus the batches that the
     run's recoveries moved the stream past.
+
+    Args:
+        inputs: the run's train data, strategy and coordinator.
+        data_offset: the definition's count of the steps recoveries moved past
+            (`Loop.data_step`), which `at_step` sets.
+        batches_per_step: the global batches a step reads.
+        recoveries: the run's record of recoveries.
     """
 
-    def __init__(self, trainer: Run, recoveries: Recoveries):
-        self._trainer = trainer
+    def __init__(
+        self,
+        inputs: RunInputs,
+        data_offset: tf.Variable,
+        batches_per_step: int,
+        recoveries: Recoveries,
+    ):
+        self._inputs = inputs
+        self._data_offset = data_offset
+        self._batches_per_step = batches_per_step
         self._recoveries = recoveries
         self._iterator: Iterator | None = None
         # Batches the iterator has handed out; -1 when not known (the next call makes a new one).
@@ -31,7 +47,7 @@ class TrainInput:
 
     def position_at(self, step: int) -> int:
         """Batches of the stream before step `step + 1`'s."""
-        return step * self._trainer.definition.batches_per_step + self._recoveries.skipped_batches
+        return step * self._batches_per_step + self._recoveries.skipped_batches
 
     def at_step(self, step: int):
         """The iterator positioned after `step` steps' batches (None without train data).
@@ -39,23 +55,21 @@ class TrainInput:
         Also sets the loop's `data_offset` (the steps recoveries moved past),
         on which loops that make their own data key it (`Loop.data_step`).
         """
-        trainer = self._trainer
-        offset = self._recoveries.skipped_batches // trainer.definition.batches_per_step
-        if int(trainer.data_offset.numpy()) != offset:
-            trainer.data_offset.assign(offset)
-        if trainer.train_data is None:
+        inputs = self._inputs
+        offset = self._recoveries.skipped_batches // self._batches_per_step
+        if int(self._data_offset.numpy()) != offset:
+            self._data_offset.assign(offset)
+        if inputs.train_data is None:
             return None
-        if trainer.coordinator is not None:
-            # Asynchronous workers read their own streams: there is no position to resume at.
-            if self._iterator is None:
-                self._iterator = parameter_server.worker_iterator(
-                    trainer.coordinator, trainer.train_data
-                )
-            return self._iterator
         position = self.position_at(step)
         if self._iterator is None or self.position != position:
-            self._iterator = distributed_input.train_iterator(
-                trainer.strategy, trainer.train_data, skip_batches=position
-            )
+            if inputs.coordinator is not None:  # the chief reads and hands out the batches
+                self._iterator = distributed_input.global_batch_iterator(
+                    inputs.train_data, skip_batches=position
+                )
+            else:
+                self._iterator = distributed_input.train_iterator(
+                    inputs.strategy, inputs.train_data, skip_batches=position
+                )
             self.position = position
         return self._iterator

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -15,19 +16,22 @@ from loops.core import reporting
 from loops.core.nonfinite_updates import NonFiniteUpdates, leaves_out_nonfinite
 from loops.core.update_context import UpdateContext, UpdateOptions
 from loops.input import distributed_input
-from loops.model_dir.checkpoints import Checkpointer, FinitenessCheck
+from loops.model_dir.checkpoints import FinitenessCheck
 from loops.run import (
+    exact_parameter_server,
     executors,
     failed_frames,
     loop_execution,
     loss_spikes,
     recovery,
+    removed_api,
     run_settings,
     step_options,
 )
 from loops.run.actions import Action
 from loops.run.controller import Controller
 from loops.run.run_context import Definition, StepContext
+from loops.run.run_inputs import RunInputs
 from loops.vocabulary.errors import ClusterTaskLostError
 from loops.vocabulary.run_config_tree import RunConfig
 
@@ -44,11 +48,20 @@ class Trainer:
 
     On construction it checks every setting, gives the definition its step
     context (strategy, global step, step options), runs its `build` in the
-    strategy's scope, makes the executor of its steps, and has its
-    `loops.Controller` restore the newest checkpoint in `model_dir`. Then
-    `train`, `evaluate`, `save_checkpoint`, `write_results`, `request_stop`
-    and `close` run the run; the rest reads its state. Actions get the
-    Trainer (as `loops.run.run_context.RunContext`).
+    strategy's scope, makes the executor of its steps, then its
+    `loops.Controller` from those parts, which restores the newest checkpoint
+    in `model_dir`. Then `train`, `evaluate`, `save_checkpoint`,
+    `write_results`, `request_stop` and `close` run the run.
+
+    What the run did so far is `trainer.state` (`loops.run.run_state.RunState`:
+    step, last_train_metrics, last_eval_metrics, steps_per_second,
+    units_per_second, skipped_steps, stop_reason, preempted), read-only.
+    What its actions and its definition's evaluation see of it is
+    `trainer.run_context` (`loops.run.run_context.RunContext`: model_dir,
+    is_chief, progress, summaries, checkpointer ...). What it was given or
+    built are plain attributes: definition, strategy, step_options,
+    train_data, eval_data, coordinator, step_context, global_step,
+    data_offset, executor, controller.
     """
 
     def __init__(
@@ -97,12 +110,19 @@ class Trainer:
         )
         self.coordinator = loop_execution.coordinator(self.strategy)
         self.train_data, self.eval_data = train_data, eval_data
-        self.controller = Controller(trainer=self, options=run_options)
-        self._eval_input = loop_execution.EvalInput(self.strategy, self.coordinator)
-        self._context = context = self._build_definition()  # the definition's, read here too
+        self.step_context = context = self._build_definition()
         self.global_step, self.data_offset = context.global_step, context.data_offset
         self._saved_items = _everything_saved(definition, context)
         self.executor = self._make_executor()
+        self.controller = Controller(
+            definition=definition,
+            step_context=context,
+            executor=self.executor,
+            inputs=RunInputs(self.strategy, train_data, eval_data, self.coordinator),
+            options=run_options,
+        )
+        # What the run did so far, and what its actions see of it: the Controller's.
+        self.state, self.run_context = self.controller.state, self.controller.run_context
         self.controller.restore(self._saved_items)
 
     def _build_definition(self) -> StepContext:
@@ -117,7 +137,7 @@ class Trainer:
                 # Not checkpointed: the Controller sets it from the recovery record it restores.
                 data_offset=_step_counter("data_offset"),
                 update=_update_context(
-                    self.strategy, options, global_step, coordinated=self.coordinator is not None
+                    self.strategy, options, global_step, coordinator=self.coordinator
                 ),
             )
             self.definition.bind(context)
@@ -143,6 +163,8 @@ class Trainer:
                 has_convolution=executors.has_convolution(saved),
             ),
             coordinator=self.coordinator,
+            parameter_server_mode=self.step_options.parameter_server_mode,
+            worker_gradients=self.step_context.update.slice_gradients,
             run_eagerly=self.step_options.run_eagerly,
             stop_on_nonfinite=self.step_options.on_nonfinite != "skip",
         )
@@ -157,7 +179,7 @@ class Trainer:
                 (the message names it and its address), instead of TensorFlow's
                 collective error.
         """
-        with self._input_dropped_on_failure():
+        with failed_frames.dropped_on_failure(self.controller.release_inputs):
             return self._train_naming_a_lost_task(num_steps)
 
     def _train_naming_a_lost_task(self, num_steps: int) -> dict[str, np.ndarray]:
@@ -173,15 +195,9 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Evaluates now (averaged weights, if any) and reports it: `Controller.evaluate`."""
-        with self._input_dropped_on_failure():
+        # A failure lets the input's iterators go now, while Python runs (`failed_frames`).
+        with failed_frames.dropped_on_failure(self.controller.release_inputs):
             return self.controller.evaluate()
-
-    def _input_dropped_on_failure(self):
-        """A failure lets the input's iterators go now, while Python runs (`failed_frames`);
-        the next `train` or `evaluate` makes new ones where the run stands."""
-        return failed_frames.dropped_on_failure(
-            self._eval_input.release, self.controller.release_train_input
-        )
 
     def request_stop(self, reason: str) -> None:
         """Ends `train` after the inner loop in progress: `Controller.request_stop`."""
@@ -200,7 +216,6 @@ class Trainer:
 
         `with trainer:` calls it on leaving the block.
         """
-        self._eval_input.release()
         self.controller.close()
 
     def __enter__(self):
@@ -209,100 +224,28 @@ class Trainer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    # ---- What the definition's evaluation and the actions use. ----
-
-    def evaluate_eval_data(self) -> dict[str, float]:
-        """One pass of the definition's `eval_step` over `eval_data`; {} without eval data."""
-        return self._eval_input.evaluate(self.eval_data, self.executor)
-
-    def eval_step_output_names(self) -> set[str] | None:
-        """The outputs `eval_step` returns, found by tracing it; None when unknown."""
-        return self._eval_input.output_names(self.eval_data, self.executor)
+    # ---- What the sidecar evaluator and the learning-rate finder use. ----
 
     def saved_items(self) -> dict[str, Any]:
         """What a checkpoint holds: `checkpoint_items()`, the global step, what Updates made."""
         return dict(self._saved_items)
 
-    def averaged_weights(self):
+    def averaged_weights(self) -> contextlib.AbstractContextManager[None]:
         """A context in which the trained variables hold their moving averages (host only).
 
         Without `ema_decay` it changes nothing. The Controller evaluates in
-        it and `ExportOnEnd` exports in it.
+        it and `ExportOnEnd` exports in it (`run_context.averaged_weights`).
         """
-        return self._context.update.weight_averages.averaged()
+        return self.step_context.update.weight_averages.averaged()
 
-    @property
-    def step(self) -> int:
-        return int(self.global_step.numpy())
+    if not TYPE_CHECKING:  # mypy keeps reporting an unknown attribute as one
 
-    @property
-    def num_replicas(self) -> int:
-        return self.strategy.num_replicas_in_sync
-
-    @property
-    def leaves_out_nonfinite(self) -> bool:
-        """Whether non-finite updates are left out: `NonFiniteUpdates.skips`."""
-        return self._context.update.nonfinite.skips
-
-    # ---- The run's state, read from its parts. ----
-
-    @property
-    def model_dir(self) -> str | None:
-        return self.controller.options.model_dir
-
-    @property
-    def eval_every(self) -> int | None:
-        return self.controller.options.eval_every
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The run's configuration, recorded in results.json and config.json."""
-        return self.controller.config
-
-    @property
-    def is_chief(self) -> bool:
-        return self.controller.is_chief
-
-    @property
-    def progress(self) -> reporting.Progress:
-        return self.controller.progress
-
-    @property
-    def summaries(self) -> reporting.Summaries:
-        return self.controller.summaries
-
-    @property
-    def checkpointer(self) -> Checkpointer | None:
-        return self.controller.checkpointer
-
-    @property
-    def last_train_metrics(self) -> dict[str, float]:
-        return self.controller.report.last_train_metrics
-
-    @property
-    def last_eval_metrics(self) -> dict[str, float]:
-        return self.controller.report.last_eval_metrics
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.controller.report.steps_per_second
-
-    @property
-    def units_per_second(self) -> float | None:
-        """The definition's `throughput_unit` per second; None when not counted."""
-        return self.controller.report.units_per_second
-
-    @property
-    def skipped_steps(self) -> int:
-        return self.controller.skipped_steps
-
-    @property
-    def stop_reason(self) -> str | None:
-        return self.controller.stop_reason
-
-    @property
-    def preempted(self) -> bool:
-        return self.controller.preempted
+        def __getattr__(self, name: str) -> Any:
+            """Names the replacement of a removed property (`removed_api.MOVED_TRAINER_MEMBERS`)."""
+            raise AttributeError(
+                removed_api.moved_member_sentence(name)
+                or f"{type(self).__name__!r} object has no attribute {name!r}"
+            )
 
 
 def _step_counter(name: str) -> tf.Variable:
@@ -321,19 +264,23 @@ def _update_context(
     options: step_options.StepOptions,
     global_step: tf.Variable,
     *,
-    coordinated: bool,
+    coordinator: Any,
 ) -> UpdateContext:
-    """What the definition's `loops.Update`s are given: the run's strategy, step and options."""
+    """What the definition's `loops.Update`s are given: the run's strategy, step and options
+    (and, in the exact parameter-server mode, the workers that compute their gradients)."""
+    mode = options.parameter_server_mode
     skips = leaves_out_nonfinite(
         on_nonfinite=options.on_nonfinite,
         mixed_precision=options.mixed_precision,
-        coordinated=coordinated,
+        coordinated=exact_parameter_server.is_asynchronous(strategy, mode),
     )
+    exact = coordinator is not None and exact_parameter_server.is_exact(strategy, mode)
     return UpdateContext(
         strategy=strategy,
         global_step=global_step,
         nonfinite=NonFiniteUpdates(strategy, skips=skips),
         options=UpdateOptions.of(options),
+        slice_gradients=exact_parameter_server.WorkerGradients(coordinator) if exact else None,
     )
 
 

@@ -21,6 +21,9 @@ LOCAL_REPLICA_STRATEGIES = ("mirrored", "central_storage")
 ONE_PROCESS_STRATEGIES = ("default", "one_device", *LOCAL_REPLICA_STRATEGIES)
 # The strategies whose processes form a TF_CONFIG cluster (the others run in one process).
 CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+# How --strategy=parameter_server applies a step: once, from every worker's gradients (exact),
+# or per worker as each finishes (async).
+PARAMETER_SERVER_MODES = ("exact", "async")
 # Where a multi-process strategy's cluster comes from (`loops.cluster.scheduler_cluster`).
 CLUSTER_SOURCES = ("auto", "tf_config", "slurm", "kubernetes")
 # Whether a lower or a higher value of a watched eval metric is better.

@@ -70,6 +70,13 @@ class StrategySettings(ConfigSection):
     (the CPU) and computes on --num_replicas devices.
     """
 
+    parameter_server_mode: str = "exact"
+    """--strategy=parameter_server: exact (the workers compute the gradients of a step's slices
+    on the same weights and the chief applies their sum once: the numbers of one process,
+    resumable mid-stream) or async (each worker applies its own steps as soon as they are
+    done: faster, not reproducible).
+    """
+
     num_replicas: int | None = None
     """Replicas for --strategy=mirrored or central_storage: that many GPUs when present, else
     the CPU split into that many logical devices. Default: every GPU, or 2 logical CPUs
@@ -262,7 +269,7 @@ class FaultsSettings(ConfigSection):
     """After a step whose loss or gradients are not finite on any replica: stop with an error
     (nothing saved after it; back to the last checkpoint), skip its update everywhere and go
     on, or recover: go back to the last checkpoint, move the train stream past every batch
-    from there to the bad step, and go on (logged; not for parameter_server).
+    from there to the bad step, and go on (logged; not for --parameter_server_mode=async).
     """
 
     max_recoveries: int | None = None

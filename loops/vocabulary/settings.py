@@ -21,6 +21,7 @@ from loops.vocabulary.choices import (
     LOSS_SPIKE_POLICIES,
     METRIC_MODES,
     NONFINITE_POLICIES,
+    PARAMETER_SERVER_MODES,
     PRECISION_POLICIES,
     STRATEGY_NAMES,
 )
@@ -195,6 +196,20 @@ SETTINGS: tuple[Setting, ...] = (
         resumable=True,
         default="mirrored",
         choices=tuple(STRATEGY_NAMES),
+    ),
+    Setting(
+        "parameter_server_mode",
+        "strategy",
+        "--strategy=parameter_server: exact (the workers compute the gradients of a step's "
+        "slices on the same weights and the chief applies their sum once: the numbers of one "
+        "process, resumable mid-stream) or async (each worker applies its own steps as soon "
+        "as they are done: faster, not reproducible).",
+        "enum",
+        section="strategy",
+        resumable=True,
+        default="exact",
+        loop=True,
+        choices=PARAMETER_SERVER_MODES,
     ),
     Setting(
         "num_replicas",
@@ -548,7 +563,7 @@ SETTINGS: tuple[Setting, ...] = (
         "error (nothing saved after it; back to the last checkpoint), skip its update "
         "everywhere and go on, or recover: go back to the last checkpoint, move the train "
         "stream past every batch from there to the bad step, and go on (logged; not for "
-        "parameter_server).",
+        "--parameter_server_mode=async).",
         "enum",
         section="faults",
         default="stop",

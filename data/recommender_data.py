@@ -1,0 +1,64 @@
+"""The recommender binary's data: the train and eval batches of a split interaction log, the
+baselines a model has to beat (popularity for ranking, the biases for ratings) and its notes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from loops.input import interaction_baselines
+from loops.input.interaction_logs import Interactions
+from loops_data.image_classification import batches_in_memory, endless_batches_in_memory
+
+
+def ranking_eval_arrays(train: Interactions, test: Interactions):
+    """(users, seen, held_out) of the users with a held-out item: the eval batches' rows, the
+    item lists padded with -1 (`Interactions.items_by_user`)."""
+    users = np.flatnonzero(np.bincount(test.users, minlength=train.num_users) > 0)
+    seen, held_out = train.items_by_user(), test.items_by_user()
+    return users.astype(np.int32), seen[users], held_out[users]
+
+
+def popularity_baseline(train: Interactions, test: Interactions, k: int) -> dict[str, float]:
+    """Recall@k and NDCG@k of recommending every user the most-trained items it has not seen,
+    named as `loops.RetrievalLoop` names its own beside them."""
+    metrics = interaction_baselines.ranking_metrics(
+        interaction_baselines.popularity_scores(train), train, test, k=k
+    )
+    return {
+        f"popularity_recall_at_{k}": metrics[f"recall@{k}"],
+        f"popularity_ndcg_at_{k}": metrics[f"ndcg@{k}"],
+    }
+
+
+def bias_baseline(train: Interactions, test: Interactions) -> dict[str, float]:
+    """The test RMSE of the mean rating plus the users' and items' biases fitted to `train`."""
+    return {"bias_baseline_rmse": interaction_baselines.fit_bias_baseline(train).rmse(test)}
+
+
+def trainer_data(
+    model: str, train: Interactions, test: Interactions, *, global_batch_size: int, seed: int
+) -> dict[str, Any]:
+    """The Trainer's `train_data` and `eval_data` for --model: endless shuffled interactions;
+    one pass over the users with a held-out item (retrieval) or the held-out pairs (rating)."""
+    if model == "retrieval":
+        rows: tuple = (train.users, train.items)
+        eval_rows: tuple = ranking_eval_arrays(train, test)
+    else:
+        rows = (train.users, train.items, train.ratings)
+        eval_rows = (test.users, test.items, test.ratings)
+    return dict(
+        train_data=lambda: endless_batches_in_memory(rows, global_batch_size, seed),
+        eval_data=lambda: batches_in_memory(eval_rows, global_batch_size),
+    )
+
+
+def notes(interactions: Interactions, train: Interactions, test: Interactions) -> dict[str, Any]:
+    """What results.json says of the data: its counts, how it was split, each split's size."""
+    return {
+        **interactions.describe(),
+        "split": train.split,
+        "train_interactions": len(train),
+        "test_interactions": len(test),
+    }

@@ -1,0 +1,238 @@
+"""`loops.EmbeddingTable`: a Keras layer whose table and slots split by rows over parameter servers.
+
+Under ParameterServerStrategy made with `loops.TablePartitioner` (as
+`loops.make_strategy("parameter_server")` makes it) the table and each slot of
+its row optimizer are `ShardedVariable`s: block i of the rows lives on server i
+and is initialized there, so no task, the chief included, ever holds the whole
+table. A lookup gathers from each shard (`tf.nn.embedding_lookup`) and
+`apply_gradients` touches only the rows the batch hit, shard by shard, with
+the row update of its Keras optimizer (SGD without momentum or Adagrad, exact:
+`loops.core.row_updates`) on slots of the table's own, split as it is. Under
+one process (or one_device) the same variables are ordinary ones, and the
+layer equals `keras.layers.Embedding` (lookups) and its optimizer Keras' on
+the dense gradient (updates). Under several synchronous replicas it looks up
+but refuses to update (a `keras.layers.Embedding` through `loops.Update` is
+the sparse table there).
+
+The table saves as `embeddings` and each slot under its name (`accumulator`),
+every one as one whole tensor whatever the shard count, so a checkpoint saved
+with M servers restores into M' servers or into one process, slots included
+(TensorFlow reshards a ShardedVariable itself when it restores one).
+
+Initial values: uniform in [-0.05, 0.05] (Keras' Embedding default), drawn per
+shard from `seed` and the shard's first row, so they depend on the shard count;
+restored or assigned values do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+
+from loops import topology
+from loops.core import keras_private, row_updates, table_ids, table_rows
+
+INITIAL_RANGE = 0.05
+
+
+class EmbeddingTable(keras.layers.Layer):
+    """A table of `rows` vectors of `dim` floats, looked up by row numbers, strings or hashes.
+
+    Args:
+        rows: the table's rows.
+        dim: each vector's length.
+        optimizer: the Keras optimizer `apply_gradients` uses: Adagrad (the
+            default, Keras' defaults) or SGD without momentum, the ones with an exact
+            row update. Its slots live beside the table, split the same way; its
+            learning rate is read each step, a schedule's at the optimizer's
+            `iterations`, which the table does not count (`optimizer.iterations
+            .assign_add(1)` after the step does, or an optimizer that trains more).
+        ids: "rows" (int ids in [0, rows)), "strings" or "hashes" (int64 ids of
+            any value), the last two hashed to rows (`loops.core.table_ids`
+            states the collision policy) unless a vocabulary maps the strings.
+        vocabulary: words mapped to rows 0..len-1 in order; other words hash to
+            the `oov_buckets` rows after them (rows = len(vocabulary) + oov_buckets).
+        seed: the initial values' seed.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        dim: int,
+        optimizer: keras.optimizers.Optimizer | None = None,
+        *,
+        ids: str = "rows",
+        vocabulary: Sequence[str] | None = None,
+        oov_buckets: int = 1,
+        seed: int = 0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("rows", rows), ("dim", dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EmbeddingTable({name}={value!r}) needs a whole number >= 1.")
+        table_ids.check_id_kind(ids, rows, vocabulary, oov_buckets)
+        self.rows, self.dim, self.ids, self.seed = rows, dim, ids, seed
+        self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adagrad()
+        self._slots = _slot_initial_values(self.optimizer)
+        self._vocabulary = (
+            None if vocabulary is None else table_ids.vocabulary_lookup(vocabulary, oov_buckets)
+        )
+
+    def build(self, input_shape=None) -> None:
+        self._check_split_over_servers(tf.distribute.get_strategy())
+        with topology.rows_split_over_servers():
+            self.embeddings = self._table_variable("embeddings", self._initial_rows, True)
+            for name, value in self._slots.items():
+                setattr(self, name, self._table_variable(name, self._filled(value), False))
+        super().build(input_shape)
+
+    def _check_split_over_servers(self, strategy: tf.distribute.Strategy) -> None:
+        """Refuses a parameter-server strategy that would put the whole table on one server.
+
+        A throwaway variable of one row per server, made as the table will be,
+        shows how the strategy splits one before the table is made.
+        """
+        servers = topology.num_parameter_servers(strategy)
+        if servers < 2:
+            return
+        with topology.rows_split_over_servers():
+            probe = tf.Variable(tf.zeros([servers, 1]), trainable=False, name="split_probe")
+        if len(_parts(probe)) != servers:
+            raise ValueError(
+                f"EmbeddingTable({self.rows}, {self.dim}) under ParameterServerStrategy with "
+                f"{servers} servers would lie whole on one of them: make the strategy with "
+                f"variable_partitioner=loops.TablePartitioner({servers}) "
+                "(loops.make_strategy('parameter_server') does)."
+            )
+
+    def _table_variable(self, name: str, initial_value, trainable: bool):
+        return tf.Variable(
+            initial_value=initial_value,
+            shape=(self.rows, self.dim),
+            dtype=tf.float32,
+            trainable=trainable,
+            name=name,
+        )
+
+    def _initial_rows(self, partition_shape=None, partition_offset=None) -> tf.Tensor:
+        shape = partition_shape if partition_shape is not None else (self.rows, self.dim)
+        first = 0 if partition_offset is None else partition_offset[0]
+        return _uniform_rows(tuple(shape), tf.constant([self.seed, first], tf.int64))
+
+    def _filled(self, value: float):
+        def initial(partition_shape=None, partition_offset=None):
+            del partition_offset  # every row starts the same
+            shape = partition_shape if partition_shape is not None else (self.rows, self.dim)
+            return _filled_rows(tuple(shape), tf.constant(value, tf.float32))
+
+        return initial
+
+    @property
+    def shards(self) -> list[tf.Variable]:
+        """The variables holding the rows, in row order: one per server, or the one table."""
+        return _parts(self.embeddings)
+
+    def slot_shards(self, name: str) -> list[tf.Variable]:
+        """Slot `name`'s variables, split as `shards`."""
+        return _parts(getattr(self, name))
+
+    def row_ids(self, ids) -> tf.Tensor:
+        """The table row of each id (see `ids`)."""
+        ids = tf.convert_to_tensor(ids)
+        if self._vocabulary is not None:
+            return self._vocabulary.lookup(ids)
+        if self.ids == "rows":
+            return ids
+        return table_ids.hashed_rows(ids, self.rows)
+
+    def call(self, ids) -> tf.Tensor:
+        return tf.nn.embedding_lookup(self.embeddings, self.row_ids(ids))
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.dim)
+
+    def apply_gradients(self, gradients: Sequence[tf.IndexedSlices | tf.Tensor | None]) -> None:
+        """Updates only the touched rows of each shard and its slots.
+
+        `gradients` is `tape.gradient(loss, table.shards)`: one per shard, in order.
+
+        Raises:
+            ValueError: under a strategy of several synchronous replicas, whose
+                copies of the table this would update apart.
+        """
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            raise ValueError(
+                f"EmbeddingTable.apply_gradients updates one copy of the table, but the strategy "
+                f"keeps {replicas} replicas in sync: use it in one process, under one_device or "
+                "parameter_server, or train a keras.layers.Embedding through loops.Update."
+            )
+        if len(gradients) != len(self.shards):
+            raise ValueError(
+                f"{len(gradients)} gradients for a table of {len(self.shards)} shards: pass "
+                "tape.gradient(loss, table.shards), one per shard."
+            )
+        rate = self.optimizer.learning_rate
+        rate = rate.value if isinstance(rate, keras.Variable) else rate
+        slots = [self.slot_shards(name) for name in self._slots]
+        for index, (shard, gradient) in enumerate(zip(self.shards, gradients, strict=True)):
+            if gradient is None:
+                continue  # no row of this shard was looked up
+            if not isinstance(gradient, tf.IndexedSlices):
+                gradient = tf.IndexedSlices(gradient, tf.range(tf.shape(gradient)[0]))
+            rows = table_rows.unique_rows(gradient)
+            shard_slots = [slot[index] for slot in slots]
+            row_updates.apply_rows(
+                self.optimizer,
+                shard,
+                rows.indices,
+                rows.values,
+                learning_rate=rate,
+                slots=shard_slots,
+            )
+
+
+def tables_in(model: keras.Layer) -> list[EmbeddingTable]:
+    """Every trainable `EmbeddingTable` in `model` (nested models and layers included)."""
+    layers = getattr(model, keras_private.LAYER_WALK)(include_self=True, recursive=True)
+    return [layer for layer in layers if isinstance(layer, EmbeddingTable) and layer.trainable]
+
+
+# The initial values are made in a function, not op by op, whose temporaries stay inside it:
+# a server making a 2M x 64 shard and its accumulator (976 MiB) grew by 1,008 MiB so, and by
+# 1,528 MiB op by op, the CPU allocator keeping the freed buffers (benchmarks/sharded_tables.py,
+# oneDNN on, TF 2.21).
+@tf.function(autograph=False)
+def _uniform_rows(shape: tuple[int, ...], seed: tf.Tensor) -> tf.Tensor:
+    return tf.random.stateless_uniform(shape, seed, minval=-INITIAL_RANGE, maxval=INITIAL_RANGE)
+
+
+@tf.function(autograph=False)
+def _filled_rows(shape: tuple[int, ...], value: tf.Tensor) -> tf.Tensor:
+    return tf.fill(shape, value)
+
+
+def _slot_initial_values(optimizer) -> dict[str, float]:
+    """The table's slot variables for `optimizer`, by name, and each one's initial value.
+
+    Raises:
+        ValueError: an optimizer without an exact row update, saying why.
+    """
+    reason = row_updates.why_dense(optimizer)
+    if reason is not None:
+        raise ValueError(
+            f"EmbeddingTable(optimizer={type(optimizer).__name__}): {reason}; pass "
+            "keras.optimizers.Adagrad or keras.optimizers.SGD without momentum."
+        )
+    if isinstance(optimizer, keras.optimizers.Adagrad):
+        return {"accumulator": float(optimizer.initial_accumulator_value)}
+    return {}
+
+
+def _parts(variable) -> list[tf.Variable]:
+    if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+        return list(variable.variables)
+    return [variable]

@@ -1,0 +1,393 @@
+"""Interaction logs as users have them (MovieLens `u.data`, RecBole `.inter`, CSV), read into
+dense user and item indices, and split into train and test.
+
+`read_interactions` gives an `Interactions`: one row an interaction (user,
+item, rating, timestamp, optional feature columns), users and items numbered
+0..n-1 in the order of their raw ids (numerically when every id is a whole
+number), the raw id of each index kept. An implicit log (no rating or label
+column) rates every interaction 1.0; a log without timestamps takes its row
+order as time. Everything a file gets wrong is refused before any work with
+a sentence naming the file, the line, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+FORMATS = ("auto", "movielens", "recbole", "csv")
+SPLITS = ("random", "time")
+
+# Header names each column may have, lower case (a RecBole header's `:type` suffix removed).
+_COLUMN_NAMES = {
+    "user": ("user", "user_id", "userid"),
+    "item": ("item", "item_id", "itemid", "movie_id", "movieid"),
+    "rating": ("rating", "label", "click", "score"),
+    "timestamp": ("timestamp", "time", "ts"),
+}
+# An id is a whole number or a name (letters, digits, `_`, `-`, `.` inside, `:`, `@`).
+_ID = re.compile(r"^(?:[+-]?\d+|[A-Za-z_][\w\-.:@]*)$")
+
+
+# eq=False: equality of numpy arrays is elementwise, so a generated __eq__ would raise.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Interactions:
+    """An interaction log with dense indices: one entry a row in every array.
+
+    Attributes:
+        users, items: int32 indices in [0, num_users) and [0, num_items).
+        ratings: float32; 1.0 for every row of an implicit log.
+        timestamps: int64; the row number where the log has no timestamps.
+        num_users, num_items: the sizes of the index spaces (a split keeps them).
+        user_ids, item_ids: the raw id of each index (int64 when every id is a
+            whole number, else str).
+        features: optional extra columns by name (float32, or str when not numeric).
+        source: where the log came from (a path, or how it was generated).
+        split: how this part was split off ("none" for a whole log).
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+    timestamps: np.ndarray
+    num_users: int
+    num_items: int
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+    features: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    source: str = ""
+    split: str = "none"
+
+    def __post_init__(self):
+        rows = len(self.users)
+        for name, dtype in _DTYPES.items():
+            array = getattr(self, name)
+            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1:
+                raise ValueError(
+                    f"Interactions.{name} must be a 1-D numpy array of {np.dtype(dtype).name}, "
+                    f"got {getattr(array, 'dtype', type(array).__name__)}; convert it with "
+                    f"np.asarray(..., np.{np.dtype(dtype).name})."
+                )
+            if len(array) != rows:
+                raise ValueError(
+                    f"Interactions.{name} holds {len(array)} rows and users {rows}; give every "
+                    "array one entry an interaction."
+                )
+        for name, size, ids in (
+            ("users", self.num_users, self.user_ids),
+            ("items", self.num_items, self.item_ids),
+        ):
+            _check_indices(name, getattr(self, name), size, len(ids))
+        for name, column in self.features.items():
+            if len(column) != rows:
+                raise ValueError(
+                    f"feature {name!r} holds {len(column)} rows and the log {rows}; give every "
+                    "feature one entry an interaction."
+                )
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    @property
+    def implicit(self) -> bool:
+        """Whether every rating is 1.0 (a log of clicks or views, not of ratings)."""
+        return bool(np.all(self.ratings == 1.0))
+
+    def item_counts(self) -> np.ndarray:
+        """How many rows name each item, int64 [num_items] (popularity, sampling frequencies)."""
+        return np.bincount(self.items, minlength=self.num_items)
+
+    def items_by_user(self) -> np.ndarray:
+        """Each user's items in row order, int32 [num_users, most rows a user has], padded
+        with -1 (for `loops.core.ranking_metrics.items_mask`)."""
+        order = np.argsort(self.users, kind="stable")
+        counts = np.bincount(self.users, minlength=self.num_users)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        table = np.full((self.num_users, max(int(counts.max(initial=0)), 1)), -1, np.int32)
+        users = self.users[order]
+        table[users, np.arange(len(order)) - starts[users]] = self.items[order]
+        return table
+
+    def take(self, rows: np.ndarray, *, split: str | None = None) -> Interactions:
+        """The rows `rows` (indices or a boolean mask), indices and id maps kept."""
+        return dataclasses.replace(
+            self,
+            users=self.users[rows],
+            items=self.items[rows],
+            ratings=self.ratings[rows],
+            timestamps=self.timestamps[rows],
+            features={name: column[rows] for name, column in self.features.items()},
+            split=self.split if split is None else split,
+        )
+
+    def describe(self) -> dict[str, object]:
+        """Counts and provenance for results.json."""
+        return {
+            "source": self.source,
+            "interactions": len(self),
+            "users": self.num_users,
+            "items": self.num_items,
+            "ratings": "implicit (1.0)" if self.implicit else "explicit",
+            "features": sorted(self.features),
+            "split": self.split,
+        }
+
+
+_DTYPES = {
+    "users": np.int32,
+    "items": np.int32,
+    "ratings": np.float32,
+    "timestamps": np.int64,
+}
+
+
+def _check_indices(name: str, indices: np.ndarray, size: int, known_ids: int) -> None:
+    if known_ids != size:
+        raise ValueError(
+            f"Interactions has num_{name}={size} and {known_ids} raw {name[:-1]} ids; give one "
+            "raw id an index."
+        )
+    if len(indices) and (indices.min() < 0 or indices.max() >= size):
+        raise ValueError(
+            f"Interactions.{name} holds indices in [{indices.min()}, {indices.max()}], outside "
+            f"[0, {size}); number them 0..num_{name}-1."
+        )
+
+
+def read_interactions(path: str | os.PathLike, *, format: str = "auto") -> Interactions:
+    """Reads an interaction log into dense indices.
+
+    Args:
+        path: the file.
+        format: "movielens" (`u.data`: user, item, rating, timestamp separated
+            by tabs, no header), "recbole" (`.inter`: tab-separated with a
+            typed header, `user_id:token item_id:token rating:float
+            timestamp:float`), "csv" (comma-separated, a header naming user,
+            item and optionally rating or label, timestamp and feature
+            columns), or "auto": by the file's name (`.data`, `.inter`, `.csv`).
+
+    Raises:
+        ValueError: an unknown format, an empty file, a missing column, an id
+            that is not an id, a rating or timestamp that is not a number; each
+            naming the file, its line and the fix.
+        FileNotFoundError: no file at `path`.
+    """
+    path = os.fspath(path)
+    chosen = _format_of(path, format)
+    with open(path, newline="", encoding="utf-8") as stream:
+        if chosen == "csv":
+            rows = list(csv.reader(stream))
+        else:
+            rows = [line.rstrip("\r\n").split("\t") for line in stream]
+    rows = [row for row in rows if any(field.strip() for field in row)]
+    if not rows:
+        raise ValueError(
+            f"{path} holds no interactions (it is empty); pass a log with one interaction a line."
+        )
+    if chosen == "movielens":
+        header, first_line = ["user", "item", "rating", "timestamp"], 1
+    else:
+        header, first_line, rows = [_column_name(n) for n in rows[0]], 2, rows[1:]
+    if not rows:
+        raise ValueError(
+            f"{path} holds a header and no interactions; pass a log with one interaction a "
+            "line below its header."
+        )
+    columns = _columns(path, header, rows, first_line, chosen)
+    return _interactions(path, columns, first_line)
+
+
+def _format_of(path: str, format: str) -> str:
+    if format not in FORMATS:
+        raise ValueError(
+            f"format={format!r} is not a log format loops reads; pass one of {', '.join(FORMATS)}."
+        )
+    if format != "auto":
+        return format
+    name = os.path.basename(path).lower()
+    for suffix, found in ((".data", "movielens"), (".inter", "recbole"), (".csv", "csv")):
+        if name.endswith(suffix):
+            return found
+    raise ValueError(
+        f"format='auto' cannot tell the format of {path} from its name (known: .data, .inter, "
+        ".csv); pass format='movielens' (u.data: user item rating timestamp, tab-separated), "
+        "'recbole' (.inter, a typed header) or 'csv' (a header naming user,item,...)."
+    )
+
+
+def _column_name(field: str) -> str:
+    """A header field's plain name: lower case, a RecBole `:type` suffix removed."""
+    return field.strip().split(":", 1)[0].strip().lower()
+
+
+def _columns(
+    path: str, header: list[str], rows: list[list[str]], first_line: int, format: str
+) -> dict[str, list[str]]:
+    """Each column's fields by its role (user, item, ...) or, for a feature, its own name."""
+    roles: dict[str, int] = {}
+    for index, name in enumerate(header):
+        role = next((r for r, names in _COLUMN_NAMES.items() if name in names), name)
+        if role in roles:
+            raise ValueError(
+                f"{path}'s header names two {role} columns ({header[roles[role]]} and {name}); "
+                "keep one, or rename the other to a feature name."
+            )
+        roles[role] = index
+    for needed in ("user", "item"):
+        if needed not in roles:
+            raise ValueError(
+                f"{path}'s header names no {needed} column (it names {', '.join(header)}); "
+                f"name the columns user,item[,rating|label][,timestamp] in the first line "
+                f"({needed} may also be called {' or '.join(_COLUMN_NAMES[needed][1:])})."
+            )
+    for offset, row in enumerate(rows):
+        if len(row) != len(header):
+            layout = "\t".join(header) if format != "csv" else ",".join(header)
+            raise ValueError(
+                f"{path} line {first_line + offset} has {len(row)} fields and the log "
+                f"{len(header)} ({layout}); give every line one field a column"
+                + (", separated by tabs." if format != "csv" else ".")
+            )
+    return {role: [row[index].strip() for row in rows] for role, index in roles.items()}
+
+
+def _interactions(path: str, columns: dict[str, list[str]], first_line: int) -> Interactions:
+    users, user_ids = _indices(path, "user", columns.pop("user"), first_line)
+    items, item_ids = _indices(path, "item", columns.pop("item"), first_line)
+    rows = len(users)
+    ratings = (
+        _numbers(path, "rating", columns.pop("rating"), first_line).astype(np.float32)
+        if "rating" in columns
+        else np.ones(rows, np.float32)
+    )
+    if "timestamp" in columns:
+        times = _numbers(path, "timestamp", columns.pop("timestamp"), first_line)
+        timestamps = np.floor(times).astype(np.int64)
+    else:
+        timestamps = np.arange(rows, dtype=np.int64)
+    return Interactions(
+        users=users,
+        items=items,
+        ratings=ratings,
+        timestamps=timestamps,
+        num_users=len(user_ids),
+        num_items=len(item_ids),
+        user_ids=user_ids,
+        item_ids=item_ids,
+        features={name: _feature(values) for name, values in columns.items()},
+        source=path,
+    )
+
+
+def _indices(
+    path: str, role: str, fields: Sequence[str], first_line: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Dense int32 indices of the raw ids, and the raw id of each index (sorted)."""
+    raw = np.asarray(fields, dtype=str)
+    distinct, inverse = np.unique(raw, return_inverse=True)
+    for value in distinct.tolist():
+        if not _ID.match(value):
+            line = first_line + int(np.flatnonzero(raw == value)[0])
+            raise ValueError(
+                f"{path} line {line}: the {role} id {value!r} is not an id (a whole number or "
+                "a name of letters, digits and _); check that the columns are in the order "
+                "the header or format names (MovieLens u.data: user, item, rating, timestamp)."
+            )
+    if all(value.lstrip("+-").isdigit() for value in distinct):
+        numbers = distinct.astype(np.int64)
+        distinct, inverse = np.unique(numbers[inverse], return_inverse=True)
+        # "7" and "07" are one id once read as numbers.
+    return inverse.astype(np.int32).reshape(-1), distinct
+
+
+def _numbers(path: str, role: str, fields: Sequence[str], first_line: int) -> np.ndarray:
+    """The fields as finite float64 numbers."""
+    try:
+        values = np.asarray(fields, dtype=np.float64)
+    except ValueError:
+        values = np.full(len(fields), np.nan)  # the slow path below finds the field
+    if np.all(np.isfinite(values)):
+        return values
+    for offset, field in enumerate(fields):
+        try:
+            values[offset] = float(field)
+        except ValueError:
+            values[offset] = np.nan
+        if not np.isfinite(values[offset]):
+            raise ValueError(
+                f"{path} line {first_line + offset}: the {role} {field!r} is not a number; "
+                f"write each {role} as a finite number (e.g. 4 or 3.5)"
+                + (", 1 or 0 for a label." if role == "rating" else ".")
+            )
+    return values
+
+
+def _feature(values: Sequence[str]) -> np.ndarray:
+    try:
+        numbers = np.asarray(values, dtype=np.float32)
+    except ValueError:
+        return np.asarray(values, dtype=str)
+    return numbers if np.all(np.isfinite(numbers)) else np.asarray(values, dtype=str)
+
+
+def split(
+    interactions: Interactions, *, how: str = "random", test_fraction: float = 0.2, seed: int = 0
+) -> tuple[Interactions, Interactions]:
+    """Splits a log into (train, test), each stating how in its `split`.
+
+    Args:
+        how: "random": a random `test_fraction` of all rows (rounded) go to test,
+            drawn with `seed`. "time": each user's last `test_fraction` of their
+            interactions (rounded down: a user with few keeps them all in train),
+            by timestamp and, among equal timestamps, by row; `seed` is unused.
+        test_fraction: in (0, 1).
+
+    Raises:
+        ValueError: an unknown `how`, or a fraction outside (0, 1).
+    """
+    if how not in SPLITS:
+        raise ValueError(f"how={how!r} is not a split; pass one of {', '.join(SPLITS)}.")
+    if isinstance(test_fraction, bool) or not 0.0 < test_fraction < 1.0:
+        raise ValueError(
+            f"test_fraction must lie in (0, 1), got {test_fraction!r}; e.g. 0.2 keeps 80% "
+            "for training."
+        )
+    if how == "random":
+        test = _random_test_rows(len(interactions), test_fraction, seed)
+    else:
+        test = _last_rows_of_each_user(interactions, test_fraction)
+    note = describe_split(how, test_fraction, seed)
+    return interactions.take(~test, split=note), interactions.take(test, split=note)
+
+
+def describe_split(how: str, test_fraction: float, seed: int) -> str:
+    """The split in words for results.json: "random 80/20, seed 0"."""
+    test = round(100 * test_fraction)
+    if how == "random":
+        return f"random {100 - test}/{test}, seed {seed}"
+    return f"time: each user's last {test}% by timestamp (rounded down) to test"
+
+
+def _random_test_rows(rows: int, test_fraction: float, seed: int) -> np.ndarray:
+    order = np.random.default_rng(seed).permutation(rows)
+    test = np.zeros(rows, bool)
+    test[order[: round(rows * test_fraction)]] = True
+    return test
+
+
+def _last_rows_of_each_user(interactions: Interactions, test_fraction: float) -> np.ndarray:
+    # By user, then time, then row: each user's rows are one run in time order.
+    order = np.lexsort((np.arange(len(interactions)), interactions.timestamps, interactions.users))
+    users = interactions.users[order]
+    counts = np.bincount(users, minlength=interactions.num_users)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = np.arange(len(order)) - starts[users]  # 0 for each user's first row
+    kept = counts - np.floor(counts * test_fraction).astype(np.int64)
+    test = np.zeros(len(order), bool)
+    test[order] = position >= kept[users]
+    return test

@@ -1,0 +1,250 @@
+"""The two-tower retrieval step: an in-batch softmax over the whole global batch's items,
+corrected for how often each item is sampled, evaluated by top-K over the whole corpus."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from loops.core import outputs, ranking_metrics, reduction, retrieval_loss
+from loops.core.table_updates import built_table_optimizer
+from loops.core.update import Update, check_clip_norm
+from loops.run.loop import Loop, RunContext
+from loops.vocabulary.whole_numbers import check_whole
+
+
+def ranking_sums_at(
+    scores: tf.Tensor, seen: tf.Tensor, held_out: tf.Tensor, ks: Sequence[int]
+) -> dict[str, tf.Tensor]:
+    """`loops.core.ranking_metrics.ranking_sums` at each cut-off, by name (float64 sums).
+
+    Args:
+        scores: [rows, num_items], one score an item of the corpus.
+        seen: int [rows, n] the items each row saw in training (-1 pads): never ranked.
+        held_out: int [rows, m] the items to find (-1 pads).
+        ks: the cut-offs.
+
+    Returns:
+        "users" (rows with a held-out item not seen), and for each k "recall_at_k" and
+        "ndcg_at_k", summed over those rows.
+    """
+    num_items = scores.shape[-1]
+    exclude = ranking_metrics.items_mask(seen, num_items)
+    relevant = ranking_metrics.items_mask(held_out, num_items)
+    sums = {}
+    for k in ks:
+        at_k = ranking_metrics.ranking_sums(scores, relevant, k=k, exclude=exclude)
+        sums[f"recall_at_{k}"], sums[f"ndcg_at_{k}"] = at_k.recall, at_k.ndcg
+        sums["users"] = at_k.users
+    return sums
+
+
+class RetrievalLoop(Loop):
+    """Trains a user tower and an item tower so that a user's embedding scores its items highest.
+
+    A train batch is (users, items) int32, one interaction a row. Each replica
+    scores its users against the items of the WHOLE global batch
+    (`loops.gather_global_rows`), so the negatives are the same on any replica
+    count (the in-batch negatives of one replica alone would make N replicas
+    learn from N times fewer). Each logit is the dot product over
+    `temperature`, minus log q(item), q the item's share of the training
+    interactions (`item_frequencies`): an in-batch softmax samples popular
+    items as negatives more often, and the correction makes it estimate the
+    full softmax. A candidate that is the row's own item at another row (an
+    accidental hit) is left out. The loss is the mean over the global batch's
+    rows.
+
+    An eval batch is (users, seen, held_out): each user's training items and
+    the items to find, int [rows, n] padded with -1. The user is scored
+    against every item of the corpus, its training items left out, and
+    Recall@K and NDCG@K of the top K are summed over users with a held-out
+    item and divided by their count: exact on any replica count.
+    `baselines` (e.g. popularity's recall) are reported beside them.
+    """
+
+    name = "retrieval"
+    throughput_unit = ("interactions", "interactions")
+
+    def __init__(
+        self,
+        *,
+        user_model_fn: Callable[[], keras.Model],
+        item_model_fn: Callable[[], keras.Model],
+        optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+        table_optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
+        num_items: int,
+        global_batch_size: int,
+        item_frequencies: np.ndarray | None = None,
+        temperature: float = 0.1,
+        top_k: Sequence[int] = (10,),
+        clip_norm: float | None = None,
+        baselines: Mapping[str, float] | None = None,
+        data_notes: Mapping[str, Any] | None = None,
+    ):
+        """
+        Args:
+            user_model_fn: builds the user tower (in scope): int32 ids [batch] -> [batch, dim].
+            item_model_fn: builds the item tower: int32 ids [batch] -> [batch, dim].
+            optimizer_fn: builds the optimizer (in scope).
+            table_optimizer_fn: builds the optimizer of the embedding tables (e.g.
+                keras.optimizers.Adagrad: a sparse, exact row update, `loops.Update`);
+                None: optimizer_fn's trains them too.
+            num_items: the items of the corpus (ids 0..num_items - 1).
+            global_batch_size: the most rows a train batch holds.
+            item_frequencies: [num_items] how often each item occurs in training
+                (counts); None: no sampling correction.
+            temperature: the dot products are divided by it (> 0).
+            top_k: the cut-offs of the eval metrics (each in 1..num_items).
+            clip_norm: clip the summed gradient to this global norm; None: no clip.
+            baselines: metric name -> value, reported with each evaluation.
+            data_notes: what the data is (its split, its sizes), in results.json under "data".
+
+        Raises:
+            ValueError: a bad argument, with the fix.
+        """
+        check_whole("num_items", num_items)
+        check_whole("global_batch_size", global_batch_size)
+        check_clip_norm(clip_norm)
+        if not (isinstance(temperature, int | float) and math.isfinite(temperature)) or not (
+            temperature > 0
+        ):
+            raise ValueError(f"temperature must be a number > 0, e.g. 0.1; got {temperature!r}.")
+        self.top_k = _checked_top_k(top_k, num_items)
+        self.log_q = _log_sampling_probabilities(item_frequencies, num_items)
+        self.user_model_fn, self.item_model_fn = user_model_fn, item_model_fn
+        self.optimizer_fn = optimizer_fn
+        self.table_optimizer_fn = table_optimizer_fn
+        self.num_items = num_items
+        self.global_batch_size = global_batch_size
+        self.temperature = float(temperature)
+        self.clip_norm = clip_norm
+        self.baselines = {name: float(value) for name, value in (baselines or {}).items()}
+        self.data_notes = dict(data_notes or {})
+
+    def build(self) -> None:
+        self.user_model, self.item_model = self.user_model_fn(), self.item_model_fn()
+        # Names of their own: a tower's layers may be called "users" or "items".
+        users = keras.Input((), dtype="int32", name="retrieval_user_ids")
+        items = keras.Input((), dtype="int32", name="retrieval_item_ids")
+        # One model holding both towers: one checkpoint entry, one Update, one export.
+        self.model = keras.Model(
+            [users, items], [self.user_model(users), self.item_model(items)], name="two_towers"
+        )
+        self.optimizer = self.optimizer_fn()
+        # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
+        self.optimizer.build(self.model.trainable_variables)
+        self.table_optimizer = built_table_optimizer(self.table_optimizer_fn, self.model)
+        self.update = Update(
+            self,
+            self.optimizer,
+            self.model,
+            clip_norm=self.clip_norm,
+            whole_batch_loss=True,
+            table_optimizer=self.table_optimizer,
+        )
+
+    def checkpoint_items(self):
+        items = {"model": self.model, "optimizer": self.optimizer}
+        if self.table_optimizer is not None:
+            items["table_optimizer"] = self.table_optimizer
+        return items
+
+    def replica_losses(self, users, items):
+        """Each of this replica's rows' softmax loss over the global batch's items [rows]."""
+        return retrieval_loss.in_batch_softmax(
+            self.user_model(users, training=True),
+            self.item_model(items, training=True),
+            items,
+            global_batch_size=self.global_batch_size,
+            log_q=None if self.log_q is None else tf.gather(self.log_q, items),
+            temperature=self.temperature,
+        )
+
+    def _replica_loss(self, users, items):
+        count = reduction.global_count(tf.shape(users)[0])
+        losses = self.replica_losses(users, items)
+        rows = tf.cast(tf.shape(users)[0], tf.float32)
+        return reduction.scale_to_global_batch(losses, count), {"rows": rows}
+
+    def train_step(self, iterator):
+        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
+        result = self.update(self._replica_loss, args=next(iterator))
+        count = result.sums["rows"]
+        return {
+            "loss": outputs.Mean(result.sums["loss"], weight=count),
+            "interactions": outputs.Sum(tf.cast(count, tf.int64)),
+            "learning_rate": outputs.Last(learning_rate),
+            **result.outputs,
+        }
+
+    def score_all_items(self, users: tf.Tensor) -> tf.Tensor:
+        """float32 [users, num_items]: each user's score of every item of the corpus."""
+        user_vectors = tf.cast(self.user_model(users, training=False), tf.float32)
+        item_vectors = tf.cast(
+            self.item_model(tf.range(self.num_items), training=False), tf.float32
+        )
+        return tf.matmul(user_vectors, item_vectors, transpose_b=True) / self.temperature
+
+    def score_pairs(self, users: tf.Tensor, items: tf.Tensor) -> tf.Tensor:
+        """float32 [pairs]: each (user, item) pair's score, as `score_all_items` gives it."""
+        user_vectors = tf.cast(self.user_model(users, training=False), tf.float32)
+        item_vectors = tf.cast(self.item_model(items, training=False), tf.float32)
+        return tf.reduce_sum(user_vectors * item_vectors, axis=1) / self.temperature
+
+    def _replica_eval_sums(self, users, seen, held_out):
+        return ranking_sums_at(self.score_all_items(users), seen, held_out, self.top_k)
+
+    def eval_step(self, batch):
+        sums = reduction.sum_over_replicas(
+            self.strategy, self.strategy.run(self._replica_eval_sums, args=batch)
+        )
+        users = sums.pop("users")
+        metrics = {name: outputs.Ratio(value, users) for name, value in sums.items()}
+        return {**metrics, "users": outputs.Sum(tf.cast(users, tf.int64))}
+
+    def run_evaluation(self, run: RunContext) -> dict[str, float]:
+        metrics = dict(super().run_evaluation(run))
+        # The baselines beside the model's figures; no eval data, no figures.
+        return {**metrics, **self.baselines} if metrics else metrics
+
+    def eval_metric_names(self, run: RunContext) -> set[str] | None:
+        names = run.eval_step_output_names()
+        return None if names is None else names | set(self.baselines)
+
+    def evaluates_eval_data_only(self) -> bool:
+        # run_evaluation is the one eval_step pass, the baselines added beside.
+        return True
+
+    def results_extra(self) -> dict[str, Any]:
+        return {"data": self.data_notes} if self.data_notes else {}
+
+
+def _checked_top_k(top_k: Sequence[int], num_items: int) -> tuple[int, ...]:
+    if isinstance(top_k, int) or not top_k:
+        raise ValueError(f"top_k must be a list of cut-offs, e.g. (10,); got {top_k!r}.")
+    for k in top_k:
+        check_whole("top_k", k, note=" (each cut-off)")
+        if k > num_items:
+            raise ValueError(
+                f"top_k holds {k}, more than the {num_items} items of the corpus; pass "
+                f"cut-offs <= {num_items}."
+            )
+    return tuple(sorted(set(top_k)))
+
+
+def _log_sampling_probabilities(frequencies, num_items: int) -> tf.Tensor | None:
+    """log q(item) as a table (`loops.core.retrieval_loss.item_log_probabilities`), checked."""
+    if frequencies is None:
+        return None
+    counts = np.asarray(frequencies)
+    if counts.shape != (num_items,):
+        raise ValueError(
+            f"item_frequencies must hold one count an item ({num_items} numbers), got shape "
+            f"{counts.shape}; pass np.bincount(train_items, minlength=num_items)."
+        )
+    return tf.constant(retrieval_loss.item_log_probabilities(counts))

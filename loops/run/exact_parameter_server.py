@@ -1,0 +1,203 @@
+"""Exact parameter-server training: each step's gradients computed by the workers, a slice
+each, on the same weights, and the step applied once by the chief.
+
+Under `parameter_server_mode="exact"` (the default for ParameterServerStrategy)
+the chief reads step k's global batch from the same stream, at the same
+position, as the synchronous strategies (`TrainInput`), and runs the
+definition's `train_step` itself, eagerly (`ExactExecutor`). Each
+`loops.Update` in it hands its replica function to `WorkerGradients`, which
+cuts the batch into one slice per worker (`topology.replica_bounds`, so a
+partial final batch is split as replicas split it), schedules one closure per
+slice that only computes: the slice's loss divided by its own count, its logs,
+its gradients and that count, read on the weights the parameter servers hold
+at the step's start. The chief fetches them, weights each slice's gradients
+and loss by its count and sums them in worker order (the gradient
+accumulation of `loops.Update`, with a worker per micro-batch), and the
+Update applies that sum once, from the chief, on the variables where they
+live. A closure that TensorFlow retries after a worker failure changes no
+variable, so the step's result does not depend on it.
+
+A definition built on `loops.Update` trains unchanged. It must divide its loss
+by one count (`loops.scale_to_global_batch`), not take rows of other slices
+(`whole_batch_loss=True` is refused), and keep `grad_accum_steps=1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from loops import topology
+from loops.run import executors
+
+# How often a slice whose worker was lost with its result is computed again, before the
+# run stops (its error names the task).
+MAX_REFETCHES = 3
+EXACT = "exact"
+ASYNC = "async"
+
+
+def is_exact(strategy: tf.distribute.Strategy, mode: str) -> bool:
+    """Whether steps under `strategy` run in the exact parameter-server mode."""
+    return topology.strategy_name(strategy) == "parameter_server" and mode == EXACT
+
+
+def is_asynchronous(strategy: tf.distribute.Strategy, mode: str) -> bool:
+    """Whether steps under `strategy` run asynchronously on the parameter-server workers."""
+    return topology.strategy_name(strategy) == "parameter_server" and mode == ASYNC
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    """The `worker` tasks of a ParameterServerStrategy's cluster."""
+    # The strategy keeps its resolver private (its public `cluster_resolver` is None);
+    # it counts the workers when it connects.
+    return int(strategy._num_workers)  # pylint: disable=protected-access
+
+
+class WorkerGradients:
+    """Computes an Update's loss, logs and gradients on the workers, a slice each, and sums
+    them: an `UpdateContext.slice_gradients`.
+
+    Args:
+        coordinator: the ClusterCoordinator of the ParameterServerStrategy.
+    """
+
+    def __init__(self, coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator):
+        self._coordinator = coordinator
+        self._strategy = coordinator.strategy
+        self.num_workers = num_workers(self._strategy)
+        # The chief runs the apply through `strategy.run` on purpose (its ops run on the
+        # servers that hold the variables); TensorFlow would warn about it on every step.
+        self._strategy.extended._allow_run_without_coordinator = True  # pylint: disable=protected-access
+        # Per slice function: the tf.function scheduled, and which gradients it returns
+        # (a remote function cannot return None: the variables without one are noted).
+        self._scheduled: dict[Any, tuple[Any, list[bool]]] = {}
+        self.scheduled_closures = 0  # slices scheduled, in this process
+        self.recomputed_closures = 0  # of them, scheduled again after their worker was lost
+
+    def __call__(
+        self, compute: Callable[..., Any], args: Sequence[Any]
+    ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor | None]]:
+        parts = tf.nest.flatten(args)
+        batched = [isinstance(part, tf.Tensor) and part.shape.rank != 0 for part in parts]
+        if not any(batched):
+            raise ValueError(
+                "parameter_server_mode='exact' cuts a step's batch into one slice per worker "
+                "along the first axis of the tensors in the Update's args, and these args hold "
+                "no tensor of rank >= 1. Pass the step's batch in args, or "
+                "--parameter_server_mode=async."
+            )
+        rows = tf.shape(parts[batched.index(True)])[0]
+        function, present = self._function(compute)
+        arguments = []
+        for worker in range(self.num_workers):
+            start, end = topology.replica_bounds(rows, worker, self.num_workers)
+            sliced = [part[start:end] if cut else part for part, cut in zip(parts, batched)]
+            arguments.append((tf.nest.pack_sequence_as(args, sliced), rows, start))
+        remote = [self._coordinator.schedule(function, args=slice_args) for slice_args in arguments]
+        self.scheduled_closures += len(remote)
+        results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
+        return _summed(results, present)
+
+    def _fetched(self, value, function, arguments) -> Any:
+        """The result of a slice's closure, computed again where the worker that held it was
+        lost before it came back (TensorFlow reruns only closures that failed, and a result
+        stays on its worker until fetched); a lost server's error is raised at once."""
+        for _ in range(MAX_REFETCHES):
+            try:
+                return value.fetch()
+            except (tf.errors.UnavailableError, tf.errors.CancelledError) as error:
+                if "/job:ps" in error.message or "/job:worker" not in error.message:
+                    raise
+            value = self._coordinator.schedule(function, args=arguments)
+            self.recomputed_closures += 1
+        return value.fetch()
+
+    def _function(self, compute: Callable[..., Any]) -> tuple[Any, list[bool]]:
+        if compute not in self._scheduled:
+            strategy = self._strategy
+            present: list[bool] = []
+
+            def on_worker(sliced, step_rows, first_row):
+                loss, logs, gradients, count = strategy.run(
+                    compute, args=(step_rows, first_row, *sliced)
+                )
+                present[:] = [gradient is not None for gradient in gradients]
+                kept = [gradient for gradient in gradients if gradient is not None]
+                return loss, logs, kept, count
+
+            self._scheduled[compute] = (tf.function(on_worker), present)
+        return self._scheduled[compute]
+
+
+def _summed(
+    results: list[Any], present: list[bool]
+) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor | None]]:
+    """The slices' results as one replica's: the loss and gradients weighted by each
+    slice's count over their total, the logs summed; in worker order, in float64."""
+    counts = [np.float64(count) for _, _, _, count in results]
+    total = sum(counts)
+    share = [0.0 if total == 0 else count / total for count in counts]
+    loss = sum(weight * np.float64(result[0]) for weight, result in zip(share, results))
+    logs = {
+        name: sum(np.asarray(result[1][name], np.float64) for result in results)
+        for name in results[0][1]
+    }
+    kept = [
+        tf.constant(
+            sum(
+                weight * np.asarray(result[2][index], np.float64)
+                for weight, result in zip(share, results)
+            ),
+            np.asarray(results[0][2][index]).dtype,
+        )
+        for index in range(len(results[0][2]))
+    ]
+    gradients: list[tf.Tensor | None] = [kept.pop(0) if has else None for has in present]
+    dtypes = {name: np.asarray(value).dtype for name, value in results[0][1].items()}
+    return (
+        tf.constant(loss, tf.float32),
+        {name: tf.constant(value, dtypes[name]) for name, value in logs.items()},
+        gradients,
+    )
+
+
+class ExactExecutor(executors.EagerExecutor):
+    """Runs each train step on the chief, whose Updates compute on the workers
+    (`WorkerGradients`) and apply once; evaluates on the chief in a `tf.function`.
+
+    Its input is the plain iterator of global batches `TrainInput` positions.
+
+    Args:
+        worker_gradients: what the definition's Updates compute on (their
+            context's `slice_gradients`, a `WorkerGradients`), whose counts
+            results.json reports.
+    """
+
+    def __init__(
+        self,
+        definition: executors.StepDefinition,
+        *,
+        stop_on_nonfinite: bool,
+        worker_gradients: object,
+    ):
+        super().__init__(definition, stop_on_nonfinite=stop_on_nonfinite)
+        self.worker_gradients = worker_gradients
+
+    def results_extra(self) -> dict[str, Any]:
+        counts = self.worker_gradients
+        if not isinstance(counts, WorkerGradients):
+            return {"parameter_server": {"mode": EXACT}}
+        return {
+            "parameter_server": {
+                "mode": EXACT,
+                "scheduled_closures": counts.scheduled_closures,
+                "recomputed_closures": counts.recomputed_closures,
+            }
+        }
+
+    def _eval_totals(self, iterator) -> dict[str, tf.Tensor]:
+        return executors.Executor._eval_totals(self, iterator)

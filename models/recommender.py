@@ -1,0 +1,149 @@
+"""Keras models for recommenders: an id tower (user or item ids in, embeddings out) and a rating
+model (user and item ids in, one score a pair out)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+
+def _embedding_initializer(seed: int, index: int):
+    # Explicit per-layer seeds: the initial weights are a function of `seed` alone, so
+    # runs on 1 and N replicas start from the same point.
+    return keras.initializers.RandomNormal(stddev=0.05, seed=seed * 1000 + index)
+
+
+def _dense_initializer(seed: int, index: int):
+    return keras.initializers.GlorotUniform(seed=seed * 1000 + index)
+
+
+class FeatureLookup(keras.layers.Layer):
+    """Looks up fixed feature rows by id: a non-trainable table, saved with the model."""
+
+    def __init__(self, table: np.ndarray, **kwargs):
+        super().__init__(**kwargs)
+        table = np.asarray(table, np.float32)
+        if table.ndim != 2:
+            raise ValueError(
+                f"features must be a [num_ids, num_features] table, got shape {table.shape}."
+            )
+        self.table = self.add_weight(
+            shape=table.shape,
+            initializer=keras.initializers.Constant(table),
+            trainable=False,
+            name="features",
+        )
+
+    def call(self, ids):
+        return keras.ops.take(self.table, ids, axis=0)
+
+
+def id_tower(
+    *,
+    num_ids: int,
+    embedding_dim: int = 32,
+    hidden_units: Sequence[int] = (),
+    features: np.ndarray | None = None,
+    normalize: bool = True,
+    seed: int = 0,
+    name: str = "tower",
+) -> keras.Model:
+    """int32 ids [batch] -> float32 embeddings [batch, embedding_dim].
+
+    An id's embedding row, beside its `features` row when given (a fixed
+    [num_ids, num_features] table), through `hidden_units` relu layers and a
+    linear layer back to `embedding_dim` (none without hidden units and
+    features), unit length when `normalize`.
+    """
+    ids = keras.Input((), dtype="int32", name=f"{name}_ids")
+    table = keras.layers.Embedding(
+        num_ids, embedding_dim, embeddings_initializer=_embedding_initializer(seed, 0)
+    )
+    parts = [table(ids)]
+    if features is not None:
+        parts.append(FeatureLookup(features, name=f"{name}_features")(ids))
+    hidden = parts[0] if len(parts) == 1 else keras.layers.Concatenate()(parts)
+    for index, units in enumerate(hidden_units):
+        hidden = keras.layers.Dense(
+            units, activation="relu", kernel_initializer=_dense_initializer(seed, index + 1)
+        )(hidden)
+    if hidden_units or features is not None:
+        hidden = keras.layers.Dense(
+            embedding_dim, kernel_initializer=_dense_initializer(seed, len(hidden_units) + 1)
+        )(hidden)
+    if normalize:
+        hidden = keras.layers.UnitNormalization()(hidden)
+    return keras.Model(ids, hidden, name=name)
+
+
+class _PairScore(keras.layers.Layer):
+    """The global bias plus the user's and the item's biases plus their embeddings' dot product
+    (the factorization machine's pairwise term for two fields) plus the MLP's output."""
+
+    def __init__(self, initial_bias: float, **kwargs):
+        super().__init__(**kwargs)
+        self.initial_bias = float(initial_bias)
+
+    def build(self, input_shape):
+        self.bias = self.add_weight(
+            shape=(), initializer=keras.initializers.Constant(self.initial_bias), name="bias"
+        )
+
+    def call(self, inputs):
+        user, item, user_bias, item_bias, deep = inputs
+        dot = keras.ops.sum(user * item, axis=-1)
+        return self.bias + user_bias[:, 0] + item_bias[:, 0] + dot + deep[:, 0]
+
+
+def rating_model(
+    *,
+    num_users: int,
+    num_items: int,
+    embedding_dim: int = 32,
+    hidden_units: Sequence[int] = (64,),
+    initial_bias: float = 0.0,
+    l2: float = 0.0,
+    seed: int = 0,
+) -> keras.Model:
+    """(user ids [batch], item ids [batch]) int32 -> one score a pair [batch] (a rating, or a
+    click's logit): biases, the embeddings' dot product and an MLP over both embeddings.
+
+    `initial_bias` starts the global bias (e.g. the mean training rating).
+    With `l2` > 0 the model gives (scores, penalties): each pair's penalty is
+    l2 times the sum of squares of the rows it looked up (both embeddings and
+    both biases), the regularization of matrix factorization trained by SGD,
+    which `loops.RatingLoop` adds to the pair's loss; only those rows' gradients
+    are touched, and it is per pair, so exact on any replica count.
+    """
+    users = keras.Input((), dtype="int32", name="users")
+    items = keras.Input((), dtype="int32", name="items")
+    tables = [
+        keras.layers.Embedding(
+            count,
+            width,
+            embeddings_initializer=_embedding_initializer(seed, i),
+        )
+        for i, (count, width) in enumerate(
+            [(num_users, embedding_dim), (num_items, embedding_dim), (num_users, 1), (num_items, 1)]
+        )
+    ]
+    user, item, user_bias, item_bias = (
+        table(ids) for table, ids in zip(tables, (users, items, users, items), strict=True)
+    )
+    deep = keras.layers.Concatenate()([user, item])
+    for index, units in enumerate(hidden_units):
+        deep = keras.layers.Dense(
+            units, activation="relu", kernel_initializer=_dense_initializer(seed, 10 + index)
+        )(deep)
+    deep = keras.layers.Dense(1, kernel_initializer="zeros")(deep)
+    looked_up = [user, item, user_bias, item_bias]
+    score = _PairScore(initial_bias, name="pair_score")([*looked_up, deep])
+    if not l2:
+        return keras.Model([users, items], score, name="rating")
+    squares = [keras.ops.sum(keras.ops.square(rows), axis=-1) for rows in looked_up]
+    penalty = keras.layers.Lambda(lambda parts: l2 * keras.ops.sum(keras.ops.stack(parts), 0))(
+        squares
+    )
+    return keras.Model([users, items], [score, penalty], name="rating")

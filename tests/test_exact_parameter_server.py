@@ -1,0 +1,168 @@
+"""The parameter-server modes: exact (the numbers of one process, resumable mid-stream) and
+async (each batch scheduled once, resumed at the first batch not yet scheduled)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import test_sparse_tables as sparse_tables
+
+import loops
+from conftest import ROOT, SUBPROCESS_ENV, tiny_batches
+from loops.run import exact_parameter_server
+from loops.vocabulary import settings
+
+NOISE = re.compile(
+    r"remove function remotely|GRPC error information|Error received from peer|"
+    r"could happen if the remote target|register function remotely"
+)
+
+
+def run_exact(tmp_path, workers, servers, steps):
+    """tests/ps_exact_run.py's report; it asserts the parity itself (AssertionError)."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tests", "ps_exact_run.py"),
+            str(workers),
+            str(servers),
+            str(steps),
+            str(tmp_path / "model"),
+        ],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=400,
+        cwd=ROOT,
+    )
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    # TensorFlow logs every function it cannot remove from a lost task: left out.
+    said = [line for line in completed.stderr.splitlines() if not NOISE.search(line)]
+    assert lines, f"exit code {completed.returncode}:\n" + "\n".join(said[-80:])
+    return json.loads(lines[0].removeprefix("RESULT "))
+
+
+def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_worker(
+    tmp_path,
+):
+    report = run_exact(tmp_path, workers=2, servers=2, steps=7)
+    # 21 examples in batches of 8: steps 3 and 6 read the partial batch of 5, split [3, 2].
+    assert report["num_examples"] == [8, 8, 5, 8, 8, 5, 8]
+    assert report["1 replica"] <= 1e-5 and report["2 mirrored"] <= 1e-5
+    assert report["loss"][-1] < report["loss"][1]
+    # Stopped after step 4 and resumed by a new Trainer: the uninterrupted run's weights.
+    assert report["restored_step"] == 4
+    assert report["resumed"] <= 1e-5
+    # 2 mirrored replicas saved step 4; the cluster restored it and trained on, exactly.
+    assert report["reshaped_restored_step"] == 4
+    assert report["reshaped"] <= 1e-5
+    # worker_1 killed right after step 4's closures were scheduled: its closure ran again on
+    # worker_0 (by TensorFlow when it failed, by the chief when its result was lost with
+    # it), which only computes, so the weights are the same.
+    killed = report["worker_killed"]
+    assert killed["difference"] <= 1e-6
+    assert killed["mode"] == "exact" and killed["scheduled_closures"] == 2 * 7
+    assert killed["recomputed_closures"] in (0, 1)
+    # A step that read an inf: recovered as one replica recovers, to its weights.
+    assert report["recoveries"] == [
+        {"step": 2, "restored_step": 0, "skipped_batches": 2, "cause": "nonfinite"}
+    ]
+    assert report["recovered"] <= 1e-5
+    # ps_1 killed mid-run (last: the cluster is then lost): a bounded stop with the sentence.
+    killed = report["server_killed"]
+    assert killed["error"] == "ClusterTaskLostError"
+    assert killed["seconds"] < 60
+    assert re.match(
+        r"chief_0 lost ps_1 at 127\.0\.0\.1:\d+: it stopped answering .* Start every task "
+        r"again with the same command once its host is reachable, and the run continues from "
+        r"that checkpoint\.",
+        killed["message"],
+    ), killed["message"]
+    # The asynchronous mode reads the same stream in order, each batch scheduled once, and a
+    # resume after step 4 goes on with the batches of positions 4, 5, 6 (8, 5, 8 examples).
+    assert report["async_first_num_examples"] == [8, 8, 5, 8]
+    assert report["async_resumed_num_examples"] == [8, 5, 8]
+    assert report["async_counts"] == {
+        "mode": "async",
+        "scheduled_steps": 3,
+        "step_runs": 3,
+        "retried_steps": 0,
+    }
+
+
+def test_the_mode_is_a_setting_whose_default_is_exact():
+    setting = settings.BY_NAME["parameter_server_mode"]
+    assert setting.default == setting.flag_default == "exact"
+    assert setting.choices == ("exact", "async")
+    with pytest.raises(
+        ValueError, match="parameter_server_mode must be one of exact, async, got 'sync'"
+    ):
+        loops.Trainer(loops.Loop(), train_data=tiny_batches(), parameter_server_mode="sync")
+
+
+def test_only_parameter_server_strategies_are_exact_or_asynchronous():
+    strategy = type("ParameterServerStrategyV2", (), {})()
+    assert exact_parameter_server.is_exact(strategy, "exact")
+    assert not exact_parameter_server.is_asynchronous(strategy, "exact")
+    assert exact_parameter_server.is_asynchronous(strategy, "async")
+    mirrored = type("MirroredStrategy", (), {})()
+    assert not exact_parameter_server.is_exact(mirrored, "exact")
+    assert not exact_parameter_server.is_asynchronous(mirrored, "async")
+
+
+class InProcessCoordinator:
+    """Runs each closure `WorkerGradients` schedules at once, in this process: its slices and
+    their sum without a cluster (the strategy stands for one of 2 workers)."""
+
+    def __init__(self, strategy):
+        strategy._num_workers = 2  # what a ParameterServerStrategy counts when it connects
+        self.strategy = strategy
+
+    def schedule(self, function, args):
+        value = tf.nest.map_structure(np.asarray, function(*args))
+        return types.SimpleNamespace(fetch=lambda: value)
+
+
+def test_an_embedding_table_is_sent_dense_and_trained_by_its_table_optimizer():
+    # h-sparse's table path meets the exact mode: each slice's IndexedSlices gradient is made
+    # dense for the transfer, and the chief still applies it with table_optimizer (Adagrad:
+    # equal to its sparse row update), the rest with optimizer (Adam).
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        context = loops.UpdateContext(
+            strategy=strategy,
+            global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
+            nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
+            slice_gradients=exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy)),
+        )
+        model = sparse_tables.make_model()
+        table, *rest = model.trainable_variables
+        optimizer = keras.optimizers.Adam(sparse_tables.RATE, epsilon=1e-3)
+        optimizer.build(rest)
+        table_optimizer = keras.optimizers.Adagrad(sparse_tables.RATE)
+        table_optimizer.build([table])
+        update = loops.Update(context, optimizer, model, table_optimizer=table_optimizer)
+
+    def replica_loss(ids, targets):
+        count = loops.global_count(tf.shape(targets)[0])
+        scores = tf.cast(tf.squeeze(model(ids, training=True), -1), tf.float32)
+        return loops.scale_to_global_batch((scores - targets) ** 2, count), {}
+
+    steps = list(zip(sparse_tables.IDS, sparse_tables.TARGETS))
+    for ids, targets in steps:  # the last batch of 1 leaves the second slice empty
+        update(replica_loss, args=(tf.constant(ids, tf.int32), tf.constant(targets)))
+    assert update.tables.indices == {0} and update.tables.sent_dense
+    for got, want in zip(
+        model.get_weights(), sparse_tables.numpy_adagrad_table_adam_rest(steps), strict=True
+    ):
+        assert loops.testing.relative_error(got, want) <= 1e-5
+    assert int(optimizer.iterations.numpy()) == len(steps)
+    assert int(table_optimizer.iterations.numpy()) == len(steps)
+    assert context.slice_gradients.scheduled_closures == 2 * len(steps)

