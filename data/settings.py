@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from loops.vocabulary.settings import Setting
+from loops.vocabulary.settings import Setting, satisfies
 
 
 def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:
@@ -176,8 +176,11 @@ PYTHON_TEXT: tuple[Setting, ...] = (
 )
 
 
-def _data_is_a_file(value: str | None) -> bool:
-    return value is None or os.path.isfile(value)
+def _check_data_file(name: str, value: str | None) -> str | None:
+    """None (the generated log), or a path to a file that exists."""
+    if value is not None and not os.path.isfile(value):
+        raise ValueError(f"{name} must name an interaction log file that exists, got {value!r}.")
+    return value
 
 
 # loops.bin.recommender: an interaction log of the user's, or the generated one, and its split.
@@ -189,7 +192,7 @@ INTERACTIONS: tuple[Setting, ...] = (
         "columns (MovieLens u.data, RecBole .inter, or CSV with a header). Default: a "
         "generated log with planted user and item factors and Zipf item popularity.",
         "string",
-        flag_rule=(_data_is_a_file, "--data must name an interaction log file that exists."),
+        check=_check_data_file,
     ),
     Setting(
         "split",
@@ -198,7 +201,7 @@ INTERACTIONS: tuple[Setting, ...] = (
         "of them (drawn from --seed), time = each user's latest --test_fraction by "
         "timestamp (rounded down).",
         "enum",
-        flag_default="random",
+        default="random",
         choices=("random", "time"),
     ),
     Setting(
@@ -206,7 +209,7 @@ INTERACTIONS: tuple[Setting, ...] = (
         "data",
         "The share of the interactions held out for evaluation, in (0, 1).",
         "float",
-        flag_default=0.2,
-        flag_rule=(lambda value: 0 < value < 1, "--test_fraction must lie in (0, 1), e.g. 0.2."),
+        default=0.2,
+        check=satisfies(lambda value: 0 < value < 1, "{name} must lie in (0, 1), e.g. 0.2."),
     ),
 )

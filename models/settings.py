@@ -146,7 +146,7 @@ RECOMMENDER: tuple[Setting, ...] = (
         "dot product (and an MLP with --hidden_units) fitted to the ratings, evaluated by "
         "RMSE.",
         "enum",
-        flag_default="retrieval",
+        default="retrieval",
         choices=("retrieval", "rating"),
     ),
     Setting(
@@ -154,7 +154,7 @@ RECOMMENDER: tuple[Setting, ...] = (
         "model",
         "Width of the user and item embeddings.",
         "integer",
-        flag_default=32,
+        default=32,
         lower_bound=1,
     ),
     Setting(
@@ -163,7 +163,7 @@ RECOMMENDER: tuple[Setting, ...] = (
         "rating: the width of an MLP's hidden layer over both embeddings, added to the dot "
         "product; 0: no MLP (one of 64 overfit the generated log in trials).",
         "integer",
-        flag_default=0,
+        default=0,
         lower_bound=0,
     ),
     Setting(
@@ -172,7 +172,7 @@ RECOMMENDER: tuple[Setting, ...] = (
         "rating: each pair's loss adds l2 times the sum of squares of the embedding and "
         "bias rows it looked up (>= 0).",
         "float",
-        flag_default=0.02,
+        default=0.02,
         lower_bound=0.0,
     ),
     Setting(
@@ -180,15 +180,15 @@ RECOMMENDER: tuple[Setting, ...] = (
         "model",
         "retrieval: the towers' (unit length) dot products are divided by it.",
         "float",
-        flag_default=0.1,
-        flag_rule=(lambda value: value > 0, "--temperature must be > 0, e.g. 0.1."),
+        default=0.1,
+        check=satisfies(lambda value: value > 0, "{name} must be > 0, e.g. 0.1."),
     ),
     Setting(
         "top_k",
         "model",
         "retrieval: the cut-off K of Recall@K and NDCG@K, and the items the export returns.",
         "integer",
-        flag_default=10,
+        default=10,
         lower_bound=1,
     ),
 )

@@ -19,6 +19,7 @@ from loops.vocabulary import run_config_tree, settings
 
 # What a resumed run could change without a warning before the declarations said it.
 FREE_TO_CHANGE_BEFORE = {
+    "parameter_server_mode",  # exact or async: either continues a run's checkpoint
     "mode",
     "evaluator_timeout",
     "find_lr_steps",
@@ -184,7 +185,7 @@ def test_the_trainer_takes_a_config_and_keyword_overrides_checked_alike(tmp_path
         str(tmp_path),
     )
     trainer.train(6)
-    assert trainer.step == 6
+    assert trainer.state.step == 6
     trainer.close()
     with pytest.raises(TypeError, match="has no setting 'steps_per_lop'; did you mean 'steps_per_"):
         loops.Trainer(Counter(), steps_per_lop=3)
