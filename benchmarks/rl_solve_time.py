@@ -76,9 +76,9 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
     counts = [int(count) for count in FLAGS.replica_counts]
     import loops
-    from loops.cli import flags as loop_flags
+    from loops.cli import application
 
-    loop_flags.quiet_logging()
+    application.quiet_logging()
 
     # Split the CPU once, before any TensorFlow op, for the largest count.
     loops.configure_logical_cpus(max(counts))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from loops.vocabulary.settings import Setting
+from loops.vocabulary.settings import Setting, satisfies
 
 
 def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:
@@ -29,16 +29,16 @@ def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:
     return height, width
 
 
-def _data_dir_is_no_file(value: str | None) -> bool:
-    return value is None or not os.path.exists(value) or os.path.isdir(value)
+def _data_dir_is_a_folder(name: str, value: str | None) -> str | None:
+    """A check: refuses a path to a file given as --data_dir while the flags are parsed,
+    before any work."""
+    if value is None or not os.path.exists(value) or os.path.isdir(value):
+        return value
+    raise ValueError(
+        f"{name} names a file, not a folder; point it at the TFDS data directory or at "
+        "one prepared dataset's folder (DATA_DIR/NAME/VERSION), or leave it unset."
+    )
 
-
-# A path to a file given as --data_dir: refused while the flags are parsed, before any work.
-_DATA_DIR_IS_A_FOLDER = (
-    _data_dir_is_no_file,
-    "--data_dir names a file, not a folder; point it at the TFDS data directory or at "
-    "one prepared dataset's folder (DATA_DIR/NAME/VERSION), or leave it unset.",
-)
 
 # loops.bin.classifier: a TFDS dataset, a prepared dataset's folder, or a folder of images
 # (the keyword arguments of `loops_data.image_streams.classification_input`).
@@ -48,7 +48,7 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "data",
         "TFDS image-classification dataset: 'digits' (bundled, offline), 'mnist', 'cifar10', ...",
         "string",
-        flag_default="digits",
+        default="digits",
     ),
     Setting(
         "data_dir",
@@ -57,7 +57,7 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "dataset's folder (DATA_DIR/NAME/VERSION, holding dataset_info.json; --dataset "
         "is then not used).",
         "string",
-        flag_rule=_DATA_DIR_IS_A_FOLDER,
+        check=_data_dir_is_a_folder,
     ),
     Setting(
         "image_dir",
@@ -75,10 +75,10 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "completely (truncated or corrupt), listed in results.json, instead of refusing "
         "to start.",
         "bool",
-        flag_default=False,
+        default=False,
     ),
-    Setting("train_split", "data", "Split to train on.", "string", flag_default="train"),
-    Setting("eval_split", "data", "Split to evaluate on.", "string", flag_default="test"),
+    Setting("train_split", "data", "Split to train on.", "string", default="train"),
+    Setting("eval_split", "data", "Split to evaluate on.", "string", default="test"),
     Setting(
         "input_from",
         "data",
@@ -87,7 +87,7 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "size; a resume starts at its step without reading earlier batches); auto: "
         "memory when the train split fits in 1 GiB with no --augment or --image_size.",
         "enum",
-        flag_default="auto",
+        default="auto",
         choices=("auto", "memory", "disk"),
     ),
     Setting(
@@ -97,7 +97,7 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "the image padded by an eighth of its size, flipped half the time, drawn from "
         "(--seed, epoch, example), so a resumed run draws the same.",
         "enum",
-        flag_default="none",
+        default="none",
         choices=("none", "crop_flip"),
     ),
     Setting(
@@ -109,7 +109,7 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "(benchmarks/RESULTS.md); 0 leaves them to tf.data at the process's priority. Not "
         "for cores that other busy processes share: the input would wait behind them.",
         "integer",
-        flag_default=0,
+        default=0,
         lower_bound=0,
         upper_bound=19,
     ),
@@ -151,7 +151,7 @@ GAN_DATA: tuple[Setting, ...] = (
         "'digits': the bundled 8x8 digit images (sample grids as PNG). For digits "
         "a shorter run is enough, e.g. --train_steps=2000 --global_batch_size=128.",
         "enum",
-        flag_default="ring",
+        default="ring",
         choices=("ring", "digits"),
     ),
     Setting(
@@ -159,7 +159,7 @@ GAN_DATA: tuple[Setting, ...] = (
         "data",
         "TFDS data directory for digits (default: ~/tensorflow_datasets).",
         "string",
-        flag_rule=_DATA_DIR_IS_A_FOLDER,
+        check=_data_dir_is_a_folder,
     ),
 )
 
@@ -170,14 +170,17 @@ PYTHON_TEXT: tuple[Setting, ...] = (
         "data",
         "Bytes the model reads per window (a row holds one more: the targets are shifted).",
         "integer",
-        flag_default=128,
+        default=128,
         lower_bound=1,
     ),
 )
 
 
-def _data_is_a_file(value: str | None) -> bool:
-    return value is None or os.path.isfile(value)
+def _check_data_file(name: str, value: str | None) -> str | None:
+    """None (the generated log), or a path to a file that exists."""
+    if value is not None and not os.path.isfile(value):
+        raise ValueError(f"{name} must name an interaction log file that exists, got {value!r}.")
+    return value
 
 
 # loops.bin.recommender: an interaction log of the user's, or the generated one, and its split.
@@ -189,7 +192,7 @@ INTERACTIONS: tuple[Setting, ...] = (
         "columns (MovieLens u.data, RecBole .inter, or CSV with a header). Default: a "
         "generated log with planted user and item factors and Zipf item popularity.",
         "string",
-        flag_rule=(_data_is_a_file, "--data must name an interaction log file that exists."),
+        check=_check_data_file,
     ),
     Setting(
         "split",
@@ -198,7 +201,7 @@ INTERACTIONS: tuple[Setting, ...] = (
         "of them (drawn from --seed), time = each user's latest --test_fraction by "
         "timestamp (rounded down).",
         "enum",
-        flag_default="random",
+        default="random",
         choices=("random", "time"),
     ),
     Setting(
@@ -206,7 +209,7 @@ INTERACTIONS: tuple[Setting, ...] = (
         "data",
         "The share of the interactions held out for evaluation, in (0, 1).",
         "float",
-        flag_default=0.2,
-        flag_rule=(lambda value: 0 < value < 1, "--test_fraction must lie in (0, 1), e.g. 0.2."),
+        default=0.2,
+        check=satisfies(lambda value: 0 < value < 1, "{name} must lie in (0, 1), e.g. 0.2."),
     ),
 )

@@ -67,6 +67,7 @@ _EXPORTS = {
     "make_strategy": "loops.cluster.strategies",
     "testing": "loops.testing",
     "Trainer": "loops.run.trainer",
+    "RunConfig": "loops.vocabulary.run_config_tree",
 }
 
 __all__ = sorted(_EXPORTS)

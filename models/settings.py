@@ -11,19 +11,17 @@ import math
 import os
 from typing import Any
 
-from loops.vocabulary.settings import Setting
+from loops.vocabulary.settings import Setting, satisfies
 
 # loops.bin.classifier: `loops_models.classifiers.build_classifier(model, l2=..., ...)`.
 CLASSIFIER: tuple[Setting, ...] = (
-    Setting(
-        "model", "model", "Classifier network.", "enum", flag_default="mlp", choices=("mlp", "cnn")
-    ),
+    Setting("model", "model", "Classifier network.", "enum", default="mlp", choices=("mlp", "cnn")),
     Setting(
         "l2",
         "model",
         "L2 weight regularization factor (>= 0).",
         "float",
-        flag_default=0.0,
+        default=0.0,
         lower_bound=0.0,
     ),
     Setting(
@@ -31,7 +29,7 @@ CLASSIFIER: tuple[Setting, ...] = (
         "model",
         "Synchronized batch normalization after hidden layers.",
         "bool",
-        flag_default=False,
+        default=False,
     ),
     Setting(
         "dropout",
@@ -40,10 +38,10 @@ CLASSIFIER: tuple[Setting, ...] = (
         "(cnn); masks differ per replica and per step, and match for any "
         "replica count.",
         "float",
-        flag_default=0.0,
-        flag_rule=(
+        default=0.0,
+        check=satisfies(
             lambda value: 0.0 <= value < 1.0,
-            "--dropout must lie in [0, 1), e.g. --dropout=0.2.",
+            "{name} must lie in [0, 1), e.g. {name}=0.2.",
         ),
     ),
 )
@@ -55,12 +53,12 @@ TRANSFORMER_LM: tuple[Setting, ...] = (
         "model",
         "Transformer width (a multiple of --num_heads).",
         "integer",
-        flag_default=128,
+        default=128,
         lower_bound=1,
     ),
-    Setting("num_layers", "model", "Transformer blocks.", "integer", flag_default=2, lower_bound=1),
+    Setting("num_layers", "model", "Transformer blocks.", "integer", default=2, lower_bound=1),
     Setting(
-        "num_heads", "model", "Attention heads per block.", "integer", flag_default=4, lower_bound=1
+        "num_heads", "model", "Attention heads per block.", "integer", default=4, lower_bound=1
     ),
 )
 
@@ -148,7 +146,7 @@ RECOMMENDER: tuple[Setting, ...] = (
         "dot product (and an MLP with --hidden_units) fitted to the ratings, evaluated by "
         "RMSE.",
         "enum",
-        flag_default="retrieval",
+        default="retrieval",
         choices=("retrieval", "rating"),
     ),
     Setting(
@@ -156,7 +154,7 @@ RECOMMENDER: tuple[Setting, ...] = (
         "model",
         "Width of the user and item embeddings.",
         "integer",
-        flag_default=32,
+        default=32,
         lower_bound=1,
     ),
     Setting(
@@ -165,7 +163,7 @@ RECOMMENDER: tuple[Setting, ...] = (
         "rating: the width of an MLP's hidden layer over both embeddings, added to the dot "
         "product; 0: no MLP (one of 64 overfit the generated log in trials).",
         "integer",
-        flag_default=0,
+        default=0,
         lower_bound=0,
     ),
     Setting(
@@ -174,7 +172,7 @@ RECOMMENDER: tuple[Setting, ...] = (
         "rating: each pair's loss adds l2 times the sum of squares of the embedding and "
         "bias rows it looked up (>= 0).",
         "float",
-        flag_default=0.02,
+        default=0.02,
         lower_bound=0.0,
     ),
     Setting(
@@ -182,15 +180,15 @@ RECOMMENDER: tuple[Setting, ...] = (
         "model",
         "retrieval: the towers' (unit length) dot products are divided by it.",
         "float",
-        flag_default=0.1,
-        flag_rule=(lambda value: value > 0, "--temperature must be > 0, e.g. 0.1."),
+        default=0.1,
+        check=satisfies(lambda value: value > 0, "{name} must be > 0, e.g. 0.1."),
     ),
     Setting(
         "top_k",
         "model",
         "retrieval: the cut-off K of Recall@K and NDCG@K, and the items the export returns.",
         "integer",
-        flag_default=10,
+        default=10,
         lower_bound=1,
     ),
 )

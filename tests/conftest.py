@@ -51,6 +51,8 @@ SLOW_TESTS = (
     "test_cluster_faults.py::test_the_binary_says_which_worker_is_missing_without_a_traceback",
     "test_cluster_faults.py::test_sigterm_while_waiting_exits_promptly_as_preempted",
     "test_cluster_faults.py::test_waiting_tasks_see_each_other_and_stop_waiting",
+    "test_config.py::test_a_declared_setting_reaches_the_flags_help_results_and_config_json",
+    "test_config.py::test_a_binary_restarts_from_a_runs_config_json",
     "test_contrastive.py::test_negatives_from_the_whole_batch_give_the_same_numbers_on_1_2_and_4_replicas",
     "test_controller.py::test_the_trainer_shows_the_state_and_run_context_of_its_controller",
     "test_environments.py::test_a_users_environment_gives_the_same_numbers_on_1_and_2_replicas",
@@ -339,13 +341,12 @@ def checkpoint_weights(model_dir):
 
 def make_trainer(definition_class, /, *args, **arguments):
     """`loops.Trainer(definition_class(*args, ...), ...)`, the keyword arguments split between
-    the definition and the Trainer by the Trainer's signature (for tests' factories that
-    take both)."""
-    import inspect
+    the definition and the Trainer by the Trainer's arguments and settings (for tests'
+    factories that take both)."""
+    from loops.run.removed_api import TRAINER_KEYWORDS
 
-    settings = set(inspect.signature(loops.Trainer).parameters) - {"definition"}
-    run = {name: value for name, value in arguments.items() if name in settings}
-    own = {name: value for name, value in arguments.items() if name not in settings}
+    run = {name: value for name, value in arguments.items() if name in TRAINER_KEYWORDS}
+    own = {name: value for name, value in arguments.items() if name not in TRAINER_KEYWORDS}
     return loops.Trainer(definition_class(*args, **own), **run)
 
 

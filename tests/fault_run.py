@@ -91,9 +91,9 @@ def arm(moment: str, signum: int) -> None:
     elif moment == "export":
         wrap(tf.saved_model, "save", after=lambda *_: True)
     elif moment == "outputs":  # train has returned: the binary says where the outputs went
-        from loops.cli import flags as loop_flags
+        from loops.cli import application
 
-        wrap(loop_flags, "report_outputs", before=lambda *_: True)
+        wrap(application, "report_outputs", before=lambda *_: True)
     else:
         raise SystemExit(f"unknown moment {moment!r}")
 

@@ -14,8 +14,8 @@ from absl.testing import flagsaver
 
 from conftest import ROOT, SUBPROCESS_ENV, read_results
 from loops.bin import classifier as classifier_binary
+from loops.cli import application, tensorflow_logs
 from loops.cli import flags as loop_flags
-from loops.cli import tensorflow_logs
 from loops.vocabulary.choices import STRATEGY_NAMES
 
 BINARIES = ("classifier", "gan", "rl", "lm", "recommender")
@@ -307,4 +307,4 @@ def test_an_export_dir_holding_an_earlier_export_passes_the_check(tmp_path):
     with flagsaver.flagsaver():
         flags.FLAGS.unparse_flags()
         flags.FLAGS(["loops-classifier", f"--export_dir={tmp_path}"])  # parsed in this test alone
-        loop_flags.check_export_dir()
+        application.check_export_dir()

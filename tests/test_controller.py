@@ -51,7 +51,7 @@ def test_the_trainer_shows_the_state_and_run_context_of_its_controller(tmp_path)
         on_nonfinite="skip",
         progress=loops.testing.quiet_progress(),
         actions=[stop := StopAtStep4()],
-        config={"learning_rate": 0.01},
+        record={"learning_rate": 0.01},
     )
     controller = loop.controller
     assert isinstance(controller, loops.Controller) and not hasattr(controller, "trainer")
@@ -169,7 +169,7 @@ def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones
             Counter(),
             model_dir=str(tmp_path),
             progress=loops.testing.quiet_progress(),
-            config=config,
+            record=config,
         )
 
     first = counter({"learning_rate": 0.1, "train_steps": 2})

@@ -180,7 +180,7 @@ def make_loop(*, model_dir=None, ema_decay=None, config=None):
         checkpoint_every=2,
         model_dir=model_dir,
         ema_decay=ema_decay,
-        config=config,
+        record=config,
         progress=loops.testing.quiet_progress(),
     )
 
@@ -233,7 +233,7 @@ def test_a_python_evaluator_compares_the_config_entries_it_names(python_run):
         loops.evaluate_checkpoints(other_data, python_run, compared_config=["eval_sets"])
     assert str(raised.value) == (
         "compared_config must name keys of the run's config, got ['eval_sets'] (the run's "
-        "config holds ['eval_set']); make the Trainer with config= holding each setting to "
+        "config holds ['eval_set']); make the Trainer with record= holding each setting to "
         "compare, or leave it out."
     )
 

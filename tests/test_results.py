@@ -35,7 +35,7 @@ def make_loop(model_dir):
         eval_every=2,
         model_dir=model_dir,
         progress=loops.testing.quiet_progress(),
-        config=CONFIG,
+        record=CONFIG,
     )
 
 

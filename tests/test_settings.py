@@ -15,15 +15,22 @@ import loops
 from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module
 from loops.bin import training_settings
 from loops.cli import flags as loop_flags
+from loops.run import run_settings
 from loops.vocabulary import settings
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
 BINARIES = ("classifier", "gan", "rl", "lm", "recommender")
-# Loop keyword arguments that are objects, not settings a flag could carry.
-LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "config"}
+# Trainer keyword arguments that are objects, not settings a flag could carry.
+LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "record"}
 # Settings whose flag default each binary gives (`define_binary_flags` keywords).
-BINARY_OWN_DEFAULTS = {"train_steps", "global_batch_size", "learning_rate", "steps_per_loop"}
+BINARY_OWN_DEFAULTS = {
+    "train_steps",
+    "global_batch_size",
+    "learning_rate",
+    "steps_per_loop",
+    "progress_every_seconds",  # the binaries' shared default (flags.BINARY_DEFAULTS)
+}
 # ... and those only some binaries give (the LM's: tests/test_lm.py DEFAULT_RUN).
 OWN_DEFAULTS_OF = {
     "gan": {"ema_decay"},
@@ -159,10 +166,15 @@ def test_the_loop_takes_exactly_the_declared_loop_settings_with_their_defaults()
         for name, parameter in parameters.items()
         if parameter.kind is inspect.Parameter.KEYWORD_ONLY
     }
+    # The objects by name, the settings in a RunConfig or as keyword overrides of it.
+    assert keywords == LOOP_OBJECTS
+    assert list(parameters)[:3] == ["self", "definition", "config"]
+    assert list(parameters.values())[-1].kind is inspect.Parameter.VAR_KEYWORD
     declared = {setting.name for setting in settings.LOOP_SETTINGS}
-    assert keywords - LOOP_OBJECTS == declared
+    assert set(run_settings.KEYWORDS) == declared
+    defaults = loops.RunConfig().flat()
     for setting in settings.LOOP_SETTINGS:
-        assert parameters[setting.name].default == setting.default, setting.name
+        assert defaults[setting.name] == setting.default, setting.name
 
 
 @pytest.mark.parametrize(

@@ -472,11 +472,12 @@ def test_the_mode_and_the_evaluators_strategy_follow_the_flags_and_tf_config(
         assert loop_flags.mode() == mode
         assert loop_flags.strategy_name() == strategy
         arguments = loop_flags.loop_arguments("a strategy", "/run", actions=["an export"])
+    model_dir = arguments["config"].outputs.model_dir
     if mode == "train":
-        assert arguments["model_dir"] == "/run" and arguments["actions"] == ["an export"]
+        assert model_dir == "/run" and arguments["actions"] == ["an export"]
     else:
         # An evaluator's loop has no model_dir (no lock, no restore) and no actions (no export).
-        assert arguments["model_dir"] is None and arguments["actions"] == []
+        assert model_dir is None and arguments["actions"] == []
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any
 
 from loops.bin import training_settings
 from loops.cli import flags as loop_flags
+from loops.vocabulary import settings
 from loops.vocabulary.settings import Setting
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -38,7 +39,7 @@ class BinaryFlags:
 
     def own_settings(self) -> tuple[Setting, ...]:
         """Its own declarations, --export_dir last where it exports."""
-        export = () if self.export is None else (loop_flags.export_dir_setting(self.export),)
+        export = () if self.export is None else (settings.export_dir_setting(self.export),)
         return (*itertools.chain.from_iterable(self.own), *export)
 
     def define(self) -> None:

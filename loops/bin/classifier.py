@@ -5,6 +5,7 @@ from __future__ import annotations
 from absl import flags
 
 from loops.bin import binary_flags, flag_checks, training_settings
+from loops.cli import application
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -47,7 +48,7 @@ def build_trainer():
     return loops.Trainer(definition, train_data=train_data, eval_data=eval_data, **arguments)
 
 
-main, run = loop_flags.entry_points(build_trainer, description=__doc__, **flag_checks.CLASSIFIER)
+main, run = application.entry_points(build_trainer, description=__doc__, **flag_checks.CLASSIFIER)
 
 if __name__ == "__main__":
     run()

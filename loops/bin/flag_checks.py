@@ -1,7 +1,7 @@
 """What the classifier and LM binaries check of their flags before TensorFlow loads (their
 `prepare`), and the sentence the classifier exits with when an image breaks training.
 
-Each `prepare` raises ValueError (a usage error: `loops.cli.flags.entry_points`);
+Each `prepare` raises ValueError (a usage error: `loops.cli.application.entry_points`);
 nothing here imports TensorFlow, the example data or the models when loaded.
 """
 
@@ -60,12 +60,14 @@ def prepare_lm_flags() -> None:
     if not FLAGS["lr_warmup_steps"].present:
         # The default warm-up is sized for the default run; a short one (a trial, a test)
         # would otherwise be refused or spend most of its steps warming up.
-        FLAGS.lr_warmup_steps = min(FLAGS.lr_warmup_steps, FLAGS.train_steps // 10)
+        loop_flags.set_values(
+            {"lr_warmup_steps": min(FLAGS.lr_warmup_steps, FLAGS.train_steps // 10)}
+        )
     check_schedule_flags()
 
 
 class Hooks(TypedDict, total=False):
-    """What a binary hands `loop_flags.entry_points` besides its Trainer and description."""
+    """What a binary hands `application.entry_points` besides its Trainer and description."""
 
     prepare: Callable[[], None]
     explain_failure: Callable[[Any, Exception], str | None]

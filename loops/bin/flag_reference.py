@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from loops.bin import binary_flags
+from loops.cli import flags as loop_flags
 from loops.cli.flags import HEADINGS
 from loops.vocabulary import settings
 
@@ -64,9 +65,14 @@ def tables(declarations: Iterable[settings.Setting], level: str) -> list[str]:
             continue
         lines += [f"{level} {heading}", "", "| flag | type | default | meaning |"]
         lines += ["| --- | --- | --- | --- |"]
-        lines += [_row(setting, setting.flag_default) for setting in under]
+        lines += [_row(setting, _flag_default(setting)) for setting in under]
         lines.append("")
     return lines
+
+
+def _flag_default(setting: settings.Setting) -> Any:
+    """What --help shows as the flag's default: the binaries' own where they share one."""
+    return loop_flags.BINARY_DEFAULTS.get(setting.name, setting.flag_default)
 
 
 def _own_defaults(defaults: Mapping[str, Any]) -> str:

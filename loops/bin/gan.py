@@ -5,6 +5,7 @@ from __future__ import annotations
 from absl import flags
 
 from loops.bin import binary_flags, summaries, training_settings
+from loops.cli import application
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 
@@ -43,7 +44,7 @@ def build_trainer():
     return Trainer(definition, train_data=train_data, **arguments)
 
 
-main, run = loop_flags.entry_points(build_trainer, description=__doc__, summary=summaries.gan)
+main, run = application.entry_points(build_trainer, description=__doc__, summary=summaries.gan)
 
 if __name__ == "__main__":
     run()

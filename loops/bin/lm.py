@@ -5,6 +5,7 @@ from __future__ import annotations
 from absl import flags
 
 from loops.bin import binary_flags, flag_checks, training_settings
+from loops.cli import application
 from loops.cli import flags as loop_flags
 from loops_models import settings as model_settings
 
@@ -47,7 +48,7 @@ def build_trainer():
     return Trainer(definition, **data, **arguments)
 
 
-main, run = loop_flags.entry_points(build_trainer, description=__doc__, **flag_checks.LM)
+main, run = application.entry_points(build_trainer, description=__doc__, **flag_checks.LM)
 
 if __name__ == "__main__":
     run()

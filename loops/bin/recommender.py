@@ -6,6 +6,7 @@ from __future__ import annotations
 from absl import flags
 
 from loops.bin import binary_flags, training_settings
+from loops.cli import application
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -111,7 +112,7 @@ def build_trainer():
     return loops.Trainer(definition, **data, **arguments)
 
 
-main, run = loop_flags.entry_points(build_trainer, description=__doc__)
+main, run = application.entry_points(build_trainer, description=__doc__)
 
 if __name__ == "__main__":
     run()

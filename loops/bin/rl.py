@@ -5,6 +5,7 @@ from __future__ import annotations
 from absl import flags
 
 from loops.bin import binary_flags, summaries, training_settings
+from loops.cli import application
 from loops.cli import flags as loop_flags
 
 binary_flags.RL.define()
@@ -40,7 +41,7 @@ def build_trainer():
     return Trainer(loop_class(model_fn=lambda: model_fn(**network), **own, **common), **arguments)
 
 
-main, run = loop_flags.entry_points(
+main, run = application.entry_points(
     build_trainer,
     description=__doc__,
     summary=summaries.reinforcement_learning,

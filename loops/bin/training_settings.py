@@ -14,7 +14,7 @@ from typing import Any
 from absl import app, flags
 
 from loops.cli import flags as loop_flags
-from loops.vocabulary.settings import Setting
+from loops.vocabulary.settings import Setting, satisfies
 
 # loops.bin.classifier: `optimizer_fn`.
 OPTIMIZER: tuple[Setting, ...] = (
@@ -23,7 +23,7 @@ OPTIMIZER: tuple[Setting, ...] = (
         "training",
         "Optimizer: Adam, plain SGD, or SGD with momentum 0.9.",
         "enum",
-        flag_default="adam",
+        default="adam",
         choices=("adam", "sgd", "momentum"),
     ),
     Setting(
@@ -31,7 +31,7 @@ OPTIMIZER: tuple[Setting, ...] = (
         "training",
         "Learning-rate schedule over the run (peak: --learning_rate).",
         "enum",
-        flag_default="constant",
+        default="constant",
         choices=("constant", "step", "cosine", "warmup_cosine"),
     ),
     Setting(
@@ -39,7 +39,7 @@ OPTIMIZER: tuple[Setting, ...] = (
         "training",
         "warmup_cosine: linear warm-up steps.",
         "integer",
-        flag_default=0,
+        default=0,
         lower_bound=0,
     ),
     Setting(
@@ -47,7 +47,7 @@ OPTIMIZER: tuple[Setting, ...] = (
         "training",
         "step: steps between rate drops.",
         "integer",
-        flag_default=1000,
+        default=1000,
         lower_bound=1,
     ),
     Setting(
@@ -55,11 +55,10 @@ OPTIMIZER: tuple[Setting, ...] = (
         "training",
         "step: factor of each drop, in (0, 1].",
         "float",
-        flag_default=0.1,
-        flag_rule=(
+        default=0.1,
+        check=satisfies(
             lambda value: 0 < value <= 1,
-            "--lr_step_factor must lie in (0, 1]: each drop multiplies the rate by it; "
-            "e.g. --lr_step_factor=0.1.",
+            "{name} must lie in (0, 1]: each drop multiplies the rate by it; e.g. {name}=0.1.",
         ),
     ),
     Setting(
@@ -67,11 +66,11 @@ OPTIMIZER: tuple[Setting, ...] = (
         "training",
         "cosine, warmup_cosine: final rate as a fraction of --learning_rate, in [0, 1].",
         "float",
-        flag_default=0.0,
-        flag_rule=(
+        default=0.0,
+        check=satisfies(
             lambda value: 0 <= value <= 1,
-            "--lr_final_fraction must lie in [0, 1]: the rate decays to that fraction of "
-            "--learning_rate; e.g. --lr_final_fraction=0.1.",
+            "{name} must lie in [0, 1]: the rate decays to that fraction of "
+            "--learning_rate; e.g. {name}=0.1.",
         ),
     ),
 )
@@ -126,7 +125,7 @@ GAN: tuple[Setting, ...] = (
         "gradient penalty, usually with --n_critic=5 (on the ring it covers the "
         "modes but sharpens them more slowly than the default).",
         "enum",
-        flag_default="non_saturating",
+        default="non_saturating",
         choices=("non_saturating", "wgan_gp"),
     ),
     Setting(
@@ -134,7 +133,7 @@ GAN: tuple[Setting, ...] = (
         "training",
         "Discriminator updates per generator update, each on its own batch.",
         "integer",
-        flag_default=1,
+        default=1,
         lower_bound=1,
     ),
     Setting(
@@ -142,7 +141,7 @@ GAN: tuple[Setting, ...] = (
         "training",
         "Gradient penalty weight for --gan_loss=wgan_gp.",
         "float",
-        flag_default=10.0,
+        default=10.0,
         lower_bound=0.0,
     ),
     Setting(
@@ -150,8 +149,8 @@ GAN: tuple[Setting, ...] = (
         "training",
         "Adam's first-moment decay for both optimizers.",
         "float",
-        flag_default=0.5,
-        flag_rule=(lambda value: 0 <= value < 1, "--beta_1 must be in [0, 1), e.g. 0.5."),
+        default=0.5,
+        check=satisfies(lambda value: 0 <= value < 1, "{name} must be in [0, 1), e.g. 0.5."),
     ),
 )
 
@@ -163,7 +162,7 @@ LANGUAGE_MODEL: tuple[Setting, ...] = (
         "Bytes each sample continues its prompt by, at every evaluation "
         "(TensorBoard text and MODEL_DIR/samples).",
         "integer",
-        flag_default=80,
+        default=80,
         lower_bound=1,
     ),
 )
@@ -193,9 +192,8 @@ def prepare_rl_flags() -> None:
             "--eval_episodes is 0: pass e.g. --eval_episodes=10 (to the trainer too, "
             "for the same evaluation there)."
         )
-    for name, value in ALGORITHM_DEFAULTS[values.algorithm].items():
-        if values[name].value is None:
-            values[name].value = value
+    defaults = ALGORITHM_DEFAULTS[values.algorithm].items()
+    loop_flags.set_values({name: value for name, value in defaults if values[name].value is None})
 
 
 # The environment loop's keywords (None: the loop's default).
@@ -208,7 +206,7 @@ ENVIRONMENT_LOOP: tuple[Setting, ...] = (
         "or 1500 (dqn), --steps_per_loop 10 or 100, --global_batch_size (samples "
         "per update) 256 or 128.",
         "enum",
-        flag_default="ppo",
+        default="ppo",
         choices=tuple(ALGORITHM_DEFAULTS),
     ),
     Setting(
@@ -234,7 +232,7 @@ ENVIRONMENT_LOOP: tuple[Setting, ...] = (
         "for --keep_best_metric=mean_return --keep_best_mode=max); 0: no "
         "evaluation. Needed by --mode=evaluate_checkpoints.",
         "integer",
-        flag_default=0,
+        default=0,
         lower_bound=0,
     ),
     Setting(
@@ -242,7 +240,7 @@ ENVIRONMENT_LOOP: tuple[Setting, ...] = (
         "training",
         "Discount factor in [0, 1].",
         "float",
-        flag_default=0.99,
+        default=0.99,
         lower_bound=0.0,
         upper_bound=1.0,
     ),
@@ -254,7 +252,7 @@ ACTOR_CRITIC: tuple[Setting, ...] = (
         "training",
         "ppo: GAE lambda in [0, 1].",
         "float",
-        flag_default=0.95,
+        default=0.95,
         lower_bound=0.0,
         upper_bound=1.0,
     ),
@@ -264,7 +262,7 @@ ACTOR_CRITIC: tuple[Setting, ...] = (
         "ppo: passes over each rollout (1 with "
         "--global_batch_size=num_envs*rollout_length is A2C).",
         "integer",
-        flag_default=4,
+        default=4,
         lower_bound=1,
     ),
     Setting(
@@ -272,15 +270,15 @@ ACTOR_CRITIC: tuple[Setting, ...] = (
         "training",
         "ppo: probability-ratio clip epsilon (> 0).",
         "float",
-        flag_default=0.2,
-        flag_rule=(lambda value: value > 0, "--clip_ratio must be > 0, e.g. --clip_ratio=0.2."),
+        default=0.2,
+        check=satisfies(lambda value: value > 0, "{name} must be > 0, e.g. {name}=0.2."),
     ),
     Setting(
         "value_coefficient",
         "training",
         "ppo: weight of the value loss.",
         "float",
-        flag_default=0.5,
+        default=0.5,
         lower_bound=0.0,
     ),
     Setting(
@@ -288,7 +286,7 @@ ACTOR_CRITIC: tuple[Setting, ...] = (
         "training",
         "ppo: weight of the entropy bonus.",
         "float",
-        flag_default=0.01,
+        default=0.01,
         lower_bound=0.0,
     ),
 )
@@ -299,7 +297,7 @@ DQN: tuple[Setting, ...] = (
         "training",
         "dqn: transitions the replay buffer keeps.",
         "integer",
-        flag_default=50_000,
+        default=50_000,
         lower_bound=1,
     ),
     Setting(
@@ -307,7 +305,7 @@ DQN: tuple[Setting, ...] = (
         "training",
         "dqn: transitions collected before the first update.",
         "integer",
-        flag_default=1_000,
+        default=1_000,
         lower_bound=0,
     ),
     Setting(
@@ -315,7 +313,7 @@ DQN: tuple[Setting, ...] = (
         "training",
         "dqn: gradient updates per train step.",
         "integer",
-        flag_default=2,
+        default=2,
         lower_bound=1,
     ),
     Setting(
@@ -323,7 +321,7 @@ DQN: tuple[Setting, ...] = (
         "training",
         "dqn: exploration rate at the start.",
         "float",
-        flag_default=1.0,
+        default=1.0,
         lower_bound=0.0,
         upper_bound=1.0,
     ),
@@ -332,7 +330,7 @@ DQN: tuple[Setting, ...] = (
         "training",
         "dqn: exploration rate after --exploration_steps.",
         "float",
-        flag_default=0.05,
+        default=0.05,
         lower_bound=0.0,
         upper_bound=1.0,
     ),
@@ -341,7 +339,7 @@ DQN: tuple[Setting, ...] = (
         "training",
         "dqn: environment steps over which epsilon falls linearly.",
         "integer",
-        flag_default=10_000,
+        default=10_000,
         lower_bound=1,
     ),
     Setting(
@@ -360,9 +358,8 @@ DQN: tuple[Setting, ...] = (
         "the online net by this fraction every train step (in (0, 1], e.g. "
         "0.005).",
         "float",
-        flag_rule=(
-            lambda value: value is None or 0 < value <= 1,
-            "--target_tau must be in (0, 1], e.g. --target_tau=0.005.",
+        check=satisfies(
+            lambda value: 0 < value <= 1, "{name} must be in (0, 1], e.g. {name}=0.005."
         ),
     ),
 )

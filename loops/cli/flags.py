@@ -1,5 +1,6 @@
 """A loop binary's flags (from `loops.vocabulary.settings.Setting` declarations), its
---help, the Trainer arguments they give, and the scaffolding every binary shares (`entry_points`).
+--help, and the `loops.RunConfig` and Trainer arguments their values give; the one place
+their values change after parsing (`set_values`). The runner is `loops.cli.application`.
 
 Nothing here imports TensorFlow when loaded: a binary answers --help or a bad
 flag before TensorFlow's seconds-long import.
@@ -14,21 +15,18 @@ import itertools
 import json
 import math
 import os
-import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from absl import app, flags
+from absl import flags
 
-from loops.cli import flagfiles, startup_preemption, tensorflow_logs
-from loops.cluster import cluster_config
+from loops.cli import config_json, flagfiles
 from loops.core import own_files
 from loops.model_dir import run_config
-from loops.vocabulary import exit_codes, settings
+from loops.vocabulary import settings
 from loops.vocabulary.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
-from loops.vocabulary.whole_numbers import is_whole
 
 # The headings of a binary's --help, in order; each of its flags is defined under one.
 HEADINGS = ("mode", "strategy", "data", "model", "training", "outputs", "faults")
@@ -94,14 +92,19 @@ def binary_flag_names() -> list[str]:
     return list(_heading_of)
 
 
+# The binaries' default of a shared setting whose Python default is another: a run on the
+# command line shows a progress line at least every 10 s (a Trainer, none unless asked).
+BINARY_DEFAULTS = {"progress_every_seconds": 10.0}
+
+
 def define_settings(declarations: Iterable[settings.Setting], **binary_defaults: Any) -> None:
-    """Defines a flag for each of `declarations`, under its heading, with its bounds and rule.
+    """Defines a flag for each of `declarations`, under its heading, checked by its declaration.
 
     Args:
         declarations: the settings the binary takes, in --help order within each heading.
         **binary_defaults: setting name -> this binary's default, instead of the declared
-            `flag_default`. None for a default the binary fills in after parsing (the RL
-            algorithm's).
+            one (`Setting.flag_default`). None for a default the binary fills in after
+            parsing (the RL algorithm's).
 
     Raises:
         ValueError: a default for a setting not in `declarations`.
@@ -114,9 +117,19 @@ def define_settings(declarations: Iterable[settings.Setting], **binary_defaults:
         with heading(setting.heading):
             _define_flag(setting, binary_defaults.get(setting.name, setting.flag_default))
         # After the finiteness check of the heading, so that nan is called not finite.
-        if setting.flag_rule is not None:
-            rule, message = setting.flag_rule
-            flags.register_validator(setting.name, rule, message=message)
+        flags.register_validator(setting.name, functools.partial(_check_flag, setting))
+
+
+def _check_flag(setting: settings.Setting, value: Any) -> bool:
+    """A flag's validator: its value, made Python's (`Setting.value_of_flag`), goes through
+    the declaration's one check; unset (None) is the binary's to fill in."""
+    if value is None:
+        return True
+    try:
+        setting.checked(setting.value_of_flag(value), flag=True)
+    except ValueError as error:
+        raise flags.ValidationError(str(error)) from error
+    return True
 
 
 def define_binary_flags(
@@ -128,31 +141,26 @@ def define_binary_flags(
         own: the declaration tuples of the binary's own settings (data, model, training).
         export: what the binary exports at the end of training (`define_export_dir_flag`);
             None: it exports nothing.
-        **defaults: this binary's defaults (`define_settings`).
+        **defaults: this binary's defaults (`define_settings`), over `BINARY_DEFAULTS`.
     """
-    define_settings((*settings.SETTINGS, *itertools.chain.from_iterable(own)), **defaults)
+    define_settings(
+        (*settings.SETTINGS, *itertools.chain.from_iterable(own)), **BINARY_DEFAULTS, **defaults
+    )
     if export is not None:
         define_export_dir_flag(export)
 
 
 def _define_flag(setting: settings.Setting, default: Any) -> None:
-    """One absl flag of the type, bounds and choices `setting` declares."""
+    """One absl flag of the type and choices `setting` declares (its check: `_check_flag`)."""
     name, help_text = setting.name, setting.help
-    lower, upper = setting.lower_bound, setting.upper_bound
     if setting.kind == "enum":
         flags.DEFINE_enum(name, default, list(setting.choices), help_text)
     elif setting.kind == "bool":
         flags.DEFINE_bool(name, default, help_text)
     elif setting.kind == "integer":
-        flags.DEFINE_integer(
-            name,
-            default,
-            help_text,
-            lower_bound=None if lower is None else int(lower),
-            upper_bound=None if upper is None else int(upper),
-        )
+        flags.DEFINE_integer(name, default, help_text)
     elif setting.kind == "float":
-        flags.DEFINE_float(name, default, help_text, lower_bound=lower, upper_bound=upper)
+        flags.DEFINE_float(name, default, help_text)
     elif setting.kind == "list":
         flags.DEFINE_list(name, default, help_text)
     else:
@@ -160,97 +168,25 @@ def _define_flag(setting: settings.Setting, default: Any) -> None:
 
 
 def setting_values(declarations: Iterable[settings.Setting]) -> dict[str, Any]:
-    """Each declared setting's value from its flag (through its `from_flag`), by name.
+    """Each declared setting's value from its flag (`Setting.value_of_flag`), by name.
 
     Raises:
         ValueError: a `from_flag` refuses its flag's value.
     """
     return {
-        setting.name: setting.from_flag(flags.FLAGS[setting.name].value) for setting in declarations
+        setting.name: setting.value_of_flag(flags.FLAGS[setting.name].value)
+        for setting in declarations
     }
-
-
-def export_dir_setting(what: str) -> settings.Setting:
-    """The --export_dir of a binary that exports `what` at the end of training."""
-    return settings.Setting(
-        "export_dir",
-        "outputs",
-        f"Where to export {what} as a SavedModel at the end of training "
-        "(a directory that exists must hold an earlier export). Default: "
-        "MODEL_DIR/export.",
-        "string",
-    )
 
 
 def define_export_dir_flag(what: str) -> None:
     """Defines --export_dir for a binary that exports `what` at the end of training."""
-    define_settings((export_dir_setting(what),))
+    define_settings((settings.export_dir_setting(what),))
 
 
 def resolve_export_dir(model_dir: str) -> str:
     """--export_dir, or model_dir/export."""
     return flags.FLAGS.export_dir or os.path.join(model_dir, "export")
-
-
-def check_export_dir() -> None:
-    """Refuses, before any training, an --export_dir that the export would have to replace.
-
-    Raises:
-        app.UsageError: --export_dir exists and is not a SavedModel directory.
-    """
-    path = flags.FLAGS.export_dir if "export_dir" in flags.FLAGS else None
-    if not path:
-        return
-    _check_writable(path, "--export_dir", "the export at the end of training")
-    if not os.path.exists(path):
-        return
-    # A SavedModel directory holds saved_model.pb (or .pbtxt); checking the name
-    # spares loading TensorFlow for it.
-    if not any(
-        os.path.isfile(os.path.join(path, name)) for name in ("saved_model.pb", "saved_model.pbtxt")
-    ):
-        raise app.UsageError(
-            f"--export_dir={path} exists and holds no SavedModel, so the export at the end "
-            "would have to replace it; pass a new directory (or an earlier export) as "
-            "--export_dir, or move that one away."
-        )
-
-
-def check_profile_steps_in_run() -> None:
-    """Refuses --profile_steps that end past --train_steps (a trace never written or cut
-    short), before TensorFlow loads.
-
-    Raises:
-        app.UsageError: naming both flags and the fix.
-    """
-    if "profile_steps" not in flags.FLAGS or not flags.FLAGS.profile_steps:
-        return
-    steps = settings.parse_profile_steps(flags.FLAGS.profile_steps)
-    train_steps = flags.FLAGS.train_steps
-    if steps is not None and train_steps is not None and steps[1] > train_steps:
-        raise app.UsageError(
-            f"--profile_steps={flags.FLAGS.profile_steps} ends past --train_steps="
-            f"{train_steps}, so its trace would never be written in full; pass steps within "
-            f"the run (END <= {train_steps}) or a larger --train_steps."
-        )
-
-
-def _check_writable(path: str, flag: str, writer: str) -> None:
-    """Refuses `path` when its nearest existing directory cannot be written (a read-only file
-    system, or no permission), before any work is done that `writer` would then lose.
-
-    Raises:
-        app.UsageError: naming the flag, the directory and the fix.
-    """
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    directory = existing if os.path.isdir(existing) else os.path.dirname(existing)
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise app.UsageError(
-            f"{flag}={path} cannot be written ({directory} is read-only or not writable by "
-            f"this user), so {writer} would fail after the work; pass a writable {flag}."
-        )
 
 
 def help_text(description: str) -> str:
@@ -269,7 +205,10 @@ def help_text(description: str) -> str:
         lines.append("")
     lines.append(
         "logging:\n  -v N, --verbosity=N\n      Also show TensorFlow's own log lines "
-        "(as does setting TF_CPP_MIN_LOG_LEVEL);\n      N >= 0 adds absl INFO lines."
+        "(as does setting TF_CPP_MIN_LOG_LEVEL);\n      N >= 0 adds absl INFO lines.\n"
+        "\nsettings from a file (the flags after it override them):\n"
+        "      --flagfile=FILE: FILE's lines, one --flag=value a line.\n"
+        "      --config_json=MODEL_DIR/config.json: every setting a run recorded."
     )
     return "\n".join(lines)
 
@@ -285,22 +224,13 @@ def parse_flags(argv: list[str], *, description: str) -> list[str]:
         sys.exit(0)
     try:
         flagfiles.check_flagfiles(options)
+        argv = config_json.expanded(argv, set(flags.FLAGS))
     except ValueError as error:
         sys.exit(f"error: {error}")
     try:
         return flags.FLAGS(argv)
     except flags.Error as error:
         sys.exit(f"error: {error}\nPass --help to see every flag of this binary.")
-
-
-def run(main: Callable[[list[str]], None], *, description: str) -> None:
-    """`app.run(main)` with this module's flag parsing and --help.
-
-    From here on SIGTERM is the preemption exit (`startup_preemption`): a binary's
-    console script calls this first, so no moment of its start-up ends by the signal.
-    """
-    with startup_preemption.sigterm_handler():
-        app.run(main, flags_parser=functools.partial(parse_flags, description=description))
 
 
 def resolve_model_dir(name: str) -> str:
@@ -485,9 +415,43 @@ def flag_actions() -> list:
     return actions
 
 
+def flags_config():
+    """The `loops.RunConfig` of the shared flags (`Setting.value_of_flag` each), with the
+    model_dir and eval_every the binary resolves; for an evaluator or a range test, none of
+    the training-only settings (see `loop_arguments`).
+
+    Raises:
+        ValueError: a flag value its declaration refuses (absl checked it already).
+    """
+    from loops.vocabulary.run_config_tree import RunConfig
+
+    values = flags.FLAGS
+    config = RunConfig.from_flat(
+        {
+            name: settings.BY_NAME[name].value_of_flag(values[name].value)
+            for name in RunConfig.names()
+        }
+    )
+    if mode() in (EVALUATE_CHECKPOINTS, FIND_LR):
+        # The evaluator trains nothing, the range test only for itself: a recovery
+        # (which needs a model_dir of its own) and a profile of train steps do not
+        # apply to them. They keep ema_decay: the checkpoints hold the averages the
+        # evaluator evaluates with.
+        return config.replace(
+            model_dir=None,
+            eval_every=eval_every(),
+            on_nonfinite="stop",
+            max_recoveries=None,
+            on_loss_spike="ignore",
+            profile_steps=None,
+        )
+    return config
+
+
 def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -> dict[str, Any]:
-    """The `Trainer` keyword arguments: one per Trainer setting (`settings.LOOP_SETTINGS`), from its
-    flag, with the binary's own `actions`.
+    """The `Trainer` arguments: the `flags_config` of the flags with `model_dir`, and the
+    strategy, the actions the flags ask for with the binary's own, and the flag values to
+    record in results.json.
 
     Reads --train_steps and --steps_per_loop, which a binary with
     algorithm-dependent defaults fills in before. An evaluator's loop
@@ -496,32 +460,13 @@ def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -
     (loops/run/sidecar.py). Nor does a range test's (--mode=find_lr), which
     writes nothing into --model_dir (loops/run/lr_finder.py).
     """
-    values = flags.FLAGS
-    arguments = {
-        setting.name: setting.from_flag(values[setting.name].value)
-        for setting in settings.LOOP_SETTINGS
-    }
-    arguments.update(
-        strategy=strategy,
-        model_dir=model_dir,
-        eval_every=eval_every(),
-        actions=[*flag_actions(), *actions],
-        config=flag_values(),
-    )
-    if mode() in (EVALUATE_CHECKPOINTS, FIND_LR):
-        # The evaluator trains nothing, the range test only for itself: a recovery
-        # (which needs a model_dir of its own), a profile of train steps and the
-        # actions do not apply to them. They keep ema_decay: the checkpoints hold
-        # the averages the evaluator evaluates with.
-        arguments.update(
-            model_dir=None,
-            on_nonfinite="stop",
-            max_recoveries=None,
-            on_loss_spike="ignore",
-            profile_steps=None,
-            actions=[],
-        )
-    return arguments
+    config = flags_config()
+    if mode() not in (EVALUATE_CHECKPOINTS, FIND_LR):
+        config = config.replace(model_dir=model_dir, eval_every=eval_every())
+        actions = [*flag_actions(), *actions]
+    else:
+        actions = []
+    return dict(config=config, strategy=strategy, actions=actions, record=flag_values())
 
 
 def binary_arguments(
@@ -573,359 +518,9 @@ def clip_norm_argument() -> dict[str, Any]:
     return {} if clip_norm is None else {"clip_norm": clip_norm}
 
 
-def entry_points(
-    build_trainer: Callable,
-    *,
-    description: str,
-    summary: Callable | None = None,
-    prepare: Callable[[], None] | None = None,
-    explain_failure: Callable[[Any, Exception], str | None] | None = None,
-) -> tuple[Callable[[list[str]], None], Callable[[], None]]:
-    """A binary's `main` (what `app.run` calls, or a test) and `run` (its console script).
-
-    Args:
-        build_trainer: () -> the `loops.Trainer` the flags describe (`run_binary`).
-        description: the first lines of its --help (its module docstring).
-        summary: trainer -> one line to print after training, or None.
-        prepare: called first in main, with the flags parsed: checks or fills in
-            flags before the mode is acted on; a ValueError is a usage error.
-        explain_failure: (trainer, a TensorFlow error training raised) -> the
-            sentence to exit with, naming its cause and the fix, or None to
-            let the error through (`run_binary`).
-    """
-
-    def main(argv: list[str]) -> None:
-        if prepare is not None:
-            try:
-                prepare()
-            except ValueError as error:
-                raise app.UsageError(str(error)) from error
-        run_binary(argv, build_trainer, summary=summary, explain_failure=explain_failure)
-
-    def console_script() -> None:
-        run(main, description=description)
-
-    return main, console_script
-
-
-def run_binary(
-    argv: Sequence[str],
-    build_trainer: Callable,
-    *,
-    summary: Callable | None = None,
-    explain_failure: Callable[[Any, Exception], str | None] | None = None,
-) -> None:
-    """The body of every binary's main: build the trainer, train, say where outputs went.
-
-    Args:
-        argv: what absl left after parsing flags; anything there is an error.
-        build_trainer: () -> the `loops.Trainer` the flags describe; ValueError for a bad
-            combination.
-        summary: trainer -> one line to print after training, or None.
-        explain_failure: (trainer, a `tf.errors.OpError` training raised) -> the
-            sentence to exit with (e.g. naming the data file that failed), or
-            None to let the error through.
-    """
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments {argv[1:]}; every option is a --flag.")
-    if mode() == EVALUATE_CHECKPOINTS:
-        _evaluate_checkpoints(build_trainer)
-        return
-    if mode() == FIND_LR:
-        _find_learning_rate(build_trainer)
-        return
-    if tf_config_task_type() == EVALUATOR_TASK:
-        raise app.UsageError(
-            f"TF_CONFIG names this task '{EVALUATOR_TASK}', which evaluates the checkpoints "
-            f"of the cluster's run; drop --mode={TRAIN} (an evaluator task runs "
-            f"--mode={EVALUATE_CHECKPOINTS})."
-        )
-    check_cluster()
-    check_resume_settings()
-    check_export_dir()
-    check_profile_steps_in_run()
-    # Against the whole batch now; against a replica's rows once the strategy exists.
-    # (Unset, the batch is the loop's own: the RL loops', which take no micro-batches.)
-    if flags.FLAGS.global_batch_size is not None:
-        try:
-            check_micro_batches(flags.FLAGS.grad_accum_steps, flags.FLAGS.global_batch_size, 1)
-        except ValueError as error:
-            raise app.UsageError(str(error)) from error
-    # Until train watches for it, a SIGTERM has no completed step to save: exit at
-    # once, TensorFlow's import included. The caller's handler comes back
-    # afterwards (tests call main in-process).
-    with startup_preemption.sigterm_handler():
-        if strategy_name() in cluster_config.CLUSTER_STRATEGIES:
-            from loops.cluster.startup_watchdog import sigterm_blocked
-
-            # The threads TensorFlow starts at import never take a SIGTERM, which
-            # keeps it from TensorFlow's own handler during the cluster's start-up.
-            with sigterm_blocked():
-                quiet_logging()
-        else:
-            quiet_logging()
-        if flags.FLAGS.strategy == "parameter_server":
-            _serve_unless_chief()
-        _build_and_train(build_trainer, summary, explain_failure)
-
-
-def _serve_unless_chief() -> None:
-    """A parameter-server cluster's worker or ps task serves until killed; the chief returns."""
-    from loops.run import parameter_server
-
-    # A server waits in TensorFlow's C++ and never comes back to Python to run
-    # a handler: SIGTERM ends it the default way.
-    with startup_preemption.sigterm_handler(signal.SIG_DFL):
-        try:
-            parameter_server.serve_unless_chief()
-        except ValueError as error:
-            raise app.UsageError(str(error)) from error
-
-
-def check_cluster() -> None:
-    """Finds the cluster --strategy needs (--cluster) and says so; exits 1 with a sentence
-    when it is missing or bad, or when a scheduler started several tasks of a one-process run.
-
-    Runs before TensorFlow loads: a task refused for its cluster never starts it.
-    """
-    from loops.cluster import task_cluster
-
-    try:
-        found = task_cluster.adopt_cluster(
-            strategy_name(),
-            flags.FLAGS.cluster,
-            port=flags.FLAGS.cluster_port,
-            num_ps=flags.FLAGS.cluster_num_ps,
-        )
-        if strategy_name() in cluster_config.CLUSTER_STRATEGIES:
-            cluster_config.check_cluster(strategy_name())
-    except ValueError as error:
-        sys.exit(f"error: {error}")
-    if found is not None:
-        print(found.line(), file=sys.stderr, flush=True)
-
-
-def check_resume_settings() -> None:
-    """Exits 1 before TensorFlow loads when the flags change a setting of the run in
-    --model_dir that a resume cannot change and stay exact (`run_config.check_resume`)."""
-    model_dir = flags.FLAGS.model_dir
-    checkpoints = os.path.join(model_dir or "", "checkpoints")
-    if not model_dir or not os.path.isdir(checkpoints):
-        return
-    if not any(name.endswith(".index") for name in os.listdir(checkpoints)):
-        return  # nothing to resume
-    try:
-        run_config.check_resume(model_dir, flag_values())
-    except ValueError as error:
-        sys.exit(f"error: {error}")
-
-
-def _build_and_train(
-    build_trainer: Callable,
-    summary: Callable | None,
-    explain_failure: Callable[[Any, Exception], str | None] | None,
-) -> None:
-    import tensorflow as tf
-
-    from loops.run.actions import UnknownMetricError
-    from loops.vocabulary.errors import ClusterTaskLostError, LossSpikeError, NonFiniteError
-
-    errors_to_report = (NonFiniteError, LossSpikeError, UnknownMetricError, ClusterTaskLostError)
-
-    try:
-        trainer = build_trainer()
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
-    reported: tuple[type[Exception], ...] = (*errors_to_report, OSError)
-    try:
-        trainer.train(flags.FLAGS.train_steps)
-    except reported as error:
-        sys.exit(f"error: {error}")
-    except tf.errors.OpError as error:
-        explained = None if explain_failure is None else explain_failure(trainer, error)
-        if explained is None:
-            raise
-        sys.exit(f"error: {explained}")
-    finally:
-        with startup_preemption.sigterm_handler(startup_preemption.note_after_training):
-            trainer.close()
-    with startup_preemption.sigterm_handler(startup_preemption.note_after_training):
-        if summary is not None:
-            trainer.run_context.progress.line(summary(trainer))
-        report_outputs(trainer)
-    if trainer.state.preempted:
-        # Not 0: a scheduler must tell a preempted run (rerun it) from a finished one.
-        sys.exit(exit_codes.PREEMPTED)
-
-
-def _evaluate_checkpoints(build_trainer: Callable) -> None:
-    """--mode=evaluate_checkpoints: the Trainer built on this host evaluates the run's checkpoints.
-
-    Exits 1 with the reason when evaluation fails or times out, and 42
-    (preempted) on SIGTERM: the history so far is on disk, and the same
-    command goes on after it.
-    """
-    model_dir = flags.FLAGS.model_dir
-    if not model_dir:
-        raise app.UsageError(
-            f"--mode={EVALUATE_CHECKPOINTS} evaluates the checkpoints of the run in "
-            "--model_dir; pass the trainer's --model_dir."
-        )
-    with startup_preemption.sigterm_handler(_exit_evaluator):
-        _take_run_settings(model_dir)
-        quiet_logging()
-        from loops.run.sidecar import evaluate_checkpoints
-
-        try:
-            trainer = build_trainer()
-        except ValueError as error:
-            raise app.UsageError(str(error)) from error
-        try:
-            evaluate_checkpoints(
-                trainer,
-                model_dir,
-                train_steps=_evaluated_train_steps(model_dir),
-                timeout_seconds=flags.FLAGS.evaluator_timeout or None,
-                compared_config=evaluated_settings(),
-            )
-        except (ValueError, OSError) as error:  # TimeoutError is an OSError
-            sys.exit(f"error: {error}")
-
-
-def _evaluated_train_steps(model_dir: str) -> int | None:
-    """The step the evaluator watches up to: --train_steps when given, else the run's own
-    (config.json, written as the trainer starts), else None (results.json says when it ended).
-
-    The flag's default is not the run's: a run trained to another --train_steps would be
-    waited for until --evaluator_timeout.
-    """
-    if flags.FLAGS["train_steps"].present:
-        return flags.FLAGS.train_steps
-    recorded = (run_config.read_if_intact(model_dir) or {}).get("train_steps")
-    if is_whole(recorded, 1):
-        return recorded
-    return None
-
-
-def _find_learning_rate(build_trainer: Callable) -> None:
-    """--mode=find_lr: the range test on the Trainer the flags describe, from the newest
-    checkpoint in --model_dir when it holds one (read only); its files in --find_lr_dir.
-
-    Exits 1 with the reason when the test cannot run.
-    """
-    values = flags.FLAGS
-    model_dir = values.model_dir
-    try:
-        output_dir = values.find_lr_dir or default_output_dir("lr_find")
-    except ValueError as error:  # before TensorFlow loads
-        raise app.UsageError(str(error)) from error
-    quiet_logging()
-    from loops.model_dir import checkpoints
-    from loops.run.lr_finder import check_outside_run, find_learning_rate
-
-    try:
-        if model_dir:
-            check_outside_run(output_dir, model_dir)
-        trainer = build_trainer()
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
-    has_checkpoint = bool(model_dir) and checkpoints.newest_complete(
-        os.path.join(model_dir, "checkpoints")
-    )
-    try:
-        find_learning_rate(
-            trainer,
-            min_rate=values.find_lr_min_rate,
-            max_rate=values.find_lr_max_rate,
-            steps=values.find_lr_steps,
-            stop_factor=values.find_lr_stop_factor,
-            loss=values.find_lr_loss or None,
-            output_dir=output_dir,
-            from_checkpoint=model_dir if has_checkpoint else None,
-        )
-    except (ValueError, OSError) as error:
-        sys.exit(f"error: {error}")
-    finally:
-        trainer.close()
-
-
-def _take_run_settings(model_dir: str) -> None:
-    """Sets each `evaluated_settings` flag left unset to the run's value; refuses a given one.
-
-    The run's values are those its trainer recorded in MODEL_DIR/config.json
-    (waited for up to --evaluator_timeout when the trainer starts at the
-    same time). Prints the settings it takes.
-
-    Raises:
-        app.UsageError: a flag given on the command line has another value
-            than the run's.
-    """
-    try:
-        recorded = run_config.wait_for(
-            model_dir, timeout_seconds=flags.FLAGS.evaluator_timeout or None
-        )
-    except (ValueError, OSError) as error:  # TimeoutError is an OSError
-        sys.exit(f"error: {error}")
-    if recorded is None:
-        return  # a run that records none: evaluate_checkpoints says so
-    found = run_config.differences(flag_values(), recorded, evaluated_settings())
-    given = [item for item in found if flags.FLAGS[item.name].present]
-    path = run_config.config_path(model_dir)
-    if given:
-        names = " ".join(f"--{item.name}" for item in given)
-        values = " ".join(run_config.setting(item.name, item.run, as_flag=True) for item in given)
-        raise app.UsageError(
-            f"--mode={EVALUATE_CHECKPOINTS} would not evaluate what the run in {model_dir} "
-            f"trained ({path}): {run_config.describe(given, as_flags=True)}. Drop {names} "
-            f"to take the run's {'value' if len(given) == 1 else 'values'}, or pass the "
-            f"run's: {values}."
-        )
-    for item in found:
-        flags.FLAGS[item.name].value = item.run
-    if found:
-        taken = ", ".join(run_config.setting(item.name, item.run, as_flag=True) for item in found)
-        print(f"evaluator: took the run's settings from {path}: {taken}", flush=True)
-
-
-def _exit_evaluator(signum, frame) -> None:
-    del frame
-    print(
-        f"evaluator stopped ({signal.Signals(signum).name}); its history is on disk: the same "
-        "command goes on after the last checkpoint it handled",
-        file=sys.stderr,
-    )
-    sys.exit(exit_codes.PREEMPTED)
-
-
-def quiet_logging() -> None:
-    """Keeps TensorFlow's and TFDS's log lines out of the progress lines, and loads TensorFlow.
-
-    An explicit --verbosity (or -v), or the user's own TF_CPP_MIN_LOG_LEVEL,
-    brings TensorFlow's lines back.
-    """
-    from absl import logging
-
-    verbose = flags.FLAGS["verbosity"].present
-    if not verbose:
-        logging.set_verbosity(logging.WARNING)
-    tensorflow_logs.import_tensorflow(
-        quiet=not verbose and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
-    )
-    if not verbose:
-        import tensorflow as tf
-
-        tf.get_logger().setLevel("ERROR")
-
-
-def report_outputs(trainer) -> None:
-    """Tells the user where the run's outputs went."""
-    if not trainer.run_context.is_chief:
-        return
-    directory = trainer.run_context.model_dir
-    trainer.run_context.progress.line(
-        f"outputs in {directory}\n"
-        f"  results:     {os.path.join(directory, 'results.json')}\n"
-        f"  checkpoints: {os.path.join(directory, 'checkpoints')} (rerun with "
-        f"--model_dir={directory} and a larger --train_steps to continue)\n"
-        f"  summaries:   tensorboard --logdir {os.path.join(directory, 'summaries')}"
-    )
+def set_values(values: Mapping[str, Any]) -> None:
+    """The one place a binary's flags change after parsing: each of `values` (flag name ->
+    value) set, as a binary's `prepare` fills in a default that depends on other flags or
+    an evaluator takes the settings of the run it evaluates (`application`)."""
+    for name, value in values.items():
+        flags.FLAGS[name].value = value

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from loops.vocabulary import settings
 from loops.vocabulary.whole_numbers import is_whole
 
 CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as the run starts
@@ -28,48 +29,11 @@ EXACT_ONLY_UNCHANGED = {"global_batch_size": "allow_batch_size_change"}
 CHANGED_ON_RESUME = "changed_on_resume"
 
 
-# Config keys a resumed run may change without a warning: how long it trains, how
-# often it evaluates and saves, where its outputs go, and the evaluator's settings
-# (`Loop.config_free_to_change`).
-CONFIG_FREE_TO_CHANGE = frozenset(
-    {
-        "mode",
-        "evaluator_timeout",
-        # The learning-rate finder's (--mode=find_lr): no training step reads them.
-        "find_lr_steps",
-        "find_lr_min_rate",
-        "find_lr_max_rate",
-        "find_lr_stop_factor",
-        "find_lr_loss",
-        "find_lr_dir",
-        "train_steps",
-        "model_dir",
-        "export_dir",
-        "verbosity",
-        "eval_every",
-        "checkpoint_every",
-        "steps_per_loop",
-        "max_checkpoints",
-        # What the run reports of its updates, not what they do (BUILD.md, "Training health").
-        "health_every",
-        # Raising it is how a run that gave up recovering goes on.
-        "max_recoveries",
-        # A watch on the loss: turning it on or tuning it changes no step until it acts.
-        "on_loss_spike",
-        "loss_spike_factor",
-        "loss_spike_steps",
-        "loss_spike_window",
-        # The topology: a restart may run on other workers and replicas (README,
-        # "What a restart may change"); the global batch size keeps it exact.
-        "strategy",
-        "num_replicas",
-        "cluster",
-        "cluster_port",
-        "cluster_num_ps",
-        "cluster_timeout",
-        *EXACT_ONLY_UNCHANGED.values(),
-    }
-)
+# Config keys a resumed run may change without a warning: the declarations marked
+# `resumable` (how long it trains, how often it evaluates and saves, where its outputs go,
+# the topology, the evaluator's and the range test's settings), --export_dir and absl's
+# --verbosity (`Loop.config_free_to_change`).
+CONFIG_FREE_TO_CHANGE = settings.free_to_change()
 
 
 def exact_only_settings(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,9 +15,17 @@ from collections.abc import Iterable
 
 from loops.vocabulary import settings
 
-# The Trainer's keyword arguments that are objects, not declared settings (a test holds
-# these with the declared ones equal to `loops.Trainer.__init__`'s keywords).
-TRAINER_OBJECTS = ("strategy", "train_data", "eval_data", "progress", "actions", "config")
+# The Trainer's arguments that are objects, not declared settings (a test holds these with
+# the declared ones equal to `loops.Trainer.__init__`'s arguments and keyword overrides).
+TRAINER_OBJECTS = (
+    "config",
+    "strategy",
+    "train_data",
+    "eval_data",
+    "progress",
+    "actions",
+    "record",
+)
 TRAINER_KEYWORDS = frozenset(TRAINER_OBJECTS) | {s.name for s in settings.LOOP_SETTINGS}
 # What a v2 Loop did itself and a Trainer does now.
 RUN_METHODS = frozenset(

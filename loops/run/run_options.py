@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -78,14 +79,10 @@ class RunOptions:
         object.__setattr__(self, "actions", _checked_actions(self.actions))
 
 
-# The options that are settings, in the order they are checked.
-_DECLARED = (
-    "steps_per_loop",
-    "eval_every",
-    "checkpoint_every",
-    "max_checkpoints",
-    "progress_every_seconds",
-    "profile_steps",
+# The options that are declared settings (every field but progress, actions and config),
+# in field order: each checked by its declaration, as its flag is.
+_DECLARED = tuple(
+    field.name for field in dataclasses.fields(RunOptions) if field.name in settings.BY_NAME
 )
 
 

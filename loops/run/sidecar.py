@@ -362,6 +362,6 @@ def _check_arguments(
     if isinstance(compared_config, str) or unknown:
         raise ValueError(
             f"compared_config must name keys of the run's config, got {compared_config!r}"
-            f" (the run's config holds {sorted(config)}); make the Trainer with config= "
+            f" (the run's config holds {sorted(config)}); make the Trainer with record= "
             "holding each setting to compare, or leave it out."
         )

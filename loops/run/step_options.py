@@ -3,20 +3,23 @@ when made."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from loops.core import mixed_precision as mixed_precision_lib
 from loops.run import recovery
 from loops.vocabulary import settings
+from loops.vocabulary.run_config_tree import RunConfig
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class StepOptions:
     """The options of a definition's steps and of the `loops.Update`s they make, checked.
 
     Each is declared, with its type, default, help and check, in
-    loops/vocabulary/settings.py (as the flags are); this says what it means to a step.
+    loops/vocabulary/settings.py (as the flags are), and read by name from a run's
+    `loops.RunConfig` (`of`); this says what it means to a step.
 
     Attributes:
         seed: the seed steps key their randomness on.
@@ -71,7 +74,7 @@ class StepOptions:
             ratio of its variables; every this many steps the ratios of the
             layers where they are largest. None: no health metrics.
 
-    Made by `checked`, which fills in the defaults of None.
+    Made by `of`, which fills in the defaults of None.
     """
 
     seed: int
@@ -93,66 +96,25 @@ class StepOptions:
     parameter_server_mode: str = "exact"
 
 
-def checked(**values: Any) -> StepOptions:
-    """A Trainer's step options, checked by their declarations; None: the default.
-
-    Args:
-        values: each field of `StepOptions`, as the Trainer's keyword arguments
-            gave it (their defaults are the Trainer's, which tests/test_settings.py
-            holds equal to the declarations').
+def of(config: RunConfig) -> StepOptions:
+    """A run's step options, read by name from its settings (checked as `config` was made);
+    None: the default.
 
     Raises:
-        ValueError: the first bad option, named with the fix.
+        ValueError: max_recoveries without a policy that recovers, or two options
+            that do not go together, named with the fix.
     """
-    seed, run_eagerly = values["seed"], values["run_eagerly"]
-    on_nonfinite, max_recoveries = values["on_nonfinite"], values["max_recoveries"]
-    mixed_precision, grad_accum_steps = values["mixed_precision"], values["grad_accum_steps"]
-    loss_scale_growth_steps, ema_decay = values["loss_scale_growth_steps"], values["ema_decay"]
-    spikes = settings.check_loop_settings(
-        {
-            "on_nonfinite": on_nonfinite,
-            "on_loss_spike": values["on_loss_spike"],
-            "loss_spike_factor": values["loss_spike_factor"],
-            "loss_spike_steps": values["loss_spike_steps"],
-            "loss_spike_window": values["loss_spike_window"],
-        }
-    )
-    del spikes["on_nonfinite"]
-    recoveries = recovery.check_max_recoveries(
-        max_recoveries, on_nonfinite, values["on_loss_spike"]
-    )
-    settings.check_loop_settings(
-        {
-            "grad_accum_steps": grad_accum_steps,
-            "mixed_precision": mixed_precision,
-            "loss_scale_growth_steps": loss_scale_growth_steps,
-            "ema_decay": ema_decay,
-            "health_every": values["health_every"],
-            "seed": seed,
-        }
+    values = config.flat()
+    named = {field.name: values[field.name] for field in dataclasses.fields(StepOptions)}
+    named["max_recoveries"] = recovery.check_max_recoveries(
+        values["max_recoveries"], values["on_nonfinite"], values["on_loss_spike"]
     )
     _check_combinations(values)
-    return StepOptions(
-        seed=seed,
-        run_eagerly=run_eagerly,
-        on_nonfinite=on_nonfinite,
-        max_recoveries=recoveries,
-        **spikes,
-        mixed_precision=mixed_precision,
-        loss_scale_growth_steps=(
-            loss_scale_growth_steps or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
-        ),
-        grad_accum_steps=grad_accum_steps,
-        ema_decay=ema_decay,
-        jit_compile=values["jit_compile"],
-        health_every=values["health_every"],
-        parameter_server_mode=settings.check_loop_settings(
-            {"parameter_server_mode": values["parameter_server_mode"]}
-        )["parameter_server_mode"],
-    )
+    growth_steps = values["loss_scale_growth_steps"] or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS
+    return StepOptions(**{**named, "loss_scale_growth_steps": growth_steps})
 
 
-def _check_combinations(values: dict[str, Any]) -> None:
+def _check_combinations(values: Mapping[str, Any]) -> None:
     """Raises ValueError, with the fix, for two step options that do not go together."""
     mixed_precision, growth_steps = values["mixed_precision"], values["loss_scale_growth_steps"]
     if growth_steps is not None and not mixed_precision_lib.needs_loss_scale(mixed_precision):

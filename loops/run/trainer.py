@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,14 +25,15 @@ from loops.run import (
     loss_spikes,
     recovery,
     removed_api,
+    run_settings,
     step_options,
 )
 from loops.run.actions import Action
 from loops.run.controller import Controller
 from loops.run.run_context import Definition, StepContext
 from loops.run.run_inputs import RunInputs
-from loops.run.run_options import RunOptions
 from loops.vocabulary.errors import ClusterTaskLostError
+from loops.vocabulary.run_config_tree import RunConfig
 
 
 class Trainer:
@@ -67,56 +67,47 @@ class Trainer:
     def __init__(
         self,
         definition: Definition,
+        config: RunConfig | None = None,
         *,
         strategy: tf.distribute.Strategy | None = None,
         # Input: datasets of GLOBAL batches, or functions that build them.
         train_data: distributed_input.DatasetSource | None = None,
         eval_data: distributed_input.DatasetSource | None = None,
-        # The run: inner loops, outputs, execution.
-        steps_per_loop: int = 100,
-        eval_every: int | None = None,
-        checkpoint_every: int | None = None,
-        model_dir: str | None = None,
-        max_checkpoints: int = 3,
-        async_checkpoints: bool = False,
+        # Where progress lines go, host-side callbacks, and what results.json records as
+        # the run's config (a binary's flags, or a user's hyperparameters).
         progress: reporting.Progress | None = None,
-        progress_every_seconds: float | None = None,
-        profile_steps: tuple[int, int] | None = None,
-        seed: int = 0,
-        run_eagerly: bool = False,
-        on_nonfinite: str = "stop",
-        max_recoveries: int | None = None,
-        on_loss_spike: str = "ignore",
-        loss_spike_factor: float = 4.0,
-        loss_spike_steps: int = 3,
-        loss_spike_window: int = 100,
-        # How the steps' `loops.Update`s compute.
-        mixed_precision: str = "none",
-        loss_scale_growth_steps: int | None = None,
-        grad_accum_steps: int = 1,
-        ema_decay: float | None = None,
-        jit_compile: bool = False,
-        health_every: int | None = None,
-        # Host-side callbacks, and what the run was asked to do (recorded with its results).
         actions: Sequence[Action] = (),
-        config: Mapping[str, Any] | None = None,
-        # h-psexact (issue 44): how ParameterServerStrategy applies steps.
-        parameter_server_mode: str = "exact",
+        record: Mapping[str, Any] | None = None,
+        **overrides: Any,
     ):
         """Checks the settings, builds the definition and restores the run.
 
         Args:
             definition: what is trained (a `loops.Loop`), not yet handed to a Trainer.
+            config: the run's settings (`loops.RunConfig`); None: the declared defaults.
             strategy: where the steps run (default: the current one).
             train_data, eval_data: the train stream (repeated), finite eval batches; global.
-            The rest: declared in loops/vocabulary/settings.py; see `StepOptions`, `RunOptions`.
+            progress: where progress lines go (stdout if None).
+            actions: `loops.Action`s run between inner loops.
+            record: JSON-serializable; written into results.json under "config".
+            **overrides: settings over `config`'s, by name (`run_settings.KEYWORDS`:
+                steps_per_loop=10, model_dir=..., ...), checked as `config` was.
 
         Raises:
+            TypeError: an override that is no Trainer setting (naming the closest).
             ValueError: a bad setting (checked first), a mismatched checkpoint, a used definition.
         """
-        arguments = dict(locals())  # the keyword arguments by name: nothing else is defined yet
         self.definition, self.strategy = definition, strategy or tf.distribute.get_strategy()
-        self.step_options, run_options = _checked_options(definition, self.strategy, arguments)
+        self.run_config = run_settings.checked_config(config, overrides)
+        self.step_options, run_options = run_settings.checked_options(
+            definition,
+            self.strategy,
+            self.run_config,
+            has_train_data=train_data is not None,
+            progress=progress,
+            actions=actions,
+            record=record,
+        )
         self.coordinator = loop_execution.coordinator(self.strategy)
         self.train_data, self.eval_data = train_data, eval_data
         self.step_context = context = self._build_definition()
@@ -255,36 +246,6 @@ class Trainer:
                 removed_api.moved_member_sentence(name)
                 or f"{type(self).__name__!r} object has no attribute {name!r}"
             )
-
-
-def _checked_options(
-    definition: Definition, strategy: tf.distribute.Strategy, arguments: Mapping[str, Any]
-) -> tuple[step_options.StepOptions, RunOptions]:
-    """The step and run options of the Trainer's `arguments`, checked with the definition.
-
-    Raises:
-        ValueError: a bad option, one the definition cannot train with, or a
-            definition handed to a Trainer already.
-    """
-    definition.check_unbound()
-    options = step_options.checked(**_named(arguments, step_options.StepOptions))
-    has_train_data = arguments["train_data"] is not None
-    loop_execution.check_can_run(
-        type(definition),
-        strategy,
-        on_nonfinite=options.on_nonfinite,
-        on_loss_spike=options.on_loss_spike,
-        parameter_server_mode=options.parameter_server_mode,
-        has_train_data=has_train_data or not definition.needs_train_data,
-        model_dir=arguments["model_dir"],
-    )
-    definition.check_can_train(strategy, options, has_train_data=has_train_data)
-    return options, RunOptions(**_named(arguments, RunOptions))
-
-
-def _named(arguments: Mapping[str, Any], options: type) -> dict[str, Any]:
-    """The entries of `arguments` that are fields of the dataclass `options`."""
-    return {field.name: arguments[field.name] for field in dataclasses.fields(options)}
 
 
 def _step_counter(name: str) -> tf.Variable:

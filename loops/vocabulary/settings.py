@@ -1,17 +1,19 @@
-"""Every setting the binaries share, declared once: its type, defaults, help, heading and check.
+"""Every setting the binaries share, declared once (`Setting`): its type, default, help,
+heading, check, section and whether a resume may change it.
 
-The command-line flags and their --help (`loops.cli.flags.define_binary_flags`),
-the checks of `loops.Trainer`'s keyword arguments, and the config a run records
-(results.json, config.json) all come from the declarations below, so a
-setting cannot mean one thing on the command line and another in Python.
-Nothing here imports TensorFlow: a binary answers --help before its import.
+The command-line flags and their --help (`loops.cli.flags.define_binary_flags`), the
+typed `loops.RunConfig` (generated from these into `loops.vocabulary.run_config_tree`
+by `python -m loops.bin.config_source --write`), `loops.Trainer`'s keyword overrides
+and their checks, the config a binary records (results.json, config.json) and what a
+resumed run may change (`resumable`) all come from the declarations below, so a setting
+cannot mean one thing on the command line and another in Python. `SECTIONS` says what
+each section of the tree holds. Nothing here imports TensorFlow: a binary
+answers --help before its import.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from loops.vocabulary.choices import (
@@ -23,7 +25,28 @@ from loops.vocabulary.choices import (
     PRECISION_POLICIES,
     STRATEGY_NAMES,
 )
-from loops.vocabulary.whole_numbers import check_whole, is_whole
+from loops.vocabulary.declarations import (
+    Setting,
+    check_ema_decay,
+    check_profile_steps,
+    number_above,
+    one_of,
+    parse_profile_steps,
+    positive_number,
+    profile_steps_of_flag,
+    satisfies,
+    whole_number,
+)
+from loops.vocabulary.whole_numbers import is_whole
+
+__all__ = [
+    "SETTINGS",
+    "Setting",
+    "check_ema_decay",
+    "check_profile_steps",
+    "parse_profile_steps",
+    "satisfies",
+]
 
 TRAIN = "train"
 EVALUATE_CHECKPOINTS = "evaluate_checkpoints"
@@ -49,149 +72,27 @@ DEFAULT_HEALTH_LAYERS = 3  # per optimizer: the layers whose update/weight ratio
 DEFAULT_LOSS_SPIKE_FACTOR = 4.0
 DEFAULT_LOSS_SPIKE_STEPS = 3
 DEFAULT_LOSS_SPIKE_WINDOW = 100
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def whole_number(
-    least: int, note: str = "", *, optional: bool = False
-) -> Callable[[str, Any], Any]:
-    """A check: a whole number >= least, or None where `optional` (`note` says what None does)."""
-
-    def check(name: str, value: Any) -> Any:
-        if value is None and optional:
-            return None
-        check_whole(name, value, least, note)
-        return value
-
-    return check
-
-
-def positive_number(note: str) -> Callable[[str, Any], Any]:
-    """A check: a finite number > 0, or None."""
-
-    def check(name: str, value: Any) -> Any:
-        if value is None:
-            return None
-        if not _is_number(value) or not math.isfinite(value) or not value > 0:
-            raise ValueError(f"{name} must be > 0{note}, got {value!r}.")
-        return value
-
-    return check
-
-
-def number_above(least: float, example: str) -> Callable[[str, Any], Any]:
-    """A check: a finite number > least (`example` shows a good value)."""
-
-    def check(name: str, value: Any) -> Any:
-        if not _is_number(value) or not math.isfinite(value) or not value > least:
-            raise ValueError(
-                f"{name} must be a finite number > {least:g}, got {value!r}; {example}."
-            )
-        return value
-
-    return check
-
-
-def one_of(choices: tuple[str, ...], advice: str = "") -> Callable[[str, Any], Any]:
-    """A check: one of `choices`."""
-
-    def check(name: str, value: Any) -> Any:
-        if value not in choices:
-            raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}{advice}.")
-        return value
-
-    return check
-
-
-def check_ema_decay(name: str, value: Any) -> Any:
-    """None, or a decay in (0, 1)."""
-    if value is not None and (not _is_number(value) or not 0 < value < 1):
-        raise ValueError(
-            f"{name} must be in (0, 1), e.g. 0.999, or None for no average; got {value!r}."
-        )
-    return value
-
-
-def check_profile_steps(name: str, value: Any) -> tuple[int, int] | None:
-    """None, or (start, end), whole numbers with 1 <= start <= end."""
-    if value is None:
-        return None
-    try:
-        start, end = value
-    except (TypeError, ValueError):
-        start = end = None
-    if not (is_whole(start) and is_whole(end)):
-        raise ValueError(
-            f"{name} must be (start, end), two whole numbers, got {value!r}; "
-            "e.g. (10, 20) (--profile_steps=10,20) traces steps 10 to 20."
-        )
-    if not 1 <= start <= end:
-        raise ValueError(
-            f"{name} must have 1 <= start <= end, got {value!r}; e.g. (10, 20) "
-            "traces steps 10 to 20 (counted from 1)."
-        )
-    return start, end
-
-
-def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
-    """ "START,END" as (START, END) when 1 <= START <= END; None when unset or malformed."""
-    parts = (text or "").split(",")
-    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
-        return None
-    start, end = (int(part) for part in parts)
-    return (start, end) if 1 <= start <= end else None
-
-
-def _zero_is_none(value: Any) -> Any:
-    return value or None
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """One setting: a flag of the binaries that declare it, and where `loop` is set a
-    `loops.Trainer` keyword.
-
-    Attributes:
-        name: the flag's name and the keyword argument's.
-        heading: the --help heading it is listed under.
-        help: what it does, as --help says it.
-        kind: the flag's type: "integer", "float", "bool", "string", "enum" or "list"
-            (comma-separated strings).
-        flag_default: the flag's default (a binary may pass its own).
-        loop: whether `loops.Trainer` takes it as a keyword argument.
-        default: the keyword argument's default (where `loop`).
-        check: (name, Python value) -> the value; ValueError with a sentence.
-        from_flag: the flag's value -> the keyword argument's value.
-        choices: the values an "enum" flag takes.
-        lower_bound: the flag's lower bound, checked while parsing.
-        upper_bound: the flag's upper bound, checked while parsing.
-        flag_rule: (a rule the flag's value must meet, the sentence when it does not),
-            for flags whose range differs from the keyword's (0 meaning "off").
-    """
-
-    name: str
-    heading: str
-    help: str
-    kind: str
-    flag_default: Any = None
-    loop: bool = False
-    default: Any = None
-    check: Callable[[str, Any], Any] | None = None
-    from_flag: Callable[[Any], Any] = lambda value: value
-    choices: tuple[str, ...] = ()
-    lower_bound: float | None = None
-    upper_bound: float | None = None
-    flag_rule: tuple[Callable[[Any], bool], str] | None = None
-
-    def checked(self, value: Any) -> Any:
-        """The keyword argument's value, checked; ValueError naming it and the fix."""
-        return value if self.check is None else self.check(self.name, value)
+INF = float("inf")
+# The sections of `loops.RunConfig`, in its order, each with what its settings decide.
+SECTIONS = {
+    "mode": "What the process does: train, evaluate a run's checkpoints, or find a learning rate.",
+    "strategy": "Where the steps run: the tf.distribute strategy, its replicas, its cluster.",
+    "run": "How long the run trains, how often it evaluates, its seed, and when it stops early.",
+    "update": "How each update computes: precision, accumulation, XLA, clipping, averaging.",
+    "health": "What the run reports of its updates' health.",
+    "checkpoints": "When and how the run saves, and which checkpoints it keeps.",
+    "outputs": "Where the run's outputs go, and how often it reports and profiles.",
+    "faults": "What a non-finite step or a loss spike leads to.",
+}
 
 
 _OFF = " (or None to turn it off)"
+
+
+def _zero_is_none(value: Any) -> Any:
+    """--eval_every's 0 (only at the end) as None; unset, it is the binary's cadence."""
+    return value or None
+
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
@@ -207,6 +108,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--model_dir if it holds one (read only), else from the initial weights; writes only "
         "into --find_lr_dir.",
         "enum",
+        section="mode",
+        resumable=True,
         choices=(TRAIN, EVALUATE_CHECKPOINTS, FIND_LR),
     ),
     Setting(
@@ -215,7 +118,9 @@ SETTINGS: tuple[Setting, ...] = (
         f"--mode={EVALUATE_CHECKPOINTS}: give up (exit 1) when no new checkpoint comes for "
         "this many seconds before the run ends; 0: wait for ever.",
         "float",
-        flag_default=3600.0,
+        section="mode",
+        resumable=True,
+        default=3600.0,
         lower_bound=0.0,
     ),
     Setting(
@@ -225,35 +130,30 @@ SETTINGS: tuple[Setting, ...] = (
         "factor each step from --find_lr_min_rate to --find_lr_max_rate (fewer when the "
         "loss blows up first).",
         "integer",
-        flag_default=DEFAULT_FIND_LR_STEPS,
+        section="mode",
+        resumable=True,
+        default=DEFAULT_FIND_LR_STEPS,
         check=whole_number(2),
-        lower_bound=2,
     ),
     Setting(
         "find_lr_min_rate",
         "mode",
         f"--mode={FIND_LR}: the learning rate of the first step.",
         "float",
-        flag_default=DEFAULT_FIND_LR_MIN_RATE,
+        section="mode",
+        resumable=True,
+        default=DEFAULT_FIND_LR_MIN_RATE,
         check=number_above(0, f"e.g. {DEFAULT_FIND_LR_MIN_RATE:g}"),
-        flag_rule=(
-            lambda value: value > 0,
-            "--find_lr_min_rate must be > 0, e.g. "
-            f"--find_lr_min_rate={DEFAULT_FIND_LR_MIN_RATE:g}.",
-        ),
     ),
     Setting(
         "find_lr_max_rate",
         "mode",
         f"--mode={FIND_LR}: the learning rate of the last step (above --find_lr_min_rate).",
         "float",
-        flag_default=DEFAULT_FIND_LR_MAX_RATE,
+        section="mode",
+        resumable=True,
+        default=DEFAULT_FIND_LR_MAX_RATE,
         check=number_above(0, f"e.g. {DEFAULT_FIND_LR_MAX_RATE:g}"),
-        flag_rule=(
-            lambda value: value > 0,
-            "--find_lr_max_rate must be > 0, e.g. "
-            f"--find_lr_max_rate={DEFAULT_FIND_LR_MAX_RATE:g}.",
-        ),
     ),
     Setting(
         "find_lr_stop_factor",
@@ -261,13 +161,10 @@ SETTINGS: tuple[Setting, ...] = (
         f"--mode={FIND_LR}: stop once the smoothed loss is above this many times its lowest "
         "so far (the loss blew up), or not finite.",
         "float",
-        flag_default=DEFAULT_FIND_LR_STOP_FACTOR,
+        section="mode",
+        resumable=True,
+        default=DEFAULT_FIND_LR_STOP_FACTOR,
         check=number_above(1, f"e.g. {DEFAULT_FIND_LR_STOP_FACTOR:g}"),
-        flag_rule=(
-            lambda value: value > 1,
-            "--find_lr_stop_factor must be > 1, e.g. "
-            f"--find_lr_stop_factor={DEFAULT_FIND_LR_STOP_FACTOR:g}.",
-        ),
     ),
     Setting(
         "find_lr_loss",
@@ -276,6 +173,8 @@ SETTINGS: tuple[Setting, ...] = (
         "or, for a step with none, the sum of its outputs named *loss (the GAN's d_loss + "
         "g_loss, PPO's policy_loss + value_loss).",
         "string",
+        section="mode",
+        resumable=True,
     ),
     Setting(
         "find_lr_dir",
@@ -284,6 +183,8 @@ SETTINGS: tuple[Setting, ...] = (
         "rate and its rule) and lr_find.png (loss against the rate) go; nothing is written "
         "into --model_dir. Default: a new directory under the system temp dir.",
         "string",
+        section="mode",
+        resumable=True,
     ),
     Setting(
         "strategy",
@@ -291,8 +192,24 @@ SETTINGS: tuple[Setting, ...] = (
         "tf.distribute strategy to train with. central_storage keeps the variables on one "
         "device (the CPU) and computes on --num_replicas devices.",
         "enum",
-        flag_default="mirrored",
+        section="strategy",
+        resumable=True,
+        default="mirrored",
         choices=tuple(STRATEGY_NAMES),
+    ),
+    Setting(
+        "parameter_server_mode",
+        "strategy",
+        "--strategy=parameter_server: exact (the workers compute the gradients of a step's "
+        "slices on the same weights and the chief applies their sum once: the numbers of one "
+        "process, resumable mid-stream) or async (each worker applies its own steps as soon "
+        "as they are done: faster, not reproducible).",
+        "enum",
+        section="strategy",
+        resumable=True,
+        default="exact",
+        loop=True,
+        choices=PARAMETER_SERVER_MODES,
     ),
     Setting(
         "num_replicas",
@@ -302,6 +219,8 @@ SETTINGS: tuple[Setting, ...] = (
         f"{DEFAULT_CPU_REPLICAS} logical CPUs without GPUs; 1 for the other strategies, which "
         "take their devices from the machine or the cluster.",
         "integer",
+        section="strategy",
+        resumable=True,
         lower_bound=1,
     ),
     Setting(
@@ -311,6 +230,8 @@ SETTINGS: tuple[Setting, ...] = (
         "for the others to come up before it names the missing ones and exits. Default: "
         "$LOOPS_CLUSTER_TIMEOUT_SECONDS, else 600.",
         "float",
+        section="strategy",
+        resumable=True,
         lower_bound=0.0,
     ),
     Setting(
@@ -322,7 +243,9 @@ SETTINGS: tuple[Setting, ...] = (
         "$LOOPS_CLUSTER_TASKS, $LOOPS_CLUSTER_SERVICE), and names what it looked for when "
         "none is there.",
         "enum",
-        flag_default="auto",
+        section="strategy",
+        resumable=True,
+        default="auto",
         choices=CLUSTER_SOURCES,
     ),
     Setting(
@@ -332,6 +255,8 @@ SETTINGS: tuple[Setting, ...] = (
         "tasks take the ports after it). Default: Kubernetes 2222; SLURM a port from 20000 "
         "that follows SLURM_JOB_ID, so jobs sharing a node differ.",
         "integer",
+        section="strategy",
+        resumable=True,
         lower_bound=1,
         upper_bound=65535,
     ),
@@ -342,7 +267,9 @@ SETTINGS: tuple[Setting, ...] = (
         "parameter servers. Task 0 is the chief, the next this many the servers, the rest "
         "workers.",
         "integer",
-        flag_default=0,
+        section="strategy",
+        resumable=True,
+        default=0,
         lower_bound=0,
     ),
     Setting(
@@ -352,13 +279,17 @@ SETTINGS: tuple[Setting, ...] = (
         "with (refused otherwise: only the same global batch continues exactly, whatever "
         "the workers and replicas). The change is recorded in results.json.",
         "bool",
-        flag_default=False,
+        section="run",
+        resumable=True,
+        default=False,
     ),
     Setting(
         "train_steps",
         "training",
         "Total training steps (a resumed run trains up to this step).",
         "integer",
+        section="run",
+        resumable=True,
         lower_bound=1,
     ),
     Setting(
@@ -366,6 +297,7 @@ SETTINGS: tuple[Setting, ...] = (
         "training",
         "Examples per step over all replicas.",
         "integer",
+        section="run",
         lower_bound=1,
     ),
     Setting(
@@ -374,30 +306,28 @@ SETTINGS: tuple[Setting, ...] = (
         "Steps per inner loop: a progress line and summaries each; one tf.function call runs "
         "one or, where nothing else comes between them, several.",
         "integer",
-        flag_default=100,
-        loop=True,
+        section="run",
+        resumable=True,
         default=100,
+        loop=True,
         check=whole_number(1),
-        lower_bound=1,
     ),
     Setting(
         "learning_rate",
         "training",
         "Optimizer learning rate (> 0).",
         "float",
-        flag_rule=(
-            lambda value: value > 0,
-            "--learning_rate must be > 0, e.g. --learning_rate=0.001.",
-        ),
+        section="update",
+        check=satisfies(lambda value: value > 0, "{name} must be > 0, e.g. {name}=0.001."),
     ),
     Setting(
         "seed",
         "training",
         "Seed for initial weights, shuffling and noise.",
         "integer",
-        flag_default=0,
-        loop=True,
+        section="run",
         default=0,
+        loop=True,
         check=whole_number(0),
     ),
     Setting(
@@ -405,9 +335,9 @@ SETTINGS: tuple[Setting, ...] = (
         "training",
         "Run steps eagerly (no tf.function), for debugging.",
         "bool",
-        flag_default=False,
-        loop=True,
+        section="run",
         default=False,
+        loop=True,
     ),
     Setting(
         "clip_norm",
@@ -415,9 +345,9 @@ SETTINGS: tuple[Setting, ...] = (
         "Clip each update's gradient, summed over replicas, to this global norm (> 0). "
         "Default: the loop's own (off for the classifier and the GAN, 0.5 for ppo, 10 for dqn).",
         "float",
-        flag_rule=(
-            lambda value: value is None or value > 0,
-            "--clip_norm must be > 0, e.g. --clip_norm=1.0 (or leave it unset).",
+        section="update",
+        check=satisfies(
+            lambda value: value > 0, "{name} must be > 0, e.g. {name}=1.0 (or leave it unset)."
         ),
     ),
     Setting(
@@ -427,11 +357,10 @@ SETTINGS: tuple[Setting, ...] = (
         "gradients into one update: the update of the whole batch, with 1/K of the "
         "activations in memory. The RL loops draw their own minibatches and take only 1.",
         "integer",
-        flag_default=1,
-        loop=True,
+        section="update",
         default=1,
+        loop=True,
         check=whole_number(1, " (1: no accumulation)"),
-        lower_bound=1,
     ),
     Setting(
         "jit_compile",
@@ -443,9 +372,9 @@ SETTINGS: tuple[Setting, ...] = (
         "layer that all-reduces across replicas (--batch_norm) or one Keras marks as not "
         "jit-compilable. Dropout draws other masks compiled than not.",
         "bool",
-        flag_default=False,
-        loop=True,
+        section="update",
         default=False,
+        loop=True,
     ),
     Setting(
         "mixed_precision",
@@ -454,9 +383,9 @@ SETTINGS: tuple[Setting, ...] = (
         "dynamic loss scale agreed on by all replicas (one per optimizer, checkpointed); "
         "none: float32.",
         "enum",
-        flag_default="none",
-        loop=True,
+        section="update",
         default="none",
+        loop=True,
         check=one_of(
             tuple(PRECISION_POLICIES),
             "; use 'mixed_bfloat16' or 'mixed_float16' to compute in 16 bits, 'none' for float32",
@@ -469,9 +398,9 @@ SETTINGS: tuple[Setting, ...] = (
         "With --mixed_precision=mixed_float16: finite steps in a row after which the loss "
         f"scale doubles. Default: {DEFAULT_LOSS_SCALE_GROWTH_STEPS}.",
         "integer",
+        section="update",
         loop=True,
         check=whole_number(1, " (or None for the default)", optional=True),
-        lower_bound=1,
     ),
     Setting(
         "ema_decay",
@@ -480,14 +409,10 @@ SETTINGS: tuple[Setting, ...] = (
         "early in training so the average follows the weights), checkpointed beside them; "
         "evaluation, the best checkpoint's metric and the export use it. 0: no average.",
         "float",
-        flag_default=0.0,
+        section="update",
         loop=True,
         check=check_ema_decay,
-        from_flag=_zero_is_none,
-        flag_rule=(
-            lambda value: 0 <= value < 1,
-            "--ema_decay must be in [0, 1), e.g. 0.999 (0: no average).",
-        ),
+        off=0.0,
     ),
     Setting(
         "eval_every",
@@ -496,10 +421,11 @@ SETTINGS: tuple[Setting, ...] = (
         f"{DEFAULT_EVALUATIONS} evaluations a run, each after a whole --steps_per_loop; "
         "0: only at the end.",
         "integer",
+        section="run",
+        resumable=True,
         loop=True,
         check=whole_number(1, _OFF, optional=True),
         from_flag=_zero_is_none,
-        lower_bound=0,
     ),
     Setting(
         "early_stopping_metric",
@@ -508,13 +434,15 @@ SETTINGS: tuple[Setting, ...] = (
         "--early_stopping_patience evaluations in a row. A rerun of a stopped run stops "
         "again at once.",
         "string",
+        section="run",
     ),
     Setting(
         "early_stopping_mode",
         "training",
         "min: lower --early_stopping_metric is better (loss); max: higher is better (accuracy).",
         "enum",
-        flag_default="min",
+        section="run",
+        default="min",
         choices=tuple(METRIC_MODES),
     ),
     Setting(
@@ -522,7 +450,8 @@ SETTINGS: tuple[Setting, ...] = (
         "training",
         "Evaluations in a row without improvement before stopping.",
         "integer",
-        flag_default=3,
+        section="run",
+        default=3,
         lower_bound=1,
     ),
     Setting(
@@ -531,11 +460,10 @@ SETTINGS: tuple[Setting, ...] = (
         "End inner loops early enough that a progress line comes at least this often (one "
         "process only; 0: --steps_per_loop alone decides).",
         "float",
-        flag_default=10.0,
+        section="outputs",
         loop=True,
         check=positive_number(_OFF),
-        from_flag=_zero_is_none,
-        lower_bound=0.0,
+        off=0.0,
     ),
     Setting(
         "model_dir",
@@ -543,6 +471,8 @@ SETTINGS: tuple[Setting, ...] = (
         "Directory for checkpoints, summaries and results.json. A run pointed at a directory "
         "with a checkpoint resumes from it. Default: a new directory under the system temp dir.",
         "string",
+        section="outputs",
+        resumable=True,
         loop=True,
     ),
     Setting(
@@ -550,20 +480,21 @@ SETTINGS: tuple[Setting, ...] = (
         "outputs",
         "Checkpoint every this many steps (always at the end).",
         "integer",
+        section="checkpoints",
+        resumable=True,
         loop=True,
         check=whole_number(1, _OFF, optional=True),
-        lower_bound=1,
     ),
     Setting(
         "max_checkpoints",
         "outputs",
         "How many of the newest checkpoints MODEL_DIR/checkpoints keeps.",
         "integer",
-        flag_default=3,
-        loop=True,
+        section="checkpoints",
+        resumable=True,
         default=3,
+        loop=True,
         check=whole_number(1),
-        lower_bound=1,
     ),
     Setting(
         "async_checkpoints",
@@ -574,9 +505,9 @@ SETTINGS: tuple[Setting, ...] = (
         "written, and a run waits for its last save before results.json and its exit. Off "
         "by default: on 2 CPU cores the writer takes the step's cores (benchmarks/RESULTS.md).",
         "bool",
-        flag_default=False,
-        loop=True,
+        section="checkpoints",
         default=False,
+        loop=True,
     ),
     Setting(
         "keep_best_metric",
@@ -584,13 +515,15 @@ SETTINGS: tuple[Setting, ...] = (
         "Keep a checkpoint of the best evaluation by this eval metric in MODEL_DIR/best "
         "(with best.json: its step and value).",
         "string",
+        section="checkpoints",
     ),
     Setting(
         "keep_best_mode",
         "outputs",
         "min: lower --keep_best_metric is better (loss); max: higher is better (accuracy).",
         "enum",
-        flag_default="min",
+        section="checkpoints",
+        default="min",
         choices=tuple(METRIC_MODES),
     ),
     Setting(
@@ -600,13 +533,11 @@ SETTINGS: tuple[Setting, ...] = (
         "profiler into MODEL_DIR/summaries/train, for TensorBoard's Profile tab (pip install "
         "tensorboard-plugin-profile). Chief only.",
         "string",
+        section="outputs",
         loop=True,
         check=check_profile_steps,
-        from_flag=parse_profile_steps,
-        flag_rule=(
-            lambda value: value is None or parse_profile_steps(value) is not None,
-            "--profile_steps must be START,END with 1 <= START <= END, e.g. --profile_steps=10,20.",
-        ),
+        from_flag=profile_steps_of_flag,
+        annotation="tuple[int, int] | None",
     ),
     Setting(
         "health_every",
@@ -619,12 +550,11 @@ SETTINGS: tuple[Setting, ...] = (
         "0: none, the default (on several replicas without --clip_norm they cost one more "
         "all-reduce of the gradient a step).",
         "integer",
-        flag_default=0,
+        section="health",
+        resumable=True,
         loop=True,
-        default=None,
         check=whole_number(1, _OFF, optional=True),
-        from_flag=_zero_is_none,
-        lower_bound=0,
+        off=0,
     ),
     Setting(
         "on_nonfinite",
@@ -635,9 +565,9 @@ SETTINGS: tuple[Setting, ...] = (
         "stream past every batch from there to the bad step, and go on (logged; not for "
         "--parameter_server_mode=async).",
         "enum",
-        flag_default="stop",
-        loop=True,
+        section="faults",
         default="stop",
+        loop=True,
         check=lambda name, value: _check_policy(name, value),
         choices=tuple(NONFINITE_POLICIES),
     ),
@@ -648,8 +578,10 @@ SETTINGS: tuple[Setting, ...] = (
         "(counted over resumes, both causes together) before the next bad step stops it with "
         f"an error. Default: {DEFAULT_MAX_RECOVERIES}.",
         "integer",
+        section="faults",
+        resumable=True,
         loop=True,
-        lower_bound=1,
+        check=lambda name, value: _check_max_recoveries(name, value),
     ),
     Setting(
         "on_loss_spike",
@@ -659,9 +591,10 @@ SETTINGS: tuple[Setting, ...] = (
         "to the last checkpoint), or recover as --on_nonfinite=recover does: back to the "
         "last checkpoint, the train stream moved past every batch from there to the spike.",
         "enum",
-        flag_default="ignore",
-        loop=True,
+        section="faults",
+        resumable=True,
         default="ignore",
+        loop=True,
         check=one_of(LOSS_SPIKE_POLICIES),
         choices=LOSS_SPIKE_POLICIES,
     ),
@@ -670,25 +603,22 @@ SETTINGS: tuple[Setting, ...] = (
         "faults",
         "A step's loss is high when above this many times its slow moving average.",
         "float",
-        flag_default=DEFAULT_LOSS_SPIKE_FACTOR,
-        loop=True,
+        section="faults",
+        resumable=True,
         default=DEFAULT_LOSS_SPIKE_FACTOR,
+        loop=True,
         check=lambda name, value: _check_spike_factor(name, value),
-        flag_rule=(
-            lambda value: value > 1,
-            "--loss_spike_factor must be > 1, e.g. --loss_spike_factor=4.",
-        ),
     ),
     Setting(
         "loss_spike_steps",
         "faults",
         "High steps in a row that make a spike (one high batch is noise).",
         "integer",
-        flag_default=DEFAULT_LOSS_SPIKE_STEPS,
-        loop=True,
+        section="faults",
+        resumable=True,
         default=DEFAULT_LOSS_SPIKE_STEPS,
+        loop=True,
         check=whole_number(1),
-        lower_bound=1,
     ),
     Setting(
         "loss_spike_window",
@@ -696,40 +626,55 @@ SETTINGS: tuple[Setting, ...] = (
         "Steps the slow moving average of the loss spans (an exponential average with decay "
         "1 - 1/window, debiased over the first steps); high steps do not enter it.",
         "integer",
-        flag_default=DEFAULT_LOSS_SPIKE_WINDOW,
-        loop=True,
+        section="faults",
+        resumable=True,
         default=DEFAULT_LOSS_SPIKE_WINDOW,
-        check=whole_number(2),
-        lower_bound=2,
-    ),
-    # ---- h-psexact (issue 44): how parameter-server steps are applied. ----
-    Setting(
-        "parameter_server_mode",
-        "strategy",
-        "--strategy=parameter_server: exact (the workers compute the gradients of a step's "
-        "slices on the same weights and the chief applies their sum once: the numbers of one "
-        "process, resumable mid-stream) or async (each worker applies its own steps as soon "
-        "as they are done: faster, not reproducible).",
-        "enum",
-        flag_default="exact",
         loop=True,
-        default="exact",
-        check=one_of(PARAMETER_SERVER_MODES),
-        choices=PARAMETER_SERVER_MODES,
+        check=whole_number(2),
     ),
-    # ---- end h-psexact ----
 )
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
 # The `loops.Trainer` keyword arguments that are settings, in declaration order.
 LOOP_SETTINGS: tuple[Setting, ...] = tuple(setting for setting in SETTINGS if setting.loop)
+# The flags every binary has that are not declared here: absl's own.
+ABSL_FLAGS_FREE_TO_CHANGE = frozenset({"verbosity"})
+
+
+def export_dir_setting(what: str) -> Setting:
+    """The --export_dir of a binary that exports `what` at the end of training."""
+    return Setting(
+        "export_dir",
+        "outputs",
+        f"Where to export {what} as a SavedModel at the end of training "
+        "(a directory that exists must hold an earlier export). Default: "
+        "MODEL_DIR/export.",
+        "string",
+        resumable=True,
+    )
+
+
+def free_to_change() -> frozenset[str]:
+    """The config keys a resumed run may change without a warning: the `resumable`
+    declarations (of `SETTINGS` as they are now), --export_dir and absl's --verbosity."""
+    declared = (*SETTINGS, export_dir_setting(""))
+    return frozenset(s.name for s in declared if s.resumable) | ABSL_FLAGS_FREE_TO_CHANGE
 
 
 def _check_spike_factor(name: str, value: Any) -> float:
-    if not _is_number(value) or not math.isfinite(value) or not value > 1:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 < value < INF:
         raise ValueError(
             f"{name} must be a number > 1 (a loss that many times its moving average is "
             f"high), got {value!r}; e.g. 4.0."
+        )
+    return value
+
+
+def _check_max_recoveries(name: str, value: Any) -> int | None:
+    if value is not None and not is_whole(value, 1):
+        raise ValueError(
+            f"{name} must be a whole number >= 1, got {value!r}; to stop at the first "
+            "non-finite step, pass on_nonfinite='stop' instead."
         )
     return value
 

@@ -1,0 +1,55 @@
+"""--config_json=MODEL_DIR/config.json on a binary's command line: the settings a run recorded,
+as the flags that give them, so that a run restarts from its config.json.
+
+Each recorded key that is a flag of this binary becomes `--name=value` where the option
+stood (flags after it override, as after a --flagfile); unset (null) values and the
+checkpoint's records are left out. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Container, Iterator, Sequence
+from typing import Any
+
+OPTION = "--config_json"
+
+
+def expanded(argv: Sequence[str], defined: Container[str]) -> list[str]:
+    """`argv` with each --config_json=PATH replaced by the flags of the settings in PATH.
+
+    Raises:
+        ValueError: PATH does not read as a JSON object, naming it and the fix.
+    """
+    result: list[str] = []
+    for index, option in enumerate(argv):
+        if index == 0 or not option.startswith(OPTION + "="):
+            result.append(option)
+            continue
+        result.extend(_flags_of(option.partition("=")[2], defined))
+    return result
+
+
+def _flags_of(path: str, defined: Container[str]) -> Iterator[str]:
+    try:
+        with open(path, encoding="utf-8") as stream:
+            recorded = json.load(stream)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"{OPTION}={path} does not read as a run's settings ({error}); pass the "
+            "config.json a run wrote into its --model_dir."
+        ) from None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{OPTION}={path} holds no JSON object; pass a run's config.json.")
+    for name, value in recorded.items():
+        if name in defined and value is not None:
+            yield f"--{name}={_as_flag(value)}"
+
+
+def _as_flag(value: Any) -> str:
+    """A recorded value as its flag's text: true/false, comma-joined lists."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    return str(value)

@@ -1,0 +1,80 @@
+"""A Trainer's arguments as its checked settings: its `loops.RunConfig` with the keyword
+overrides, and the step and run options read from it by name."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from loops.core import reporting
+from loops.run import loop_execution, step_options
+from loops.run.actions import Action
+from loops.run.run_context import Definition
+from loops.run.run_options import RunOptions
+from loops.vocabulary import settings
+from loops.vocabulary.config_tree import unknown_setting
+from loops.vocabulary.run_config_tree import RunConfig
+
+# The settings `loops.Trainer` takes as keyword overrides, in declaration order.
+KEYWORDS = tuple(setting.name for setting in settings.LOOP_SETTINGS)
+
+
+def checked_config(config: RunConfig | None, overrides: Mapping[str, Any]) -> RunConfig:
+    """`config` (None: the defaults) with the Trainer's keyword `overrides`, each checked by
+    its declaration as `RunConfig.replace` checks it.
+
+    Raises:
+        TypeError: `config` is no RunConfig (a mapping of hyperparameters is `record=`),
+            or an override that is no Trainer setting (naming the closest).
+        ValueError: a bad value, named with the fix.
+    """
+    if config is not None and not isinstance(config, RunConfig):
+        raise TypeError(
+            f"config must be a loops.RunConfig, got a {type(config).__name__}; a mapping of "
+            "your hyperparameters to record in results.json is record=... (CHANGELOG.md), "
+            "and the run's settings are loops.RunConfig(...) or keyword arguments."
+        )
+    for name in overrides:
+        if name not in KEYWORDS:
+            raise TypeError(unknown_setting(name, KEYWORDS, "loops.Trainer"))
+    return (config or RunConfig()).replace(**overrides)
+
+
+def checked_options(
+    definition: Definition,
+    strategy: tf.distribute.Strategy,
+    config: RunConfig,
+    *,
+    has_train_data: bool,
+    progress: reporting.Progress | None,
+    actions: Sequence[Action],
+    record: Mapping[str, Any] | None,
+) -> tuple[step_options.StepOptions, RunOptions]:
+    """The step and run options of `config`, checked with the definition and the strategy.
+
+    Raises:
+        ValueError: a bad option, one the definition cannot train with, or a
+            definition handed to a Trainer already.
+    """
+    definition.check_unbound()
+    options = step_options.of(config)
+    values = config.flat()
+    loop_execution.check_can_run(
+        type(definition),
+        strategy,
+        on_nonfinite=options.on_nonfinite,
+        on_loss_spike=options.on_loss_spike,
+        parameter_server_mode=options.parameter_server_mode,
+        has_train_data=has_train_data or not definition.needs_train_data,
+        model_dir=values["model_dir"],
+    )
+    definition.check_can_train(strategy, options, has_train_data=has_train_data)
+    declared = {
+        field.name: values[field.name]
+        for field in dataclasses.fields(RunOptions)
+        if field.name in values
+    }
+    return options, RunOptions(**declared, progress=progress, actions=actions, config=record)
