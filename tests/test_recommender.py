@@ -4,6 +4,7 @@ the binary's default run beating popularity."""
 
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import read_results, run_module, run_python
+from conftest import ROOT, read_results, run_module, run_python
 from loops.kinds.rating import area_under_curve
 from loops.kinds.retrieval import ranking_sums_at
 from loops.model_dir.export import export_recommender
@@ -348,36 +349,16 @@ def test_a_tower_with_features_reads_each_ids_row_and_saves_the_table():
 
 # The Python definition proposed for README's "Recommenders" section, run as written (once it
 # is in README, test_readme.py can take it from there with readme_block_containing).
-README_EXAMPLE = """\
-import keras
-
-import loops
-from loops.input import interaction_logs
-from loops_data import interactions, recommender_data
-from loops_models import recommender
-
-log = interactions.generated_log(num_users=600, num_items=300, num_interactions=20_000)
-train, test = interaction_logs.split(log, how="random", test_fraction=0.2, seed=0)
-definition = loops.RetrievalLoop(
-    user_model_fn=lambda: recommender.id_tower(num_ids=log.num_users, name="user_tower"),
-    item_model_fn=lambda: recommender.id_tower(num_ids=log.num_items, name="item_tower"),
-    optimizer_fn=lambda: keras.optimizers.Adam(3e-3),
-    num_items=log.num_items,
-    global_batch_size=256,
-    item_frequencies=train.item_counts(),  # the logQ correction
-    top_k=(10,),
-    baselines=recommender_data.popularity_baseline(train, test, k=10),
-)
-data = recommender_data.trainer_data("retrieval", train, test, global_batch_size=256, seed=0)
-trainer = loops.Trainer(definition, **data, steps_per_loop=100)
-trainer.train(600)
-metrics = trainer.state.last_eval_metrics
-print(metrics["recall_at_10"], metrics["popularity_recall_at_10"])
-"""
+def readme_example():
+    """README's Recommenders block (tests/test_readme.py holds that this test runs it)."""
+    with open(os.path.join(ROOT, "README.md")) as readme:
+        blocks = re.findall(r"```python\n(.*?)```", readme.read(), flags=re.S)
+    (block,) = [block for block in blocks if "loops.RetrievalLoop(" in block]
+    return block
 
 
 def test_the_readme_example_trains_a_retrieval_model_that_beats_popularity():
-    done = run_python(README_EXAMPLE)
+    done = run_python(readme_example())
     assert done.returncode == 0, done.stderr[-3000:]
     recall, popularity = (float(part) for part in done.stdout.strip().splitlines()[-1].split())
     assert recall >= 1.5 * popularity > 0

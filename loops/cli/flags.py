@@ -151,16 +151,27 @@ def define_binary_flags(
 
 
 def _define_flag(setting: settings.Setting, default: Any) -> None:
-    """One absl flag of the type and choices `setting` declares (its check: `_check_flag`)."""
+    """One absl flag of the type and choices `setting` declares (its check: `_check_flag`).
+
+    The declared bounds go to absl's parser too, so that a value out of them is refused
+    while parsing, in absl's words ("0 is not a positive integer"), as before 5.0.
+    """
     name, help_text = setting.name, setting.help
+    lower, upper = setting.lower_bound, setting.upper_bound
     if setting.kind == "enum":
         flags.DEFINE_enum(name, default, list(setting.choices), help_text)
     elif setting.kind == "bool":
         flags.DEFINE_bool(name, default, help_text)
     elif setting.kind == "integer":
-        flags.DEFINE_integer(name, default, help_text)
+        flags.DEFINE_integer(
+            name,
+            default,
+            help_text,
+            lower_bound=None if lower is None else int(lower),
+            upper_bound=None if upper is None else int(upper),
+        )
     elif setting.kind == "float":
-        flags.DEFINE_float(name, default, help_text)
+        flags.DEFINE_float(name, default, help_text, lower_bound=lower, upper_bound=upper)
     elif setting.kind == "list":
         flags.DEFINE_list(name, default, help_text)
     else:
