@@ -218,7 +218,8 @@ class Update:
             examples: micro-batches would each see only their own rows.
             The loss function then takes the other replicas' rows with
             `loops.gather_global_rows` (exact on any replica count), and
-            `grad_accum_steps` > 1 is refused.
+            `grad_accum_steps` > 1 is refused. In the exact parameter-server
+            mode one worker computes the whole step (one slice).
         table_optimizer: a built Keras optimizer for the embedding tables (e.g.
             Adagrad, with Adam as `optimizer` for the rest): each optimizer
             counts the steps and keeps the slots of its own variables; a
@@ -257,7 +258,7 @@ class Update:
             compilation.check_can_compile(trained, context.strategy)
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
-        check_slices_can_compute(context, whole_batch_loss, options.grad_accum_steps)
+        check_slices_can_compute(context, options.grad_accum_steps)
         self._slice_functions: dict[ReplicaLoss, Callable[..., tuple]] = {}
         self.optimizer = optimizer
         self._trained = trained
@@ -316,8 +317,11 @@ class Update:
         # h-psexact (issue 44): computed on the parameter-server workers and summed, applied
         # here on the chief, eagerly (traced into a tf.function on the chief, the
         # strategy's update fails with "destinations can not be empty").
+        # A loss over the whole batch needs every row in one place: one slice, one worker.
         loss, logs, gradients = self.context.slice_gradients(
-            self._slice_function(replica_loss), tuple(args)
+            self._slice_function(replica_loss),
+            tuple(args),
+            slices=1 if self.whole_batch_loss else None,
         )
         return self._applied(lambda: self._checked(loss, logs, gradients), ())
 
@@ -539,19 +543,14 @@ def check_clip_norm(clip_norm: float | None) -> None:
         raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
 
 
-def check_slices_can_compute(
-    context: UpdateContext, whole_batch_loss: bool, grad_accum_steps: int
-) -> None:
-    """Raises ValueError for an update that slices computed apart cannot give exactly."""
+def check_slices_can_compute(context: UpdateContext, grad_accum_steps: int) -> None:
+    """Raises ValueError for an update that slices computed apart cannot give exactly.
+
+    A loss over the whole batch (`whole_batch_loss`) is not refused: its step is
+    computed as one slice, by one worker (`Update.__call__`).
+    """
     if context.slice_gradients is None:
         return
-    if whole_batch_loss:
-        raise ValueError(
-            "parameter_server_mode='exact' computes each worker's slice of a step apart, and "
-            "this Update's loss is over the whole batch (whole_batch_loss=True): a slice "
-            "cannot see the other slices' rows. Pass --parameter_server_mode=async, or "
-            "--strategy=mirrored or multi_worker_mirrored."
-        )
     if grad_accum_steps > 1:
         raise ValueError(
             f"grad_accum_steps={grad_accum_steps} under parameter_server_mode='exact': each "
