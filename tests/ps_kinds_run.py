@@ -1,5 +1,6 @@
-"""Trains the rating, retrieval and LM kinds under the exact parameter-server mode in one local
-cluster, and each on one replica and on 2 mirrored replicas; prints the differences as JSON.
+"""Trains the rating, retrieval, LM and GAN kinds under the exact parameter-server mode in one
+local cluster, and each on one replica and on 2 mirrored replicas; prints the differences as
+JSON (and trains the first three in the asynchronous mode, which the GAN refuses).
 
 Usage: `python ps_kinds_run.py WORKERS SERVERS STEPS`. This process is the chief of a
 cluster of WORKERS workers and SERVERS servers on 127.0.0.1, started once for every
@@ -7,7 +8,8 @@ kind. The references train first: a process connected to a cluster keeps its eag
 context remote. The recommenders' tables are `loops.EmbeddingTable`s (split over the
 servers) on one replica and in the cluster, and `keras.layers.Embedding`s trained by
 Adagrad rows on the mirrored replicas (which an EmbeddingTable refuses), all from the
-same initial values. 21 rows in batches of 8: step 3 reads a partial batch of 5.
+same initial values. 21 rows in batches of 8: step 3 reads a partial batch of 5 (the GAN,
+two batches a step, reads it in step 2).
 """
 
 import json
@@ -24,6 +26,7 @@ import loops  # noqa: E402
 from conftest import make_trainer  # noqa: E402  (4 CPUs)
 from loops import testing  # noqa: E402
 from loops.core import keras_private  # noqa: E402
+from loops_models import gan as gan_models  # noqa: E402
 
 USERS, ITEMS, DIM, ROWS, BATCH = 7, 9, 4, 21, 8
 VOCAB, LENGTH = 12, 6
@@ -163,12 +166,38 @@ def lm(strategy, **settings):
     )
 
 
-KINDS = {"rating": rating, "retrieval": retrieval, "lm": lm}
-COUNTED = {"rating": "pairs", "retrieval": "interactions", "lm": "tokens"}
+def gan(strategy, **settings):
+    angles = np.random.default_rng(7).uniform(0, 2 * np.pi, ROWS)
+    points = np.stack([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
+    # Adam's epsilon 1e-3: a critic gradient that is 0 up to rounding stays a tiny update.
+    return make_trainer(
+        loops.GANLoop,
+        generator_fn=lambda: gan_models.ring_generator(noise_dim=4, hidden_units=(8,), seed=4),
+        discriminator_fn=lambda: gan_models.ring_discriminator(hidden_units=(8,), seed=4),
+        generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01, beta_1=0.5, epsilon=1e-3),
+        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(0.02, epsilon=1e-3),
+        gan_loss="wgan_gp",
+        n_critic=2,
+        num_eval_samples=10,
+        strategy=strategy,
+        train_data=lambda: tf.data.Dataset.from_tensor_slices(points).batch(BATCH),
+        ema_decay=0.9,
+        seed=11,
+        progress=testing.quiet_progress(),
+        **settings,
+    )
+
+
+KINDS = {"rating": rating, "retrieval": retrieval, "lm": lm, "gan": gan}
+COUNTED = {"rating": "pairs", "retrieval": "interactions", "lm": "tokens", "gan": "num_examples"}
+ASYNCHRONOUS = ("rating", "retrieval", "lm")
 
 
 def weights(trainer):
-    """The model's weights in layer order, each table whole (whatever its shards)."""
+    """The model's weights in layer order, each table whole (whatever its shards); a GAN's
+    checkpointed variables (both networks, their optimizers, the moving average)."""
+    if isinstance(trainer.definition, loops.GANLoop):
+        return testing.loop_weights(trainer)
     found = []
     for layer in layers(trainer.definition.model):
         if isinstance(layer, loops.EmbeddingTable):
@@ -203,8 +232,10 @@ def main(workers, servers, steps):
     spec, processes = testing.local_parameter_server(workers, servers)
     references = {
         kind: {
-            "1 replica": train_run(build, testing.replica_strategy(1), steps),
-            "2 mirrored": train_run(build, testing.replica_strategy(2), steps),
+            name: train_run(build, testing.replica_strategy(replicas), steps)
+            for name, replicas in (("1 replica", 1), ("2 mirrored", 2))
+            # The GAN's mirrored parity is tests/test_gan.py's; its one replica suffices here.
+            if kind != "gan" or replicas == 1
         }
         for kind, build in KINDS.items()
     }
@@ -223,10 +254,11 @@ def main(workers, servers, steps):
             testing.assert_close(exact["logs"], reference["logs"], rtol=1e-5, label=name)
             testing.assert_close(exact["eval"], reference["eval"], rtol=1e-5, label=name)
             report[kind][name] = largest_difference(exact, reference)
-        report[kind]["loss"] = exact["logs"]["loss"].tolist()
-        asynchronous = train_run(build, strategy, steps, parameter_server_mode="async")
-        report[kind]["async_loss"] = asynchronous["logs"]["loss"].tolist()
-        report[kind]["async_counted"] = asynchronous["logs"][COUNTED[kind]].tolist()
+        report[kind]["loss"] = exact["logs"]["d_loss" if kind == "gan" else "loss"].tolist()
+        if kind in ASYNCHRONOUS:
+            asynchronous = train_run(build, strategy, steps, parameter_server_mode="async")
+            report[kind]["async_loss"] = asynchronous["logs"]["loss"].tolist()
+            report[kind]["async_counted"] = asynchronous["logs"][COUNTED[kind]].tolist()
     print("RESULT " + json.dumps(report), flush=True)
     for process in processes.values():
         process.kill()
