@@ -57,7 +57,8 @@ class RetrievalLoop(Loop):
     items as negatives more often, and the correction makes it estimate the
     full softmax. A candidate that is the row's own item at another row (an
     accidental hit) is left out. The loss is the mean over the global batch's
-    rows.
+    rows. Under `--strategy=parameter_server` (exact mode) one worker computes
+    each step whole, since every row's negatives are the whole batch.
 
     An eval batch is (users, seen, held_out): each user's training items and
     the items to find, int [rows, n] padded with -1. The user is scored
