@@ -205,7 +205,13 @@ class Loop:
 
     def bad_step_rules(self) -> Sequence[BadStepRule]:
         """Bad-step rules of its own, acted on beside non-finite steps and loss spikes
-        (`loops.run.bad_steps.BadStepRule`); their recoveries count in max_recoveries."""
+        (`loops.run.bad_steps.BadStepRule`); their recoveries count in max_recoveries.
+
+        The Trainer calls it twice, each time for new rules: before `build`, to
+        refuse a reaction its settings cannot carry out (a "recover" without a
+        model_dir), and after, for the rules the run acts on. So it makes them
+        from the definition's arguments, not from what `build` makes.
+        """
         return ()
 
     # ---- What a kind that trains one model builds (in `build`). ----
