@@ -180,7 +180,7 @@ SLOW_TESTS = (
     "test_recover.py::test_bad_recovery_flags_are_refused_with_the_fix",
     "test_recover.py::test_rl_recovers_by_drawing_the_data_after_the_bad_steps",
     "test_retrieval_loss.py::test_negatives_from_the_whole_batch_train_alike_on_1_2_and_4_replicas",
-    "test_rl.py::test_default_loops_rl_learns_cartpole_on_two_replicas",
+    "test_rl.py::test_default_loops_rl_shortened_learns_cartpole_on_two_replicas",
     "test_rl.py::test_dqn_binary_writes_results_and_resumes",
     "test_rl.py::test_a_bad_flag_combination_exits_with_the_fix",
     "test_rl.py::test_a_flag_past_its_declared_upper_bound_is_refused_when_parsed",
