@@ -395,7 +395,7 @@ class Update:
         # A table's rows, summed over duplicates and replicas, where its optimizer has
         # an exact row update; else dense: Keras' own Adam squares each row of an
         # IndexedSlices before summing duplicates, which changes with the split. (In the
-        # exact parameter-server mode they come dense from the workers: passed as they are.)
+        # exact parameter-server mode, the workers' rows summed by the chief.)
         gradients = self.tables.prepared(gradients, self.variables())
         finite = all_finite([loss, *gradients])
         summed = norm = None
@@ -416,8 +416,8 @@ class Update:
         return self._slice_functions[replica_loss]
 
     def _slice_gradients(self, replica_loss: ReplicaLoss, step_rows, first_row, *args):
-        """One slice's loss (divided by its own count), logs, dense gradients and that count:
-        a micro-batch of the step computed elsewhere (`UpdateContext.slice_gradients`)."""
+        """One slice's loss (divided by its own count), logs, gradients and that count: a
+        micro-batch of the step computed elsewhere (`UpdateContext.slice_gradients`)."""
         micro_batch = micro_batches.MicroBatch(step_rows, first_row=first_row)
         with micro_batch.computing():
             loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
@@ -428,9 +428,9 @@ class Update:
                 "parameter_server_mode='exact' sums the workers' gradients weighted by the "
                 f"count each slice's loss is divided by, and: {error}"
             ) from None
-        # Dense for the transfer to the chief, which applies the slices' sum: a table is
-        # trained densely in this mode, by its own optimizer (`TableGradients.densified`).
-        gradients = self.tables.densified(gradients)
+        # A table's as its rows, each id once, for the transfer to the chief, which sums
+        # the slices' and trains them as one replica's (`TableGradients.sent_rows`).
+        gradients = self.tables.sent_rows(gradients)
         return loss, logs, gradients, tf.cast(count, tf.float32)
 
     def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
