@@ -58,13 +58,6 @@ def is_asynchronous(strategy: tf.distribute.Strategy, mode: str) -> bool:
     return topology.strategy_name(strategy) == "parameter_server" and mode == ASYNC
 
 
-def num_workers(strategy: tf.distribute.Strategy) -> int:
-    """The `worker` tasks of a ParameterServerStrategy's cluster."""
-    # The strategy keeps its resolver private (its public `cluster_resolver` is None);
-    # it counts the workers when it connects.
-    return int(strategy._num_workers)  # pylint: disable=protected-access
-
-
 class WorkerGradients:
     """Computes an Update's loss, logs and gradients on the workers, a slice each, and sums
     them: an `UpdateContext.slice_gradients`.
@@ -76,7 +69,7 @@ class WorkerGradients:
     def __init__(self, coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator):
         self._coordinator = coordinator
         self._strategy = coordinator.strategy
-        self.num_workers = num_workers(self._strategy)
+        self.num_workers = topology.parameter_server_workers(self._strategy)
         # The chief runs the apply through `strategy.run` on purpose (its ops run on the
         # servers that hold the variables); TensorFlow would warn about it on every step.
         self._strategy.extended._allow_run_without_coordinator = True  # pylint: disable=protected-access
