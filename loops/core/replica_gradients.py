@@ -35,7 +35,7 @@ class ReplicaGradients:
         trained: the Update's Keras model (whose regularization losses are
             added once) or function returning its variables.
         variables: returns the variables to differentiate, in the Update's order.
-        tables: the Update's `TableGradients` (a slice's gradients go dense through it).
+        tables: the Update's `TableGradients` (a slice's table gradients leave as rows).
         loss_scale: the Update's float16 loss scale, or None.
         jit_compile: compile the forward and backward pass with XLA.
         grad_accum_steps: the micro-batches a replica's share is cut into.
@@ -88,9 +88,9 @@ class ReplicaGradients:
                 "parameter_server_mode='exact' sums the workers' gradients weighted by the "
                 f"count each slice's loss is divided by, and: {error}"
             ) from None
-        # Dense for the transfer to the chief, which applies the slices' sum: a table is
-        # trained densely in this mode, by its own optimizer (`TableGradients.densified`).
-        gradients = self._tables.densified(gradients)
+        # A table's as its rows, each id once, for the transfer to the chief, which sums
+        # the slices' and trains them as one replica's (`TableGradients.sent_rows`).
+        gradients = self._tables.sent_rows(gradients)
         return loss, logs, gradients, tf.cast(count, tf.float32)
 
     def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):

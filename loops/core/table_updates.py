@@ -71,9 +71,6 @@ class TableGradients:
         self.sparse = row_updates.why_dense(self.table_optimizer) is None
         self.indices: frozenset[int] = frozenset()  # of the tables among the variables, once traced
         self._noted: set[str] = set()
-        # Whether the gradients reach `prepared` dense from `densified` (the exact
-        # parameter-server mode), its tables noted there.
-        self.sent_dense = False
 
     def optimizer_of(self, index: int) -> Any:
         """The optimizer of the Update's variable number `index`."""
@@ -95,8 +92,7 @@ class TableGradients:
             for index, (g, v) in enumerate(zip(gradients, variables))
             if isinstance(g, tf.IndexedSlices) and id(v) not in own
         )
-        if not self.sent_dense:  # else dense from `densified`, which noted the tables
-            self.indices = tables
+        self.indices = tables
         reason = row_updates.why_dense(self.table_optimizer)
         prepared = []
         for gradient, variable in zip(gradients, variables):
@@ -117,17 +113,13 @@ class TableGradients:
                 prepared.append(tf.convert_to_tensor(gradient))
         return prepared
 
-    def densified(self, gradients: Sequence[Any]) -> list[Any]:
-        """Every gradient dense, the tables among them noted for `optimizer_of`: the
-        exact parameter-server mode sends a slice's gradients to the chief so, and the
-        chief's `prepared` then finds no IndexedSlices (the update equals the sparse one:
-        SGD and Adagrad leave a row with a zero gradient as it is)."""
-        self.sent_dense = True
-        self.indices = frozenset(
-            index for index, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)
-        )
+    def sent_rows(self, gradients: Sequence[Any]) -> list[Any]:
+        """Each table's gradient as its rows, each id once (`table_rows.unique_rows`), the
+        rest as they are: what the exact parameter-server mode sends the chief from a
+        slice, so that the transfer follows the slice's ids, not the table's rows. The
+        chief sums the slices' rows and `prepared` trains them as on one replica."""
         return [
-            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
+            table_rows.unique_rows(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
         ]
 
     def summed(self, gradients: Sequence[Any]) -> list[Any]:
@@ -245,7 +237,7 @@ def update_tables(
 
 
 def _rows(gradient: Any) -> tf.IndexedSlices:
-    """A table shard's gradient as rows: dense (summed elsewhere, h-psexact) as all of them."""
+    """A table shard's gradient as rows; a dense one (from a caller's own sum) as all of them."""
     if isinstance(gradient, tf.IndexedSlices):
         return gradient
     gradient = tf.convert_to_tensor(gradient)

@@ -248,6 +248,7 @@ class Update:
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
         check_slices_can_compute(context, whole_batch_loss, options.grad_accum_steps)
+        self._applied_sums: Callable[..., UpdateResult] | None = None
         self.optimizer = optimizer
         self._trained = trained
         self.clip_norm = clip_norm
@@ -284,13 +285,26 @@ class Update:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
         if self.context.slice_gradients is None:
             return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
-        # h-psexact (issue 44): computed on the parameter-server workers and summed, applied
-        # here on the chief, eagerly (traced into a tf.function on the chief, the
-        # strategy's update fails with "destinations can not be empty").
+        # Computed on the parameter-server workers and summed, applied once here, on the
+        # chief, in one traced function (issue 44).
         loss, logs, gradients = self.context.slice_gradients(
             self.gradients.slice_function(replica_loss), tuple(args)
         )
-        return self._applied(lambda: self._checked(loss, logs, gradients), ())
+        if self._applied_sums is None:
+            self._applied_sums = tf.function(self._apply_sums, reduce_retracing=True)
+        return self._applied_sums(loss, logs, gradients, device=loss.device)
+
+    def _apply_sums(self, loss, logs, gradients, *, device: str) -> UpdateResult:
+        """Applies the slices' summed loss, logs and gradients as one replica's; traced.
+
+        Its inputs are placed on `device`, the chief's: a traced tensor without a device
+        has an empty one, and a reduce in the strategy's replica context (the
+        optimizer's) sends a tensor to its own device (TensorFlow's
+        `_batch_reduce_destination`), which must not be empty.
+        """
+        with tf.device(device):
+            loss, logs, gradients = tf.nest.map_structure(tf.identity, (loss, logs, gradients))
+            return self._applied(lambda: self._checked(loss, logs, gradients), ())
 
     def _applied(self, replica_gradients: Callable[..., tuple], args: Sequence) -> UpdateResult:
         """Runs `replica_gradients(*args)` (a replica's logs, gradients, finiteness, summed
@@ -348,7 +362,7 @@ class Update:
         # A table's rows, summed over duplicates and replicas, where its optimizer has
         # an exact row update; else dense: Keras' own Adam squares each row of an
         # IndexedSlices before summing duplicates, which changes with the split. (In the
-        # exact parameter-server mode they come dense from the workers: passed as they are.)
+        # exact parameter-server mode, the workers' rows summed by the chief.)
         gradients = self.tables.prepared(gradients, self.variables())
         finite = all_finite([loss, *gradients])
         summed = norm = None
