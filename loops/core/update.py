@@ -208,7 +208,8 @@ class Update:
             examples: micro-batches would each see only their own rows.
             The loss function then takes the other replicas' rows with
             `loops.gather_global_rows` (exact on any replica count), and
-            `grad_accum_steps` > 1 is refused.
+            `grad_accum_steps` > 1 is refused. In the exact parameter-server
+            mode one worker computes the whole step (one slice).
         table_optimizer: a built Keras optimizer for the embedding tables (e.g.
             Adagrad, with Adam as `optimizer` for the rest): each optimizer
             counts the steps and keeps the slots of its own variables; a
@@ -247,7 +248,7 @@ class Update:
             compilation.check_can_compile(trained, context.strategy)
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
-        check_slices_can_compute(context, whole_batch_loss, options.grad_accum_steps)
+        check_slices_can_compute(context, options.grad_accum_steps)
         self._applied_sums: Callable[..., UpdateResult] | None = None
         self.optimizer = optimizer
         self._trained = trained
@@ -286,9 +287,12 @@ class Update:
         if self.context.slice_gradients is None:
             return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
         # Computed on the parameter-server workers and summed, applied once here, on the
-        # chief, in one traced function (issue 44).
+        # chief, in one traced function (issue 44). A loss over the whole batch needs
+        # every row in one place: one slice, one worker.
         loss, logs, gradients = self.context.slice_gradients(
-            self.gradients.slice_function(replica_loss), tuple(args)
+            self.gradients.slice_function(replica_loss),
+            tuple(args),
+            slices=1 if self.whole_batch_loss else None,
         )
         if self._applied_sums is None:
             self._applied_sums = tf.function(self._apply_sums, reduce_retracing=True)
@@ -413,19 +417,14 @@ def check_clip_norm(clip_norm: float | None) -> None:
         raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
 
 
-def check_slices_can_compute(
-    context: UpdateContext, whole_batch_loss: bool, grad_accum_steps: int
-) -> None:
-    """Raises ValueError for an update that slices computed apart cannot give exactly."""
+def check_slices_can_compute(context: UpdateContext, grad_accum_steps: int) -> None:
+    """Raises ValueError for an update that slices computed apart cannot give exactly.
+
+    A loss over the whole batch (`whole_batch_loss`) is not refused: its step is
+    computed as one slice, by one worker (`Update.__call__`).
+    """
     if context.slice_gradients is None:
         return
-    if whole_batch_loss:
-        raise ValueError(
-            "parameter_server_mode='exact' computes each worker's slice of a step apart, and "
-            "this Update's loss is over the whole batch (whole_batch_loss=True): a slice "
-            "cannot see the other slices' rows. Pass --parameter_server_mode=async, or "
-            "--strategy=mirrored or multi_worker_mirrored."
-        )
     if grad_accum_steps > 1:
         raise ValueError(
             f"grad_accum_steps={grad_accum_steps} under parameter_server_mode='exact': each "
