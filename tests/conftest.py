@@ -181,7 +181,7 @@ SLOW_TESTS = (
     "test_recover.py::test_bad_recovery_flags_are_refused_with_the_fix",
     "test_recover.py::test_rl_recovers_by_drawing_the_data_after_the_bad_steps",
     "test_retrieval_loss.py::test_negatives_from_the_whole_batch_train_alike_on_1_2_and_4_replicas",
-    "test_rl.py::test_default_loops_rl_learns_cartpole_on_two_replicas",
+    "test_rl.py::test_default_loops_rl_shortened_learns_cartpole_on_two_replicas",
     "test_rl.py::test_dqn_binary_writes_results_and_resumes",
     "test_rl.py::test_a_bad_flag_combination_exits_with_the_fix",
     "test_rl.py::test_a_flag_past_its_declared_upper_bound_is_refused_when_parsed",
@@ -219,9 +219,20 @@ def is_slow(path, name):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Marks the slow tier, then moves the files that hold slow tests to the front.
+
+    pytest-xdist's `--dist load` hands each worker runs of consecutive tests, the last ones
+    in small runs as the queue empties: with the slow files first, the run ends on
+    sub-second tests that even out the two workers, not on a 50-second test one worker
+    starts when the other has nothing left. Each file stays together (and in its order),
+    so a module-scoped fixture (a trained run) is still built once per worker.
+    """
+    slow_files = set()
     for item in items:
         if is_slow(str(item.path), item.originalname):
             item.add_marker(pytest.mark.slow)
+            slow_files.add(item.path)
+    items.sort(key=lambda item: item.path not in slow_files)  # a stable sort
 
 
 @pytest.fixture(scope="session")

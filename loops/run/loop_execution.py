@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from loops import topology
@@ -19,6 +21,7 @@ def check_can_run(
     model_dir: str | None,
     on_loss_spike: str = "ignore",
     parameter_server_mode: str = exact_parameter_server.EXACT,
+    own_rules: Sequence[BadStepRule] = (),
 ) -> None:
     """Raises ValueError when a loop of `loop_class` cannot train under `strategy` so.
 
@@ -26,6 +29,8 @@ def check_can_run(
         loop_class: the definition's class; its `supports_parameter_server` says
             whether its steps are right for asynchronous workers.
         has_train_data: whether the loop has train data, or makes its own.
+        own_rules: the definition's own bad-step rules (`Loop.bad_step_rules`),
+            refused as the built-in ones are where they recover and cannot.
     """
     name = loop_class.__name__
     if topology.strategy_name(strategy) == "parameter_server":
@@ -40,6 +45,7 @@ def check_can_run(
     rules: tuple[tuple[type[BadStepRule], str], ...] = (
         (NonFiniteSteps, on_nonfinite),
         (LossSpikes, on_loss_spike),
+        *((type(rule), rule.reaction) for rule in own_rules),
     )
     for rule, policy in rules:
         if policy == "recover":
