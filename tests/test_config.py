@@ -4,6 +4,7 @@ change it."""
 
 import dataclasses
 import json
+import re
 import sys
 
 import pytest
@@ -16,6 +17,7 @@ from loops.cli import config_json
 from loops.model_dir import run_config
 from loops.run.run_options import RunOptions
 from loops.vocabulary import run_config_tree, settings
+from loops.vocabulary.recorded_settings import RecordedSettingsError, read_recorded_settings
 
 # What a resumed run could change without a warning before the declarations said it.
 FREE_TO_CHANGE_BEFORE = {
@@ -238,6 +240,45 @@ def test_config_json_on_a_command_line_is_the_flags_of_the_recorded_settings(tmp
     ]
     with pytest.raises(ValueError, match="--config_json=.* does not read as a run's settings"):
         config_json.expanded(["prog", f"--config_json={tmp_path / 'missing.json'}"], defined)
+
+
+def test_one_reader_reads_config_json_and_each_caller_words_its_own_sentence(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"seed": 3, "dataset": "x"}')
+    assert read_recorded_settings(str(path)) == {"seed": 3, "dataset": "x"}
+    missing, not_json, a_list = tmp_path / "missing.json", tmp_path / "text.json", tmp_path / "l"
+    not_json.write_text("{seed")
+    a_list.write_text("[1, 2]")
+    with pytest.raises(RecordedSettingsError) as raised:
+        read_recorded_settings(str(missing))
+    assert raised.value.unreadable and isinstance(raised.value.cause, FileNotFoundError)
+    with pytest.raises(RecordedSettingsError) as raised:
+        read_recorded_settings(str(not_json))
+    assert not raised.value.unreadable and isinstance(raised.value.cause, json.JSONDecodeError)
+    with pytest.raises(RecordedSettingsError) as raised:
+        read_recorded_settings(str(a_list))
+    assert (raised.value.cause, raised.value.found, raised.value.detail) == (None, [1, 2], [1, 2])
+    assert isinstance(raised.value, ValueError)
+    # --config_json, RunConfig.from_json and the evaluator's read: their own sentences.
+    no_object = f"--config_json={a_list} holds no JSON object; pass a run's config.json."
+    with pytest.raises(ValueError, match=f"^{re.escape(no_object)}$"):
+        config_json.expanded(["prog", f"--config_json={a_list}"], {"seed"})
+    with pytest.raises(ValueError, match=f"^--config_json={not_json} does not read as a run's"):
+        config_json.expanded(["prog", f"--config_json={not_json}"], {"seed"})
+    no_settings = f"{a_list} holds no JSON object of settings; pass a run's config.json."
+    with pytest.raises(ValueError, match=f"^{re.escape(no_settings)}$"):
+        loops.RunConfig.from_json(str(a_list))
+    with pytest.raises(ValueError, match=f"^Cannot read the run's settings from {missing} "):
+        loops.RunConfig.from_json(str(missing))
+    assert run_config.read(str(tmp_path / "no_run")) is None
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{seed")
+    with pytest.raises(ValueError, match=r"config.json holds no JSON object of settings \(Expe"):
+        run_config.read(str(tmp_path / "run"))
+    (tmp_path / "run" / "config.json").unlink()
+    (tmp_path / "run" / "config.json").mkdir()  # a directory: read, but not as a file
+    with pytest.raises(ValueError, match=r"^Cannot read .*/run/config.json, the settings of the"):
+        run_config.read(str(tmp_path / "run"))
 
 
 # ---- The proof: a new setting is its declaration plus the regenerate command. ----

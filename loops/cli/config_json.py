@@ -8,9 +8,10 @@ checkpoint's records are left out. Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Container, Iterator, Sequence
 from typing import Any
+
+from loops.vocabulary.recorded_settings import RecordedSettingsError, read_recorded_settings
 
 OPTION = "--config_json"
 
@@ -32,15 +33,16 @@ def expanded(argv: Sequence[str], defined: Container[str]) -> list[str]:
 
 def _flags_of(path: str, defined: Container[str]) -> Iterator[str]:
     try:
-        with open(path, encoding="utf-8") as stream:
-            recorded = json.load(stream)
-    except (OSError, ValueError) as error:
+        recorded = read_recorded_settings(path)
+    except RecordedSettingsError as error:
+        if error.cause is None:
+            raise ValueError(
+                f"{OPTION}={path} holds no JSON object; pass a run's config.json."
+            ) from None
         raise ValueError(
-            f"{OPTION}={path} does not read as a run's settings ({error}); pass the "
+            f"{OPTION}={path} does not read as a run's settings ({error.cause}); pass the "
             "config.json a run wrote into its --model_dir."
         ) from None
-    if not isinstance(recorded, dict):
-        raise ValueError(f"{OPTION}={path} holds no JSON object; pass a run's config.json.")
     for name, value in recorded.items():
         if name in defined and value is not None:
             yield f"--{name}={_as_flag(value)}"

@@ -189,7 +189,15 @@ class GANLoop(Loop):
     def build(self) -> None:
         self.generator = _built(self.generator_fn(), "generator_fn")
         self.discriminator = _built(self.discriminator_fn(), "discriminator_fn")
-        self.noise_shape = tuple(self.generator.inputs[0].shape[1:])
+        self.replica_losses = _ReplicaLosses(
+            self.generator,
+            self.discriminator,
+            seed=self.options.seed,
+            gan_loss=self.gan_loss,
+            gp_weight=self.gp_weight,
+            n_critic=self.n_critic,
+        )
+        self.noise_shape = self.replica_losses.noise_shape
         _check_sample_shape(self, tuple(self.generator.outputs[0].shape))
         self.generator_optimizer = self.generator_optimizer_fn()
         self.discriminator_optimizer = self.discriminator_optimizer_fn()
@@ -316,22 +324,58 @@ class GANLoop(Loop):
         )
         return np.asarray((generator or self.generator)(noise, training=False))
 
-    # ---- Replica steps. ----
+    # ---- Replica steps: the losses the Updates differentiate (`_ReplicaLosses`). ----
 
-    def _replica_noise(self, step, substep, local_rows, global_rows):
+    def _replica_discriminator_loss(self, real, step, substep):
+        return self.replica_losses.discriminator_loss(real, step, substep)
+
+    def _replica_generator_loss(self, real, step):
+        return self.replica_losses.generator_loss(real, step)
+
+
+class _ReplicaLosses:
+    """The game's losses on one replica's share of a step: the critic's and the generator's,
+    with the noise and interpolation weights keyed on (seed, step, substep, global example
+    index), so that 1 and N replicas compute the same numbers.
+
+    Args:
+        generator, discriminator: the GANLoop's built networks.
+        seed: the run's seed.
+        gan_loss, gp_weight, n_critic: the GANLoop's.
+    """
+
+    def __init__(
+        self,
+        generator: keras.Model,
+        discriminator: keras.Model,
+        *,
+        seed: int,
+        gan_loss: str,
+        gp_weight: float,
+        n_critic: int,
+    ):
+        self.generator = generator
+        self.discriminator = discriminator
+        self.noise_shape = tuple(generator.inputs[0].shape[1:])
+        self.seed = seed
+        self.gan_loss = gan_loss
+        self.gp_weight = gp_weight
+        self.n_critic = n_critic
+
+    def noise(self, step, substep, local_rows, global_rows):
         return replica_rows(
             tf.random.stateless_normal,
-            step_seed(self.options.seed, step, substep, _NOISE_STREAM),
+            step_seed(self.seed, step, substep, _NOISE_STREAM),
             local_rows=local_rows,
             global_rows=global_rows,
             row_shape=self.noise_shape,
         )
 
-    def _scores(self, model, inputs):
+    def scores(self, model, inputs):
         scores = tf.cast(model(inputs, training=True), tf.float32)
         return tf.reshape(scores, [-1])
 
-    def _replica_discriminator_loss(self, real, step, substep):
+    def discriminator_loss(self, real, step, substep):
         real = tf.cast(real, tf.float32)
         local_rows = tf.shape(real)[0]
         count = reduction.global_count(local_rows)
@@ -339,25 +383,23 @@ class GANLoop(Loop):
         # function): no backward pass through the generator is built for it.
         fake = tf.stop_gradient(
             tf.cast(
-                self.generator(
-                    self._replica_noise(step, substep, local_rows, count), training=True
-                ),
+                self.generator(self.noise(step, substep, local_rows, count), training=True),
                 tf.float32,
             )
         )
         logs = {}
-        real_scores = self._scores(self.discriminator, real)
-        fake_scores = self._scores(self.discriminator, fake)
+        real_scores = self.scores(self.discriminator, real)
+        fake_scores = self.scores(self.discriminator, fake)
         if self.gan_loss == "wgan_gp":
             alpha = replica_rows(
                 tf.random.stateless_uniform,
-                step_seed(self.options.seed, step, substep, _ALPHA_STREAM),
+                step_seed(self.seed, step, substep, _ALPHA_STREAM),
                 local_rows=local_rows,
                 global_rows=count,
                 row_shape=(),
             )
             penalty = gradient_penalty(
-                lambda inputs: self._scores(self.discriminator, inputs), real, fake, alpha
+                lambda inputs: self.scores(self.discriminator, inputs), real, fake, alpha
             )
             per_example = (
                 wasserstein_critic_loss(real_scores, fake_scores) + self.gp_weight * penalty
@@ -370,11 +412,11 @@ class GANLoop(Loop):
         logs["num_examples"] = tf.cast(local_rows, tf.float32)
         return reduction.scale_to_global_batch(per_example, count), logs
 
-    def _replica_generator_loss(self, real, step):
+    def generator_loss(self, real, step):
         local_rows = tf.shape(real)[0]
         count = reduction.global_count(local_rows)
-        noise = self._replica_noise(step, self.n_critic, local_rows, count)
-        fake_scores = self._scores(self.discriminator, self.generator(noise, training=True))
+        noise = self.noise(step, self.n_critic, local_rows, count)
+        fake_scores = self.scores(self.discriminator, self.generator(noise, training=True))
         if self.gan_loss == "wgan_gp":
             per_example = wasserstein_generator_loss(fake_scores)
         else:

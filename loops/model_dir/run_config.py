@@ -7,13 +7,13 @@ the run's settings before TensorFlow's import and before it builds anything.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from loops.vocabulary import settings
+from loops.vocabulary.recorded_settings import RecordedSettingsError, read_recorded_settings
 from loops.vocabulary.whole_numbers import is_whole
 
 CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as the run starts
@@ -129,27 +129,21 @@ def read(model_dir: str) -> dict[str, Any] | None:
     """
     path = config_path(model_dir)
     try:
-        with open(path) as stream:
-            text = stream.read()
-    except FileNotFoundError:
-        return None
-    except OSError as error:
+        return read_recorded_settings(path)
+    except RecordedSettingsError as error:
+        if isinstance(error.cause, FileNotFoundError):
+            return None
+        if error.unreadable:
+            raise ValueError(
+                f"Cannot read {path}, the settings of the run the evaluator checks its own "
+                f"against: {error.cause}. Make it readable by this user."
+            ) from error.cause
         raise ValueError(
-            f"Cannot read {path}, the settings of the run the evaluator checks its own "
-            f"against: {error}. Make it readable by this user."
-        ) from error
-    try:
-        recorded = json.loads(text)
-    except ValueError as error:
-        recorded = error
-    if not isinstance(recorded, dict):
-        raise ValueError(
-            f"{path} holds no JSON object of settings ({recorded}), so the evaluator cannot "
-            "check that it evaluates what the run trained. The trainer rewrites it when it "
-            "starts: rerun the trainer with this --model_dir, or delete the file to evaluate "
-            "without the check."
-        )
-    return recorded
+            f"{path} holds no JSON object of settings ({error.detail}), so the evaluator "
+            "cannot check that it evaluates what the run trained. The trainer rewrites it "
+            "when it starts: rerun the trainer with this --model_dir, or delete the file to "
+            "evaluate without the check."
+        ) from None
 
 
 def wait_for(

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from loops.vocabulary import settings
+from loops.vocabulary.recorded_settings import RecordedSettingsError, read_recorded_settings
 
 Tree = TypeVar("Tree", bound="ConfigTree")
 
@@ -105,15 +105,16 @@ class ConfigTree:
             ValueError: `path` does not read as a JSON object, or holds a bad value.
         """
         try:
-            with open(path, encoding="utf-8") as stream:
-                recorded = json.load(stream)
-        except (OSError, ValueError) as error:
+            recorded = read_recorded_settings(path)
+        except RecordedSettingsError as error:
+            if error.cause is None:
+                raise ValueError(
+                    f"{path} holds no JSON object of settings; pass a run's config.json."
+                ) from None
             raise ValueError(
-                f"Cannot read the run's settings from {path} ({error}); pass the "
+                f"Cannot read the run's settings from {path} ({error.cause}); pass the "
                 "config.json a run wrote into its model_dir."
-            ) from error
-        if not isinstance(recorded, dict):
-            raise ValueError(f"{path} holds no JSON object of settings; pass a run's config.json.")
+            ) from error.cause
         names = set(cls.names())
         return cls.from_flat(
             {
