@@ -65,6 +65,7 @@ SLOW_TESTS = (
     "test_export.py::test_export_reloads_with_and_without_a_strategy_and_matches_the_model",
     "test_export.py::test_generator_export_serves_the_moving_average_outside_and_inside_a_strategy",
     "test_exact_parameter_server.py::test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_worker",
+    "test_exact_ps_kinds.py::test_the_recommenders_the_lm_and_the_gan_train_exactly_on_two_workers_and_two_servers",
     "test_fault_injection.py",
     "test_fault_tolerance.py",
     "test_faults_cluster.py::test_a_bad_or_missing_cluster_is_refused_before_tensorflow_loads",
