@@ -91,7 +91,7 @@ SLOW_TESTS = (
     "test_faults_resume_and_flags.py::test_an_export_dir_on_a_read_only_file_system_is_refused_before_training",
     "test_faults_resume_and_flags.py::test_a_binary_flagfile_stops_the_binary_with_its_sentence",
     "test_faults_resume_and_flags.py::test_async_checkpoints_under_a_cluster_strategy_are_said_to_be_synchronous",
-    "test_gan.py::test_default_flags_cover_the_ring",
+    "test_gan.py::test_default_flags_shortened_cover_the_ring",
     "test_gan.py::test_the_averaged_generator_is_as_good_as_the_raw_one_early_in_training",
     "test_gan.py::test_digits_writes_sample_grids",
     "test_gan.py::test_a_bad_flag_exits_non_zero_with_the_fix",

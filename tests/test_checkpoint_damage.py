@@ -280,3 +280,22 @@ def test_an_update_that_is_not_finite_stops_the_run_at_its_last_finite_checkpoin
             value = reader.get_tensor(name)
             if np.issubdtype(np.asarray(value).dtype, np.floating):
                 assert np.all(np.isfinite(value)), (prefix, name)
+
+
+def test_the_settings_a_checkpoint_records_are_read_without_building_anything(tmp_path):
+    """What refuses another global batch size before the trainer is built: the newest
+    checkpoint's record, or None where the restore must decide (none, or it does not read)."""
+    from loops.run.run_checkpoints import SETTINGS_RECORD, SettingsRecord, recorded_settings
+
+    model_dir, directory = str(tmp_path), tmp_path / "checkpoints"
+    assert recorded_settings(model_dir) is None
+    record = SettingsRecord()
+    checkpoint = tf.train.Checkpoint(**{SETTINGS_RECORD: record})
+    for step, batch_size in ((4, 64), (8, 32)):
+        record.settings = {"global_batch_size": batch_size}
+        checkpoint.write(str(directory / f"ckpt-{step}"))
+    assert recorded_settings(model_dir) == {"global_batch_size": 32}
+    (directory / "ckpt-8.index").write_bytes(b"damaged")
+    assert recorded_settings(model_dir) is None
+    tf.train.Checkpoint(other=tf.Variable(1.0)).write(str(directory / "ckpt-12"))
+    assert recorded_settings(model_dir) is None  # written before the record existed

@@ -429,15 +429,24 @@ def run_cli(*argv):
     return run_module("loops.bin.gan", *argv)
 
 
-def test_default_flags_cover_the_ring(tmp_path):
+# The default run but its length (8,000 steps). Measured (2026-11-27, `loops-gan
+# --train_steps=3000`): 8 modes of 8 and high-quality fraction 0.901 with oneDNN on, 0.891
+# off (4,000 steps: 0.923, 0.916), against the bars 7 and 0.8; the initial generator covers
+# no mode (issue 17: high-quality fraction 0.001).
+SHORT_GAN_STEPS = 3000
+
+
+def test_default_flags_shortened_cover_the_ring(tmp_path):
     model_dir = str(tmp_path / "ring")
     # The spike watch (on d_loss) changes no step: no false alarm in normal training.
-    done = run_cli(f"--model_dir={model_dir}", "--on_loss_spike=stop")
+    done = run_cli(
+        f"--model_dir={model_dir}", f"--train_steps={SHORT_GAN_STEPS}", "--on_loss_spike=stop"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(model_dir)
     assert results["recoveries"] == [] and results["config"]["on_loss_spike"] == "stop"
-    assert results["num_replicas"] == 2 and results["global_step"] == 8000
-    assert results["g_steps"] == results["d_steps"] == 8000
+    assert results["num_replicas"] == 2 and results["global_step"] == SHORT_GAN_STEPS
+    assert results["g_steps"] == results["d_steps"] == SHORT_GAN_STEPS
     assert results["eval"]["modes_covered"] >= 7, results
     assert results["eval"]["high_quality_fraction"] >= 0.8, results
     assert np.isfinite(results["train"]["d_loss"]) and np.isfinite(results["train"]["g_loss"])

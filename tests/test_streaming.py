@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -414,38 +415,51 @@ def test_two_workers_preempted_mid_epoch_resume_with_one_machines_batches(
     assert largest_weight_difference(str(tmp_path), reference_dir) <= RTOL
 
 
-@pytest.mark.parametrize("replicas", [4, 3])
-def test_streamed_data_saved_by_two_workers_continues_on_one_process_with_the_same_batches(
-    replicas, tmp_path, dataset_dir, uninterrupted
-):
-    """Another topology on restart: the stream goes on at the saved batch, the same batches."""
-    reference_dir, reference_batches = uninterrupted
-    log_file = tmp_path / "batches.log"
-    half = STEPS // 2 + 5  # in the second epoch
+HALF = STEPS // 2 + 5  # in the second epoch
+
+
+@pytest.fixture(scope="module")
+def saved_by_two_workers(tmp_path_factory, dataset_dir):
+    """The model_dir (with its batches.log) of HALF steps streamed by 2 workers x 1 replica:
+    the same run for every topology it continues on, so each test continues a copy of it."""
+    model_dir = tmp_path_factory.mktemp("two_workers")
     workers = (
         "loops.cluster.launch",
         "--num_workers=2",
         "--grace_period=5",
         "--",
         "stream_run",
-        str(log_file),
+        str(model_dir / "batches.log"),
         "loops.bin.classifier",
         "--strategy=multi_worker_mirrored",
         "--num_replicas=1",
-        *stream_flags(tmp_path, dataset_dir, f"--train_steps={half}"),
+        *stream_flags(model_dir, dataset_dir, f"--train_steps={HALF}"),
     )
     Run([sys.executable, "-m", *workers]).succeed()
+    return str(model_dir)
+
+
+@pytest.mark.parametrize("replicas", [4, 3])
+def test_streamed_data_saved_by_two_workers_continues_on_one_process_with_the_same_batches(
+    replicas, tmp_path, dataset_dir, uninterrupted, saved_by_two_workers
+):
+    """Another topology on restart: the stream goes on at the saved batch, the same batches."""
+    reference_dir, reference_batches = uninterrupted
+    model_dir = tmp_path / "run"
+    shutil.copytree(saved_by_two_workers, model_dir)
+    log_file = model_dir / "batches.log"
     one_process = logged_run(
         log_file,
         "loops.bin.classifier",
         "--strategy=mirrored",
         f"--num_replicas={replicas}",
-        *stream_flags(tmp_path, dataset_dir),
+        *stream_flags(model_dir, dataset_dir),
     ).succeed()
     assert "warning" not in one_process.output, one_process.output[-3000:]
-    assert_resumed_exactly(log_file, reference_batches, [0, 0, half])
-    assert read_results(tmp_path)["num_replicas"] == replicas
-    assert largest_weight_difference(str(tmp_path), reference_dir) <= RTOL
+    assert f"restored {model_dir}" in one_process.output  # the copy's own checkpoint
+    assert_resumed_exactly(log_file, reference_batches, [0, 0, HALF])
+    assert read_results(model_dir)["num_replicas"] == replicas
+    assert largest_weight_difference(str(model_dir), reference_dir) <= RTOL
 
 
 # ---- Image folders. ----

@@ -15,6 +15,7 @@ from test_launch import train_scalars
 
 from conftest import ROOT, OutputRun, checkpoint_weights, read_results
 from loops.bin import classifier as classifier_binary
+from loops.run import trainer as trainer_module
 from loops.testing import relative_error
 
 ENV = {
@@ -157,7 +158,7 @@ def test_a_gan_saved_by_two_workers_continues_on_four_replicas_exactly(tmp_path)
 
 
 def test_another_global_batch_size_is_refused_before_tensorflow_unless_allowed_then_recorded(
-    tmp_path, digits_dir
+    tmp_path, digits_dir, monkeypatch
 ):
     model_dir = str(tmp_path)
     one_process(classifier(model_dir, digits_dir, 40, "--steps_per_loop=20"), 1).succeed()
@@ -178,9 +179,13 @@ def test_another_global_batch_size_is_refused_before_tensorflow_unless_allowed_t
     assert read_results(model_dir) == results
 
     # The checkpoint records the batch size too: config.json deleted, damaged, or holding a
-    # string, the resume is refused all the same (once the checkpoint is read), and nothing
-    # is written. In this process: the refusal is a usage error (exit 1, as above), and
-    # three more TensorFlow start-ups would cost 15 s each.
+    # string, the resume is refused all the same (once the checkpoint is read, before the
+    # trainer is built), and nothing is written. In this process: the refusal is a usage
+    # error (exit 1, as above), and three more TensorFlow start-ups would cost 15 s each.
+    def no_trainer(*arguments, **keywords):
+        raise AssertionError("the trainer was built before the refusal")
+
+    monkeypatch.setattr(trainer_module.Trainer, "__init__", no_trainer)
     config_path = os.path.join(model_dir, "config.json")
     with open(config_path) as stream:
         config_text = stream.read()
@@ -206,6 +211,7 @@ def test_another_global_batch_size_is_refused_before_tensorflow_unless_allowed_t
         assert read_results(model_dir) == results
     with open(config_path, "w") as stream:
         stream.write(config_text)
+    monkeypatch.undo()
 
     allowed = [*classifier(model_dir, digits_dir, 80), "--global_batch_size=32"]
     one_process([*allowed, "--allow_batch_size_change"], 1).succeed()

@@ -258,6 +258,24 @@ def check_resume_settings() -> None:
         sys.exit(f"error: {error}")
 
 
+def _check_resume_against_the_checkpoint() -> None:
+    """`check_resume_settings` again, with the newest checkpoint's own record of the settings
+    (a config.json gone, damaged or holding a string says nothing): refused before the
+    trainer builds its model and input (its restore checks again what it restores).
+
+    Raises:
+        ValueError: the sentence of `run_config.check_resume`.
+    """
+    model_dir = flags.FLAGS.model_dir
+    if not model_dir:
+        return
+    from loops.run.run_checkpoints import recorded_settings
+
+    record = recorded_settings(model_dir)
+    if record:
+        run_config.check_resume(model_dir, flag_values(), checkpoint_record=record)
+
+
 def _build_and_train(
     build_trainer: Callable,
     summary: Callable | None,
@@ -271,6 +289,7 @@ def _build_and_train(
     errors_to_report = (NonFiniteError, LossSpikeError, UnknownMetricError, ClusterTaskLostError)
 
     try:
+        _check_resume_against_the_checkpoint()
         trainer = build_trainer()
     except ValueError as error:
         raise app.UsageError(str(error)) from error

@@ -12,7 +12,7 @@ import tensorflow as tf
 from loops import topology
 from loops.core import reporting
 from loops.model_dir import model_dir_lock
-from loops.model_dir.checkpoints import Checkpointer
+from loops.model_dir.checkpoints import Checkpointer, newest_complete
 from loops.model_dir.run_config import check_resume, exact_only_settings, record_config
 from loops.vocabulary.choices import ONE_PROCESS_STRATEGIES
 
@@ -39,6 +39,24 @@ class SettingsRecord(tf.Module):
     @settings.setter
     def settings(self, settings: Mapping[str, Any]) -> None:
         self.record.assign(json.dumps(dict(settings), sort_keys=True))
+
+
+def recorded_settings(model_dir: str) -> dict[str, Any] | None:
+    """The `SettingsRecord` of the newest complete checkpoint in model_dir, read without
+    building anything; None when there is none, it does not read or holds no record (the
+    restore then decides, and checks what it restores)."""
+    prefix = newest_complete(os.path.join(model_dir, "checkpoints"))
+    if prefix is None:
+        return None
+    key = f"{SETTINGS_RECORD}/record/.ATTRIBUTES/VARIABLE_VALUE"
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        if not reader.has_tensor(key):
+            return None
+        settings = json.loads(reader.get_tensor(key).decode())
+    except (tf.errors.OpError, ValueError, UnicodeDecodeError):
+        return None
+    return settings if isinstance(settings, dict) else None
 
 
 class RunCheckpoints:
