@@ -339,6 +339,24 @@ def checkpoint_weights(model_dir):
     }
 
 
+class Counter(loops.Loop):
+    """Counts its steps in a variable (its output `total`): a definition that needs no data."""
+
+    needs_train_data = False
+
+    def build(self):
+        self.total = tf.Variable(
+            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
+
+    def checkpoint_items(self):
+        return {"total": self.total}
+
+    def train_step(self, iterator):
+        self.total.assign_add(1.0)
+        return {"total": loops.Last(self.total.read_value())}
+
+
 def make_trainer(definition_class, /, *args, **arguments):
     """`loops.Trainer(definition_class(*args, ...), ...)`, the keyword arguments split between
     the definition and the Trainer by the Trainer's arguments and settings (for tests'
