@@ -15,7 +15,7 @@ from table_batches import DIM, IDS, LOOKUPS, RATE, ROWS, TARGETS, UNTOUCHED
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV
-from loops.core import update as update_module
+from loops.core import replica_gradients
 
 # The shared batches and weights (table_batches); this file's weights drawn from seed 7.
 initial_weights = functools.partial(table_batches.initial_weights, 7)
@@ -202,6 +202,6 @@ def test_micro_batches_keep_a_shards_rows_that_only_a_later_one_looked_up():
     # (None) there; the later micro-batches' rows of it are kept, not dropped.
     rows = tf.IndexedSlices(tf.constant([[1.0, 2.0]]), tf.constant([3]), tf.constant([5, 2]))
     for first, second in ((None, rows), (rows, None)):
-        summed = update_module._plus(first, second)
+        summed = replica_gradients._plus(first, second)
         np.testing.assert_array_equal(tf.convert_to_tensor(summed).numpy()[3], [1.0, 2.0])
-    assert update_module._plus(None, None) is None
+    assert replica_gradients._plus(None, None) is None

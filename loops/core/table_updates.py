@@ -23,10 +23,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import keras
 import tensorflow as tf
 
-from loops.core import row_updates, table_rows
+from loops.core import embedding_tables, keras_private, row_updates, table_rows
 from loops.core.gradients import sum_over_replicas
+from loops.vocabulary.whole_numbers import check_whole
 
 # Tables of fewer rows are trained densely without a note: their dense update costs little
 # (the LM's 256 byte embeddings).
@@ -69,9 +71,6 @@ class TableGradients:
         self.sparse = row_updates.why_dense(self.table_optimizer) is None
         self.indices: frozenset[int] = frozenset()  # of the tables among the variables, once traced
         self._noted: set[str] = set()
-        # Whether the gradients reach `prepared` dense from `densified` (the exact
-        # parameter-server mode), its tables noted there.
-        self.sent_dense = False
 
     def optimizer_of(self, index: int) -> Any:
         """The optimizer of the Update's variable number `index`."""
@@ -93,8 +92,7 @@ class TableGradients:
             for index, (g, v) in enumerate(zip(gradients, variables))
             if isinstance(g, tf.IndexedSlices) and id(v) not in own
         )
-        if not self.sent_dense:  # else dense from `densified`, which noted the tables
-            self.indices = tables
+        self.indices = tables
         reason = row_updates.why_dense(self.table_optimizer)
         prepared = []
         for gradient, variable in zip(gradients, variables):
@@ -115,17 +113,13 @@ class TableGradients:
                 prepared.append(tf.convert_to_tensor(gradient))
         return prepared
 
-    def densified(self, gradients: Sequence[Any]) -> list[Any]:
-        """Every gradient dense, the tables among them noted for `optimizer_of`: the
-        exact parameter-server mode sends a slice's gradients to the chief so, and the
-        chief's `prepared` then finds no IndexedSlices (the update equals the sparse one:
-        SGD and Adagrad leave a row with a zero gradient as it is)."""
-        self.sent_dense = True
-        self.indices = frozenset(
-            index for index, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)
-        )
+    def sent_rows(self, gradients: Sequence[Any]) -> list[Any]:
+        """Each table's gradient as its rows, each id once (`table_rows.unique_rows`), the
+        rest as they are: what the exact parameter-server mode sends the chief from a
+        slice, so that the transfer follows the slice's ids, not the table's rows. The
+        chief sums the slices' rows and `prepared` trains them as on one replica."""
         return [
-            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
+            table_rows.unique_rows(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients
         ]
 
     def summed(self, gradients: Sequence[Any]) -> list[Any]:
@@ -208,8 +202,42 @@ class TableGradients:
         )
 
 
+def update_tables(
+    trained: Any,
+    optimizer: Any,
+    table_optimizer: Any | None,
+    *,
+    replicas: int,
+    averaged: bool,
+    max_lookups: int | None,
+) -> TableGradients:
+    """The tables of an Update of `trained` (`TableGradients`), checked before any step.
+
+    Finds the model's `loops.EmbeddingTable` layers (their variables are not
+    Keras weights) and refuses the ones it cannot train (`check_own_tables`);
+    where the tables train sparsely, the model's `keras.layers.Embedding`
+    layers look their rows up with a sparse read.
+    """
+    is_model = isinstance(trained, keras.Model)
+    own_tables = embedding_tables.tables_in(trained) if is_model else []
+    check_own_tables(own_tables, replicas, table_optimizer, averaged=averaged)
+    if max_lookups is not None:
+        check_whole("max_table_lookups", max_lookups, note=" (ids a replica looks up)")
+    tables = TableGradients(
+        optimizer,
+        table_optimizer,
+        averaged=averaged,
+        max_lookups=max_lookups,
+        own_tables=own_tables,
+    )
+    if is_model and tables.sparse:
+        for layer in keras_private.embedding_layers(trained):
+            keras_private.read_rows_sparsely(layer, table_rows.lookup)
+    return tables
+
+
 def _rows(gradient: Any) -> tf.IndexedSlices:
-    """A table shard's gradient as rows: dense (summed elsewhere, h-psexact) as all of them."""
+    """A table shard's gradient as rows; a dense one (from a caller's own sum) as all of them."""
     if isinstance(gradient, tf.IndexedSlices):
         return gradient
     gradient = tf.convert_to_tensor(gradient)
@@ -268,8 +296,6 @@ def built_table_optimizer(optimizer_fn: Any | None, model: Any) -> Any | None:
     `table_optimizer`, e.g. Adagrad: sparse and exact), or None without a function."""
     if optimizer_fn is None:
         return None
-    from loops.core import keras_private
-
     optimizer = optimizer_fn()
     optimizer.build([layer.embeddings for layer in keras_private.embedding_layers(model)])
     return optimizer

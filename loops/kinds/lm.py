@@ -61,6 +61,7 @@ class LanguageModelLoop(Loop):
 
     name = "lm"
     throughput_unit = ("tokens", "tokens")  # real (predicted) tokens a step trains on
+    supports_parameter_server = True  # its steps are sums over tokens, by loops.Update
 
     def __init__(
         self,

@@ -61,6 +61,7 @@ class RatingLoop(Loop):
 
     name = "rating"
     throughput_unit = ("pairs", "pairs")
+    supports_parameter_server = True  # its steps are sums over pairs, by loops.Update
 
     def __init__(
         self,

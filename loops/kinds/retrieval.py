@@ -68,6 +68,7 @@ class RetrievalLoop(Loop):
 
     name = "retrieval"
     throughput_unit = ("interactions", "interactions")
+    supports_parameter_server = True  # exact mode: one worker computes the whole step
 
     def __init__(
         self,

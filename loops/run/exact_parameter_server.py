@@ -10,20 +10,28 @@ cuts the batch into one slice per worker (`topology.replica_bounds`, so a
 partial final batch is split as replicas split it), schedules one closure per
 slice that only computes: the slice's loss divided by its own count, its logs,
 its gradients and that count, read on the weights the parameter servers hold
-at the step's start. The chief fetches them, weights each slice's gradients
-and loss by its count and sums them in worker order (the gradient
-accumulation of `loops.Update`, with a worker per micro-batch), and the
-Update applies that sum once, from the chief, on the variables where they
-live. A closure that TensorFlow retries after a worker failure changes no
-variable, so the step's result does not depend on it.
+at the step's start. A table's gradient leaves the worker as the slice's
+unique ids and their rows (`TableGradients.sent_rows`), so what comes back
+follows the batch, not the table (`WorkerGradients.fetched_bytes` counts it).
+The chief fetches them and, in one traced function, weights each slice's
+gradients and loss by its count and sums them in worker order in float64 (the
+gradient accumulation of `loops.Update`, with a worker per micro-batch; a
+table's rows concatenated and summed by id), and the Update applies that sum
+once, from the chief, in another traced function, on the variables where they
+live (a table through its sparse row update, as on one process). A closure
+that TensorFlow retries after a worker failure changes no variable, so the
+step's result does not depend on it.
 
 A definition built on `loops.Update` trains unchanged. It must divide its loss
-by one count (`loops.scale_to_global_batch`), not take rows of other slices
-(`whole_batch_loss=True` is refused), and keep `grad_accum_steps=1`.
+by one count (`loops.scale_to_global_batch`) and keep `grad_accum_steps=1`; an
+Update whose loss is over the whole batch (`whole_batch_loss=True`, e.g. an
+in-batch softmax) has its step computed whole, as one slice, by one worker.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops import topology
+from loops.core import table_rows
 from loops.run import executors
 
 # How often a slice whose worker was lost with its result is computed again, before the
@@ -50,13 +59,6 @@ def is_asynchronous(strategy: tf.distribute.Strategy, mode: str) -> bool:
     return topology.strategy_name(strategy) == "parameter_server" and mode == ASYNC
 
 
-def num_workers(strategy: tf.distribute.Strategy) -> int:
-    """The `worker` tasks of a ParameterServerStrategy's cluster."""
-    # The strategy keeps its resolver private (its public `cluster_resolver` is None);
-    # it counts the workers when it connects.
-    return int(strategy._num_workers)  # pylint: disable=protected-access
-
-
 class WorkerGradients:
     """Computes an Update's loss, logs and gradients on the workers, a slice each, and sums
     them: an `UpdateContext.slice_gradients`.
@@ -68,19 +70,22 @@ class WorkerGradients:
     def __init__(self, coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator):
         self._coordinator = coordinator
         self._strategy = coordinator.strategy
-        self.num_workers = num_workers(self._strategy)
+        self.num_workers = topology.parameter_server_workers(self._strategy)
         # The chief runs the apply through `strategy.run` on purpose (its ops run on the
         # servers that hold the variables); TensorFlow would warn about it on every step.
         self._strategy.extended._allow_run_without_coordinator = True  # pylint: disable=protected-access
         # Per slice function: the tf.function scheduled, and which gradients it returns
         # (a remote function cannot return None: the variables without one are noted).
-        self._scheduled: dict[Any, tuple[Any, list[bool]]] = {}
+        self._scheduled: dict[Any, tuple[Any, _SentLayout]] = {}
         self.scheduled_closures = 0  # slices scheduled, in this process
+        # Bytes of the slices' results fetched to the chief, in this process: their
+        # losses, logs, counts, dense gradients and tables' rows and ids.
+        self.fetched_bytes = 0
         self.recomputed_closures = 0  # of them, scheduled again after their worker was lost
 
     def __call__(
-        self, compute: Callable[..., Any], args: Sequence[Any]
-    ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor | None]]:
+        self, compute: Callable[..., Any], args: Sequence[Any], *, slices: int | None = None
+    ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[Any]]:
         parts = tf.nest.flatten(args)
         batched = [isinstance(part, tf.Tensor) and part.shape.rank != 0 for part in parts]
         if not any(batched):
@@ -91,16 +96,20 @@ class WorkerGradients:
                 "--parameter_server_mode=async."
             )
         rows = tf.shape(parts[batched.index(True)])[0]
-        function, present = self._function(compute)
+        function, layout = self._function(compute)
         arguments = []
-        for worker in range(self.num_workers):
-            start, end = topology.replica_bounds(rows, worker, self.num_workers)
+        slices = self.num_workers if slices is None else slices  # 1: a whole-batch loss
+        for worker in range(slices):
+            start, end = topology.replica_bounds(rows, worker, slices)
             sliced = [part[start:end] if cut else part for part, cut in zip(parts, batched)]
             arguments.append((tf.nest.pack_sequence_as(args, sliced), rows, start))
         remote = [self._coordinator.schedule(function, args=slice_args) for slice_args in arguments]
         self.scheduled_closures += len(remote)
         results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
-        return _summed(results, present)
+        self.fetched_bytes += sum(np.asarray(part).nbytes for part in tf.nest.flatten(results))
+        loss, logs, kept = _summed(results, layout.rows)
+        gradients = [kept.pop(0) if has else None for has in layout.present]
+        return loss, logs, gradients
 
     def _fetched(self, value, function, arguments) -> Any:
         """The result of a slice's closure, computed again where the worker that held it was
@@ -116,53 +125,81 @@ class WorkerGradients:
             self.recomputed_closures += 1
         return value.fetch()
 
-    def _function(self, compute: Callable[..., Any]) -> tuple[Any, list[bool]]:
+    def _function(self, compute: Callable[..., Any]) -> tuple[Any, _SentLayout]:
         if compute not in self._scheduled:
             strategy = self._strategy
-            present: list[bool] = []
+            layout = _SentLayout()
 
             def on_worker(sliced, step_rows, first_row):
                 loss, logs, gradients, count = strategy.run(
                     compute, args=(step_rows, first_row, *sliced)
                 )
-                present[:] = [gradient is not None for gradient in gradients]
-                kept = [gradient for gradient in gradients if gradient is not None]
-                return loss, logs, kept, count
+                return loss, logs, layout.sent(gradients), count
 
-            self._scheduled[compute] = (tf.function(on_worker), present)
+            self._scheduled[compute] = (tf.function(on_worker), layout)
         return self._scheduled[compute]
 
 
+class _SentLayout:
+    """What a slice's closure returns in place of its gradients, noted when it is traced: a
+    remote function returns neither None nor an IndexedSlices."""
+
+    def __init__(self) -> None:
+        self.present: list[bool] = []  # which of the Update's variables have a gradient
+        # Per gradient sent: whether it is a table's, sent as its rows, ids and shape.
+        self.rows: tuple[bool, ...] = ()
+
+    def sent(self, gradients: Sequence[Any]) -> list[Any]:
+        """The gradients that are not None, a table's as (rows, ids, shape); notes the layout."""
+        self.present = [gradient is not None for gradient in gradients]
+        kept = [gradient for gradient in gradients if gradient is not None]
+        self.rows = tuple(isinstance(g, tf.IndexedSlices) for g in kept)
+        return [
+            (g.values, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices) else g
+            for g in kept
+        ]
+
+
+@tf.function(reduce_retracing=True)
 def _summed(
-    results: list[Any], present: list[bool]
-) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor | None]]:
-    """The slices' results as one replica's: the loss and gradients weighted by each
-    slice's count over their total, the logs summed; in worker order, in float64."""
-    counts = [np.float64(count) for _, _, _, count in results]
-    total = sum(counts)
-    share = [0.0 if total == 0 else count / total for count in counts]
-    loss = sum(weight * np.float64(result[0]) for weight, result in zip(share, results))
-    logs = {
-        name: sum(np.asarray(result[1][name], np.float64) for result in results)
-        for name in results[0][1]
-    }
-    kept = [
-        tf.constant(
-            sum(
-                weight * np.asarray(result[2][index], np.float64)
-                for weight, result in zip(share, results)
-            ),
-            np.asarray(results[0][2][index]).dtype,
+    results: list[Any], rows: tuple[bool, ...]
+) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[Any]]:
+    """The slices' results as one replica's, in one traced function on the chief: the loss
+    and gradients weighted by each slice's count over their total, the logs summed; in
+    worker order, in float64. A table's rows are concatenated and summed by id."""
+    counts = [tf.cast(count, tf.float64) for _, _, _, count in results]
+    total = functools.reduce(operator.add, counts)
+    shares = [tf.math.divide_no_nan(count, total) for count in counts]
+
+    def weighted_sum(values):
+        return functools.reduce(
+            operator.add,
+            [share * tf.cast(value, tf.float64) for share, value in zip(shares, values)],
         )
-        for index in range(len(results[0][2]))
-    ]
-    gradients: list[tf.Tensor | None] = [kept.pop(0) if has else None for has in present]
-    dtypes = {name: np.asarray(value).dtype for name, value in results[0][1].items()}
-    return (
-        tf.constant(loss, tf.float32),
-        {name: tf.constant(value, dtypes[name]) for name, value in logs.items()},
-        gradients,
-    )
+
+    loss = tf.cast(weighted_sum([result[0] for result in results]), tf.float32)
+    logs = {
+        name: tf.cast(
+            functools.reduce(operator.add, [tf.cast(r[1][name], tf.float64) for r in results]),
+            value.dtype,
+        )
+        for name, value in results[0][1].items()
+    }
+    kept: list[Any] = []
+    for index, is_rows in enumerate(rows):
+        sent = [result[2][index] for result in results]
+        if not is_rows:
+            kept.append(tf.cast(weighted_sum(sent), sent[0].dtype))
+            continue
+        values = tf.concat(
+            [share * tf.cast(part[0], tf.float64) for share, part in zip(shares, sent)], 0
+        )
+        ids = tf.concat([part[1] for part in sent], 0)
+        summed = table_rows.unique_rows(tf.IndexedSlices(values, ids, sent[0][2]))
+        kept.append(
+            tf.IndexedSlices(tf.cast(summed.values, sent[0][0].dtype), summed.indices, sent[0][2])
+        )
+    return loss, logs, kept
 
 
 class ExactExecutor(executors.EagerExecutor):

@@ -89,6 +89,11 @@ class Loop:
     batches_per_step = 1  # global batches one train_step dequeues; sets the resume position
     needs_train_data = True  # False for steps that make their own data (RL): iterator is None
     supports_parameter_server = False  # True when train_step is right for asynchronous workers
+    # True when train_step is built on loops.Update alone, so that the exact parameter-server
+    # mode computes it on the workers and applies it once (a supports_parameter_server one is).
+    supports_exact_parameter_server = False
+    # Why it does not train under ParameterServerStrategy: the refusal's reason.
+    parameter_server_reason = "its steps need synchronous replicas"
     # The Sum output counting what a step processes, and the unit's name: progress
     # lines, TensorBoard and results.json give "<unit>_per_second" beside steps/s.
     throughput_unit: tuple[str, str] = ("num_examples", "examples")
