@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from loops.vocabulary.whole_numbers import check_whole
 from loops_data import digits
 
 # Datasets whose preparation needs no network: prepared on first use.
@@ -168,14 +169,7 @@ def builder_batches(
     repeat: bool = False,
 ) -> tf.data.Dataset:
     """`global_batches` of a builder's dataset."""
-    if (
-        isinstance(global_batch_size, bool)
-        or not isinstance(global_batch_size, int)
-        or global_batch_size < 1
-    ):
-        raise ValueError(
-            f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}."
-        )
+    check_whole("global_batch_size", global_batch_size)
     examples = read_split(builder, split)
     count = _split_count(builder, split, examples)
     if _split_bytes(builder, count) <= IN_MEMORY_BYTES:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from loops.vocabulary.whole_numbers import check_whole
 from loops_data import compressors
 from loops_data.image_classification import batches_in_memory, endless_batches_in_memory
 
@@ -154,14 +155,7 @@ def global_batches(
     Endless streams (`repeat`) take a new permutation each pass, the same
     sequence every run, so skipping k batches resumes exactly.
     """
-    if (
-        isinstance(global_batch_size, bool)
-        or not isinstance(global_batch_size, int)
-        or global_batch_size < 1
-    ):
-        raise ValueError(
-            f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}."
-        )
+    check_whole("global_batch_size", global_batch_size)
     tokens, lengths = examples(split, sequence_length)
     if repeat:
         return endless_batches_in_memory((tokens, lengths), global_batch_size, shuffle_seed)

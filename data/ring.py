@@ -8,6 +8,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from loops.vocabulary.whole_numbers import check_whole
+
 
 @dataclasses.dataclass(frozen=True)
 class Ring:
@@ -65,14 +67,7 @@ class Ring:
         Raises:
             ValueError: global_batch_size is not a whole number >= 1.
         """
-        if (
-            isinstance(global_batch_size, bool)
-            or not isinstance(global_batch_size, int)
-            or global_batch_size < 1
-        ):
-            raise ValueError(
-                f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}."
-            )
+        check_whole("global_batch_size", global_batch_size)
         centers = tf.constant(self.centers())
 
         def batch(index):

@@ -351,6 +351,53 @@ def checkpoint_weights(model_dir):
     }
 
 
+class Counter(loops.Loop):
+    """Counts its steps in a variable (its output `total`): a definition that needs no data."""
+
+    needs_train_data = False
+
+    def build(self):
+        self.total = tf.Variable(
+            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        )
+
+    def checkpoint_items(self):
+        return {"total": self.total}
+
+    def train_step(self, iterator):
+        self.total.assign_add(1.0)
+        return {"total": loops.Last(self.total.read_value())}
+
+
+class OneWeight(loops.Loop):
+    """One Dense weight w = 1 (no bias), trained by SGD on loss = w * mean(x) over the global
+    batch (plus l2 * w**2 where given): its gradient is mean(x) (+ 2 * l2 * w) on any split."""
+
+    def __init__(self, *, clip_norm=None, learning_rate=1.0, l2=None):
+        self.clip_norm, self.learning_rate, self.l2 = clip_norm, learning_rate, l2
+
+    def build(self):
+        regularizer = None if self.l2 is None else keras.regularizers.L2(self.l2)
+        dense = keras.layers.Dense(
+            1, use_bias=False, kernel_initializer="ones", kernel_regularizer=regularizer
+        )
+        self.model = keras.Sequential([keras.Input((1,)), dense])
+        self.optimizer = keras.optimizers.SGD(self.learning_rate)
+        self.optimizer.build(self.model.trainable_variables)
+        self.update = loops.Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
+
+    def checkpoint_items(self):
+        return {"model": self.model}
+
+    def _replica_loss(self, x):
+        count = loops.global_count(tf.shape(x)[0])
+        return loops.scale_to_global_batch(tf.reshape(self.model(x), [-1]), count), {}
+
+    def train_step(self, iterator):
+        result = self.update(self._replica_loss, args=(next(iterator),))
+        return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
+
+
 def make_trainer(definition_class, /, *args, **arguments):
     """`loops.Trainer(definition_class(*args, ...), ...)`, the keyword arguments split between
     the definition and the Trainer by the Trainer's arguments and settings (for tests'

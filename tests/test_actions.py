@@ -14,7 +14,7 @@ from absl import app, flags
 from absl.testing import flagsaver
 
 import loops
-from conftest import make_trainer, read_results, tiny_batches
+from conftest import Counter, make_trainer, read_results, tiny_batches
 from loops.bin import classifier as classifier_binary
 from loops.run.actions import UnknownMetricError
 
@@ -22,22 +22,8 @@ from loops.run.actions import UnknownMetricError
 SCRIPT = {2: 5.0, 4: 4.0, 6: 4.5, 8: 4.2, 10: 4.1, 12: 3.0, 14: 2.0, 16: 1.0}
 
 
-class ScriptedLoop(loops.Loop):
+class ScriptedLoop(Counter):
     """Counts its steps in a variable; its eval metrics are SCRIPT's values at the step."""
-
-    needs_train_data = False
-
-    def build(self):
-        self.total = tf.Variable(
-            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
-        )
-
-    def checkpoint_items(self):
-        return {"total": self.total}
-
-    def train_step(self, iterator):
-        self.total.assign_add(1.0)
-        return {"total": loops.Last(self.total.read_value())}
 
     def run_evaluation(self, run):
         return {"loss": SCRIPT[self.step], "num_examples": 10}

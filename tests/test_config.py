@@ -8,10 +8,9 @@ import re
 import sys
 
 import pytest
-import tensorflow as tf
 
 import loops
-from conftest import read_results, run_module, run_python
+from conftest import Counter, read_results, run_module, run_python
 from loops.bin import config_source
 from loops.cli import config_json
 from loops.model_dir import run_config
@@ -117,24 +116,6 @@ def quiet():
 
 
 # ---- The typed tree, generated from the declarations, and the Trainer that takes it. ----
-
-
-class Counter(loops.Loop):
-    """Counts its steps: a definition that needs no data."""
-
-    needs_train_data = False
-
-    def build(self):
-        self.total = tf.Variable(
-            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
-        )
-
-    def checkpoint_items(self):
-        return {"total": self.total}
-
-    def train_step(self, iterator):
-        self.total.assign_add(1.0)
-        return {"total": loops.Last(self.total.read_value())}
 
 
 def test_the_checked_in_tree_is_what_the_declarations_generate():

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import loops
 import loops_models as models
-from conftest import failing_at_batch
+from conftest import Counter, failing_at_batch
 from loops.core import reporting
 from loops.run import failed_frames, removed_api
 from loops.run.train_input import TrainInput
@@ -145,22 +145,6 @@ def test_bad_run_options_fail_before_anything_is_built():
     assert CountsBuilds.builds == 0
     loop = loops.Trainer(CountsBuilds(), steps_per_loop=3, progress=loops.testing.quiet_progress())
     assert CountsBuilds.builds == 1 and loop.controller.options.steps_per_loop == 3
-
-
-class Counter(loops.Loop):
-    needs_train_data = False
-
-    def build(self):
-        self.total = tf.Variable(
-            0.0, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
-        )
-
-    def checkpoint_items(self):
-        return {"total": self.total}
-
-    def train_step(self, iterator):
-        self.total.assign_add(1.0)
-        return {"total": loops.Last(self.total.read_value())}
 
 
 def test_a_resume_warns_once_about_each_changed_setting_and_records_the_new_ones(tmp_path):

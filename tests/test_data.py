@@ -6,6 +6,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import loops_data as data
+from loops_data import python_text
+from loops_data.ring import Ring
 
 
 def test_digits_has_a_fixed_split_of_the_bundled_images(digits_dir):
@@ -87,6 +89,15 @@ def test_bad_batch_size(size, digits_dir):
         ValueError, match=f"global_batch_size must be a whole number >= 1, got {size}"
     ):
         data.global_batches("digits", "train", global_batch_size=size, data_dir=digits_dir)
+
+
+@pytest.mark.parametrize("size", [0, True, 8.0])
+def test_the_ring_and_the_python_text_refuse_a_bad_batch_size_as_the_images_do(size):
+    sentence = f"^global_batch_size must be a whole number >= 1, got {size!r}\\.$"
+    with pytest.raises(ValueError, match=sentence):
+        Ring().global_batches(size)
+    with pytest.raises(ValueError, match=sentence):
+        python_text.global_batches("train", sequence_length=8, global_batch_size=size)
 
 
 def test_in_memory_batches_take_a_new_full_permutation_each_pass():

@@ -12,7 +12,7 @@ from test_environments import TwoArmedBandit, policy_value_network
 from test_gan import make_gan
 
 import loops
-from conftest import make_trainer, read_results
+from conftest import OneWeight, make_trainer, read_results
 from loops.core import reporting
 from loops.kinds import rl
 
@@ -128,32 +128,6 @@ def test_gradient_norm_and_update_ratios_equal_a_float64_computation(
     assert "health/clipped" not in logs  # no clip norm: nothing is clipped
 
 
-# One weight, loss = w * mean(x): gradient mean(x) = 3 at w = 1, whatever the split.
-class OneWeight(loops.Loop):
-    def __init__(self, *, clip_norm, **loop_args):
-        super().__init__(**loop_args)
-        self.clip_norm = clip_norm
-
-    def build(self):
-        self.model = keras.Sequential(
-            [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
-        )
-        self.optimizer = keras.optimizers.SGD(LEARNING_RATE)
-        self.optimizer.build(self.model.trainable_variables)
-        self.update = loops.Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
-
-    def checkpoint_items(self):
-        return {"model": self.model}
-
-    def _replica_loss(self, x):
-        count = loops.global_count(tf.shape(x)[0])
-        return loops.scale_to_global_batch(tf.reshape(self.model(x), [-1]), count), {}
-
-    def train_step(self, iterator):
-        result = self.update(self._replica_loss, args=(next(iterator),))
-        return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
-
-
 @pytest.mark.parametrize(
     "clip_norm, clipped, step",
     [(None, None, 3.0), (1.0, 1.0, 1.0), (2.999, 1.0, 2.999), (3.001, 0.0, 3.0), (5.0, 0.0, 3.0)],
@@ -163,7 +137,7 @@ def test_the_clipped_flag_agrees_with_the_clip_norm_and_the_ratio_with_the_sgd_s
 ):
     x = np.array([[1.0], [2.0], [3.0], [6.0], [3.0]], np.float32)
     trainer = loops.Trainer(
-        OneWeight(clip_norm=clip_norm),
+        OneWeight(clip_norm=clip_norm, learning_rate=LEARNING_RATE),
         strategy=loops.testing.replica_strategy(2),
         train_data=lambda: tf.data.Dataset.from_tensors(x),
         health_every=1,

@@ -2,11 +2,9 @@
 
 import ast
 import os
-import subprocess
-import sys
 
 import loops
-from conftest import ROOT, SUBPROCESS_ENV
+from conftest import ROOT, run_python
 
 EXAMPLE_PACKAGES = {"loops_data", "loops_models"}  # the folders data/ and models/
 FRAMEWORK = os.path.join(ROOT, "loops")
@@ -64,14 +62,7 @@ def test_importing_every_framework_module_loads_no_example_package():
         f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(EXAMPLE_PACKAGES)!r})))"  # noqa: E501
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = run_python(code)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
@@ -104,14 +95,7 @@ def test_the_controller_and_the_actions_do_not_import_the_loop_module():
         "print('loops.run.loop' in sys.modules)\n"
         "import loops.kinds.classifier\nprint('loops.run.loop' in sys.modules)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = run_python(code)
     assert done.returncode == 0, done.stderr[-3000:]
     # The second line shows the check sees the module once something does import it.
     assert done.stdout.split() == ["False", "True"]

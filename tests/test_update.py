@@ -7,7 +7,7 @@ import tensorflow as tf
 from test_environments import TwoArmedBandit, policy_value_network, q_network
 
 import loops
-from conftest import make_trainer
+from conftest import OneWeight, make_trainer
 from loops.kinds import gan, rl
 from loops_data.ring import Ring
 from loops_models import gan as gan_models
@@ -104,43 +104,11 @@ def test_an_update_clips_the_summed_gradient_and_adds_regularization_once():
     # One Dense weight, loss = w * x summed over the examples / count, plus an L2 term.
     strategy = loops.testing.replica_strategy(2)
 
-    class Linear(loops.Loop):
-        def __init__(self, *, clip_norm, **loop_args):
-            super().__init__(**loop_args)
-            self.clip_norm = clip_norm  # after super().__init__(): build() runs after this
-
-        def build(self):
-            self.model = keras.Sequential(
-                [
-                    keras.Input((1,)),
-                    keras.layers.Dense(
-                        1,
-                        use_bias=False,
-                        kernel_initializer="ones",
-                        kernel_regularizer=keras.regularizers.L2(0.5),
-                    ),
-                ]
-            )
-            self.optimizer = keras.optimizers.SGD(1.0)
-            self.optimizer.build(self.model.trainable_variables)
-            self.update = loops.Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
-
-        def checkpoint_items(self):
-            return {"model": self.model}
-
-        def _replica_loss(self, x):
-            count = loops.global_count(tf.shape(x)[0])
-            return loops.scale_to_global_batch(tf.reshape(self.model(x), [-1]), count), {}
-
-        def train_step(self, iterator):
-            result = self.update(self._replica_loss, args=(next(iterator),))
-            return {"loss": loops.Mean(result.sums["loss"]), **result.outputs}
-
     x = np.array([[1.0], [2.0], [3.0], [6.0]], np.float32)
     for clip_norm, expected_step in [(None, 3.0 + 1.0), (0.5, 0.5)]:
         # Gradient: mean(x) = 3, plus d(0.5 * w^2)/dw = 1 at w = 1.
         loop = loops.Trainer(
-            Linear(clip_norm=clip_norm),
+            OneWeight(clip_norm=clip_norm, l2=0.5),
             strategy=strategy,
             train_data=lambda: tf.data.Dataset.from_tensors(x),
             progress=loops.testing.quiet_progress(),

@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from loops.core import outputs, reduction
-from loops.core.update import Update, check_clip_norm
+from loops.core.update import check_clip_norm
 from loops.input import environments
 from loops.kinds.rl.advantages import advantages_and_returns
 from loops.kinds.rl.checks import checked_model_fn, largest_divisor
@@ -124,18 +124,10 @@ class ActorCriticLoop(EnvironmentLoop):
 
     def build(self) -> None:
         super().build()
-        self.model = self.model_fn()
-        self.optimizer = self.optimizer_fn()
-        # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
-        self.optimizer.build(self.model.trainable_variables)
-        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
+        self.build_one_update(self.model_fn(), self.optimizer_fn, clip_norm=self.clip_norm)
 
     def checkpoint_items(self):
-        return {
-            **super().checkpoint_items(),
-            "model": self.model,
-            "optimizer": self.optimizer,
-        }
+        return {**super().checkpoint_items(), **self.one_update_checkpoint_items()}
 
     def greedy_actions(self, observation: tf.Tensor) -> tf.Tensor:
         logits, _ = float32(self.model(observation))

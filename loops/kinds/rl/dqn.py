@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from loops.core import outputs, reduction, target_networks
-from loops.core.update import Update, check_clip_norm
+from loops.core.update import check_clip_norm
 from loops.input import environments
 from loops.kinds.rl.checks import checked_model_fn
 from loops.kinds.rl.environment_loop import EnvironmentLoop
@@ -165,13 +165,9 @@ class DQNLoop(EnvironmentLoop):
 
     def build(self) -> None:
         super().build()
-
-        self.model = self.model_fn()
+        self.build_one_update(self.model_fn(), self.optimizer_fn, clip_norm=self.clip_norm)
         self.target = self.model_fn()
         target_networks.copy(self.target, self.model)
-        self.optimizer = self.optimizer_fn()
-        self.optimizer.build(self.model.trainable_variables)
-        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
         capacity, size = self.buffer_capacity, self.environment.observation_size
         self.replay = StateVariables(name="replay_buffer")
         self.replay_columns = {
