@@ -7,9 +7,10 @@ the chief. The references run first: a process that has connected to a cluster
 keeps its eager context remote. Then a run in MODEL_DIR stops after 4 steps and a
 new Trainer resumes it. A model with a `loops.EmbeddingTable` trains here too.
 
-Runs saved by that cluster continue on another one, of 1 worker and one server
-more, that this process starts at once and connects to last (a process connects
-to another cluster under a new address of its own); the same runs continue on
+Runs saved by that cluster continue on another one, of its worker_0, its servers
+and one server more (started at once), which this process connects to last (a
+process connects to another cluster under a new address of its own: the tasks
+serve whichever spec their chief sends them); the same runs continue on
 mirrored replicas in the test's own process, from copies of their checkpoints
 (MODEL_DIR_at_4_mirrored, MODEL_DIR_table_at_3_mirrored), against the
 uninterrupted weights written to MODEL_DIR_uninterrupted.pickle.
@@ -108,11 +109,12 @@ def say(stage):
 
 
 def main(workers, servers, steps, model_dir):
-    # Started first: they import TensorFlow while the references train. The other shape's
-    # tasks too: connected to last.
+    # Started first: they import TensorFlow while the references train. The other shape is
+    # worker_0, these servers and one more, started now too and connected to last.
     spec, processes = testing.local_parameter_server(workers, servers)
-    other_spec, other_processes = testing.local_parameter_server(1, servers + 1)
-    processes.update({f"other_{name}": process for name, process in other_processes.items()})
+    extra = f"127.0.0.1:{launch.free_ports(1)[0]}"
+    other_spec = {**spec, "worker": spec["worker"][:1], "ps": [*spec["ps"], extra]}
+    processes[f"ps_{servers}"] = testing.serve_task(other_spec, "ps", servers)
     runs = {
         "1 replica": testing.train_run(build, testing.replica_strategy(1), num_steps=steps),
         "2 mirrored": testing.train_run(build, testing.replica_strategy(2), num_steps=steps),
@@ -147,13 +149,13 @@ def main(workers, servers, steps, model_dir):
     report["recovered"] = largest_difference(exact_recovered, one_recovered)
     say("the table, async and recovery")
     report["worker_killed"] = worker_killed_mid_step(strategy, processes["worker_1"], exact, steps)
-    # Started again now (the cluster's next connection needs every task): it imports meanwhile.
-    processes["worker_1"] = testing.serve_task(spec, "worker", 1)
     say("worker_1 killed")
     report["server_killed"] = server_killed(strategy, spec, processes["ps_1"], model_dir)
     processes["ps_1"] = testing.serve_task(spec, "ps", 1)
     say("ps_1 killed")
-    report["server_rerun"] = server_rerun(spec, model_dir, exact, steps)
+    # worker_1 stays down: the rerun's cluster is worker_0 and both servers.
+    rerun_spec = {**spec, "worker": spec["worker"][:1]}
+    report["server_rerun"] = server_rerun(rerun_spec, model_dir, exact, steps)
     say("rerun on the cluster started again")
     report["other_shape"] = other_shape(other_spec, model_dir, exact, table_exact, steps)
     with open(model_dir + "_uninterrupted.pickle", "wb") as file:
@@ -251,7 +253,7 @@ def connect_again(spec):
 
 
 def server_rerun(spec, model_dir, exact, steps):
-    """The same cluster started again after its server was killed (ps_1 anew): the killed
+    """The cluster `spec` (its ps_1 started again after the kill, 1 worker of 2): the killed
     run's model_dir trained on, from its last checkpoint, to the uninterrupted weights."""
     trainer = build(connect_again(spec), model_dir=model_dir + "_server")
     restored = int(trainer.global_step.numpy())

@@ -95,8 +95,9 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
         r"host is reachable, and the run continues from that checkpoint\.",
         killed["message"],
     ), killed["message"]
-    # ps_1 started again and the killed run's Trainer built anew (the same command): it
-    # continues from its checkpoint of step 2 to the uninterrupted run's weights.
+    # ps_1 started again and the killed run's Trainer built anew (the same command), here
+    # with worker_0 alone (worker_1 was killed above: 1 worker + 2 servers): it continues
+    # from its checkpoint of step 2 to the uninterrupted run's weights.
     assert report["server_rerun"]["restored_step"] == 2
     assert report["server_rerun"]["difference"] <= 1e-5
     # Restarted on another shape, 1 worker and 3 servers: the classifier saved at step 4 by
