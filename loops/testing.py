@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from loops import topology
 from loops.cluster import launch, strategies
 from loops.core import health, reporting
 from loops.run.trainer import Trainer
@@ -237,22 +238,33 @@ def local_parameter_server(
     }
     tasks = [("worker", index) for index in range(workers)]
     tasks += [("ps", index) for index in range(servers)]
-    processes = {
-        f"{job}_{index}": subprocess.Popen(
-            [sys.executable, "-c", _SERVE, json.dumps(spec), job, str(index)],
-            stdin=subprocess.DEVNULL,
-            # Not the chief's pipes: a reader of its output would wait for the servers too.
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for job, index in tasks
-    }
+    processes = {f"{job}_{index}": serve_task(spec, job, index) for job, index in tasks}
     return spec, processes
 
 
+def serve_task(spec: Mapping[str, list[str]], job: str, index: int) -> subprocess.Popen:
+    """Starts task `index` of `job` in the cluster `spec` at its address: one process of
+    `local_parameter_server`, or a killed one started again."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _SERVE, json.dumps(dict(spec)), job, str(index)],
+        stdin=subprocess.DEVNULL,
+        # Not the chief's pipes: a reader of its output would wait for the servers too.
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def parameter_server_strategy(spec: Mapping[str, list[str]]) -> tf.distribute.Strategy:
-    """This process as the chief of the cluster `spec`: its ParameterServerStrategy."""
+    """This process as the chief of the cluster `spec`: its ParameterServerStrategy, which
+    splits embedding tables over the servers as `loops.make_strategy` does.
+
+    A process may connect to another cluster later (another shape, or the same tasks
+    started again) through a spec that gives the chief a new address: its own server
+    keeps the old one.
+    """
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(dict(spec)), task_type="chief", task_id=0, rpc_layer="grpc"
     )
-    return tf.distribute.experimental.ParameterServerStrategy(resolver)
+    return tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=topology.TablePartitioner(len(spec.get("ps", [])))
+    )

@@ -3,6 +3,7 @@ async (each batch scheduled once, resumed at the first batch not yet scheduled).
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import types
 
 import keras
 import numpy as np
+import ps_exact_run
 import pytest
 import tensorflow as tf
 import test_sparse_tables as sparse_tables
@@ -27,21 +29,22 @@ NOISE = re.compile(
 
 def run_exact(tmp_path, workers, servers, steps):
     """tests/ps_exact_run.py's report; it asserts the parity itself (AssertionError)."""
-    completed = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "tests", "ps_exact_run.py"),
-            str(workers),
-            str(servers),
-            str(steps),
-            str(tmp_path / "model"),
-        ],
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=400,
-        cwd=ROOT,
-    )
+    script = os.path.join(ROOT, "tests", "ps_exact_run.py")
+    arguments = [str(workers), str(servers), str(steps), str(tmp_path / "model")]
+    try:
+        completed = subprocess.run(
+            [sys.executable, script, *arguments],
+            capture_output=True,
+            text=True,
+            env=SUBPROCESS_ENV,
+            timeout=600,
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired as error:
+        # The stages it reached (its "ps_exact_run: ..." lines) say where it hung.
+        said = error.stderr or b""  # bytes, text=True notwithstanding
+        said = said.decode(errors="replace") if isinstance(said, bytes) else said
+        raise AssertionError(f"{script} timed out:\n{said[-6000:]}") from None
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     # TensorFlow logs every function it cannot remove from a lost task: left out.
     said = [line for line in completed.stderr.splitlines() if not NOISE.search(line)]
@@ -53,6 +56,8 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
     tmp_path,
 ):
     report = run_exact(tmp_path, workers=2, servers=2, steps=7)
+    print("ps_exact_run: " + json.dumps(report))
+    model_dir = str(tmp_path / "model")
     # 21 examples in batches of 8: steps 3 and 6 read the partial batch of 5, split [3, 2].
     assert report["num_examples"] == [8, 8, 5, 8, 8, 5, 8]
     assert report["1 replica"] <= 1e-5 and report["2 mirrored"] <= 1e-5
@@ -60,6 +65,11 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
     # Stopped after step 4 and resumed by a new Trainer: the uninterrupted run's weights.
     assert report["restored_step"] == 4
     assert report["resumed"] <= 1e-5
+    # SIGUSR1 to the chief during step 2: saved at the next boundary, stopped as preempted;
+    # the rerun restores step 4 and ends with the uninterrupted weights.
+    assert report["sigusr1"]["preempted"] is True
+    assert report["sigusr1"]["stopped_at"] == report["sigusr1"]["restored_step"] == 4
+    assert report["sigusr1"]["difference"] <= 1e-5
     # 2 mirrored replicas saved step 4; the cluster restored it and trained on, exactly.
     assert report["reshaped_restored_step"] == 4
     assert report["reshaped"] <= 1e-5
@@ -80,11 +90,25 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
     assert killed["error"] == "ClusterTaskLostError"
     assert killed["seconds"] < 60
     assert re.match(
-        r"chief_0 lost ps_1 at 127\.0\.0\.1:\d+: it stopped answering .* Start every task "
-        r"again with the same command once its host is reachable, and the run continues from "
-        r"that checkpoint\.",
+        r"chief_0 lost ps_1 at 127\.0\.0\.1:\d+: it stopped answering .* every step up to "
+        r"the last checkpoint is saved\. Start every task again with the same command once its "
+        r"host is reachable, and the run continues from that checkpoint\.",
         killed["message"],
     ), killed["message"]
+    # ps_1 started again and the killed run's Trainer built anew (the same command), here
+    # with worker_0 alone (worker_1 was killed above: 1 worker + 2 servers): it continues
+    # from its checkpoint of step 2 to the uninterrupted run's weights.
+    assert report["server_rerun"]["restored_step"] == 2
+    assert report["server_rerun"]["difference"] <= 1e-5
+    # Restarted on another shape, 1 worker and 3 servers: the classifier saved at step 4 by
+    # 2 workers and 2 servers, and the table model saved at step 3 (its rows and their
+    # Adagrad slot split [10, 10], now [7, 7, 6]), end with the uninterrupted weights.
+    assert report["table_shard_rows"] == [10, 10] and report["table_1 replica"] <= 1e-5
+    other = report["other_shape"]
+    assert other["classifier_restored_step"] == 4 and other["classifier"] <= 1e-5
+    assert other["table_restored_step"] == 3 and other["table_shard_rows"] == [7, 7, 6]
+    assert other["table"] <= 1e-5
+    continued_on_mirrored_replicas(model_dir)
     # The asynchronous mode reads the same stream in order, each batch scheduled once, and a
     # resume after step 4 goes on with the batches of positions 4, 5, 6 (8, 5, 8 examples).
     assert report["async_first_num_examples"] == [8, 8, 5, 8]
@@ -95,6 +119,37 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
         "step_runs": 3,
         "retried_steps": 0,
     }
+
+
+def continued_on_mirrored_replicas(model_dir):
+    """The cluster's runs continue in this process: the classifier saved at step 4 on 2
+    mirrored replicas, to the uninterrupted weights; the table model saved at step 3 on one
+    replica to its own (2 synchronous replicas cannot train a table: refused, saying so)."""
+    with open(model_dir + "_uninterrupted.pickle", "rb") as file:
+        uninterrupted = pickle.load(file)
+    classifier = ps_exact_run.build(
+        loops.testing.replica_strategy(2), model_dir=model_dir + "_at_4_mirrored"
+    )
+    assert int(classifier.global_step.numpy()) == 4
+    classifier.train(7)
+    loops.testing.assert_close(
+        loops.testing.loop_weights(classifier),
+        uninterrupted["classifier"],
+        rtol=1e-5,
+        label="classifier: 2 workers and 2 servers, then 2 mirrored replicas",
+    )
+    table_dir = model_dir + "_table_at_3_mirrored"
+    with pytest.raises(ValueError, match=r"cannot train the EmbeddingTable .* on 2 synchronous"):
+        ps_exact_run.build_table(loops.testing.replica_strategy(2), model_dir=table_dir)
+    table = ps_exact_run.build_table(loops.testing.replica_strategy(1), model_dir=table_dir)
+    assert int(table.global_step.numpy()) == 3
+    table.train(ps_exact_run.TABLE_STEPS)
+    loops.testing.assert_close(
+        ps_exact_run.table_weights(table),
+        uninterrupted["table"],
+        rtol=1e-5,
+        label="table: 2 workers and 2 servers, then 1 replica",
+    )
 
 
 def test_the_mode_is_a_setting_whose_default_is_exact():

@@ -1,39 +1,47 @@
-"""ParameterServerStrategy: classifier training through a ClusterCoordinator (exact mode)."""
+"""ParameterServerStrategy: classifier training through a ClusterCoordinator (exact mode),
+preempted and rerun to one process's weights."""
 
 import json
 import os
 import re
+import signal
 import sys
+import time
 
 import pytest
-from test_launch import Run, launch_in_process
+from test_launch import Run, largest_weight_difference, launch_in_process
 
 import loops
 from conftest import read_results as results
 from loops.cluster import launch, strategies
 from loops.run import parameter_server
+from loops.vocabulary import exit_codes
 
-TRAIN_STEPS = 300
-MORE_STEPS = 360
+TRAIN_STEPS = 120
+# A checkpoint's files: one data shard per device holding variables (the chief's, the ps').
+SHARDS = ("data-00000-of-00002", "data-00001-of-00002", "index")
 
 
-def parameter_server_run(model_dir, digits_dir, train_steps):
+def classifier(*flags, model_dir, digits_dir):
     return [
-        sys.executable,
-        "-m",
-        "loops.cluster.launch",
-        "--num_workers=2",
-        "--num_ps=1",
-        "--grace_period=5",
-        "--",
         "loops.bin.classifier",
-        "--strategy=parameter_server",
-        "--num_replicas=1",
+        *flags,
         f"--data_dir={digits_dir}",
         f"--model_dir={model_dir}",
-        f"--train_steps={train_steps}",
-        "--steps_per_loop=50",
+        f"--train_steps={TRAIN_STEPS}",
+        "--steps_per_loop=20",
         "--global_batch_size=64",
+    ]
+
+
+def parameter_server_run(model_dir, digits_dir):
+    launcher = ["-m", "loops.cluster.launch", "--num_workers=2", "--num_ps=1", "--grace_period=5"]
+    flags = ("--strategy=parameter_server", "--num_replicas=1")
+    return [
+        sys.executable,
+        *launcher,
+        "--",
+        *classifier(*flags, model_dir=model_dir, digits_dir=digits_dir),
     ]
 
 
@@ -42,51 +50,66 @@ def checkpoint_steps(model_dir):
     return sorted(int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)\.index$").match, names) if m)
 
 
-def test_two_workers_and_a_ps_train_the_classifier_and_the_chief_resumes(tmp_path, digits_dir):
-    model_dir = str(tmp_path)
-    run = Run(parameter_server_run(model_dir, digits_dir, TRAIN_STEPS)).succeed(timeout=300)
+def test_a_sigterm_to_the_chief_saves_and_exits_42_and_the_rerun_ends_with_one_process_weights(
+    tmp_path, digits_dir
+):
+    model_dir, one_process_dir = str(tmp_path / "cluster"), str(tmp_path / "one")
+    # One process trains the same run meanwhile, as the reference.
+    flags = classifier("--strategy=default", model_dir=one_process_dir, digits_dir=digits_dir)
+    one_process = Run([sys.executable, "-m", *flags])
+    run = Run(parameter_server_run(model_dir, digits_dir))
+    chief = int(run.wait_for(r"\[launch\] chief_0 pid (\d+)").group(1))
+    run.wait_for(r"\[chief_0\] step 40/")
+    os.kill(chief, signal.SIGTERM)
+    signalled = time.monotonic()
+    # The chief saves at the next boundary and exits 42, which the launcher passes on.
+    assert run.finish(timeout=120) == exit_codes.PREEMPTED, run.output[-4000:]
+    print(f"the chief exited 42 {time.monotonic() - signalled:.1f} s after its SIGTERM")
+    preempted_at = int(run.wait_for(r"\[chief_0\] preempted \(SIGTERM\) at step (\d+)").group(1))
+    assert 40 <= preempted_at < TRAIN_STEPS and preempted_at % 20 == 0
+    assert results(model_dir)["preempted"] is True
+    assert results(model_dir)["global_step"] == preempted_at
+    assert checkpoint_steps(model_dir) == [preempted_at]
 
+    # The same command restores the chief's checkpoint and trains only the rest.
+    run = Run(parameter_server_run(model_dir, digits_dir)).succeed(timeout=300)
+    one_process.succeed(timeout=300)
+    assert re.search(
+        rf"\[chief_0\] restored \S+ckpt-{preempted_at} at step {preempted_at}", run.output
+    )
+    assert f"[chief_0] step {TRAIN_STEPS}/{TRAIN_STEPS} | loss" in run.output
+    assert f"step 20/{TRAIN_STEPS}" not in run.output
     # Every task ran: the servers served until the launcher stopped them after the chief.
     for task in ("worker_0", "worker_1", "ps_0"):
         address = re.search(rf"\[launch\] {task} pid \d+ at (\S+)", run.output).group(1)
         assert f"[{task}] {task} serving at grpc://{address} until stopped" in run.output
-    assert "[launch] chief_0 finished" in run.output
     assert "[launch] the chief finished; stopping worker_0, worker_1, ps_0" in run.output
     # Only the chief trains the Loop and writes: its progress, eval and outputs.
-    assert f"[chief_0] step {TRAIN_STEPS}/{TRAIN_STEPS} | loss" in run.output
     assert "[chief_0] outputs in" in run.output
     assert not re.search(r"\[(worker|ps)_\d\] (step|eval|outputs)", run.output)
-
     got = results(model_dir)
-    print(
-        f"parameter server: eval accuracy {got['eval']['accuracy']:.4f}, "
-        f"{got['steps_per_second']:.1f} steps/s"
-    )
     assert got["strategy"] == "parameter_server" and got["loop"] == "classifier"
-    # The global step counts every scheduled step that completed, exactly.
     assert got["global_step"] == TRAIN_STEPS and got["preempted"] is False
-    assert got["eval"]["num_examples"] == 360
-    assert got["eval"]["accuracy"] >= 0.9
-    assert 0.0 < got["train"]["loss"] < 0.5
-    # The chief saved alone, one data shard per device holding variables: its own and the ps's.
-    assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == [
-        "checkpoint",
-        f"ckpt-{TRAIN_STEPS}.data-00000-of-00002",
-        f"ckpt-{TRAIN_STEPS}.data-00001-of-00002",
-        f"ckpt-{TRAIN_STEPS}.index",
-    ]
-
-    # A larger --train_steps restores the chief's checkpoint and trains only the rest.
-    run = Run(parameter_server_run(model_dir, digits_dir, MORE_STEPS)).succeed(timeout=300)
-    assert re.search(
-        rf"\[chief_0\] restored \S+ckpt-{TRAIN_STEPS} at step {TRAIN_STEPS}", run.output
+    assert got["parameter_server"]["mode"] == "exact"
+    assert got["parameter_server"]["scheduled_closures"] == 2 * (TRAIN_STEPS - preempted_at)
+    # The chief saved alone, at the preemption and at the end.
+    saved = [f"ckpt-{step}.{part}" for step in (preempted_at, TRAIN_STEPS) for part in SHARDS]
+    assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == sorted(
+        ["checkpoint", *saved]
     )
-    assert f"[chief_0] step {MORE_STEPS}/{MORE_STEPS} | loss" in run.output
-    assert f"step 50/{MORE_STEPS}" not in run.output
-    resumed = results(model_dir)
-    assert resumed["global_step"] == MORE_STEPS
-    assert resumed["eval"]["accuracy"] >= 0.9
-    assert checkpoint_steps(model_dir) == [TRAIN_STEPS, MORE_STEPS]
+    # Preempted and rerun, the weights (Adam's slots too) and eval of one process.
+    difference = largest_weight_difference(model_dir, one_process_dir)
+    reference = results(one_process_dir)
+    print(
+        f"parameter server, preempted at {preempted_at} and rerun: eval accuracy "
+        f"{got['eval']['accuracy']:.4f}, largest relative weight difference to one process "
+        f"{difference:.2g}"
+    )
+    assert difference <= 1e-5
+    assert got["eval"]["num_examples"] == reference["eval"]["num_examples"] == 360
+    assert abs(got["eval"]["accuracy"] - reference["eval"]["accuracy"]) < 1e-6
+    assert got["eval"]["accuracy"] >= 0.8
+    assert 0.0 < got["train"]["loss"] < 1.0
 
 
 def test_a_cluster_with_parameter_servers_gets_a_chief():
