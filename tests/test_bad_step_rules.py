@@ -2,6 +2,7 @@
 rules: a gradient-norm ceiling that stops the run or recovers past the batches that led to it,
 to the weights of a run that never saw them."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,6 +10,7 @@ from test_loss_spikes import examples
 from test_recover import make_loop, recoveries_in_tensorboard, stream, without_batches
 
 import loops
+import loops_models as models
 from conftest import read_results
 from loops.core import outputs
 
@@ -51,7 +53,7 @@ class CeiledClassifier(loops.ClassifierLoop):
         return [GradNormCeiling(self.reaction, CEILING)]
 
 
-def ceiled(model_dir, reaction):
+def ceiled(model_dir, reaction, **settings):
     # Batch 6 is scaled up: step 6's gradient norm is far above the ceiling, its loss finite.
     return make_loop(
         stream(*examples([6])),
@@ -61,6 +63,7 @@ def ceiled(model_dir, reaction):
         health_every=1,
         definition_class=CeiledClassifier,
         reaction=reaction,
+        **settings,
     )
 
 
@@ -102,7 +105,29 @@ def test_stop_goes_back_to_the_last_checkpoint_and_raises_the_rules_error(tmp_pa
     loop.close()
 
 
-def test_recover_without_a_checkpoint_raises_and_keeps_the_finite_weights():
+def test_recover_without_a_model_dir_is_refused_before_the_definition_is_built():
+    definition = CeiledClassifier(
+        "recover",
+        model_fn=lambda: models.mlp(input_shape=(8, 8, 1), num_classes=10, seed=2),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.01),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^GradNormCeiling's reaction 'recover' goes back to the last checkpoint, and "
+        r"CeiledClassifier has model_dir=None, so it keeps none\. Pass model_dir= \(a "
+        r"checkpoint of step 0 is saved when training starts\), or the reaction 'stop' to the "
+        r"GradNormCeiling of the definition's bad_step_rules\(\)\.$",
+    ):
+        loops.Trainer(
+            definition,
+            strategy=loops.testing.replica_strategy(1),
+            train_data=stream(*examples([6])),
+            health_every=1,
+        )
+    assert "model" not in vars(definition)  # refused before build made anything
+
+
+def test_stop_without_a_checkpoint_raises_and_keeps_the_finite_weights():
     # No model_dir: nothing to go back to; the weights after the bad step are finite, so the
     # Trainer may train on (a non-finite step would leave it refusing to).
     loop = make_loop(
@@ -110,15 +135,35 @@ def test_recover_without_a_checkpoint_raises_and_keeps_the_finite_weights():
         num_replicas=1,
         health_every=1,
         definition_class=CeiledClassifier,
-        reaction="recover",
+        reaction="stop",
     )
     with pytest.raises(
         GradNormError,
         match=r"^Step 6: health/grad_norm was \d+\.?\d*, above the ceiling 50\. There is no "
-        r"checkpoint to go back to: the weights in memory are those after step 6\.$",
+        r"checkpoint to go back to: the weights in memory are those after step 6\. Lower the "
+        r"learning rate, clip gradients or check the input at those steps\.$",
     ):
         loop.train(9)
     assert loop.state.step == 6 and loop.controller.recoveries.entries == []
+    assert len(loop.train(9)["loss"]) == 3
+
+
+def test_max_recoveries_counts_the_recoveries_of_a_rule_of_the_definitions_own(tmp_path):
+    loop = ceiled(tmp_path, "recover", max_recoveries=1)
+    assert loop.step_options.max_recoveries == 1 and loop.step_options.on_nonfinite == "stop"
+    loop.close()
+
+
+def test_max_recoveries_without_a_rule_that_recovers_names_the_definitions_own_rules(tmp_path):
+    with pytest.raises(
+        ValueError,
+        match=r"^max_recoveries=2 applies only to on_nonfinite='recover' \(got 'stop'\), "
+        r"on_loss_spike='recover' \(got 'ignore'\) or a bad-step rule of the definition's own "
+        r"made with reaction 'recover' \(Loop.bad_step_rules; got GradNormCeiling 'stop'\); "
+        r"drop it, or pass on_nonfinite='recover' \(--on_nonfinite=recover\)\.$",
+    ):
+        ceiled(tmp_path / "run", "stop", max_recoveries=2)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_rule_reacts_by_stop_or_recover_only():

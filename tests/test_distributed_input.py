@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import loops
+from loops import tf_private
 from loops.input import distributed_input
 
 
@@ -150,7 +151,7 @@ def test_train_iterator_is_a_plain_iterator_where_replicas_share_host_memory(
     # it relies on fails here, not silently slower), and only where it is right.
     strategy = loops.testing.replica_strategy(num_replicas, name)
     iterator = distributed_input.train_iterator(strategy, tf.data.Dataset.range(6).batch(4))
-    is_plain = isinstance(iterator, tf.data.Iterator) and hasattr(iterator, "_iterator_resource")
+    is_plain = tf_private.iterator_resource(iterator) is not None
     assert is_plain == plain
     if not plain:
         assert _train_steps(strategy, tf.data.Dataset.range(6).batch(4), 2) == [

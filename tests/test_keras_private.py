@@ -57,3 +57,17 @@ def test_a_keras_variable_wraps_its_tf_variable_where_the_sparse_read_finds_it()
 
     variable = keras.Variable([[1.0, 2.0]])
     assert isinstance(getattr(variable, keras_private.KERAS_VARIABLE_WRAPPED), tf.Variable)
+
+
+def test_the_layer_walk_finds_nested_layers_with_or_without_the_model():
+    inner = keras.Sequential(
+        [keras.Input((3,), name="inner_features"), keras.layers.Dense(2, name="inner_dense")],
+        name="inner",
+    )
+    inputs = keras.Input((3,), name="features")
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(inner(inputs)), name="outer")
+    names = [layer.name for layer in keras_private.nested_layers(model, include_self=False)]
+    # model.layers stops at "inner"; the walk goes into it, the model itself left out.
+    assert sorted(names) == ["features", "head", "inner", "inner_dense", "inner_features"]
+    with_self = keras_private.nested_layers(model, include_self=True)
+    assert with_self[0] is model and len(with_self) == len(names) + 1

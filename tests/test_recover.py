@@ -408,17 +408,43 @@ def run_poisoned(bad_batches, binary, model_dir, *flags):
     return run([sys.executable, *poisoned_command(bad_batches, binary, model_dir, *flags)])
 
 
+def run_all_at_once(commands, output_dir):
+    """name -> CompletedProcess of each command of `commands` (name -> argv), all started at
+    once: each spends most of its time importing TensorFlow, on one core. Their output goes
+    to files in `output_dir` (a full pipe would stall a process until its turn to be read)."""
+    started = {}
+    for name, command in commands.items():
+        outputs = [open(os.path.join(output_dir, f"{name}.{kind}"), "w+") for kind in "oe"]
+        process = subprocess.Popen(
+            command, stdout=outputs[0], stderr=outputs[1], text=True, env=ENV, cwd=ROOT
+        )
+        started[name] = process, outputs
+    done = {}
+    for name, (process, outputs) in started.items():
+        process.wait(timeout=900)
+        texts = []
+        for stream in outputs:
+            stream.seek(0)
+            texts.append(stream.read())
+            stream.close()
+        done[name] = subprocess.CompletedProcess(process.args, process.returncode, *texts)
+    return done
+
+
 @pytest.fixture(scope="module")
 def recovered_binaries(tmp_path_factory, digits_dir):
     """binary -> (model_dir, finished process) of its run recovering from step 5."""
-    runs = {}
+    model_dirs, commands = {}, {}
     for binary in sorted(BINARY_RUNS):
         data = [f"--data_dir={digits_dir}"] if binary == "classifier" else []
         batches_per_step = 2 if binary == "gan" else 1  # the GAN's n_critic
-        model_dir = tmp_path_factory.mktemp(binary)
+        model_dirs[binary] = tmp_path_factory.mktemp(binary)
         # Step 5 reads the batch after step 4's (batches 9-10 of the GAN).
-        runs[binary] = model_dir, run_poisoned([4 * batches_per_step + 1], binary, model_dir, *data)
-    return runs
+        bad_batches = [4 * batches_per_step + 1]
+        command = poisoned_command(bad_batches, binary, model_dirs[binary], *data)
+        commands[binary] = [sys.executable, *command]
+    done = run_all_at_once(commands, tmp_path_factory.mktemp("outputs"))
+    return {binary: (model_dirs[binary], done[binary]) for binary in model_dirs}
 
 
 @pytest.mark.parametrize("binary", sorted(BINARY_RUNS))

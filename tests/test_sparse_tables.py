@@ -5,6 +5,7 @@ batch), averages them and scores them with a Dense layer; the reference is the
 same training in float64 numpy, Keras' own update rules written out.
 """
 
+import functools
 import os
 import subprocess
 import sys
@@ -13,34 +14,16 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import table_batches
 import tensorflow as tf
+from table_batches import DIM, IDS, LOOKUPS, RATE, ROWS, TARGETS, UNTOUCHED
 
 import loops
 from loops.core import row_updates, table_rows, table_updates
 from loops.topology import replica_bounds
 
-ROWS, DIM, LOOKUPS = 20, 4, 3
-RATE = 0.1
-# Two full global batches of 8, then partial ones of 3 and 1: replicas left empty.
-IDS = [
-    np.array(
-        [[1, 1, 2], [3, 1, 5], [2, 2, 2], [7, 1, 3], [5, 6, 7], [1, 9, 9], [2, 3, 4], [1, 1, 1]]
-    ),
-    np.array(
-        [[4, 4, 8], [1, 2, 3], [8, 8, 8], [9, 1, 1], [0, 2, 4], [6, 6, 1], [3, 3, 3], [2, 4, 6]]
-    ),
-    np.array([[1, 4, 4], [4, 1, 1], [9, 9, 2]]),
-    np.array([[9, 4, 4]]),  # on 2 replicas (or 2 workers) one is empty
-]
-TARGETS = [np.linspace(-1.0, 1.0, len(ids)).astype(np.float32) for ids in IDS]
-UNTOUCHED = sorted(set(range(ROWS)) - set(np.concatenate([i.ravel() for i in IDS])))
-
-
-def initial_weights():
-    rng = np.random.default_rng(4)
-    table = rng.normal(0, 0.5, (ROWS, DIM)).astype(np.float32)
-    kernel = rng.normal(0, 0.5, (DIM, 1)).astype(np.float32)
-    return table, kernel, np.array([0.1], np.float32)
+# The shared batches and weights (table_batches); this file's weights drawn from seed 4.
+initial_weights = functools.partial(table_batches.initial_weights, 4)
 
 
 def make_model():

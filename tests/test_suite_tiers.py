@@ -85,3 +85,24 @@ def test_the_collection_hook_marks_the_slow_tests_and_only_them():
     items = [item("test_hosts_apart.py", "test_x"), item("test_update.py", "test_y")]
     pytest_collection_modifyitems(config=None, items=items)
     assert [found.markers for found in items] == [[pytest.mark.slow], []]
+
+
+def test_the_files_with_slow_tests_come_first_each_kept_together_and_in_order():
+    def item(path, name):
+        return SimpleNamespace(
+            path=pathlib.Path(TESTS, path), originalname=name, add_marker=lambda marker: None
+        )
+
+    names = [
+        ("test_actions.py", "test_fast_one"),
+        ("test_actions.py", "test_resume_keeps_the_best_value"),
+        ("test_data.py", "test_a"),
+        ("test_data.py", "test_b"),
+        ("test_launch.py", "test_fast_in_a_slow_file"),
+        ("test_launch.py", "test_a_module_runs_with_this_python_and_a_program_as_given"),
+        ("test_update.py", "test_c"),
+    ]
+    items = [item(*name) for name in names]
+    pytest_collection_modifyitems(config=None, items=items)
+    order = [(found.path.name, found.originalname) for found in items]
+    assert order == [names[0], names[1], names[4], names[5], names[2], names[3], names[6]]

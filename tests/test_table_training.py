@@ -1,6 +1,7 @@
 """A model's `loops.EmbeddingTable` trained by `loops.Update` and the Trainer: equal to the
 same model with `keras.layers.Embedding`, never silently untrained, refused where it cannot."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -8,34 +9,16 @@ import sys
 import keras
 import numpy as np
 import pytest
+import table_batches
 import tensorflow as tf
+from table_batches import DIM, IDS, LOOKUPS, RATE, ROWS, TARGETS, UNTOUCHED
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV
-from loops.core import update as update_module
+from loops.core import replica_gradients
 
-ROWS, DIM, LOOKUPS = 20, 4, 3
-RATE = 0.1
-# Two batches of 8, then partial ones of 3 and 1.
-IDS = [
-    np.array(
-        [[1, 1, 2], [3, 1, 5], [2, 2, 2], [7, 1, 3], [5, 6, 7], [1, 9, 9], [2, 3, 4], [1, 1, 1]]
-    ),
-    np.array(
-        [[4, 4, 8], [1, 2, 3], [8, 8, 8], [9, 1, 1], [0, 2, 4], [6, 6, 1], [3, 3, 3], [2, 4, 6]]
-    ),
-    np.array([[1, 4, 4], [4, 1, 1], [9, 9, 2]]),
-    np.array([[9, 4, 4]]),
-]
-TARGETS = [np.linspace(-1.0, 1.0, len(ids)).astype(np.float32) for ids in IDS]
-UNTOUCHED = sorted(set(range(ROWS)) - set(np.concatenate([i.ravel() for i in IDS])))
-
-
-def initial_weights():
-    rng = np.random.default_rng(7)
-    table = rng.normal(0, 0.5, (ROWS, DIM)).astype(np.float32)
-    kernel = rng.normal(0, 0.5, (DIM, 1)).astype(np.float32)
-    return table, kernel, np.array([0.1], np.float32)
+# The shared batches and weights (table_batches); this file's weights drawn from seed 7.
+initial_weights = functools.partial(table_batches.initial_weights, 7)
 
 
 def make_model(own_table: bool):
@@ -219,6 +202,6 @@ def test_micro_batches_keep_a_shards_rows_that_only_a_later_one_looked_up():
     # (None) there; the later micro-batches' rows of it are kept, not dropped.
     rows = tf.IndexedSlices(tf.constant([[1.0, 2.0]]), tf.constant([3]), tf.constant([5, 2]))
     for first, second in ((None, rows), (rows, None)):
-        summed = update_module._plus(first, second)
+        summed = replica_gradients._plus(first, second)
         np.testing.assert_array_equal(tf.convert_to_tensor(summed).numpy()[3], [1.0, 2.0])
-    assert update_module._plus(None, None) is None
+    assert replica_gradients._plus(None, None) is None

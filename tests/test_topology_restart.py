@@ -4,6 +4,7 @@ that never stopped. A different global batch size cannot be exact: refused unles
 and then recorded."""
 
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -86,12 +87,21 @@ def uninterrupted(tmp_path_factory, digits_dir):
     return model_dir
 
 
+@pytest.fixture(scope="module")
+def saved_by_two_workers(tmp_path_factory, digits_dir):
+    """The classifier's model_dir after HALF steps on 2 workers x 1 replica: the same run for
+    every topology it continues on, so each test continues a copy of it."""
+    model_dir = str(tmp_path_factory.mktemp("two_workers"))
+    two_workers(classifier(model_dir, digits_dir, HALF)).succeed()
+    return model_dir
+
+
 @pytest.mark.parametrize("replicas", [4, 3])
 def test_a_run_saved_by_two_workers_continues_on_one_process_exactly(
-    replicas, tmp_path, digits_dir, uninterrupted
+    replicas, tmp_path, digits_dir, uninterrupted, saved_by_two_workers
 ):
-    model_dir = str(tmp_path)
-    two_workers(classifier(model_dir, digits_dir, HALF)).succeed()
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(saved_by_two_workers, model_dir)
     assert read_results(model_dir)["num_replicas"] == 2
     run = one_process(classifier(model_dir, digits_dir, STEPS), replicas).succeed()
     assert f"restored {model_dir}" in run.output and f"at step {HALF}" in run.output

@@ -6,7 +6,7 @@ import sys
 
 import tensorflow as tf
 
-from loops import topology
+from loops import tf_private, topology
 from loops.cluster import cluster_config, task_cluster
 from loops.cluster.cluster_config import host_and_port  # noqa: F401  (re-exported)
 from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.cluster.strategies.X keeps working)
@@ -70,14 +70,11 @@ _mirrored_count = 0
 
 
 def _mirrored(devices: list[str]) -> tf.distribute.Strategy:
-    # Collective group keys start from a class-wide base, so a second
-    # MirroredStrategy in one process (a notebook, a parity test) reuses the
-    # first one's keys and its collectives abort ("joining a group with size 4,
-    # but that group has size 2"). A fresh key range per strategy avoids it;
-    # TensorFlow's own tests do the same.
+    # A key range of its own: a second MirroredStrategy in one process would otherwise
+    # reuse the first one's collective keys (`tf_private.start_collective_keys_at`).
     global _mirrored_count
     _mirrored_count += 1
-    tf.distribute.MirroredStrategy._collective_key_base = _mirrored_count * 100_000
+    tf_private.start_collective_keys_at(_mirrored_count * 100_000)
     return tf.distribute.MirroredStrategy(devices)
 
 

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 import keras
 import tensorflow as tf
 
+from loops.core import keras_private
+
 # Set while a replica's loss and gradients are computed: MirroredStrategy runs each
 # replica's function in a thread of its own.
 _compiling = threading.local()
@@ -90,7 +92,7 @@ def check_can_compile(model: object, strategy: tf.distribute.Strategy) -> None:
             f"Update trains {model!r}, a function returning variables. Pass the Keras model "
             "to loops.Update, or set jit_compile=False (--jit_compile=false)."
         )
-    for layer in model._flatten_layers(include_self=False):
+    for layer in keras_private.nested_layers(model, include_self=False):
         if not getattr(layer, "supports_jit", True):
             raise ValueError(
                 f"jit_compile=True compiles model {model.name!r}, and its layer "

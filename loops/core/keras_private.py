@@ -14,7 +14,7 @@ KERAS_VARIABLE_COPY = ("keras.src.backend.tensorflow.core", "Variable", "_copy_t
 OPTIMIZER_RATE_ATTRIBUTE = "_learning_rate"
 # An optimizer's slot lists ("_accumulators": Adagrad's), indexed by this method of a variable.
 OPTIMIZER_VARIABLE_INDEX = "_get_variable_index"
-# Every layer of a model, nested ones included (the Keras 3 method `embedding_layers` calls).
+# Every layer of a model, nested ones included (the Keras 3 method `nested_layers` calls).
 LAYER_WALK = "_flatten_layers"
 # The tf.Variable a Keras variable wraps: its public `value` is a cast copy inside a layer
 # call under a mixed precision policy.
@@ -82,12 +82,18 @@ def optimizer_slot(optimizer: Any, slots: str, variable: Any) -> Any:
     return getattr(optimizer, slots)[index]
 
 
+def nested_layers(model: Any, *, include_self: bool) -> list[Any]:
+    """Every layer of `model`, those of nested models and layers included (and `model` itself
+    with `include_self`); Keras 3's `Model.layers` lists the top level alone."""
+    return list(getattr(model, LAYER_WALK)(include_self=include_self, recursive=True))
+
+
 def embedding_layers(model: Any) -> list[Any]:
     """Every `keras.layers.Embedding` in `model` (nested models and layers included), of
     that class exactly: a subclass may look up its rows another way."""
     import keras
 
-    layers = getattr(model, LAYER_WALK)(include_self=True, recursive=True)
+    layers = nested_layers(model, include_self=True)
     return [layer for layer in layers if type(layer) is keras.layers.Embedding]
 
 

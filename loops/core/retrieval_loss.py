@@ -18,6 +18,8 @@ e.g. in the loss function of a `loops.Update(..., whole_batch_loss=True)`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
@@ -100,29 +102,15 @@ def in_batch_softmax(
 
 
 def retrieval_loss(
-    queries: tf.Tensor,
-    candidates: tf.Tensor,
-    item_ids: tf.Tensor,
-    *,
-    global_batch_size: int,
-    log_q: tf.Tensor | None = None,
-    temperature: float = 1.0,
-    remove_accidental_hits: bool = True,
+    queries: tf.Tensor, candidates: tf.Tensor, item_ids: tf.Tensor, **options: Any
 ) -> tf.Tensor:
     """`in_batch_softmax` summed and divided by the global row count: this replica's share.
 
     Summed over replicas (as `loops.Update` does) it is the mean loss of the
-    whole global batch. Arguments as `in_batch_softmax`.
+    whole global batch. Arguments as `in_batch_softmax`, its keyword
+    arguments (`global_batch_size` among them) passed on as they are.
     """
-    per_row = in_batch_softmax(
-        queries,
-        candidates,
-        item_ids,
-        global_batch_size=global_batch_size,
-        log_q=log_q,
-        temperature=temperature,
-        remove_accidental_hits=remove_accidental_hits,
-    )
+    per_row = in_batch_softmax(queries, candidates, item_ids, **options)
     return scale_to_global_batch(per_row, global_count(tf.shape(queries)[0]))
 
 

@@ -23,10 +23,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import keras
 import tensorflow as tf
 
-from loops.core import row_updates, table_rows
+from loops.core import embedding_tables, keras_private, row_updates, table_rows
 from loops.core.gradients import sum_over_replicas
+from loops.vocabulary.whole_numbers import check_whole
 
 # Tables of fewer rows are trained densely without a note: their dense update costs little
 # (the LM's 256 byte embeddings).
@@ -200,6 +202,40 @@ class TableGradients:
         )
 
 
+def update_tables(
+    trained: Any,
+    optimizer: Any,
+    table_optimizer: Any | None,
+    *,
+    replicas: int,
+    averaged: bool,
+    max_lookups: int | None,
+) -> TableGradients:
+    """The tables of an Update of `trained` (`TableGradients`), checked before any step.
+
+    Finds the model's `loops.EmbeddingTable` layers (their variables are not
+    Keras weights) and refuses the ones it cannot train (`check_own_tables`);
+    where the tables train sparsely, the model's `keras.layers.Embedding`
+    layers look their rows up with a sparse read.
+    """
+    is_model = isinstance(trained, keras.Model)
+    own_tables = embedding_tables.tables_in(trained) if is_model else []
+    check_own_tables(own_tables, replicas, table_optimizer, averaged=averaged)
+    if max_lookups is not None:
+        check_whole("max_table_lookups", max_lookups, note=" (ids a replica looks up)")
+    tables = TableGradients(
+        optimizer,
+        table_optimizer,
+        averaged=averaged,
+        max_lookups=max_lookups,
+        own_tables=own_tables,
+    )
+    if is_model and tables.sparse:
+        for layer in keras_private.embedding_layers(trained):
+            keras_private.read_rows_sparsely(layer, table_rows.lookup)
+    return tables
+
+
 def _rows(gradient: Any) -> tf.IndexedSlices:
     """A table shard's gradient as rows; a dense one (from a caller's own sum) as all of them."""
     if isinstance(gradient, tf.IndexedSlices):
@@ -260,8 +296,6 @@ def built_table_optimizer(optimizer_fn: Any | None, model: Any) -> Any | None:
     `table_optimizer`, e.g. Adagrad: sparse and exact), or None without a function."""
     if optimizer_fn is None:
         return None
-    from loops.core import keras_private
-
     optimizer = optimizer_fn()
     optimizer.build([layer.embeddings for layer in keras_private.embedding_layers(model)])
     return optimizer

@@ -12,9 +12,8 @@ sum of K micro-batches' gradients. It also measures the step's health
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import keras
@@ -22,27 +21,18 @@ import tensorflow as tf
 
 from loops.core import (
     compilation,
-    embedding_tables,
     health,
-    keras_private,
-    micro_batches,
     mixed_precision,
     outputs,
     reduction,
-    table_rows,
     update_context,
 )
 from loops.core.gradients import all_finite
 from loops.core.health import Totals, UpdateHealth
-from loops.core.table_updates import TableGradients, check_own_tables
+from loops.core.replica_gradients import ReplicaGradients, ReplicaLoss
+from loops.core.table_updates import update_tables
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
-from loops.topology import replica_bounds
-from loops.vocabulary.whole_numbers import check_whole
-
-# A replica function's result: its share of the loss (already divided by the
-# real global count, `loops.scale_to_global_batch`) and scalars to sum over replicas.
-ReplicaLoss = Callable[..., "tuple[tf.Tensor, Mapping[str, tf.Tensor]]"]
 
 
 class UpdateResult(NamedTuple):
@@ -218,7 +208,8 @@ class Update:
             examples: micro-batches would each see only their own rows.
             The loss function then takes the other replicas' rows with
             `loops.gather_global_rows` (exact on any replica count), and
-            `grad_accum_steps` > 1 is refused.
+            `grad_accum_steps` > 1 is refused. In the exact parameter-server
+            mode one worker computes the whole step (one slice).
         table_optimizer: a built Keras optimizer for the embedding tables (e.g.
             Adagrad, with Adam as `optimizer` for the rest): each optimizer
             counts the steps and keeps the slots of its own variables; a
@@ -257,56 +248,37 @@ class Update:
             compilation.check_can_compile(trained, context.strategy)
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
-        check_slices_can_compute(context, whole_batch_loss, options.grad_accum_steps)
-        self._slice_functions: dict[ReplicaLoss, Callable[..., tuple]] = {}
+        check_slices_can_compute(context, options.grad_accum_steps)
         self._applied_sums: Callable[..., UpdateResult] | None = None
         self.optimizer = optimizer
         self._trained = trained
         self.clip_norm = clip_norm
         self.grad_accum_steps = options.grad_accum_steps
         self.health_every: int | None = options.health_every
-        self.loss_scale = None
-        if mixed_precision.needs_loss_scale(options.mixed_precision):
-            growth_steps = options.loss_scale_growth_steps or mixed_precision.DEFAULT_GROWTH_STEPS
-            self.loss_scale = mixed_precision.DynamicLossScale(growth_steps=growth_steps)
-            context.update_states.add(self.loss_scale)
+        self.loss_scale = _loss_scale(context)
         averaged = average and options.ema_decay is not None
-        self._set_up_tables(trained, optimizer, table_optimizer, max_table_lookups, averaged)
-        self.average: WeightAverage | None = None
-        if average and options.ema_decay is not None:
-            averages = context.weight_averages
-            self.average = WeightAverage(
-                self.variables(),
-                decay=options.ema_decay,
-                name=f"update_{len(averages.updates)}",
-            )
-            averages.add(self.average)
-
-    def _set_up_tables(self, trained, optimizer, table_optimizer, max_table_lookups, averaged):
-        """The embedding tables' gradients (`TableGradients`), checked before any step."""
-        # The model's loops.EmbeddingTable layers: their variables are not Keras weights.
-        self._own_tables = (
-            embedding_tables.tables_in(trained) if isinstance(trained, keras.Model) else []
-        )
-        replicas = self.context.strategy.num_replicas_in_sync
-        check_own_tables(self._own_tables, replicas, table_optimizer, averaged=averaged)
-        if max_table_lookups is not None:
-            check_whole("max_table_lookups", max_table_lookups, note=" (ids a replica looks up)")
-        self.tables = TableGradients(
+        self.tables = update_tables(
+            trained,
             optimizer,
             table_optimizer,
+            replicas=context.strategy.num_replicas_in_sync,
             averaged=averaged,
             max_lookups=max_table_lookups,
-            own_tables=self._own_tables,
         )
         self.table_optimizer = table_optimizer
-        if isinstance(trained, keras.Model) and self.tables.sparse:
-            for layer in keras_private.embedding_layers(trained):
-                keras_private.read_rows_sparsely(layer, table_rows.lookup)
+        self.gradients = ReplicaGradients(
+            trained,
+            self.variables,
+            tables=self.tables,
+            loss_scale=self.loss_scale,
+            jit_compile=self.jit_compile,
+            grad_accum_steps=self.grad_accum_steps,
+        )
+        self.average = _weight_average(context, self.variables()) if averaged else None
 
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
-            shards = [shard for table in self._own_tables for shard in table.shards]
+            shards = [shard for table in self.tables.own_tables for shard in table.shards]
             return [*self._trained.trainable_variables, *shards]
         return list(self._trained())
 
@@ -315,9 +287,12 @@ class Update:
         if self.context.slice_gradients is None:
             return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
         # Computed on the parameter-server workers and summed, applied once here, on the
-        # chief, in one traced function (issue 44).
+        # chief, in one traced function (issue 44). A loss over the whole batch needs
+        # every row in one place: one slice, one worker.
         loss, logs, gradients = self.context.slice_gradients(
-            self._slice_function(replica_loss), tuple(args)
+            self.gradients.slice_function(replica_loss),
+            tuple(args),
+            slices=1 if self.whole_batch_loss else None,
         )
         if self._applied_sums is None:
             self._applied_sums = tf.function(self._apply_sums, reduce_retracing=True)
@@ -383,11 +358,7 @@ class Update:
         return health.empty_totals(self.variables(), clipped=self.clip_norm is not None)
 
     def _replica_gradients(self, replica_loss: ReplicaLoss, *args):
-        if self.grad_accum_steps == 1:
-            loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
-        else:
-            loss, logs, gradients = self._accumulated(replica_loss, args)
-        return self._checked(loss, logs, gradients)
+        return self._checked(*self.gradients(replica_loss, args))
 
     def _checked(self, loss, logs, gradients):
         """A replica's loss, logs and gradients with the finiteness flag and the summed
@@ -406,105 +377,6 @@ class Update:
             norm = tf.linalg.global_norm(summed)
         return {"loss": loss, **logs}, gradients, finite, summed, norm
 
-    def _slice_function(self, replica_loss: ReplicaLoss) -> Callable[..., tuple]:
-        """The function `context.slice_gradients` runs on each slice, the same object for the
-        same `replica_loss` (so that it is traced once)."""
-        if replica_loss not in self._slice_functions:
-            self._slice_functions[replica_loss] = functools.partial(
-                self._slice_gradients, replica_loss
-            )
-        return self._slice_functions[replica_loss]
-
-    def _slice_gradients(self, replica_loss: ReplicaLoss, step_rows, first_row, *args):
-        """One slice's loss (divided by its own count), logs, gradients and that count: a
-        micro-batch of the step computed elsewhere (`UpdateContext.slice_gradients`)."""
-        micro_batch = micro_batches.MicroBatch(step_rows, first_row=first_row)
-        with micro_batch.computing():
-            loss, logs, gradients = self._loss_and_gradients(replica_loss, args)
-        try:
-            count = micro_batch.normalizer(1)
-        except ValueError as error:
-            raise ValueError(
-                "parameter_server_mode='exact' sums the workers' gradients weighted by the "
-                f"count each slice's loss is divided by, and: {error}"
-            ) from None
-        # A table's as its rows, each id once, for the transfer to the chief, which sums
-        # the slices' and trains them as one replica's (`TableGradients.sent_rows`).
-        gradients = self.tables.sent_rows(gradients)
-        return loss, logs, gradients, tf.cast(count, tf.float32)
-
-    def _loss_and_gradients(self, replica_loss: ReplicaLoss, args: Sequence):
-        variables = self.variables()
-        compiled = compilation.compiling() if self.jit_compile else contextlib.nullcontext()
-        with tf.GradientTape() as tape, compiled:
-            loss, logs = replica_loss(*args)
-            if isinstance(self._trained, keras.Model) and self._trained.losses:
-                # Every replica adds it, so each adds its 1/num_replicas share.
-                loss += tf.nn.scale_regularization_loss(tf.add_n(self._trained.losses))
-            # Scaling up keeps small float16 gradients from flushing to zero.
-            target = loss if self.loss_scale is None else self.loss_scale.scale_loss(loss)
-        gradients = tape.gradient(target, variables)
-        if self.loss_scale is not None:
-            gradients = self.loss_scale.unscale(gradients)
-        return loss, dict(logs), gradients
-
-    def _accumulated(self, replica_loss: ReplicaLoss, args: Sequence):
-        """The loss, logs and gradients of the whole share, computed micro-batch by micro-batch.
-
-        Each micro-batch's loss is divided by its own global count c_k; the
-        share's is sum_k c_k * loss_k / sum_k c_k, and so are its gradients.
-        The micro-batches are unrolled (their all-reduces cannot sit in a
-        `tf.while_loop` under MirroredStrategy), and each one's input waits
-        for the previous one's gradients, so that one micro-batch's
-        activations are alive at a time.
-        """
-        parts = tf.nest.flatten(args)
-        batched = [isinstance(part, tf.Tensor) and part.shape.rank != 0 for part in parts]
-        if not any(batched):
-            raise ValueError(
-                f"grad_accum_steps={self.grad_accum_steps} splits a step's examples into "
-                "micro-batches along the first axis of the tensors in the Update's args, and "
-                "these args hold no tensor of rank >= 1. Pass the step's batch in args, or "
-                "set grad_accum_steps=1."
-            )
-        rows = tf.shape(parts[batched.index(True)])[0]
-        context = tf.distribute.get_replica_context()
-        step_rows = context.all_reduce(tf.distribute.ReduceOp.SUM, rows)
-        replica_start, _ = replica_bounds(
-            step_rows, context.replica_id_in_sync_group, context.num_replicas_in_sync
-        )
-        size = -(-rows // self.grad_accum_steps)  # ceil: the last micro-batches may be short
-        total = weighted_loss = None
-        summed_logs: dict[str, tf.Tensor] = {}
-        weighted: list[tf.Tensor | None] = []
-        for index in range(self.grad_accum_steps):
-            start = tf.minimum(index * size, rows)
-            stop = tf.minimum(start + size, rows)
-            with tf.control_dependencies([g for g in weighted if g is not None]):
-                sliced = [
-                    tf.identity(part[start:stop]) if cut else part
-                    for part, cut in zip(parts, batched)
-                ]
-            micro_batch = micro_batches.MicroBatch(step_rows, first_row=replica_start + start)
-            with micro_batch.computing():
-                loss, logs, gradients = self._loss_and_gradients(
-                    replica_loss, tf.nest.pack_sequence_as(args, sliced)
-                )
-            count = tf.cast(micro_batch.normalizer(self.grad_accum_steps), tf.float32)
-            scaled = [_times(g, count) for g in gradients]
-            if total is None:
-                total, weighted_loss, summed_logs, weighted = count, count * loss, logs, scaled
-                continue
-            total += count
-            weighted_loss += count * loss
-            summed_logs = {name: summed_logs[name] + logs[name] for name in summed_logs}
-            weighted = [_plus(w, g) for w, g in zip(weighted, scaled)]
-        return (
-            tf.math.divide_no_nan(weighted_loss, total),
-            summed_logs,
-            [_divided(w, total) for w in weighted],
-        )
-
     def _replica_apply(self, gradients) -> None:
         self.tables.apply(gradients, self.variables(), dense_share=None)
 
@@ -516,35 +388,27 @@ class Update:
         self.tables.apply(summed, self.variables(), dense_share=share)
 
 
-def _times(gradient, factor):
-    """A gradient (dense, a table's IndexedSlices, or None) times a scalar, sparse kept."""
-    if gradient is None:
+def _loss_scale(context: UpdateContext) -> mixed_precision.DynamicLossScale | None:
+    """The dynamic loss scale of an Update under mixed_float16, registered with the context's
+    update states (checkpointed); None without one."""
+    options = context.options
+    if not mixed_precision.needs_loss_scale(options.mixed_precision):
         return None
-    if isinstance(gradient, tf.IndexedSlices):
-        return table_rows.scaled(gradient, factor)
-    return factor * gradient
+    growth_steps = options.loss_scale_growth_steps or mixed_precision.DEFAULT_GROWTH_STEPS
+    loss_scale = mixed_precision.DynamicLossScale(growth_steps=growth_steps)
+    context.update_states.add(loss_scale)
+    return loss_scale
 
 
-def _divided(gradient, total):
-    """A gradient divided by a count (0 where the count is 0); a table's stays sparse."""
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        values = tf.math.divide_no_nan(gradient.values, tf.cast(total, gradient.values.dtype))
-        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
-    return tf.math.divide_no_nan(gradient, total)
-
-
-def _plus(first, second):
-    """The sum of two micro-batches' gradients of one variable; a table's stays sparse.
-
-    None is no rows: a shard of an EmbeddingTable that one micro-batch did not look up.
-    """
-    if first is None or second is None:
-        return second if first is None else first
-    if isinstance(first, tf.IndexedSlices):
-        return table_rows.concatenated(first, second)
-    return first + second
+def _weight_average(context: UpdateContext, variables: list[tf.Variable]) -> WeightAverage:
+    """A moving average of an Update's variables at the context's `ema_decay`, registered with
+    its weight averages (which the loop checkpoints, evaluates and exports with)."""
+    averages = context.weight_averages
+    decay = context.options.ema_decay
+    assert decay is not None  # an Update averages only with an ema_decay
+    average = WeightAverage(variables, decay=decay, name=f"update_{len(averages.updates)}")
+    averages.add(average)
+    return average
 
 
 def check_clip_norm(clip_norm: float | None) -> None:
@@ -553,19 +417,14 @@ def check_clip_norm(clip_norm: float | None) -> None:
         raise ValueError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm!r}.")
 
 
-def check_slices_can_compute(
-    context: UpdateContext, whole_batch_loss: bool, grad_accum_steps: int
-) -> None:
-    """Raises ValueError for an update that slices computed apart cannot give exactly."""
+def check_slices_can_compute(context: UpdateContext, grad_accum_steps: int) -> None:
+    """Raises ValueError for an update that slices computed apart cannot give exactly.
+
+    A loss over the whole batch (`whole_batch_loss`) is not refused: its step is
+    computed as one slice, by one worker (`Update.__call__`).
+    """
     if context.slice_gradients is None:
         return
-    if whole_batch_loss:
-        raise ValueError(
-            "parameter_server_mode='exact' computes each worker's slice of a step apart, and "
-            "this Update's loss is over the whole batch (whole_batch_loss=True): a slice "
-            "cannot see the other slices' rows. Pass --parameter_server_mode=async, or "
-            "--strategy=mirrored or multi_worker_mirrored."
-        )
     if grad_accum_steps > 1:
         raise ValueError(
             f"grad_accum_steps={grad_accum_steps} under parameter_server_mode='exact': each "

@@ -119,10 +119,12 @@ class SliceGradients(Protocol):
     slice (`sliced_args`, rows `first_row` .. of a batch of `step_rows`) and
     returns (loss, logs, gradients, count): the slice's loss divided by its own
     count, its logs, its gradients (None where a variable has none) and that count.
+    `slices` cuts the batch into that many slices (None: one a worker; 1: the whole
+    batch computed in one place, for a loss over the whole batch).
     """
 
     def __call__(
-        self, compute: Callable[..., Any], args: Sequence[Any]
+        self, compute: Callable[..., Any], args: Sequence[Any], *, slices: int | None = None
     ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor | None]]: ...
 
 

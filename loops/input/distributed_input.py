@@ -20,7 +20,7 @@ from typing import TypeAlias
 
 import tensorflow as tf
 
-from loops import topology
+from loops import tf_private, topology
 from loops.input.random_access import SeekableBatches
 
 DatasetSource: TypeAlias = "tf.data.Dataset | Callable[[], tf.data.Dataset] | SeekableBatches"
@@ -146,17 +146,9 @@ def distribute(
 
     if not per_replica_pipelines:
         return strategy.distribute_datasets_from_function(pipeline, options)
-    # TF 2.21's MirroredStrategy overwrites its input-worker devices for good
-    # when asked for per-replica pipelines, and every later
-    # experimental_distribute_dataset on the same strategy then fails ("Could
-    # not apply FILE based sharding"). Put them back once ours is built.
-    extended = strategy.extended
-    saved = getattr(extended, "_input_workers_devices", None)
-    try:
+    # Per-replica pipelines would change the strategy's input workers for good.
+    with tf_private.input_workers_kept(strategy):
         return strategy.distribute_datasets_from_function(pipeline, options)
-    finally:
-        if saved is not None:
-            extended._input_workers_devices = saved
 
 
 def _as_read(dataset: object) -> tf.data.Dataset:
@@ -232,15 +224,12 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
     with tf.data functions (measured in benchmarks/RESULTS.md). Slices follow
     `split_global_batches`.
     """
-    if (
-        not isinstance(iterator, tf.data.Iterator)
-        or not hasattr(iterator, "_iterator_resource")
-        or not _dense(iterator.element_spec)
-    ):
+    resource = tf_private.iterator_resource(iterator)
+    if resource is None or not _dense(iterator.element_spec):
         return next(iterator)
     specs = tf.nest.flatten(iterator.element_spec)
     flat = tf.raw_ops.IteratorGetNextSync(
-        iterator=iterator._iterator_resource,  # pylint: disable=protected-access
+        iterator=resource,
         output_types=[spec.dtype for spec in specs],
         output_shapes=[spec.shape for spec in specs],
     )

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from loops.core import outputs, pictures, plots, reduction
 from loops.core.replica_random import keyed_on
-from loops.core.update import Update, check_clip_norm
+from loops.core.update import check_clip_norm
 from loops.run.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
@@ -120,14 +120,11 @@ class ClassifierLoop(Loop):
         outputs_known = getattr(self.model, "outputs", None)
         if outputs_known:
             self._check_class_count(outputs_known[0].shape[-1])
-        self.optimizer = self.optimizer_fn()
-        # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
-        self.optimizer.build(self.model.trainable_variables)
-        self.update = Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
+        self.build_one_update(self.model, self.optimizer_fn, clip_norm=self.clip_norm)
         self.loss_scale = self.update.loss_scale
 
     def checkpoint_items(self):
-        return {"model": self.model, "optimizer": self.optimizer}
+        return self.one_update_checkpoint_items()
 
     def results_extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"data": self.data_notes} if self.data_notes else {}

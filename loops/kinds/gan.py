@@ -114,6 +114,14 @@ class GANLoop(Loop):
 
     name = "gan"
     watched_loss: str | None = "d_loss"  # ~log(4) when balanced; a WGAN's (< 0) never spikes
+    # The exact mode applies each of a step's Updates before the next one computes, as one
+    # process does; asynchronous workers cannot keep that order (the reason below).
+    supports_exact_parameter_server = True
+    parameter_server_reason = (
+        "a GAN step is n_critic critic updates and then a generator update, each reading the "
+        "weights the one before it wrote: on asynchronous workers other steps' updates land "
+        "between them"
+    )
 
     def __init__(
         self,

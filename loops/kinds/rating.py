@@ -12,8 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.core import outputs, reduction
-from loops.core.table_updates import built_table_optimizer
-from loops.core.update import Update, check_clip_norm
+from loops.core.update import check_clip_norm
 from loops.run.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
@@ -62,6 +61,7 @@ class RatingLoop(Loop):
 
     name = "rating"
     throughput_unit = ("pairs", "pairs")
+    supports_parameter_server = True  # its steps are sums over pairs, by loops.Update
 
     def __init__(
         self,
@@ -111,24 +111,15 @@ class RatingLoop(Loop):
         self.data_notes = dict(data_notes or {})
 
     def build(self) -> None:
-        self.model = self.model_fn()
-        self.optimizer = self.optimizer_fn()
-        # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
-        self.optimizer.build(self.model.trainable_variables)
-        self.table_optimizer = built_table_optimizer(self.table_optimizer_fn, self.model)
-        self.update = Update(
-            self,
-            self.optimizer,
-            self.model,
+        self.build_one_update(
+            self.model_fn(),
+            self.optimizer_fn,
             clip_norm=self.clip_norm,
-            table_optimizer=self.table_optimizer,
+            table_optimizer_fn=self.table_optimizer_fn,
         )
 
     def checkpoint_items(self):
-        items = {"model": self.model, "optimizer": self.optimizer}
-        if self.table_optimizer is not None:
-            items["table_optimizer"] = self.table_optimizer
-        return items
+        return self.one_update_checkpoint_items()
 
     def pair_losses(self, scores: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
         """Each pair's loss: squared error (rating) or log loss of the logit (click)."""

@@ -12,8 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.core import outputs, ranking_metrics, reduction, retrieval_loss
-from loops.core.table_updates import built_table_optimizer
-from loops.core.update import Update, check_clip_norm
+from loops.core.update import check_clip_norm
 from loops.run.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole, is_whole
 
@@ -57,7 +56,8 @@ class RetrievalLoop(Loop):
     items as negatives more often, and the correction makes it estimate the
     full softmax. A candidate that is the row's own item at another row (an
     accidental hit) is left out. The loss is the mean over the global batch's
-    rows.
+    rows. Under `--strategy=parameter_server` (exact mode) one worker computes
+    each step whole, since every row's negatives are the whole batch.
 
     An eval batch is (users, seen, held_out): each user's training items and
     the items to find, int [rows, n] padded with -1. The user is scored
@@ -69,6 +69,7 @@ class RetrievalLoop(Loop):
 
     name = "retrieval"
     throughput_unit = ("interactions", "interactions")
+    supports_parameter_server = True  # exact mode: one worker computes the whole step
 
     def __init__(
         self,
@@ -132,27 +133,19 @@ class RetrievalLoop(Loop):
         users = keras.Input((), dtype="int32", name="retrieval_user_ids")
         items = keras.Input((), dtype="int32", name="retrieval_item_ids")
         # One model holding both towers: one checkpoint entry, one Update, one export.
-        self.model = keras.Model(
+        two_towers = keras.Model(
             [users, items], [self.user_model(users), self.item_model(items)], name="two_towers"
         )
-        self.optimizer = self.optimizer_fn()
-        # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
-        self.optimizer.build(self.model.trainable_variables)
-        self.table_optimizer = built_table_optimizer(self.table_optimizer_fn, self.model)
-        self.update = Update(
-            self,
-            self.optimizer,
-            self.model,
+        self.build_one_update(
+            two_towers,
+            self.optimizer_fn,
             clip_norm=self.clip_norm,
+            table_optimizer_fn=self.table_optimizer_fn,
             whole_batch_loss=True,
-            table_optimizer=self.table_optimizer,
         )
 
     def checkpoint_items(self):
-        items = {"model": self.model, "optimizer": self.optimizer}
-        if self.table_optimizer is not None:
-            items["table_optimizer"] = self.table_optimizer
-        return items
+        return self.one_update_checkpoint_items()
 
     def replica_losses(self, users, items):
         """Each of this replica's rows' softmax loss over the global batch's items [rows]."""

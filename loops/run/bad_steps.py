@@ -212,6 +212,17 @@ class BadStepPolicy:
         return _NO_CHECKPOINT
 
 
+def _recover_words(rule: type[BadStepRule]) -> tuple[str, str, str]:
+    """What asks `rule` to recover, the bad step it acts on, and what to ask for instead."""
+    setting = rule.setting
+    if setting:
+        others = f"{setting}='stop' or '{rule.other}' (--{setting}=stop or {rule.other})"
+        return f"{setting}='recover'", rule.described, others
+    name = rule.__name__
+    others = f"the reaction 'stop' to the {name} of the definition's bad_step_rules()"
+    return f"{name}'s reaction 'recover'", f"a step {rule.reported_as}", others
+
+
 _NO_CHECKPOINT = (
     "There is no checkpoint to go back to: the weights in memory are not finite, "
     "and nothing was saved."
@@ -227,16 +238,16 @@ def check_can_recover(
     model_dir: str | None,
     parameter_server_mode: str = "exact",
 ) -> None:
-    """Raises ValueError when `rule.setting`='recover' cannot work for the definition `name`.
+    """Raises ValueError when `rule`'s "recover" cannot work for the definition `name`.
 
     Args:
-        rule: the rule whose setting asks to recover (`NonFiniteSteps`, `LossSpikes`).
+        rule: the rule that asks to recover: a built-in one by its setting
+            (`NonFiniteSteps`, `LossSpikes`), or one of the definition's own
+            (`Loop.bad_step_rules`) by its reaction.
         has_train_data: whether the run has train data, or makes its own
             (RL), drawing new data after a recovery (`Loop.data_step`).
     """
-    setting, bad = rule.setting, rule.described
-    policy = f"{setting}='recover'"
-    others = f"{setting}='stop' or '{rule.other}' (--{setting}=stop or {rule.other})"
+    policy, bad, others = _recover_words(rule)
     if topology.strategy_name(strategy) == "parameter_server" and parameter_server_mode == "async":
         raise ValueError(
             f"{policy} moves the train stream past the batches that led "

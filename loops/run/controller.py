@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import functools
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,21 +11,15 @@ import numpy as np
 from loops import topology
 from loops.core import reporting
 from loops.model_dir import run_config
-from loops.run import exact_parameter_server, executors, profiling
+from loops.run import exact_parameter_server, executors
 from loops.run.actions import action_state, watched_metrics
-from loops.run.bad_steps import BadStepPolicy
-from loops.run.inner_loops import InnerLoops, run_rules
 from loops.run.loop_schedule import LoopSchedule
 from loops.run.preemption import PreemptionWatcher
-from loops.run.recovery import Recoveries
-from loops.run.run_checkpoints import RunCheckpoints
 from loops.run.run_context import Definition, StepContext
-from loops.run.run_inputs import EvalInput, RunInputs
+from loops.run.run_inputs import RunInputs
 from loops.run.run_options import RunOptions
-from loops.run.run_report import RunReport, TimedCall, TrainHistory
-from loops.run.run_state import RunState
-from loops.run.run_view import RunView
-from loops.run.train_input import TrainInput
+from loops.run.run_parts import RunParts
+from loops.run.run_report import TimedCall, TrainHistory
 from loops.vocabulary.whole_numbers import check_whole
 
 
@@ -73,87 +66,29 @@ class Controller:
         self._global_step = step_context.global_step
         self._train_data = inputs.train_data
         self.is_chief = topology.is_chief(self.strategy)
-        self.state = RunState(step_context.global_step)
-        model_dir = options.model_dir
-        summaries = os.path.join(model_dir, "summaries") if model_dir and self.is_chief else None
-        self.report = RunReport(
-            progress=options.progress or reporting.Progress(),
-            summaries=reporting.Summaries(summaries),
-            throughput_unit=definition.throughput_unit,
-            state=self.state,
-        )
         self.actions = tuple(options.actions)
         self.config = dict(options.config or {})
-        self._profiler = _profiler(options, is_chief=self.is_chief, say=self.report.progress.line)
-        self._checkpoints = RunCheckpoints(
-            model_dir=model_dir,
-            max_checkpoints=options.max_checkpoints,
-            asynchronous=options.async_checkpoints,
+        parts = RunParts.make(
+            definition=definition,
+            step_context=step_context,
+            executor=executor,
+            inputs=inputs,
+            options=options,
             is_chief=self.is_chief,
-            say=self.report.progress.line,
+            config=self.config,
+            request_stop=self.request_stop,
+            save_checkpoint=self.save_checkpoint,
         )
+        self.state, self.report, self.recoveries = parts.state, parts.report, parts.recoveries
+        self._profiler, self._checkpoints = parts.profiler, parts.checkpoints
+        self._train_input, self._eval_input = parts.train_input, parts.eval_input
+        self._inner_loops, self.run_context = parts.inner_loops, parts.run_view
         self._evaluated_step: int | None = None
-        # The run's recoveries from bad steps, checkpointed; they set the input's offset.
-        self.recoveries = Recoveries()
-        self._train_input = TrainInput(
-            inputs, step_context.data_offset, definition.batches_per_step, self.recoveries
-        )
-        self._inner_loops = self._make_inner_loops(step_context, executor)
-        self._eval_input = EvalInput(inputs, executor)
-        self.run_context = self._make_run_context(step_context)
-        self._executor = executor  # results.json holds how it ran the steps (`results_extra`)
         # Several workers or a ps would have to agree on every inner loop's length; in the
         # exact parameter-server mode the chief alone runs the loop.
         self._one_process = (
             topology.num_workers(self.strategy) == 1 and inputs.coordinator is None
         ) or exact_parameter_server.is_exact(self.strategy, self.step_options.parameter_server_mode)
-
-    def _make_run_context(self, step_context: StepContext) -> RunView:
-        """What the actions and the definition's evaluation see of the run."""
-        return RunView(
-            definition=self.definition,
-            strategy=self.strategy,
-            global_step=step_context.global_step,
-            state=self.state,
-            options=self.options,
-            config=self.config,
-            is_chief=self.is_chief,
-            report=self.report,
-            checkpoints=self._checkpoints,
-            eval_input=self._eval_input,
-            weight_averages=step_context.update.weight_averages,
-            request_stop=self.request_stop,
-            save_checkpoint=self.save_checkpoint,
-        )
-
-    def _make_inner_loops(
-        self, step_context: StepContext, executor: executors.Executor
-    ) -> InnerLoops:
-        """The run's inner loops, with its bad-step rules (`inner_loops.run_rules`)."""
-        options, definition = self.step_options, self.definition
-        rules = run_rules(
-            options,
-            leaves_out_updates=step_context.update.nonfinite.skips,
-            watched_loss=definition.watched_loss,
-            kind=type(definition).__name__,
-            own_rules=definition.bad_step_rules(),
-        )
-        return InnerLoops(
-            executor=executor,
-            state=self.state,
-            bad_steps=BadStepPolicy(
-                rules,
-                current_step=lambda: self.state.step,
-                batches_per_step=definition.batches_per_step,
-                checkpoints=self._checkpoints,
-                train_input=self._train_input,
-                recoveries=self.recoveries,
-                max_recoveries=options.max_recoveries,
-            ),
-            train_input=self._train_input,
-            report=self.report,
-            profiler=self._profiler,
-        )
 
     def restore(self, items: Mapping[str, Any]) -> None:
         """Builds the actions, then restores the newest checkpoint in model_dir under its lock.
@@ -366,26 +301,10 @@ class Controller:
     def write_results(self) -> dict[str, Any]:
         """Writes model_dir/results.json (chief only) and returns its contents."""
         self._checkpoints.wait()  # results.json names no step whose checkpoint is unwritten
-        results = self.report.results(
+        return self.report.write_results(
+            self.options.model_dir if self.is_chief else None,
             loop=self.definition.name,
             strategy=self.strategy,
             recoveries=self.recoveries.entries,
             config={**self.config, **self._checkpoints.changed_on_resume},
-            # h-psexact: the parameter-server mode's counts come from the executor.
-            extra={**self.definition.results_extra(), **self._executor.results_extra()},
         )
-        model_dir = self.options.model_dir
-        if model_dir and self.is_chief:
-            reporting.write_json_atomic(os.path.join(model_dir, "results.json"), results)
-        return results
-
-
-def _profiler(
-    options: RunOptions, *, is_chief: bool, say: Callable[[str], None]
-) -> profiling.StepProfiler | None:
-    """The profiler of `options.profile_steps`, tracing on the chief only; None without them."""
-    if options.profile_steps is None:
-        return None
-    model_dir = options.model_dir
-    trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
-    return profiling.StepProfiler(options.profile_steps, trace_dir if is_chief else None, say=say)

@@ -23,8 +23,9 @@ that TensorFlow retries after a worker failure changes no variable, so the
 step's result does not depend on it.
 
 A definition built on `loops.Update` trains unchanged. It must divide its loss
-by one count (`loops.scale_to_global_batch`), not take rows of other slices
-(`whole_batch_loss=True` is refused), and keep `grad_accum_steps=1`.
+by one count (`loops.scale_to_global_batch`) and keep `grad_accum_steps=1`; an
+Update whose loss is over the whole batch (`whole_batch_loss=True`, e.g. an
+in-batch softmax) has its step computed whole, as one slice, by one worker.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class WorkerGradients:
         self.recomputed_closures = 0  # of them, scheduled again after their worker was lost
 
     def __call__(
-        self, compute: Callable[..., Any], args: Sequence[Any]
+        self, compute: Callable[..., Any], args: Sequence[Any], *, slices: int | None = None
     ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[Any]]:
         parts = tf.nest.flatten(args)
         batched = [isinstance(part, tf.Tensor) and part.shape.rank != 0 for part in parts]
@@ -97,8 +98,9 @@ class WorkerGradients:
         rows = tf.shape(parts[batched.index(True)])[0]
         function, layout = self._function(compute)
         arguments = []
-        for worker in range(self.num_workers):
-            start, end = topology.replica_bounds(rows, worker, self.num_workers)
+        slices = self.num_workers if slices is None else slices  # 1: a whole-batch loss
+        for worker in range(slices):
+            start, end = topology.replica_bounds(rows, worker, slices)
             sliced = [part[start:end] if cut else part for part, cut in zip(parts, batched)]
             arguments.append((tf.nest.pack_sequence_as(args, sliced), rows, start))
         remote = [self._coordinator.schedule(function, args=slice_args) for slice_args in arguments]

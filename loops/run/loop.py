@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import keras
 import tensorflow as tf
 
 from loops.core import weight_average
+from loops.core.table_updates import built_table_optimizer
+from loops.core.update import Update
 from loops.core.update_context import UpdateContext, UpdateStates
 from loops.model_dir.run_config import CONFIG_FREE_TO_CHANGE
 from loops.run import removed_api
@@ -86,6 +89,11 @@ class Loop:
     batches_per_step = 1  # global batches one train_step dequeues; sets the resume position
     needs_train_data = True  # False for steps that make their own data (RL): iterator is None
     supports_parameter_server = False  # True when train_step is right for asynchronous workers
+    # True when train_step is built on loops.Update alone, so that the exact parameter-server
+    # mode computes it on the workers and applies it once (a supports_parameter_server one is).
+    supports_exact_parameter_server = False
+    # Why it does not train under ParameterServerStrategy: the refusal's reason.
+    parameter_server_reason = "its steps need synchronous replicas"
     # The Sum output counting what a step processes, and the unit's name: progress
     # lines, TensorBoard and results.json give "<unit>_per_second" beside steps/s.
     throughput_unit: tuple[str, str] = ("num_examples", "examples")
@@ -202,8 +210,54 @@ class Loop:
 
     def bad_step_rules(self) -> Sequence[BadStepRule]:
         """Bad-step rules of its own, acted on beside non-finite steps and loss spikes
-        (`loops.run.bad_steps.BadStepRule`); their recoveries count in max_recoveries."""
+        (`loops.run.bad_steps.BadStepRule`); their recoveries count in max_recoveries.
+
+        The Trainer calls it twice, each time for new rules: before `build`, to
+        refuse a reaction its settings cannot carry out (a "recover" without a
+        model_dir), and after, for the rules the run acts on. So it makes them
+        from the definition's arguments, not from what `build` makes.
+        """
         return ()
+
+    # ---- What a kind that trains one model builds (in `build`). ----
+
+    def build_one_update(
+        self,
+        model: keras.Model,
+        optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+        *,
+        clip_norm: float | None = None,
+        table_optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
+        whole_batch_loss: bool = False,
+    ) -> None:
+        """One model, one optimizer, one `loops.Update`: sets `self.model`, `self.optimizer`,
+        `self.table_optimizer` and `self.update` (call it from `build`, in scope).
+
+        `optimizer_fn()` is built on the model's trainable weights here;
+        `table_optimizer_fn()` (None: none) on its `keras.layers.Embedding`
+        tables, which it then trains (`loops.Update`'s table_optimizer).
+        `one_update_checkpoint_items` names what a checkpoint keeps of them.
+        """
+        self.model = model
+        self.optimizer = optimizer_fn()
+        # Built here, in scope: built lazily inside strategy.run it fails (BUILD.md fact 1).
+        self.optimizer.build(model.trainable_variables)
+        self.table_optimizer = built_table_optimizer(table_optimizer_fn, model)
+        self.update = Update(
+            self,
+            self.optimizer,
+            model,
+            clip_norm=clip_norm,
+            whole_batch_loss=whole_batch_loss,
+            table_optimizer=self.table_optimizer,
+        )
+
+    def one_update_checkpoint_items(self) -> dict[str, Any]:
+        """The model and optimizers `build_one_update` made, by checkpoint name."""
+        items = {"model": self.model, "optimizer": self.optimizer}
+        if self.table_optimizer is not None:
+            items["table_optimizer"] = self.table_optimizer
+        return items
 
     # ---- Services the steps use (from the step context). ----
 

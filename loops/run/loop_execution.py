@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from loops import topology
@@ -19,6 +21,7 @@ def check_can_run(
     model_dir: str | None,
     on_loss_spike: str = "ignore",
     parameter_server_mode: str = exact_parameter_server.EXACT,
+    own_rules: Sequence[BadStepRule] = (),
 ) -> None:
     """Raises ValueError when a loop of `loop_class` cannot train under `strategy` so.
 
@@ -26,16 +29,12 @@ def check_can_run(
         loop_class: the definition's class; its `supports_parameter_server` says
             whether its steps are right for asynchronous workers.
         has_train_data: whether the loop has train data, or makes its own.
+        own_rules: the definition's own bad-step rules (`Loop.bad_step_rules`),
+            refused as the built-in ones are where they recover and cannot.
     """
     name = loop_class.__name__
-    if topology.strategy_name(strategy) == "parameter_server" and not getattr(
-        loop_class, "supports_parameter_server", False
-    ):
-        raise ValueError(
-            f"{name} does not train under ParameterServerStrategy "
-            "(its steps need synchronous replicas). Use "
-            "--strategy=multi_worker_mirrored or mirrored."
-        )
+    if topology.strategy_name(strategy) == "parameter_server":
+        check_parameter_server_mode(loop_class, parameter_server_mode)
     if on_loss_spike != "ignore" and getattr(loop_class, "watched_loss", "loss") is None:
         raise ValueError(
             f"on_loss_spike={on_loss_spike!r} watches a loss for spikes, and {name} names "
@@ -46,6 +45,7 @@ def check_can_run(
     rules: tuple[tuple[type[BadStepRule], str], ...] = (
         (NonFiniteSteps, on_nonfinite),
         (LossSpikes, on_loss_spike),
+        *((type(rule), rule.reaction) for rule in own_rules),
     )
     for rule, policy in rules:
         if policy == "recover":
@@ -57,6 +57,32 @@ def check_can_run(
                 model_dir=model_dir,
                 parameter_server_mode=parameter_server_mode,
             )
+
+
+def check_parameter_server_mode(loop_class: type, mode: str) -> None:
+    """Raises ValueError, with the reason and the fix, when a loop of `loop_class` does not
+    train in parameter-server mode `mode`.
+
+    Every loop right for asynchronous workers (`supports_parameter_server`) trains in
+    both modes; one whose steps are built on `loops.Update` alone
+    (`supports_exact_parameter_server`) in the exact mode only.
+    """
+    name = loop_class.__name__
+    asynchronous = getattr(loop_class, "supports_parameter_server", False)
+    exact = asynchronous or getattr(loop_class, "supports_exact_parameter_server", False)
+    reason = getattr(loop_class, "parameter_server_reason", "its steps need synchronous replicas")
+    if mode == exact_parameter_server.EXACT and not exact:
+        raise ValueError(
+            f"{name} does not train under ParameterServerStrategy ({reason}). Use "
+            "--strategy=multi_worker_mirrored or mirrored."
+        )
+    if mode == exact_parameter_server.ASYNC and not asynchronous:
+        exact_fix = "--parameter_server_mode=exact (the default), or " if exact else ""
+        raise ValueError(
+            f"{name} does not train under ParameterServerStrategy with "
+            f"parameter_server_mode='async' ({reason}). Use {exact_fix}"
+            "--strategy=multi_worker_mirrored or mirrored."
+        )
 
 
 def coordinator(

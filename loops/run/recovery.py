@@ -4,6 +4,7 @@ how many batches the train stream has moved past."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TypedDict
 
 import tensorflow as tf
@@ -63,20 +64,31 @@ class Recoveries(tf.Module):
 
 
 def check_max_recoveries(
-    max_recoveries: int | None, on_nonfinite: str, on_loss_spike: str = "ignore"
+    max_recoveries: int | None,
+    on_nonfinite: str,
+    on_loss_spike: str = "ignore",
+    own_reactions: Mapping[str, str] | None = None,
 ) -> int:
     """`max_recoveries`, or the default when None; a ValueError for a bad one.
 
+    Args:
+        own_reactions: the definition's own bad-step rules (`Loop.bad_step_rules`), their
+            class names -> reactions ("stop" or "recover").
+
     Raises:
-        ValueError: not a whole number >= 1, or given when neither policy is "recover".
+        ValueError: not a whole number >= 1, or given when no rule recovers.
     """
     if max_recoveries is None:
         return DEFAULT_MAX_RECOVERIES
-    if "recover" not in (on_nonfinite, on_loss_spike):
+    own = dict(own_reactions or {})
+    if "recover" not in (on_nonfinite, on_loss_spike, *own.values()):
+        listed = ", ".join(f"{name} {reaction!r}" for name, reaction in own.items()) or "none"
         raise ValueError(
             f"max_recoveries={max_recoveries!r} applies only to on_nonfinite='recover' "
-            f"(got {on_nonfinite!r}) or on_loss_spike='recover' (got {on_loss_spike!r}); "
-            "drop it, or pass on_nonfinite='recover' (--on_nonfinite=recover)."
+            f"(got {on_nonfinite!r}), on_loss_spike='recover' (got {on_loss_spike!r}) or a "
+            "bad-step rule of the definition's own made with reaction 'recover' "
+            f"(Loop.bad_step_rules; got {listed}); drop it, or pass on_nonfinite='recover' "
+            "(--on_nonfinite=recover)."
         )
     if not is_whole(max_recoveries, 1):
         raise ValueError(

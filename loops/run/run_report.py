@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -65,6 +66,8 @@ class RunReport:
         throughput_unit: (the Sum output counting what a step processes, its
             unit's name), reported as "<unit>_per_second" beside steps/s.
         state: the run's state, where the last metrics and speeds go.
+        extras: each returns entries of its own for results.json, added in order
+            after the run's (the definition's `results_extra`, the executor's).
     """
 
     def __init__(
@@ -74,11 +77,13 @@ class RunReport:
         summaries: reporting.Summaries,
         throughput_unit: tuple[str, str],
         state: RunState,
+        extras: Sequence[Callable[[], Mapping[str, Any]]] = (),
     ):
         self.progress = progress
         self.summaries = summaries
         self.throughput_unit = throughput_unit
         self.state = state
+        self.extras = tuple(extras)
         # Every evaluation of the run ({"step": ..., metric: value}), kept across resumes.
         self.eval_history: list[dict[str, Any]] = []
 
@@ -196,3 +201,24 @@ class RunReport:
             "versions": reporting.library_versions(),
             **extra,
         }
+
+    def write_results(
+        self,
+        directory: str | None,
+        *,
+        loop: str,
+        strategy: tf.distribute.Strategy,
+        recoveries: Sequence[Recovery],
+        config: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """`results` with the extras, written to `directory`/results.json when a directory is
+        given (the chief's model_dir); returns them."""
+        extra: dict[str, Any] = {}
+        for entries in self.extras:
+            extra.update(entries())
+        results = self.results(
+            loop=loop, strategy=strategy, recoveries=recoveries, config=config, extra=extra
+        )
+        if directory:
+            reporting.write_json_atomic(os.path.join(directory, "results.json"), results)
+        return results

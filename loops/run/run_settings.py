@@ -60,7 +60,9 @@ def checked_options(
             definition handed to a Trainer already.
     """
     definition.check_unbound()
-    options = step_options.of(config)
+    # Made here too, before build, for their reactions: the run makes its own after build.
+    own_rules = definition.bad_step_rules()
+    options = step_options.of(config, {type(rule).__name__: rule.reaction for rule in own_rules})
     values = config.flat()
     loop_execution.check_can_run(
         type(definition),
@@ -70,6 +72,7 @@ def checked_options(
         parameter_server_mode=options.parameter_server_mode,
         has_train_data=has_train_data or not definition.needs_train_data,
         model_dir=values["model_dir"],
+        own_rules=own_rules,
     )
     definition.check_can_train(strategy, options, has_train_data=has_train_data)
     declared = {

@@ -96,9 +96,10 @@ class StepOptions:
     parameter_server_mode: str = "exact"
 
 
-def of(config: RunConfig) -> StepOptions:
+def of(config: RunConfig, own_reactions: Mapping[str, str] | None = None) -> StepOptions:
     """A run's step options, read by name from its settings (checked as `config` was made);
-    None: the default.
+    None: the default. `own_reactions`: the definition's own bad-step rules' class names ->
+    their reactions, which max_recoveries may apply to.
 
     Raises:
         ValueError: max_recoveries without a policy that recovers, or two options
@@ -107,7 +108,7 @@ def of(config: RunConfig) -> StepOptions:
     values = config.flat()
     named = {field.name: values[field.name] for field in dataclasses.fields(StepOptions)}
     named["max_recoveries"] = recovery.check_max_recoveries(
-        values["max_recoveries"], values["on_nonfinite"], values["on_loss_spike"]
+        values["max_recoveries"], values["on_nonfinite"], values["on_loss_spike"], own_reactions
     )
     _check_combinations(values)
     growth_steps = values["loss_scale_growth_steps"] or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS

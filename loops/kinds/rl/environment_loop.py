@@ -84,6 +84,12 @@ class EnvironmentLoop(Loop):
     # None: on_loss_spike is refused. An RL loss grows with the returns it learns
     # (larger value targets), so its ratio to a moving average is no sign of divergence.
     watched_loss: str | None = None
+    parameter_server_reason = (
+        "an RL loop makes its own data: each step moves its environments, whose state every "
+        "replica holds and writes in the step, and a parameter-server worker's part of a step "
+        "cannot write it (exact mode: it only computes gradients; async mode: each worker "
+        "would step the environments on its own)"
+    )
 
     needs_train_data = False
     algorithm = "rl"

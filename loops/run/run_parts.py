@@ -1,0 +1,171 @@
+"""The parts a Controller runs a definition with, made from the pieces of the run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from loops.core import reporting
+from loops.run import executors, profiling
+from loops.run.bad_steps import BadStepPolicy
+from loops.run.inner_loops import InnerLoops, run_rules
+from loops.run.recovery import Recoveries
+from loops.run.run_checkpoints import RunCheckpoints
+from loops.run.run_context import Definition, StepContext
+from loops.run.run_inputs import EvalInput, RunInputs
+from loops.run.run_options import RunOptions
+from loops.run.run_report import RunReport
+from loops.run.run_state import RunState
+from loops.run.run_view import RunView
+from loops.run.train_input import TrainInput
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """A run's state, report, profiler, checkpoints, recoveries, inputs, inner loops (with
+    the bad-step policy) and the view its actions get: `RunParts.make` builds them in order.
+    """
+
+    state: RunState
+    report: RunReport
+    profiler: profiling.StepProfiler | None
+    checkpoints: RunCheckpoints
+    # The run's recoveries from bad steps, checkpointed; they set the input's offset.
+    recoveries: Recoveries
+    train_input: TrainInput
+    inner_loops: InnerLoops
+    eval_input: EvalInput
+    run_view: RunView
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        definition: Definition,
+        step_context: StepContext,
+        executor: executors.Executor,
+        inputs: RunInputs,
+        options: RunOptions,
+        is_chief: bool,
+        config: dict[str, Any],
+        request_stop: Callable[[str], None],
+        save_checkpoint: Callable[[], str | None],
+    ) -> RunParts:
+        """The parts of the Controller's run (its arguments, `Controller.__init__`'s);
+        `config` is what the run was asked to do, `request_stop` and `save_checkpoint` the
+        Controller's, handed to the actions through the view."""
+        state = RunState(step_context.global_step)
+        report = _run_report(definition, executor, options, state, is_chief=is_chief)
+        profiler = _profiler(options, is_chief=is_chief, say=report.progress.line)
+        checkpoints = _run_checkpoints(options, is_chief=is_chief, say=report.progress.line)
+        recoveries = Recoveries()
+        train_input = TrainInput(
+            inputs, step_context.data_offset, definition.batches_per_step, recoveries
+        )
+        bad_steps = _bad_step_policy(
+            definition, step_context, state, checkpoints, train_input, recoveries
+        )
+        loops = InnerLoops(
+            executor=executor,
+            state=state,
+            bad_steps=bad_steps,
+            train_input=train_input,
+            report=report,
+            profiler=profiler,
+        )
+        eval_input = EvalInput(inputs, executor)
+        view = RunView(
+            definition=definition,
+            strategy=step_context.strategy,
+            global_step=step_context.global_step,
+            state=state,
+            options=options,
+            config=config,
+            is_chief=is_chief,
+            report=report,
+            checkpoints=checkpoints,
+            eval_input=eval_input,
+            weight_averages=step_context.update.weight_averages,
+            request_stop=request_stop,
+            save_checkpoint=save_checkpoint,
+        )
+        # In the order of the fields.
+        return cls(
+            state, report, profiler, checkpoints, recoveries, train_input, loops, eval_input, view
+        )
+
+
+def _run_report(
+    definition: Definition,
+    executor: executors.Executor,
+    options: RunOptions,
+    state: RunState,
+    *,
+    is_chief: bool,
+) -> RunReport:
+    """Where the run reports: progress lines, the chief's summaries under model_dir, and
+    results.json with the definition's and the executor's extras."""
+    model_dir = options.model_dir
+    summaries = os.path.join(model_dir, "summaries") if model_dir and is_chief else None
+    return RunReport(
+        progress=options.progress or reporting.Progress(),
+        summaries=reporting.Summaries(summaries),
+        throughput_unit=definition.throughput_unit,
+        state=state,
+        # results.json holds how the executor ran the steps (h-psexact).
+        extras=(definition.results_extra, executor.results_extra),
+    )
+
+
+def _run_checkpoints(
+    options: RunOptions, *, is_chief: bool, say: Callable[[str], None]
+) -> RunCheckpoints:
+    """The run's checkpoints in its model_dir, written by the chief."""
+    return RunCheckpoints(
+        model_dir=options.model_dir,
+        max_checkpoints=options.max_checkpoints,
+        asynchronous=options.async_checkpoints,
+        is_chief=is_chief,
+        say=say,
+    )
+
+
+def _bad_step_policy(
+    definition: Definition,
+    step_context: StepContext,
+    state: RunState,
+    checkpoints: RunCheckpoints,
+    train_input: TrainInput,
+    recoveries: Recoveries,
+) -> BadStepPolicy:
+    """The run's bad-step policy, over its rules (`inner_loops.run_rules`)."""
+    options = step_context.options
+    rules = run_rules(
+        options,
+        leaves_out_updates=step_context.update.nonfinite.skips,
+        watched_loss=definition.watched_loss,
+        kind=type(definition).__name__,
+        own_rules=definition.bad_step_rules(),
+    )
+    return BadStepPolicy(
+        rules,
+        current_step=lambda: state.step,
+        batches_per_step=definition.batches_per_step,
+        checkpoints=checkpoints,
+        train_input=train_input,
+        recoveries=recoveries,
+        max_recoveries=options.max_recoveries,
+    )
+
+
+def _profiler(
+    options: RunOptions, *, is_chief: bool, say: Callable[[str], None]
+) -> profiling.StepProfiler | None:
+    """The profiler of `options.profile_steps`, tracing on the chief only; None without them."""
+    if options.profile_steps is None:
+        return None
+    model_dir = options.model_dir
+    trace_dir = os.path.join(model_dir, "summaries", "train") if model_dir else None
+    return profiling.StepProfiler(options.profile_steps, trace_dir if is_chief else None, say=say)

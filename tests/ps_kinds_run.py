@@ -1,0 +1,269 @@
+"""Trains the rating, retrieval, LM and GAN kinds under the exact parameter-server mode in one
+local cluster, and each on one replica and on 2 mirrored replicas; prints the differences as
+JSON (and trains the first three in the asynchronous mode, which the GAN refuses).
+
+Usage: `python ps_kinds_run.py WORKERS SERVERS STEPS`. This process is the chief of a
+cluster of WORKERS workers and SERVERS servers on 127.0.0.1, started once for every
+kind. The references train first: a process connected to a cluster keeps its eager
+context remote. The recommenders' tables are `loops.EmbeddingTable`s (split over the
+servers) on one replica and in the cluster, and `keras.layers.Embedding`s trained by
+Adagrad rows on the mirrored replicas (which an EmbeddingTable refuses), all from the
+same initial values. 21 rows in batches of 8: step 3 reads a partial batch of 5 (the GAN,
+two batches a step, reads it in step 2).
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import loops  # noqa: E402
+from conftest import make_trainer  # noqa: E402  (4 CPUs)
+from loops import testing  # noqa: E402
+from loops.core import keras_private  # noqa: E402
+from loops_models import gan as gan_models  # noqa: E402
+
+USERS, ITEMS, DIM, ROWS, BATCH = 7, 9, 4, 21, 8
+VOCAB, LENGTH = 12, 6
+RATE = 0.05
+
+
+def interactions():
+    rng = np.random.default_rng(4)
+    users = rng.integers(0, USERS, ROWS).astype(np.int32)
+    items = rng.integers(0, ITEMS, ROWS).astype(np.int32)
+    ratings = rng.integers(1, 6, ROWS).astype(np.float32)
+    return users, items, ratings
+
+
+def batches(arrays):
+    return lambda: tf.data.Dataset.from_tensor_slices(arrays).batch(BATCH)
+
+
+def table(rows, own, name):
+    """An EmbeddingTable (own Adagrad, split over the servers) or a keras Embedding, set to
+    the same initial rows after the model is built (`set_tables`)."""
+    if own:
+        return loops.EmbeddingTable(rows, DIM, keras.optimizers.Adagrad(RATE), name=name)
+    return keras.layers.Embedding(rows, DIM, name=name)
+
+
+def set_tables(model):
+    """Every table of `model` to its fixed initial rows (an EmbeddingTable's depend on its
+    shard count otherwise)."""
+    for layer in layers(model):
+        if isinstance(layer, loops.EmbeddingTable):
+            layer.embeddings.assign(initial_rows(layer.rows, layer.name))
+        elif isinstance(layer, keras.layers.Embedding):
+            layer.embeddings.assign(initial_rows(layer.input_dim, layer.name))
+    return model
+
+
+def layers(model):
+    return getattr(model, keras_private.LAYER_WALK)(include_self=False, recursive=True)
+
+
+def initial_rows(rows, name):
+    rng = np.random.default_rng(len(name) * 100 + rows)
+    return rng.uniform(-0.5, 0.5, (rows, DIM)).astype(np.float32)
+
+
+def rating_model(own):
+    users = keras.Input((), dtype="int32")
+    items = keras.Input((), dtype="int32")
+    user_rows = table(USERS, own, "user_table")(users)
+    item_rows = table(ITEMS, own, "item_table")(items)
+    joined = keras.ops.concatenate([user_rows * item_rows, user_rows, item_rows], axis=-1)
+    head = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(1))
+    scores = keras.ops.squeeze(head(joined), -1)
+    return set_tables(keras.Model([users, items], scores))
+
+
+def tower(rows, own, name):
+    ids = keras.Input((), dtype="int32")
+    found = table(rows, own, name + "_table")(ids)
+    # No bias: an item bias moves every logit of a row alike, its gradient 0 up to rounding,
+    # which Adam would turn into updates that differ with the summation order.
+    dense = keras.layers.Dense(
+        DIM, use_bias=False, kernel_initializer=keras.initializers.GlorotUniform(2)
+    )
+    return set_tables(keras.Model(ids, dense(found), name=name))
+
+
+def lm_model():
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(
+        VOCAB, DIM, embeddings_initializer=keras.initializers.RandomUniform(seed=3)
+    )(tokens)
+    hidden = keras.layers.Dense(8, "tanh", kernel_initializer=keras.initializers.GlorotUniform(4))
+    logits = keras.layers.Dense(VOCAB, kernel_initializer=keras.initializers.GlorotUniform(5))
+    return keras.Model(tokens, logits(hidden(embedded)))
+
+
+def adam():
+    return keras.optimizers.Adam(RATE, epsilon=1e-3)
+
+
+def rating(strategy, **settings):
+    users, items, ratings = interactions()
+    own = strategy.num_replicas_in_sync == 1
+    return make_trainer(
+        loops.RatingLoop,
+        model_fn=lambda: rating_model(own),
+        optimizer_fn=adam,
+        table_optimizer_fn=None if own else lambda: keras.optimizers.Adagrad(RATE),
+        strategy=strategy,
+        train_data=batches((users, items, ratings)),
+        eval_data=batches((users, items, ratings)),
+        progress=testing.quiet_progress(),
+        **settings,
+    )
+
+
+def retrieval(strategy, **settings):
+    users, items, _ = interactions()
+    own = strategy.num_replicas_in_sync == 1
+    seen = np.full((USERS, 1), -1, np.int32)
+    held_out = np.arange(USERS, dtype=np.int32)[:, None] % ITEMS
+    return make_trainer(
+        loops.RetrievalLoop,
+        user_model_fn=lambda: tower(USERS, own, "users"),
+        item_model_fn=lambda: tower(ITEMS, own, "items"),
+        optimizer_fn=adam,
+        table_optimizer_fn=None if own else lambda: keras.optimizers.Adagrad(RATE),
+        num_items=ITEMS,
+        global_batch_size=BATCH,
+        item_frequencies=np.bincount(items, minlength=ITEMS) + 1,
+        temperature=0.5,
+        top_k=(3,),
+        strategy=strategy,
+        train_data=batches((users, items)),
+        eval_data=batches((np.arange(USERS, dtype=np.int32), seen, held_out)),
+        progress=testing.quiet_progress(),
+        **settings,
+    )
+
+
+def lm(strategy, **settings):
+    rng = np.random.default_rng(6)
+    tokens = rng.integers(0, VOCAB, (ROWS, LENGTH + 1)).astype(np.int32)
+    lengths = rng.integers(2, LENGTH + 2, ROWS).astype(np.int32)  # padding differs by row
+    return make_trainer(
+        loops.LanguageModelLoop,
+        model_fn=lm_model,
+        optimizer_fn=adam,
+        sequence_length=LENGTH,
+        sample_prompts=(),
+        strategy=strategy,
+        train_data=batches((tokens, lengths)),
+        progress=testing.quiet_progress(),
+        **settings,
+    )
+
+
+def gan(strategy, **settings):
+    angles = np.random.default_rng(7).uniform(0, 2 * np.pi, ROWS)
+    points = np.stack([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
+    # Adam's epsilon 1e-3: a critic gradient that is 0 up to rounding stays a tiny update.
+    return make_trainer(
+        loops.GANLoop,
+        generator_fn=lambda: gan_models.ring_generator(noise_dim=4, hidden_units=(8,), seed=4),
+        discriminator_fn=lambda: gan_models.ring_discriminator(hidden_units=(8,), seed=4),
+        generator_optimizer_fn=lambda: keras.optimizers.Adam(0.01, beta_1=0.5, epsilon=1e-3),
+        discriminator_optimizer_fn=lambda: keras.optimizers.Adam(0.02, epsilon=1e-3),
+        gan_loss="wgan_gp",
+        n_critic=2,
+        num_eval_samples=10,
+        strategy=strategy,
+        train_data=lambda: tf.data.Dataset.from_tensor_slices(points).batch(BATCH),
+        ema_decay=0.9,
+        seed=11,
+        progress=testing.quiet_progress(),
+        **settings,
+    )
+
+
+KINDS = {"rating": rating, "retrieval": retrieval, "lm": lm, "gan": gan}
+COUNTED = {"rating": "pairs", "retrieval": "interactions", "lm": "tokens", "gan": "num_examples"}
+ASYNCHRONOUS = ("rating", "retrieval", "lm")
+
+
+def weights(trainer):
+    """The model's weights in layer order, each table whole (whatever its shards); a GAN's
+    checkpointed variables (both networks, their optimizers, the moving average)."""
+    if isinstance(trainer.definition, loops.GANLoop):
+        return testing.loop_weights(trainer)
+    found = []
+    for layer in layers(trainer.definition.model):
+        if isinstance(layer, loops.EmbeddingTable):
+            found.append(tf.convert_to_tensor(layer.embeddings).numpy())
+        elif not isinstance(layer, keras.Model):
+            found.extend(np.asarray(variable) for variable in layer.weights)
+    return {str(index): value for index, value in enumerate(found)}
+
+
+def train_run(build, strategy, steps, **settings):
+    trainer = build(strategy, **settings)
+    logs = trainer.train(steps)
+    names = sorted(name for name in logs if not name.startswith("health"))
+    return {
+        "logs": {name: np.asarray(logs[name]) for name in names},
+        "weights": weights(trainer),
+        "eval": trainer.state.last_eval_metrics,
+    }
+
+
+def largest_difference(run, reference):
+    parts = [run["weights"], {f"log {k}": v for k, v in run["logs"].items()}]
+    wanted = [reference["weights"], {f"log {k}": v for k, v in reference["logs"].items()}]
+    return max(
+        testing.relative_error(got[key], want[key])
+        for got, want in zip(parts, wanted)
+        for key in want
+    )
+
+
+def main(workers, servers, steps):
+    spec, processes = testing.local_parameter_server(workers, servers)
+    references = {
+        kind: {
+            name: train_run(build, testing.replica_strategy(replicas), steps)
+            for name, replicas in (("1 replica", 1), ("2 mirrored", 2))
+            # The GAN's mirrored parity is tests/test_gan.py's; its one replica suffices here.
+            if kind != "gan" or replicas == 1
+        }
+        for kind, build in KINDS.items()
+    }
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc"
+    )
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=loops.TablePartitioner(servers)
+    )
+    report = {}
+    for kind, build in KINDS.items():
+        exact = train_run(build, strategy, steps)
+        report[kind] = {"counted": exact["logs"][COUNTED[kind]].tolist()}
+        for name, reference in references[kind].items():
+            testing.assert_close(exact["weights"], reference["weights"], rtol=1e-5, label=name)
+            testing.assert_close(exact["logs"], reference["logs"], rtol=1e-5, label=name)
+            testing.assert_close(exact["eval"], reference["eval"], rtol=1e-5, label=name)
+            report[kind][name] = largest_difference(exact, reference)
+        report[kind]["loss"] = exact["logs"]["d_loss" if kind == "gan" else "loss"].tolist()
+        if kind in ASYNCHRONOUS:
+            asynchronous = train_run(build, strategy, steps, parameter_server_mode="async")
+            report[kind]["async_loss"] = asynchronous["logs"]["loss"].tolist()
+            report[kind]["async_counted"] = asynchronous["logs"][COUNTED[kind]].tolist()
+    print("RESULT " + json.dumps(report), flush=True)
+    for process in processes.values():
+        process.kill()
+    os._exit(0)  # the coordinator's threads would go on trying to reach the killed tasks
+
+
+if __name__ == "__main__":
+    main(*(int(argument) for argument in sys.argv[1:4]))
