@@ -123,11 +123,9 @@ def definition(case: str, args):
         score = keras.ops.sum(tables[0](users) * tables[1](items), axis=-1)
         return keras.Model([users, items], score)
 
-    # RatingLoop's step is a loops.Update of a loss summed over pairs and divided by their
-    # global count, which both modes can run; the kind itself does not say so yet.
-    rating = type("ParameterServerRatingLoop", (loops.RatingLoop,), {})
-    rating.supports_parameter_server = True
-    loop = rating(model_fn=rating_model, optimizer_fn=lambda: keras.optimizers.Adagrad(0.1))
+    loop = loops.RatingLoop(
+        model_fn=rating_model, optimizer_fn=lambda: keras.optimizers.Adagrad(0.1)
+    )
     return loop, pairs_fn(args)
 
 
