@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from loops import topology
 from loops.core import table_rows
-from loops.run import executors
+from loops.run import executors, sent_slices
 
 # How often a slice whose worker was lost with its result is computed again, before the
 # run stops (its error names the task).
@@ -76,7 +76,7 @@ class WorkerGradients:
         self._strategy.extended._allow_run_without_coordinator = True  # pylint: disable=protected-access
         # Per slice function: the tf.function scheduled, and which gradients it returns
         # (a remote function cannot return None: the variables without one are noted).
-        self._scheduled: dict[Any, tuple[Any, _SentLayout]] = {}
+        self._scheduled: dict[Any, tuple[Any, sent_slices.SliceLayout]] = {}
         self.scheduled_closures = 0  # slices scheduled, in this process
         # Bytes of the slices' results fetched to the chief, in this process: their
         # losses, logs, counts, dense gradients and tables' rows and ids.
@@ -107,7 +107,7 @@ class WorkerGradients:
         self.scheduled_closures += len(remote)
         results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
         self.fetched_bytes += sum(np.asarray(part).nbytes for part in tf.nest.flatten(results))
-        loss, logs, kept = _summed(results, layout.rows)
+        loss, logs, kept = _summed(results, layout.key)
         gradients = [kept.pop(0) if has else None for has in layout.present]
         return loss, logs, gradients
 
@@ -125,49 +125,29 @@ class WorkerGradients:
             self.recomputed_closures += 1
         return value.fetch()
 
-    def _function(self, compute: Callable[..., Any]) -> tuple[Any, _SentLayout]:
+    def _function(self, compute: Callable[..., Any]) -> tuple[Any, sent_slices.SliceLayout]:
         if compute not in self._scheduled:
             strategy = self._strategy
-            layout = _SentLayout()
+            layout = sent_slices.SliceLayout()
 
             def on_worker(sliced, step_rows, first_row):
                 loss, logs, gradients, count = strategy.run(
                     compute, args=(step_rows, first_row, *sliced)
                 )
-                return loss, logs, layout.sent(gradients), count
+                return layout.packed(loss, count, logs, gradients)
 
             self._scheduled[compute] = (tf.function(on_worker), layout)
         return self._scheduled[compute]
 
 
-class _SentLayout:
-    """What a slice's closure returns in place of its gradients, noted when it is traced: a
-    remote function returns neither None nor an IndexedSlices."""
-
-    def __init__(self) -> None:
-        self.present: list[bool] = []  # which of the Update's variables have a gradient
-        # Per gradient sent: whether it is a table's, sent as its rows, ids and shape.
-        self.rows: tuple[bool, ...] = ()
-
-    def sent(self, gradients: Sequence[Any]) -> list[Any]:
-        """The gradients that are not None, a table's as (rows, ids, shape); notes the layout."""
-        self.present = [gradient is not None for gradient in gradients]
-        kept = [gradient for gradient in gradients if gradient is not None]
-        self.rows = tuple(isinstance(g, tf.IndexedSlices) for g in kept)
-        return [
-            (g.values, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices) else g
-            for g in kept
-        ]
-
-
 @tf.function(reduce_retracing=True)
-def _summed(
-    results: list[Any], rows: tuple[bool, ...]
-) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[Any]]:
-    """The slices' results as one replica's, in one traced function on the chief: the loss
-    and gradients weighted by each slice's count over their total, the logs summed; in
-    worker order, in float64. A table's rows are concatenated and summed by id."""
-    counts = [tf.cast(count, tf.float64) for _, _, _, count in results]
+def _summed(results: list[Any], key: tuple) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[Any]]:
+    """The slices' packed results (`sent_slices`) as one replica's, in one traced function
+    on the chief: the loss and gradients weighted by each slice's count over their total,
+    the logs summed; in worker order, in float64. A table's rows are concatenated and
+    summed by id."""
+    slices = [sent_slices.unpacked(packs, shapes, key) for packs, shapes in results]
+    counts = [tf.cast(result.count, tf.float64) for result in slices]
     total = functools.reduce(operator.add, counts)
     shares = [tf.math.divide_no_nan(count, total) for count in counts]
 
@@ -177,18 +157,18 @@ def _summed(
             [share * tf.cast(value, tf.float64) for share, value in zip(shares, values)],
         )
 
-    loss = tf.cast(weighted_sum([result[0] for result in results]), tf.float32)
+    loss = tf.cast(weighted_sum([result.loss for result in slices]), tf.float32)
     logs = {
         name: tf.cast(
-            functools.reduce(operator.add, [tf.cast(r[1][name], tf.float64) for r in results]),
+            functools.reduce(operator.add, [tf.cast(r.logs[name], tf.float64) for r in slices]),
             value.dtype,
         )
-        for name, value in results[0][1].items()
+        for name, value in slices[0].logs.items()
     }
     kept: list[Any] = []
-    for index, is_rows in enumerate(rows):
-        sent = [result[2][index] for result in results]
-        if not is_rows:
+    for index in range(len(slices[0].gradients)):
+        sent = [result.gradients[index] for result in slices]
+        if not isinstance(sent[0], tuple):
             kept.append(tf.cast(weighted_sum(sent), sent[0].dtype))
             continue
         values = tf.concat(
