@@ -185,10 +185,10 @@ class InProcessCoordinator:
         return types.SimpleNamespace(fetch=lambda: value)
 
 
-def test_an_embedding_table_is_sent_dense_and_trained_by_its_table_optimizer():
-    # h-sparse's table path meets the exact mode: each slice's IndexedSlices gradient is made
-    # dense for the transfer, and the chief still applies it with table_optimizer (Adagrad:
-    # equal to its sparse row update), the rest with optimizer (Adam).
+def test_an_embedding_table_is_sent_as_rows_and_trained_by_its_table_optimizer():
+    # The table path meets the exact mode: each slice's IndexedSlices gradient leaves as its
+    # unique rows (`TableGradients.sent_rows`), and the chief sums them and applies them with
+    # table_optimizer (Adagrad's sparse row update), the rest with optimizer (Adam).
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         context = loops.UpdateContext(
@@ -213,7 +213,7 @@ def test_an_embedding_table_is_sent_dense_and_trained_by_its_table_optimizer():
     steps = list(zip(sparse_tables.IDS, sparse_tables.TARGETS))
     for ids, targets in steps:  # the last batch of 1 leaves the second slice empty
         update(replica_loss, args=(tf.constant(ids, tf.int32), tf.constant(targets)))
-    assert update.tables.indices == {0} and update.tables.sent_dense
+    assert update.tables.indices == {0}
     for got, want in zip(
         model.get_weights(), sparse_tables.numpy_adagrad_table_adam_rest(steps), strict=True
     ):
