@@ -221,3 +221,35 @@ def test_an_embedding_table_is_sent_as_rows_and_trained_by_its_table_optimizer()
     assert int(optimizer.iterations.numpy()) == len(steps)
     assert int(table_optimizer.iterations.numpy()) == len(steps)
     assert context.slice_gradients.scheduled_closures == 2 * len(steps)
+
+
+def test_a_step_that_writes_a_variable_on_the_workers_is_refused_naming_it():
+    # BatchNormalization updates its moving statistics in the forward pass: on the workers
+    # that would happen once per slice and again on a retried closure, so it is refused
+    # before the first closure is scheduled, naming what the step writes.
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        context = loops.UpdateContext(
+            strategy=strategy,
+            global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
+            nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
+            slice_gradients=exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy)),
+        )
+        model = keras.Sequential(
+            [keras.Input((3,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)]
+        )
+        update = loops.Update(context, keras.optimizers.SGD(0.1), model)
+    before = [weight.copy() for weight in model.get_weights()]
+    features = tf.ones((4, 3))
+
+    def replica_loss(step_features):
+        per_example = tf.reduce_sum(model(step_features, training=True), axis=1)
+        count = loops.global_count(tf.shape(per_example)[0])
+        return loops.scale_to_global_batch(per_example, count), {}
+
+    with pytest.raises(ValueError, match=r"writes .*moving_mean.* in its forward pass") as raised:
+        update(replica_loss, (features,))
+    assert "--strategy=multi_worker_mirrored" in str(raised.value)
+    assert update.context.slice_gradients.scheduled_closures == 0
+    for got, want in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -82,6 +82,7 @@ class WorkerGradients:
         # losses, logs, counts, dense gradients and tables' rows and ids.
         self.fetched_bytes = 0
         self.recomputed_closures = 0  # of them, scheduled again after their worker was lost
+        self._checked: set[Any] = set()  # slice functions found to change no variable
 
     def __call__(
         self, compute: Callable[..., Any], args: Sequence[Any], *, slices: int | None = None
@@ -103,6 +104,9 @@ class WorkerGradients:
             start, end = topology.replica_bounds(rows, worker, slices)
             sliced = [part[start:end] if cut else part for part, cut in zip(parts, batched)]
             arguments.append((tf.nest.pack_sequence_as(args, sliced), rows, start))
+        if compute not in self._checked:
+            check_only_computes(function.get_concrete_function(*arguments[0]))
+            self._checked.add(compute)
         remote = [self._coordinator.schedule(function, args=slice_args) for slice_args in arguments]
         self.scheduled_closures += len(remote)
         results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
@@ -138,6 +142,43 @@ class WorkerGradients:
 
             self._scheduled[compute] = (tf.function(on_worker), layout)
         return self._scheduled[compute]
+
+
+# Ops that change a variable's value: a slice's closure must run none (it may run twice).
+_WRITES = ("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply", "ScatterNd")
+
+
+def check_only_computes(concrete: Any) -> None:
+    """Raises ValueError when a slice's traced function changes a variable.
+
+    The exact mode rests on closures that only compute: TensorFlow may run one
+    twice after a worker failure, and the chief applies the step once. A layer
+    that writes in its forward pass (BatchNormalization's moving statistics, a
+    Keras SeedGenerator's state, a metric) would write once per slice and per
+    retry, from several workers at once.
+    """
+    graph_def = concrete.graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    writes = [node for node in nodes if node.op.startswith(_WRITES)]
+    if not writes:
+        return
+    # A written variable is a captured handle: named from the variables the trace watched.
+    handles = {id(variable.handle): variable.name for variable in concrete.graph.variables}
+    names = {
+        internal.name.split(":")[0]: handles.get(id(external), internal.name)
+        for external, internal in concrete.graph.captures
+    }
+    written = sorted({names.get(node.input[0].split(":")[0], node.input[0]) for node in writes})
+    raise ValueError(
+        "parameter_server_mode='exact' has each worker compute its slice of a step without "
+        "changing any variable (a closure may run twice; the chief applies the step once), "
+        f"and this Update's step writes {', '.join(written[:5])} in its forward pass "
+        f"({writes[0].op}; e.g. BatchNormalization's moving statistics or Keras' stateful "
+        "Dropout). Use layers that write nothing in training (no batch norm; "
+        "loops.core.replica_random.StatelessDropout), or --strategy=multi_worker_mirrored."
+    )
 
 
 @tf.function(reduce_retracing=True)
