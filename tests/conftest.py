@@ -1,9 +1,11 @@
 """Test setup: 4 logical CPUs (before any TensorFlow op) and small shared datasets."""
 
+import fcntl
 import fnmatch
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -322,6 +324,53 @@ def _run_python_with(*arguments, timeout, cwd=ROOT):
         timeout=timeout,
         cwd=cwd,
     )
+
+
+def built_once_for_all_workers(tmp_path_factory, name, build):
+    """The folder `build(folder)` filled, built by the first pytest-xdist worker to ask.
+
+    A module fixture runs once per worker that gets a test of its module, and `--dist load`
+    may give both workers some: the other worker waits on a lock and reads the same folder
+    (what it needs must be files there), rather than running the same subprocesses again.
+    """
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the folder every worker's basetemp is in
+    folder = os.path.join(str(base), f"shared-{name}")
+    with open(folder + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not os.path.exists(os.path.join(folder, ".built")):
+            shutil.rmtree(folder, ignore_errors=True)
+            os.makedirs(folder)
+            build(folder)
+            open(os.path.join(folder, ".built"), "w").close()
+    return folder
+
+
+def run_logged(command, log_prefix, timeout=900):
+    """Runs `command` (argv) from the repository root with loops importable, its stdout and
+    stderr in files `log_prefix`.out and .err (read back with `logged_run`)."""
+    with open(log_prefix + ".out", "w") as out, open(log_prefix + ".err", "w") as err:
+        process = subprocess.run(
+            command,
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=SUBPROCESS_ENV,
+            cwd=ROOT,
+            timeout=timeout,
+        )
+    with open(log_prefix + ".code", "w") as code:
+        code.write(str(process.returncode))
+
+
+def logged_run(log_prefix):
+    """The CompletedProcess of a `run_logged` run, from its files."""
+    texts = []
+    for kind in ("code", "out", "err"):
+        with open(f"{log_prefix}.{kind}") as stream:
+            texts.append(stream.read())
+    return subprocess.CompletedProcess([], int(texts[0]), texts[1], texts[2])
 
 
 def read_results(model_dir):

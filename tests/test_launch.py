@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, checkpoint_weights
+from conftest import ROOT, built_once_for_all_workers, checkpoint_weights
 from conftest import OutputRun as _OutputRun
 from conftest import read_results as results
 from loops.cluster import launch
@@ -316,57 +316,61 @@ LOOP_RUNS = {
 }
 
 
-@pytest.mark.parametrize("loop", sorted(LOOP_RUNS))
-def test_gan_rl_and_lm_on_two_workers_give_one_machines_step_losses_and_weights(tmp_path, loop):
+def loop_commands(loop):
+    """(name -> command of the loop's 2-worker run and its 1- and 2-replica references
+    without their model_dir, the flags they share)."""
     binary, loop_flags = LOOP_RUNS[loop]
     # One inner loop a step, so the summaries hold every step's losses.
     loop_flags = [*loop_flags, "--steps_per_loop=1", "--seed=3"]
-    model_dirs = {name: str(tmp_path / name) for name in ("workers2", "replicas1", "replicas2")}
-    runs = {
-        "workers2": Run(
-            [
-                sys.executable,
-                "-m",
-                "loops.cluster.launch",
-                "--num_workers=2",
-                "--",
-                binary,
-                "--strategy=multi_worker_mirrored",
-                "--num_replicas=1",
-                f"--model_dir={model_dirs['workers2']}",
-                *loop_flags,
-            ]
-        ),
-        "replicas1": Run(
-            [
-                sys.executable,
-                "-m",
-                binary,
-                "--strategy=default",
-                "--num_replicas=1",
-                f"--model_dir={model_dirs['replicas1']}",
-                *loop_flags,
-            ]
-        ),
-        "replicas2": Run(
-            [
-                sys.executable,
-                "-m",
-                binary,
-                "--strategy=mirrored",
-                "--num_replicas=2",
-                f"--model_dir={model_dirs['replicas2']}",
-                *loop_flags,
-            ]
-        ),
-    }
-    for run in runs.values():
-        run.succeed(timeout=300)
+    launcher = [sys.executable, "-m", "loops.cluster.launch", "--num_workers=2", "--"]
+    return {
+        "workers2": [*launcher, binary, "--strategy=multi_worker_mirrored", "--num_replicas=1"],
+        "replicas1": [sys.executable, "-m", binary, "--strategy=default", "--num_replicas=1"],
+        "replicas2": [sys.executable, "-m", binary, "--strategy=mirrored", "--num_replicas=2"],
+    }, loop_flags
+
+
+# Loops whose runs go at once: the 2 workers wait on each other at every step, and each
+# process imports TensorFlow on one core; 2 loops (10 processes) keep memory modest.
+LOOPS_AT_ONCE = 2
+
+
+@pytest.fixture(scope="module")
+def loop_runs(tmp_path_factory):
+    """The folder holding, for each loop, its 3 runs' model_dirs and output (`.out`) and
+    exit code (`.code`) files, from one build for all pytest-xdist workers."""
+
+    def build(folder):
+        loops = sorted(LOOP_RUNS)
+        for first in range(0, len(loops), LOOPS_AT_ONCE):
+            started = {}
+            for loop in loops[first : first + LOOPS_AT_ONCE]:
+                commands, loop_flags = loop_commands(loop)
+                for name, command in commands.items():
+                    model_dir = os.path.join(folder, loop, name)
+                    flags = [f"--model_dir={model_dir}", *loop_flags]
+                    started[model_dir] = Run([*command, *flags])
+            for model_dir, run in started.items():
+                code = run.finish(timeout=300)
+                with open(model_dir + ".out", "w") as out, open(model_dir + ".code", "w") as end:
+                    out.write(run.output)
+                    end.write(str(code))
+
+    return built_once_for_all_workers(tmp_path_factory, "launch_loops", build)
+
+
+@pytest.mark.parametrize("loop", sorted(LOOP_RUNS))
+def test_gan_rl_and_lm_on_two_workers_give_one_machines_step_losses_and_weights(loop_runs, loop):
+    commands, loop_flags = loop_commands(loop)
+    model_dirs = {name: os.path.join(loop_runs, loop, name) for name in commands}
+    outputs = {}
+    for name, model_dir in model_dirs.items():
+        with open(model_dir + ".out") as out, open(model_dir + ".code") as end:
+            outputs[name], code = out.read(), int(end.read())
+        assert code == 0, f"{name}: exit code {code}:\n{outputs[name][-4000:]}"
     train_steps = int(re.search(r"--train_steps=(\d+)", " ".join(loop_flags)).group(1))
     for worker in ("worker_0", "worker_1"):
-        assert re.search(
-            rf"\[{worker}\] step {train_steps}/{train_steps} \|", runs["workers2"].output
-        )
+        assert re.search(rf"\[{worker}\] step {train_steps}/{train_steps} \|", outputs["workers2"])
     got = results(model_dirs["workers2"])
     assert got["strategy"] == "multi_worker_mirrored" and got["num_replicas"] == 2
     assert got["global_step"] == train_steps
