@@ -255,6 +255,17 @@ def tiny_examples(count=21, seed=0):
     return images, labels
 
 
+def slice_update_context(strategy, slice_gradients):
+    """An UpdateContext on `strategy` (made in its scope) whose Updates compute their slices
+    through `slice_gradients`, as in the exact parameter-server mode."""
+    return loops.UpdateContext(
+        strategy=strategy,
+        global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
+        nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
+        slice_gradients=slice_gradients,
+    )
+
+
 def tiny_batches(global_batch_size=8, count=21, seed=0, shuffle_seed=None):
     """A function building one epoch of global batches of `tiny_examples`."""
     images, labels = tiny_examples(count, seed)

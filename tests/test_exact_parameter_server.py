@@ -17,7 +17,7 @@ import tensorflow as tf
 import test_sparse_tables as sparse_tables
 
 import loops
-from conftest import ROOT, SUBPROCESS_ENV, tiny_batches
+from conftest import ROOT, SUBPROCESS_ENV, slice_update_context, tiny_batches
 from loops.run import exact_parameter_server
 from loops.vocabulary import settings
 
@@ -191,11 +191,8 @@ def test_an_embedding_table_is_sent_as_rows_and_trained_by_its_table_optimizer()
     # table_optimizer (Adagrad's sparse row update), the rest with optimizer (Adam).
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
-        context = loops.UpdateContext(
-            strategy=strategy,
-            global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
-            nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
-            slice_gradients=exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy)),
+        context = slice_update_context(
+            strategy, exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy))
         )
         model = sparse_tables.make_model()
         table, *rest = model.trainable_variables
@@ -229,11 +226,8 @@ def test_a_step_that_writes_a_variable_on_the_workers_is_refused_naming_it():
     # before the first closure is scheduled, naming what the step writes.
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
-        context = loops.UpdateContext(
-            strategy=strategy,
-            global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
-            nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
-            slice_gradients=exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy)),
+        context = slice_update_context(
+            strategy, exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy))
         )
         model = keras.Sequential(
             [keras.Input((3,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)]

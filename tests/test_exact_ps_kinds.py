@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import ROOT, SUBPROCESS_ENV, tiny_batches
+from conftest import ROOT, SUBPROCESS_ENV, slice_update_context, tiny_batches
 from loops.core import retrieval_loss
 from loops.kinds import rl
 from loops.run import exact_parameter_server, loop_execution
@@ -78,12 +78,7 @@ def contrastive_update(slice_gradients):
     """An Update of an in-batch softmax (`whole_batch_loss=True`) on a fixed linear tower."""
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
-        context = loops.UpdateContext(
-            strategy=strategy,
-            global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
-            nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
-            slice_gradients=slice_gradients(strategy),
-        )
+        context = slice_update_context(strategy, slice_gradients(strategy))
         tower = keras.layers.Dense(3, use_bias=False)
         tower.build((None, 4))
         tower.kernel.assign(np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3))
