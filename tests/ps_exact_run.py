@@ -150,6 +150,10 @@ def main(workers, servers, steps, model_dir):
     say("the table, async and recovery")
     report["worker_killed"] = worker_killed_mid_step(strategy, processes["worker_1"], exact, steps)
     say("worker_1 killed")
+    # The asynchronous mode keeps training on the worker left: every batch scheduled once.
+    lost = build(strategy, model_dir=model_dir + "_async_lost", parameter_server_mode="async")
+    report["async_after_lost_worker"] = lost.train(steps)["num_examples"].tolist()
+    report["async_after_lost_worker_counts"] = lost.executor.results_extra()["parameter_server"]
     report["server_killed"] = server_killed(strategy, spec, processes["ps_1"], model_dir)
     processes["ps_1"] = testing.serve_task(spec, "ps", 1)
     say("ps_1 killed")

@@ -80,6 +80,11 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
     assert killed["difference"] <= 1e-6
     assert killed["mode"] == "exact" and killed["scheduled_closures"] == 2 * 7
     assert killed["recomputed_closures"] in (0, 1)
+    # With worker_1 gone, the asynchronous mode trains on: each batch of the stream scheduled
+    # once, in order, on worker_0.
+    assert report["async_after_lost_worker"] == [8, 8, 5, 8, 8, 5, 8]
+    lost = report["async_after_lost_worker_counts"]
+    assert lost["scheduled_steps"] == 7 and lost["step_runs"] == 7 + lost["retried_steps"]
     # A step that read an inf: recovered as one replica recovers, to its weights.
     assert report["recoveries"] == [
         {"step": 2, "restored_step": 0, "skipped_batches": 2, "cause": "nonfinite"}
