@@ -8,9 +8,9 @@ before --help, which answers without them.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
+from loops.vocabulary.host_memory import memory_bytes
 from loops.vocabulary.settings import Setting, satisfies
 
 # loops.bin.classifier: `loops_models.classifiers.build_classifier(model, l2=..., ...)`.
@@ -79,14 +79,6 @@ def check_width_fits_heads(values: dict[str, Any]) -> None:
 
 # Bytes of one attention probability (float32): the least a score costs while it is kept.
 _ATTENTION_PROBABILITY_BYTES = 4
-
-
-def memory_bytes() -> int:
-    """This machine's physical memory in bytes (0 where the system does not say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 0
 
 
 def check_transformer_fits(values: dict[str, Any], *, sequence_length: int, rows: int) -> None:

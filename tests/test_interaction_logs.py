@@ -1,9 +1,12 @@
 """Reading interaction logs of each format into dense indices, their refusals, and the splits."""
 
+import gzip
+import tracemalloc
+
 import numpy as np
 import pytest
 
-from loops.input import interaction_logs
+from loops.input import interaction_logs, log_text
 from loops.input.interaction_logs import Interactions, read_interactions, split
 
 
@@ -235,3 +238,165 @@ def test_arrays_of_the_wrong_type_or_range_are_refused():
     with pytest.raises(ValueError, match=r"holds indices in \[0, 49\], outside \[0, 40\)"):
         dataclasses.replace(log, num_users=40, user_ids=np.arange(40))
     assert interaction_logs.describe_split("random", 0.1, 2) == "random 90/10, seed 2"
+
+
+# ---- Values and text that passed the reader and poisoned the run (issue 51, items 6 and 7). ----
+
+LATIN1_E = "é".encode("latin-1")  # one byte, 0xe9, that starts no UTF-8 character
+
+
+@pytest.mark.parametrize(
+    "name, data, expected",
+    [
+        (
+            "u.data",
+            b"1\t2\t3\t4\n1\t3\t1e39\t5\n",
+            "{path} line 2: the rating '1e39' is beyond float32 (|rating| <= 3.403e+38), the "
+            "numbers ratings train in; write each rating on its scale (e.g. 1 to 5 stars, or 1 "
+            "or 0 for a label).",
+        ),
+        *[
+            (
+                "u.data",
+                b"1\t2\t3\t4\n\n\n1\t3\t4\t" + stamp + b"\n",  # line 4: blank lines counted
+                "{path} line 4: the timestamp '"
+                + stamp.decode()
+                + "' is beyond int64 (|timestamp| < 2^63, about 9.2e18), the numbers "
+                "timestamps are kept in; write each timestamp in seconds (e.g. 881250949), or "
+                "check the column order.",
+            )
+            for stamp in (b"1e19", b"1e300", b"9223372036854775808")
+        ],
+        (
+            "log.csv",
+            b"user,item\n5,1\n99999999999999999999,2\n",
+            "{path} line 3: the user id '99999999999999999999' is a whole number beyond 64 "
+            "bits (|id| < 2^63); number the users within 64 bits, or give every user id a "
+            "letter first (e.g. u99999999999999999999).",
+        ),
+        (
+            "log.csv",
+            b"user,item\ncaf" + LATIN1_E + b",1\n",
+            "{path} line 2 is not UTF-8 text (byte 0xe9 at column 4 does not decode); save it "
+            "as UTF-8 text (e.g. iconv -f latin1 -t utf-8 FILE).",
+        ),
+        (
+            "log.csv",
+            gzip.compress(b"user,item\n1,2\n"),
+            "{path} is a gzip file (it starts with gzip's bytes 1f 8b), not a text log; "
+            "decompress it first (e.g. gunzip) and pass the text file.",
+        ),
+        (
+            "log.csv",
+            "user,item\n1,2\n".encode("utf-16"),
+            "{path} is UTF-16 text (it starts with a UTF-16 mark); save it as UTF-8 text (e.g. "
+            "iconv -f utf-16 -t utf-8 FILE).",
+        ),
+        (
+            "log.csv",
+            b"user,item\nu1\x00,2\n",
+            "{path} line 2 holds a NUL byte (column 3), which no text log holds; remove it, or "
+            "check that the file is the text log and not binary data.",
+        ),
+        (
+            "log.csv",
+            b'user,item\n1,2\n3,"4\n' + b"5,6\n" * 40_000,
+            "{path} line 3 does not read as CSV (field larger than field limit (131072)); "
+            "write one interaction a line, with no carriage return inside it, and close each "
+            'field quoted with " on its line (one left open runs on over the lines below).',
+        ),
+        (
+            "u.data",
+            b"1\t2\t3\t4\n1\t" + b"7" * 70_000 + b"\t3\t4\n",
+            "{path} line 2 is over 65,536 bytes, longer than any interaction (a few ids and "
+            "numbers); check that the file is the text log, one interaction a line (a file "
+            "with no line ends is one long line).",
+        ),
+    ],
+)
+def test_a_value_or_text_beyond_what_trains_is_refused_by_line(tmp_path, name, data, expected):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as refused:
+        read_interactions(path)
+    assert str(refused.value) == expected.replace("{path}", str(path))
+
+
+def test_marks_scripts_and_exact_times_read_as_written(tmp_path):
+    path = tmp_path / "log.csv"
+    # A UTF-8 byte-order mark before the header; a name starting with é as with c; café in
+    # its decomposed form (e and a combining accent) is café.
+    text = "\ufeffuser,item,ts\nété_1,1,9223372036854775807\ncafé_1,1,1.5\ncafe\u0301_1,2,-3\n"
+    path.write_bytes(text.encode())
+    log = read_interactions(path)
+    np.testing.assert_array_equal(log.user_ids, ["café_1", "été_1"])
+    np.testing.assert_array_equal(log.users, [1, 0, 0])
+    # Whole numbers exactly (2^63 - 1 is not 2^63 as a float), a fraction rounded down.
+    np.testing.assert_array_equal(log.timestamps, [2**63 - 1, 1, -3])
+    assert log.has_timestamps
+
+
+def test_a_sparse_two_gigabyte_file_is_refused_after_one_line_bound(tmp_path):
+    path = tmp_path / "sparse.csv"
+    with open(path, "wb") as handle:
+        handle.truncate(2 << 30)  # 2 GiB of NULs, no disk blocks, no line end
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as refused:
+            read_interactions(path, memory=2**40)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(refused.value).startswith(f"{path} line 1 is over 65,536 bytes, longer than")
+    assert peak < 4 << 20  # one bounded line read, not gigabytes
+
+
+def test_a_log_larger_than_memory_can_hold_is_refused_unread(tmp_path):
+    path = write(tmp_path, "u.data", "1\t2\t3\t4\n" * 125)  # 1,000 bytes
+    assert len(read_interactions(path, memory=4_000)) == 125
+    with pytest.raises(ValueError) as refused:
+        read_interactions(path, memory=3_999)
+    assert str(refused.value) == (
+        f"{path} is 1,000 bytes, more than this machine can read: its fields as strings need "
+        "at least 4 bytes a byte of file (4,000 bytes), and it has 3,999 bytes of memory; pass "
+        "a log of at most 999 bytes (a sample of the users, or the columns user, item, rating "
+        "and timestamp alone)."
+    )
+    gib = 2**30
+    with pytest.raises(ValueError, match=r"is 2\.0 GiB, .* \(8\.0 GiB\), and it has 7\.5 GiB "):
+        log_text.check_fits_memory("big.data", 2 * gib, memory=7 * gib + gib // 2)
+    log_text.check_fits_memory("big.data", 2 * gib, memory=0)  # no figure: nothing to check
+
+
+def test_splits_that_leave_a_part_empty_or_have_no_time_are_refused(tmp_path):
+    untimed = read_interactions(write(tmp_path, "views.csv", "user,item\n1,10\n2,10\n1,11\n"))
+    assert not untimed.has_timestamps
+    with pytest.raises(ValueError) as refused:
+        split(untimed, how="time")
+    assert str(refused.value) == (
+        f"{tmp_path / 'views.csv'} has no timestamp column, so a time split has no time to "
+        "split by; pass how='random' (--split=random), or add a timestamp column (timestamp, "
+        "time or ts) to the log."
+    )
+    with pytest.raises(ValueError) as refused:
+        split(untimed, how="random", test_fraction=0.1)  # 0.3 of a row rounds to none
+    assert str(refused.value) == (
+        f"{tmp_path / 'views.csv'}: the split (random 90/10, seed 0) holds out none of its 3 "
+        "interactions, leaving nothing to evaluate on; pass a larger test_fraction "
+        "(--test_fraction), or a log with more interactions."
+    )
+    with pytest.raises(ValueError) as refused:
+        split(untimed.take(np.array([0])), how="random", test_fraction=0.9)
+    assert "holds out all of its 1 interactions, leaving nothing to train on; pass a " in str(
+        refused.value
+    )
+    # Every user with fewer than 1 / 0.2 rows: a time split rounds each share down to none.
+    timed = small_log(rows=8, users=4)
+    with pytest.raises(ValueError) as refused:
+        split(timed, how="time", test_fraction=0.2)
+    assert str(refused.value) == (
+        "the log: the split (time: each user's last 20% by timestamp (rounded down) to test) "
+        "holds out none of its 8 interactions, leaving nothing to evaluate on; pass a larger "
+        "test_fraction (--test_fraction) or how='random' (--split=random): a time split "
+        "rounds each user's share down, or a log with more interactions."
+    )

@@ -6,19 +6,25 @@ item, rating, timestamp, optional feature columns), users and items numbered
 0..n-1 in the order of their raw ids (numerically when every id is a whole
 number), the raw id of each index kept. An implicit log (no rating or label
 column) rates every interaction 1.0; a log without timestamps takes its row
-order as time. Everything a file gets wrong is refused before any work with
-a sentence naming the file, the line, the value and the fix.
+order as time (and a time split refuses it). Everything a file gets wrong is
+refused before any work with a sentence naming the file, the line, the value
+and the fix: the text within the bounds of `loops.input.log_text`, each value
+as the dtype it trains in (a rating in float32, a timestamp in int64).
 """
 
 from __future__ import annotations
 
+import array
 import csv
 import dataclasses
 import os
 import re
-from collections.abc import Mapping, Sequence
+import unicodedata
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
+
+from loops.input import log_text
 
 FORMATS = ("auto", "movielens", "recbole", "csv")
 SPLITS = ("random", "time")
@@ -30,8 +36,10 @@ _COLUMN_NAMES = {
     "rating": ("rating", "label", "click", "score"),
     "timestamp": ("timestamp", "time", "ts"),
 }
-# An id is a whole number or a name (letters, digits, `_`, `-`, `.` inside, `:`, `@`).
-_ID = re.compile(r"^(?:[+-]?\d+|[A-Za-z_][\w\-.:@]*)$")
+# An id is a whole number (ASCII digits) or a name: a letter of any script or `_` first, then
+# letters, digits, `_`, `-`, `.`, `:`, `@` (compared in Unicode's composed form, NFC).
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_ID = re.compile(r"[+-]?[0-9]+|[^\W\d][\w\-.:@]*")
 
 
 # eq=False: equality of numpy arrays is elementwise, so a generated __eq__ would raise.
@@ -49,6 +57,8 @@ class Interactions:
         features: optional extra columns by name (float32, or str when not numeric).
         source: where the log came from (a path, or how it was generated).
         split: how this part was split off ("none" for a whole log).
+        has_timestamps: whether the timestamps are the log's own (False: each row's
+            number stands in, and a time split is refused).
     """
 
     users: np.ndarray
@@ -62,6 +72,7 @@ class Interactions:
     features: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     source: str = ""
     split: str = "none"
+    has_timestamps: bool = True
 
     def __post_init__(self):
         rows = len(self.users)
@@ -159,7 +170,9 @@ def _check_indices(name: str, indices: np.ndarray, size: int, known_ids: int) ->
         )
 
 
-def read_interactions(path: str | os.PathLike, *, format: str = "auto") -> Interactions:
+def read_interactions(
+    path: str | os.PathLike, *, format: str = "auto", memory: int | None = None
+) -> Interactions:
     """Reads an interaction log into dense indices.
 
     Args:
@@ -170,36 +183,65 @@ def read_interactions(path: str | os.PathLike, *, format: str = "auto") -> Inter
             timestamp:float`), "csv" (comma-separated, a header naming user,
             item and optionally rating or label, timestamp and feature
             columns), or "auto": by the file's name (`.data`, `.inter`, `.csv`).
+        memory: the bytes reading may hold (default: this machine's memory; 0
+            checks nothing): a larger log is refused unread
+            (`log_text.check_fits_memory`).
 
     Raises:
         ValueError: an unknown format, an empty file, a missing column, an id
-            that is not an id, a rating or timestamp that is not a number; each
+            that is not an id, a rating or timestamp that is not a number or
+            does not fit its dtype, text out of `log_text`'s bounds; each
             naming the file, its line and the fix.
         FileNotFoundError: no file at `path`.
     """
     path = os.fspath(path)
     chosen = _format_of(path, format)
-    with open(path, newline="", encoding="utf-8") as stream:
-        if chosen == "csv":
-            rows = list(csv.reader(stream))
-        else:
-            rows = [line.rstrip("\r\n").split("\t") for line in stream]
-    rows = [row for row in rows if any(field.strip() for field in row)]
+    with open(path, "rb") as stream:
+        log_text.check_fits_memory(path, os.fstat(stream.fileno()).st_size, memory)
+        rows, lines = _rows(path, log_text.text_lines(path, stream), chosen)
     if not rows:
         raise ValueError(
             f"{path} holds no interactions (it is empty); pass a log with one interaction a line."
         )
     if chosen == "movielens":
-        header, first_line = ["user", "item", "rating", "timestamp"], 1
+        header = ["user", "item", "rating", "timestamp"]
     else:
-        header, first_line, rows = [_column_name(n) for n in rows[0]], 2, rows[1:]
+        header, rows, lines = [_column_name(n) for n in rows[0]], rows[1:], lines[1:]
     if not rows:
         raise ValueError(
             f"{path} holds a header and no interactions; pass a log with one interaction a "
             "line below its header."
         )
-    columns = _columns(path, header, rows, first_line, chosen)
-    return _interactions(path, columns, first_line)
+    columns = _columns(path, header, rows, lines, chosen)
+    return _interactions(path, columns, lines)
+
+
+def _rows(path: str, text: Iterator[str], format: str) -> tuple[list[list[str]], np.ndarray]:
+    """The rows that hold a field (blank lines left out), and the line each starts on."""
+    rows: list[list[str]] = []
+    lines = array.array("q")
+    if format != "csv":
+        for number, line in enumerate(text, 1):
+            if line.strip():  # a line of blanks and tabs holds no field
+                rows.append(line.rstrip("\r\n").split("\t"))
+                lines.append(number)
+        return rows, np.frombuffer(lines, np.int64)
+    reader = csv.reader(text)
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return rows, np.frombuffer(lines, np.int64)
+        except csv.Error as error:
+            raise ValueError(
+                f"{path} line {start} does not read as CSV ({error}); write one interaction "
+                'a line, with no carriage return inside it, and close each field quoted with " '
+                "on its line (one left open runs on over the lines below)."
+            ) from None
+        if any(field.strip() for field in row):
+            rows.append(row)
+            lines.append(start)
 
 
 def _format_of(path: str, format: str) -> str:
@@ -226,7 +268,7 @@ def _column_name(field: str) -> str:
 
 
 def _columns(
-    path: str, header: list[str], rows: list[list[str]], first_line: int, format: str
+    path: str, header: list[str], rows: list[list[str]], lines: np.ndarray, format: str
 ) -> dict[str, list[str]]:
     """Each column's fields by its role (user, item, ...) or, for a feature, its own name."""
     roles: dict[str, int] = {}
@@ -249,25 +291,24 @@ def _columns(
         if len(row) != len(header):
             layout = "\t".join(header) if format != "csv" else ",".join(header)
             raise ValueError(
-                f"{path} line {first_line + offset} has {len(row)} fields and the log "
+                f"{path} line {lines[offset]} has {len(row)} fields and the log "
                 f"{len(header)} ({layout}); give every line one field a column"
                 + (", separated by tabs." if format != "csv" else ".")
             )
     return {role: [row[index].strip() for row in rows] for role, index in roles.items()}
 
 
-def _interactions(path: str, columns: dict[str, list[str]], first_line: int) -> Interactions:
-    users, user_ids = _indices(path, "user", columns.pop("user"), first_line)
-    items, item_ids = _indices(path, "item", columns.pop("item"), first_line)
+def _interactions(path: str, columns: dict[str, list[str]], lines: np.ndarray) -> Interactions:
+    users, user_ids = _indices(path, "user", columns.pop("user"), lines)
+    items, item_ids = _indices(path, "item", columns.pop("item"), lines)
     rows = len(users)
-    ratings = (
-        _numbers(path, "rating", columns.pop("rating"), first_line).astype(np.float32)
-        if "rating" in columns
-        else np.ones(rows, np.float32)
-    )
-    if "timestamp" in columns:
-        times = _numbers(path, "timestamp", columns.pop("timestamp"), first_line)
-        timestamps = np.floor(times).astype(np.int64)
+    if "rating" in columns:
+        ratings = _ratings(path, columns.pop("rating"), lines)
+    else:
+        ratings = np.ones(rows, np.float32)
+    has_timestamps = "timestamp" in columns
+    if has_timestamps:
+        timestamps = _timestamps(path, columns.pop("timestamp"), lines)
     else:
         timestamps = np.arange(rows, dtype=np.int64)
     return Interactions(
@@ -281,31 +322,95 @@ def _interactions(path: str, columns: dict[str, list[str]], first_line: int) -> 
         item_ids=item_ids,
         features={name: _feature(values) for name, values in columns.items()},
         source=path,
+        has_timestamps=has_timestamps,
     )
 
 
 def _indices(
-    path: str, role: str, fields: Sequence[str], first_line: int
+    path: str, role: str, fields: Sequence[str], lines: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Dense int32 indices of the raw ids, and the raw id of each index (sorted)."""
-    raw = np.asarray(fields, dtype=str)
-    distinct, inverse = np.unique(raw, return_inverse=True)
-    for value in distinct.tolist():
-        if not _ID.match(value):
-            line = first_line + int(np.flatnonzero(raw == value)[0])
+    distinct, inverse = np.unique(np.asarray(fields, dtype=str), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    composed = [unicodedata.normalize("NFC", value) for value in distinct.tolist()]
+    if composed != distinct.tolist():  # "café" typed as e + a combining accent is "café"
+        distinct, again = np.unique(np.asarray(composed, dtype=str), return_inverse=True)
+        inverse = again.reshape(-1)[inverse]
+    for position, value in enumerate(distinct.tolist()):
+        if not _ID.fullmatch(value):
             raise ValueError(
-                f"{path} line {line}: the {role} id {value!r} is not an id (a whole number or "
-                "a name of letters, digits and _); check that the columns are in the order "
-                "the header or format names (MovieLens u.data: user, item, rating, timestamp)."
+                f"{path} line {_line_of(lines, inverse == position)}: the {role} id {value!r} "
+                "is not an id (a whole number or a name of letters, digits and _); check that "
+                "the columns are in the order the header or format names (MovieLens u.data: "
+                "user, item, rating, timestamp)."
             )
-    if all(value.lstrip("+-").isdigit() for value in distinct):
-        numbers = distinct.astype(np.int64)
-        distinct, inverse = np.unique(numbers[inverse], return_inverse=True)
+    if all(_WHOLE.fullmatch(value) for value in distinct.tolist()):
+        try:
+            numbers = distinct.astype(np.int64)
+        except OverflowError:
+            position, value = next(
+                (i, v) for i, v in enumerate(distinct.tolist()) if not _fits_int64(v)
+            )
+            raise ValueError(
+                f"{path} line {_line_of(lines, inverse == position)}: the {role} id {value!r} "
+                f"is a whole number beyond 64 bits (|id| < 2^63); number the {role}s within "
+                f"64 bits, or give every {role} id a letter first (e.g. "
+                f"{role[0]}{value.lstrip('+-')})."
+            ) from None
         # "7" and "07" are one id once read as numbers.
-    return inverse.astype(np.int32).reshape(-1), distinct
+        distinct, again = np.unique(numbers, return_inverse=True)
+        inverse = again.reshape(-1)[inverse]
+    return inverse.astype(np.int32), distinct
 
 
-def _numbers(path: str, role: str, fields: Sequence[str], first_line: int) -> np.ndarray:
+def _fits_int64(whole_number: str) -> bool:
+    return -(2**63) <= int(whole_number) < 2**63
+
+
+def _line_of(lines: np.ndarray, rows: np.ndarray) -> int:
+    """The line of the first row of a boolean mask over the rows."""
+    return int(lines[np.flatnonzero(rows)[0]])
+
+
+def _ratings(path: str, fields: Sequence[str], lines: np.ndarray) -> np.ndarray:
+    """The fields as float32, the dtype ratings train in: a finite number beyond it refused."""
+    values = _numbers(path, "rating", fields, lines)
+    with np.errstate(over="ignore"):
+        ratings = values.astype(np.float32)
+    beyond = ~np.isfinite(ratings)
+    if beyond.any():
+        offset = int(np.flatnonzero(beyond)[0])
+        raise ValueError(
+            f"{path} line {lines[offset]}: the rating {fields[offset]!r} is beyond float32 "
+            f"(|rating| <= {float(np.finfo(np.float32).max):.4g}), the numbers ratings train "
+            "in; write each rating on its scale (e.g. 1 to 5 stars, or 1 or 0 for a label)."
+        )
+    return ratings
+
+
+def _timestamps(path: str, fields: Sequence[str], lines: np.ndarray) -> np.ndarray:
+    """The fields as int64 (whole numbers exactly, others rounded down): one beyond refused."""
+    try:
+        return np.asarray(fields, dtype=np.int64)
+    except (ValueError, OverflowError):
+        pass  # a fraction, a number written with an exponent, or one beyond int64
+    times = _numbers(path, "timestamp", fields, lines)
+    whole = np.fromiter((_WHOLE.fullmatch(field) is not None for field in fields), bool)
+    # As a float64, 2^63 - 1 is 2^63: a whole number that large is told by its digits.
+    for offset in np.flatnonzero(np.abs(times) >= 2.0**63).tolist():
+        if not (whole[offset] and _fits_int64(fields[offset])):
+            raise ValueError(
+                f"{path} line {lines[offset]}: the timestamp {fields[offset]!r} is beyond "
+                "int64 (|timestamp| < 2^63, about 9.2e18), the numbers timestamps are kept "
+                "in; write each timestamp in seconds (e.g. 881250949), or check the column "
+                "order."
+            )
+    stamps = np.floor(np.where(whole, 0.0, times)).astype(np.int64)
+    stamps[whole] = np.asarray([fields[i] for i in np.flatnonzero(whole).tolist()], np.int64)
+    return stamps
+
+
+def _numbers(path: str, role: str, fields: Sequence[str], lines: np.ndarray) -> np.ndarray:
     """The fields as finite float64 numbers."""
     try:
         values = np.asarray(fields, dtype=np.float64)
@@ -320,7 +425,7 @@ def _numbers(path: str, role: str, fields: Sequence[str], first_line: int) -> np
             values[offset] = np.nan
         if not np.isfinite(values[offset]):
             raise ValueError(
-                f"{path} line {first_line + offset}: the {role} {field!r} is not a number; "
+                f"{path} line {lines[offset]}: the {role} {field!r} is not a number; "
                 f"write each {role} as a finite number (e.g. 4 or 3.5)"
                 + (", 1 or 0 for a label." if role == "rating" else ".")
             )
@@ -348,7 +453,8 @@ def split(
         test_fraction: in (0, 1).
 
     Raises:
-        ValueError: an unknown `how`, or a fraction outside (0, 1).
+        ValueError: an unknown `how`, a fraction outside (0, 1), a time split of a
+            log without timestamps, or a split that leaves test or train empty.
     """
     if how not in SPLITS:
         raise ValueError(f"how={how!r} is not a split; pass one of {', '.join(SPLITS)}.")
@@ -359,10 +465,36 @@ def split(
         )
     if how == "random":
         test = _random_test_rows(len(interactions), test_fraction, seed)
+    elif not interactions.has_timestamps:
+        raise ValueError(
+            f"{interactions.source} has no timestamp column, so a time split has no time to "
+            "split by; pass how='random' (--split=random), or add a timestamp column "
+            "(timestamp, time or ts) to the log."
+        )
     else:
         test = _last_rows_of_each_user(interactions, test_fraction)
     note = describe_split(how, test_fraction, seed)
+    _check_both_parts(interactions, int(test.sum()), note)
     return interactions.take(~test, split=note), interactions.take(test, split=note)
+
+
+def _check_both_parts(interactions: Interactions, held_out: int, note: str) -> None:
+    """Refuses a split that holds out none of the log (nothing to evaluate) or all of it."""
+    rows = len(interactions)
+    if 0 < held_out < rows:
+        return
+    if held_out == 0:
+        what, fix = "none of its", "a larger test_fraction (--test_fraction)"
+        if note.startswith("time"):
+            fix += " or how='random' (--split=random): a time split rounds each user's share down"
+        ending = "leaving nothing to evaluate on"
+    else:
+        what, fix = "all of its", "a smaller test_fraction (--test_fraction)"
+        ending = "leaving nothing to train on"
+    raise ValueError(
+        f"{interactions.source or 'the log'}: the split ({note}) holds out {what} {rows} "
+        f"interactions, {ending}; pass {fix}, or a log with more interactions."
+    )
 
 
 def describe_split(how: str, test_fraction: float, seed: int) -> str:
