@@ -8,9 +8,10 @@ before --help, which answers without them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-from loops.vocabulary.host_memory import memory_bytes
+from loops.vocabulary.host_memory import in_units, memory_bytes
 from loops.vocabulary.settings import Setting, satisfies
 
 # loops.bin.classifier: `loops_models.classifiers.build_classifier(model, l2=..., ...)`.
@@ -184,3 +185,104 @@ RECOMMENDER: tuple[Setting, ...] = (
         lower_bound=1,
     ),
 )
+
+
+# Bytes of one weight: every weight of the recommenders is a float32.
+_WEIGHT_BYTES = 4
+
+
+def check_recommender_fits(
+    values: dict[str, Any],
+    *,
+    num_users: int,
+    num_items: int,
+    copies: int = 1,
+    memory: int | None = None,
+) -> None:
+    """Refuses RECOMMENDER settings whose weights cannot fit in `memory` bytes.
+
+    Training holds `copies` of every weight (the weights and the optimizer's
+    slots: `loops.bin.training_settings.weight_copies`). That is a lower bound
+    of what it needs (gradients and activations come on top), so a model
+    refused here could never train, before it is built; one allowed may still
+    be too large for an accelerator's memory.
+
+    Args:
+        values: the RECOMMENDER settings (model, embedding_dim, hidden_units).
+        num_users, num_items: the log's index spaces (the tables' rows).
+        copies: the copies of each weight training holds.
+        memory: the bytes to fit in (default: `memory_bytes()`); 0 checks nothing.
+
+    Raises:
+        ValueError: the settings, what their weights need, and the largest that fit.
+    """
+    memory = memory_bytes() if memory is None else memory
+    model, dim = values["model"], values["embedding_dim"]
+    hidden = values["hidden_units"] if model == "rating" else 0  # retrieval has no MLP
+
+    def weights(embedding_dim: int, hidden_units: int) -> int:
+        return recommender_weights(
+            model, embedding_dim, hidden_units, num_users=num_users, num_items=num_items
+        )
+
+    fitting = memory // (_WEIGHT_BYTES * copies)
+    needed = weights(dim, hidden)
+    if not memory or needed <= fitting:
+        return
+    flags = f"--embedding_dim={dim}" + (f" --hidden_units={hidden}" if hidden else "")
+    held = "once (no optimizer slots)"
+    if copies > 1:
+        held = f"{copies} times (the weights and the optimizer's {copies - 1} slots)"
+    raise ValueError(
+        f"{flags} is more than this machine can train: the {model} model's {needed:,} weights "
+        f"for {num_users:,} users and {num_items:,} items, held {held} at {_WEIGHT_BYTES} "
+        f"bytes, need {in_units(needed * copies * _WEIGHT_BYTES)}, and it has "
+        f"{in_units(memory)} of memory; pass {_recommender_fix(weights, dim, hidden, fitting)}."
+    )
+
+
+def _recommender_fix(
+    weights: Callable[[int, int], int], dim: int, hidden: int, fitting: int
+) -> str:
+    """The largest --embedding_dim (or --hidden_units) that fits with the other as given; both
+    smaller where neither alone does; a smaller log where not even the smallest model fits."""
+    fixes = []
+    if (largest := _largest(lambda d: weights(d, hidden), fitting, least=1)) >= 1:
+        fixes.append(f"--embedding_dim<={largest}")
+    if hidden:
+        largest = _largest(lambda h: weights(dim, h), fitting, least=1)
+        if largest >= 1 or weights(dim, 0) <= fitting:
+            fixes.append(f"--hidden_units<={max(largest, 0)}")
+    if fixes:
+        return " or ".join(fixes)
+    if weights(1, 0) <= fitting:
+        largest = _largest(lambda d: weights(d, 0), fitting, least=1)
+        return (
+            "a smaller --embedding_dim and --hidden_units (e.g. "
+            f"--embedding_dim<={largest} --hidden_units=0)"
+        )
+    return "a log with fewer users and items (not even --embedding_dim=1 fits)"
+
+
+def recommender_weights(
+    model: str, embedding_dim: int, hidden_units: int, *, num_users: int, num_items: int
+) -> int:
+    """The weights of `loops_models.recommender`'s model as loops.bin.recommender builds it:
+    retrieval's two id tables; rating's id tables, bias tables, MLP (or the one Dense over both
+    embeddings without hidden units) and global bias."""
+    ids = num_users + num_items
+    if model == "retrieval":
+        return ids * embedding_dim
+    width = 2 * embedding_dim  # the MLP's input: both embeddings
+    if hidden_units:
+        mlp = width * hidden_units + hidden_units + hidden_units + 1
+    else:
+        mlp = width + 1
+    return ids * (embedding_dim + 1) + mlp + 1
+
+
+def _largest(weights: Callable[[int], int], fitting: int, *, least: int) -> int:
+    """The largest size >= `least` whose `weights(size)` (linear from `least` on) is at most
+    `fitting`; below `least` when none is."""
+    slope = weights(least + 1) - weights(least)
+    return least + (fitting - weights(least)) // slope

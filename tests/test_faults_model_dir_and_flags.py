@@ -172,6 +172,51 @@ def test_a_sequence_length_is_checked_against_memory():
     model_settings.check_attention_fits(model, sequence_length=10**7, rows=1, memory=0)
 
 
+def test_a_recommenders_weights_are_checked_against_memory():
+    import keras
+
+    from loops_models import recommender
+
+    # The count is the models' own: 7 users, 11 items.
+    rating = recommender.rating_model(num_users=7, num_items=11, embedding_dim=3, hidden_units=(5,))
+    towers = [recommender.id_tower(num_ids=count, embedding_dim=4) for count in (7, 11)]
+    assert model_settings.recommender_weights("rating", 3, 5, num_users=7, num_items=11) == (
+        rating.count_params()
+    )
+    assert model_settings.recommender_weights("retrieval", 4, 0, num_users=7, num_items=11) == (
+        sum(tower.count_params() for tower in towers)
+    )
+    keras.backend.clear_session()
+    retrieval = {"model": "retrieval", "embedding_dim": 32, "hidden_units": 64}  # no MLP
+    sizes = dict(num_users=3000, num_items=1500, copies=3)
+    # 4,500 ids x 32 weights x 3 copies x 4 bytes = 1,728,000 bytes.
+    model_settings.check_recommender_fits(retrieval, **sizes, memory=1_728_000)
+    with pytest.raises(ValueError) as refused:
+        model_settings.check_recommender_fits(retrieval, **sizes, memory=1_727_999)
+    assert str(refused.value) == (
+        "--embedding_dim=32 is more than this machine can train: the retrieval model's "
+        "144,000 weights for 3,000 users and 1,500 items, held 3 times (the weights and the "
+        "optimizer's 2 slots) at 4 bytes, need 1.6 MiB, and it has 1.6 MiB of memory; pass "
+        "--embedding_dim<=31."
+    )
+    gib = 2**30
+    rating = {"model": "rating", "embedding_dim": 32, "hidden_units": 10**9}
+    with pytest.raises(ValueError) as refused:
+        model_settings.check_recommender_fits(rating, **sizes | {"copies": 1}, memory=gib)
+    assert str(refused.value) == (
+        "--embedding_dim=32 --hidden_units=1000000000 is more than this machine can train: "
+        "the rating model's 66,000,148,502 weights for 3,000 users and 1,500 items, held once "
+        "(no optimizer slots) at 4 bytes, need 245.9 GiB, and it has 1.0 GiB of memory; pass "
+        "--hidden_units<=4064953."
+    )
+    both = rating | {"embedding_dim": 10**9}
+    with pytest.raises(ValueError, match=r"pass a smaller --embedding_dim and --hidden_units "):
+        model_settings.check_recommender_fits(both, **sizes, memory=gib)
+    with pytest.raises(ValueError, match=r"not even --embedding_dim=1 fits\)\.$"):
+        model_settings.check_recommender_fits(retrieval, **sizes, memory=1024)
+    model_settings.check_recommender_fits(both, **sizes, memory=0)  # no figure: no check
+
+
 # ---- The model_dir. ----
 
 

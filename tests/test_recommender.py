@@ -264,6 +264,27 @@ def test_bad_arguments_are_refused_with_the_fix():
         definition.score_all_items(tf.constant([0]))
 
 
+def test_the_binary_refuses_a_model_larger_than_memory_before_building_it(tmp_path):
+    log = tmp_path / "u.data"
+    rows = [(1 + row % 8, 1 + row % 11, 3, row) for row in range(40)]  # 8 users, 11 items
+    log.write_text("".join("\t".join(map(str, row)) + "\n" for row in rows))
+    model_dir = tmp_path / "run"
+    done = run_module(
+        "loops.bin.recommender",
+        f"--data={log}",
+        "--embedding_dim=10000000000",
+        f"--model_dir={model_dir}",
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert (
+        "--embedding_dim=10000000000 is more than this machine can train: the retrieval model's "
+        "190,000,000,000 weights for 8 users and 11 items, held 3 times (the weights and the "
+        "optimizer's 2 slots) at 4 bytes, need 2,123.4 GiB, and it has "
+    ) in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not model_dir.exists()
+
+
 def test_the_default_binary_run_shortened_beats_popularity_by_half_again(tmp_path):
     done = run_module(
         "loops.bin.recommender", f"--model_dir={tmp_path}", "--train_steps=600", "--eval_every=600"

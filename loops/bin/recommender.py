@@ -98,10 +98,15 @@ def build_trainer():
         signature="users -> items, scores (top K); score_pairs: users, items -> scores",
     )
     interactions, train, test = _interactions()
+    optimizer = loop_flags.setting_values(training_settings.OPTIMIZER)
+    model_settings.check_recommender_fits(
+        model,
+        num_users=train.num_users,
+        num_items=train.num_items,
+        copies=training_settings.weight_copies(optimizer),
+    )
     optimizer_fn = training_settings.optimizer_fn(
-        loop_flags.setting_values(training_settings.OPTIMIZER),
-        learning_rate=FLAGS.learning_rate,
-        total_steps=FLAGS.train_steps,
+        optimizer, learning_rate=FLAGS.learning_rate, total_steps=FLAGS.train_steps
     )
     data_notes = recommender_data.notes(interactions, train, test)
     build = _retrieval if model["model"] == "retrieval" else _rating

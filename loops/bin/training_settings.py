@@ -105,6 +105,17 @@ def optimizer_fn(
     )
 
 
+# The full-size slots each optimizer keeps beside the weights: Adam's two moments, momentum's
+# velocity, none for plain SGD.
+_SLOTS = {"adam": 2, "momentum": 1, "sgd": 0}
+
+
+def weight_copies(values: dict[str, Any]) -> int:
+    """How many copies of every weight training under the OPTIMIZER settings holds: the
+    weights and the optimizer's slots (for the checks of a model's size against memory)."""
+    return 1 + _SLOTS[values["optimizer"]]
+
+
 def adam_fn(learning_rate: Any, **options: Any) -> Callable[[], Any]:
     """() -> a new Adam optimizer at `learning_rate` (a float or a schedule) with `options`."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from loops.vocabulary.host_memory import memory_bytes
+from loops.vocabulary.host_memory import in_units, memory_bytes
 
 # The longest line read, in bytes. An interaction is a few ids and numbers (a MovieLens line
 # is about 25 bytes), so 64 KiB leaves room for wide feature columns; each line is read with
@@ -50,19 +50,12 @@ def check_fits_memory(path: str, size: int, memory: int | None = None) -> None:
     if not memory or needed <= memory:
         return
     raise ValueError(
-        f"{path} is {_size(size)}, more than this machine can read: its fields as strings "
-        f"need at least {HELD_BYTES_PER_FILE_BYTE} bytes a byte of file ({_size(needed)}), "
-        f"and it has {_size(memory)} of memory; pass a log of at most "
-        f"{_size(memory // HELD_BYTES_PER_FILE_BYTE)} (a sample of the users, or the columns "
+        f"{path} is {in_units(size)}, more than this machine can read: its fields as strings "
+        f"need at least {HELD_BYTES_PER_FILE_BYTE} bytes a byte of file ({in_units(needed)}), "
+        f"and it has {in_units(memory)} of memory; pass a log of at most "
+        f"{in_units(memory // HELD_BYTES_PER_FILE_BYTE)} (a sample of the users, or the columns "
         "user, item, rating and timestamp alone)."
     )
-
-
-def _size(count: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
-        if count >= scale:
-            return f"{count / scale:,.1f} {unit}"
-    return f"{count:,} bytes"
 
 
 def text_lines(path: str, stream: BinaryIO) -> Iterator[str]:

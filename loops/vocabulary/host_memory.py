@@ -12,3 +12,11 @@ def memory_bytes() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return 0
+
+
+def in_units(count: int) -> str:
+    """A count of bytes as a sentence says it: "2.0 GiB", "1.6 MiB", "999 bytes"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count:,} bytes"
