@@ -257,6 +257,13 @@ def test_bad_arguments_are_refused_with_the_fix():
         retrieval_definition(item_frequencies=np.ones(5))
     with pytest.raises(ValueError, match="temperature must be a number > 0"):
         retrieval_definition(temperature=0.0)
+    # One example a batch has no negative: the loss would be 0 at every step.
+    with pytest.raises(ValueError) as refused:
+        retrieval_definition(global_batch_size=1)
+    assert str(refused.value) == (
+        "global_batch_size must be a whole number >= 2 (retrieval needs at least 2 examples "
+        "a batch for in-batch negatives), got 1."
+    )
     with pytest.raises(ValueError, match="task must be one of"):
         loops.RatingLoop(model_fn=None, optimizer_fn=None, task="ranking")
     definition = loops.RatingLoop(model_fn=None, optimizer_fn=None)

@@ -96,7 +96,8 @@ class RetrievalLoop(Loop):
                 keras.optimizers.Adagrad: a sparse, exact row update, `loops.Update`);
                 None: optimizer_fn's trains them too.
             num_items: the items of the corpus (ids 0..num_items - 1).
-            global_batch_size: the most rows a train batch holds.
+            global_batch_size: the most rows a train batch holds (>= 2: the other rows
+                are each row's negatives).
             item_frequencies: [num_items] how often each item occurs in training
                 (counts); None: no sampling correction.
             temperature: the dot products are divided by it (> 0).
@@ -109,7 +110,13 @@ class RetrievalLoop(Loop):
             ValueError: a bad argument, with the fix.
         """
         check_whole("num_items", num_items)
-        check_whole("global_batch_size", global_batch_size)
+        # One example a batch has no other row to be its negative: the loss is 0 at every step.
+        check_whole(
+            "global_batch_size",
+            global_batch_size,
+            2,
+            " (retrieval needs at least 2 examples a batch for in-batch negatives)",
+        )
         check_clip_norm(clip_norm)
         if not (isinstance(temperature, int | float) and math.isfinite(temperature)) or not (
             temperature > 0
