@@ -3,9 +3,11 @@ recommender."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 
@@ -160,8 +162,17 @@ def export_recommender(
     return _save(server, export_dir, signatures=signatures)
 
 
-def _save(server: tf.Module, export_dir: str, *, signatures: dict | None = None) -> str:
-    """Saves next to `export_dir`, then renames: a crash never leaves half an export."""
+def _save(
+    server: tf.Module,
+    export_dir: str,
+    *,
+    signatures: dict | None = None,
+    files: dict[str, str] | None = None,
+) -> str:
+    """Saves next to `export_dir`, then renames: a crash never leaves half an export.
+
+    `files` (name -> text) are written into the export beside the SavedModel.
+    """
     if os.path.exists(export_dir) and not tf.saved_model.contains_saved_model(export_dir):
         raise ValueError(
             f"export_dir {export_dir!r} exists and holds no SavedModel; refusing to replace "
@@ -174,13 +185,17 @@ def _save(server: tf.Module, export_dir: str, *, signatures: dict | None = None)
         )
     parent = os.path.dirname(os.path.abspath(export_dir))
     os.makedirs(parent, exist_ok=True)
-    _remove_abandoned_staging(parent)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".export-{os.getpid()}-")
+    prefix = staging_prefix(export_dir)
+    _remove_abandoned_staging(parent, prefix)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f"{prefix}{os.getpid()}-")
     try:
         os.chmod(staging, 0o777 & ~current_umask())
         if signatures is None:
             signatures = {"serving_default": server.serve}
         tf.saved_model.save(server, staging, signatures=signatures)
+        for name, text in (files or {}).items():
+            with open(os.path.join(staging, name), "x", encoding="utf-8") as stream:
+                stream.write(text)
         if os.path.exists(export_dir):
             shutil.rmtree(export_dir)
         os.replace(staging, export_dir)
@@ -189,11 +204,21 @@ def _save(server: tf.Module, export_dir: str, *, signatures: dict | None = None)
     return export_dir
 
 
-def _remove_abandoned_staging(parent: str) -> None:
-    """Removes staging folders of exports whose process is gone (killed mid-export)."""
+def staging_prefix(export_dir: str) -> str:
+    """`.export-NAME-OWNER-`: the start of the staging folders' names of exports to
+    `export_dir` from this host (then `PID-` and 8 random characters), OWNER a digest of
+    the host and the export's absolute path, so no other export's staging folder matches."""
+    target = os.path.abspath(export_dir)
+    owner = hashlib.sha256(f"{socket.gethostname()}\0{target}".encode()).hexdigest()[:12]
+    return f".export-{os.path.basename(target)[:64]}-{owner}-"
+
+
+def _remove_abandoned_staging(parent: str, prefix: str) -> None:
+    """Removes the staging folders of earlier exports to this export's directory whose
+    process is gone (killed mid-export); another export's, or a live one's, stay."""
     for name in os.listdir(parent):
-        match = re.match(r"^\.export-(\d+)-", name)
-        if match and not _process_alive(int(match.group(1))):
+        match = re.fullmatch(r"(\d+)-\w{8}", name[len(prefix) :])
+        if name.startswith(prefix) and match and not _process_alive(int(match.group(1))):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
