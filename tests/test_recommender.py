@@ -232,7 +232,7 @@ def served_batch(ids, rows, unknown):
 @pytest.mark.parametrize(
     "kind, user_ids, item_ids, unknown_users, unknown_items",
     [
-        ("retrieval", BIG_IDS["users"], NAMES["items"], [-1, 2**40 + 1, 0], ["tt9", ""]),
+        ("retrieval", BIG_IDS["users"], NAMES["items"], [-1, 9, 2**40 + 27], ["tt9", ""]),
         ("rating", NAMES["users"], BIG_IDS["items"], ["-1", "nobody", "user-9"], [-1, 2**33 + 1]),
     ],
 )
@@ -265,9 +265,9 @@ def test_the_export_serves_the_logs_own_ids_and_never_another_row_for_an_unknown
     np.testing.assert_allclose(
         top["scores"].numpy()[:3], np.take_along_axis(live, expected_rows, 1), rtol=1e-6
     )
-    # -1, an id past the last and 0 (-N wrapped to the last row, N to an error, before):
-    # the 4 most trained items (item 1 three times, then 2, 3, 4 twice: ties by index),
-    # no scores, and known_user False.
+    # -1, the user count 9 and the id after the last (before: -1 served the last user's
+    # list, 9 a "Graph execution error"): the 4 most trained items (item 1 three times,
+    # then 2, 3, 4 twice: ties by index), no scores, and known_user False.
     assert top["known_user"].numpy().tolist() == [True] * 3 + [False] * 3
     np.testing.assert_array_equal(items[3:], np.tile(item_ids[[1, 2, 3, 4]], (3, 1)))
     assert np.isnan(top["scores"].numpy()[3:]).all()
