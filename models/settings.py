@@ -179,7 +179,8 @@ RECOMMENDER: tuple[Setting, ...] = (
     Setting(
         "top_k",
         "model",
-        "retrieval: the cut-off K of Recall@K and NDCG@K, and the items the export returns.",
+        "The items the export returns a user (both models; at most the log's items) and, for "
+        "retrieval, the cut-off K of Recall@K and NDCG@K.",
         "integer",
         default=10,
         lower_bound=1,

@@ -1,4 +1,5 @@
-"""Exported classifiers and GAN generators reload in and out of a strategy and serve the same."""
+"""Exported classifiers and GAN generators reload in and out of a strategy and serve the same;
+an export removes only its own abandoned staging folders."""
 
 import os
 
@@ -44,6 +45,32 @@ def test_export_replaces_an_old_export_but_not_other_files(tmp_path):
     with pytest.raises(ValueError, match="holds no SavedModel; refusing to replace it"):
         export_classifier(loop.definition.model, str(tmp_path / "notes"))
     assert (tmp_path / "notes" / "mine.txt").read_text() == "keep"
+
+
+def test_an_export_removes_only_its_own_dead_staging_folders(tmp_path):
+    import subprocess
+    import sys
+
+    from loops.model_dir.export import staging_prefix
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process now gone
+    target, other = tmp_path / "export", tmp_path / "other"
+    mine = tmp_path / f"{staging_prefix(str(target))}{dead.pid}-abcd_123"
+    alive = tmp_path / f"{staging_prefix(str(target))}{os.getpid()}-abcd_123"
+    others = [
+        tmp_path / f"{staging_prefix(str(other))}{dead.pid}-abcd_123",  # another export's
+        tmp_path / f".export-{dead.pid}-abcd_123",  # an older loops' name: whose, unknown
+        tmp_path / f"{staging_prefix(str(target))}{dead.pid}-abcd_123-x",  # not a staging name
+    ]
+    for folder in [mine, alive, *others]:
+        folder.mkdir()
+    loop = make_loop(loops.testing.replica_strategy(1))
+    export_classifier(loop.definition.model, str(target))
+    assert tf.saved_model.contains_saved_model(str(target))
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        ["export", alive.name, *(path.name for path in others)]
+    )
 
 
 def assert_serves_the_generator(path, generator, noise):

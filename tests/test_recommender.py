@@ -15,6 +15,7 @@ import loops
 from conftest import ROOT, read_results, run_module, run_python
 from loops.kinds.rating import area_under_curve
 from loops.kinds.retrieval import ranking_sums_at
+from loops.model_dir import id_vocabulary
 from loops.model_dir.export import export_recommender
 from loops_models import recommender
 
@@ -216,8 +217,28 @@ def test_auc_from_histograms_counts_a_shared_bin_as_half():
     assert np.isnan(area_under_curve([0, 3], [0, 0]))
 
 
-@pytest.mark.parametrize("kind", ["retrieval", "rating"])
-def test_the_export_scores_all_items_and_pairs_as_the_live_model(kind, tmp_path):
+# The log's own ids: whole numbers past 2**31 (and the id -1 absent) or strings.
+BIG_IDS = {"users": 2**40 + 3 * np.arange(NUM_USERS), "items": 2**33 + 5 * np.arange(NUM_ITEMS)}
+NAMES = {"users": np.array([f"user-{n}" for n in range(NUM_USERS)]),
+         "items": np.array([f"tt{n:07d}" for n in range(NUM_ITEMS)])}  # fmt: skip
+
+
+def served_batch(ids, rows, unknown):
+    """The ids of `rows`, then the unknown ids, as the signature's dtype."""
+    values = [*ids[rows].tolist(), *unknown]
+    return tf.constant(values, tf.string if ids.dtype.kind == "U" else tf.int64)
+
+
+@pytest.mark.parametrize(
+    "kind, user_ids, item_ids, unknown_users, unknown_items",
+    [
+        ("retrieval", BIG_IDS["users"], NAMES["items"], [-1, 9, 2**40 + 27], ["tt9", ""]),
+        ("rating", NAMES["users"], BIG_IDS["items"], ["-1", "nobody", "user-9"], [-1, 2**33 + 1]),
+    ],
+)
+def test_the_export_serves_the_logs_own_ids_and_never_another_row_for_an_unknown_one(
+    kind, user_ids, item_ids, unknown_users, unknown_items, tmp_path
+):
     strategy = loops.testing.replica_strategy(2)
     trainer = build_retrieval(strategy) if kind == "retrieval" else build_rating(strategy)
     trainer.train(3)
@@ -228,24 +249,93 @@ def test_the_export_scores_all_items_and_pairs_as_the_live_model(kind, tmp_path)
         score_all_items=definition.score_all_items,
         score_pairs=definition.score_pairs,
         top_k=4,
+        user_ids=user_ids,
+        item_ids=item_ids,
+        item_counts=FREQUENCIES,
     )
     served = tf.saved_model.load(path)
-    users = tf.constant([0, 3, 8], tf.int32)
-    live = definition.score_all_items(users).numpy()
-    top = served.signatures["serving_default"](users=users)
-    expected_items = np.argsort(-live, axis=1, kind="stable")[:, :4]
-    np.testing.assert_array_equal(top["items"].numpy(), expected_items)
+    rows = np.array([0, 3, 8])
+    top = served.signatures["serving_default"](users=served_batch(user_ids, rows, unknown_users))
+    live = definition.score_all_items(tf.constant(rows, tf.int32)).numpy()
+    expected_rows = np.argsort(-live, axis=1, kind="stable")[:, :4]
+    items = top["items"].numpy()
+    if item_ids.dtype.kind == "U":
+        items = items.astype(str)
+    np.testing.assert_array_equal(items[:3], item_ids[expected_rows])
     np.testing.assert_allclose(
-        top["scores"].numpy(), np.take_along_axis(live, expected_items, 1), rtol=1e-6
+        top["scores"].numpy()[:3], np.take_along_axis(live, expected_rows, 1), rtol=1e-6
     )
-    pair_users, pair_items = tf.constant(USERS), tf.constant(ITEMS)
-    pairs = served.signatures["score_pairs"](users=pair_users, items=pair_items)["scores"]
+    # -1, the user count 9 and the id after the last (before: -1 served the last user's
+    # list, 9 a "Graph execution error"): the 4 most trained items (item 1 three times,
+    # then 2, 3, 4 twice: ties by index), no scores, and known_user False.
+    assert top["known_user"].numpy().tolist() == [True] * 3 + [False] * 3
+    np.testing.assert_array_equal(items[3:], np.tile(item_ids[[1, 2, 3, 4]], (3, 1)))
+    assert np.isnan(top["scores"].numpy()[3:]).all()
+
+    pair_users = served_batch(user_ids, USERS, unknown_users[:1] + [user_ids[0].item()] * 2)
+    pair_items = served_batch(item_ids, ITEMS, [item_ids[0].item(), *unknown_items])
+    pairs = served.signatures["score_pairs"](users=pair_users, items=pair_items)
     np.testing.assert_allclose(
-        pairs.numpy(), definition.score_pairs(pair_users, pair_items).numpy(), rtol=1e-6
+        pairs["scores"].numpy()[: len(USERS)],
+        definition.score_pairs(tf.constant(USERS), tf.constant(ITEMS)).numpy(),
+        rtol=1e-6,
     )
     np.testing.assert_allclose(
-        pairs.numpy()[[0, 3]], live[[0, 1], [ITEMS[0], ITEMS[3]]], rtol=1e-5, atol=1e-6
+        pairs["scores"].numpy()[[0, 3]], live[[0, 1], [ITEMS[0], ITEMS[3]]], rtol=1e-5, atol=1e-6
     )
+    assert np.isnan(pairs["scores"].numpy()[len(USERS) :]).all()
+    assert pairs["known_user"].numpy()[len(USERS) :].tolist() == [False, True, True]
+    assert pairs["known_item"].numpy()[len(USERS) :].tolist() == [True, False, False]
+    assert pairs["known_user"].numpy()[: len(USERS)].all()
+
+    empty = served_batch(user_ids, rows[:0], [])
+    nothing = served.signatures["serving_default"](users=empty)
+    assert nothing["items"].shape == (0, 4) and nothing["known_user"].shape == (0,)
+    none = served.signatures["score_pairs"](users=empty, items=served_batch(item_ids, rows[:0], []))
+    assert none["scores"].shape == (0,)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"score_pairs takes one item a user: send users and items of one length",
+    ):
+        served.signatures["score_pairs"](users=pair_users[:3], items=pair_items[:2])
+    vocabulary = id_vocabulary.read_ids(path)
+    np.testing.assert_array_equal(vocabulary["users"], user_ids)
+    np.testing.assert_array_equal(vocabulary["items"], item_ids)
+    assert vocabulary["users"].dtype.kind == user_ids.dtype.kind
+
+
+def test_the_export_refuses_ids_counts_and_a_top_k_that_do_not_fit(tmp_path):
+    def export(top_k=4, scored=NUM_ITEMS, **ids):
+        arguments = dict(user_ids=BIG_IDS["users"], item_ids=NAMES["items"])
+        arguments["item_counts"] = FREQUENCIES
+        return export_recommender(
+            None,
+            str(tmp_path / "export"),
+            score_all_items=lambda users: tf.zeros([tf.size(users), scored]),
+            score_pairs=None,
+            top_k=top_k,
+            **(arguments | ids),
+        )
+
+    with pytest.raises(ValueError, match=r"^top_k=13 is more than the 12 items of the corpus; "
+                       r"pass top_k <= 12\.$"):  # fmt: skip
+        export(top_k=13)
+    with pytest.raises(ValueError, match=r"^user_ids holds the id 'a' 2 times; give each row"):
+        export(user_ids=np.array(["a", "b", "a"]))
+    with pytest.raises(ValueError, match=r"item_ids must be a non-empty 1-D array .* got no ids"):
+        export(item_ids=np.array([], np.int64))
+    with pytest.raises(ValueError, match=r"user_ids must be .* got dtype float64"):
+        export(user_ids=np.array([1.5, 2.0]))
+    with pytest.raises(
+        ValueError, match=r"^item_counts must hold a whole count >= 0 for each of the 12 items, "
+        r"got int64 of shape \(5,\); pass Interactions.item_counts\(\) of the training log\.$",
+    ):  # fmt: skip
+        export(item_counts=np.ones(5, np.int64))
+    with pytest.raises(ValueError, match=r"got int64 of shape \(12,\) holding -1; pass"):
+        export(item_counts=FREQUENCIES - 2)
+    with pytest.raises(ValueError, match=r"^score_all_items scores 11 items and item_ids names 12"):
+        export(scored=NUM_ITEMS - 1)
+    assert not os.listdir(tmp_path)
 
 
 def test_bad_arguments_are_refused_with_the_fix():
@@ -320,6 +410,46 @@ def test_the_binary_rating_model_shortened_beats_the_bias_baseline_by_a_tenth(tm
     metrics = read_results(tmp_path)["eval"]
     assert metrics["rmse"] <= 0.9 * metrics["bias_baseline_rmse"], metrics
     assert metrics["pairs"] == read_results(tmp_path)["data"]["test_interactions"]
+
+
+def test_the_binary_exports_the_logs_own_ids_and_refuses_a_top_k_above_its_items(tmp_path):
+    from loops.input import interaction_logs
+
+    # 20 users named by strings, 15 items numbered past 2**31, 6 ratings a user.
+    log = tmp_path / "log.csv"
+    lines = ["user,item,rating,timestamp"] + [
+        f"u{user},{2**35 + 11 * ((3 * user + i) % 15)},{1 + (user + i) % 5},{i}"
+        for user in range(20)
+        for i in range(6)
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    common = ("--model=rating", f"--data={log}", "--train_steps=4", "--global_batch_size=16")
+    refused = run_module("loops.bin.recommender", *common, "--top_k=16", f"--model_dir={tmp_path}")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert (
+        f"--top_k=16 is more than the 15 items of the log ({log}), and the export returns a "
+        "user's top K of them; pass --top_k=15 or less." in refused.stderr
+    )
+    assert not os.path.exists(tmp_path / "checkpoints")  # refused before training
+    model_dir = tmp_path / "run"
+    done = run_module("loops.bin.recommender", *common, "--top_k=3", f"--model_dir={model_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    train, _ = interaction_logs.split(interaction_logs.read_interactions(log), seed=0)
+    for directory in (model_dir, model_dir / "export"):  # ids.json: the run's and the export's
+        ids = id_vocabulary.read_ids(str(directory))
+        np.testing.assert_array_equal(ids["users"], train.user_ids)
+        np.testing.assert_array_equal(ids["items"], train.item_ids)
+    served = tf.saved_model.load(str(model_dir / "export"))
+    top = served.signatures["serving_default"](users=tf.constant(["u3", "u7", "u20", "-1"]))
+    assert top["known_user"].numpy().tolist() == [True, True, False, False]
+    popular = train.item_ids[np.argsort(-train.item_counts(), kind="stable")[:3]]
+    np.testing.assert_array_equal(top["items"].numpy()[2:], [popular, popular])
+    for row, user in enumerate(["u3", "u7"]):  # the pairs' scores: each item its own
+        items = top["items"][row]
+        assert set(items.numpy()) <= set(train.item_ids.tolist()) and items.dtype == tf.int64
+        pairs = served.signatures["score_pairs"](users=tf.constant([user] * 3), items=items)
+        np.testing.assert_allclose(pairs["scores"].numpy(), top["scores"].numpy()[row], rtol=1e-6)
+        assert np.all(np.diff(top["scores"].numpy()[row]) <= 0)
 
 
 def test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_prints_the_table(

@@ -101,8 +101,9 @@ LM = BinaryFlags(
 RECOMMENDER = BinaryFlags(
     "loops-recommender",
     (data_settings.INTERACTIONS, model_settings.RECOMMENDER, training_settings.OPTIMIZER),
-    export="the trained recommender (serving_default: users -> their top-K items and "
-    "scores; score_pairs: users, items -> scores)",
+    export="the trained recommender on the log's own ids (serving_default: users -> their "
+    "top-K items, scores and known_user; score_pairs: users, items -> scores, known_user, "
+    "known_item)",
     defaults=dict(train_steps=1500, global_batch_size=1024, learning_rate=3e-3),
 )
 # In the order README's flag reference lists them.

@@ -79,13 +79,33 @@ def _rating(model, train, test, optimizer_fn, data_notes):
     )
 
 
+def _check_top_k(top_k: int, train) -> None:
+    """Refuses a --top_k the export cannot return (both models), before any training."""
+    if top_k > train.num_items:
+        raise ValueError(
+            f"--top_k={top_k} is more than the {train.num_items} items of the log "
+            f"({train.source}), and the export returns a user's top K of them; pass "
+            f"--top_k={train.num_items} or less."
+        )
+
+
+def _ids_json(train) -> str:
+    from loops.model_dir import id_vocabulary
+
+    return id_vocabulary.ids_json(train.user_ids, train.item_ids)
+
+
 def build_trainer():
     """The RetrievalLoop or RatingLoop the flags describe; ValueError for a bad combination."""
     import loops
+    from loops.model_dir import id_vocabulary
     from loops.model_dir.export import export_recommender
+    from loops.run.actions import WriteRunFile
     from loops_data import recommender_data
 
     model = loop_flags.setting_values(model_settings.RECOMMENDER)
+    # The export and ids.json serve the log's own ids; both read `train` (below) once
+    # training starts or ends.
     arguments = loop_flags.binary_arguments(
         "recommender",
         export=lambda definition, path: export_recommender(
@@ -94,10 +114,16 @@ def build_trainer():
             score_all_items=definition.score_all_items,
             score_pairs=definition.score_pairs,
             top_k=model["top_k"],
+            user_ids=train.user_ids,
+            item_ids=train.item_ids,
+            item_counts=train.item_counts(),
         ),
-        signature="users -> items, scores (top K); score_pairs: users, items -> scores",
+        signature="the log's user ids -> items, scores, known_user (top K); "
+        "score_pairs: users, items -> scores, known_user, known_item",
+        actions=[WriteRunFile(id_vocabulary.ID_FILE, lambda: _ids_json(train))],
     )
     interactions, train, test = _interactions()
+    _check_top_k(model["top_k"], train)
     optimizer = loop_flags.setting_values(training_settings.OPTIMIZER)
     model_settings.check_recommender_fits(
         model,

@@ -486,6 +486,7 @@ def binary_arguments(
     export: Callable[[Any, str], str] | None = None,
     signature: str = "",
     check_batch: bool = True,
+    actions: Sequence = (),
 ) -> dict[str, Any]:
     """The keyword arguments every binary gives its `loops.Trainer`, from the shared flags.
 
@@ -501,6 +502,7 @@ def binary_arguments(
         signature: what the export's serving_default signature takes and gives.
         check_batch: refuse a --global_batch_size smaller than the replica count
             (`check_batch_fits_replicas`).
+        actions: the binary's own actions when it trains (none in the other modes).
 
     Raises:
         ValueError: the batch does not fit the replicas.
@@ -508,7 +510,7 @@ def binary_arguments(
     strategy = make_strategy()
     if check_batch:
         check_batch_fits_replicas(strategy)
-    actions = []
+    actions = list(actions)
     model_dir = resolve_model_dir(run_name)
     if export is not None:
         from loops.run.actions import ExportOnEnd

@@ -3,19 +3,24 @@ recommender."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from loops.core.own_files import current_umask
 from loops.core.text_generation import generate
+from loops.model_dir import id_vocabulary
 from loops.model_dir.checkpoints import FinitenessCheck, describe_names
 from loops.vocabulary.errors import NonFiniteWeightsError
+from loops.vocabulary.whole_numbers import check_whole
 
 
 class _Server(tf.Module):
@@ -103,18 +108,62 @@ def export_text_generator(model: keras.Model, export_dir: str, *, sequence_lengt
 
 
 class _RecommenderServer(tf.Module):
-    """Holds a recommender's model and its two traced serving functions."""
+    """Holds a recommender's model, its id tables and its two traced serving functions."""
 
-    def __init__(self, model: keras.Model, top_items: Callable, pairs: Callable):
+    def __init__(self, model: keras.Model, vocabulary: _Vocabulary, top_items, pairs):
         super().__init__()
         self.model = model
-        users = tf.TensorSpec([None], tf.int32, name="users")
-        items = tf.TensorSpec([None], tf.int32, name="items")
+        # Attributes of the module, so the tables are saved (and initialized on load).
+        self.user_table, self.item_table = vocabulary.user_table, vocabulary.item_table
+        users = tf.TensorSpec([None], vocabulary.user_type, name="users")
+        items = tf.TensorSpec([None], vocabulary.item_type, name="items")
         # No AutoGraph (nothing to convert): in a long process its cache of converted
         # functions was seen to hand a definition's bound method another method's
         # conversion ("tf__train_step() takes 2 positional arguments but 3 were given").
         self.serve = tf.function(top_items, input_signature=[users], autograph=False)
         self.score_pairs = tf.function(pairs, input_signature=[users, items], autograph=False)
+
+
+class _Vocabulary:
+    """The raw ids of the model's rows, their lookup tables and the popularity fallback."""
+
+    def __init__(self, user_ids, item_ids, item_counts, top_k: int):
+        self.user_ids = id_vocabulary.checked_ids("user_ids", user_ids)
+        self.item_ids = id_vocabulary.checked_ids("item_ids", item_ids)
+        counts = np.asarray(item_counts)
+        if counts.shape != self.item_ids.shape or counts.dtype.kind not in "iu" or counts.min() < 0:
+            raise ValueError(
+                f"item_counts must hold a whole count >= 0 for each of the {len(self.item_ids)} "
+                f"items, got {counts.dtype.name} of shape {counts.shape}"
+                + (f" holding {counts.min()}" if counts.shape == self.item_ids.shape else "")
+                + "; pass Interactions.item_counts() of the training log."
+            )
+        check_whole("top_k", top_k)
+        if top_k > len(self.item_ids):
+            raise ValueError(
+                f"top_k={top_k} is more than the {len(self.item_ids)} items of the corpus; "
+                f"pass top_k <= {len(self.item_ids)}."
+            )
+        # The most trained items first; among equal counts the lower index.
+        self.popular = tf.constant(np.argsort(-counts, kind="stable")[:top_k], tf.int32)
+        self.user_type = id_vocabulary.tensor_type(self.user_ids)
+        self.item_type = id_vocabulary.tensor_type(self.item_ids)
+        self.user_table = id_vocabulary.lookup_table(self.user_ids)
+        self.item_table = id_vocabulary.lookup_table(self.item_ids)
+        self.item_values = tf.constant(self.item_ids, self.item_type)
+
+    def user_rows(self, users: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return _rows(self.user_table, users)
+
+    def item_rows(self, items: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return _rows(self.item_table, items)
+
+
+def _rows(table: tf.lookup.StaticHashTable, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(int32 rows, bool known): each id's row of the model, row 0 where the id is unknown
+    (its result is then replaced: an unknown id never reads another id's row)."""
+    index = table.lookup(ids)
+    return tf.cast(tf.maximum(index, 0), tf.int32), index >= 0
 
 
 def export_recommender(
@@ -124,44 +173,100 @@ def export_recommender(
     score_all_items: Callable[[tf.Tensor], tf.Tensor],
     score_pairs: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
     top_k: int,
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+    item_counts: np.ndarray,
 ) -> str:
-    """Saves a recommender with two signatures, both on int32 user (and item) rows.
+    """Saves a recommender that serves the log's own ids, with two signatures.
 
-    `serving_default`: users [n] -> `items` int32 [n, top_k], the highest
-    scored items of the whole corpus in descending score, and their `scores`
-    [n, top_k] (nothing left out: a client drops the items a user has).
-    `score_pairs`: users [n], items [n] -> `scores` [n], each pair's score.
+    Ids are sent and returned as the log has them (`Interactions.user_ids`,
+    `item_ids`): int64 when they are whole numbers, else strings. Index i of
+    the model's tables is `user_ids[i]` (`item_ids[i]`); the export and
+    `ids.json` in it (`loops.model_dir.id_vocabulary.read_ids`) hold that map.
+
+    `serving_default`: `users` [n] -> `items` [n, top_k] (the item ids, highest
+    score first, over the whole corpus: a client drops the items a user has),
+    `scores` float32 [n, top_k], and `known_user` bool [n]. A user id the log
+    does not hold (-1 included, unless the log has it) gets the `top_k` items
+    with the most training interactions (`item_counts`; ties: the lower
+    index), NaN scores and `known_user` False: never another user's list.
+    `score_pairs`: `users` [n], `items` [n] -> `scores` float32 [n],
+    `known_user` and `known_item` bool [n]; a pair with an unknown id scores
+    NaN. Lists of unequal length are refused (InvalidArgumentError: "score_pairs
+    takes one item a user ..."); an empty batch gives empty outputs.
 
     Args:
         model: the model holding every weight the scores read (saved with them).
-        score_all_items: users [n] -> float32 scores [n, num_items].
-        score_pairs: (users [n], items [n]) -> float32 scores [n].
+        score_all_items: int32 user rows [n] -> float32 scores [n, num_items].
+        score_pairs: (int32 user rows [n], int32 item rows [n]) -> float32 scores [n].
         top_k: the items returned a user (at most the corpus).
+        user_ids, item_ids: the raw id of each user and item row, int or str, each once.
+        item_counts: [num_items] each item's training interactions (the fallback's order).
 
     Returns:
         export_dir.
 
     Raises:
-        ValueError: export_dir exists and is not a SavedModel directory.
+        ValueError: export_dir exists and is not a SavedModel directory; bad ids, counts or
+            top_k; a score_all_items that scores another number of items than item_ids.
     """
+    vocabulary = _Vocabulary(user_ids, item_ids, item_counts, top_k)
+    _check_scores_every_item(score_all_items, len(vocabulary.item_ids))
+    nan = tf.constant(np.nan, tf.float32)
 
     def top_items(users):
-        best = tf.math.top_k(score_all_items(users), k=top_k)
-        return {"items": best.indices, "scores": best.values}
+        rows, known = vocabulary.user_rows(users)
+        best = tf.math.top_k(score_all_items(rows), k=top_k)
+        items = tf.where(known[:, None], best.indices, vocabulary.popular[None, :])
+        return {
+            "items": tf.gather(vocabulary.item_values, items),
+            "scores": tf.where(known[:, None], best.values, nan),
+            "known_user": known,
+        }
 
     def pairs(users, items):
-        return {"scores": score_pairs(users, items)}
+        same_length = tf.debugging.assert_equal(
+            tf.size(users),
+            tf.size(items),
+            message="score_pairs takes one item a user: send users and items of one length "
+            "(pair i is users[i], items[i])",
+        )
+        with tf.control_dependencies([same_length]):
+            user_rows, known_user = vocabulary.user_rows(users)
+            item_rows, known_item = vocabulary.item_rows(items)
+        scores = score_pairs(user_rows, item_rows)
+        return {
+            "scores": tf.where(known_user & known_item, scores, nan),
+            "known_user": known_user,
+            "known_item": known_item,
+        }
 
-    server = _RecommenderServer(model, top_items, pairs)
-    signatures = {
-        "serving_default": server.serve,
-        "score_pairs": server.score_pairs,
-    }
-    return _save(server, export_dir, signatures=signatures)
+    server = _RecommenderServer(model, vocabulary, top_items, pairs)
+    signatures = {"serving_default": server.serve, "score_pairs": server.score_pairs}
+    ids = id_vocabulary.ids_json(vocabulary.user_ids, vocabulary.item_ids)
+    return _save(server, export_dir, signatures=signatures, files={id_vocabulary.ID_FILE: ids})
 
 
-def _save(server: tf.Module, export_dir: str, *, signatures: dict | None = None) -> str:
-    """Saves next to `export_dir`, then renames: a crash never leaves half an export."""
+def _check_scores_every_item(score_all_items: Callable, num_items: int) -> None:
+    scored = int(score_all_items(tf.zeros([1], tf.int32)).shape[-1])
+    if scored != num_items:
+        raise ValueError(
+            f"score_all_items scores {scored} items and item_ids names {num_items}; pass the "
+            "raw id of each item row of the model (Interactions.item_ids of its log)."
+        )
+
+
+def _save(
+    server: tf.Module,
+    export_dir: str,
+    *,
+    signatures: dict | None = None,
+    files: dict[str, str] | None = None,
+) -> str:
+    """Saves next to `export_dir`, then renames: a crash never leaves half an export.
+
+    `files` (name -> text) are written into the export beside the SavedModel.
+    """
     if os.path.exists(export_dir) and not tf.saved_model.contains_saved_model(export_dir):
         raise ValueError(
             f"export_dir {export_dir!r} exists and holds no SavedModel; refusing to replace "
@@ -174,13 +279,17 @@ def _save(server: tf.Module, export_dir: str, *, signatures: dict | None = None)
         )
     parent = os.path.dirname(os.path.abspath(export_dir))
     os.makedirs(parent, exist_ok=True)
-    _remove_abandoned_staging(parent)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".export-{os.getpid()}-")
+    prefix = staging_prefix(export_dir)
+    _remove_abandoned_staging(parent, prefix)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f"{prefix}{os.getpid()}-")
     try:
         os.chmod(staging, 0o777 & ~current_umask())
         if signatures is None:
             signatures = {"serving_default": server.serve}
         tf.saved_model.save(server, staging, signatures=signatures)
+        for name, text in (files or {}).items():
+            with open(os.path.join(staging, name), "x", encoding="utf-8") as stream:
+                stream.write(text)
         if os.path.exists(export_dir):
             shutil.rmtree(export_dir)
         os.replace(staging, export_dir)
@@ -189,11 +298,21 @@ def _save(server: tf.Module, export_dir: str, *, signatures: dict | None = None)
     return export_dir
 
 
-def _remove_abandoned_staging(parent: str) -> None:
-    """Removes staging folders of exports whose process is gone (killed mid-export)."""
+def staging_prefix(export_dir: str) -> str:
+    """`.export-NAME-OWNER-`: the start of the staging folders' names of exports to
+    `export_dir` from this host (then `PID-` and 8 random characters), OWNER a digest of
+    the host and the export's absolute path, so no other export's staging folder matches."""
+    target = os.path.abspath(export_dir)
+    owner = hashlib.sha256(f"{socket.gethostname()}\0{target}".encode()).hexdigest()[:12]
+    return f".export-{os.path.basename(target)[:64]}-{owner}-"
+
+
+def _remove_abandoned_staging(parent: str, prefix: str) -> None:
+    """Removes the staging folders of earlier exports to this export's directory whose
+    process is gone (killed mid-export); another export's, or a live one's, stay."""
     for name in os.listdir(parent):
-        match = re.match(r"^\.export-(\d+)-", name)
-        if match and not _process_alive(int(match.group(1))):
+        match = re.fullmatch(r"(\d+)-\w{8}", name[len(prefix) :])
+        if name.startswith(prefix) and match and not _process_alive(int(match.group(1))):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 

@@ -360,6 +360,27 @@ class ExportOnEnd(Action):
         run.progress.line(f"exported SavedModel to {path}{detail}")
 
 
+class WriteRunFile(Action):
+    """Writes one file of the run into MODEL_DIR as training starts (the chief only), at once
+    (`loops.core.reporting.write_text_atomic`), e.g. the raw ids of a recommender's rows.
+
+    Nothing is written without a model_dir.
+    """
+
+    def __init__(self, name: str, text: Callable[[], str]):
+        """
+        Args:
+            name: the file's name in MODEL_DIR.
+            text: () -> its text, called as training starts.
+        """
+        self.file_name = name
+        self.text = text
+
+    def before_train(self, run: RunContext) -> None:
+        if run.is_chief and run.model_dir is not None:
+            reporting.write_text_atomic(os.path.join(run.model_dir, self.file_name), self.text())
+
+
 def _state_variable(initial, name: str) -> tf.Variable:
     # Float64 keeps a metric's value exactly as the host computed it. Assigned on
     # the host in cross-replica context; ONLY_FIRST_REPLICA keeps one value.
