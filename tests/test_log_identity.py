@@ -278,3 +278,34 @@ def test_the_binary_refuses_a_permuted_log_goes_on_with_the_same_and_its_evaluat
     assert [entry["step"] for entry in evaluations["evaluations"]] == [4, 6, 8]
     for entry in evaluations["evaluations"]:
         assert entry["metrics"]["rmse"] == pytest.approx(trained[entry["step"]], rel=1e-6)
+
+
+def test_a_generated_log_is_known_by_its_rows_hash_and_another_seed_is_refused(tmp_path):
+    from loops_data.interactions import generated_log
+
+    def generated(seed):
+        log = generated_log(num_users=20, num_items=10, num_interactions=100, seed=seed)
+        train, test = interaction_logs.split(log, seed=seed)
+        recorded = log_identity.identity(
+            "retrieval", log, train, test, path=None, how="random", test_fraction=0.2, seed=seed
+        )
+        return log, recorded
+
+    log, was = generated(0)
+    rows = b"".join(
+        array.tobytes() for array in (log.users, log.items, log.ratings, log.timestamps)
+    )
+    assert {key: was["log"][key] for key in ("path", "source", "bytes", "sha256")} == {
+        "path": None,
+        "source": log.source,
+        "bytes": len(rows),
+        "sha256": hashlib.sha256(rows).hexdigest(),
+    }
+    assert generated(0)[1] == was
+    now = generated(1)[1]
+    assert refusal(str(tmp_path), was, now) == (
+        f"The checkpoints in {tmp_path} were trained on another model, log or split: the "
+        f"generated log ({now['log']['bytes']} bytes, sha256 {now['log']['sha256'][:12]}) "
+        f"here and the generated log ({len(rows)} bytes, sha256 {was['log']['sha256'][:12]}) "
+        "in the run; --seed=1 here and --seed=0 in the run. " + FIX
+    )
