@@ -184,6 +184,20 @@ def test_the_same_log_goes_on_also_copied_elsewhere_and_config_json_speaks_for_a
         )
 
 
+def test_each_checkpoint_keeps_the_identity_and_it_is_read_without_building_anything(tmp_path):
+    import tensorflow as tf
+
+    from loops.run.run_checkpoints import SETTINGS_RECORD, SettingsRecord, recorded_settings
+
+    path = write_log(tmp_path / "log.csv")
+    settings = {"global_batch_size": 8, run_config.RESUME_IDENTITY: identity_of(path)}
+    record = SettingsRecord()
+    # tf.Module's attribute tracking wraps the dicts inside; the record holds plain JSON.
+    record.settings = settings
+    tf.train.Checkpoint(**{SETTINGS_RECORD: record}).write(str(tmp_path / "checkpoints/ckpt-2"))
+    assert record.settings == recorded_settings(str(tmp_path)) == settings
+
+
 # One process, the binary's main called in turn (the binaries' flags share absl's one
 # registry, so not in pytest's process): a run on a relative --data; a resume on the log
 # rewritten with permuted ids (refused, no Trainer built); a resume on the original log; an
