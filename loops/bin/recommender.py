@@ -3,11 +3,14 @@ loops.bin.recommender`."""
 
 from __future__ import annotations
 
+import os
+
 from absl import flags
 
 from loops.bin import binary_flags, training_settings
 from loops.cli import application
 from loops.cli import flags as loop_flags
+from loops.model_dir import run_config
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
@@ -95,6 +98,49 @@ def _ids_json(train) -> str:
     return id_vocabulary.ids_json(train.user_ids, train.item_ids)
 
 
+def _absolute_data_path() -> None:
+    """A relative --data as the absolute path it names from here: config.json records the
+    file the run reads, and an evaluator started elsewhere takes that file, not its own."""
+    if FLAGS.data is not None:
+        loop_flags.set_values({"data": os.path.abspath(FLAGS.data)})
+
+
+def _resume_identity(model_kind, interactions, train, test):
+    """The model kind, log and split this run trains on (`loops.input.log_identity`)."""
+    from loops.input import log_identity
+
+    data = loop_flags.setting_values(data_settings.INTERACTIONS)
+    return log_identity.identity(
+        model_kind,
+        interactions,
+        train,
+        test,
+        path=data["data"],
+        how=data["split"],
+        test_fraction=data["test_fraction"],
+        seed=FLAGS.seed,
+    )
+
+
+def _refuse_other_training_data(identity) -> None:
+    """Refuses, before the Trainer is built, to go on from (or evaluate) checkpoints in
+    --model_dir trained on another model kind, log or split: ValueError naming what changed
+    (`run_config.check_resume`, against the newest checkpoint's record, else config.json)."""
+    model_dir = FLAGS.model_dir
+    if not model_dir:
+        return
+    from loops.model_dir.checkpoints import newest_complete
+    from loops.run.run_checkpoints import recorded_settings
+
+    if newest_complete(os.path.join(model_dir, "checkpoints")) is None:
+        return  # nothing to go on from
+    run_config.check_resume(
+        model_dir,
+        {run_config.RESUME_IDENTITY: identity},
+        checkpoint_record=recorded_settings(model_dir),
+    )
+
+
 def build_trainer():
     """The RetrievalLoop or RatingLoop the flags describe; ValueError for a bad combination."""
     import loops
@@ -135,6 +181,9 @@ def build_trainer():
         optimizer, learning_rate=FLAGS.learning_rate, total_steps=FLAGS.train_steps
     )
     data_notes = recommender_data.notes(interactions, train, test)
+    identity = _resume_identity(model["model"], interactions, train, test)
+    _refuse_other_training_data(identity)
+    arguments["record"] = {**arguments["record"], run_config.RESUME_IDENTITY: identity}
     build = _retrieval if model["model"] == "retrieval" else _rating
     definition = build(model, train, test, optimizer_fn, data_notes)
     data = recommender_data.trainer_data(
@@ -143,7 +192,9 @@ def build_trainer():
     return loops.Trainer(definition, **data, **arguments)
 
 
-main, run = application.entry_points(build_trainer, description=__doc__)
+main, run = application.entry_points(
+    build_trainer, description=__doc__, prepare=_absolute_data_path
+)
 
 if __name__ == "__main__":
     run()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from loops.input import log_identity
 from loops.vocabulary import settings
 from loops.vocabulary.recorded_settings import RecordedSettingsError, read_recorded_settings
 from loops.vocabulary.whole_numbers import is_whole
@@ -27,6 +28,10 @@ LOOP_SETTINGS = ("ema_decay", "mixed_precision", "seed")
 # the change anyway (then recorded in results.json's config as CHANGED_ON_RESUME).
 EXACT_ONLY_UNCHANGED = {"global_batch_size": "allow_batch_size_change"}
 CHANGED_ON_RESUME = "changed_on_resume"
+# What a binary records that its run trained on (the recommender: its model kind, interaction
+# log and split, `loops.input.log_identity`): a resume that changes it is refused whatever
+# the flags say, and the checkpoint keeps it beside the exact-only settings.
+RESUME_IDENTITY = "resume_identity"
 
 
 # Config keys a resumed run may change without a warning: the declarations marked
@@ -37,9 +42,11 @@ CONFIG_FREE_TO_CHANGE = settings.free_to_change()
 
 
 def exact_only_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `EXACT_ONLY_UNCHANGED` settings `config` gives: what the checkpoint records beside
-    config.json, so that a deleted or damaged config.json cannot let one change silently."""
-    return {name: config[name] for name in EXACT_ONLY_UNCHANGED if config.get(name) is not None}
+    """The `EXACT_ONLY_UNCHANGED` settings and the `RESUME_IDENTITY` `config` gives: what the
+    checkpoint records beside config.json, so that a deleted or damaged config.json cannot
+    let one change silently."""
+    names = (*EXACT_ONLY_UNCHANGED, RESUME_IDENTITY)
+    return {name: config[name] for name in names if config.get(name) is not None}
 
 
 def check_resume(
@@ -50,12 +57,14 @@ def check_resume(
     checkpoint_record: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Refuses a resume of the run in `model_dir` that changes an `EXACT_ONLY_UNCHANGED`
-    setting, unless `config` accepts the change; returns the accepted changes.
+    setting, unless `config` accepts the change, or its `RESUME_IDENTITY` (always); returns
+    the accepted changes.
 
     The values compared against are the checkpoint's own record (`checkpoint_record`, when
-    the checkpoint holds one), else config.json's where it reads as a whole number; a
-    config.json that does not read is left to `record_config`, which rewrites it. Every
-    task of a cluster reads the same files, so all refuse together.
+    the checkpoint holds one), else config.json's where it reads as a whole number (the
+    identity: as a JSON object); a config.json that does not read is left to
+    `record_config`, which rewrites it. Every task of a cluster reads the same files, so
+    all refuse together.
 
     Returns:
         {CHANGED_ON_RESUME: {name: {"was", "now", "at_step"}}} for the accepted
@@ -64,7 +73,11 @@ def check_resume(
     Raises:
         ValueError: a sentence naming the setting, both values and the ways on.
     """
-    recorded = {**_whole_numbers(read_if_intact(model_dir)), **(checkpoint_record or {})}
+    recorded = {
+        **_compared_from_config_json(read_if_intact(model_dir)),
+        **(checkpoint_record or {}),
+    }
+    _check_identity(model_dir, recorded.get(RESUME_IDENTITY), config.get(RESUME_IDENTITY))
     changes = {}
     for name, allowing in EXACT_ONLY_UNCHANGED.items():
         was, now = recorded.get(name), config.get(name)
@@ -81,13 +94,25 @@ def check_resume(
     return {CHANGED_ON_RESUME: changes} if changes else {}
 
 
-def _whole_numbers(recorded: Mapping[str, Any] | None) -> dict[str, int]:
-    """The exact-only settings of a config.json that are whole numbers; a value of another
-    type (the string "32" written by hand) says nothing the checkpoint's record cannot."""
+def _check_identity(model_dir: str, was: Any, now: Any) -> None:
+    """Raises ValueError naming each part of the run's `RESUME_IDENTITY` that `now` changes;
+    nothing when either is unrecorded."""
+    if not isinstance(was, Mapping) or not isinstance(now, Mapping):
+        return
+    found = log_identity.changes(was, now)
+    if found:
+        raise ValueError(log_identity.refusal(model_dir, found))
+
+
+def _compared_from_config_json(recorded: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The exact-only settings of a config.json that are whole numbers, and its resume
+    identity where it is a JSON object; a value of another type (the string "32" written by
+    hand) says nothing the checkpoint's record cannot."""
     return {
         name: value
         for name, value in (recorded or {}).items()
-        if name in EXACT_ONLY_UNCHANGED and is_whole(value)
+        if (name in EXACT_ONLY_UNCHANGED and is_whole(value))
+        or (name == RESUME_IDENTITY and isinstance(value, dict))
     }
 
 
@@ -256,10 +281,13 @@ def record_config(
                 "change) and config.json is rewritten with this run's settings."
             )
             previous = current
+        # The resume identity was compared whole before the restore (`check_resume`).
         changed = sorted(
             key
             for key in set(previous) | set(current)
-            if key not in free_to_change and previous.get(key) != current.get(key)
+            if key not in free_to_change
+            and key != RESUME_IDENTITY
+            and previous.get(key) != current.get(key)
         )
         for key in changed:
             say(

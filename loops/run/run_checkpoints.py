@@ -38,7 +38,13 @@ class SettingsRecord(tf.Module):
 
     @settings.setter
     def settings(self, settings: Mapping[str, Any]) -> None:
-        self.record.assign(json.dumps(dict(settings), sort_keys=True))
+        # tf.Module's __setattr__ hands this a tracking wrapper of the dict, and of each
+        # dict or list in it (a resume identity's parts), which json takes as plain ones.
+        self.record.assign(json.dumps(dict(settings), sort_keys=True, default=_plain))
+
+
+def _plain(wrapped: Any) -> dict | list:
+    return dict(wrapped) if isinstance(wrapped, Mapping) else list(wrapped)
 
 
 def recorded_settings(model_dir: str) -> dict[str, Any] | None:

@@ -1,0 +1,185 @@
+"""What a recommender run trained on, recorded with it so that a resume on other data is refused:
+its interaction log's identity (path, size, content hash, id maps), its split and the model kind.
+
+A run's checkpoint holds a row of each user and item index, so the same file
+with its ids permuted, another held-out set or another kind of model would
+go on training other users' rows, or test on rows it trained on. `identity`
+is JSON (config.json and the checkpoint keep it); `changes` names each part
+of it that differs. Hashes are streamed (a large log is read in chunks) and
+nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from loops.input.interaction_logs import Interactions
+
+_CHUNK_BYTES = 1 << 20
+# The flag of each setting of the split, and its key in an identity's "split".
+_SPLIT_KEYS = {"split": "how", "test_fraction": "test_fraction", "seed": "seed"}
+
+
+def identity(
+    model: str,
+    interactions: Interactions,
+    train: Interactions,
+    test: Interactions,
+    *,
+    path: str | None,
+    how: str,
+    test_fraction: float,
+    seed: int,
+) -> dict[str, Any]:
+    """The model kind, the log and the split a run trains on, as JSON.
+
+    Args:
+        model: the kind of model ("retrieval", "rating").
+        interactions, train, test: the whole log read from `path` (or generated when
+            `path` is None) and its split.
+        how, test_fraction, seed: the split's settings (`interaction_logs.split`); the
+            seed counts for a random split only.
+    """
+    return {
+        "model": model,
+        "log": log_identity(interactions, path),
+        "split": {
+            "how": how,
+            "test_fraction": test_fraction,
+            "seed": seed if how == "random" else None,
+            "train_rows": len(train),
+            "test_rows": len(test),
+        },
+    }
+
+
+def log_identity(interactions: Interactions, path: str | None) -> dict[str, Any]:
+    """The file's absolute path, size and SHA-256 (of its rows' arrays for a log with no
+    file), the user and item counts, and the SHA-256 of each id map (the raw ids in index
+    order: which user or item each embedding row belongs to)."""
+    if path is None:
+        rows = [
+            interactions.users,
+            interactions.items,
+            interactions.ratings,
+            interactions.timestamps,
+        ]
+        content = hashlib.sha256()
+        for array in rows:
+            content.update(np.ascontiguousarray(array).tobytes())
+        where, size, digest = None, sum(array.nbytes for array in rows), content.hexdigest()
+    else:
+        where, size, digest = os.path.abspath(path), os.path.getsize(path), file_sha256(path)
+    return {
+        "path": where,
+        "source": None if path is not None else interactions.source,
+        "bytes": size,
+        "sha256": digest,
+        "users": interactions.num_users,
+        "items": interactions.num_items,
+        "user_ids_sha256": ids_sha256(interactions.user_ids),
+        "item_ids_sha256": ids_sha256(interactions.item_ids),
+    }
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 of the file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def ids_sha256(ids: np.ndarray) -> str:
+    """The SHA-256 of raw ids in index order: whole numbers as 8-byte integers, names as
+    lines of UTF-8 (no id holds a line break), each kind hashed apart from the other."""
+    if ids.dtype.kind in "iu":
+        return hashlib.sha256(b"int64:" + ids.astype("<i8").tobytes()).hexdigest()
+    text = "\n".join(str(value) for value in ids.tolist())
+    return hashlib.sha256(b"str:" + text.encode()).hexdigest()
+
+
+def changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Each difference of `now` from `was` (two `identity` records) that a resume cannot take,
+    in words: "X here and Y in the run". The same content under another path is none."""
+    found = []
+    if now.get("model") != was.get("model"):
+        found.append(
+            f"--model={now.get('model')} here and --model={was.get('model')} in the run (its "
+            "checkpoint holds the other kind's embeddings and optimizer slots)"
+        )
+    found += _log_changes(was.get("log") or {}, now.get("log") or {})
+    found += _split_changes(was.get("split") or {}, now.get("split") or {})
+    return found
+
+
+def _log_changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    content = ("bytes", "sha256", "source")
+    if all(now.get(key) == was.get(key) for key in content):
+        found = []
+    elif now.get("path") and now.get("path") == was.get("path"):
+        found = [
+            f"the log {now['path']} changed since the run read it ({_content(now)} here and "
+            f"{_content(was)} in the run)"
+        ]
+    else:
+        found = [f"{_log_name(now)} here and {_log_name(was)} in the run"]
+    for role in ("user", "item"):
+        count, ids = f"{role}s", f"{role}_ids_sha256"
+        if now.get(count) != was.get(count) or now.get(ids) != was.get(ids):
+            found.append(
+                f"its {role} ids map to other rows ({now.get(count)} {role}s, id map "
+                f"sha256 {_short(now.get(ids))} here and {was.get(count)}, "
+                f"{_short(was.get(ids))} in the run)"
+            )
+    return found
+
+
+def _split_changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    # The seed draws a random split only: another split names no seed.
+    names = ("split", "test_fraction") if now.get("how") != was.get("how") else _SPLIT_KEYS
+    found = [
+        f"--{name}={now.get(_SPLIT_KEYS[name])} here and --{name}={was.get(_SPLIT_KEYS[name])} "
+        "in the run"
+        for name in names
+        if now.get(_SPLIT_KEYS[name]) != was.get(_SPLIT_KEYS[name])
+    ]
+    rows = ("train_rows", "test_rows")
+    if not found and any(now.get(key) != was.get(key) for key in rows):
+        found.append(
+            f"the split gives {now.get('train_rows')} train and {now.get('test_rows')} test "
+            f"rows here and {was.get('train_rows')} and {was.get('test_rows')} in the run"
+        )
+    return found
+
+
+def _log_name(log: Mapping[str, Any]) -> str:
+    """The log by its path (or as generated), size and content hash."""
+    name = f"the log {log['path']}" if log.get("path") else "the generated log"
+    return f"{name} ({_content(log)})"
+
+
+def _content(log: Mapping[str, Any]) -> str:
+    return f"{log.get('bytes')} bytes, sha256 {_short(log.get('sha256'))}"
+
+
+def _short(digest: Any) -> str:
+    """The first 12 hex digits: enough to tell two contents apart in a sentence."""
+    return str(digest)[:12] if digest else "unrecorded"
+
+
+def refusal(model_dir: str, found: list[str]) -> str:
+    """The sentence that refuses to go on from `model_dir`'s checkpoints, naming `found`."""
+    return (
+        f"The checkpoints in {model_dir} were trained on another model, log or split: "
+        f"{'; '.join(found)}. Going on would train and test rows that belong to other "
+        "users, items or splits. Pass the run's own --model, --data (the same file, "
+        "unchanged), --split, --test_fraction and --seed, or a new --model_dir to train "
+        "on this data."
+    )
