@@ -43,6 +43,7 @@ def test_readme_states_the_version_setup_cfg_installs():
     version = config["metadata"]["version"]
     stated = re.findall(r"This is version (\S+?);", read("README.md"))
     assert stated == [version], f"README's 'This is version ...;' line must say {version}"
+    assert re.findall(r"`version` in setup.cfg \((\S+?)\)", read("BUILD.md")) == [version]
 
 
 def test_no_document_names_a_path_of_one_machine():
