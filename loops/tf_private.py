@@ -1,7 +1,8 @@
-"""The places where loops reaches into tf.distribute or tf.data through a private name, each in
-one function, because TensorFlow leaves no public way; `tests/test_tf_private.py` fails when a
-TensorFlow release renames what they rely on. It imports nothing of the framework: it stands
-beside `loops.topology`, under the cluster wing and the input, which both use it."""
+"""The places where loops reaches into TensorFlow through a private name, each in one function,
+because TensorFlow leaves no public way; `tests/test_tf_private.py` fails when a TensorFlow
+release renames what they rely on. It imports nothing of the framework: it stands on the
+ground floor, under `loops.topology` and every layer above it. No other module of loops names
+a private TensorFlow name (`tests/test_private_names.py` checks)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ COLLECTIVE_KEY_BASE = "_collective_key_base"
 INPUT_WORKER_DEVICES = "_input_workers_devices"
 # A tf.data iterator's resource tensor, which `tf.raw_ops.IteratorGetNextSync` reads.
 ITERATOR_RESOURCE = "_iterator_resource"
+# The class name of the strategy in force outside every `strategy.scope()`.
+DEFAULT_STRATEGY_CLASS = "_DefaultDistributionStrategy"
+# Where a ParameterServerStrategy counts the `worker` tasks of its cluster when it connects
+# (`ParameterServerStrategyV2._connect_to_cluster`): it keeps its resolver private, and its
+# public `cluster_resolver` is None.
+PARAMETER_SERVER_WORKERS = "_num_workers"
+# A ParameterServerStrategy's `extended`: whether it runs `strategy.run` outside a function
+# its ClusterCoordinator schedules without a warning.
+RUN_WITHOUT_COORDINATOR = "_allow_run_without_coordinator"
+# TensorFlow's own answer to whether its oneDNN kernels are on: (module, function).
+ONEDNN_ENABLED = ("tensorflow.python.util._pywrap_util_port", "IsMklEnabled")
+# The class of a variable a ParameterServerStrategy's partitioner splits over the servers.
+SHARDED_VARIABLE = ("__internal__", "distribute", "ShardedVariable")
 
 
 def start_collective_keys_at(base: int) -> None:
@@ -58,3 +72,34 @@ def iterator_resource(iterator: Any) -> tf.Tensor | None:
     if not isinstance(iterator, tf.data.Iterator):
         return None
     return getattr(iterator, ITERATOR_RESOURCE, None)
+
+
+def parameter_server_workers(strategy: tf.distribute.Strategy) -> int:
+    """The `worker` tasks of a connected ParameterServerStrategy's cluster (its chief not
+    counted)."""
+    return int(getattr(strategy, PARAMETER_SERVER_WORKERS))
+
+
+def run_without_coordinator(strategy: tf.distribute.Strategy) -> None:
+    """Lets a ParameterServerStrategy's chief call `strategy.run` itself, without the warning
+    TensorFlow logs on every such call (its ops then run on the servers that hold the
+    variables, on purpose)."""
+    setattr(strategy.extended, RUN_WITHOUT_COORDINATOR, True)
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow runs its oneDNN CPU kernels, as TensorFlow decided when imported."""
+    import importlib
+
+    module, function = ONEDNN_ENABLED
+    return bool(getattr(importlib.import_module(module), function)())
+
+
+def variable_parts(variable: Any) -> list[Any]:
+    """The shards of a variable split over the parameter servers; `[variable]` for another."""
+    sharded_class: Any = tf
+    for name in SHARDED_VARIABLE:
+        sharded_class = getattr(sharded_class, name)
+    if isinstance(variable, sharded_class):
+        return list(variable.variables)
+    return [variable]

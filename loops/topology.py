@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
+from loops import tf_private
+
 _NAMES_BY_CLASS = {
     "MirroredStrategy": "mirrored",
     "CentralStorageStrategy": "central_storage",
@@ -26,7 +28,7 @@ _NAMES_BY_CLASS = {
     "ParameterServerStrategyV2": "parameter_server",
     "TPUStrategy": "tpu",
     "TPUStrategyV2": "tpu",
-    "_DefaultDistributionStrategy": "default",
+    tf_private.DEFAULT_STRATEGY_CLASS: "default",
 }
 
 
@@ -48,16 +50,9 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return task_type == "worker" and task_id == 0 and not has_chief
 
 
-# The private attribute in which TensorFlow's ParameterServerStrategy counts the `worker`
-# tasks of its cluster when it connects (`ParameterServerStrategyV2._connect_to_cluster`):
-# it keeps its resolver private, and its public `cluster_resolver` is None.
-# tests/test_tensorflow_private.py fails when a TensorFlow release renames it.
-PARAMETER_SERVER_WORKERS = "_num_workers"
-
-
 def parameter_server_workers(strategy: tf.distribute.Strategy) -> int:
     """The `worker` tasks of a ParameterServerStrategy's cluster (its chief not counted)."""
-    return int(getattr(strategy, PARAMETER_SERVER_WORKERS))
+    return tf_private.parameter_server_workers(strategy)
 
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
@@ -129,9 +124,7 @@ def onednn_enabled() -> bool:
     TF_ENABLE_ONEDNN_OPTS decides; unset, TensorFlow turns them on only on CPUs
     with AVX-512 VNNI or BF16, AVX-VNNI or AMX, so only TensorFlow can answer.
     """
-    from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own answer, read at import
-
-    return bool(_pywrap_util_port.IsMklEnabled())
+    return tf_private.onednn_enabled()
 
 
 _splitting = threading.local()

@@ -24,8 +24,10 @@ import tensorflow as tf  # noqa: E402
 
 import loops  # noqa: E402
 from conftest import make_trainer  # noqa: E402  (4 CPUs)
-from loops import testing  # noqa: E402
-from loops.core import keras_private  # noqa: E402
+from loops import (
+    keras_private,  # noqa: E402
+    testing,  # noqa: E402
+)
 from loops_models import gan as gan_models  # noqa: E402
 
 USERS, ITEMS, DIM, ROWS, BATCH = 7, 9, 4, 21, 8
@@ -65,7 +67,7 @@ def set_tables(model):
 
 
 def layers(model):
-    return getattr(model, keras_private.LAYER_WALK)(include_self=False, recursive=True)
+    return keras_private.nested_layers(model, include_self=False)
 
 
 def initial_rows(rows, name):

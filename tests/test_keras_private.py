@@ -1,11 +1,11 @@
-"""The private Keras names loops relies on (`loops.core.keras_private`) are still there: a
+"""The private Keras names loops relies on (`loops.keras_private`) are still there: a
 Keras release that renames one fails here, by name, before the features built on it fail."""
 
 import importlib
 
 import keras
 
-from loops.core import keras_private
+from loops import keras_private
 
 
 def test_the_keras_variable_copy_that_background_checkpoints_replace_exists():
@@ -71,3 +71,15 @@ def test_the_layer_walk_finds_nested_layers_with_or_without_the_model():
     assert sorted(names) == ["features", "head", "inner", "inner_dense", "inner_features"]
     with_self = keras_private.nested_layers(model, include_self=True)
     assert with_self[0] is model and len(with_self) == len(names) + 1
+
+
+def test_adagrads_accumulators_are_the_slot_the_row_update_writes():
+    optimizer = keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.5)
+    variable = keras.Variable([1.0, 2.0])
+    optimizer.build([variable])
+    accumulator = keras_private.optimizer_slot(
+        optimizer, keras_private.ADAGRAD_ACCUMULATORS, variable
+    )
+    optimizer.apply([keras.ops.convert_to_tensor([3.0, 4.0])], [variable])
+    # Keras' own update grew it by the squared gradient: the very variable it keeps.
+    assert accumulator.numpy().tolist() == [0.5 + 9.0, 0.5 + 16.0]

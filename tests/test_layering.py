@@ -170,8 +170,10 @@ def test_the_cluster_wing_is_imported_only_where_a_cluster_is_started_or_its_los
             if name.startswith(among) and any(i.startswith(package) for i in imported)
         )
 
-    # The ground floor imports nothing of the framework; the core no longer stands on the input.
-    assert imports["loops.topology"] == set()
+    # The floor of strategy facts stands only on the TensorFlow adapter under it; the two
+    # private-name adapters import nothing of the framework; the core no longer stands on the input.
+    assert imports["loops.topology"] == {"loops.tf_private"}
+    assert imports["loops.tf_private"] == imports["loops.keras_private"] == set()
     assert importers("loops.input", among="loops.core") == []
     assert "loops.core.replica_random" in importers("loops.topology")  # the scan sees it
     outside_the_wing = [

@@ -77,13 +77,46 @@ def test_readme_export_example_serves_the_greedy_continuation(tmp_path):
 
 
 def test_the_flag_reference_is_what_the_declarations_generate():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    begin, end = readme.index(flag_reference.BEGIN), readme.index(flag_reference.END)
-    section = readme[begin + len(flag_reference.BEGIN) : end]
+    flags = open(os.path.join(ROOT, "docs", "flags.md")).read()
+    begin, end = flags.index(flag_reference.BEGIN), flags.index(flag_reference.END)
+    section = flags[begin + len(flag_reference.BEGIN) : end]
     assert section == "\n" + flag_reference.reference() + "\n", (
-        f"README's flag reference differs from the declarations; run: {flag_reference.COMMAND}"
+        f"docs/flags.md differs from the declarations; run: {flag_reference.COMMAND}"
     )
-    assert flag_reference.COMMAND == "python -m loops.bin.flag_reference --write README.md"
+    assert flag_reference.COMMAND == "python -m loops.bin.flag_reference --write docs/flags.md"
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert flag_reference.BEGIN not in readme and "[docs/flags.md](docs/flags.md)" in readme
+
+
+def test_the_flag_reference_is_written_into_docs_flags_md_alone(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- flags:begin -->\nold\n<!-- flags:end -->\n")
+    assert flag_reference.main(["--write", str(readme)]) == 1
+    assert readme.read_text() == "a\n<!-- flags:begin -->\nold\n<!-- flags:end -->\n"
+    assert capsys.readouterr().err == (
+        f"error: --write {readme}: the flag reference lives in docs/flags.md alone (README.md "
+        "links to it and holds no copy); run, from the repository's root: "
+        "python -m loops.bin.flag_reference --write docs/flags.md\n"
+    )
+    flags = tmp_path / "docs" / "flags.md"
+    flags.parent.mkdir()
+    flags.write_text("# Flag reference\n<!-- flags:begin -->\nold\n<!-- flags:end -->\n")
+    assert flag_reference.main(["--write", str(flags)]) == 0
+    assert flags.read_text() == (
+        f"# Flag reference\n<!-- flags:begin -->\n{flag_reference.reference()}\n"
+        "<!-- flags:end -->\n"
+    )
+
+
+def test_readme_gives_a_fresh_machine_two_commands_and_no_other():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    fresh = readme[readme.index("## On a fresh machine") :]
+    fresh = fresh[: fresh.index("\n## ")]
+    assert re.findall(r"```\n(.*?)\n```", fresh, flags=re.S) == [
+        "python3 -m venv .venv && . .venv/bin/activate && pip install . && loops-classifier",
+        "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' "
+        "&& pytest -n 2 tests",
+    ]
 
 
 def test_the_flag_reference_lists_each_binary_and_its_own_defaults():
@@ -110,8 +143,8 @@ def test_the_flag_reference_refuses_a_readme_without_its_markers():
     with pytest.raises(ValueError) as raised:
         flag_reference.replaced("# a README\n", "table")
     assert str(raised.value) == (
-        "The README has no <!-- flags:begin --> ... <!-- flags:end --> pair (in that order); "
-        "put both lines into its section 'Flag reference' and run this again."
+        "docs/flags.md has no <!-- flags:begin --> ... <!-- flags:end --> pair (in that order); "
+        "put both lines under its heading 'Flag reference' and run this again."
     )
     assert flag_reference.replaced("a\n<!-- flags:begin -->\nold\n<!-- flags:end -->\n", "new") == (
         "a\n<!-- flags:begin -->\nnew\n<!-- flags:end -->\n"

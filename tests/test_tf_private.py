@@ -2,10 +2,15 @@
 its adapters need: a TensorFlow release that renames one fails here, by name, before the
 features built on it fail."""
 
-import numpy as np
-import tensorflow as tf
+import inspect
+import os
 
-from loops import tf_private
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import parameter_server_strategy_v2, sharded_variable
+
+from loops import tf_private, topology
 
 DEVICES = ["/cpu:0", "/cpu:1"]  # two of the logical CPUs tests/conftest.py makes
 
@@ -47,3 +52,53 @@ def test_a_plain_iterators_resource_reads_its_next_element_synchronously():
     )
     assert int(value) == 5 and int(next(iterator)) == 6
     assert tf_private.iterator_resource([1, 2]) is None
+
+
+def test_the_strategy_outside_every_scope_has_the_class_name_topology_calls_default():
+    assert type(tf.distribute.get_strategy()).__name__ == tf_private.DEFAULT_STRATEGY_CLASS
+    assert topology.strategy_name(tf.distribute.get_strategy()) == "default"
+
+
+def test_a_parameter_server_strategy_counts_its_workers_where_the_adapter_reads_them():
+    # A real strategy would connect this process to a cluster: its source says where
+    # it counts the `worker` tasks of the cluster it connects to.
+    source = inspect.getsource(parameter_server_strategy_v2.ParameterServerStrategyV2)
+    assert f"self.{tf_private.PARAMETER_SERVER_WORKERS} = len(" in source
+    assert 'cluster_spec.as_dict().get("worker"' in source
+    strategy = type("ParameterServerStrategyV2", (), {tf_private.PARAMETER_SERVER_WORKERS: 3})()
+    assert tf_private.parameter_server_workers(strategy) == 3
+    assert topology.num_workers(strategy) == 4  # a parameter-server chief counts itself
+    unconnected = type("ParameterServerStrategyV2", (), {})()
+    with pytest.raises(AttributeError, match=tf_private.PARAMETER_SERVER_WORKERS):
+        tf_private.parameter_server_workers(unconnected)
+
+
+def test_a_parameter_server_chief_may_run_a_function_itself_once_the_adapter_allows_it():
+    # The real `extended`, not connected: only the flags its check reads are set.
+    extended = parameter_server_strategy_v2.ParameterServerStrategyV2Extended.__new__(
+        parameter_server_strategy_v2.ParameterServerStrategyV2Extended
+    )
+    extended._used_with_coordinator = False
+    setattr(extended, tf_private.RUN_WITHOUT_COORDINATOR, False)
+    with pytest.raises(NotImplementedError, match="must be used with"):
+        extended._assert_used_with_cluster_coordinator()
+    tf_private.run_without_coordinator(type("Strategy", (), {"extended": extended})())
+    extended._assert_used_with_cluster_coordinator()  # allowed now: no error
+
+
+def test_onednn_enabled_is_tensorflows_answer_and_follows_the_switch():
+    enabled = tf_private.onednn_enabled()
+    assert isinstance(enabled, bool)
+    switch = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    # Unset, the CPU decides: tests/test_strategies.py compares with TensorFlow's log line.
+    assert enabled == (switch == "1") or switch is None
+
+
+def test_the_shards_of_a_sharded_variable_and_a_plain_variable_alone():
+    shards = [tf.Variable([[1.0]]), tf.Variable([[2.0]])]
+    sharded = sharded_variable.ShardedVariable(shards)
+    parts = tf_private.variable_parts(sharded)
+    assert [float(part.numpy()[0, 0]) for part in parts] == [1.0, 2.0]
+    assert all(part is shard for part, shard in zip(parts, shards))
+    plain = tf.Variable([3.0])
+    assert tf_private.variable_parts(plain) == [plain]

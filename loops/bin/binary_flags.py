@@ -1,6 +1,6 @@
 """Which flags each binary defines: its own declarations, what it exports, its own defaults.
 
-Data, so that README's flag reference (`loops.bin.flag_reference`) is generated
+Data, so that the flag reference (docs/flags.md, by `loops.bin.flag_reference`) is generated
 from what the binaries define without importing them (importing a binary defines
 its flags in absl's one registry, and a second binary's would clash). Nothing
 here imports TensorFlow.
@@ -106,5 +106,5 @@ RECOMMENDER = BinaryFlags(
     "known_item)",
     defaults=dict(train_steps=1500, global_batch_size=1024, learning_rate=3e-3),
 )
-# In the order README's flag reference lists them.
+# In the order the flag reference (docs/flags.md) lists them.
 BINARIES: tuple[BinaryFlags, ...] = (CLASSIFIER, GAN, LM, RL, RECOMMENDER)

@@ -1,15 +1,16 @@
-"""README's flag reference, generated from the declarations: `python -m loops.bin.flag_reference`.
+"""docs/flags.md's flag reference, generated from the declarations (`loops.bin.flag_reference`).
 
 The flags every binary shares (`loops.vocabulary.settings.SETTINGS`) once, a
 table per --help heading, then each binary's own (`loops.bin.binary_flags`) and
-its own defaults of the shared ones. `--write README.md` puts it between
-README's markers; tests/test_readme.py fails when README's copy differs.
+its own defaults of the shared ones. `--write docs/flags.md` puts it between
+that file's markers; tests/test_readme.py fails when its copy differs.
 Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -21,7 +22,9 @@ from loops.vocabulary import settings
 
 BEGIN = "<!-- flags:begin -->"
 END = "<!-- flags:end -->"
-COMMAND = "python -m loops.bin.flag_reference --write README.md"
+# The one file the reference is written into, relative to the repository (README links to it).
+TARGET = "docs/flags.md"
+COMMAND = f"python -m loops.bin.flag_reference --write {TARGET}"
 # A flag's type in words; an "enum" is shown as its choices.
 _KINDS = {
     "integer": "integer",
@@ -81,7 +84,7 @@ def _own_defaults(defaults: Mapping[str, Any]) -> str:
 
 
 def reference() -> str:
-    """The text between README's markers."""
+    """The text between the markers of docs/flags.md."""
     lines = [
         "",
         f"Generated from the declarations by `{COMMAND}` (a test keeps it equal). Every "
@@ -101,7 +104,7 @@ def reference() -> str:
 
 
 def replaced(readme: str, section: str) -> str:
-    """`readme` with the text between its markers replaced by `section`.
+    """`readme` (docs/flags.md's text) with the text between its markers replaced by `section`.
 
     Raises:
         ValueError: the markers are missing or out of order.
@@ -109,20 +112,34 @@ def replaced(readme: str, section: str) -> str:
     begin, end = readme.find(BEGIN), readme.find(END)
     if begin < 0 or end < begin:
         raise ValueError(
-            f"The README has no {BEGIN} ... {END} pair (in that order); put both lines "
-            "into its section 'Flag reference' and run this again."
+            f"{TARGET} has no {BEGIN} ... {END} pair (in that order); put both lines "
+            "under its heading 'Flag reference' and run this again."
         )
     return readme[: begin + len(BEGIN)] + "\n" + section + "\n" + readme[end:]
 
 
+def wrong_target(path: str) -> str | None:
+    """Why `--write path` is refused (anything but docs/flags.md), or None."""
+    if os.path.normpath(path).endswith(os.path.normpath(TARGET)):
+        return None
+    return (
+        f"--write {path}: the flag reference lives in {TARGET} alone (README.md links to it "
+        f"and holds no copy); run, from the repository's root: {COMMAND}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Prints the reference, or writes it into the README given with --write."""
+    """Prints the reference, or writes it into docs/flags.md given with --write."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", metavar="README", help="the README to update in place")
+    parser.add_argument("--write", metavar=TARGET, help=f"write it into {TARGET}, in place")
     arguments = parser.parse_args(argv)
     if arguments.write is None:
         print(reference())
         return 0
+    refusal = wrong_target(arguments.write)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 1
     with open(arguments.write, encoding="utf-8") as file:
         readme = file.read()
     try:

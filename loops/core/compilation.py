@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import keras
 import tensorflow as tf
 
-from loops.core import keras_private
+from loops import keras_private
 
 # Set while a replica's loss and gradients are computed: MirroredStrategy runs each
 # replica's function in a thread of its own.

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from loops import topology
-from loops.core import keras_private, row_updates, table_ids, table_rows
+from loops import keras_private, tf_private, topology
+from loops.core import row_updates, table_ids, table_rows
 from loops.vocabulary.whole_numbers import is_whole
 
 INITIAL_RANGE = 0.05
@@ -101,7 +101,7 @@ class EmbeddingTable(keras.layers.Layer):
             return
         with topology.rows_split_over_servers():
             probe = tf.Variable(tf.zeros([servers, 1]), trainable=False, name="split_probe")
-        if len(_parts(probe)) != servers:
+        if len(tf_private.variable_parts(probe)) != servers:
             raise ValueError(
                 f"EmbeddingTable({self.rows}, {self.dim}) under ParameterServerStrategy with "
                 f"{servers} servers would lie whole on one of them: make the strategy with "
@@ -134,11 +134,11 @@ class EmbeddingTable(keras.layers.Layer):
     @property
     def shards(self) -> list[tf.Variable]:
         """The variables holding the rows, in row order: one per server, or the one table."""
-        return _parts(self.embeddings)
+        return tf_private.variable_parts(self.embeddings)
 
     def slot_shards(self, name: str) -> list[tf.Variable]:
         """Slot `name`'s variables, split as `shards`."""
-        return _parts(getattr(self, name))
+        return tf_private.variable_parts(getattr(self, name))
 
     def row_ids(self, ids) -> tf.Tensor:
         """The table row of each id (see `ids`)."""
@@ -198,7 +198,7 @@ class EmbeddingTable(keras.layers.Layer):
 
 def tables_in(model: keras.Layer) -> list[EmbeddingTable]:
     """Every trainable `EmbeddingTable` in `model` (nested models and layers included)."""
-    layers = getattr(model, keras_private.LAYER_WALK)(include_self=True, recursive=True)
+    layers = keras_private.nested_layers(model, include_self=True)
     return [layer for layer in layers if isinstance(layer, EmbeddingTable) and layer.trainable]
 
 
@@ -231,9 +231,3 @@ def _slot_initial_values(optimizer) -> dict[str, float]:
     if isinstance(optimizer, keras.optimizers.Adagrad):
         return {"accumulator": float(optimizer.initial_accumulator_value)}
     return {}
-
-
-def _parts(variable) -> list[tf.Variable]:
-    if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
-        return list(variable.variables)
-    return [variable]

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
-from loops.core import keras_private
+from loops import keras_private
 
 # A row rule: (optimizer, variable, its slot variables, unique ids, summed rows, rate).
 RowUpdate = Callable[[Any, tf.Variable, Sequence[tf.Variable], tf.Tensor, tf.Tensor, Any], None]
@@ -61,7 +61,7 @@ def _adagrad_rows(optimizer, variable, slots, ids, rows, learning_rate) -> None:
 
 RULES: dict[type, RowRule] = {
     keras.optimizers.SGD: RowRule((), _sgd_rows),
-    keras.optimizers.Adagrad: RowRule(("_accumulators",), _adagrad_rows),
+    keras.optimizers.Adagrad: RowRule((keras_private.ADAGRAD_ACCUMULATORS,), _adagrad_rows),
 }
 
 # Options of every Keras optimizer that act on all of a variable's rows each step.

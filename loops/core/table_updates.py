@@ -26,7 +26,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from loops.core import embedding_tables, keras_private, row_updates, table_rows
+from loops import keras_private
+from loops.core import embedding_tables, row_updates, table_rows
 from loops.core.gradients import sum_over_replicas
 from loops.vocabulary.whole_numbers import check_whole
 

@@ -109,7 +109,7 @@ class GANLoop(Loop):
             sample_metrics=ring.quality)
         trainer = loops.Trainer(
             definition, train_data=lambda: ring.global_batches(512, seed=0), ema_decay=0.999)
-        trainer.train(8000)  # trainer.last_eval_metrics["modes_covered"] == 8
+        trainer.train(8000)  # trainer.state.last_eval_metrics["modes_covered"] == 8
     """
 
     name = "gan"

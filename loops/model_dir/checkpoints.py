@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 import keras
 import tensorflow as tf
 
-from loops import topology
-from loops.core import keras_private, own_files
+from loops import keras_private, topology
+from loops.core import own_files
 from loops.vocabulary.errors import DamagedCheckpointError, NonFiniteWeightsError
 
 # What a CheckpointManager writes for step N: PREFIX.index and PREFIX.data-K-of-M.

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops import topology
+from loops import tf_private, topology
 from loops.core import table_rows
 from loops.run import executors, sent_slices
 
@@ -73,7 +73,7 @@ class WorkerGradients:
         self.num_workers = topology.parameter_server_workers(self._strategy)
         # The chief runs the apply through `strategy.run` on purpose (its ops run on the
         # servers that hold the variables); TensorFlow would warn about it on every step.
-        self._strategy.extended._allow_run_without_coordinator = True  # pylint: disable=protected-access
+        tf_private.run_without_coordinator(self._strategy)
         # Per slice function: the tf.function scheduled, and which gradients it returns
         # (a remote function cannot return None: the variables without one are noted).
         self._scheduled: dict[Any, tuple[Any, sent_slices.SliceLayout]] = {}

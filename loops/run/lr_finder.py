@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import topology
-from loops.core import keras_private, outputs, own_files, plots, reporting
+from loops import keras_private, topology
+from loops.core import outputs, own_files, plots, reporting
 from loops.input import distributed_input
 from loops.model_dir import checkpoints
 from loops.run import failed_frames, loop_execution

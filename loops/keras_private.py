@@ -1,6 +1,8 @@
 """The places where loops reaches into Keras through a private name or changes what a Keras
 object does, each in one function, because Keras 3 leaves no public way;
-`tests/test_keras_private.py` fails when a Keras release renames what they rely on.
+`tests/test_keras_private.py` fails when a Keras release renames what they rely on. It
+imports nothing of the framework: it stands on the ground floor, beside `loops.tf_private`. No
+other module of loops names a private Keras name (`tests/test_private_names.py` checks).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from typing import Any
 # What each adapter relies on, checked by the test: (module, class, attribute).
 KERAS_VARIABLE_COPY = ("keras.src.backend.tensorflow.core", "Variable", "_copy_trackable_to_cpu")
 OPTIMIZER_RATE_ATTRIBUTE = "_learning_rate"
-# An optimizer's slot lists ("_accumulators": Adagrad's), indexed by this method of a variable.
+# An optimizer's slot lists, indexed by this method of a variable.
 OPTIMIZER_VARIABLE_INDEX = "_get_variable_index"
+# Adagrad's slot list: each variable's accumulated squared gradients.
+ADAGRAD_ACCUMULATORS = "_accumulators"
 # Every layer of a model, nested ones included (the Keras 3 method `nested_layers` calls).
 LAYER_WALK = "_flatten_layers"
 # The tf.Variable a Keras variable wraps: its public `value` is a cast copy inside a layer
@@ -61,7 +65,7 @@ def learning_rates_read_from(optimizers: Sequence[Any], rate: Callable[[], Any])
 
 
 def optimizer_slot(optimizer: Any, slots: str, variable: Any) -> Any:
-    """The optimizer's slot variable in its list `slots` (e.g. "_accumulators") for `variable`.
+    """The optimizer's slot variable in its list `slots` (`ADAGRAD_ACCUMULATORS`...) for `variable`.
 
     A sparse row update (`loops.core.row_updates`) writes the rows of the very
     slots the Keras optimizer built, so its checkpoints stay the optimizer's;
