@@ -192,3 +192,16 @@ RECOMMENDER: tuple[Setting, ...] = (
         lower_bound=1,
     ),
 )
+
+
+def check_top_k_fits(top_k: int, num_items: int) -> None:
+    """Refuses a --top_k longer than the item list it cuts (retrieval's Recall@K, NDCG@K).
+
+    Raises:
+        ValueError: the flag, the items there are, and the longest K.
+    """
+    if top_k > num_items:
+        raise ValueError(
+            f"--top_k={top_k} is more than the {num_items} items of the interaction log, so "
+            f"no list could be that long; pass --top_k<={num_items}."
+        )

@@ -36,6 +36,8 @@ def _retrieval(model, train, test, optimizer_fn, data_notes):
     from loops_data import recommender_data
     from loops_models import recommender
 
+    model_settings.check_top_k_fits(model["top_k"], train.num_items)
+
     def tower(count, name):
         return lambda: recommender.id_tower(
             num_ids=count, embedding_dim=model["embedding_dim"], seed=FLAGS.seed, name=name
