@@ -49,11 +49,7 @@ _heading_of: dict[str, str] = {}
 
 @contextlib.contextmanager
 def heading(name: str) -> Iterator[None]:
-    """Files the flags defined inside under `name`: in --help, in results.json's config.
-
-    A float flag defined inside must also be finite as a float32 (TensorFlow's
-    number): inf, nan and numbers beyond float32's range are flag errors.
-    """
+    """Files the flags defined inside under `name`: in --help, in results.json's config."""
     if name not in HEADINGS:
         raise ValueError(f"Unknown flag heading {name!r}; use one of {', '.join(HEADINGS)}.")
     before = set(flags.FLAGS)
@@ -62,11 +58,11 @@ def heading(name: str) -> Iterator[None]:
         flag = flags.FLAGS[key]
         if key not in before and flag.name not in _heading_of:
             _heading_of[flag.name] = name
-            if isinstance(flag.parser, flags.FloatParser):
-                _require_finite(flag)
 
 
-def _require_finite(flag: flags.Flag) -> None:
+def _require_finite(flag: flags.Flag, flag_values: flags.FlagValues) -> None:
+    """A float flag must also be finite as a float32 (TensorFlow's number): inf, nan and
+    numbers beyond float32's range are flag errors."""
     example = (
         f"e.g. --{flag.name}={flag.default}" if flag.default is not None else "or leave it unset"
     )
@@ -84,7 +80,7 @@ def _require_finite(flag: flags.Flag) -> None:
             )
         return True
 
-    flags.register_validator(flag.name, check)
+    flags.register_validator(flag.name, check, flag_values=flag_values)
 
 
 def binary_flag_names() -> list[str]:
@@ -122,9 +118,12 @@ def define_setting_flag(
     setting: settings.Setting, default: Any, flag_values: flags.FlagValues = flags.FLAGS
 ) -> None:
     """Defines `setting`'s flag in `flag_values` (absl's one registry, or a test's own), of
-    its declared type with `default`, checked by its declaration (`_check_flag`)."""
+    its declared type with `default`: a float finite as a float32 (`_require_finite`), then
+    checked by its declaration (`_check_flag`)."""
     _define_flag(setting, default, flag_values)
-    # After the finiteness check of a float (`heading`), so that nan is called not finite.
+    if setting.kind == "float":
+        _require_finite(flag_values[setting.name], flag_values)
+    # After the finiteness check, so that nan is called not finite.
     flags.register_validator(
         setting.name, functools.partial(_check_flag, setting), flag_values=flag_values
     )
