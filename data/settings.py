@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from loops.vocabulary.settings import Setting, satisfies
+from loops.vocabulary.whole_numbers import is_whole
 
 
 def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:
@@ -25,6 +26,23 @@ def parse_image_size(value: list[str] | None) -> tuple[int, int] | None:
         raise ValueError(
             f"--image_size={','.join(value)} is not HEIGHT,WIDTH in pixels; pass two "
             "whole numbers >= 1, e.g. --image_size=32,32."
+        )
+    return height, width
+
+
+def _check_image_size(name: str, value: Any) -> tuple[int, int] | None:
+    """A check: None (each image keeps its size), or (height, width), whole numbers >= 1 (the
+    flag's HEIGHT,WIDTH, parsed by `parse_image_size`)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        height = width = None
+    else:
+        height, width = value
+    if not (is_whole(height, 1) and is_whole(width, 1)):
+        raise ValueError(
+            f"{name} must be (height, width), two whole numbers >= 1, got {value!r}; "
+            "e.g. (32, 32) (--image_size=32,32)."
         )
     return height, width
 
@@ -58,6 +76,7 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "is then not used).",
         "string",
         check=_data_dir_is_a_folder,
+        path=True,
     ),
     Setting(
         "image_dir",
@@ -67,6 +86,7 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
         "decoded before training (once per file while it does not change: the outcome is "
         "kept in ~/.cache/loops/image_checks).",
         "string",
+        path=True,
     ),
     Setting(
         "skip_bad_images",
@@ -116,9 +136,12 @@ IMAGE_CLASSIFICATION: tuple[Setting, ...] = (
     Setting(
         "image_size",
         "data",
-        "HEIGHT,WIDTH: resize every image to it (needed for images of mixed sizes).",
+        "HEIGHT,WIDTH: resize every image to it (needed for images of mixed sizes), e.g. "
+        "--image_size=32,32.",
         "list",
+        check=_check_image_size,
         from_flag=parse_image_size,
+        annotation="tuple[int, int] | None",
     ),
 )
 
@@ -160,6 +183,7 @@ GAN_DATA: tuple[Setting, ...] = (
         "TFDS data directory for digits (default: ~/tensorflow_datasets).",
         "string",
         check=_data_dir_is_a_folder,
+        path=True,
     ),
 )
 
@@ -190,9 +214,11 @@ INTERACTIONS: tuple[Setting, ...] = (
         "data",
         "An interaction log to train on: a file of user, item, rating and timestamp "
         "columns (MovieLens u.data, RecBole .inter, or CSV with a header). Default: a "
-        "generated log with planted user and item factors and Zipf item popularity.",
+        "generated log with planted user and item factors and Zipf item popularity. E.g. "
+        "--data=~/.cache/loops/movielens/ml-100k.inter.",
         "string",
         check=_check_data_file,
+        path=True,
     ),
     Setting(
         "split",

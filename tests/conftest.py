@@ -193,6 +193,8 @@ SLOW_TESTS = (
     "test_rl.py::test_a_diverging_rl_run_follows_the_policy_and_keeps_no_nonfinite_checkpoint",
     "test_scheduler_cluster.py::test_a_binary_started_by_srun_as_several_one_process_tasks_stops_before_tensorflow",
     "test_scheduler_cluster.py::test_the_slurm_template_gives_each_task_its_place_and_requeues_a_preempted_job",
+    "test_setting_forms.py::test_the_classifier_records_every_setting_given_in_its_documented_form",
+    "test_setting_forms.py::test_readmes_movielens_command_reads_data_under_home_and_a_long_top_k_names_the_flag",
     "test_sharded_tables.py::test_a_table_split_over_two_servers_equals_one_process_and_restores_into_three_then_one",
     "test_table_training.py::test_a_table_split_over_two_servers_trains_through_the_trainer",
     "test_settings.py::test_every_binary_lists_every_setting_under_its_heading_with_its_declared_help",

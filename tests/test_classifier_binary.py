@@ -117,6 +117,24 @@ def test_model_dir_that_is_a_file_is_a_usage_error(digits_dir, tmp_path):
     assert path.read_text() == "keep me"
 
 
+def test_an_export_dir_that_is_a_link_is_refused_before_training(digits_dir, tmp_path):
+    # The export is renamed into --export_dir's place, which a link is not: it would fail
+    # only after training (issue 51).
+    target, link = tmp_path / "exports", tmp_path / "export_link"
+    target.mkdir()
+    link.symlink_to(target)
+    with pytest.raises(app.UsageError) as raised:
+        run_in_process(
+            f"--data_dir={digits_dir}", f"--model_dir={tmp_path / 'run'}", f"--export_dir={link}"
+        )
+    assert str(raised.value) == (
+        f"--export_dir={link} is a link (to {target}), which the export at the end of "
+        "training cannot replace, so it would fail after the work; pass the directory it "
+        f"points to (--export_dir={target}) or a new one."
+    )
+    assert not (tmp_path / "run").exists() and link.is_symlink()
+
+
 def test_multi_worker_mirrored_runs_as_a_one_worker_cluster_its_tf_config_names(
     tmp_path, digits_dir
 ):

@@ -44,11 +44,18 @@ def check_export_dir() -> None:
     """Refuses, before any training, an --export_dir that the export would have to replace.
 
     Raises:
-        app.UsageError: --export_dir exists and is not a SavedModel directory.
+        app.UsageError: --export_dir is a link, or exists and is not a SavedModel directory.
     """
     path = flags.FLAGS.export_dir if "export_dir" in flags.FLAGS else None
     if not path:
         return
+    if os.path.islink(path):
+        # The export is written beside it and renamed into its place, which a link is not.
+        raise app.UsageError(
+            f"--export_dir={path} is a link (to {os.readlink(path)}), which the export at the "
+            "end of training cannot replace, so it would fail after the work; pass the "
+            f"directory it points to (--export_dir={os.path.realpath(path)}) or a new one."
+        )
     _check_writable(path, "--export_dir", "the export at the end of training")
     if not os.path.exists(path):
         return

@@ -49,11 +49,7 @@ _heading_of: dict[str, str] = {}
 
 @contextlib.contextmanager
 def heading(name: str) -> Iterator[None]:
-    """Files the flags defined inside under `name`: in --help, in results.json's config.
-
-    A float flag defined inside must also be finite as a float32 (TensorFlow's
-    number): inf, nan and numbers beyond float32's range are flag errors.
-    """
+    """Files the flags defined inside under `name`: in --help, in results.json's config."""
     if name not in HEADINGS:
         raise ValueError(f"Unknown flag heading {name!r}; use one of {', '.join(HEADINGS)}.")
     before = set(flags.FLAGS)
@@ -62,11 +58,11 @@ def heading(name: str) -> Iterator[None]:
         flag = flags.FLAGS[key]
         if key not in before and flag.name not in _heading_of:
             _heading_of[flag.name] = name
-            if isinstance(flag.parser, flags.FloatParser):
-                _require_finite(flag)
 
 
-def _require_finite(flag: flags.Flag) -> None:
+def _require_finite(flag: flags.Flag, flag_values: flags.FlagValues) -> None:
+    """A float flag must also be finite as a float32 (TensorFlow's number): inf, nan and
+    numbers beyond float32's range are flag errors."""
     example = (
         f"e.g. --{flag.name}={flag.default}" if flag.default is not None else "or leave it unset"
     )
@@ -84,7 +80,7 @@ def _require_finite(flag: flags.Flag) -> None:
             )
         return True
 
-    flags.register_validator(flag.name, check)
+    flags.register_validator(flag.name, check, flag_values=flag_values)
 
 
 def binary_flag_names() -> list[str]:
@@ -115,9 +111,22 @@ def define_settings(declarations: Iterable[settings.Setting], **binary_defaults:
         raise ValueError(f"Defaults for undeclared settings: {', '.join(sorted(unknown))}.")
     for setting in declarations:
         with heading(setting.heading):
-            _define_flag(setting, binary_defaults.get(setting.name, setting.flag_default))
-        # After the finiteness check of the heading, so that nan is called not finite.
-        flags.register_validator(setting.name, functools.partial(_check_flag, setting))
+            define_setting_flag(setting, binary_defaults.get(setting.name, setting.flag_default))
+
+
+def define_setting_flag(
+    setting: settings.Setting, default: Any, flag_values: flags.FlagValues = flags.FLAGS
+) -> None:
+    """Defines `setting`'s flag in `flag_values` (absl's one registry, or a test's own), of
+    its declared type with `default`: a float finite as a float32 (`_require_finite`), then
+    checked by its declaration (`_check_flag`)."""
+    _define_flag(setting, default, flag_values)
+    if setting.kind == "float":
+        _require_finite(flag_values[setting.name], flag_values)
+    # After the finiteness check, so that nan is called not finite.
+    flags.register_validator(
+        setting.name, functools.partial(_check_flag, setting), flag_values=flag_values
+    )
 
 
 def _check_flag(setting: settings.Setting, value: Any) -> bool:
@@ -150,7 +159,15 @@ def define_binary_flags(
         define_export_dir_flag(export)
 
 
-def _define_flag(setting: settings.Setting, default: Any) -> None:
+class _PathParser(flags.ArgumentParser):
+    """A path flag's parser: its text with a leading ~ expanded (`os.path.expanduser`), so
+    that --data=~/ratings.csv names the file a shell would have found."""
+
+    def parse(self, argument: str) -> str:
+        return os.path.expanduser(str(super().parse(argument)))
+
+
+def _define_flag(setting: settings.Setting, default: Any, flag_values: flags.FlagValues) -> None:
     """One absl flag of the type and choices `setting` declares (its check: `_check_flag`).
 
     The declared bounds go to absl's parser too, so that a value out of them is refused
@@ -159,9 +176,9 @@ def _define_flag(setting: settings.Setting, default: Any) -> None:
     name, help_text = setting.name, setting.help
     lower, upper = setting.lower_bound, setting.upper_bound
     if setting.kind == "enum":
-        flags.DEFINE_enum(name, default, list(setting.choices), help_text)
+        flags.DEFINE_enum(name, default, list(setting.choices), help_text, flag_values=flag_values)
     elif setting.kind == "bool":
-        flags.DEFINE_bool(name, default, help_text)
+        flags.DEFINE_bool(name, default, help_text, flag_values=flag_values)
     elif setting.kind == "integer":
         flags.DEFINE_integer(
             name,
@@ -169,13 +186,19 @@ def _define_flag(setting: settings.Setting, default: Any) -> None:
             help_text,
             lower_bound=None if lower is None else int(lower),
             upper_bound=None if upper is None else int(upper),
+            flag_values=flag_values,
         )
     elif setting.kind == "float":
-        flags.DEFINE_float(name, default, help_text, lower_bound=lower, upper_bound=upper)
+        flags.DEFINE_float(
+            name, default, help_text, lower_bound=lower, upper_bound=upper, flag_values=flag_values
+        )
     elif setting.kind == "list":
-        flags.DEFINE_list(name, default, help_text)
+        flags.DEFINE_list(name, default, help_text, flag_values=flag_values)
+    elif setting.path:
+        serializer = flags.ArgumentSerializer[str]()
+        flags.DEFINE(_PathParser(), name, default, help_text, flag_values, serializer)
     else:
-        flags.DEFINE_string(name, default, help_text)
+        flags.DEFINE_string(name, default, help_text, flag_values=flag_values)
 
 
 def setting_values(declarations: Iterable[settings.Setting]) -> dict[str, Any]:

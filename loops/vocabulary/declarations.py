@@ -186,6 +186,8 @@ class Setting:
         choices: the values an "enum" takes.
         lower_bound, upper_bound: the bounds of a number without its own `check`.
         annotation: the Python type where the kind's is not it (a parsed flag's).
+        path: a file or folder path ("string"): its flag expands a leading ~ to the home
+            folder, which a shell leaves as it is in --name=~/...
     """
 
     name: str
@@ -203,10 +205,13 @@ class Setting:
     lower_bound: float | None = None
     upper_bound: float | None = None
     annotation: str = ""
+    path: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_TYPES:
             raise ValueError(f"Setting {self.name}: kind must be one of {', '.join(KIND_TYPES)}.")
+        if self.path and self.kind != "string":
+            raise ValueError(f"Setting {self.name}: a path is of kind string.")
         if not self.section:
             object.__setattr__(self, "section", self.heading)
         if not self.annotation:

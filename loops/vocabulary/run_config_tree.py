@@ -255,9 +255,9 @@ class OutputsSettings(ConfigSection):
     """
 
     profile_steps: tuple[int, int] | None = None
-    """START,END: trace train steps START to END (from 1, both included) with TensorFlow's
-    profiler into MODEL_DIR/summaries/train, for TensorBoard's Profile tab (pip install
-    tensorboard-plugin-profile). Chief only.
+    """START,END (e.g. --profile_steps=10,20): trace train steps START to END (from 1, both
+    included) with TensorFlow's profiler into MODEL_DIR/summaries/train, for TensorBoard's
+    Profile tab (pip install tensorboard-plugin-profile). Chief only.
     """
 
 

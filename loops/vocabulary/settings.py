@@ -185,6 +185,7 @@ SETTINGS: tuple[Setting, ...] = (
         "string",
         section="mode",
         resumable=True,
+        path=True,
     ),
     Setting(
         "strategy",
@@ -474,6 +475,7 @@ SETTINGS: tuple[Setting, ...] = (
         section="outputs",
         resumable=True,
         loop=True,
+        path=True,
     ),
     Setting(
         "checkpoint_every",
@@ -529,9 +531,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "profile_steps",
         "outputs",
-        "START,END: trace train steps START to END (from 1, both included) with TensorFlow's "
-        "profiler into MODEL_DIR/summaries/train, for TensorBoard's Profile tab (pip install "
-        "tensorboard-plugin-profile). Chief only.",
+        "START,END (e.g. --profile_steps=10,20): trace train steps START to END (from 1, both "
+        "included) with TensorFlow's profiler into MODEL_DIR/summaries/train, for "
+        "TensorBoard's Profile tab (pip install tensorboard-plugin-profile). Chief only.",
         "string",
         section="outputs",
         loop=True,
@@ -651,6 +653,7 @@ def export_dir_setting(what: str) -> Setting:
         "MODEL_DIR/export.",
         "string",
         resumable=True,
+        path=True,
     )
 
 
