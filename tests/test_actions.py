@@ -2,8 +2,10 @@
 
 import glob
 import json
+import math
 import os
 import re
+import sys
 import types
 
 import keras
@@ -142,6 +144,23 @@ def test_action_state_is_checkpointed_under_each_action_name(tmp_path):
         assert reader.get_tensor(f"action_{name}/best/.ATTRIBUTES/VARIABLE_VALUE") == 4.0
         assert reader.get_tensor(f"action_{name}/wait/.ATTRIBUTES/VARIABLE_VALUE") == 1
     assert len([key for key in saved if key.startswith("action_")]) == 4
+
+
+def test_a_checkpoint_before_the_first_evaluation_saves_the_actions_no_value_yet(tmp_path):
+    # Checkpoints at steps 2 and 4, evaluations from step 4 on: the save at step 2 holds
+    # the actions' "no best value yet", which must be finite to be saved at all.
+    stopping = loops.EarlyStopping("loss", patience=5)
+    best = loops.KeepBest("loss", mode="min")
+    loop = scripted(str(tmp_path), actions=[stopping, best], eval_every=4, checkpoint_every=2)
+    loop.train(4)
+    reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints" / "ckpt-2"))
+    for name in ("early_stopping", "keep_best"):
+        saved = reader.get_tensor(f"action_{name}/best/.ATTRIBUTES/VARIABLE_VALUE")
+        assert saved == sys.float_info.max
+    assert stopping.best_value() == 4.0 and best.best_value() == 4.0
+    # A checkpoint of loops before 5.2.0 held inf there: still read as no value yet.
+    stopping.best.assign(math.inf)
+    assert stopping.best_value() is None and stopping.improves(1e300)
 
 
 # ---- The best checkpoint. ----

@@ -169,11 +169,6 @@ LEFT_OUT = {
     "eval_split": "the folder's split names are the defaults",
     "run_eagerly": "refused with --jit_compile; debugging (tests/test_loop.py)",
     "jit_compile": "XLA compilation (tests/test_jit_compile.py)",
-    # A metric's best value is inf until the first evaluation, and a checkpoint before it
-    # (--checkpoint_every=2 --eval_every=4, or --on_nonfinite=recover's at step 0) is
-    # refused as not finite: a fault of its own, reported with issue 51.
-    "early_stopping_metric": "its best value is inf until the first evaluation (above)",
-    "keep_best_metric": "its best value is inf until the first evaluation (above)",
     "profile_steps": "traces steps 10-20 of a longer run (tests/test_profiling.py)",
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -115,13 +116,16 @@ class _WatchesMetric(Action):
         self.min_delta = float(min_delta)
 
     def build(self, run: RunContext) -> None:
-        # The worst possible value, so the first finite one is an improvement.
-        self.best = _state_variable(math.inf if self.mode == "min" else -math.inf, "best")
+        # The worst finite value, so the first finite one is an improvement. Not inf: a
+        # checkpoint saved before the first evaluation holds it, and a save refuses a
+        # variable that is not finite.
+        self.best = _state_variable(_NO_VALUE if self.mode == "min" else -_NO_VALUE, "best")
 
     def best_value(self) -> float | None:
         """The best value seen so far; None before the first finite one."""
         value = float(self.best.numpy())
-        return None if math.isinf(value) else value
+        # inf: what checkpoints of loops before 5.2.0 hold before the first evaluation.
+        return None if math.isinf(value) or abs(value) == _NO_VALUE else value
 
     def watched_value(self, eval_metrics: Mapping[str, float]) -> float:
         """The watched metric's value.
@@ -379,6 +383,10 @@ class WriteRunFile(Action):
     def before_train(self, run: RunContext) -> None:
         if run.is_chief and run.model_dir is not None:
             reporting.write_text_atomic(os.path.join(run.model_dir, self.file_name), self.text())
+
+
+# A watched metric's best value before the first evaluation: the largest float64.
+_NO_VALUE = sys.float_info.max
 
 
 def _state_variable(initial, name: str) -> tf.Variable:
