@@ -288,10 +288,12 @@ _LOST_PEER_ERRORS = (
     tf.errors.DeadlineExceededError,
 )
 # The same inside a grouped error ("2 root error(s) found. (0) UNAVAILABLE: ..."), whose
-# class is that of whichever root error came first. Not "remote target /job:" alone: a
-# parameter server writes its own shard, so its disk errors come from a remote target too.
+# class is that of whichever root error came first: the words by which the Trainer's
+# sentence (loops/cluster/lost_task.py) finds the lost task. Not "remote target /job:"
+# alone: a parameter server writes its own shard, so its disk errors come from one too.
 _LOST_PEER_TEXT = re.compile(
-    r"UNAVAILABLE|failed to connect|Connection reset|Socket closed|Collective ops is aborted"
+    r"failed to connect|Connection reset|Socket closed|Collective ops is aborted|unhealthy|"
+    r"Deadline Exceeded"
 )
 
 
