@@ -208,6 +208,63 @@ def test_a_failed_save_names_the_directory_and_keeps_the_older_checkpoints(train
     assert checkpoint_bytes(trained_dir, [2, 4, 6]) == before
 
 
+# A parameter server gone during a save, as TensorFlow groups it: the class is the first
+# root error's, which need not be UnavailableError.
+LOST_SERVER = (
+    "2 root error(s) found.\n  (0) UNAVAILABLE: failed to connect to all addresses; last "
+    "error: UNKNOWN: ipv4:127.0.0.1:42797: Failed to connect to remote host: Connection "
+    "refused\nAdditional GRPC error information from remote target /job:ps/replica:0/task:0 "
+    "while calling /tensorflow.eager.EagerService/Enqueue"
+)
+
+
+def test_a_save_that_lost_a_server_is_not_worded_as_a_disk_problem(tmp_path, monkeypatch):
+    from loops.cluster import lost_task
+    from loops.model_dir.checkpoints import Checkpointer
+
+    checkpointer = Checkpointer(
+        strategy=tf.distribute.get_strategy(),
+        directory=str(tmp_path),
+        items={"weight": tf.Variable(1.0)},
+        step_counter=tf.Variable(4, dtype=tf.int64),
+        max_to_keep=3,
+    )
+    assert checkpointer.save().endswith("ckpt-4")
+    tf_config = {
+        "cluster": {"chief": ["127.0.0.1:40000"], "ps": ["127.0.0.1:42797"]},
+        "task": {"type": "chief", "index": 0},
+    }
+    for error_class in (tf.errors.UnknownError, tf.errors.UnavailableError):
+
+        def refuse(*_, error_class=error_class, **__):
+            raise error_class(None, None, LOST_SERVER)
+
+        monkeypatch.setattr(tf.train.CheckpointManager, "save", refuse)
+        # Raised as it is, for the Trainer's sentence naming the server (ClusterTaskLostError).
+        with pytest.raises(error_class) as raised:
+            checkpointer.save()
+        sentence = lost_task.lost_task_sentence(raised.value.message, tf_config)
+        assert sentence.startswith(
+            "chief_0 lost ps_0 at 127.0.0.1:42797: it stopped answering (its process died, its "
+            "host went down, or the network between them failed), so the run stopped; every "
+            "step up to the last checkpoint is saved."
+        )
+    # A full disk on a server's shard comes from a remote target too, and is still the disk's.
+    full = "Additional GRPC error information from remote target /job:ps/replica:0/task:0"
+
+    def no_space(*_, **__):
+        raise tf.errors.ResourceExhaustedError(None, None, f"No space left on device\n{full}")
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", no_space)
+    with pytest.raises(OSError) as raised:
+        checkpointer.save()
+    assert str(raised.value) == (
+        f"Could not write a checkpoint into {tmp_path} (No space left on device). Free space "
+        "or make the directory writable (or pass another --model_dir); the checkpoints "
+        "already there are intact."
+    )
+
+
 def test_no_checkpoint_ever_holds_a_nonfinite_variable(tmp_path):
     class PoisonAfterStep4(loops.Action):
         def after_loop(self, loop, step, train_metrics):

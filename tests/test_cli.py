@@ -1,6 +1,7 @@
 """What a new user meets first: --help, flag errors before TensorFlow loads, a quiet console,
 the installed names, and the defaults and records of the binaries."""
 
+import inspect
 import json
 import os
 import re
@@ -242,6 +243,38 @@ def test_log_line_filter_keeps_everything_else():
         "W1124 14:26:29.528507 140479367265152 foo.py:423] a warning\n",
     ]
     assert [line for line in kept + dropped if not tensorflow_logs._is_tensorflow_log(line)] == kept
+
+
+def test_a_lost_parameter_server_worker_is_one_log_line_naming_it():
+    import logging
+
+    import tensorflow as tf
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    # The format held here is the one TensorFlow's coordinator logs a lost worker with.
+    source = inspect.getsource(cluster_coordinator)
+    assert f'"{tensorflow_logs.COORDINATOR_WORKER_FAILED}"' in source
+    error = tf.errors.UnavailableError(
+        None,
+        None,
+        "Failed copying input tensor from /job:chief/replica:0/task:0/device:CPU:0\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1\n"
+        ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect"}',
+    )
+    logger = logging.getLogger("test_cli.tensorflow")
+    tensorflow_logs.one_line_worker_losses(logger)
+    tensorflow_logs.one_line_worker_losses(logger)  # once, however often it is asked
+    assert len(logger.filters) == 1
+    records = []
+    logger.addHandler(type("Keep", (logging.Handler,), {"emit": lambda _, r: records.append(r)})())
+    logger.propagate = False
+    device = "/job:worker/replica:0/task:1/device:CPU:0"
+    logger.error(tensorflow_logs.COORDINATOR_WORKER_FAILED, device, error, error)
+    logger.error("Another error: %s", "kept as it is")
+    assert [record.getMessage() for record in records] == [
+        "lost worker_1 (UnavailableError); training goes on, its closures run on the other workers",
+        "Another error: kept as it is",
+    ]
 
 
 @pytest.mark.parametrize(

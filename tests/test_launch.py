@@ -648,6 +648,20 @@ def test_an_evaluator_task_is_outside_the_cluster_and_the_launcher_waits_for_it(
     assert "stopping" not in stderr
 
 
+def test_servers_stopped_after_the_chief_are_no_failure_while_the_evaluator_finishes():
+    code, stdout, stderr, _ = launch_in_process(
+        1,
+        num_ps=1,
+        evaluator=True,
+        roles={"chief_0": "exit0", "worker_0": "serve", "ps_0": "serve", "evaluator_0": "saving0"},
+    )
+    assert code == 0, stderr
+    assert "[launch] the chief finished; stopping worker_0, ps_0\n" in stderr
+    assert "[evaluator_0] saving" in stdout
+    assert stderr.endswith("[launch] evaluator_0 finished\n")
+    assert "killed by" not in stderr and "FAILED" not in stderr
+
+
 def test_a_failing_evaluator_leaves_training_running_then_fails_the_launch():
     code, stdout, stderr, _ = launch_in_process(
         2,

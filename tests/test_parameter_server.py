@@ -1,5 +1,5 @@
 """ParameterServerStrategy: classifier training through a ClusterCoordinator (exact mode),
-preempted and rerun to one process's weights."""
+preempted and rerun, losing a worker, to one process's weights."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from test_launch import Run, largest_weight_difference, launch_in_process
+from test_launch import ENV, Run, largest_weight_difference, launch_in_process
 
 import loops
 from conftest import read_results as results
@@ -50,7 +50,7 @@ def checkpoint_steps(model_dir):
     return sorted(int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)\.index$").match, names) if m)
 
 
-def test_a_sigterm_to_the_chief_saves_and_exits_42_and_the_rerun_ends_with_one_process_weights(
+def test_a_sigterm_to_the_chief_saves_and_exits_42_and_the_rerun_survives_a_killed_worker(
     tmp_path, digits_dir
 ):
     model_dir, one_process_dir = str(tmp_path / "cluster"), str(tmp_path / "one")
@@ -71,9 +71,29 @@ def test_a_sigterm_to_the_chief_saves_and_exits_42_and_the_rerun_ends_with_one_p
     assert results(model_dir)["global_step"] == preempted_at
     assert checkpoint_steps(model_dir) == [preempted_at]
 
-    # The same command restores the chief's checkpoint and trains only the rest.
-    run = Run(parameter_server_run(model_dir, digits_dir)).succeed(timeout=300)
+    # The same command restores the chief's checkpoint and trains only the rest; worker_1
+    # is killed as it starts: the launcher says so and the run goes on without it. Run as a
+    # user runs it, without the tests' TF_CPP_MIN_LOG_LEVEL=2 (which shows TensorFlow's C++
+    # errors, each lost remote function among them).
+    quiet = {name: value for name, value in ENV.items() if name != "TF_CPP_MIN_LOG_LEVEL"}
+    run = Run(parameter_server_run(model_dir, digits_dir), env=quiet)
+    worker_1 = int(run.wait_for(r"\[launch\] worker_1 pid (\d+)").group(1))
+    run.wait_for(r"\[chief_0\] restored ")
+    os.kill(worker_1, signal.SIGKILL)
+    run.succeed(timeout=300)
     one_process.succeed(timeout=300)
+    assert (
+        "[launch] worker_1 was killed by SIGKILL; the run goes on: under parameter servers the "
+        "chief computes its share of each step on the other workers"
+    ) in run.output
+    # The chief says it in one line, without TensorFlow's GRPC details.
+    assert re.search(
+        r"\[chief_0\] .*lost worker_1 \(\w+Error\); training goes on, its closures run on the "
+        r"other workers$",
+        run.output,
+        re.MULTILINE,
+    ), run.output[-4000:]
+    assert "GRPC" not in run.output and "remote target" not in run.output
     assert re.search(
         rf"\[chief_0\] restored \S+ckpt-{preempted_at} at step {preempted_at}", run.output
     )
@@ -83,7 +103,7 @@ def test_a_sigterm_to_the_chief_saves_and_exits_42_and_the_rerun_ends_with_one_p
     for task in ("worker_0", "worker_1", "ps_0"):
         address = re.search(rf"\[launch\] {task} pid \d+ at (\S+)", run.output).group(1)
         assert f"[{task}] {task} serving at grpc://{address} until stopped" in run.output
-    assert "[launch] the chief finished; stopping worker_0, worker_1, ps_0" in run.output
+    assert "[launch] the chief finished; stopping worker_0, ps_0" in run.output
     # Only the chief trains the Loop and writes: its progress, eval and outputs.
     assert "[chief_0] outputs in" in run.output
     assert not re.search(r"\[(worker|ps)_\d\] (step|eval|outputs)", run.output)
@@ -97,11 +117,12 @@ def test_a_sigterm_to_the_chief_saves_and_exits_42_and_the_rerun_ends_with_one_p
     assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == sorted(
         ["checkpoint", *saved]
     )
-    # Preempted and rerun, the weights (Adam's slots too) and eval of one process.
+    # Preempted and rerun losing a worker, the weights (Adam's slots too) and eval of one
+    # process.
     difference = largest_weight_difference(model_dir, one_process_dir)
     reference = results(one_process_dir)
     print(
-        f"parameter server, preempted at {preempted_at} and rerun: eval accuracy "
+        f"parameter server, preempted at {preempted_at} and rerun losing worker_1: eval accuracy "
         f"{got['eval']['accuracy']:.4f}, largest relative weight difference to one process "
         f"{difference:.2g}"
     )
@@ -142,15 +163,54 @@ def test_the_launcher_ends_with_the_chief_and_stops_the_servers():
 
 
 def test_a_server_dying_before_the_chief_fails_the_run_naming_it():
-    code, _, stderr, seconds = launch_in_process(
+    code, stdout, stderr, seconds = launch_in_process(
         2,
         num_ps=1,
-        roles={"chief_0": "serve", "worker_0": "serve", "worker_1": "serve", "ps_0": "exit3"},
+        roles={
+            "chief_0": "preempted",
+            "worker_0": "graceful",
+            "worker_1": "graceful",
+            "ps_0": "exit3",
+        },
     )
     assert code == 1
     assert "[launch] FAILED: ps_0 exited with code 3" in stderr
-    assert "ps_0 exited with code 3; stopping chief_0, worker_0, worker_1" in stderr
+    assert (
+        "[launch] ps_0 exited with code 3; stopping chief_0 first (its save reads the servers' "
+        "variables), then worker_0, worker_1 (SIGTERM, then SIGKILL after 1 s)"
+    ) in stderr
+    # The chief's save runs while the workers still serve; they are stopped after it.
+    assert "[chief_0] others got SIGTERM while saving: []" in stdout
+    assert "[worker_0] got SIGTERM" in stdout and "[worker_1] got SIGTERM" in stdout
     assert seconds < 15
+
+
+def test_a_lost_worker_of_a_chief_is_survived_and_the_last_one_fails_the_run():
+    # worker_1 exits 3 while the chief trains (it exits 0 a second after every task is ready).
+    code, _, stderr, _ = launch_in_process(
+        2,
+        num_ps=1,
+        roles={"chief_0": "saving0", "worker_0": "serve", "worker_1": "exit3", "ps_0": "serve"},
+    )
+    assert code == 0, stderr
+    assert (
+        "[launch] worker_1 exited with code 3; the run goes on: under parameter servers the "
+        "chief computes its share of each step on the other workers\n"
+    ) in stderr
+    assert "[launch] the chief finished; stopping worker_0, ps_0\n" in stderr
+    assert "FAILED" not in stderr
+    # Its only worker lost, the chief cannot go on: stopped first, saving, then its server.
+    code, stdout, stderr, _ = launch_in_process(
+        1, num_ps=1, roles={"chief_0": "preempted", "worker_0": "exit3", "ps_0": "graceful"}
+    )
+    assert code == 1
+    assert (
+        "[launch] worker_0 exited with code 3; stopping chief_0 first (its save reads the "
+        "servers' variables), then ps_0 (SIGTERM, then SIGKILL after 1 s)\n"
+    ) in stderr
+    assert "[chief_0] others got SIGTERM while saving: []" in stdout
+    assert "[ps_0] got SIGTERM" in stdout
+    assert stderr.endswith("[launch] FAILED: worker_0 exited with code 3\n")
 
 
 def tf_config(cluster, task_type="chief"):

@@ -478,6 +478,7 @@ def quiet_logging() -> None:
         import tensorflow as tf
 
         tf.get_logger().setLevel("ERROR")
+        tensorflow_logs.one_line_worker_losses(tf.get_logger())
 
 
 def report_outputs(trainer) -> None:

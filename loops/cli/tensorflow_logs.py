@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -13,6 +14,10 @@ _CPP_LOG_LINE = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ [^ ]+:\d+\] ")
 _ABSL_NOTICE = (
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 )
+# How ClusterCoordinator (cluster_coordinator.py) logs a lost parameter-server worker, an
+# error with TensorFlow's whole message: its GRPC details over several lines, each time.
+COORDINATOR_WORKER_FAILED = "Worker %s failed with %r:%s"
+_DEVICE_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
 
 
 def import_tensorflow(*, quiet: bool) -> None:
@@ -55,3 +60,27 @@ def import_tensorflow(*, quiet: bool) -> None:
 
 def _is_tensorflow_log(line: str) -> bool:
     return line.rstrip("\n") == _ABSL_NOTICE or bool(_CPP_LOG_LINE.match(line))
+
+
+class OneLineWorkerLoss(logging.Filter):
+    """Words ClusterCoordinator's report of a lost parameter-server worker as one line.
+
+    The coordinator logs it only for a loss it survives (the worker's closures run on
+    the other workers), so one line says which worker and what TensorFlow raised,
+    without the GRPC details over several lines.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == COORDINATOR_WORKER_FAILED and isinstance(record.args, tuple):
+            device, error = record.args[0], record.args[1]
+            found = _DEVICE_TASK.search(str(device))
+            worker = f"{found.group(1)}_{found.group(2)}" if found else str(device)
+            record.msg = "lost %s (%s); training goes on, its closures run on the other workers"
+            record.args = (worker, type(error).__name__)
+        return True
+
+
+def one_line_worker_losses(logger: logging.Logger) -> None:
+    """Adds `OneLineWorkerLoss` to TensorFlow's Python `logger` (once)."""
+    if not any(isinstance(each, OneLineWorkerLoss) for each in logger.filters):
+        logger.addFilter(OneLineWorkerLoss())

@@ -23,7 +23,11 @@ run's last checkpoint. Its exit code (loops/vocabulary/exit_codes.py):
 0 when they all exited 0; 42 (PREEMPTED) when some exited 42, a preempted
 run that saved every completed step (rerun the same command to continue); 1
 as soon as a training task exits with any other code, after stopping the
-others and naming that task. A task exiting 42 is not a failure: the others
+others (a chief first, then its workers and servers, which its save and its
+step in progress need) and naming that task. A worker of a chief is the
+exception: ParameterServerStrategy's coordinator runs its closures on the
+other workers, so its exit is said in one line and the run goes on while
+another worker runs. A task exiting 42 is not a failure: the others
 were preempted too and are saving, so they are left to finish. An evaluator
 that fails is named and training goes on; the launcher then exits 1 once
 training has finished (42 if it was preempted).
@@ -270,6 +274,39 @@ def open_network(network: str) -> tuple[PrivateNetwork | None, str]:
         )
 
 
+def survivable_loss(task: Task, tasks: Sequence[Task]) -> bool:
+    """Whether the run of `tasks` survives `task` exiting: a worker of a chief (parameter
+    servers) while another worker still runs. The chief's coordinator runs a lost worker's
+    closures on the others; a worker of MultiWorkerMirroredStrategy is a peer in every
+    collective, so its loss is the run's."""
+    if task.type != "worker" or not any(other.type == "chief" for other in tasks):
+        return False
+    return any(other.type == "worker" and other.running() for other in tasks)
+
+
+def stop_order(tasks: Sequence[Task]) -> tuple[list[Task], list[Task]]:
+    """`tasks` split into those to stop first and those to stop once they have exited.
+
+    A chief's checkpoint reads the variables its parameter servers hold, and its step in
+    progress needs its workers: it is stopped (and saves) first, the evaluator with it,
+    the workers and servers after. Without a chief every task is stopped at once.
+    """
+    if not any(task.type == "chief" for task in tasks):
+        return [], list(tasks)
+    first = [task for task in tasks if task.type in ("chief", EVALUATOR)]
+    return first, [task for task in tasks if task not in first]
+
+
+def _in_order(first: Sequence[Task], then: Sequence[Task]) -> str:
+    """Names the tasks `stop_order` split, saying which go first where some do."""
+    if not first or not then:
+        return ", ".join(task.name for task in [*first, *then])
+    return (
+        f"{', '.join(task.name for task in first)} first (its save reads the servers' "
+        f"variables), then {', '.join(task.name for task in then)}"
+    )
+
+
 class Launcher:
     """Starts a cluster's tasks, prefixes their output, and supervises them.
 
@@ -323,7 +360,8 @@ class Launcher:
             return self._supervise()
         finally:
             # Whatever ended the wait (an error in the launcher included), no task outlives it.
-            self._stop([task for task in self.tasks if task.running()])
+            for tasks in stop_order([task for task in self.tasks if task.running()]):
+                self._stop(tasks)
             for pump in self._pumps:
                 pump.join(timeout=5)
             if self._private_network is not None:
@@ -427,6 +465,11 @@ class Launcher:
                     # Evaluation must never stop training: name it, go on.
                     failed_evaluator = f"{task.name} {_describe_exit(code)}"
                     self.say(f"{failed_evaluator}; training goes on without it")
+                elif code != 0 and survivable_loss(task, self.tasks):
+                    self.say(
+                        f"{task.name} {_describe_exit(code)}; the run goes on: under parameter "
+                        "servers the chief computes its share of each step on the other workers"
+                    )
                 elif code != 0:
                     return self._fail(task, code)
                 else:
@@ -440,6 +483,8 @@ class Launcher:
                 if servers:
                     self.say(f"{ended}; stopping " + ", ".join(task.name for task in servers))
                     self._stop(servers)
+                    # Stopped by the launcher: no failure to report while an evaluator runs.
+                    reported.update(task.name for task in servers)
                 still = [task.name for task in waiting if task.running()]
                 if still:
                     self.say(
@@ -472,13 +517,14 @@ class Launcher:
         self._tell_signals()
         reason = f"{task.name} {_describe_exit(code)}"
         after = f" after {self._signal_names()}" if self._signals else ""
-        others = [other for other in self.tasks if other.running()]
-        if others:
+        first, then = stop_order([other for other in self.tasks if other.running()])
+        if first or then:
             self.say(
-                f"{reason}{after}; stopping {', '.join(o.name for o in others)} "
+                f"{reason}{after}; stopping {_in_order(first, then)} "
                 f"(SIGTERM, then SIGKILL after {self.grace_period:g} s)"
             )
-            self._stop(others)
+            self._stop(first)
+            self._stop(then)
         self.say(f"FAILED: {reason}{after}")
         return 128 + self._signals[0] if self._signals else 1
 
@@ -562,7 +608,8 @@ _EPILOG = (
     f"  {exit_codes.PREEMPTED:<5} preempted: tasks exited {exit_codes.PREEMPTED} after "
     "saving; rerun the same command to continue\n"
     "  1     a task failed (the last line names it); the others were stopped (a\n"
-    "        failed evaluator: once training finished)\n"
+    "        failed evaluator: once training finished; a worker of a chief: only\n"
+    "        when it was the last)\n"
     "  2     bad launcher arguments\n"
     "  128+N a task failed after the launcher received signal N\n\n"
     "SIGINT and SIGTERM go to the chief (without one, to every worker) and the\n"

@@ -231,6 +231,9 @@ class Checkpointer:
             own_files.PlantedLinkError: a link is planted at a name the save writes.
             OSError: the directory cannot be written (full disk, read-only);
                 the earlier checkpoints are intact.
+            tf.errors.OpError: a task of the cluster stopped answering (`lost_peer`);
+                raised as it is, for `Trainer.train` to name the task
+                (`ClusterTaskLostError`). The earlier checkpoints are intact.
         """
         bad = self._finiteness.nonfinite_names()
         if bad:
@@ -248,6 +251,10 @@ class Checkpointer:
             # variables and returns; the error of a failed earlier write comes here.
             path = self._manager.save(checkpoint_number=self._step_counter, options=self._options)
         except (OSError, tf.errors.OpError) as error:
+            if lost_peer(error):
+                # A server holding the variables (or a peer of the save's collectives)
+                # stopped answering: no disk problem; the Trainer names the task.
+                raise
             reason = getattr(error, "strerror", None) or str(error).splitlines()[0][:200]
             raise OSError(_unwritten(self.directory, reason)) from error
         if self._options is not None:
@@ -270,6 +277,32 @@ class Checkpointer:
         problem = missing_files(prefix)
         if problem is not None:
             raise OSError(_unwritten(self.directory, problem))
+
+
+# What a save raises when a task it reads from or saves with is gone: a parameter server
+# holding variables, or a peer of MultiWorkerMirroredStrategy's collectives.
+_LOST_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.DeadlineExceededError,
+)
+# The same inside a grouped error ("2 root error(s) found. (0) UNAVAILABLE: ..."), whose
+# class is that of whichever root error came first: the words by which the Trainer's
+# sentence (loops/cluster/lost_task.py) finds the lost task. Not "remote target /job:"
+# alone: a parameter server writes its own shard, so its disk errors come from one too.
+_LOST_PEER_TEXT = re.compile(
+    r"failed to connect|Connection reset|Socket closed|Collective ops is aborted|unhealthy|"
+    r"Deadline Exceeded"
+)
+
+
+def lost_peer(error: Exception) -> bool:
+    """Whether `error`, raised by a save, says a task of the cluster stopped answering
+    (rather than that the directory cannot be written)."""
+    if isinstance(error, _LOST_PEER_ERRORS):
+        return True
+    return isinstance(error, tf.errors.OpError) and bool(_LOST_PEER_TEXT.search(error.message))
 
 
 def _unwritten(directory: str, reason: str) -> str:
