@@ -92,7 +92,7 @@ def task(args) -> None:
     import tensorflow as tf
 
     import loops
-    from loops.run import parameter_server
+    from loops.cluster import parameter_server
 
     parameter_server.serve_unless_chief()
     strategy = loops.make_strategy("parameter_server")

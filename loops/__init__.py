@@ -38,7 +38,7 @@ _EXPORTS = {
     "Sum": "loops.core.outputs",
     "Update": "loops.core.update",
     "EmbeddingTable": "loops.core.embedding_tables",
-    "TablePartitioner": "loops.topology",
+    "TablePartitioner": "loops.placement",
     "any_bad": "loops.core.update",
     "UpdateContext": "loops.core.update_context",
     "UpdateOptions": "loops.core.update_context",

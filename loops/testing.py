@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import topology
+from loops import placement
 from loops.cluster import launch, strategies
 from loops.core import health, reporting
 from loops.run.trainer import Trainer
@@ -266,5 +266,5 @@ def parameter_server_strategy(spec: Mapping[str, list[str]]) -> tf.distribute.St
         tf.train.ClusterSpec(dict(spec)), task_type="chief", task_id=0, rpc_layer="grpc"
     )
     return tf.distribute.experimental.ParameterServerStrategy(
-        resolver, variable_partitioner=topology.TablePartitioner(len(spec.get("ps", [])))
+        resolver, variable_partitioner=placement.TablePartitioner(len(spec.get("ps", [])))
     )

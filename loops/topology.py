@@ -4,14 +4,13 @@ The ground floor under the input, the core, the model_dir and the run: small
 functions of a strategy object (or of a row count) that every layer asks. They
 never build a strategy or look for a cluster; that is `loops.cluster`, a side
 wing that only the command line, the binaries, `loops.testing` and the run's
-cluster-specific parts import.
+cluster-specific parts import. The parts do not branch on a strategy's name: they
+ask a `loops.placement.Placement`, which reads it here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import operator
-import threading
 from collections.abc import Iterator
 
 import tensorflow as tf
@@ -125,63 +124,3 @@ def onednn_enabled() -> bool:
     with AVX-512 VNNI or BF16, AVX-VNNI or AMX, so only TensorFlow can answer.
     """
     return tf_private.onednn_enabled()
-
-
-_splitting = threading.local()
-
-
-@contextlib.contextmanager
-def rows_split_over_servers() -> Iterator[None]:
-    """Inside, `TablePartitioner` splits the variables created (by this thread) by rows."""
-    before = getattr(_splitting, "active", False)
-    _splitting.active = True
-    try:
-        yield
-    finally:
-        _splitting.active = before
-
-
-class TablePartitioner:
-    """A `variable_partitioner` for ParameterServerStrategy that splits only embedding tables.
-
-    A variable created inside `rows_split_over_servers()` (as `loops.EmbeddingTable`
-    creates its table and its optimizer's slots) is split by rows into
-    `num_shards` blocks, one per parameter server (fewer when it has fewer rows);
-    every other variable stays whole on one server, as without a partitioner, so
-    dense layers and Keras' optimizers see ordinary variables.
-    """
-
-    def __init__(self, num_shards: int):
-        # Not loops.vocabulary's whole-number check: the ground floor imports nothing.
-        if type(num_shards) is bool or _as_index(num_shards) < 1:
-            raise ValueError(
-                f"TablePartitioner(num_shards={num_shards!r}) needs a whole number >= 1: "
-                "the count of parameter servers."
-            )
-        self.num_shards = num_shards
-
-    def __call__(self, shape: tf.TensorShape, dtype: tf.DType) -> list[int]:
-        del dtype  # rows are split the same way for every type
-        whole = [1] * shape.rank
-        if not getattr(_splitting, "active", False) or shape.rank == 0:
-            return whole
-        return [min(self.num_shards, max(1, shape[0]))] + whole[1:]
-
-
-def num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
-    """The `ps` tasks of the strategy's cluster; 0 outside parameter-server training."""
-    if strategy_name(strategy) != "parameter_server":
-        return 0
-    # The strategy keeps its resolver private; its start connected this task to every server.
-    devices = tf.config.list_logical_devices("CPU")
-    return len(
-        {device.name.split("/device:")[0] for device in devices if "/job:ps/" in device.name}
-    )
-
-
-def _as_index(value: object) -> int:
-    """`value` as an int where it is one (numpy integers included), else 0."""
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return 0

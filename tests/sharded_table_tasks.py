@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import loops
-from loops.run import parameter_server
+from loops.cluster import parameter_server
 
 ROWS, DIM = 11, 3
 TRAIN_STEPS = (

@@ -18,7 +18,7 @@ import tensorflow as tf
 import test_table_training as case
 
 import loops
-from loops.run import parameter_server
+from loops.cluster import parameter_server
 
 
 def main(out):

@@ -15,8 +15,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT
-from loops.cluster import launch, strategies
-from loops.run import parameter_server
+from loops.cluster import launch, parameter_server, strategies
 from loops.vocabulary import exit_codes
 
 ENV = {

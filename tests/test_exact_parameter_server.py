@@ -18,6 +18,7 @@ import test_sparse_tables as sparse_tables
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV, slice_update_context, tiny_batches
+from loops.placement import Placement
 from loops.run import exact_parameter_server
 from loops.vocabulary import settings
 
@@ -169,12 +170,12 @@ def test_the_mode_is_a_setting_whose_default_is_exact():
 
 def test_only_parameter_server_strategies_are_exact_or_asynchronous():
     strategy = type("ParameterServerStrategyV2", (), {})()
-    assert exact_parameter_server.is_exact(strategy, "exact")
-    assert not exact_parameter_server.is_asynchronous(strategy, "exact")
-    assert exact_parameter_server.is_asynchronous(strategy, "async")
+    assert Placement.of(strategy, "exact").exact_parameter_server
+    assert not Placement.of(strategy, "exact").steps_out_of_order
+    assert Placement.of(strategy, "async").steps_out_of_order
     mirrored = type("MirroredStrategy", (), {})()
-    assert not exact_parameter_server.is_exact(mirrored, "exact")
-    assert not exact_parameter_server.is_asynchronous(mirrored, "async")
+    assert not Placement.of(mirrored, "exact").exact_parameter_server
+    assert not Placement.of(mirrored, "async").steps_out_of_order
 
 
 class InProcessCoordinator:

@@ -17,6 +17,7 @@ import loops
 from conftest import ROOT, SUBPROCESS_ENV, slice_update_context, tiny_batches
 from loops.core import retrieval_loss
 from loops.kinds import rl
+from loops.placement import Placement
 from loops.run import exact_parameter_server, loop_execution
 from loops_data import cartpole
 
@@ -121,9 +122,10 @@ def test_a_whole_batch_loss_is_computed_whole_by_one_worker():
 
 @pytest.mark.parametrize("mode", ["exact", "async"])
 def test_the_recommenders_and_the_lm_are_accepted_in_both_modes_the_gan_in_exact(mode):
+    servers = type("ParameterServerStrategyV2", (), {})()
     for kind in (loops.RatingLoop, loops.RetrievalLoop, loops.LanguageModelLoop):
-        loop_execution.check_parameter_server_mode(kind, mode)
-    loop_execution.check_parameter_server_mode(loops.GANLoop, "exact")
+        loop_execution.check_can_place(kind, Placement.of(servers, mode))
+    loop_execution.check_can_place(loops.GANLoop, Placement.of(servers, "exact"))
 
 
 def gan():

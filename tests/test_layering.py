@@ -181,5 +181,5 @@ def test_the_cluster_wing_is_imported_only_where_a_cluster_is_started_or_its_los
         for name in importers("loops.cluster")
         if not name.startswith(("loops.cluster", "loops.cli", "loops.testing"))
     ]
-    # The Trainer words a lost task's error; the parameter-server coordinator makes its resolver.
-    assert outside_the_wing == ["loops.run.parameter_server", "loops.run.trainer"]
+    # The Trainer words a lost task's error (a parameter-server task serves in the wing).
+    assert outside_the_wing == ["loops.run.trainer"]

@@ -13,8 +13,7 @@ from test_launch import ENV, Run, largest_weight_difference, launch_in_process
 
 import loops
 from conftest import read_results as results
-from loops.cluster import launch, strategies
-from loops.run import parameter_server
+from loops.cluster import launch, parameter_server, strategies
 from loops.vocabulary import exit_codes
 
 TRAIN_STEPS = 120

@@ -12,9 +12,9 @@ import tensorflow as tf
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV
-from loops import topology
+from loops import placement
 from loops.core import table_ids
-from loops.topology import TablePartitioner, rows_split_over_servers
+from loops.placement import TablePartitioner, rows_split_over_servers
 
 BATCHES = ([0, 3, 3, 9, 5, 3], [9, 9, 1], [4, 7, 0, 6, 6])
 UNTOUCHED = [2, 8]
@@ -246,7 +246,7 @@ def test_a_parameter_server_strategy_without_the_partitioner_is_refused_before_t
 ):
     # As under ParameterServerStrategy made without loops.TablePartitioner: 2 servers, and
     # variables that come out whole (a real one needs a cluster; the slow test has one).
-    monkeypatch.setattr(topology, "num_parameter_servers", lambda strategy: 2)
+    monkeypatch.setattr(placement, "num_parameter_servers", lambda strategy: 2)
     table = loops.EmbeddingTable(4_000_000, 64)
     with pytest.raises(
         ValueError,

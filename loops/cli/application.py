@@ -216,7 +216,7 @@ def run_binary(
 
 def _serve_unless_chief() -> None:
     """A parameter-server cluster's worker or ps task serves until killed; the chief returns."""
-    from loops.run import parameter_server
+    from loops.cluster import parameter_server
 
     # A server waits in TensorFlow's C++ and never comes back to Python to run
     # a handler: SIGTERM ends it the default way.

@@ -6,7 +6,7 @@ import sys
 
 import tensorflow as tf
 
-from loops import tf_private, topology
+from loops import placement, tf_private
 from loops.cluster import cluster_config, task_cluster
 from loops.cluster.cluster_config import host_and_port  # noqa: F401  (re-exported)
 from loops.cluster.cluster_wait import (  # noqa: F401  (re-exported: loops.cluster.strategies.X keeps working)
@@ -115,10 +115,10 @@ def _start_cluster_strategy(name: str, timeout_seconds: float) -> tf.distribute.
         watchdog.tensorflow_starts()
         if name == "multi_worker_mirrored":
             return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
-        # Only embedding tables are split by rows over the servers (`topology.TablePartitioner`).
+        # Only embedding tables are split by rows over the servers (`placement.TablePartitioner`).
         servers = len(resolver.cluster_spec().as_dict().get("ps", []))
         return tf.distribute.experimental.ParameterServerStrategy(
-            resolver, variable_partitioner=topology.TablePartitioner(servers)
+            resolver, variable_partitioner=placement.TablePartitioner(servers)
         )
 
 

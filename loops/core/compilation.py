@@ -30,16 +30,12 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private
+from loops.placement import Placement
 
 # Set while a replica's loss and gradients are computed: MirroredStrategy runs each
 # replica's function in a thread of its own.
 _compiling = threading.local()
 _COMPILED_CALL = "_loops_compiled_call"
-# Strategies that place variables apart from the replicas (a CPU or parameter servers).
-_VARIABLES_APART = (
-    tf.distribute.experimental.CentralStorageStrategy,
-    tf.distribute.experimental.ParameterServerStrategy,
-)
 
 
 def compile_calls(model: keras.Model) -> None:
@@ -77,7 +73,8 @@ def check_can_compile(model: object, strategy: tf.distribute.Strategy) -> None:
             returning its variables (which has no call to compile).
         strategy: the strategy its replicas run under.
     """
-    if isinstance(strategy, _VARIABLES_APART):
+    # Central storage's CPU or parameter servers.
+    if Placement.of(strategy).variables_apart_from_replicas:
         raise ValueError(
             f"jit_compile=True compiles each replica's pass through the model, and "
             f"{type(strategy).__name__} keeps the variables on another device than the "

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from loops import keras_private, tf_private, topology
+from loops import keras_private, placement, tf_private
 from loops.core import row_updates, table_ids, table_rows
 from loops.vocabulary.whole_numbers import is_whole
 
@@ -84,7 +84,7 @@ class EmbeddingTable(keras.layers.Layer):
 
     def build(self, input_shape=None) -> None:
         self._check_split_over_servers(tf.distribute.get_strategy())
-        with topology.rows_split_over_servers():
+        with placement.rows_split_over_servers():
             self.embeddings = self._table_variable("embeddings", self._initial_rows, True)
             for name, value in self._slots.items():
                 setattr(self, name, self._table_variable(name, self._filled(value), False))
@@ -96,10 +96,10 @@ class EmbeddingTable(keras.layers.Layer):
         A throwaway variable of one row per server, made as the table will be,
         shows how the strategy splits one before the table is made.
         """
-        servers = topology.num_parameter_servers(strategy)
+        servers = placement.Placement.of(strategy).num_parameter_servers
         if servers < 2:
             return
-        with topology.rows_split_over_servers():
+        with placement.rows_split_over_servers():
             probe = tf.Variable(tf.zeros([servers, 1]), trainable=False, name="split_probe")
         if len(tf_private.variable_parts(probe)) != servers:
             raise ValueError(

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from loops import tf_private, topology
 from loops.input.random_access import SeekableBatches
+from loops.placement import Placement
 
 DatasetSource: TypeAlias = "tf.data.Dataset | Callable[[], tf.data.Dataset] | SeekableBatches"
 
@@ -170,14 +171,10 @@ def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptio
     worker that prefetches to the devices. So does every strategy but
     MirroredStrategy: CentralStorageStrategy accepts PER_REPLICA but builds
     a single pipeline for all its replicas, and its steps then fail with an
-    IndexError when `strategy.run` looks for replica 1's input.
+    IndexError when `strategy.run` looks for replica 1's input
+    (`Placement.per_replica_input_pipelines`).
     """
-    if topology.strategy_name(strategy) != "mirrored" or strategy.num_replicas_in_sync < 2:
-        return None
-    devices = strategy.extended.worker_devices
-    if len(devices) < 2:
-        return None
-    if not all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices):
+    if not Placement.of(strategy).per_replica_input_pipelines:
         return None
     return tf.distribute.InputOptions(
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
@@ -197,7 +194,7 @@ def train_iterator(
     slices inside the step; otherwise it is the strategy's own distributed
     iterator.
     """
-    if not _shares_host_memory(strategy):
+    if not Placement.of(strategy).global_batches_in_host_memory:
         return iter(distribute(strategy, source, skip_batches=skip_batches, repeat=True))
     dataset = as_dataset_fn(source, skip_batches=skip_batches)().repeat()
     if not _dense(dataset.element_spec):
@@ -256,15 +253,3 @@ def replica_slice(batch, replica_id, num_replicas: int):
 def _dense(element_spec) -> bool:
     """Every component is a dense tensor (what the synchronous kernel's outputs can describe)."""
     return all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(element_spec))
-
-
-def _shares_host_memory(strategy: tf.distribute.Strategy) -> bool:
-    name = topology.strategy_name(strategy)
-    if name == "default":
-        return True
-    if name != "mirrored":
-        return False
-    return all(
-        tf.DeviceSpec.from_string(device).device_type == "CPU"
-        for device in strategy.extended.worker_devices
-    )

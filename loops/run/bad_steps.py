@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-import tensorflow as tf
 
-from loops import topology
 from loops.model_dir.checkpoints import describe_names
+from loops.placement import Placement
 from loops.run import recovery
 from loops.run.bad_step_rules import RECOVER, BadStep, BadStepRule, NonFiniteSteps
 from loops.run.recovery import Recoveries, Recovery
@@ -231,16 +230,16 @@ _NO_CHECKPOINT = (
 
 def check_can_recover(
     name: str,
-    strategy: tf.distribute.Strategy,
+    placement: Placement,
     rule: type[BadStepRule],
     *,
     has_train_data: bool,
     model_dir: str | None,
-    parameter_server_mode: str = "exact",
 ) -> None:
     """Raises ValueError when `rule`'s "recover" cannot work for the definition `name`.
 
     Args:
+        placement: where the run's steps run.
         rule: the rule that asks to recover: a built-in one by its setting
             (`NonFiniteSteps`, `LossSpikes`), or one of the definition's own
             (`Loop.bad_step_rules`) by its reaction.
@@ -248,7 +247,7 @@ def check_can_recover(
             (RL), drawing new data after a recovery (`Loop.data_step`).
     """
     policy, bad, others = _recover_words(rule)
-    if topology.strategy_name(strategy) == "parameter_server" and parameter_server_mode == "async":
+    if placement.steps_out_of_order:
         raise ValueError(
             f"{policy} moves the train stream past the batches that led "
             f"to {bad}, and under parameter_server_mode='async' the workers' steps run "

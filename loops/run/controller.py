@@ -11,7 +11,7 @@ import numpy as np
 from loops import topology
 from loops.core import reporting
 from loops.model_dir import run_config
-from loops.run import exact_parameter_server, executors
+from loops.run import executors
 from loops.run.actions import action_state, watched_metrics
 from loops.run.loop_schedule import LoopSchedule
 from loops.run.preemption import PreemptionWatcher
@@ -63,6 +63,7 @@ class Controller:
         """
         self.definition, self.options = definition, options
         self.strategy, self.step_options = step_context.strategy, step_context.options
+        self.placement = step_context.placement
         self._global_step = step_context.global_step
         self._train_data = inputs.train_data
         self.is_chief = topology.is_chief(self.strategy)
@@ -86,9 +87,7 @@ class Controller:
         self._evaluated_step: int | None = None
         # Several workers or a ps would have to agree on every inner loop's length; in the
         # exact parameter-server mode the chief alone runs the loop.
-        self._one_process = (
-            topology.num_workers(self.strategy) == 1 and inputs.coordinator is None
-        ) or exact_parameter_server.is_exact(self.strategy, self.step_options.parameter_server_mode)
+        self._one_process = self.placement.loop_run_alone
 
     def restore(self, items: Mapping[str, Any]) -> None:
         """Builds the actions, then restores the newest checkpoint in model_dir under its lock.
@@ -117,7 +116,7 @@ class Controller:
         if model_dir is None:
             return
         restored = self._checkpoints.open(
-            strategy=self.strategy,
+            placement=self.placement,
             items=items,
             step_counter=self._global_step,
             optional_items=optional_items,
@@ -157,7 +156,7 @@ class Controller:
         # save): whatever moment it comes, every completed step gets saved.
         history = TrainHistory()
         calls: list[TimedCall] = []  # the executor calls that training went on from
-        with PreemptionWatcher(self.strategy) as preemption:
+        with PreemptionWatcher(self.placement) as preemption:
             self._before_train(num_steps)
             schedule = LoopSchedule.of_run(
                 self.options,

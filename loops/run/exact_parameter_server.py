@@ -38,25 +38,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops import tf_private, topology
+from loops import placement, tf_private, topology
 from loops.core import table_rows
 from loops.run import executors, sent_slices
 
 # How often a slice whose worker was lost with its result is computed again, before the
 # run stops (its error names the task).
 MAX_REFETCHES = 3
-EXACT = "exact"
-ASYNC = "async"
-
-
-def is_exact(strategy: tf.distribute.Strategy, mode: str) -> bool:
-    """Whether steps under `strategy` run in the exact parameter-server mode."""
-    return topology.strategy_name(strategy) == "parameter_server" and mode == EXACT
-
-
-def is_asynchronous(strategy: tf.distribute.Strategy, mode: str) -> bool:
-    """Whether steps under `strategy` run asynchronously on the parameter-server workers."""
-    return topology.strategy_name(strategy) == "parameter_server" and mode == ASYNC
 
 
 class WorkerGradients:
@@ -248,10 +236,10 @@ class ExactExecutor(executors.EagerExecutor):
     def results_extra(self) -> dict[str, Any]:
         counts = self.worker_gradients
         if not isinstance(counts, WorkerGradients):
-            return {"parameter_server": {"mode": EXACT}}
+            return {"parameter_server": {"mode": placement.EXACT}}
         return {
             "parameter_server": {
-                "mode": EXACT,
+                "mode": placement.EXACT,
                 "scheduled_closures": counts.scheduled_closures,
                 "recomputed_closures": counts.recomputed_closures,
             }

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import topology
+from loops import placement, topology
 from loops.core import outputs
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
@@ -313,7 +313,7 @@ class ScheduledExecutor(Executor):
         runs = int(self._step_runs.numpy())
         return {
             "parameter_server": {
-                "mode": "async",
+                "mode": placement.ASYNC,
                 "scheduled_steps": self.scheduled_steps,
                 "step_runs": runs,
                 "retried_steps": runs - self.scheduled_steps,

@@ -181,7 +181,7 @@ def _check_trainer(trainer: Trainer) -> None:
             "saves into. Build the Trainer with model_dir=None, and pass "
             "from_checkpoint=MODEL_DIR to start from that run's newest checkpoint."
         )
-    if trainer.coordinator is not None:
+    if trainer.placement.variables_on_servers:
         raise ValueError(
             "The range test needs its steps in order, one rate after the other, and "
             "ParameterServerStrategy runs them asynchronously; run it under mirrored "

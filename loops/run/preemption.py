@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from loops import topology
+from loops.placement import Placement
 from loops.vocabulary.exit_codes import PREEMPTION_SIGNALS
 
 
@@ -21,15 +21,12 @@ class PreemptionWatcher:
     each inner-loop boundary, which every worker reaches at the same step.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy):
-        self._strategy = strategy
+    def __init__(self, placement: Placement):
+        self._strategy = placement.strategy
         self._received: str | None = None  # the signal's name, once one came
         self._previous: dict[int, Any] = {}  # the handlers to give back
-        # Under ParameterServerStrategy only the coordinator runs the Trainer: its own flag decides.
-        self._multi_worker = (
-            topology.num_workers(strategy) > 1
-            and topology.strategy_name(strategy) != "parameter_server"
-        )
+        # Under parameter servers only the coordinator runs the Trainer: its own flag decides.
+        self._multi_worker = placement.workers_stop_together
 
     def __enter__(self) -> PreemptionWatcher:
         # Signal handlers can only be installed from the main thread.

@@ -9,12 +9,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from loops import topology
 from loops.core import reporting
 from loops.model_dir import model_dir_lock
 from loops.model_dir.checkpoints import Checkpointer, newest_complete
 from loops.model_dir.run_config import check_resume, exact_only_settings, record_config
-from loops.vocabulary.choices import ONE_PROCESS_STRATEGIES
+from loops.placement import Placement
 
 SETTINGS_RECORD = "exact_only_settings"  # the checkpoint's name of `SettingsRecord`
 
@@ -102,7 +101,7 @@ class RunCheckpoints:
     def open(
         self,
         *,
-        strategy: tf.distribute.Strategy,
+        placement: Placement,
         items: Mapping[str, Any],
         step_counter: tf.Variable,
         optional_items: Mapping[str, Any],
@@ -113,6 +112,7 @@ class RunCheckpoints:
         """Takes model_dir's lock (chief), restores the newest checkpoint, records the config.
 
         Args:
+            placement: where the run's variables live and its steps run.
             items: name -> trackable, saved and restored.
             step_counter: the variable whose value numbers the checkpoints.
             optional_items: name -> trackable, restored only when present.
@@ -134,7 +134,7 @@ class RunCheckpoints:
         self._lock_as_chief(model_dir)
         record = self._settings_record or SettingsRecord()
         self.checkpointer = self._checkpointer(
-            strategy, items, step_counter, {**optional_items, SETTINGS_RECORD: record}
+            placement, items, step_counter, {**optional_items, SETTINGS_RECORD: record}
         )
         try:
             restored = self.restore()
@@ -162,22 +162,22 @@ class RunCheckpoints:
 
     def _checkpointer(
         self,
-        strategy: tf.distribute.Strategy,
+        placement: Placement,
         items: Mapping[str, Any],
         step_counter: tf.Variable,
         optional_items: Mapping[str, Any],
     ) -> Checkpointer:
         assert self._model_dir is not None
-        name = topology.strategy_name(strategy)
-        one_process = name in ONE_PROCESS_STRATEGIES
+        one_process = placement.one_process
         if self._asynchronous and not one_process:
             self._say(
-                f"note: async_checkpoints does not apply under the {name} strategy (every "
+                f"note: async_checkpoints does not apply under the {placement.strategy_name} "
+                "strategy (every "
                 "worker takes part in a save's collectives): checkpoints are written "
                 "synchronously"
             )
         return Checkpointer(
-            strategy=strategy,
+            strategy=placement.strategy,
             directory=os.path.join(self._model_dir, "checkpoints"),
             items=items,
             step_counter=step_counter,

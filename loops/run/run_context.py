@@ -19,6 +19,7 @@ import tensorflow as tf
 from loops.core import reporting
 from loops.core.update_context import UpdateContext
 from loops.model_dir.checkpoints import Checkpointer
+from loops.placement import Placement
 from loops.run.bad_step_rules import BadStepRule
 from loops.run.run_state import RunState
 from loops.run.step_options import StepOptions
@@ -30,6 +31,8 @@ class StepContext:
 
     Attributes:
         strategy: where the steps run.
+        placement: where the variables live and the steps run, read once from the
+            strategy and the parameter-server mode (`loops.placement`).
         options: how the steps and their `loops.Update`s compute (checked).
         global_step: the index of the step being run (in-graph), checkpointed.
         data_offset: the steps `on_nonfinite="recover"` moved past (`Loop.data_step`).
@@ -40,6 +43,7 @@ class StepContext:
     """
 
     strategy: tf.distribute.Strategy
+    placement: Placement
     options: StepOptions
     global_step: tf.Variable
     data_offset: tf.Variable

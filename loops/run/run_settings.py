@@ -7,9 +7,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import tensorflow as tf
-
 from loops.core import reporting
+from loops.placement import Placement
 from loops.run import loop_execution, step_options
 from loops.run.actions import Action
 from loops.run.run_context import Definition
@@ -45,7 +44,7 @@ def checked_config(config: RunConfig | None, overrides: Mapping[str, Any]) -> Ru
 
 def checked_options(
     definition: Definition,
-    strategy: tf.distribute.Strategy,
+    placement: Placement,
     config: RunConfig,
     *,
     has_train_data: bool,
@@ -53,7 +52,8 @@ def checked_options(
     actions: Sequence[Action],
     record: Mapping[str, Any] | None,
 ) -> tuple[step_options.StepOptions, RunOptions]:
-    """The step and run options of `config`, checked with the definition and the strategy.
+    """The step and run options of `config`, checked with the definition and where it runs
+    (`placement`, read from the strategy and `config`'s parameter-server mode).
 
     Raises:
         ValueError: a bad option, one the definition cannot train with, or a
@@ -66,15 +66,14 @@ def checked_options(
     values = config.flat()
     loop_execution.check_can_run(
         type(definition),
-        strategy,
+        placement,
         on_nonfinite=options.on_nonfinite,
         on_loss_spike=options.on_loss_spike,
-        parameter_server_mode=options.parameter_server_mode,
         has_train_data=has_train_data or not definition.needs_train_data,
         model_dir=values["model_dir"],
         own_rules=own_rules,
     )
-    definition.check_can_train(strategy, options, has_train_data=has_train_data)
+    definition.check_can_train(placement.strategy, options, has_train_data=has_train_data)
     declared = {
         field.name: values[field.name]
         for field in dataclasses.fields(RunOptions)

@@ -17,6 +17,7 @@ from loops.core.nonfinite_updates import NonFiniteUpdates, leaves_out_nonfinite
 from loops.core.update_context import UpdateContext, UpdateOptions
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
+from loops.placement import Placement
 from loops.run import (
     exact_parameter_server,
     executors,
@@ -59,7 +60,8 @@ class Trainer:
     What its actions and its definition's evaluation see of it is
     `trainer.run_context` (`loops.run.run_context.RunContext`: model_dir,
     is_chief, progress, summaries, checkpointer ...). What it was given or
-    built are plain attributes: definition, strategy, step_options,
+    built are plain attributes: definition, strategy, placement (where the
+    variables live and the steps run, `loops.placement`), step_options,
     train_data, eval_data, coordinator, step_context, global_step,
     data_offset, executor, controller.
     """
@@ -99,16 +101,18 @@ class Trainer:
         """
         self.definition, self.strategy = definition, strategy or tf.distribute.get_strategy()
         self.run_config = run_settings.checked_config(config, overrides)
+        # Where the variables live and the steps run: read once, asked by the run's parts.
+        self.placement = Placement.of(self.strategy, self.run_config.strategy.parameter_server_mode)
         self.step_options, run_options = run_settings.checked_options(
             definition,
-            self.strategy,
+            self.placement,
             self.run_config,
             has_train_data=train_data is not None,
             progress=progress,
             actions=actions,
             record=record,
         )
-        self.coordinator = loop_execution.coordinator(self.strategy)
+        self.coordinator = loop_execution.coordinator(self.placement)
         self.train_data, self.eval_data = train_data, eval_data
         self.step_context = context = self._build_definition()
         self.global_step, self.data_offset = context.global_step, context.data_offset
@@ -132,12 +136,13 @@ class Trainer:
             global_step = _step_counter("global_step")
             context = StepContext(
                 strategy=self.strategy,
+                placement=self.placement,
                 options=options,
                 global_step=global_step,
                 # Not checkpointed: the Controller sets it from the recovery record it restores.
                 data_offset=_step_counter("data_offset"),
                 update=_update_context(
-                    self.strategy, options, global_step, coordinator=self.coordinator
+                    self.placement, options, global_step, coordinator=self.coordinator
                 ),
             )
             self.definition.bind(context)
@@ -163,7 +168,6 @@ class Trainer:
                 has_convolution=executors.has_convolution(saved),
             ),
             coordinator=self.coordinator,
-            parameter_server_mode=self.step_options.parameter_server_mode,
             worker_gradients=self.step_context.update.slice_gradients,
             run_eagerly=self.step_options.run_eagerly,
             stop_on_nonfinite=self.step_options.on_nonfinite != "skip",
@@ -186,7 +190,7 @@ class Trainer:
         try:
             return self.controller.train(num_steps)
         except tf.errors.OpError as error:
-            if topology.strategy_name(self.strategy) not in cluster_config.CLUSTER_STRATEGIES:
+            if not self.placement.in_a_cluster:
                 raise
             sentence = lost_task.lost_task_sentence(error.message, cluster_config.read_tf_config())
             if sentence is None:
@@ -260,7 +264,7 @@ def _step_counter(name: str) -> tf.Variable:
 
 
 def _update_context(
-    strategy: tf.distribute.Strategy,
+    placement: Placement,
     options: step_options.StepOptions,
     global_step: tf.Variable,
     *,
@@ -268,13 +272,13 @@ def _update_context(
 ) -> UpdateContext:
     """What the definition's `loops.Update`s are given: the run's strategy, step and options
     (and, in the exact parameter-server mode, the workers that compute their gradients)."""
-    mode = options.parameter_server_mode
+    strategy = placement.strategy
     skips = leaves_out_nonfinite(
         on_nonfinite=options.on_nonfinite,
         mixed_precision=options.mixed_precision,
-        coordinated=exact_parameter_server.is_asynchronous(strategy, mode),
+        coordinated=placement.steps_out_of_order,
     )
-    exact = coordinator is not None and exact_parameter_server.is_exact(strategy, mode)
+    exact = coordinator is not None and placement.exact_parameter_server
     return UpdateContext(
         strategy=strategy,
         global_step=global_step,

@@ -1,23 +1,9 @@
-"""Parameter-server training: the tasks that serve the chief, and what each mode promises.
-
-Under `tf.distribute.ParameterServerStrategy` the variables live on the `ps`
-tasks, the `worker` tasks only run functions the coordinator (the `chief`
-task, which runs the Trainer) schedules on them, and the chief reads each
-step's batches from the train stream at the run's position (`TrainInput`).
-`parameter_server_mode` says how a step is applied:
-- "exact" (the default): the workers compute the gradients of the step's
-  slices on the same weights and the chief applies their sum once
-  (`loops.run.exact_parameter_server`): the losses and weights of one process,
-  exact resume mid-stream, recovery from divergence, a retried closure
-  changing nothing.
-- "async": each step runs whole on one worker, which applies it at once on
-  whatever weights it read (`executors.ScheduledExecutor`): every batch is
-  scheduled once and a resume continues at the first batch not yet scheduled,
-  but the order of the updates, and so the numbers, are not reproducible.
+"""Parameter-server training's other tasks: a `worker` or `ps` process serves the chief.
 
 Every process of such a cluster runs the same binary: `serve_unless_chief`
 turns a `worker` or `ps` process into a `tf.distribute.Server` that serves
 until it is killed, and lets the `chief` go on to build and train the Trainer.
+Where the variables live and how each mode runs a step is `loops.placement`.
 """
 
 from __future__ import annotations
