@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops import placement, topology
+from loops import placement, tf_private, topology
 from loops.placement import Placement
 
 FRAMEWORK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loops")
@@ -176,7 +176,7 @@ def test_multi_worker_mirrored_workers_stop_together():
 def test_parameter_servers_in_each_mode_and_their_tables_split_by_rows(monkeypatch):
     # Two workers and three servers; a real strategy would connect to them.
     monkeypatch.setattr(placement, "num_parameter_servers", lambda strategy: 3)
-    attributes = {topology.PARAMETER_SERVER_WORKERS: 2, "num_replicas_in_sync": 1}
+    attributes = {tf_private.PARAMETER_SERVER_WORKERS: 2, "num_replicas_in_sync": 1}
     strategy = type("ParameterServerStrategyV2", (), attributes)()
     on_servers = dict(
         variables_on_servers=True,
