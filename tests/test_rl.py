@@ -322,13 +322,18 @@ def test_dqn_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas(
 # ---- The same run, again and again, beside busy processes. ----
 
 
+# A loop that spins for at most its argument's seconds, so that it never outlives the test.
+BUSY_LOOP = (
+    "import sys, time\n"
+    "end = time.monotonic() + float(sys.argv[1])\n"
+    "while time.monotonic() < end: pass"
+)
+
+
 @contextlib.contextmanager
 def busy_processes(count=2, seconds=300):
-    """`count` busy Python loops beside the test, each ended by `timeout` at the latest."""
-    busy = [
-        subprocess.Popen(["timeout", str(seconds), sys.executable, "-c", "while True: pass"])
-        for _ in range(count)
-    ]
+    """`count` busy Python processes beside the test, killed after it (or ending by themselves)."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)]) for _ in range(count)]
     try:
         yield
     finally:
