@@ -1,8 +1,11 @@
 """RL: in-graph CartPole, returns and advantages, target networks, replica parity, learning."""
 
+import contextlib
 import glob
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -314,6 +317,105 @@ def test_dqn_gives_the_same_trajectories_losses_and_weights_on_1_and_2_replicas(
     assert runs[1]["logs"]["loss"][0] == 0 and np.all(runs[1]["logs"]["loss"][1:] > 0)
     assert "replay_buffer/0/replay_buffer/observation" in runs[2]["weights"]
     assert "target/0/hidden/kernel" in runs[2]["weights"]
+
+
+# ---- The same run, again and again, beside busy processes. ----
+
+
+# A loop that spins for at most its argument's seconds, so that it never outlives the test.
+BUSY_LOOP = (
+    "import sys, time\n"
+    "end = time.monotonic() + float(sys.argv[1])\n"
+    "while time.monotonic() < end: pass"
+)
+
+
+@contextlib.contextmanager
+def busy_processes(count=2, seconds=300):
+    """`count` busy Python processes beside the test, killed after it (or ending by themselves)."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+
+
+def loop_variables(trainer):
+    """Every replica's copy of every variable the trainer checkpoints."""
+    copies = []
+    for item in trainer.saved_items().values():
+        variables = item if isinstance(item, tf.Variable) else item.variables
+        for variable in [variables] if isinstance(variables, tf.Variable) else variables:
+            value = variable if isinstance(variable, tf.Variable) else variable.value
+            copies.extend(trainer.strategy.experimental_local_results(value))
+    return copies
+
+
+def runs_from_one_state(build, *, start, end, repeats):
+    """Trains a fresh loop to `start`, then `repeats` times from that same state to `end`.
+
+    Returns the weights at `start` and those each repeat ended with.
+    """
+    trainer = build()
+    trainer.train(start)
+    at_start = loops.testing.loop_weights(trainer)
+    saved = [copy.numpy() for copy in loop_variables(trainer)]
+    ends = []
+    for _ in range(repeats):
+        for copy, value in zip(loop_variables(trainer), saved):
+            copy.assign(value)
+        trainer.train(end)
+        ends.append(loops.testing.loop_weights(trainer))
+    return at_start, ends
+
+
+def assert_identical(runs):
+    """Every run's weights bit-identical to the first's (each checked across replicas too)."""
+    for index, weights in enumerate(runs[1:], start=1):
+        assert weights.keys() == runs[0].keys()
+        for key, value in weights.items():
+            np.testing.assert_array_equal(value, runs[0][key], err_msg=f"run {index}: {key}")
+
+
+@pytest.mark.parametrize("kind", ["ppo", "dqn"])
+def test_the_same_run_gives_bit_identical_weights_beside_busy_processes(kind):
+    # Two fresh loops (each traced anew) and three more runs of the first from its
+    # state at step 2, on 2 replicas, while two busy processes take the CPUs: every
+    # run ends with the same weights, environments, optimizer and replay buffer.
+    def build():
+        strategy = loops.testing.replica_strategy(2)
+        if kind == "ppo":
+            return ppo_on_cartpole(
+                strategy=strategy,
+                num_envs=4,
+                rollout_length=32,
+                global_batch_size=32,
+                epochs=2,
+                **quiet(steps_per_loop=2),
+            )
+        return dqn_on_cartpole(
+            strategy=strategy,
+            num_envs=4,
+            rollout_length=8,
+            global_batch_size=8,
+            buffer_capacity=48,
+            learning_starts=32,
+            target_update_every=2,
+            **quiet(steps_per_loop=2),
+        )
+
+    with busy_processes():
+        first_start, repeated = runs_from_one_state(build, start=2, end=6, repeats=3)
+        second_start, straight = runs_from_one_state(build, start=2, end=6, repeats=1)
+    assert_identical([first_start, second_start])
+    assert_identical([*repeated, *straight])
+    assert int(repeated[0]["global_step"]) == 6
+    # The runs trained: every weight of the model moved from where they all started.
+    model = [key for key in first_start if key.startswith("model/")]
+    assert len(model) >= 4
+    assert all(not np.array_equal(repeated[0][key], first_start[key]) for key in model)
 
 
 def test_a_resumed_dqn_run_continues_exactly(tmp_path):

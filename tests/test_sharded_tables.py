@@ -130,6 +130,70 @@ def test_bad_table_arguments_are_refused_with_the_fix(arguments, message):
         loops.EmbeddingTable(**arguments)
 
 
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (
+            {"rows": 4, "dim": 2.0},
+            r"^EmbeddingTable\(dim=2.0\) needs a whole number >= 1, not a float\.$",
+        ),
+        (
+            {"rows": 4, "dim": 2, "seed": 1.5},
+            r"^EmbeddingTable\(seed=1.5\) needs a whole number, not a float\.$",
+        ),
+        (
+            {"rows": 1, "dim": 2, "ids": "strings", "vocabulary": []},
+            r"^EmbeddingTable\(vocabulary=\[\]\) holds no word: pass the words",
+        ),
+        (
+            {"rows": 3, "dim": 2, "ids": "strings", "vocabulary": ["a", 7]},
+            r"^EmbeddingTable\(vocabulary=...\): word 1 is 7 \(int\); a vocabulary holds strings",
+        ),
+        (
+            {"rows": 3, "dim": 2, "ids": "strings", "vocabulary": "ab"},
+            r"^EmbeddingTable\(vocabulary='ab'\) needs a list of words",
+        ),
+    ],
+)
+def test_a_table_argument_of_the_wrong_type_is_named_before_tensorflow_sees_it(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        loops.EmbeddingTable(**arguments)
+
+
+def test_numpy_integers_and_byte_words_are_taken_as_their_values():
+    table = loops.EmbeddingTable(
+        np.int64(4),
+        np.int32(2),
+        ids="strings",
+        vocabulary=[b"a", "b", np.str_("c")],
+        oov_buckets=np.int64(1),
+        seed=np.int64(3),
+    )
+    assert (table.rows, table.dim, table.seed) == (4, 2, 3)
+    assert type(table.rows) is int
+    assert table.row_ids(tf.constant(["c", "a", "b"])).numpy().tolist() == [2, 0, 1]
+
+
+def test_a_row_id_outside_the_table_fails_naming_the_table_and_changes_no_row():
+    table = loops.EmbeddingTable(10, 3, keras.optimizers.SGD(0.1), name="users")
+    table.build()
+    before = table.embeddings.numpy()
+    for ids in ([2, 10], [-1, 4]):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError,
+            match=r"EmbeddingTable 'users' \(ids='rows'\) was given an id outside \[0, 10\)",
+        ):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(table(tf.constant(ids)))
+            table.apply_gradients(tape.gradient(loss, table.shards))
+    # Traced too: the check is part of the lookup, not of eager execution.
+    lookup = tf.function(lambda ids: table(ids))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"outside \[0, 10\)"):
+        lookup(tf.constant([3, 11]))
+    np.testing.assert_array_equal(table.embeddings.numpy(), before)
+    np.testing.assert_array_equal(lookup(tf.constant([9, 0])).numpy(), before[[9, 0]])
+
+
 def test_an_optimizer_without_an_exact_row_update_is_refused_saying_why():
     with pytest.raises(
         ValueError,

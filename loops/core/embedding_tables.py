@@ -26,6 +26,7 @@ restored or assigned values do not.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import keras
@@ -53,9 +54,17 @@ class EmbeddingTable(keras.layers.Layer):
         ids: "rows" (int ids in [0, rows)), "strings" or "hashes" (int64 ids of
             any value), the last two hashed to rows (`loops.core.table_ids`
             states the collision policy) unless a vocabulary maps the strings.
-        vocabulary: words mapped to rows 0..len-1 in order; other words hash to
-            the `oov_buckets` rows after them (rows = len(vocabulary) + oov_buckets).
+            A "rows" id outside [0, rows) fails the lookup with an
+            InvalidArgumentError naming the table, on the CPU and on a GPU
+            alike (where TensorFlow's gather alone would return zeros), before
+            any row changes; under XLA (`jit_compile`) the check is dropped
+            and XLA's gather clamps the id to the nearest row.
+        vocabulary: words (strings; bytes are read as UTF-8) mapped to rows
+            0..len-1 in order, at least one; other words hash to the
+            `oov_buckets` rows after them (rows = len(vocabulary) + oov_buckets).
         seed: the initial values' seed.
+
+    The whole numbers (rows, dim, oov_buckets, seed) may be NumPy integers.
     """
 
     def __init__(
@@ -71,9 +80,11 @@ class EmbeddingTable(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (("rows", rows), ("dim", dim)):
-            if not is_whole(value, 1):
-                raise ValueError(f"EmbeddingTable({name}={value!r}) needs a whole number >= 1.")
+        rows, dim = _whole_argument("rows", rows, 1), _whole_argument("dim", dim, 1)
+        seed = _whole_argument("seed", seed, None)
+        if vocabulary is not None:
+            vocabulary = table_ids.checked_vocabulary(vocabulary)
+            oov_buckets = _whole_argument("oov_buckets", oov_buckets, 1)
         table_ids.check_id_kind(ids, rows, vocabulary, oov_buckets)
         self.rows, self.dim, self.ids, self.seed = rows, dim, ids, seed
         self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adagrad()
@@ -150,7 +161,26 @@ class EmbeddingTable(keras.layers.Layer):
         return table_ids.hashed_rows(ids, self.rows)
 
     def call(self, ids) -> tf.Tensor:
-        return tf.nn.embedding_lookup(self.embeddings, self.row_ids(ids))
+        rows = self.row_ids(ids)
+        if self.ids == "rows":
+            rows = self._checked_rows(rows)
+        return tf.nn.embedding_lookup(self.embeddings, rows)
+
+    def _checked_rows(self, rows: tf.Tensor) -> tf.Tensor:
+        """`rows`, once every one lies in [0, rows): an InvalidArgumentError naming the table
+        otherwise, on every device (a GPU's gather alone would return zeros for it)."""
+        inside = tf.reduce_all((rows >= 0) & (rows < tf.cast(self.rows, rows.dtype)))
+        check = tf.debugging.Assert(
+            inside,
+            [
+                f"EmbeddingTable {self.name!r} (ids='rows') was given an id outside "
+                f"[0, {self.rows}); the ids, first 10:",
+                rows,
+            ],
+            summarize=10,
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(rows)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape, self.dim)
@@ -194,6 +224,18 @@ class EmbeddingTable(keras.layers.Layer):
                 learning_rate=rate,
                 slots=shard_slots,
             )
+
+
+def _whole_argument(name: str, value: object, least: int | None) -> int:
+    """`value` as an int (a NumPy integer too), or a ValueError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(
+            f"EmbeddingTable({name}={value!r}) needs a whole number"
+            f"{'' if least is None else f' >= {least}'}, not a {type(value).__name__}."
+        )
+    if not is_whole(int(value), least):
+        raise ValueError(f"EmbeddingTable({name}={value!r}) needs a whole number >= {least}.")
+    return int(value)
 
 
 def tables_in(model: keras.Layer) -> list[EmbeddingTable]:

@@ -10,7 +10,7 @@ about n**2 / (2 R) while n is much below R (1M ids in 100M rows: ~5,000).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
 
@@ -46,6 +46,34 @@ def check_id_kind(ids: str, rows: int, vocabulary: Sequence[str] | None, oov_buc
             f"the distinct words then the buckets; pass rows={len(vocabulary) + oov_buckets} "
             "and words without repeats."
         )
+
+
+def checked_vocabulary(vocabulary: object) -> list[str]:
+    """`vocabulary` as a list of words, or a ValueError naming what is wrong with it.
+
+    A vocabulary is a non-empty sequence of strings (bytes are decoded as
+    UTF-8); a bare string is refused, since it would be read as its letters.
+    """
+    if isinstance(vocabulary, (str, bytes)) or not isinstance(vocabulary, Iterable):
+        raise ValueError(
+            f"EmbeddingTable(vocabulary={vocabulary!r}) needs a list of words, e.g. "
+            "vocabulary=['cat', 'dog']."
+        )
+    words = list(vocabulary)
+    if not words:
+        raise ValueError(
+            "EmbeddingTable(vocabulary=[]) holds no word: pass the words that get rows of "
+            "their own, or no vocabulary to hash every string (ids='strings')."
+        )
+    for index, word in enumerate(words):
+        if isinstance(word, bytes):
+            words[index] = word.decode("utf-8")
+        elif not isinstance(word, str):
+            raise ValueError(
+                f"EmbeddingTable(vocabulary=...): word {index} is {word!r} "
+                f"({type(word).__name__}); a vocabulary holds strings (str(word) for numbers)."
+            )
+    return words
 
 
 def hashed_rows(ids: tf.Tensor, rows: int) -> tf.Tensor:
