@@ -331,7 +331,7 @@ BUSY_LOOP = (
 
 
 @contextlib.contextmanager
-def busy_processes(count=2, seconds=300):
+def busy_processes(count=1, seconds=300):
     """`count` busy Python processes beside the test, killed after it (or ending by themselves)."""
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)]) for _ in range(count)]
     try:
@@ -382,7 +382,8 @@ def assert_identical(runs):
 @pytest.mark.parametrize("kind", ["ppo", "dqn"])
 def test_the_same_run_gives_bit_identical_weights_beside_busy_processes(kind):
     # Two fresh loops (each traced anew) and three more runs of the first from its
-    # state at step 2, on 2 replicas, while two busy processes take the CPUs: every
+    # state at step 2, on 2 replicas, while a busy process takes a CPU (beside the
+    # suite's other worker, the two CPUs are then oversubscribed): every
     # run ends with the same weights, environments, optimizer and replay buffer.
     def build():
         strategy = loops.testing.replica_strategy(2)
