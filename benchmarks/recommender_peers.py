@@ -24,7 +24,7 @@ The peers come from an optional extra, never a dependency of loops:
 from __future__ import annotations
 
 import csv
-import importlib.util
+import importlib
 import itertools
 import json
 import os
@@ -55,9 +55,13 @@ ALS_GRID = {"factors": (32, 64, 128), "regularization": (0.01, 0.1, 1.0), "alpha
 
 def missing_peers() -> list[str]:
     """The pip names of the peer packages this Python cannot import."""
-    return [
-        pip for module, pip in PEER_PACKAGES.items() if importlib.util.find_spec(module) is None
-    ]
+    missing = []
+    for module, pip in PEER_PACKAGES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(pip)
+    return missing
 
 
 def loops_split(path: str, seed: int) -> dict[str, Interactions]:

@@ -650,3 +650,47 @@ def test_a_run_whose_validation_turns_up_exports_and_tests_its_best_checkpoint(t
     assert results["test"]["bias_baseline_rmse"] == pytest.approx(
         recommender_data.bias_baseline(train, test)["bias_baseline_rmse"]
     )
+
+
+PEERS_WITHOUT_IMPLICIT = r"""
+import json, sys
+sys.modules["implicit"] = None  # as where the bench extra is not installed
+from absl import app, flags
+from benchmarks import recommender_peers
+from loops.input import interaction_logs
+
+log, directory = sys.argv[1:3]
+parts = recommender_peers.loops_split(log, 0)
+recommender_peers.write_split(parts, directory)
+read = {name: interaction_logs.read_interactions(f"{directory}/{name}.csv") for name in parts}
+rows = {name: sorted(zip(p.user_ids[p.users].tolist(), p.item_ids[p.items].tolist(),
+                         p.timestamps.tolist())) for name, p in read.items()}
+print("FOUND " + json.dumps({name: len(r) for name, r in rows.items()}))
+print("SHARED " + json.dumps(len(set(rows["train"]) & set(rows["validation"])) +
+                             len(set(rows["train"] + rows["validation"]) & set(rows["test"]))))
+flags.FLAGS(["recommender_peers"])
+recommender_peers.main([])
+"""
+
+
+def test_the_peers_benchmark_writes_loops_split_and_refuses_without_its_extra(tmp_path):
+    log = tmp_path / "log.inter"
+    rows = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    rows += [
+        f"{u}\t{(u * 7 + i) % 40}\t{1 + (u + i) % 5}\t{i}" for u in range(30) for i in range(10)
+    ]
+    log.write_text("\n".join(rows) + "\n")
+    done = run_python(PEERS_WITHOUT_IMPLICIT, str(log), str(tmp_path / "split"))
+    # The binary's split: 60 test rows, then 24 of the 240 left for validation; disjoint.
+    assert json.loads(done.stdout.split("FOUND ", 1)[1].splitlines()[0]) == {
+        "train": 216,
+        "validation": 24,
+        "test": 60,
+    }
+    assert done.stdout.split("SHARED ", 1)[1].strip() == "0"
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "recommender_peers: the peers need scikit-surprise, implicit, and this Python lacks "
+        "implicit; install them with pip install -e '.[bench]' (never a dependency of loops), "
+        "or pass --nopeers for loops' figures only."
+    )
