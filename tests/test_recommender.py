@@ -564,7 +564,7 @@ def test_adagrad_tables_train_sparsely_and_equal_on_1_2_and_4_replicas():
 
 def test_a_run_whose_validation_turns_up_exports_and_tests_its_best_checkpoint(tmp_path):
     from loops.input import interaction_logs
-    from loops.run.best_checkpoint import TestBestOnEnd
+    from loops.run.best_checkpoint import RestoreBestOnEnd
     from loops_data import recommender_data
 
     # Planted overfitting: ratings of pure noise, learned by wide embeddings with no penalty,
@@ -622,7 +622,7 @@ def test_a_run_whose_validation_turns_up_exports_and_tests_its_best_checkpoint(t
         eval_every=5,
         steps_per_loop=5,
         progress=loops.testing.quiet_progress(),
-        actions=[loops.KeepBest("rmse"), TestBestOnEnd(test_figures), loops.ExportOnEnd(export)],
+        actions=[loops.KeepBest("rmse"), RestoreBestOnEnd(test_figures), loops.ExportOnEnd(export)],
     )
     trainer.train(60)
     results = json.loads((tmp_path / "results.json").read_text())

@@ -166,7 +166,7 @@ def _own_actions(model, train, validation, test) -> list:
     export, which `binary_arguments` adds after these)."""
     from loops.model_dir import id_vocabulary
     from loops.run.actions import WriteRunFile
-    from loops.run.best_checkpoint import TestBestOnEnd
+    from loops.run.best_checkpoint import RestoreBestOnEnd
     from loops_data import recommender_data
 
     actions: list = [WriteRunFile(id_vocabulary.ID_FILE, lambda: _ids_json(train()))]
@@ -182,7 +182,7 @@ def _own_actions(model, train, validation, test) -> list:
                 top_k=model["top_k"],
             )
 
-        actions.append(TestBestOnEnd(test_figures))
+        actions.append(RestoreBestOnEnd(test_figures))
     return actions
 
 

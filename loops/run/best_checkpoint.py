@@ -1,5 +1,5 @@
 """The model a run ends with when it keeps its best checkpoint: the best one, restored before the
-export and tested once on rows no evaluation saw (`TestBestOnEnd`)."""
+export and tested once on rows no evaluation saw (`RestoreBestOnEnd`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from loops.run.run_context import RunContext
 BEST_FILE = "best.json"
 
 
-class TestBestOnEnd(Action):
+class RestoreBestOnEnd(Action):
     """When training ends, puts the weights of the best checkpoint a `loops.KeepBest` kept back
     into the model, tests that model once, and adds to results.json which step it is, its
     evaluation figures there and its test figures.
@@ -35,7 +35,7 @@ class TestBestOnEnd(Action):
     Not run when training is preempted: the rerun that finishes it does this.
     """
 
-    name = "test_best_on_end"
+    name = "restore_best_on_end"
 
     def __init__(self, test: Callable[[Any], Mapping[str, float]], *, directory: str | None = None):
         """
