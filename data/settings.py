@@ -238,4 +238,17 @@ INTERACTIONS: tuple[Setting, ...] = (
         default=0.2,
         check=satisfies(lambda value: 0 < value < 1, "{name} must lie in (0, 1), e.g. 0.2."),
     ),
+    Setting(
+        "validation_fraction",
+        "data",
+        "The share of the training interactions held out for validation, by --split's rule "
+        "(random: drawn from --seed; time: each user's latest before their test rows), in "
+        "[0, 1). Evaluation during training reads it, the best checkpoint by the model's own "
+        "metric (rmse, or recall_at_K; --keep_best_metric names another) is kept, restored "
+        "before the export, and tested once at the end (results.json: best_step, validation, "
+        "test). 0: no validation; the run evaluates on the test rows.",
+        "float",
+        default=0.1,
+        check=satisfies(lambda value: 0 <= value < 1, "{name} must lie in [0, 1), e.g. 0.1."),
+    ),
 )

@@ -178,6 +178,7 @@ SLOW_TESTS = (
     "test_recommender.py::test_the_binary_rating_model_shortened_beats_the_bias_baseline_by_a_tenth",
     "test_recommender.py::test_the_binary_exports_the_logs_own_ids_and_refuses_a_top_k_above_its_items",
     "test_recommender.py::test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_prints_the_table",
+    "test_recommender.py::test_the_peers_benchmark_writes_loops_split_and_refuses_without_its_extra",
     "test_log_identity.py::test_the_binary_refuses_a_permuted_log_goes_on_with_the_same_and_its_evaluator_reads_it",
     "test_readme.py::test_readme_export_example_serves_the_greedy_continuation",
     "test_readme.py::test_readme_update_without_a_definition_trains",

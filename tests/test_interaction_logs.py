@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from loops.input import interaction_logs, log_text
-from loops.input.interaction_logs import Interactions, read_interactions, split
+from loops.input.interaction_logs import Interactions, read_interactions, split, split_validation
 
 
 def write(tmp_path, name, text):
@@ -220,6 +220,42 @@ def test_a_time_split_sends_each_users_last_rows_to_test():
         np.testing.assert_array_equal(
             np.sort(test.features["row"][test.users == user]), np.sort(rows[cut:])
         )
+
+
+def test_the_validation_rows_are_disjoint_from_train_and_test_and_repeat_for_the_seed():
+    log = small_log()
+    for how in ("random", "time"):
+        train, test = split(log, how=how, test_fraction=0.2, seed=4)
+        left, validation = split_validation(train, how=how, validation_fraction=0.1, seed=4)
+        parts = [part.features["row"] for part in (left, validation, test)]
+        np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+        again = split_validation(train, how=how, validation_fraction=0.1, seed=4)[1]
+        np.testing.assert_array_equal(again.features["row"], validation.features["row"])
+        if how == "random":
+            assert (len(left), len(validation)) == (720, 80)
+            assert validation.split == (
+                "random 80/20, seed 4; validation: a random 10% of the training rows"
+            )
+            other = split_validation(train, how=how, validation_fraction=0.1, seed=5)[1]
+            assert not np.array_equal(other.features["row"], validation.features["row"])
+            continue
+        # A time split: each user's validation rows are their latest training rows.
+        for user in range(log.num_users):
+            kept, held = (part.timestamps[part.users == user] for part in (left, validation))
+            counts = np.sum(train.users == user)
+            assert len(held) == int(np.floor(counts * 0.1))
+            if len(held):
+                assert kept.max(initial=-1) <= held.min()
+    with pytest.raises(ValueError) as refused:
+        split_validation(small_log(rows=8, users=4), how="time", validation_fraction=0.1, seed=0)
+    assert str(refused.value) == (
+        "the log: --validation_fraction=0.1 holds none of the 8 training interactions for "
+        "validation; pass a larger --validation_fraction or --split=random (a time split "
+        "rounds each user's share down), or --validation_fraction=0 to evaluate on the test "
+        "rows."
+    )
+    with pytest.raises(ValueError, match=r"^validation_fraction must lie in \(0, 1\), got 1"):
+        split_validation(small_log(), how="random", validation_fraction=1, seed=0)
 
 
 def test_bad_split_arguments_are_refused():

@@ -30,12 +30,28 @@ def write_log(path, user_name=lambda user: f"u{user}"):
     return str(path)
 
 
-def identity_of(path, model="rating", split="random", test_fraction=0.2, seed=0):
+def identity_of(
+    path, model="rating", split="random", test_fraction=0.2, seed=0, validation_fraction=0.1
+):
     """The identity the recommender binary records for these flags."""
     log = interaction_logs.read_interactions(path)
     train, test = interaction_logs.split(log, how=split, test_fraction=test_fraction, seed=seed)
+    validation = None
+    if validation_fraction:
+        train, validation = interaction_logs.split_validation(
+            train, how=split, validation_fraction=validation_fraction, seed=seed
+        )
     return log_identity.identity(
-        model, log, train, test, path=path, how=split, test_fraction=test_fraction, seed=seed
+        model,
+        log,
+        train,
+        test,
+        path=path,
+        how=split,
+        test_fraction=test_fraction,
+        seed=seed,
+        validation=validation,
+        validation_fraction=validation_fraction,
     )
 
 
@@ -61,8 +77,8 @@ def short(path):
 
 FIX = (
     "Going on would train and test rows that belong to other users, items or splits. Pass "
-    "the run's own --model, --data (the same file, unchanged), --split, --test_fraction and "
-    "--seed, or a new --model_dir to train on this data."
+    "the run's own --model, --data (the same file, unchanged), --split, --test_fraction, "
+    "--validation_fraction and --seed, or a new --model_dir to train on this data."
 )
 
 
@@ -90,17 +106,25 @@ def test_the_identity_holds_the_absolute_path_size_content_hash_id_maps_and_spli
         "split": {
             "how": "random",
             "test_fraction": 0.2,
+            "validation_fraction": 0.1,
             "seed": 0,
-            "train_rows": 19,
+            "train_rows": 17,
+            "validation_rows": 2,
             "test_rows": 5,
         },
     }
-    # The seed draws a random split only; the time split holds each user's last 0.34 (1 of 3).
-    assert identity_of("log.csv", split="time", test_fraction=0.34, seed=5)["split"] == {
+    # The seed draws a random split only; the time split holds each user's last 0.34 (1 of 3)
+    # for test and the latest half of the 2 left (1) for validation.
+    time_split = identity_of(
+        "log.csv", split="time", test_fraction=0.34, seed=5, validation_fraction=0.5
+    )
+    assert time_split["split"] == {
         "how": "time",
         "test_fraction": 0.34,
+        "validation_fraction": 0.5,
         "seed": None,
-        "train_rows": 16,
+        "train_rows": 8,
+        "validation_rows": 8,
         "test_rows": 8,
     }
     # Whole-number ids hash as 8-byte integers in index order, names apart from numbers.
@@ -137,9 +161,23 @@ def test_another_split_fraction_seed_model_or_log_is_refused_naming_each_change(
     was = identity_of(path)
     model_dir = str(tmp_path)
     start = f"The checkpoints in {model_dir} were trained on another model, log or split: "
-    assert refusal(model_dir, was, identity_of(path, split="time", test_fraction=0.34)) == (
+    time_split = identity_of(path, split="time", test_fraction=0.34, validation_fraction=0.5)
+    assert refusal(model_dir, was, time_split) == (
         start + "--split=time here and --split=random in the run; --test_fraction=0.34 here "
-        "and --test_fraction=0.2 in the run. " + FIX
+        "and --test_fraction=0.2 in the run; --validation_fraction=0.5 here and "
+        "--validation_fraction=0.1 in the run. " + FIX
+    )
+    # Another validation share trains on other rows: a resume with it is refused, and a
+    # record from before validation splits (none) goes on only with --validation_fraction=0.
+    assert refusal(model_dir, was, identity_of(path, validation_fraction=0.2)) == (
+        start + "--validation_fraction=0.2 here and --validation_fraction=0.1 in the run. " + FIX
+    )
+    old = identity_of(path, validation_fraction=0)
+    for key in ("validation_fraction", "validation_rows"):
+        del old["split"][key]
+    assert refusal(model_dir, old, identity_of(path, validation_fraction=0)) is None
+    assert refusal(model_dir, old, was) == (
+        start + "--validation_fraction=0.1 here and --validation_fraction=0.0 in the run. " + FIX
     )
     assert refusal(model_dir, was, identity_of(path, seed=3)) == (
         start + "--seed=3 here and --seed=0 in the run. " + FIX

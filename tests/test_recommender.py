@@ -389,10 +389,15 @@ def test_the_default_binary_run_shortened_beats_popularity_by_half_again(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     results = read_results(tmp_path)
     data = results["data"]
-    assert data["split"] == "random 80/20, seed 0"
-    assert data["train_interactions"] + data["test_interactions"] == data["interactions"]
+    assert data["split"] == "random 80/20, seed 0; validation: a random 10% of the training rows"
+    parts = ("train_interactions", "validation_interactions", "test_interactions")
+    assert sum(data[part] for part in parts) == data["interactions"]
+    assert data["validation_interactions"] == round(0.1 * (data["interactions"] * 0.8))
     assert 190_000 < data["interactions"] <= 200_000
-    metrics = results["eval"]
+    # The best checkpoint by validation recall_at_10 (the default), tested once at the end.
+    assert results["config"]["keep_best_metric"] == "recall_at_10"
+    assert results["best_step"] == 600 and results["validation"] == results["eval"]
+    metrics = results["test"]
     assert metrics["recall_at_10"] >= 1.5 * metrics["popularity_recall_at_10"], metrics
     assert metrics["ndcg_at_10"] >= 1.5 * metrics["popularity_ndcg_at_10"], metrics
     assert os.path.exists(tmp_path / "export" / "saved_model.pb")
@@ -407,9 +412,12 @@ def test_the_binary_rating_model_shortened_beats_the_bias_baseline_by_a_tenth(tm
         "--eval_every=1000",
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    metrics = read_results(tmp_path)["eval"]
+    results = read_results(tmp_path)
+    assert results["config"]["keep_best_metric"] == "rmse"
+    assert results["eval"]["pairs"] == results["data"]["validation_interactions"]
+    metrics = results["test"]
     assert metrics["rmse"] <= 0.9 * metrics["bias_baseline_rmse"], metrics
-    assert metrics["pairs"] == read_results(tmp_path)["data"]["test_interactions"]
+    assert metrics["pairs"] == results["data"]["test_interactions"]
 
 
 def test_the_binary_exports_the_logs_own_ids_and_refuses_a_top_k_above_its_items(tmp_path):
@@ -435,6 +443,9 @@ def test_the_binary_exports_the_logs_own_ids_and_refuses_a_top_k_above_its_items
     done = run_module("loops.bin.recommender", *common, "--top_k=3", f"--model_dir={model_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
     train, _ = interaction_logs.split(interaction_logs.read_interactions(log), seed=0)
+    train, _ = interaction_logs.split_validation(
+        train, how="random", validation_fraction=0.1, seed=0
+    )
     for directory in (model_dir, model_dir / "export"):  # ids.json: the run's and the export's
         ids = id_vocabulary.read_ids(str(directory))
         np.testing.assert_array_equal(ids["users"], train.user_ids)
@@ -479,9 +490,12 @@ def test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_print
     assert done.returncode == 0, done.stderr[-3000:]
     numbers = json.loads(output.read_text())
     assert numbers["rating"]["data"]["interactions"] == 54
-    assert numbers["rating"]["data"]["split"] == "random 80/20, seed 0"
-    assert 0 < numbers["rating"]["eval"]["rmse"] < 5
-    assert 0 <= numbers["retrieval"]["eval"]["recall_at_10"] <= 1
+    assert numbers["rating"]["data"]["split"] == (
+        "random 80/20, seed 0; validation: a random 10% of the training rows"
+    )
+    assert numbers["rating"]["best_step"] in (2, 4)  # evaluated every 2 steps
+    assert 0 < numbers["rating"]["test"]["rmse"] < 5
+    assert 0 <= numbers["retrieval"]["test"]["recall_at_10"] <= 1
     assert "| rating (biases + dot + l2) | test RMSE |" in done.stdout
     assert "Surprise SVD (biased MF) 0.934" in done.stdout
 
@@ -546,3 +560,137 @@ def test_adagrad_tables_train_sparsely_and_equal_on_1_2_and_4_replicas():
         build_retrieval, loops.testing.replica_strategy(1), num_steps=6
     )["weights"]
     assert any(not np.allclose(plain[name], adam_only[name]) for name in plain if name in adam_only)
+
+
+def test_a_run_whose_validation_turns_up_exports_and_tests_its_best_checkpoint(tmp_path):
+    from loops.input import interaction_logs
+    from loops.run.best_checkpoint import RestoreBestOnEnd
+    from loops_data import recommender_data
+
+    # Planted overfitting: ratings of pure noise, learned by wide embeddings with no penalty,
+    # so the training loss falls while the validation RMSE turns up after its first points.
+    rng = np.random.default_rng(7)
+    users, items, rows = 40, 30, 800
+    log = interaction_logs.Interactions(
+        users=rng.integers(0, users, rows).astype(np.int32),
+        items=rng.integers(0, items, rows).astype(np.int32),
+        ratings=rng.integers(1, 6, rows).astype(np.float32),
+        timestamps=np.arange(rows, dtype=np.int64),
+        num_users=users,
+        num_items=items,
+        user_ids=np.arange(users, dtype=np.int64),
+        item_ids=np.arange(items, dtype=np.int64),
+    )
+    train, test = interaction_logs.split(log, seed=0)
+    train, validation = interaction_logs.split_validation(
+        train, how="random", validation_fraction=0.1, seed=0
+    )
+    export_dir = str(tmp_path / "export")
+    definition = loops.RatingLoop(
+        model_fn=lambda: recommender.rating_model(
+            num_users=users,
+            num_items=items,
+            embedding_dim=32,
+            hidden_units=(),
+            initial_bias=float(train.ratings.mean()),
+            seed=1,
+        ),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+        num_items=items,
+    )
+
+    def test_figures(trained):
+        known = recommender_data.joined(train, validation)
+        return recommender_data.test_figures("rating", trained, train, known, test, top_k=5)
+
+    def export(trained):
+        return export_recommender(
+            trained.model,
+            export_dir,
+            score_all_items=trained.score_all_items,
+            score_pairs=trained.score_pairs,
+            top_k=5,
+            user_ids=train.user_ids,
+            item_ids=train.item_ids,
+            item_counts=train.item_counts(),
+        )
+
+    trainer = loops.Trainer(
+        definition,
+        **recommender_data.trainer_data("rating", train, validation, global_batch_size=64, seed=0),
+        model_dir=str(tmp_path),
+        eval_every=5,
+        steps_per_loop=5,
+        progress=loops.testing.quiet_progress(),
+        actions=[loops.KeepBest("rmse"), RestoreBestOnEnd(test_figures), loops.ExportOnEnd(export)],
+    )
+    trainer.train(60)
+    results = json.loads((tmp_path / "results.json").read_text())
+    history = {entry["step"]: entry["rmse"] for entry in results["history"]}
+    best_step = min(history, key=history.get)
+    assert history[60] > history[best_step] + 0.1, history  # it overfits, planted
+    assert results["best_step"] == best_step < 60
+    assert results["validation"]["rmse"] == history[best_step]
+    assert json.loads((tmp_path / "best" / "best.json").read_text())["step"] == best_step
+    assert results["global_step"] == 60 and results["eval"]["rmse"] == history[60]
+    # The export serves the best checkpoint: its validation RMSE is the best one, and its
+    # test RMSE is the one results.json reports, computed once.
+    served = tf.saved_model.load(export_dir).signatures["score_pairs"]
+
+    def served_rmse(part):
+        scores = served(
+            users=tf.constant(part.user_ids[part.users]),
+            items=tf.constant(part.item_ids[part.items]),
+        )["scores"].numpy()
+        return float(np.sqrt(np.mean((scores.astype(np.float64) - part.ratings) ** 2)))
+
+    assert served_rmse(validation) == pytest.approx(history[best_step], rel=1e-5)
+    assert served_rmse(test) == pytest.approx(results["test"]["rmse"], rel=1e-5)
+    assert results["test"]["pairs"] == len(test) == 160
+    assert results["test"]["bias_baseline_rmse"] == pytest.approx(
+        recommender_data.bias_baseline(train, test)["bias_baseline_rmse"]
+    )
+
+
+PEERS_WITHOUT_IMPLICIT = r"""
+import json, sys
+sys.modules["implicit"] = None  # as where the bench extra is not installed
+from absl import app, flags
+from benchmarks import recommender_peers
+from loops.input import interaction_logs
+
+log, directory = sys.argv[1:3]
+parts = recommender_peers.loops_split(log, 0)
+recommender_peers.write_split(parts, directory)
+read = {name: interaction_logs.read_interactions(f"{directory}/{name}.csv") for name in parts}
+rows = {name: sorted(zip(p.user_ids[p.users].tolist(), p.item_ids[p.items].tolist(),
+                         p.timestamps.tolist())) for name, p in read.items()}
+print("FOUND " + json.dumps({name: len(r) for name, r in rows.items()}))
+print("SHARED " + json.dumps(len(set(rows["train"]) & set(rows["validation"])) +
+                             len(set(rows["train"] + rows["validation"]) & set(rows["test"]))))
+flags.FLAGS(["recommender_peers"])
+recommender_peers.main([])
+"""
+
+
+def test_the_peers_benchmark_writes_loops_split_and_refuses_without_its_extra(tmp_path):
+    log = tmp_path / "log.inter"
+    rows = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    rows += [
+        f"{u}\t{(u * 7 + i) % 40}\t{1 + (u + i) % 5}\t{i}" for u in range(30) for i in range(10)
+    ]
+    log.write_text("\n".join(rows) + "\n")
+    done = run_python(PEERS_WITHOUT_IMPLICIT, str(log), str(tmp_path / "split"))
+    # The binary's split: 60 test rows, then 24 of the 240 left for validation; disjoint.
+    assert json.loads(done.stdout.split("FOUND ", 1)[1].splitlines()[0]) == {
+        "train": 216,
+        "validation": 24,
+        "test": 60,
+    }
+    assert done.stdout.split("SHARED ", 1)[1].strip() == "0"
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "recommender_peers: the peers need scikit-surprise, implicit, and this Python lacks "
+        "implicit; install them with pip install -e '.[bench]' (never a dependency of loops), "
+        "or pass --nopeers for loops' figures only."
+    )

@@ -19,7 +19,8 @@ FLAGS = flags.FLAGS
 
 
 def _interactions():
-    """The log --data names (or the generated one), split as --split says: (all, train, test)."""
+    """The log --data names (or the generated one), split as --split says: (all, train,
+    validation, test), validation None with --validation_fraction=0."""
     from loops.input import interaction_logs
     from loops_data import interactions as generated
 
@@ -31,7 +32,15 @@ def _interactions():
     train, test = interaction_logs.split(
         interactions, how=data["split"], test_fraction=data["test_fraction"], seed=FLAGS.seed
     )
-    return interactions, train, test
+    validation = None
+    if data["validation_fraction"]:
+        train, validation = interaction_logs.split_validation(
+            train,
+            how=data["split"],
+            validation_fraction=data["validation_fraction"],
+            seed=FLAGS.seed,
+        )
+    return interactions, train, validation, test
 
 
 def _retrieval(model, train, test, optimizer_fn, data_notes):
@@ -98,14 +107,22 @@ def _ids_json(train) -> str:
     return id_vocabulary.ids_json(train.user_ids, train.item_ids)
 
 
-def _absolute_data_path() -> None:
+def _prepare() -> None:
     """A relative --data as the absolute path it names from here: config.json records the
-    file the run reads, and an evaluator started elsewhere takes that file, not its own."""
+    file the run reads, and an evaluator started elsewhere takes that file, not its own.
+    With a validation split and no --keep_best_metric, the model's own metric is kept best:
+    rmse (min) for rating, recall_at_K (max) for retrieval."""
     if FLAGS.data is not None:
         loop_flags.set_values({"data": os.path.abspath(FLAGS.data)})
+    if FLAGS.validation_fraction and FLAGS.keep_best_metric is None:
+        if FLAGS.model == "retrieval":
+            best = {"keep_best_metric": f"recall_at_{FLAGS.top_k}", "keep_best_mode": "max"}
+        else:
+            best = {"keep_best_metric": "rmse", "keep_best_mode": "min"}
+        loop_flags.set_values(best)
 
 
-def _resume_identity(model_kind, interactions, train, test):
+def _resume_identity(model_kind, interactions, train, validation, test):
     """The model kind, log and split this run trains on (`loops.input.log_identity`)."""
     from loops.input import log_identity
 
@@ -119,6 +136,8 @@ def _resume_identity(model_kind, interactions, train, test):
         how=data["split"],
         test_fraction=data["test_fraction"],
         seed=FLAGS.seed,
+        validation=validation,
+        validation_fraction=data["validation_fraction"],
     )
 
 
@@ -141,17 +160,42 @@ def _refuse_other_training_data(identity) -> None:
     )
 
 
+def _own_actions(model, train, validation, test) -> list:
+    """ids.json as training starts; with a validation split and a kept best checkpoint, the
+    best model restored and tested once on the test rows when training ends (before the
+    export, which `binary_arguments` adds after these)."""
+    from loops.model_dir import id_vocabulary
+    from loops.run.actions import WriteRunFile
+    from loops.run.best_checkpoint import RestoreBestOnEnd
+    from loops_data import recommender_data
+
+    actions: list = [WriteRunFile(id_vocabulary.ID_FILE, lambda: _ids_json(train()))]
+    if FLAGS.validation_fraction and FLAGS.keep_best_metric:
+
+        def test_figures(definition):
+            return recommender_data.test_figures(
+                model["model"],
+                definition,
+                train(),
+                recommender_data.joined(train(), validation()),
+                test(),
+                top_k=model["top_k"],
+            )
+
+        actions.append(RestoreBestOnEnd(test_figures))
+    return actions
+
+
 def build_trainer():
     """The RetrievalLoop or RatingLoop the flags describe; ValueError for a bad combination."""
     import loops
-    from loops.model_dir import id_vocabulary
     from loops.model_dir.export import export_recommender
-    from loops.run.actions import WriteRunFile
     from loops_data import recommender_data
 
     model = loop_flags.setting_values(model_settings.RECOMMENDER)
-    # The export and ids.json serve the log's own ids; both read `train` (below) once
-    # training starts or ends.
+    parts: dict = {}
+    # The export, ids.json and the final test serve the log's own ids; they read the split
+    # (below) once training starts or ends.
     arguments = loop_flags.binary_arguments(
         "recommender",
         export=lambda definition, path: export_recommender(
@@ -160,15 +204,18 @@ def build_trainer():
             score_all_items=definition.score_all_items,
             score_pairs=definition.score_pairs,
             top_k=model["top_k"],
-            user_ids=train.user_ids,
-            item_ids=train.item_ids,
-            item_counts=train.item_counts(),
+            user_ids=parts["train"].user_ids,
+            item_ids=parts["train"].item_ids,
+            item_counts=parts["train"].item_counts(),
         ),
         signature="the log's user ids -> items, scores, known_user (top K); "
         "score_pairs: users, items -> scores, known_user, known_item",
-        actions=[WriteRunFile(id_vocabulary.ID_FILE, lambda: _ids_json(train))],
+        actions=_own_actions(
+            model, *(lambda name=name: parts[name] for name in ("train", "validation", "test"))
+        ),
     )
-    interactions, train, test = _interactions()
+    interactions, train, validation, test = _interactions()
+    parts.update(train=train, validation=validation, test=test)
     _check_top_k(model["top_k"], train)
     optimizer = loop_flags.setting_values(training_settings.OPTIMIZER)
     model_settings.check_recommender_fits(
@@ -180,21 +227,20 @@ def build_trainer():
     optimizer_fn = training_settings.optimizer_fn(
         optimizer, learning_rate=FLAGS.learning_rate, total_steps=FLAGS.train_steps
     )
-    data_notes = recommender_data.notes(interactions, train, test)
-    identity = _resume_identity(model["model"], interactions, train, test)
+    data_notes = recommender_data.notes(interactions, train, test, validation)
+    identity = _resume_identity(model["model"], interactions, train, validation, test)
     _refuse_other_training_data(identity)
     arguments["record"] = {**arguments["record"], run_config.RESUME_IDENTITY: identity}
+    evaluated = test if validation is None else validation
     build = _retrieval if model["model"] == "retrieval" else _rating
-    definition = build(model, train, test, optimizer_fn, data_notes)
+    definition = build(model, train, evaluated, optimizer_fn, data_notes)
     data = recommender_data.trainer_data(
-        model["model"], train, test, global_batch_size=FLAGS.global_batch_size, seed=FLAGS.seed
+        model["model"], train, evaluated, global_batch_size=FLAGS.global_batch_size, seed=FLAGS.seed
     )
     return loops.Trainer(definition, **data, **arguments)
 
 
-main, run = application.entry_points(
-    build_trainer, description=__doc__, prepare=_absolute_data_path
-)
+main, run = application.entry_points(build_trainer, description=__doc__, prepare=_prepare)
 
 if __name__ == "__main__":
     run()

@@ -478,6 +478,51 @@ def split(
     return interactions.take(~test, split=note), interactions.take(test, split=note)
 
 
+def split_validation(
+    train: Interactions, *, how: str, validation_fraction: float, seed: int
+) -> tuple[Interactions, Interactions]:
+    """Carves a validation part from the training rows of `split` by the same rule: (train
+    left, validation). "random": a random `validation_fraction` of them (rounded), drawn with
+    `seed`; "time": each user's latest `validation_fraction` of their training rows (rounded
+    down), so validation lies between each user's train and test in time.
+
+    Raises:
+        ValueError: a fraction outside (0, 1), or one that leaves validation or train empty.
+    """
+    if isinstance(validation_fraction, bool) or not 0.0 < validation_fraction < 1.0:
+        raise ValueError(
+            f"validation_fraction must lie in (0, 1), got {validation_fraction!r}; e.g. 0.1 "
+            "evaluates on a tenth of the training rows (0 on the command line: none)."
+        )
+    if how == "random":
+        held = _random_test_rows(len(train), validation_fraction, seed)
+    else:
+        held = _last_rows_of_each_user(train, validation_fraction)
+    rows, count = len(train), int(held.sum())
+    if not 0 < count < rows:
+        raise ValueError(
+            f"{train.source or 'the log'}: --validation_fraction={validation_fraction} holds "
+            f"{'none' if count == 0 else 'all'} of the {rows} training interactions for "
+            f"validation; pass a {'larger' if count == 0 else 'smaller'} --validation_fraction"
+            + (
+                " or --split=random (a time split rounds each user's share down)"
+                if how == "time" and count == 0
+                else ""
+            )
+            + ", or --validation_fraction=0 to evaluate on the test rows."
+        )
+    note = f"{train.split}; validation: {describe_validation(how, validation_fraction)}"
+    return train.take(~held, split=note), train.take(held, split=note)
+
+
+def describe_validation(how: str, validation_fraction: float) -> str:
+    """The validation part in words: "a random 10% of the training rows"."""
+    share = round(100 * validation_fraction)
+    if how == "random":
+        return f"a random {share}% of the training rows"
+    return f"each user's latest {share}% of their training rows (rounded down)"
+
+
 def _check_both_parts(interactions: Interactions, held_out: int, note: str) -> None:
     """Refuses a split that holds out none of the log (nothing to evaluate) or all of it."""
     rows = len(interactions)

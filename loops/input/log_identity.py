@@ -22,7 +22,14 @@ from loops.input.interaction_logs import Interactions
 
 _CHUNK_BYTES = 1 << 20
 # The flag of each setting of the split, and its key in an identity's "split".
-_SPLIT_KEYS = {"split": "how", "test_fraction": "test_fraction", "seed": "seed"}
+_SPLIT_KEYS = {
+    "split": "how",
+    "test_fraction": "test_fraction",
+    "validation_fraction": "validation_fraction",
+    "seed": "seed",
+}
+# What a record from before validation splits (loops 5.2) means: no validation rows.
+_NO_VALIDATION = {"validation_fraction": 0.0, "validation_rows": 0}
 
 
 def identity(
@@ -35,6 +42,8 @@ def identity(
     how: str,
     test_fraction: float,
     seed: int,
+    validation: Interactions | None = None,
+    validation_fraction: float = 0.0,
 ) -> dict[str, Any]:
     """The model kind, the log and the split a run trains on, as JSON.
 
@@ -44,6 +53,8 @@ def identity(
             `path` is None) and its split.
         how, test_fraction, seed: the split's settings (`interaction_logs.split`); the
             seed counts for a random split only.
+        validation, validation_fraction: the rows carved from the training rows for
+            validation (`interaction_logs.split_validation`); None and 0.0 for none.
     """
     return {
         "model": model,
@@ -51,8 +62,10 @@ def identity(
         "split": {
             "how": how,
             "test_fraction": test_fraction,
+            "validation_fraction": validation_fraction,
             "seed": seed if how == "random" else None,
             "train_rows": len(train),
+            "validation_rows": 0 if validation is None else len(validation),
             "test_rows": len(test),
         },
     }
@@ -142,19 +155,26 @@ def _log_changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
 
 
 def _split_changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    was, now = {**_NO_VALIDATION, **was}, {**_NO_VALIDATION, **now}
     # The seed draws a random split only: another split names no seed.
-    names = ("split", "test_fraction") if now.get("how") != was.get("how") else _SPLIT_KEYS
+    names = (
+        ("split", "test_fraction", "validation_fraction")
+        if now.get("how") != was.get("how")
+        else _SPLIT_KEYS
+    )
     found = [
         f"--{name}={now.get(_SPLIT_KEYS[name])} here and --{name}={was.get(_SPLIT_KEYS[name])} "
         "in the run"
         for name in names
         if now.get(_SPLIT_KEYS[name]) != was.get(_SPLIT_KEYS[name])
     ]
-    rows = ("train_rows", "test_rows")
+    rows = ("train_rows", "validation_rows", "test_rows")
     if not found and any(now.get(key) != was.get(key) for key in rows):
         found.append(
-            f"the split gives {now.get('train_rows')} train and {now.get('test_rows')} test "
-            f"rows here and {was.get('train_rows')} and {was.get('test_rows')} in the run"
+            f"the split gives {now.get('train_rows')} train, {now.get('validation_rows')} "
+            f"validation and {now.get('test_rows')} test rows here and "
+            f"{was.get('train_rows')}, {was.get('validation_rows')} and "
+            f"{was.get('test_rows')} in the run"
         )
     return found
 
@@ -180,6 +200,6 @@ def refusal(model_dir: str, found: list[str]) -> str:
         f"The checkpoints in {model_dir} were trained on another model, log or split: "
         f"{'; '.join(found)}. Going on would train and test rows that belong to other "
         "users, items or splits. Pass the run's own --model, --data (the same file, "
-        "unchanged), --split, --test_fraction and --seed, or a new --model_dir to train "
-        "on this data."
+        "unchanged), --split, --test_fraction, --validation_fraction and --seed, or a new "
+        "--model_dir to train on this data."
     )
