@@ -38,13 +38,14 @@ def small_log():
     return log.only(COLUMNS)
 
 
-def build_trainer(builder, strategy):
+def build_trainer(builder, strategy, **arguments):
     log = small_log()
     features = ctr.CTRFeatures(**log.description())
     return loops.Trainer(
         loops.CTRLoop(
             model_fn=lambda: BUILDERS[builder](features),
             optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+            **arguments,
         ),
         strategy=strategy,
         train_data=lambda: ctr_data.one_pass(log, BATCH),
@@ -69,6 +70,13 @@ def test_each_builder_trains_equally_on_1_2_and_4_replicas_with_empty_bags(build
     )
     losses = runs[1]["logs"]["loss"]
     assert np.all(np.isfinite(losses)) and len(losses) == 3
+    # The first step's loss is the mean log loss of the first batch under the initial model.
+    log = small_log()
+    fresh = build_trainer(builder, loops.testing.replica_strategy(1)).definition
+    logits = fresh.logits({name: column[:BATCH] for name, column in log.columns.items()})
+    logits, labels = np.float64(logits.numpy()), log.labels[:BATCH]
+    expected = np.mean(np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-abs(logits))))
+    np.testing.assert_allclose(losses[0], expected, rtol=1e-5)
     evaluation = runs[4]["eval"]
     assert evaluation["examples"] == ROWS
     np.testing.assert_allclose(evaluation["positive_rate"], small_log().labels.mean(), rtol=1e-6)
@@ -129,6 +137,16 @@ def test_a_bad_feature_description_is_refused_naming_the_column(arguments, sente
     with pytest.raises(ValueError) as raised:
         ctr.CTRFeatures(**arguments)
     assert str(raised.value) == sentence
+
+
+def test_an_evaluation_of_more_examples_than_the_auc_keeps_is_refused_with_the_fix():
+    trainer = build_trainer("wide_and_deep", loops.testing.replica_strategy(1), auc_examples=10)
+    with pytest.raises(ValueError) as raised:
+        trainer.evaluate()
+    assert str(raised.value) == (
+        "The evaluation held 19 examples, more than auc_examples=10 that the exact AUC keeps; "
+        "build the CTRLoop with auc_examples >= 19 or evaluate on fewer examples."
+    )
 
 
 def test_dlrm_without_numeric_columns_is_refused():
