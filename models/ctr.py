@@ -102,7 +102,9 @@ class BagPooling(keras.layers.Layer):
     def __init__(self, cardinality: int, width: int, pooling: str, initializer: Any, **kwargs):
         super().__init__(**kwargs)
         self.pooling = pooling
-        self.table = keras.layers.Embedding(cardinality, width, embeddings_initializer=initializer)
+        self.table = keras.layers.Embedding(
+            cardinality, width, embeddings_initializer=initializer, name=f"{self.name}_table"
+        )
         self.width = width
 
     def build(self, input_shape) -> None:

@@ -13,6 +13,7 @@ from sklearn.metrics import roc_auc_score
 
 import loops
 from conftest import ROOT, run_python
+from loops import keras_private
 from loops.core.ranking_metrics import auc
 from loops_data import ctr_data
 from loops_models import ctr
@@ -83,6 +84,21 @@ def test_each_builder_trains_equally_on_1_2_and_4_replicas_with_empty_bags(build
     scores = build_eval_scores(builder)
     np.testing.assert_allclose(evaluation["auc"], roc_auc_score(scores[:, 1], scores[:, 0]),
                                atol=1e-6)  # fmt: skip
+
+
+def test_dlrm_tables_trained_by_adagrad_are_sparse_and_equal_on_1_and_4_replicas():
+    def with_adagrad(strategy):
+        adagrad = lambda: keras.optimizers.Adagrad(0.5)  # noqa: E731
+        return build_trainer("dlrm", strategy, table_optimizer_fn=adagrad)
+
+    definition = with_adagrad(loops.testing.replica_strategy(1)).definition
+    assert definition.update.tables.sparse  # the bags' tables too: Adagrad's exact row update
+    assert sorted(table.name for table in keras_private.embedding_layers(definition.model)) == [
+        "C1_embedding", "C2_embedding", "C3_embedding", "history_embedding_table",
+        "tags_embedding_table",
+    ]  # fmt: skip
+    runs = loops.testing.assert_replica_parity(with_adagrad, num_steps=3, replica_counts=(1, 4))
+    assert runs[4]["eval"]["examples"] == ROWS
 
 
 def build_eval_scores(builder):
