@@ -27,6 +27,7 @@ _EXPORTS = {
     "SeekableBatches": "loops.input.random_access",
     "random_access": "loops.input.random_access",
     "LanguageModelLoop": "loops.kinds.lm",
+    "CTRLoop": "loops.kinds.ctr",
     "RatingLoop": "loops.kinds.rating",
     "RetrievalLoop": "loops.kinds.retrieval",
     "Loop": "loops.run.loop",

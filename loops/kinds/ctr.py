@@ -1,0 +1,195 @@
+"""The click-through step: a model of a dict of feature columns -> one logit an example, log loss,
+and an exact AUC and calibration over the eval examples."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from loops.core import outputs, ranking_metrics, reduction
+from loops.core.update import check_clip_norm
+from loops.run.loop import Loop, RunContext
+from loops.vocabulary.whole_numbers import check_whole
+
+# The eval step's output holding every example's (logit, label), turned into the AUC.
+_SCORED = "scored"
+_SUMS = ("log_loss", "accuracy", "mean_prediction", "positive_rate")
+
+
+def example_losses(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Each example's log loss: sigmoid cross-entropy of its logit against its 0/1 label."""
+    return tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.float32), logits=tf.cast(logits, tf.float32)
+    )
+
+
+class CTRLoop(Loop):
+    """Trains a click-through model on (features, labels) batches: binary labels, log loss.
+
+    `features` is a dict of column name -> tensor with one row an example (the
+    model's inputs, e.g. `loops_models.ctr.dlrm`), `labels` 0 or 1, and the
+    model gives one logit an example. A replica sums its examples' log losses
+    and divides by the examples of the whole step (all replicas), so any
+    replica count gives the single-device gradient.
+
+    Evaluation reports `log_loss`, `accuracy` (the logit's sign against the
+    label), `mean_prediction` (the mean click probability), `positive_rate`
+    (the share of clicks), their ratio `calibration` (1 is calibrated) and
+    `auc`: exact, from every eval example's logit and label gathered over
+    replicas (`loops.core.ranking_metrics.auc`, ties one half), so equal on any
+    replica count and to scikit-learn's `roc_auc_score` on the same logits.
+    The gathered pairs are kept in `last_eval_scores`; an evaluation of more
+    than `auc_examples` examples is refused (raise it, at 8 bytes an example).
+    """
+
+    name = "ctr"
+    throughput_unit = ("examples", "examples")
+
+    def __init__(
+        self,
+        *,
+        model_fn: Callable[[], keras.Model],
+        optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+        table_optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
+        clip_norm: float | None = None,
+        auc_examples: int = 1 << 16,
+        data_notes: Mapping[str, Any] | None = None,
+    ):
+        """
+        Args:
+            model_fn: builds the model (in scope): dict of feature tensors -> logits [batch]
+                (or [batch, 1]); e.g. loops_models.ctr.wide_and_deep.
+            optimizer_fn: builds the optimizer (in scope), e.g. keras.optimizers.Adam.
+            table_optimizer_fn: builds the optimizer of the model's `keras.layers.Embedding`
+                tables (e.g. keras.optimizers.Adagrad: a sparse, exact row update); None:
+                optimizer_fn's trains them too.
+            clip_norm: clip the summed gradient to this global norm; None: no clip.
+            auc_examples: the most eval examples one evaluation holds (the AUC keeps them all).
+            data_notes: what the data is (its split, its sizes), in results.json under "data".
+
+        Raises:
+            ValueError: a bad argument, with the fix.
+        """
+        check_clip_norm(clip_norm)
+        check_whole("auc_examples", auc_examples, note=" (the most eval examples an evaluation)")
+        self.model_fn, self.optimizer_fn = model_fn, optimizer_fn
+        self.table_optimizer_fn = table_optimizer_fn
+        self.clip_norm = clip_norm
+        self.auc_examples = auc_examples
+        self.data_notes = dict(data_notes or {})
+        # The last evaluation's (logit, label) of each example, float32 [examples, 2].
+        self.last_eval_scores = np.zeros([0, 2], np.float32)
+
+    def build(self) -> None:
+        self.build_one_update(
+            self.model_fn(),
+            self.optimizer_fn,
+            clip_norm=self.clip_norm,
+            table_optimizer_fn=self.table_optimizer_fn,
+        )
+
+    def checkpoint_items(self):
+        return self.one_update_checkpoint_items()
+
+    def logits(self, features: Mapping[str, tf.Tensor], *, training: bool = False) -> tf.Tensor:
+        """float32 [examples]: the model's logit of each example."""
+        return tf.cast(tf.reshape(self.model(features, training=training), [-1]), tf.float32)
+
+    def _replica_loss(self, features, labels):
+        count = reduction.global_count(tf.shape(labels)[0])
+        losses = example_losses(self.logits(features, training=True), tf.reshape(labels, [-1]))
+        loss = reduction.scale_to_global_batch(losses, count)
+        return loss, {"examples": tf.cast(tf.shape(labels)[0], tf.float32)}
+
+    def train_step(self, iterator):
+        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
+        result = self.update(self._replica_loss, args=next(iterator))
+        count = result.sums["examples"]
+        return {
+            "loss": outputs.Mean(result.sums["loss"], weight=count),
+            "examples": outputs.Sum(tf.cast(count, tf.int64)),
+            "learning_rate": outputs.Last(learning_rate),
+            **result.outputs,
+        }
+
+    def _replica_eval(self, features, labels):
+        labels = tf.cast(tf.reshape(labels, [-1]), tf.float32)
+        logits = self.logits(features)
+        positive = labels > 0.5
+        sums = {
+            "log_loss": tf.reduce_sum(example_losses(logits, labels)),
+            "accuracy": tf.reduce_sum(tf.cast(tf.equal(logits > 0, positive), tf.float32)),
+            "mean_prediction": tf.reduce_sum(tf.sigmoid(logits)),
+            "positive_rate": tf.reduce_sum(tf.cast(positive, tf.float32)),
+            "examples": tf.cast(tf.shape(labels)[0], tf.float32),
+        }
+        return sums, tf.stack([logits, labels], axis=1)
+
+    def eval_step(self, batch):
+        replica_sums, replica_scored = self.strategy.run(self._replica_eval, args=batch)
+        sums = reduction.sum_over_replicas(self.strategy, replica_sums)
+        count = sums["examples"]
+        results: dict[str, Any] = {name: outputs.Ratio(sums[name], count) for name in _SUMS}
+        results["examples"] = outputs.Sum(tf.cast(count, tf.int64))
+        # Every row in global order; equal scores keep the earlier rows, so the pass keeps all.
+        scored = _local_rows(self.strategy, replica_scored)
+        results[_SCORED] = outputs.Highest(
+            tf.zeros([tf.shape(scored)[0]]), scored, self.auc_examples
+        )
+        return results
+
+    def run_evaluation(self, run: RunContext) -> dict[str, float]:
+        metrics: dict[str, Any] = dict(super().run_evaluation(run))
+        if not metrics:
+            return metrics  # no eval data
+        scored = np.asarray(metrics.pop(_SCORED), np.float32).reshape(-1, 2)
+        if metrics["examples"] > self.auc_examples:
+            raise ValueError(
+                f"The evaluation held {metrics['examples']} examples, more than "
+                f"auc_examples={self.auc_examples} that the exact AUC keeps; build the CTRLoop "
+                f"with auc_examples >= {metrics['examples']} or evaluate on fewer examples."
+            )
+        self.last_eval_scores = scored
+        metrics["auc"] = ranking_metrics.auc(scored[:, 0], scored[:, 1])
+        metrics["calibration"] = (
+            metrics["mean_prediction"] / metrics["positive_rate"]
+            if metrics["positive_rate"] > 0
+            else float("nan")
+        )
+        return metrics
+
+    def eval_metric_names(self, run: RunContext) -> set[str] | None:
+        names = run.eval_step_output_names()
+        if names is None:
+            return None
+        return (names - {_SCORED}) | {"auc", "calibration"}
+
+    def evaluates_eval_data_only(self) -> bool:
+        # run_evaluation only turns the one eval_step pass's outputs into metrics.
+        return True
+
+    def results_extra(self) -> dict[str, Any]:
+        return {"data": self.data_notes} if self.data_notes else {}
+
+
+def _local_rows(strategy: tf.distribute.Strategy, per_replica) -> tf.Tensor:
+    """Every replica's rows in replica order (global row order), concatenated.
+
+    Not `strategy.gather`: its collective needs equal shapes on every replica,
+    and a partial batch gives replicas different row counts (or none).
+
+    Raises:
+        ValueError: replicas on other workers, whose rows this cannot reach.
+    """
+    local = strategy.experimental_local_results(per_replica)
+    if len(local) != strategy.num_replicas_in_sync:
+        raise ValueError(
+            f"CTRLoop's exact AUC gathers the eval rows of this worker's replicas, and "
+            f"{strategy.num_replicas_in_sync - len(local)} replicas are on other workers; "
+            "evaluate on one worker (e.g. an evaluator task, loops.evaluate_checkpoints)."
+        )
+    return tf.concat(list(local), axis=0)

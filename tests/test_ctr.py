@@ -1,0 +1,183 @@
+"""The click-through kind: its AUC equals scikit-learn's, each model builder trains to the same
+numbers on 1, 2 and 4 replicas (empty bags, a replica left empty), a short run nears the planted
+truth's AUC, and a bad feature description is refused naming the column."""
+
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.metrics import roc_auc_score
+
+import loops
+from conftest import ROOT, run_python
+from loops import keras_private
+from loops.core.ranking_metrics import auc
+from loops_data import ctr_data
+from loops_models import ctr
+
+# 19 rows in batches of 8: the third holds 3, so one replica of 4 holds none.
+ROWS, BATCH = 19, 8
+COLUMNS = ["I1", "I2", "I3", "C1", "C2", "C3", "tags", "history"]
+BUILDERS = {
+    "wide_and_deep": lambda features: ctr.wide_and_deep(
+        features, embedding_dim=4, hidden_units=(6,), seed=3
+    ),
+    "dcn_v2": lambda features: ctr.dcn_v2(
+        features, embedding_dim=4, cross_layers=2, hidden_units=(6,), seed=3
+    ),
+    "dlrm": lambda features: ctr.dlrm(
+        features, embedding_dim=4, bottom_units=(5,), top_units=(6,), seed=3
+    ),
+}
+
+
+def small_log():
+    log = ctr_data.click_log(ROWS, seed=10, cardinality=6, bag_cardinality=7, longest_bag=3)
+    return log.only(COLUMNS)
+
+
+def build_trainer(builder, strategy, **arguments):
+    log = small_log()
+    features = ctr.CTRFeatures(**log.description())
+    return loops.Trainer(
+        loops.CTRLoop(
+            model_fn=lambda: BUILDERS[builder](features),
+            optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+            **arguments,
+        ),
+        strategy=strategy,
+        train_data=lambda: ctr_data.one_pass(log, BATCH),
+        eval_data=lambda: ctr_data.one_pass(log, 5),
+        steps_per_loop=3,
+        progress=loops.testing.quiet_progress(),
+    )
+
+
+def test_the_small_log_has_empty_bags_in_every_batch_and_both_labels():
+    log = small_log()
+    for column in ("tags", "history"):
+        empty = np.all(log.columns[column] == ctr.PAD_ID, axis=1)
+        assert [bool(empty[start : start + BATCH].any()) for start in (0, 8, 16)] == [True] * 3
+    assert 0 < log.labels.sum() < ROWS
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+def test_each_builder_trains_equally_on_1_2_and_4_replicas_with_empty_bags(builder):
+    runs = loops.testing.assert_replica_parity(
+        lambda strategy: build_trainer(builder, strategy), num_steps=3
+    )
+    losses = runs[1]["logs"]["loss"]
+    assert np.all(np.isfinite(losses)) and len(losses) == 3
+    # The first step's loss is the mean log loss of the first batch under the initial model.
+    log = small_log()
+    fresh = build_trainer(builder, loops.testing.replica_strategy(1)).definition
+    logits = fresh.logits({name: column[:BATCH] for name, column in log.columns.items()})
+    logits, labels = np.float64(logits.numpy()), log.labels[:BATCH]
+    expected = np.mean(np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-abs(logits))))
+    np.testing.assert_allclose(losses[0], expected, rtol=1e-5)
+    evaluation = runs[4]["eval"]
+    assert evaluation["examples"] == ROWS
+    np.testing.assert_allclose(evaluation["positive_rate"], small_log().labels.mean(), rtol=1e-6)
+    scores = build_eval_scores(builder)
+    np.testing.assert_allclose(evaluation["auc"], roc_auc_score(scores[:, 1], scores[:, 0]),
+                               atol=1e-6)  # fmt: skip
+
+
+def test_dlrm_tables_trained_by_adagrad_are_sparse_and_equal_on_1_and_4_replicas():
+    def with_adagrad(strategy):
+        adagrad = lambda: keras.optimizers.Adagrad(0.5)  # noqa: E731
+        return build_trainer("dlrm", strategy, table_optimizer_fn=adagrad)
+
+    definition = with_adagrad(loops.testing.replica_strategy(1)).definition
+    assert definition.update.tables.sparse  # the bags' tables too: Adagrad's exact row update
+    assert sorted(table.name for table in keras_private.embedding_layers(definition.model)) == [
+        "C1_embedding", "C2_embedding", "C3_embedding", "history_embedding_table",
+        "tags_embedding_table",
+    ]  # fmt: skip
+    runs = loops.testing.assert_replica_parity(with_adagrad, num_steps=3, replica_counts=(1, 4))
+    assert runs[4]["eval"]["examples"] == ROWS
+
+
+def build_eval_scores(builder):
+    """One replica's last eval (logit, label) pairs after the same 3 steps."""
+    trainer = build_trainer(builder, loops.testing.replica_strategy(1))
+    trainer.train(3)
+    return trainer.definition.last_eval_scores
+
+
+def test_auc_equals_scikit_learn_with_ties():
+    generator = np.random.default_rng(5)
+    scores = np.round(generator.normal(size=500), 1)  # many ties
+    labels = (generator.random(500) < 1 / (1 + np.exp(-scores))).astype(np.float32)
+    assert abs(auc(scores, labels) - roc_auc_score(labels, scores)) <= 1e-6
+    log = ctr_data.click_log(3000, seed=1)
+    assert abs(log.planted_auc() - roc_auc_score(log.labels, log.truth_logits)) <= 1e-6
+
+
+def test_an_empty_bag_pools_to_zeros_and_its_gradient_touches_only_looked_up_rows():
+    layer = ctr.BagPooling(5, 3, "mean", keras.initializers.RandomNormal(seed=1))
+    ids = tf.constant([[1, 3, -1], [-1, -1, -1], [3, -1, -1]])
+    with tf.GradientTape() as tape:
+        pooled = layer(ids)
+        loss = tf.reduce_sum(pooled)
+    table = layer.table.embeddings.numpy()
+    np.testing.assert_allclose(pooled.numpy()[0], (table[1] + table[3]) / 2, rtol=1e-6)
+    np.testing.assert_array_equal(pooled.numpy()[1], np.zeros(3))
+    gradient = tape.gradient(loss, layer.table.embeddings)
+    assert isinstance(gradient, tf.IndexedSlices)
+    assert sorted(gradient.indices.numpy().tolist()) == [1, 3, 3]
+    summed = layer.__class__(5, 3, "sum", keras.initializers.RandomNormal(seed=1))
+    np.testing.assert_allclose(summed(ids).numpy()[0], table[1] + table[3], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "sentence"),
+    [
+        (dict(categorical={"C1": 0}),
+         "Column 'C1' has cardinality 0; give it a whole number >= 1 (its ids are "
+         "0..cardinality - 1)."),
+        (dict(multi_hot={"tags": 2.5}),
+         "Column 'tags' has cardinality 2.5; give it a whole number >= 1 (its ids are "
+         "0..cardinality - 1)."),
+        (dict(multi_hot={"tags": (4, "max")}),
+         "Multi-hot column 'tags' pools by 'max'; pool by one of ('mean', 'sum')."),
+        (dict(numeric=["I1"], categorical={"I1": 3}),
+         "Column 'I1' is named twice (numeric and categorical); give each column one kind."),
+        (dict(), "The feature description has no column; name at least one column."),
+    ],
+)  # fmt: skip
+def test_a_bad_feature_description_is_refused_naming_the_column(arguments, sentence):
+    with pytest.raises(ValueError) as raised:
+        ctr.CTRFeatures(**arguments)
+    assert str(raised.value) == sentence
+
+
+def test_an_evaluation_of_more_examples_than_the_auc_keeps_is_refused_with_the_fix():
+    trainer = build_trainer("wide_and_deep", loops.testing.replica_strategy(1), auc_examples=10)
+    with pytest.raises(ValueError) as raised:
+        trainer.evaluate()
+    assert str(raised.value) == (
+        "The evaluation held 19 examples, more than auc_examples=10 that the exact AUC keeps; "
+        "build the CTRLoop with auc_examples >= 19 or evaluate on fewer examples."
+    )
+
+
+def test_dlrm_without_numeric_columns_is_refused():
+    with pytest.raises(ValueError, match=r"^dlrm's bottom MLP reads the numeric columns"):
+        ctr.dlrm(ctr.CTRFeatures(categorical={"C1": 3}))
+
+
+def test_the_readme_example_comes_near_the_planted_truths_auc():
+    """README's click-through block (tests/test_readme.py holds that this test runs it)."""
+    with open(os.path.join(ROOT, "README.md")) as readme:
+        blocks = re.findall(r"```python\n(.*?)```", readme.read(), flags=re.S)
+    (block,) = [block for block in blocks if "loops.CTRLoop(" in block]
+    done = run_python(block)
+    assert done.returncode == 0, done.stderr[-3000:]
+    model_auc, planted, calibration = map(float, done.stdout.strip().splitlines()[-1].split())
+    assert planted > 0.85
+    assert model_auc >= planted - 0.05, (model_auc, planted)
+    assert abs(calibration - 1) < 0.1
