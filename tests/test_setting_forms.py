@@ -156,6 +156,10 @@ RUN = {
     "input_from": "disk",  # --image_size resizes data read from disk
     "on_nonfinite": "recover",  # what --max_recoveries counts
     "mixed_precision": "mixed_float16",  # what --loss_scale_growth_steps applies to
+    # Metrics the classifier reports (their help's generated word is none); checkpoints
+    # before the first evaluation then hold the actions' "no best value yet".
+    "early_stopping_metric": "loss",
+    "keep_best_metric": "loss",
 }
 # Left at their defaults, each with why: it makes another kind of run, or another test's.
 LEFT_OUT = {
