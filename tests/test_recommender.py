@@ -652,9 +652,10 @@ def test_a_run_whose_validation_turns_up_exports_and_tests_its_best_checkpoint(t
     )
 
 
-PEERS_WITHOUT_IMPLICIT = r"""
+PEERS_WITHOUT_THEIR_EXTRA = r"""
 import json, sys
-sys.modules["implicit"] = None  # as where the bench extra is not installed
+# As where the bench extra is not installed, whatever this Python has.
+sys.modules["surprise"] = sys.modules["implicit"] = None
 from absl import app, flags
 from benchmarks import recommender_peers
 from loops.input import interaction_logs
@@ -680,7 +681,7 @@ def test_the_peers_benchmark_writes_loops_split_and_refuses_without_its_extra(tm
         f"{u}\t{(u * 7 + i) % 40}\t{1 + (u + i) % 5}\t{i}" for u in range(30) for i in range(10)
     ]
     log.write_text("\n".join(rows) + "\n")
-    done = run_python(PEERS_WITHOUT_IMPLICIT, str(log), str(tmp_path / "split"))
+    done = run_python(PEERS_WITHOUT_THEIR_EXTRA, str(log), str(tmp_path / "split"))
     # The binary's split: 60 test rows, then 24 of the 240 left for validation; disjoint.
     assert json.loads(done.stdout.split("FOUND ", 1)[1].splitlines()[0]) == {
         "train": 216,
@@ -691,6 +692,6 @@ def test_the_peers_benchmark_writes_loops_split_and_refuses_without_its_extra(tm
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         "recommender_peers: the peers need scikit-surprise, implicit, and this Python lacks "
-        "implicit; install them with pip install -e '.[bench]' (never a dependency of loops), "
-        "or pass --nopeers for loops' figures only."
+        "scikit-surprise, implicit; install them with pip install -e '.[bench]' (never a "
+        "dependency of loops), or pass --nopeers for loops' figures only."
     )

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from loops.input import log_identity
 from loops.vocabulary import settings
 from loops.vocabulary.recorded_settings import RecordedSettingsError, read_recorded_settings
 from loops.vocabulary.whole_numbers import is_whole
@@ -99,6 +98,11 @@ def _check_identity(model_dir: str, was: Any, now: Any) -> None:
     nothing when either is unrecorded."""
     if not isinstance(was, Mapping) or not isinstance(now, Mapping):
         return
+    # Here, not at the top: a binary's flags import this module before its cluster starts,
+    # and log_identity brings NumPy, whose BLAS threads, started then, would take a SIGTERM
+    # meant for the start-up watchdog (loops.cluster.startup_watchdog).
+    from loops.input import log_identity
+
     found = log_identity.changes(was, now)
     if found:
         raise ValueError(log_identity.refusal(model_dir, found))
