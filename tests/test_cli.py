@@ -217,6 +217,11 @@ def test_importing_tensorflow_quietly_holds_back_only_its_log_lines(quiet):
     code = (
         "import sys; from loops.cli import tensorflow_logs; "
         f"tensorflow_logs.import_tensorflow(quiet={quiet}); "
+        # Keras skipped its optional integrations; they import as usual afterwards.
+        "print('SKIPPED', [n for n in tensorflow_logs.KERAS_OPTIONAL_IMPORTS if n in sys.modules]);"
+        "import keras, sklearn.datasets, matplotlib.pyplot; "
+        "print('IMPORTED', keras.layers.Dense(2).units, sklearn.datasets.load_digits().data.shape,"
+        " matplotlib.pyplot.figure().number); "
         "print('from python', file=sys.stderr)"
     )
     done = subprocess.run(
@@ -227,6 +232,7 @@ def test_importing_tensorflow_quietly_holds_back_only_its_log_lines(quiet):
     # This machine has no GPU: TensorFlow logs at least its missing CUDA drivers.
     assert (len(log_lines) == 0) == quiet, done.stderr
     assert done.stderr.splitlines()[-1] == "from python"
+    assert done.stdout.splitlines() == ["SKIPPED []", "IMPORTED 2 (1797, 64) 1"]
 
 
 def test_log_line_filter_keeps_everything_else():

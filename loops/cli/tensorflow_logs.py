@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 
 # A C++ log line (I0000 00:00:1795530023.815669    1325 port.cc:153] ...) and the
 # notice absl prints before the first of them.
@@ -18,6 +20,11 @@ _ABSL_NOTICE = (
 # error with TensorFlow's whole message: its GRPC details over several lines, each time.
 COORDINATOR_WORKER_FAILED = "Worker %s failed with %r:%s"
 _DEVICE_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+# What Keras imports at its own import only if it is installed, for features a binary never
+# uses (keras.wrappers' scikit-learn estimators, keras.visualization's image gallery): both
+# are installed for loops' own use (the bundled digits, the plots), and together they were
+# about a third of TensorFlow's import time (benchmarks/RESULTS.md, "binary start").
+KERAS_OPTIONAL_IMPORTS = ("sklearn", "matplotlib")
 
 
 def import_tensorflow(*, quiet: bool) -> None:
@@ -29,11 +36,33 @@ def import_tensorflow(*, quiet: bool) -> None:
     before absl::InitializeLog and go straight to file descriptor 2. So the
     import writes stderr to a file, and what is not a C++ log line (a Python
     warning) is written on afterwards.
-    """
-    if not quiet:
-        import tensorflow  # noqa: F401
 
-        return
+    Either way Keras is imported without its optional integrations
+    (`KERAS_OPTIONAL_IMPORTS`, `without_keras_optional_imports`).
+    """
+    with without_keras_optional_imports():
+        if quiet:
+            _import_tensorflow_quietly()
+        else:
+            import tensorflow  # noqa: F401
+
+
+@contextlib.contextmanager
+def without_keras_optional_imports() -> Iterator[None]:
+    """Inside, the modules of `KERAS_OPTIONAL_IMPORTS` not yet imported count as not installed,
+    so that Keras skips them; after it, they import as usual (for loops' own use)."""
+    hidden = [name for name in KERAS_OPTIONAL_IMPORTS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # the import system's "absent"
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, "") is None:
+                del sys.modules[name]
+
+
+def _import_tensorflow_quietly() -> None:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     sys.stderr.flush()
     stderr = os.dup(2)
