@@ -23,7 +23,7 @@ _DEVICE_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
 # What Keras imports at its own import only if it is installed, for features a binary never
 # uses (keras.wrappers' scikit-learn estimators, keras.visualization's image gallery): both
 # are installed for loops' own use (the bundled digits, the plots), and together they were
-# about a third of TensorFlow's import time (benchmarks/RESULTS.md, "binary start").
+# a third of the CPU time of TensorFlow's import (benchmarks/RESULTS.md, "Binary start").
 KERAS_OPTIONAL_IMPORTS = ("sklearn", "matplotlib")
 
 
