@@ -274,8 +274,12 @@ def test_tiny_sharded_tables_benchmark_finds_the_table_on_the_servers_alone(tmp_
             for task in large["memory"][phase]
         }
         # Each server holds its half (49 MiB; after a restore about twice that, TensorFlow's
-        # restore buffers kept by the allocator); the chief and the worker hold none of it.
-        assert half - 2 < grew["ps_0"] < 2.5 * half and half - 2 < grew["ps_1"] < 2.5 * half, grew
+        # restore buffers kept by the allocator); the chief and the worker hold none of it. A
+        # server's resident size moves by a few MiB from run to run (46.4-52.0 MiB measured
+        # for its half under load); a server holding none of it (the other all) is 49 MiB off.
+        assert 0.8 * half < grew["ps_0"] < 2.5 * half and 0.8 * half < grew["ps_1"] < 2.5 * half, (
+            grew
+        )
         assert abs(grew["chief_0"]) < 15 and abs(grew["worker_0"]) < 15, grew
     assert large["steps_per_second"] > 0 and "per server" in done.stdout
 
