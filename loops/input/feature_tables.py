@@ -1,0 +1,456 @@
+"""A table of feature columns (a CSV or Parquet file) read by a small spec into the arrays a
+click-through model trains on: numbers normalized, categories and multi-hot bags as table rows
+by a vocabulary of the training rows or by hashing, labels as 0/1; each refusal names the
+column, the row and the value.
+
+The spec is JSON (`FeatureSpec.from_json`), e.g.
+
+    {"label": "income", "positive": ">50K",
+     "columns": [{"name": "age", "kind": "numeric"},
+                 {"name": "occupation", "kind": "categorical"},
+                 {"name": "zip", "kind": "categorical", "hash_buckets": 1000},
+                 {"name": "genres", "kind": "multi_hot", "separator": "|", "pooling": "sum"}]}
+
+`fit` learns what the training rows decide (vocabularies, means and deviations) as
+`FittedFeatures`, plain JSON that a checkpoint or an export can carry; `FittedFeatures.arrays`
+turns any rows of the same header (validation, test, serving) into the same arrays. Row 0 of
+each vocabulary table is its out-of-vocabulary row: values unseen in training, or seen fewer
+than `min_count` times, land there. A bag is padded with -1 (`PAD_ID`) to the longest bag of
+the rows read; an empty bag is all padding.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import difflib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from loops.input import log_text
+
+PAD_ID = -1
+KINDS = ("numeric", "categorical", "multi_hot")
+NORMALIZATIONS = ("standard", "log", "none")
+POOLINGS = ("mean", "sum")
+# The options each kind takes besides its name and kind, with their defaults.
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "numeric": {"normalize": "standard", "fill": None},
+    "categorical": {"hash_buckets": None, "min_count": 1},
+    "multi_hot": {"hash_buckets": None, "min_count": 1, "separator": "|", "pooling": "mean"},
+}
+_EXAMPLE = '{"label": "clicked", "columns": [{"name": "age", "kind": "numeric"}]}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One feature column: its name, kind (`KINDS`) and the options of that kind (`_OPTIONS`):
+    numeric `normalize` (`NORMALIZATIONS`) and `fill` (the value of an empty field; None
+    refuses one); categorical and multi-hot `hash_buckets` (None: a vocabulary of the training
+    rows) and `min_count`; multi-hot `separator` (between a text field's values) and
+    `pooling` (`POOLINGS`)."""
+
+    name: str
+    kind: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def option(self, key: str) -> Any:
+        return self.options.get(key, _OPTIONS[self.kind][key])
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """The label column and the feature columns of a table. A label is 0/1 (numbers or the
+    text "0"/"1"), or, with `positive`, 1 where it equals that value and 0 for the one other
+    value the column holds."""
+
+    label: str
+    columns: tuple[Column, ...]
+    positive: str | None = None
+
+    @classmethod
+    def from_json(cls, spec: str | Mapping[str, Any]) -> FeatureSpec:
+        """The spec of a JSON text or an already parsed mapping (see the module's docstring).
+
+        Raises:
+            ValueError: naming the entry and the fix: not JSON, an unknown key, kind or
+                option, a bad option value, a column named twice or as the label, no column.
+        """
+        parsed = _parsed(spec)
+        unknown = sorted(set(parsed) - {"label", "columns", "positive"})
+        if unknown or not isinstance(parsed.get("label"), str) or not parsed["label"]:
+            raise ValueError(
+                f"A feature spec takes a label (a column name), columns and optionally "
+                f"positive; got {json.dumps(parsed)[:200]}. Write it like {_EXAMPLE}."
+            )
+        entries = parsed.get("columns")
+        if not isinstance(entries, list) or not entries:
+            raise ValueError(f"The feature spec has no columns; list them like {_EXAMPLE}.")
+        columns = tuple(_column(entry) for entry in entries)
+        _check_names(parsed["label"], columns)
+        positive = parsed.get("positive")
+        if positive is not None and not isinstance(positive, (str, int, float)):
+            raise ValueError(f"positive is {positive!r}; give the label value of a click.")
+        return cls(parsed["label"], columns, None if positive is None else str(positive))
+
+    @classmethod
+    def read(cls, path: str) -> FeatureSpec:
+        """The spec in the JSON file at `path` (`from_json`)."""
+        with open(path, encoding="utf-8") as spec:
+            try:
+                return cls.from_json(spec.read())
+            except ValueError as error:
+                raise ValueError(f"{path}: {error}") from None
+
+
+def _parsed(spec: str | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"The feature spec is not JSON ({error}); write it like {_EXAMPLE}."
+            ) from None
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"The feature spec is {spec!r}, not an object like {_EXAMPLE}.")
+    return dict(spec)
+
+
+def _column(entry: Any) -> Column:
+    """One column of the spec, its options checked."""
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+        raise ValueError(
+            f"A column of the feature spec is {entry!r}; give each a name and a kind, like "
+            '{"name": "age", "kind": "numeric"}.'
+        )
+    name, kind = entry["name"], entry.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"Column {name!r} has kind {kind!r}; use one of {', '.join(KINDS)}.")
+    options = {key: value for key, value in entry.items() if key not in ("name", "kind")}
+    for key in options:
+        if key not in _OPTIONS[kind]:
+            close = difflib.get_close_matches(key, _OPTIONS[kind], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"Column {name!r} ({kind}) has no option {key!r}{hint}; its options are "
+                f"{', '.join(_OPTIONS[kind])}."
+            )
+    column = Column(name, kind, options)
+    _check_options(column)
+    return column
+
+
+def _check_options(column: Column) -> None:
+    name, options = column.name, column.options
+    allowed = {"normalize": NORMALIZATIONS, "pooling": POOLINGS}
+    for key, choices in allowed.items():
+        if key in options and options[key] not in choices:
+            raise ValueError(
+                f"Column {name!r} has {key}={options[key]!r}; use one of {', '.join(choices)}."
+            )
+    for key in ("hash_buckets", "min_count"):
+        value = options.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"Column {name!r} has {key}={value!r}; give a whole number >= 1.")
+    fill = options.get("fill")
+    if fill is not None and (
+        isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill)
+    ):
+        raise ValueError(f"Column {name!r} has fill={fill!r}; give a finite number or null.")
+    separator = options.get("separator", "|")
+    if not isinstance(separator, str) or not separator:
+        raise ValueError(f"Column {name!r} has separator={separator!r}; give a character.")
+
+
+def _check_names(label: str, columns: Sequence[Column]) -> None:
+    seen = collections.Counter(column.name for column in columns)
+    twice = sorted(name for name, count in seen.items() if count > 1)
+    if twice:
+        raise ValueError(f"The feature spec names {', '.join(twice)} twice; name each once.")
+    if label in seen:
+        raise ValueError(
+            f"{label!r} is the label and a feature column; a model must not read its label."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A file's rows by column: each column a list of its fields (text from a CSV file;
+    numbers, text or lists from a Parquet file), in the file's row order."""
+
+    path: str
+    columns: dict[str, list[Any]]
+    # What a row is called in sentences: the CSV line (header 1) or the Parquet row (from 0).
+    row_word: str
+    first_row: int
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()))) if self.columns else 0
+
+    def where(self, row: int) -> str:
+        return f"{self.path} {self.row_word} {self.first_row + row}"
+
+
+def read_table(path: str) -> Table:
+    """The rows of a CSV file (a header line, then comma-separated fields) or a Parquet file
+    (by its `.parquet` / `.parq` / `.pq` name or its magic bytes).
+
+    Raises:
+        ValueError: a file with no rows, a CSV row with another field count than its header,
+            or a CSV file that is not UTF-8 text (`log_text`); each naming the file and line.
+    """
+    with open(path, "rb") as stream:
+        magic = stream.read(4)
+    if magic == b"PAR1" or os.path.splitext(path)[1].lower() in (".parquet", ".parq", ".pq"):
+        return _parquet_table(path)
+    return _csv_table(path)
+
+
+def _csv_table(path: str) -> Table:
+    log_text.check_fits_memory(path, os.path.getsize(path))
+    with open(path, "rb") as stream:
+        rows = csv.reader(log_text.text_lines(path, stream))
+        header = next(rows, None)
+        if not header:
+            raise ValueError(f"{path} is empty; a feature table starts with a header line.")
+        fields: list[list[str]] = [[] for _ in header]
+        for line, row in enumerate(rows, start=2):
+            if len(row) != len(header):
+                raise ValueError(
+                    f"{path} line {line} has {len(row)} fields and the header {len(header)}; "
+                    "quote a field that holds a comma, and give every row each column."
+                )
+            for column, field in zip(fields, row):
+                column.append(field)
+    if not fields or not fields[0]:
+        raise ValueError(f"{path} has a header and no rows; a feature table needs rows.")
+    return Table(path, dict(zip(header, fields)), "line", 2)
+
+
+def _parquet_table(path: str) -> Table:
+    import pyarrow.parquet  # installed with tensorflow-datasets; only Parquet files need it
+
+    table = pyarrow.parquet.read_table(path)
+    if table.num_rows == 0:
+        raise ValueError(f"{path} has no rows; a feature table needs rows.")
+    return Table(path, {name: table[name].to_pylist() for name in table.column_names}, "row", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class FittedFeatures:
+    """What the training rows decided for each column of `spec`: the vocabularies (most
+    frequent first, by name) and each numeric column's center and scale."""
+
+    spec: FeatureSpec
+    vocabularies: dict[str, list[str]]
+    scales: dict[str, tuple[float, float]]
+
+    def cardinalities(self) -> dict[str, int]:
+        """The rows of each categorical and multi-hot column's table (row 0 out-of-vocabulary
+        for a vocabulary; the buckets for a hashed column)."""
+        return {
+            column.name: column.option("hash_buckets") or len(self.vocabularies[column.name]) + 1
+            for column in self.spec.columns
+            if column.kind != "numeric"
+        }
+
+    def to_json(self) -> str:
+        """Everything `from_json` needs, as JSON text (for a checkpoint or an export)."""
+        spec = {
+            "label": self.spec.label,
+            "positive": self.spec.positive,
+            "columns": [
+                {"name": column.name, "kind": column.kind, **column.options}
+                for column in self.spec.columns
+            ],
+        }
+        return json.dumps(
+            {"spec": spec, "vocabularies": self.vocabularies, "scales": self.scales},
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> FittedFeatures:
+        saved = json.loads(text)
+        scales = {name: (float(a), float(b)) for name, (a, b) in saved["scales"].items()}
+        return cls(FeatureSpec.from_json(saved["spec"]), saved["vocabularies"], scales)
+
+    def arrays(self, table: Table) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """(column name -> array, labels) of `table`'s rows: numeric columns float32 after
+        normalization, categorical int64 rows, multi-hot int64 rows padded with `PAD_ID`;
+        labels float32 0/1.
+
+        Raises:
+            ValueError: a spec column missing from the table (naming the closest), or a
+                field that is not what its column takes, naming the row and the value.
+        """
+        _check_header(self.spec, table)
+        columns = {}
+        for column in self.spec.columns:
+            fields = table.columns[column.name]
+            if column.kind == "numeric":
+                center, scale = self.scales[column.name]
+                columns[column.name] = ((_numbers(column, fields, table) - center) / scale).astype(
+                    np.float32
+                )
+            else:
+                bags = _bags(column, fields, table)
+                columns[column.name] = self._rows_of(column, bags)
+        return columns, _labels(self.spec, table)
+
+    def _rows_of(self, column: Column, bags: list[list[str]]) -> np.ndarray:
+        flat = [value for bag in bags for value in bag]
+        buckets = column.option("hash_buckets")
+        if buckets:
+            ids = _hashed(flat, buckets)
+        else:
+            index = {value: row for row, value in enumerate(self.vocabularies[column.name], 1)}
+            ids = np.array([index.get(value, 0) for value in flat], np.int64)
+        if column.kind == "categorical":
+            return ids
+        width = max(1, max(map(len, bags), default=1))
+        padded = np.full((len(bags), width), PAD_ID, np.int64)
+        lengths = np.array([len(bag) for bag in bags], np.int64)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        padded[mask] = ids
+        return padded
+
+
+def fit(spec: FeatureSpec, table: Table) -> FittedFeatures:
+    """The vocabularies and numeric scales `spec` asks for, learned from `table` (the training
+    rows only: validation and test rows must not shape them).
+
+    Raises:
+        ValueError: as `FittedFeatures.arrays`, for the training rows.
+    """
+    _check_header(spec, table)
+    _labels(spec, table)
+    vocabularies: dict[str, list[str]] = {}
+    scales: dict[str, tuple[float, float]] = {}
+    for column in spec.columns:
+        fields = table.columns[column.name]
+        if column.kind == "numeric":
+            scales[column.name] = _scale(column, _numbers(column, fields, table))
+        elif not column.option("hash_buckets"):
+            counts = collections.Counter(v for bag in _bags(column, fields, table) for v in bag)
+            kept = [value for value, count in counts.items() if count >= column.option("min_count")]
+            # Most frequent first, then by name: the same vocabulary from the same rows.
+            vocabularies[column.name] = sorted(kept, key=lambda value: (-counts[value], value))
+    return FittedFeatures(spec, vocabularies, scales)
+
+
+def _check_header(spec: FeatureSpec, table: Table) -> None:
+    for name in (spec.label, *(column.name for column in spec.columns)):
+        if name not in table.columns:
+            close = difflib.get_close_matches(name, table.columns, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            raise ValueError(
+                f"The feature spec names column {name!r}, which {table.path} does not have (its "
+                f"columns: {', '.join(table.columns)}){hint}"
+            )
+
+
+def _numbers(column: Column, fields: Sequence[Any], table: Table) -> np.ndarray:
+    fill, values = column.option("fill"), np.empty(len(fields), np.float64)
+    for row, field in enumerate(fields):
+        if field is None or (isinstance(field, str) and not field.strip()):
+            if fill is None:
+                raise ValueError(
+                    f"{table.where(row)}: numeric column {column.name!r} is empty; give the "
+                    'column a "fill" value in the spec (e.g. "fill": 0), or fill the file.'
+                )
+            field = fill
+        try:
+            value = float(field)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{table.where(row)}: numeric column {column.name!r} holds {field!r}, not a "
+                "number; make it a categorical column, or correct the value."
+            ) from None
+        if not math.isfinite(value) or (column.option("normalize") == "log" and value < 0):
+            wanted = "a non-negative number (normalize=log)" if math.isfinite(value) else "finite"
+            raise ValueError(
+                f"{table.where(row)}: numeric column {column.name!r} holds {field!r}; it must be "
+                f"{wanted}."
+            )
+        values[row] = value
+    return np.log1p(values) if column.option("normalize") == "log" else values
+
+
+def _scale(column: Column, values: np.ndarray) -> tuple[float, float]:
+    """(center, scale) of a numeric column: mean and standard deviation for "standard" (a
+    constant column keeps scale 1), else (0, 1)."""
+    if column.option("normalize") != "standard":
+        return 0.0, 1.0
+    deviation = float(values.std())
+    return float(values.mean()), deviation if deviation > 0 else 1.0
+
+
+def _bags(column: Column, fields: Sequence[Any], table: Table) -> list[list[str]]:
+    """Each row's values as text: one for a categorical column, any number for a multi-hot
+    one (a list, or text split at its separator; an empty field an empty bag)."""
+    separator = column.option("separator") if column.kind == "multi_hot" else None
+    bags: list[list[str]] = []
+    for row, field in enumerate(fields):
+        if column.kind == "categorical":
+            if isinstance(field, (list, tuple)):
+                raise ValueError(
+                    f"{table.where(row)}: categorical column {column.name!r} holds a list "
+                    f"({field!r}); make it a multi_hot column."
+                )
+            bags.append(["" if field is None else _text(field)])
+        elif isinstance(field, (list, tuple)):
+            bags.append([_text(value) for value in field if value is not None])
+        elif field is None or field == "":
+            bags.append([])
+        else:
+            bags.append(_text(field).split(separator))
+    return bags
+
+
+def _text(value: Any) -> str:
+    # 3 and 3.0 of a Parquet column are one category, as "3" of a CSV file.
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _hashed(values: list[str], buckets: int) -> np.ndarray:
+    """Rows by TensorFlow's FarmHash (`tf.strings.to_hash_bucket_fast`): a serving graph
+    hashes a raw value to the row training used."""
+    import tensorflow as tf
+
+    if not values:
+        return np.zeros(0, np.int64)
+    return tf.strings.to_hash_bucket_fast(values, buckets).numpy().astype(np.int64)
+
+
+def _labels(spec: FeatureSpec, table: Table) -> np.ndarray:
+    fields = table.columns[spec.label]
+    if spec.positive is not None:
+        texts = [_text(field) for field in fields]
+        others = sorted(set(texts) - {spec.positive})
+        if len(others) > 1 or spec.positive not in texts:
+            raise ValueError(
+                f"Label column {spec.label!r} of {table.path} holds "
+                f"{', '.join(map(repr, sorted(set(texts))[:6]))}: with positive="
+                f"{spec.positive!r} it must hold that value and one other (the negatives)."
+            )
+        return np.array([text == spec.positive for text in texts], np.float32)
+    labels = np.empty(len(fields), np.float32)
+    for row, field in enumerate(fields):
+        if _text(field).strip() not in ("0", "1") and field not in (True, False):
+            raise ValueError(
+                f"{table.where(row)}: label column {spec.label!r} holds {field!r}, not 0 or 1; "
+                'name the value of a click in the spec (e.g. "positive": ">50K").'
+            )
+        labels[row] = float(_text(field).strip() in ("1", "True"))
+    return labels
