@@ -192,9 +192,6 @@ class Table:
     row_word: str
     first_row: int
 
-    def __len__(self) -> int:
-        return len(next(iter(self.columns.values()))) if self.columns else 0
-
     def where(self, row: int) -> str:
         return f"{self.path} {self.row_word} {self.first_row + row}"
 
