@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from loops.input import log_text
+from loops.vocabulary.whole_numbers import is_whole
 
 PAD_ID = -1
 KINDS = ("numeric", "categorical", "multi_hot")
@@ -156,9 +157,7 @@ def _check_options(column: Column) -> None:
             )
     for key in ("hash_buckets", "min_count"):
         value = options.get(key)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
+        if value is not None and not is_whole(value, 1):
             raise ValueError(f"Column {name!r} has {key}={value!r}; give a whole number >= 1.")
     fill = options.get("fill")
     if fill is not None and (
