@@ -32,10 +32,12 @@ RUN_WITHOUT_COORDINATOR = "_allow_run_without_coordinator"
 ONEDNN_ENABLED = ("tensorflow.python.util._pywrap_util_port", "IsMklEnabled")
 # The class of a variable a ParameterServerStrategy's partitioner splits over the servers.
 SHARDED_VARIABLE = ("__internal__", "distribute", "ShardedVariable")
-# AutoGraph's rules of which modules it converts, read front to back: (module, rules, rule).
+# AutoGraph's rules of which modules it converts, read front to back, and the two kinds of
+# rule: (module, rules, convert, do not convert).
 AUTOGRAPH_RULES = (
     "tensorflow.python.autograph.core.config",
     "CONVERSION_RULES",
+    "Convert",
     "DoNotConvert",
 )
 # What TensorFlow's own higher-order functions (strategy.run, tf.data's map) call to convert
@@ -104,8 +106,9 @@ def onednn_enabled() -> bool:
     return bool(getattr(importlib.import_module(module), function)())
 
 
-def leave_unconverted_by_autograph(package: str) -> None:
-    """Makes AutoGraph call the functions of `package` as written, as it calls TensorFlow's.
+def leave_unconverted_by_autograph(package: str, *, except_in: tuple[str, ...] = ()) -> None:
+    """Makes AutoGraph call the functions of `package` as written, as it calls TensorFlow's,
+    and convert those of the subpackages `except_in` as it converts a user's.
 
     AutoGraph rewrites every function a traced function calls, once per process,
     and for loops' own code (which has no Python control flow on tensors below
@@ -116,12 +119,13 @@ def leave_unconverted_by_autograph(package: str) -> None:
     """
     import importlib
 
-    module, rules, rule = AUTOGRAPH_RULES
+    module, rules, convert, do_not_convert = AUTOGRAPH_RULES
     config = importlib.import_module(module)
-    do_not_convert = getattr(config, rule)(package)
+    wanted = [getattr(config, convert)(name) for name in except_in]
+    wanted.append(getattr(config, do_not_convert)(package))
     current = getattr(config, rules)
-    if not any(str(each) == str(do_not_convert) for each in current):
-        setattr(config, rules, (do_not_convert, *current))
+    added = tuple(rule for rule in wanted if str(rule) not in {str(each) for each in current})
+    setattr(config, rules, (*added, *current))
 
 
 def converted_as_the_caller_is(function: Any) -> Any:

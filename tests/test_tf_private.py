@@ -108,32 +108,45 @@ def test_the_shards_of_a_sharded_variable_and_a_plain_variable_alone():
 def test_autograph_calls_a_left_package_as_written_and_a_users_function_converted(
     tmp_path, monkeypatch
 ):
-    (tmp_path / "autograph_probe.py").write_text(
+    package = tmp_path / "autograph_probe"
+    package.mkdir()
+    magnitude_source = "def magnitude(x):\n    if x < 0.0:\n        return -x\n    return x\n"
+    (package / "__init__.py").write_text(
         "from loops import tf_private\n\n\n"
         "def call(function, x):\n    return function(x)\n\n\n"
         "def call_converted(function, x):\n"
-        "    return tf_private.converted_as_the_caller_is(function)(x)\n"
+        "    return tf_private.converted_as_the_caller_is(function)(x)\n\n\n" + magnitude_source
     )
+    (package / "kinds.py").write_text(magnitude_source)
     monkeypatch.syspath_prepend(str(tmp_path))
     probe = importlib.import_module("autograph_probe")
-    module, rules, _ = tf_private.AUTOGRAPH_RULES
+    kinds = importlib.import_module("autograph_probe.kinds")
+    module, rules, _, _ = tf_private.AUTOGRAPH_RULES
     config = importlib.import_module(module)
     monkeypatch.setattr(config, rules, getattr(config, rules))
-    tf_private.leave_unconverted_by_autograph("autograph_probe")
-    tf_private.leave_unconverted_by_autograph("autograph_probe")
-    left = [rule for rule in getattr(config, rules) if "autograph_probe" in str(rule)]
-    assert len(left) == 1 and getattr(config, rules)[0] is left[0]
+    for _ in range(2):
+        tf_private.leave_unconverted_by_autograph("autograph_probe", except_in=(kinds.__name__,))
+    assert [str(rule) for rule in getattr(config, rules)[:3]] == [
+        "Convert rule for autograph_probe.kinds",
+        "DoNotConvert rule for autograph_probe",
+        str(getattr(config, rules)[2]),
+    ]
+    assert sum("autograph_probe" in str(rule) for rule in getattr(config, rules)) == 2
 
     def magnitude(x):  # a user's Python `if` on a tensor
         if x < 0.0:
             return -x
         return x
 
-    with pytest.raises(TypeError, match="symbolic `tf.Tensor` as a Python `bool`"):
-        tf.function(lambda x: probe.call(magnitude, x))(tf.constant(-2.0))
-    assert float(tf.function(lambda x: probe.call_converted(magnitude, x))(tf.constant(-2.0))) == 2
+    minus_two = tf.constant(-2.0)
+    not_converted = "symbolic `tf.Tensor` as a Python `bool`"
+    with pytest.raises(TypeError, match=not_converted):
+        tf.function(lambda x: probe.call(magnitude, x))(minus_two)
+    assert float(tf.function(lambda x: probe.call_converted(magnitude, x))(minus_two)) == 2
+    # The left package's own function stays as written; its excepted subpackage's is converted.
+    with pytest.raises(TypeError, match=not_converted):
+        tf.function(lambda x: probe.call_converted(probe.magnitude, x))(minus_two)
+    assert float(tf.function(lambda x: probe.call_converted(kinds.magnitude, x))(minus_two)) == 2
     # Where the caller's own code is not converted, neither is the user's.
-    with pytest.raises(TypeError, match="symbolic `tf.Tensor` as a Python `bool`"):
-        tf.function(lambda x: probe.call_converted(magnitude, x), autograph=False)(
-            tf.constant(-2.0)
-        )
+    with pytest.raises(TypeError, match=not_converted):
+        tf.function(lambda x: probe.call_converted(magnitude, x), autograph=False)(minus_two)

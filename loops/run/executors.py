@@ -25,8 +25,9 @@ from loops.model_dir.checkpoints import FinitenessCheck
 
 # The framework's own functions have no Python control flow on tensors below the traced
 # entry points, so AutoGraph calls them as written (it spent over half the tracing time
-# rewriting them); a user's step and loss are still converted where they are called.
-tf_private.leave_unconverted_by_autograph("loops")
+# rewriting them); a user's step and loss are still converted where they are called, and
+# so are the kinds', which are written as a user writes a step (`for t in tf.range(...)`).
+tf_private.leave_unconverted_by_autograph("loops", except_in=("loops.kinds",))
 
 
 class StepsRun(NamedTuple):
