@@ -430,25 +430,6 @@ def evaluated_settings() -> list[str]:
     ]
 
 
-def flag_actions() -> list:
-    """The actions the shared flags ask for (early stopping, keeping the best checkpoint)."""
-    from loops.run.actions import EarlyStopping, KeepBest
-
-    values = flags.FLAGS
-    actions: list = []
-    if values.early_stopping_metric:
-        actions.append(
-            EarlyStopping(
-                values.early_stopping_metric,
-                mode=values.early_stopping_mode,
-                patience=values.early_stopping_patience,
-            )
-        )
-    if values.keep_best_metric:
-        actions.append(KeepBest(values.keep_best_metric, mode=values.keep_best_mode))
-    return actions
-
-
 def flags_config():
     """The `loops.RunConfig` of the shared flags (`Setting.value_of_flag` each), with the
     model_dir and eval_every the binary resolves; for an evaluator or a range test, none of
@@ -468,9 +449,9 @@ def flags_config():
     )
     if mode() in (EVALUATE_CHECKPOINTS, FIND_LR):
         # The evaluator trains nothing, the range test only for itself: a recovery
-        # (which needs a model_dir of its own) and a profile of train steps do not
-        # apply to them. They keep ema_decay: the checkpoints hold the averages the
-        # evaluator evaluates with.
+        # (which needs a model_dir of its own), a profile of train steps, early stopping
+        # and keeping the best do not apply to them. They keep ema_decay: the checkpoints
+        # hold the averages the evaluator evaluates with.
         return config.replace(
             model_dir=None,
             eval_every=eval_every(),
@@ -478,14 +459,17 @@ def flags_config():
             max_recoveries=None,
             on_loss_spike="ignore",
             profile_steps=None,
+            early_stopping_metric=None,
+            keep_best_metric=None,
         )
     return config
 
 
 def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -> dict[str, Any]:
-    """The `Trainer` arguments: the `flags_config` of the flags with `model_dir`, and the
-    strategy, the actions the flags ask for with the binary's own, and the flag values to
-    record in results.json.
+    """The `Trainer` arguments: the `flags_config` of the flags with `model_dir`, less the
+    settings the binary acts on itself (`RunConfig.for_trainer`), and the strategy, the
+    binary's own actions (the Trainer makes those the flags ask for: early stopping,
+    keeping the best) and the flag values to record in results.json.
 
     Reads --train_steps and --steps_per_loop, which a binary with
     algorithm-dependent defaults fills in before. An evaluator's loop
@@ -497,10 +481,13 @@ def loop_arguments(strategy, model_dir: str | None, *, actions: Sequence = ()) -
     config = flags_config()
     if mode() not in (EVALUATE_CHECKPOINTS, FIND_LR):
         config = config.replace(model_dir=model_dir, eval_every=eval_every())
-        actions = [*flag_actions(), *actions]
     else:
         actions = []
-    return dict(config=config, strategy=strategy, actions=actions, record=flag_values())
+    # The settings the binary acts on itself (the mode, the strategy's, ...) stay here; the
+    # Trainer reads the rest, early stopping and keeping the best among them.
+    return dict(
+        config=config.for_trainer(), strategy=strategy, actions=actions, record=flag_values()
+    )
 
 
 def binary_arguments(

@@ -32,7 +32,9 @@ class UpdateOptions:
 
     Each is declared, with its default, help and check, in
     loops/vocabulary/settings.py; `loops.Update` says what each does to an
-    update. A Trainer gives its run's (`of`).
+    update. A Trainer gives its run's (`of`): its `StepOptions` inherit these fields,
+    so that an Update option is its declaration, a field here and the line of
+    `loops.Update` that reads it.
 
     Attributes:
         mixed_precision: "none", "mixed_bfloat16" or "mixed_float16" (a dynamic loss scale).
@@ -60,7 +62,8 @@ class UpdateOptions:
 
     @classmethod
     def of(cls, options: Any) -> UpdateOptions:
-        """The update options among `options` (a run's checked `StepOptions`), by name."""
+        """The update options of `options` (a run's checked `StepOptions`, which inherits
+        them): the same fields, as the Updates' own options."""
         return cls(
             **{field.name: getattr(options, field.name) for field in dataclasses.fields(cls)}
         )

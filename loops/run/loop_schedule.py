@@ -35,14 +35,11 @@ class LoopSchedule:
     end of training.
 
     Attributes:
-        steps_per_loop: train steps per inner loop, the unit of reporting.
-        eval_every: evaluations at multiples of this; None: at the end only.
-        checkpoint_every: saves at multiples of this; None: at the end only.
+        options: the run's options, read where they are used (steps_per_loop,
+            eval_every, checkpoint_every, progress_every_seconds), not copied.
         action_every: each action's `every` (None: after every inner loop).
         profiler_boundary: step -> the next step after it where the profiler
             needs an inner loop to end (None: none); None without a profiler.
-        progress_every_seconds: end inner loops early enough that a progress
-            line comes at least this often; None leaves it to steps_per_loop.
         one_process: no other process (worker, parameter server) must agree
             on every inner loop's and call's length.
         recover: a bad-step rule's reaction is "recover" (`BadStepPolicy.recovers`): a
@@ -51,12 +48,9 @@ class LoopSchedule:
             may stop the run at any of them.
     """
 
-    steps_per_loop: int
-    eval_every: int | None
-    checkpoint_every: int | None
+    options: RunOptions
     action_every: tuple[int | None, ...]
     profiler_boundary: Callable[[int], int | None] | None
-    progress_every_seconds: float | None
     one_process: bool
     recover: bool
     action_after_every_loop: bool
@@ -75,12 +69,9 @@ class LoopSchedule:
         whether no other process (worker, parameter server) runs its steps; `recovers`:
         whether a bad-step rule may recover (`BadStepPolicy.recovers`)."""
         return cls(
-            steps_per_loop=options.steps_per_loop,
-            eval_every=options.eval_every,
-            checkpoint_every=options.checkpoint_every,
+            options=options,
             action_every=tuple(action.every for action in actions),
             profiler_boundary=None if profiler is None else profiler.stop_before,
-            progress_every_seconds=options.progress_every_seconds,
             one_process=one_process,
             recover=recovers,
             action_after_every_loop=any(
@@ -96,15 +87,17 @@ class LoopSchedule:
             seconds_per_step: the last call's speed, which sets where a
                 progress line must come; None before the first call.
         """
-        end = step + self.steps_per_loop
+        options = self.options
+        end = step + options.steps_per_loop
         limits = [num_steps]
-        if self.progress_every_seconds and seconds_per_step and self.one_process:
-            limits.append(step + max(1, int(self.progress_every_seconds / seconds_per_step)))
+        every_seconds = options.progress_every_seconds
+        if every_seconds and seconds_per_step and self.one_process:
+            limits.append(step + max(1, int(every_seconds / seconds_per_step)))
         if self.profiler_boundary is not None:
             boundary = self.profiler_boundary(step)
             if boundary is not None:
                 limits.append(boundary)
-        for every in (self.checkpoint_every, self.eval_every, *self.action_every):
+        for every in (options.checkpoint_every, options.eval_every, *self.action_every):
             if every:
                 limits.append((step // every + 1) * every)
         limit = min(limits)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loops.core import reporting
-from loops.run.actions import Action
+from loops.run.actions import Action, EarlyStopping, KeepBest
 from loops.vocabulary import settings
 from loops.vocabulary.whole_numbers import check_whole
 
@@ -43,7 +43,11 @@ class RunOptions:
             model_dir/summaries/train (chief only; `loops.run.profiling`).
         actions: `loops.Action`s run between inner loops, after evaluations
             and at the ends of `train`; their state is saved with the
-            checkpoints.
+            checkpoints. Those the options below ask for come first.
+        early_stopping_metric, early_stopping_mode, early_stopping_patience: a
+            `loops.EarlyStopping` on that eval metric, when it is given.
+        keep_best_metric, keep_best_mode: a `loops.KeepBest` by that eval metric
+            (into model_dir/best), when it is given.
         config: the run's configuration (a binary's flag values, or a user's
             hyperparameters), JSON-serializable; written into results.json
             under "config".
@@ -64,6 +68,11 @@ class RunOptions:
     profile_steps: tuple[int, int] | None = None
     actions: Sequence[Action] = ()
     config: Mapping[str, Any] | None = None
+    early_stopping_metric: str | None = None
+    early_stopping_mode: str = "min"
+    early_stopping_patience: int = 3
+    keep_best_metric: str | None = None
+    keep_best_mode: str = "min"
 
     def __post_init__(self) -> None:
         # Checked by their declarations (loops/vocabulary/settings.py), as the flags are; frozen, so
@@ -76,7 +85,8 @@ class RunOptions:
                 f"model_dir {model_dir!r} is a file, not a directory; pass a "
                 "directory path (it is created if missing)."
             )
-        object.__setattr__(self, "actions", _checked_actions(self.actions))
+        asked = _asked_actions(self)
+        object.__setattr__(self, "actions", _checked_actions((*asked, *self.actions)))
 
 
 # The options that are declared settings (every field but progress, actions and config),
@@ -84,6 +94,22 @@ class RunOptions:
 _DECLARED = tuple(
     field.name for field in dataclasses.fields(RunOptions) if field.name in settings.BY_NAME
 )
+
+
+def _asked_actions(options: RunOptions) -> list[Action]:
+    """The actions `options` asks for by setting: early stopping, keeping the best checkpoint."""
+    asked: list[Action] = []
+    if options.early_stopping_metric is not None:
+        asked.append(
+            EarlyStopping(
+                options.early_stopping_metric,
+                mode=options.early_stopping_mode,
+                patience=options.early_stopping_patience,
+            )
+        )
+    if options.keep_best_metric is not None:
+        asked.append(KeepBest(options.keep_best_metric, mode=options.keep_best_mode))
+    return asked
 
 
 def _checked_actions(actions: Sequence[Action]) -> tuple[Action, ...]:

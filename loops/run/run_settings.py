@@ -17,7 +17,8 @@ from loops.vocabulary import settings
 from loops.vocabulary.config_tree import unknown_setting
 from loops.vocabulary.run_config_tree import RunConfig
 
-# The settings `loops.Trainer` takes as keyword overrides, in declaration order.
+# The settings `loops.Trainer` reads, in declaration order; it takes every setting of
+# `loops.RunConfig` as a keyword override, the others only at their defaults.
 KEYWORDS = tuple(setting.name for setting in settings.LOOP_SETTINGS)
 
 
@@ -25,9 +26,13 @@ def checked_config(config: RunConfig | None, overrides: Mapping[str, Any]) -> Ru
     """`config` (None: the defaults) with the Trainer's keyword `overrides`, each checked by
     its declaration as `RunConfig.replace` checks it.
 
+    Every setting of the tree is taken either way; one a Trainer does not read (declared with
+    `elsewhere`: the mode, the strategy's, ...) only at its default, so that none is ignored.
+
     Raises:
         TypeError: `config` is no RunConfig (a mapping of hyperparameters is `record=`),
-            or an override that is no Trainer setting (naming the closest).
+            an override that is no setting (naming the closest), or a setting the Trainer
+            does not read at another value than its default (`unread_setting`).
         ValueError: a bad value, named with the fix.
     """
     if config is not None and not isinstance(config, RunConfig):
@@ -36,10 +41,27 @@ def checked_config(config: RunConfig | None, overrides: Mapping[str, Any]) -> Ru
             "your hyperparameters to record in results.json is record=... (CHANGELOG.md), "
             "and the run's settings are loops.RunConfig(...) or keyword arguments."
         )
+    names = RunConfig.names()
     for name in overrides:
-        if name not in KEYWORDS:
+        if name not in names:
             raise TypeError(unknown_setting(name, KEYWORDS, "loops.Trainer"))
-    return (config or RunConfig()).replace(**overrides)
+    checked = (config or RunConfig()).replace(**overrides)
+    for name, value in checked.flat().items():
+        setting = settings.BY_NAME[name]
+        if not setting.loop and value != setting.default:
+            raise TypeError(unread_setting(name, value))
+    return checked
+
+
+def unread_setting(name: str, value: Any) -> str:
+    """Why a Trainer refuses `name`=`value`, a setting it does not read (given in its config or
+    as a keyword alike), and where the setting goes instead (its declaration's `elsewhere`)."""
+    setting = settings.BY_NAME[name]
+    return (
+        f"{name}={value!r} is not a loops.Trainer setting: {setting.elsewhere}. Leave it at its "
+        f"default ({setting.default!r}) in the Trainer's settings (RunConfig.for_trainer() "
+        "sets every such setting back to its default)."
+    )
 
 
 def checked_options(

@@ -8,18 +8,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from loops.core import mixed_precision as mixed_precision_lib
+from loops.core.update_context import UpdateOptions
 from loops.run import recovery
 from loops.vocabulary import settings
 from loops.vocabulary.run_config_tree import RunConfig
 
 
-@dataclasses.dataclass(frozen=True)
-class StepOptions:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepOptions(UpdateOptions):
     """The options of a definition's steps and of the `loops.Update`s they make, checked.
 
     Each is declared, with its type, default, help and check, in
     loops/vocabulary/settings.py (as the flags are), and read by name from a run's
-    `loops.RunConfig` (`of`); this says what it means to a step.
+    `loops.RunConfig` (`of`); this says what it means to a step. The options every
+    `loops.Update` follows (mixed_precision, loss_scale_growth_steps, grad_accum_steps,
+    ema_decay, jit_compile, health_every) are `UpdateOptions`' fields, which it inherits,
+    so that an Update option is a field of `UpdateOptions` alone; under "mixed_float16"
+    `build` runs in the Keras dtype policy, and `of` fills in the loss scale's default
+    growth (2000).
 
     Attributes:
         seed: the seed steps key their randomness on.
@@ -51,28 +57,6 @@ class StepOptions:
         loss_spike_factor, loss_spike_steps, loss_spike_window: the rule: a
             loss above factor times its slow moving average (over a window
             of steps) for `steps` steps in a row is a spike.
-        mixed_precision: "none" (float32), "mixed_bfloat16" or
-            "mixed_float16": the Keras dtype policy `build` runs under (layers
-            given an explicit dtype keep it; variables stay float32). Under
-            "mixed_float16" every `loops.Update` keeps a dynamic loss scale.
-        loss_scale_growth_steps: under "mixed_float16", finite steps in a row
-            after which the loss scale doubles (default 2000).
-        grad_accum_steps: micro-batches each `loops.Update` cuts a replica's
-            share of a step into, accumulating their gradients into one
-            update: the whole batch's update, computed one micro-batch at a time.
-        ema_decay: keep a moving average of the weights every `loops.Update`
-            trains (debiased early in training: `loops.core.weight_average`),
-            checkpointed beside them; evaluation and `ExportOnEnd` exports use
-            the averages (`Loop.averaged_weights`), training the weights
-            themselves. None: no average.
-        jit_compile: every `loops.Update` compiles each replica's forward and
-            backward pass through the model it trains with XLA
-            (`loops.core.compilation`); the rest of the step stays TensorFlow's.
-        health_every: every `loops.Update` reports its health
-            (`loops.core.health`): each step the global norm of the summed
-            gradient before clipping, whether it was clipped, the update/weight
-            ratio of its variables; every this many steps the ratios of the
-            layers where they are largest. None: no health metrics.
 
     Made by `of`, which fills in the defaults of None.
     """
@@ -85,12 +69,6 @@ class StepOptions:
     loss_spike_factor: float
     loss_spike_steps: int
     loss_spike_window: int
-    mixed_precision: str
-    loss_scale_growth_steps: int
-    grad_accum_steps: int
-    ema_decay: float | None
-    jit_compile: bool
-    health_every: int | None
     # h-psexact (issue 44): under ParameterServerStrategy, "exact" (each step applied once
     # by the chief from every worker's slice) or "async" (`loops.run.exact_parameter_server`).
     parameter_server_mode: str = "exact"

@@ -92,13 +92,20 @@ class Trainer:
             progress: where progress lines go (stdout if None).
             actions: `loops.Action`s run between inner loops.
             record: JSON-serializable; written into results.json under "config".
-            **overrides: settings over `config`'s, by name (`run_settings.KEYWORDS`:
-                steps_per_loop=10, model_dir=..., ...), checked as `config` was.
+            **overrides: settings over `config`'s, by name (steps_per_loop=10,
+                model_dir=..., ...), checked as `config` was.
+
+        Every setting of `config` is read by the part it belongs to (`run_settings.KEYWORDS`);
+        one that only a binary acts on (the mode, the strategy's, train_steps, ...) is
+        refused at another value than its default, given either way, with where it goes.
 
         Raises:
-            TypeError: an override that is no Trainer setting (naming the closest).
+            TypeError: an override that is no setting (naming the closest), or a setting the
+                Trainer does not read (`run_settings.unread_setting`).
             ValueError: a bad setting (checked first), a mismatched checkpoint, a used definition.
         """
+        if isinstance(strategy, str):  # the binaries' setting, not the strategy itself
+            raise TypeError(run_settings.unread_setting("strategy", strategy))
         self.definition, self.strategy = definition, strategy or tf.distribute.get_strategy()
         self.run_config = run_settings.checked_config(config, overrides)
         # Where the variables live and the steps run: read once, asked by the run's parts.

@@ -93,6 +93,18 @@ class ConfigTree:
         """This tree with `overrides` (setting name -> value), checked as `from_flat` checks."""
         return self.from_flat({**self.flat(), **overrides})
 
+    def for_trainer(self: Tree) -> Tree:
+        """This tree with every setting a `loops.Trainer` does not read (one declared with
+        `elsewhere`: the mode, the strategy's, ...) at its default: what a binary, which acts
+        on those itself, gives its Trainer."""
+        return self.replace(
+            **{
+                name: settings.BY_NAME[name].default
+                for name in self.names()
+                if settings.BY_NAME[name].elsewhere
+            }
+        )
+
     @classmethod
     def from_json(cls: type[Tree], path: str) -> Tree:
         """The tree of the settings a run recorded in `path` (its MODEL_DIR/config.json).

@@ -178,7 +178,10 @@ class Setting:
         section: the section of `loops.RunConfig` it is a field of (default: its heading).
         resumable: whether a resumed run may change it without a warning (how long it
             trains, how often it reports, where its outputs go); the rest are warned about.
-        loop: whether `loops.Trainer` takes it as a keyword argument.
+        loop: whether `loops.Trainer` takes it as a keyword argument (and reads it).
+        elsewhere: for a setting `loops.Trainer` does not read (not `loop`): who reads it
+            instead and what a Trainer takes in its place, the end of the sentence with which
+            a Trainer refuses it at another value than its default (`loops.run.run_settings`).
         check: (name, value) -> the value; ValueError with a sentence. Without one, the
             check is the kind's, the choices' and the bounds' (`checked`).
         off: the flag's value that means None (e.g. 0: no average).
@@ -198,6 +201,7 @@ class Setting:
     section: str = ""
     resumable: bool = False
     loop: bool = False
+    elsewhere: str = ""
     check: Check | None = None
     off: Any = None
     from_flag: Callable[[Any], Any] = _as_given

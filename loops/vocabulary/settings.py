@@ -87,6 +87,24 @@ SECTIONS = {
 
 
 _OFF = " (or None to turn it off)"
+# Where the settings a `loops.Trainer` does not read are read (`Setting.elsewhere`).
+_MODE_ELSEWHERE = (
+    "the binaries read it (--mode); a Trainer trains, loops.evaluate_checkpoints(trainer, "
+    "model_dir) evaluates a run's checkpoints and loops.find_learning_rate(trainer) runs the "
+    "learning-rate range test"
+)
+_MADE_BY_THE_BINARIES = (
+    "the binaries make their tf.distribute strategy by it; give a Trainer the strategy it "
+    "runs in as strategy= (default: the current one)"
+)
+_RECORDED = (
+    "the resume check reads it from the values given in record= (where a binary records its flags)"
+)
+
+
+def _find_lr_argument(argument: str) -> str:
+    """Where a --find_lr_* setting goes in Python: `loops.find_learning_rate`'s `argument`."""
+    return f"the binaries' --mode={FIND_LR} reads it; give {argument}= to loops.find_learning_rate"
 
 
 def _zero_is_none(value: Any) -> Any:
@@ -109,6 +127,7 @@ SETTINGS: tuple[Setting, ...] = (
         "into --find_lr_dir.",
         "enum",
         section="mode",
+        elsewhere=_MODE_ELSEWHERE,
         resumable=True,
         choices=(TRAIN, EVALUATE_CHECKPOINTS, FIND_LR),
     ),
@@ -119,6 +138,10 @@ SETTINGS: tuple[Setting, ...] = (
         "this many seconds before the run ends; 0: wait for ever.",
         "float",
         section="mode",
+        elsewhere=(
+            "the binaries' --mode=evaluate_checkpoints reads it; give timeout_seconds= to "
+            "loops.evaluate_checkpoints"
+        ),
         resumable=True,
         default=3600.0,
         lower_bound=0.0,
@@ -131,6 +154,7 @@ SETTINGS: tuple[Setting, ...] = (
         "loss blows up first).",
         "integer",
         section="mode",
+        elsewhere=_find_lr_argument("steps"),
         resumable=True,
         default=DEFAULT_FIND_LR_STEPS,
         check=whole_number(2),
@@ -141,6 +165,7 @@ SETTINGS: tuple[Setting, ...] = (
         f"--mode={FIND_LR}: the learning rate of the first step.",
         "float",
         section="mode",
+        elsewhere=_find_lr_argument("min_rate"),
         resumable=True,
         default=DEFAULT_FIND_LR_MIN_RATE,
         check=number_above(0, f"e.g. {DEFAULT_FIND_LR_MIN_RATE:g}"),
@@ -151,6 +176,7 @@ SETTINGS: tuple[Setting, ...] = (
         f"--mode={FIND_LR}: the learning rate of the last step (above --find_lr_min_rate).",
         "float",
         section="mode",
+        elsewhere=_find_lr_argument("max_rate"),
         resumable=True,
         default=DEFAULT_FIND_LR_MAX_RATE,
         check=number_above(0, f"e.g. {DEFAULT_FIND_LR_MAX_RATE:g}"),
@@ -162,6 +188,7 @@ SETTINGS: tuple[Setting, ...] = (
         "so far (the loss blew up), or not finite.",
         "float",
         section="mode",
+        elsewhere=_find_lr_argument("stop_factor"),
         resumable=True,
         default=DEFAULT_FIND_LR_STOP_FACTOR,
         check=number_above(1, f"e.g. {DEFAULT_FIND_LR_STOP_FACTOR:g}"),
@@ -174,6 +201,7 @@ SETTINGS: tuple[Setting, ...] = (
         "g_loss, PPO's policy_loss + value_loss).",
         "string",
         section="mode",
+        elsewhere=_find_lr_argument("loss"),
         resumable=True,
     ),
     Setting(
@@ -184,6 +212,7 @@ SETTINGS: tuple[Setting, ...] = (
         "into --model_dir. Default: a new directory under the system temp dir.",
         "string",
         section="mode",
+        elsewhere=_find_lr_argument("output_dir"),
         resumable=True,
         path=True,
     ),
@@ -194,6 +223,7 @@ SETTINGS: tuple[Setting, ...] = (
         "device (the CPU) and computes on --num_replicas devices.",
         "enum",
         section="strategy",
+        elsewhere=_MADE_BY_THE_BINARIES,
         resumable=True,
         default="mirrored",
         choices=tuple(STRATEGY_NAMES),
@@ -221,6 +251,7 @@ SETTINGS: tuple[Setting, ...] = (
         "take their devices from the machine or the cluster.",
         "integer",
         section="strategy",
+        elsewhere=_MADE_BY_THE_BINARIES,
         resumable=True,
         lower_bound=1,
     ),
@@ -232,6 +263,7 @@ SETTINGS: tuple[Setting, ...] = (
         "$LOOPS_CLUSTER_TIMEOUT_SECONDS, else 600.",
         "float",
         section="strategy",
+        elsewhere=_MADE_BY_THE_BINARIES,
         resumable=True,
         lower_bound=0.0,
     ),
@@ -245,6 +277,7 @@ SETTINGS: tuple[Setting, ...] = (
         "none is there.",
         "enum",
         section="strategy",
+        elsewhere=_MADE_BY_THE_BINARIES,
         resumable=True,
         default="auto",
         choices=CLUSTER_SOURCES,
@@ -257,6 +290,7 @@ SETTINGS: tuple[Setting, ...] = (
         "that follows SLURM_JOB_ID, so jobs sharing a node differ.",
         "integer",
         section="strategy",
+        elsewhere=_MADE_BY_THE_BINARIES,
         resumable=True,
         lower_bound=1,
         upper_bound=65535,
@@ -269,6 +303,7 @@ SETTINGS: tuple[Setting, ...] = (
         "workers.",
         "integer",
         section="strategy",
+        elsewhere=_MADE_BY_THE_BINARIES,
         resumable=True,
         default=0,
         lower_bound=0,
@@ -281,6 +316,7 @@ SETTINGS: tuple[Setting, ...] = (
         "the workers and replicas). The change is recorded in results.json.",
         "bool",
         section="run",
+        elsewhere=_RECORDED,
         resumable=True,
         default=False,
     ),
@@ -290,6 +326,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Total training steps (a resumed run trains up to this step).",
         "integer",
         section="run",
+        elsewhere="a Trainer trains up to the step given to trainer.train(num_steps)",
         resumable=True,
         lower_bound=1,
     ),
@@ -299,6 +336,11 @@ SETTINGS: tuple[Setting, ...] = (
         "Examples per step over all replicas.",
         "integer",
         section="run",
+        elsewhere=(
+            "the binaries batch their data by it; a Trainer takes the global batches of "
+            "train_data= and eval_data= as they come, and its resume check reads the "
+            "global_batch_size given in record="
+        ),
         lower_bound=1,
     ),
     Setting(
@@ -319,6 +361,10 @@ SETTINGS: tuple[Setting, ...] = (
         "Optimizer learning rate (> 0).",
         "float",
         section="update",
+        elsewhere=(
+            "the binaries give it to the optimizer their definition makes; give it to the "
+            "optimizer yours makes"
+        ),
         check=satisfies(lambda value: value > 0, "{name} must be > 0, e.g. {name}=0.001."),
     ),
     Setting(
@@ -347,6 +393,10 @@ SETTINGS: tuple[Setting, ...] = (
         "Default: the loop's own (off for the classifier and the GAN, 0.5 for ppo, 10 for dqn).",
         "float",
         section="update",
+        elsewhere=(
+            "the binaries give it to the definition, whose loops.Update clips by it; give "
+            "clip_norm= to the definition or to its loops.Update"
+        ),
         check=satisfies(
             lambda value: value > 0, "{name} must be > 0, e.g. {name}=1.0 (or leave it unset)."
         ),
@@ -436,6 +486,7 @@ SETTINGS: tuple[Setting, ...] = (
         "again at once.",
         "string",
         section="run",
+        loop=True,
     ),
     Setting(
         "early_stopping_mode",
@@ -443,6 +494,7 @@ SETTINGS: tuple[Setting, ...] = (
         "min: lower --early_stopping_metric is better (loss); max: higher is better (accuracy).",
         "enum",
         section="run",
+        loop=True,
         default="min",
         choices=tuple(METRIC_MODES),
     ),
@@ -452,6 +504,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Evaluations in a row without improvement before stopping.",
         "integer",
         section="run",
+        loop=True,
         default=3,
         lower_bound=1,
     ),
@@ -518,6 +571,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(with best.json: its step and value).",
         "string",
         section="checkpoints",
+        loop=True,
     ),
     Setting(
         "keep_best_mode",
@@ -525,6 +579,7 @@ SETTINGS: tuple[Setting, ...] = (
         "min: lower --keep_best_metric is better (loss); max: higher is better (accuracy).",
         "enum",
         section="checkpoints",
+        loop=True,
         default="min",
         choices=tuple(METRIC_MODES),
     ),
