@@ -1,5 +1,5 @@
-"""Exports trained models as SavedModels: a classifier, a GAN generator, a text generator and a
-recommender."""
+"""Exports trained models as SavedModels: a classifier, a GAN generator, a text generator, a
+recommender and a click-through model."""
 
 from __future__ import annotations
 
@@ -105,6 +105,34 @@ def export_text_generator(model: keras.Model, export_dir: str, *, sequence_lengt
         "length": tf.TensorSpec([], tf.int32, name="length"),
     }
     return _save(_Server(model, serve, signature), export_dir)
+
+
+def export_ctr(model: keras.Model, export_dir: str, *, files: dict[str, str] | None = None) -> str:
+    """Saves a click-through model with a `serve` signature: its columns in, the click
+    probability out.
+
+    The signature takes the model's inputs by column name, prepared as in training
+    (`loops.input.feature_tables`: numeric float32 [n] normalized, categorical int32 [n]
+    rows, multi-hot int32 [n, length] rows padded with -1) and gives `logits` and
+    `probabilities`, float32 [n]. `files` (name -> text) are saved beside the SavedModel,
+    e.g. the vocabularies and scales that prepare a raw row (`FittedFeatures.to_json`).
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists and is not a SavedModel directory.
+    """
+
+    def serve(columns):
+        logits = tf.reshape(tf.cast(model(columns, training=False), tf.float32), [-1])
+        return {"logits": logits, "probabilities": tf.sigmoid(logits)}
+
+    signature = {
+        column.name: tf.TensorSpec(column.shape, column.dtype, name=column.name)
+        for column in model.inputs
+    }
+    return _save(_Server(model, serve, signature), export_dir, files=files)
 
 
 class _RecommenderServer(tf.Module):
