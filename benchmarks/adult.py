@@ -65,7 +65,8 @@ class Candidate:
     model: str
     learning_rate: float
     embedding_dim: int = 8
-    hidden_units: tuple[int, ...] = (64, 32)
+    hidden_units: int = 64
+    hidden_layers: int = 2
 
     def name(self) -> str:
         return f"{self.model} lr {self.learning_rate:g} dim {self.embedding_dim}"
@@ -118,18 +119,6 @@ def spec() -> feature_tables.FeatureSpec:
     )
 
 
-def _model(candidate: Candidate, features: dict[str, Any]):
-    from loops_models import ctr
-
-    described = ctr.CTRFeatures(**features)
-    common = dict(
-        embedding_dim=candidate.embedding_dim, hidden_units=candidate.hidden_units, seed=0
-    )
-    if candidate.model == "wide_and_deep":
-        return lambda: ctr.wide_and_deep(described, **common)
-    return lambda: ctr.dcn_v2(described, cross_layers=2, **common)
-
-
 def train_candidate(candidate: Candidate, split, *, steps: int, eval_every: int) -> dict:
     """Trains `candidate` on the split's training rows, evaluating the validation slice every
     `eval_every` steps; the weights of the best validation AUC are kept and tested."""
@@ -137,9 +126,17 @@ def train_candidate(candidate: Candidate, split, *, steps: int, eval_every: int)
 
     import loops
     from loops_data import ctr_tables
+    from loops_models import ctr
 
     definition = loops.CTRLoop(
-        model_fn=_model(candidate, split.features),
+        model_fn=lambda: ctr.build_model(
+            candidate.model,
+            ctr.CTRFeatures(**split.features),
+            embedding_dim=candidate.embedding_dim,
+            hidden_units=candidate.hidden_units,
+            hidden_layers=candidate.hidden_layers,
+            seed=0,
+        ),
         optimizer_fn=lambda: keras.optimizers.Adam(candidate.learning_rate),
         auc_examples=max(len(split.validation), 1),
     )
@@ -156,7 +153,11 @@ def train_candidate(candidate: Candidate, split, *, steps: int, eval_every: int)
         trainer.train(step)
         validation = trainer.state.last_eval_metrics
         if validation["auc"] > best["auc"]:
-            best = {"auc": validation["auc"], "step": step, "weights": definition.model.get_weights()}
+            best = {
+                "auc": validation["auc"],
+                "step": step,
+                "weights": definition.model.get_weights(),
+            }
     definition.model.set_weights(best["weights"])
     test = ctr_tables.model_figures(definition, split.test)
     return {
@@ -202,7 +203,9 @@ def peers(table: feature_tables.Table, train: np.ndarray, test: np.ndarray) -> d
     )
     boosting = HistGradientBoostingClassifier(categorical_features=categorical, random_state=0)
     return {
-        "logistic regression (one-hot + standardized)": _fitted(logistic, rows, labels, train, test),
+        "logistic regression (one-hot + standardized)": _fitted(
+            logistic, rows, labels, train, test
+        ),
         "HistGradientBoosting (native categorical)": _fitted(
             boosting, encoded, labels, train, test
         ),
@@ -232,9 +235,7 @@ def run(path: str, *, steps: int, eval_every: int, say=print) -> dict:
     train, validation, test = ctr_tables.split_indices(
         rows, test_fraction=0.2, validation_fraction=0.1, seed=0
     )
-    split = ctr_tables.from_table(
-        spec(), table, seed=0, test_fraction=0.2, validation_fraction=0.1
-    )
+    split = ctr_tables.from_table(spec(), table, seed=0, test_fraction=0.2, validation_fraction=0.1)
     candidates = []
     for candidate in CANDIDATES:
         started = time.perf_counter()

@@ -134,9 +134,7 @@ def generated(
     )
 
 
-def checked_table(
-    data: str, spec: str
-) -> tuple[feature_tables.FeatureSpec, feature_tables.Table]:
+def checked_table(data: str, spec: str) -> tuple[feature_tables.FeatureSpec, feature_tables.Table]:
     """The spec and the table of --data and --spec, every field checked against the spec
     (before TensorFlow starts: nothing here imports it).
 
@@ -144,7 +142,10 @@ def checked_table(
         ValueError: a file missing, a spec that is not one, a spec column the table lacks,
             or a field its column does not take, naming the file, the value and the fix.
     """
-    for flag, path, what in (("data", data, "a CSV or Parquet file"), ("spec", spec, "a JSON file")):
+    for flag, path, what in (
+        ("data", data, "a CSV or Parquet file"),
+        ("spec", spec, "a JSON file"),
+    ):
         if not os.path.isfile(path):
             raise ValueError(
                 f"--{flag}={path} is not a file; name {what} that exists"

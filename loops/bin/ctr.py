@@ -62,26 +62,20 @@ def _split_table():
     if data["data"] is None:
         return ctr_tables.generated(data["generated_rows"], **split)
     if not _checked:  # main() checked it; a caller of build_trainer alone has not
-        _checked.update(zip(("spec", "table"), ctr_tables.checked_table(data["data"], data["spec"])))
+        _checked.update(
+            zip(("spec", "table"), ctr_tables.checked_table(data["data"], data["spec"]))
+        )
     return ctr_tables.from_table(_checked["spec"], _checked["table"], **split)
 
 
-def model_fn(model: dict[str, Any], features: dict[str, Any], seed: int):
-    """() -> the Keras model `model` (the CTR model settings) describes over `features`."""
+def _model_fn(features: dict[str, Any]):
+    """() -> the Keras model the model flags describe over `features` (columns by kind)."""
     from loops_models import ctr
 
     described = ctr.CTRFeatures(**features)
-    hidden = (model["hidden_units"],) * model["hidden_layers"]
-    common = dict(embedding_dim=model["embedding_dim"], seed=seed)
-    if model["model"] == "wide_and_deep":
-        return lambda: ctr.wide_and_deep(described, hidden_units=hidden, **common)
-    if model["model"] == "dcn_v2":
-        return lambda: ctr.dcn_v2(
-            described, cross_layers=model["cross_layers"], hidden_units=hidden, **common
-        )
-    return lambda: ctr.dlrm(
-        described, bottom_units=(model["hidden_units"],), top_units=hidden, **common
-    )
+    model = loop_flags.setting_values(model_settings.CTR)
+    name = model.pop("model")
+    return lambda: ctr.build_model(name, described, **model, seed=FLAGS.seed)
 
 
 def _own_actions(table) -> list:
@@ -119,9 +113,7 @@ def build_trainer():
     table = parts["table"] = _split_table()
     evaluated = table.test if table.validation is None else table.validation
     definition = loops.CTRLoop(
-        model_fn=model_fn(
-            loop_flags.setting_values(model_settings.CTR), table.features, FLAGS.seed
-        ),
+        model_fn=_model_fn(table.features),
         optimizer_fn=training_settings.optimizer_fn(
             loop_flags.setting_values(training_settings.OPTIMIZER),
             learning_rate=FLAGS.learning_rate,
