@@ -12,8 +12,8 @@ The split: `numpy.random.default_rng(0).permutation` of the rows, the first 80% 
 rest test; the last 10% of the training rows are the validation slice on which loops' model
 and settings are chosen (each candidate evaluated every `--eval_every` steps, its best step
 kept). The scikit-learn models are fitted to all the training rows (validation slice
-included) with their usual settings. Needs scikit-learn (in the dev requirements; not a
-dependency of loops).
+included) with their usual settings. Needs scikit-learn, which setup.cfg's install_requires
+installs with loops (loops itself does not import it).
 
     python -m benchmarks.adult                        # a few minutes on 2 CPU cores
     python -m benchmarks.adult --output=adult.json    # also the figures as JSON
