@@ -1,6 +1,8 @@
 """loops-ctr and benchmarks.adult: the binary trains on a generated log, keeps the checkpoint of
 the best validation AUC and exports a model whose probabilities are the live model's; a table
-it cannot read is refused before TensorFlow, naming the value; the split is the seed's
+it cannot read is refused before TensorFlow, naming the value; a resume on another model,
+table, spec, generated log or split is refused naming each change, the run's files untouched;
+the split is the seed's
 permutation and the vocabularies come from the training rows alone; the test figures equal
 scikit-learn's; the Adult benchmark writes its JSON on a stand-in of the wheel."""
 
@@ -14,6 +16,8 @@ import tensorflow as tf
 from sklearn.metrics import log_loss, roc_auc_score
 
 from conftest import read_results, run_module
+from loops.input import log_identity
+from loops.model_dir import run_config
 from loops_data import ctr_tables
 from loops_models import ctr
 
@@ -105,6 +109,79 @@ def test_the_split_is_the_seeds_permutation_and_fits_the_vocabularies_to_trainin
     assert split.notes()["test_rows"] == 1 and split.notes()["train_rows"] == 3
 
 
+def refusal(model_dir, was, now):
+    """check_resume's sentence against a checkpoint recording `was`; None when it goes on."""
+    try:
+        run_config.check_resume(
+            model_dir,
+            {run_config.RESUME_IDENTITY: now},
+            checkpoint_record={run_config.RESUME_IDENTITY: was},
+        )
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_another_table_spec_split_model_or_generated_log_is_refused_naming_each_change(
+    table_files, tmp_path
+):
+    table, spec = table_files
+
+    def identity(model="wide_deep", files=None, generated=None, seed=0, test_fraction=0.2):
+        return log_identity.table_identity(
+            model,
+            files={"data": table, "spec": spec} if files is None else files,
+            generated=generated or {},
+            test_fraction=test_fraction,
+            validation_fraction=0.1,
+            seed=seed,
+        )
+
+    def content(path):
+        return f"{os.path.getsize(path)} bytes, sha256 {log_identity.file_sha256(path)[:12]}"
+
+    model_dir = str(tmp_path)
+    start = f"The checkpoints in {model_dir} were trained on another model, data or split: "
+    fix = (
+        ". Going on would restore weights built for other columns or train and test on other "
+        "rows. Pass the run's own --model, --data, --spec (the same files, unchanged), "
+        "--test_fraction, --validation_fraction and --seed, or a new --model_dir to train on "
+        "this data."
+    )
+    was, spec_was = identity(), content(spec)
+    # The same content elsewhere goes on; a spec edited in place, another table, another
+    # split or model is refused, each change named.
+    moved = tmp_path / "moved.csv"
+    moved.write_text(TABLE)
+    assert refusal(model_dir, was, identity(files={"data": str(moved), "spec": spec})) is None
+    with open(spec, "w") as stream:
+        json.dump({**SPEC, "columns": SPEC["columns"][:2]}, stream)
+    other = tmp_path / "other.csv"
+    other.write_text(TABLE.replace("Oslo", "Bergen"))
+    now = identity("dcn_v2", files={"data": str(other), "spec": spec}, seed=4, test_fraction=0.3)
+    assert refusal(model_dir, was, now) == (
+        f"{start}--model=dcn_v2 here and --model=wide_deep in the run (its checkpoint holds the "
+        f"other kind's embeddings and optimizer slots); --data={other} ({content(other)}) here "
+        f"and --data={table} ({content(table)}) in the run; --spec={spec} changed since the run "
+        f"read it ({content(spec)} here and {spec_was} in the run); --test_fraction=0.3 here "
+        "and --test_fraction=0.2 in the run; --seed=4 here and --seed=0 in the run" + fix
+    )
+    # A generated log: its settings, and a table in its place.
+    generated = identity(files={}, generated={"generated_rows": 4000})
+    assert refusal(
+        model_dir, generated, identity(files={}, generated={"generated_rows": 3000})
+    ) == (
+        f"{start}--generated_rows=3000 here and --generated_rows=4000 in the run. Going on "
+        "would restore weights built for other columns or train and test on other rows. Pass "
+        "the run's own --model, --generated_rows, --test_fraction, --validation_fraction and "
+        "--seed, or a new --model_dir to train on this data."
+    )
+    assert refusal(model_dir, generated, identity()) == (
+        f"{start}--data={table} ({content(table)}) and --spec={spec} ({content(spec)}) here "
+        "and the generated log (--generated_rows=4000) in the run" + fix
+    )
+
+
 def test_the_test_figures_equal_scikit_learns():
     generator = np.random.default_rng(0)
     labels = (generator.random(300) < 0.3).astype(np.float32)
@@ -161,6 +238,39 @@ def test_the_binary_keeps_the_best_auc_and_exports_the_live_models_probabilities
     # By logits, as the binary ranks them (probabilities near 0 or 1 round to ties).
     logits = exported["logits"].numpy()
     assert roc_auc_score(split.test.labels, logits) == pytest.approx(test["auc"], abs=1e-6)
+    # Another generated log and model in the same --model_dir: refused before TensorFlow,
+    # each change named, the run's files untouched.
+    files_before = model_dir_files(model_dir)
+    other = [f for f in flags if not f.startswith(("--generated_rows", "--model"))]
+    again = run_module(
+        "loops.bin.ctr",
+        f"--model_dir={model_dir}",
+        "--generated_rows=3000",
+        "--model=dcn_v2",
+        *other,
+    )
+    assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert (
+        f"The checkpoints in {model_dir} were trained on another model, data or split: "
+        "--model=dcn_v2 here and --model=dlrm in the run (its checkpoint holds the other "
+        "kind's embeddings and optimizer slots); --generated_rows=3000 here and "
+        "--generated_rows=4000 in the run. Going on would restore weights built for other "
+        "columns or train and test on other rows. Pass the run's own --model, "
+        "--generated_rows, --test_fraction, --validation_fraction and --seed, or a new "
+        "--model_dir to train on this data." in again.stderr
+    )
+    assert model_dir_files(model_dir) == files_before
+
+
+def model_dir_files(model_dir):
+    """Each file under model_dir by its relative path: its bytes and modification time."""
+    found = {}
+    for root, _, names in os.walk(model_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as stream:
+                found[os.path.relpath(path, model_dir)] = (stream.read(), os.stat(path).st_mtime_ns)
+    return found
 
 
 def test_the_adult_benchmark_writes_its_json_on_a_stand_in_of_the_wheel(tmp_path):

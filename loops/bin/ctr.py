@@ -11,6 +11,7 @@ from absl import flags
 from loops.bin import binary_flags, training_settings
 from loops.cli import application
 from loops.cli import flags as loop_flags
+from loops.model_dir import run_config
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
@@ -45,8 +46,47 @@ def _prepare() -> None:
                 "has none; add a numeric column to the spec or pass --model=dcn_v2."
             )
         _checked.update(spec=spec, table=table)
+    _checked["identity"] = _identity()
+    _refuse_other_data(_checked["identity"], against_checkpoint=False)
     if FLAGS.validation_fraction and FLAGS.keep_best_metric is None:
         loop_flags.set_values({"keep_best_metric": "auc", "keep_best_mode": "max"})
+
+
+def _identity() -> dict[str, Any]:
+    """The model, the table and spec files (or the generator's settings) and the split this
+    run trains on (`loops.input.log_identity.table_identity`)."""
+    from loops.input import log_identity
+
+    data = loop_flags.setting_values(data_settings.CTR_DATA)
+    generated = data["data"] is None
+    return log_identity.table_identity(
+        FLAGS.model,
+        files={} if generated else {"data": data["data"], "spec": data["spec"]},
+        generated={"generated_rows": data["generated_rows"]} if generated else {},
+        test_fraction=data["test_fraction"],
+        validation_fraction=data["validation_fraction"],
+        seed=FLAGS.seed,
+    )
+
+
+def _refuse_other_data(identity: dict[str, Any], *, against_checkpoint: bool) -> None:
+    """Refuses to go on from (or evaluate) checkpoints in --model_dir trained on another model,
+    table, spec, generated log or split: ValueError naming each change and the fix. Before
+    TensorFlow starts, against config.json; before the Trainer is built, against the newest
+    checkpoint's own record (a config.json gone or damaged says nothing)."""
+    checkpoints = os.path.join(FLAGS.model_dir or "", "checkpoints")
+    if not FLAGS.model_dir or not os.path.isdir(checkpoints):
+        return
+    if not any(name.endswith(".index") for name in os.listdir(checkpoints)):
+        return  # nothing to go on from
+    record = None
+    if against_checkpoint:
+        from loops.run.run_checkpoints import recorded_settings
+
+        record = recorded_settings(FLAGS.model_dir)
+    run_config.check_resume(
+        FLAGS.model_dir, {run_config.RESUME_IDENTITY: identity}, checkpoint_record=record
+    )
 
 
 def _split_table():
@@ -110,6 +150,9 @@ def build_trainer():
         signature="the model's prepared columns by name -> logits, probabilities",
         actions=_own_actions(lambda: parts["table"]),
     )
+    identity = _checked.get("identity") or _identity()
+    _refuse_other_data(identity, against_checkpoint=True)
+    arguments["record"] = {**arguments["record"], run_config.RESUME_IDENTITY: identity}
     table = parts["table"] = _split_table()
     evaluated = table.test if table.validation is None else table.validation
     definition = loops.CTRLoop(
