@@ -182,6 +182,67 @@ def test_another_table_spec_split_model_or_generated_log_is_refused_naming_each_
     )
 
 
+RAW_TABLE = (
+    "age,income,city,zip,tags,clicked\n31,1200,Oslo,0150,a|b,1\n45,80,Rome,00184,,0\n"
+    "28,3400,Oslo,0150,b,0\n52,0,Lima,15001,c|a,1\n39,560,Rome,00184,a,0\n"
+)
+RAW_SPEC = {
+    "label": "clicked",
+    "columns": [
+        {"name": "age", "kind": "numeric"},
+        {"name": "income", "kind": "numeric", "normalize": "log"},
+        {"name": "city", "kind": "categorical", "min_count": 2},
+        {"name": "zip", "kind": "categorical", "hash_buckets": 7},
+        {"name": "tags", "kind": "multi_hot", "pooling": "sum"},
+    ],
+}
+
+
+def test_the_export_of_a_table_serves_raw_rows_as_the_live_model_scores_them(tmp_path):
+    from loops.input import feature_tables
+    from loops.model_dir.export import export_ctr
+
+    (tmp_path / "train.csv").write_text(RAW_TABLE)
+    spec = feature_tables.FeatureSpec.from_json(RAW_SPEC)
+    split = ctr_tables.from_table(
+        spec,
+        feature_tables.read_table(str(tmp_path / "train.csv")),
+        seed=0,
+        test_fraction=0.2,
+        validation_fraction=0,
+    )
+    model = ctr.build_model("dcn_v2", ctr.CTRFeatures(**split.features), seed=0)
+    export_ctr(model, str(tmp_path / "export"), fitted=split.fitted)
+    # Rows the training rows never held: Paris and Lima (seen once, under min_count=2), zip
+    # 99999, tags z and an empty bag, an income of 0.
+    serving = (
+        "age,income,city,zip,tags,clicked\n33,0,Paris,99999,z|a,0\n61,90,Lima,0150,,1\n"
+        "47,2500,Oslo,00184,b|z|b,0\n"
+    )
+    (tmp_path / "serve.csv").write_text(serving)
+    columns, _ = split.fitted.arrays(feature_tables.read_table(str(tmp_path / "serve.csv")))
+    assert columns["city"].tolist() == [0, 0, 1] and columns["tags"][0].tolist()[0] == 0
+    # The model's own input types (`ctr_tables.from_table`): int32 ids, float32 numbers.
+    prepared = {
+        name: array.astype(np.int32) if array.dtype.kind == "i" else array
+        for name, array in columns.items()
+    }
+    live = tf.sigmoid(tf.reshape(model(prepared), [-1])).numpy()
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    raw = {
+        "age": tf.constant([33.0, 61.0, 47.0], tf.float64),
+        "income": tf.constant([0.0, 90.0, 2500.0], tf.float64),
+        "city": tf.constant(["Paris", "Lima", "Oslo"]),
+        "zip": tf.constant(["99999", "0150", "00184"]),
+        "tags": tf.constant(["z|a", "", "b|z|b"]),
+    }
+    served = loaded.signatures["serving_default"](**raw)["probabilities"].numpy()
+    np.testing.assert_allclose(served, live, atol=1e-6)
+    by_prepared = loaded.signatures["serve_prepared"](**prepared)["probabilities"].numpy()
+    np.testing.assert_allclose(by_prepared, live, atol=1e-6)
+    assert len(set(np.round(live, 6))) == 3  # three rows the model tells apart
+
+
 def test_the_test_figures_equal_scikit_learns():
     generator = np.random.default_rng(0)
     labels = (generator.random(300) < 0.3).astype(np.float32)

@@ -134,7 +134,7 @@ def _export(definition, path: str, table) -> str:
 
     fitted = table.fitted
     files = None if fitted is None else {"features.json": fitted.to_json()}
-    return export_ctr(definition.model, path, files=files)
+    return export_ctr(definition.model, path, files=files, fitted=fitted)
 
 
 def build_trainer():
@@ -147,7 +147,8 @@ def build_trainer():
     arguments = loop_flags.binary_arguments(
         "ctr",
         export=lambda definition, path: _export(definition, path, parts["table"]),
-        signature="the model's prepared columns by name -> logits, probabilities",
+        signature="a table's raw columns (a generated log's prepared columns) by name -> "
+        "logits, probabilities",
         actions=_own_actions(lambda: parts["table"]),
     )
     identity = _checked.get("identity") or _identity()
