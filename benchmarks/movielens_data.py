@@ -45,20 +45,41 @@ def ml_100k_path(cache_dir: str = DEFAULT_CACHE) -> str:
         RuntimeError: pip could not download the wheel (no network): the message
             says how to place it by hand.
     """
+    return wheel_member(
+        cache_dir,
+        requirement="recbole==1.2.1",
+        wheel=WHEEL,
+        member=MEMBER,
+        default_cache=DEFAULT_CACHE,
+        owner="GroupLens'",
+    )
+
+
+def wheel_member(
+    cache_dir: str, *, requirement: str, wheel: str, member: str, default_cache: str, owner: str
+) -> str:
+    """The path in `cache_dir` of `member` of the wheel `requirement` names (the file
+    `wheel`), taken out of the wheel the first time, the wheel downloaded by pip (no
+    dependencies, never installed or imported) if it is not in `cache_dir` already.
+
+    Raises:
+        ValueError: a cache_dir inside this repository (`owner`'s data is never committed).
+        RuntimeError: pip could not download the wheel (no network): the message
+            says how to place it by hand.
+    """
     cache_dir = os.path.abspath(cache_dir)
     if os.path.commonpath([cache_dir, _REPOSITORY]) == _REPOSITORY:
         raise ValueError(
-            f"cache_dir={cache_dir} lies inside the repository; GroupLens' data is never "
-            f"committed, so pass a folder outside it (the default is {DEFAULT_CACHE})."
+            f"cache_dir={cache_dir} lies inside the repository; {owner} data is never "
+            f"committed, so pass a folder outside it (the default is {default_cache})."
         )
-    target = os.path.join(cache_dir, "ml-100k.inter")
+    target = os.path.join(cache_dir, os.path.basename(member))
     if os.path.exists(target):
         return target
-    wheel = os.path.join(cache_dir, WHEEL)
-    if not os.path.exists(wheel):
-        _download(cache_dir)
-    with zipfile.ZipFile(wheel) as archive:
-        data = archive.read(MEMBER)
+    if not os.path.exists(os.path.join(cache_dir, wheel)):
+        _download(cache_dir, requirement, wheel)
+    with zipfile.ZipFile(os.path.join(cache_dir, wheel)) as archive:
+        data = archive.read(member)
     partial = target + ".partial"
     with open(partial, "wb") as stream:
         stream.write(data)
@@ -66,14 +87,14 @@ def ml_100k_path(cache_dir: str = DEFAULT_CACHE) -> str:
     return target
 
 
-def _download(cache_dir: str) -> None:
+def _download(cache_dir: str, requirement: str, wheel: str) -> None:
     os.makedirs(cache_dir, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "recbole==1.2.1"]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", requirement]
     done = subprocess.run([*command, "-d", cache_dir], capture_output=True, text=True)
-    if done.returncode != 0 or not os.path.exists(os.path.join(cache_dir, WHEEL)):
+    if done.returncode != 0 or not os.path.exists(os.path.join(cache_dir, wheel)):
         raise RuntimeError(
             f"`{' '.join(command)} -d {cache_dir}` failed (exit {done.returncode}): "
-            f"{done.stderr.strip()[-500:]}\nDownload {WHEEL} on a machine with a network and "
+            f"{done.stderr.strip()[-500:]}\nDownload {wheel} on a machine with a network and "
             f"place it in {cache_dir}."
         )
 

@@ -89,6 +89,9 @@ def click_log(
     longest_bag: int = 5,
     exponent: float = 1.1,
     base_rate: float = 0.25,
+    numeric_columns: int = len(NUMERIC),
+    categorical_columns: int = len(CATEGORICAL),
+    multi_hot_columns: int = len(MULTI_HOT),
 ) -> ClickLog:
     """`rows` generated examples (see the module docstring).
 
@@ -101,22 +104,25 @@ def click_log(
         longest_bag: a bag holds 0..longest_bag ids (uniformly), padded with -1 to this width.
         exponent: the power law of the values' frequencies.
         base_rate: the click rate the truth's bias aims at (before the features move it).
+        numeric_columns, categorical_columns, multi_hot_columns: the first this many of
+            `NUMERIC`, `CATEGORICAL` and `MULTI_HOT` (a smaller log whose truth reads only
+            its own columns; the defaults draw every column).
     """
     generator = np.random.default_rng(seed)
     columns: dict[str, np.ndarray] = {}
     logits = np.full(rows, np.log(base_rate / (1 - base_rate)))
-    for name in NUMERIC:
+    for name in NUMERIC[:numeric_columns]:
         # Counts with a long tail, log-transformed as Criteo's integer columns usually are.
         values = np.log1p(generator.poisson(generator.gamma(1.0, 3.0, rows))).astype(np.float32)
         columns[name] = values
         logits += generator.normal(0.0, 0.3) * (values - values.mean())
     cardinalities = {}
-    for name in CATEGORICAL:
+    for name in CATEGORICAL[:categorical_columns]:
         ids = _power_law_ids(generator, rows, cardinality, exponent)
         columns[name] = ids
         cardinalities[name] = cardinality
         logits += generator.normal(0.0, 0.4, cardinality)[ids]
-    for name in MULTI_HOT:
+    for name in MULTI_HOT[:multi_hot_columns]:
         lengths = generator.integers(0, longest_bag + 1, rows)
         bags = _power_law_ids(generator, rows * longest_bag, bag_cardinality, exponent)
         bags = bags.reshape(rows, longest_bag)

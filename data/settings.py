@@ -252,3 +252,55 @@ INTERACTIONS: tuple[Setting, ...] = (
         check=satisfies(lambda value: 0 <= value < 1, "{name} must lie in [0, 1), e.g. 0.1."),
     ),
 )
+
+
+# loops.bin.ctr: a feature table of the user's and its spec, or the generated click log, split.
+CTR_DATA: tuple[Setting, ...] = (
+    Setting(
+        "data",
+        "data",
+        "A feature table to train on: a CSV file (a header line, then comma-separated "
+        "fields) or a Parquet file, read by --spec. Default: a generated Criteo-shaped click "
+        "log of --generated_rows rows with a planted logistic truth (numeric, categorical "
+        "and multi-hot columns, power-law value frequencies).",
+        "string",
+        path=True,
+    ),
+    Setting(
+        "spec",
+        "data",
+        "The JSON feature spec of --data: its label column (and the value of a click) and "
+        "each feature column's kind, numeric, categorical or multi_hot, with its options "
+        "(docs/ctr.md). Needed with --data.",
+        "string",
+        path=True,
+    ),
+    Setting(
+        "generated_rows",
+        "data",
+        "Without --data: the rows of the generated click log.",
+        "integer",
+        default=100_000,
+        lower_bound=10,
+    ),
+    Setting(
+        "test_fraction",
+        "data",
+        "The share of the rows held out for the test, drawn at random from --seed, in (0, 1).",
+        "float",
+        default=0.2,
+        check=satisfies(lambda value: 0 < value < 1, "{name} must lie in (0, 1), e.g. 0.2."),
+    ),
+    Setting(
+        "validation_fraction",
+        "data",
+        "The share of the training rows held out for validation, in [0, 1). Evaluation "
+        "during training reads it, the checkpoint of the best validation auc (or "
+        "--keep_best_metric) is kept, restored before the export, and tested once at the end "
+        "(results.json: best_step, validation, test). 0: no validation; the run evaluates on "
+        "the test rows.",
+        "float",
+        default=0.1,
+        check=satisfies(lambda value: 0 <= value < 1, "{name} must lie in [0, 1), e.g. 0.1."),
+    ),
+)

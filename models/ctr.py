@@ -311,3 +311,45 @@ class PairwiseDots(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         count = len(input_shape)
         return (input_shape[0][0], count * (count - 1) // 2)
+
+
+MODELS = ("wide_and_deep", "dcn_v2", "dlrm")
+
+
+def build_model(
+    name: str,
+    features: CTRFeatures,
+    *,
+    embedding_dim: int = 8,
+    hidden_units: int = 64,
+    hidden_layers: int = 2,
+    cross_layers: int = 2,
+    seed: int = 0,
+) -> keras.Model:
+    """The model `name` (one of `MODELS`) over `features`, its MLP `hidden_layers` layers of
+    `hidden_units` (dlrm: its top MLP; its bottom MLP one layer of `hidden_units`), as
+    `loops-ctr`'s flags name them.
+
+    Raises:
+        ValueError: an unknown name, or dlrm without a numeric column.
+    """
+    hidden = (hidden_units,) * hidden_layers
+    if name == "wide_and_deep":
+        return wide_and_deep(features, embedding_dim=embedding_dim, hidden_units=hidden, seed=seed)
+    if name == "dcn_v2":
+        return dcn_v2(
+            features,
+            embedding_dim=embedding_dim,
+            cross_layers=cross_layers,
+            hidden_units=hidden,
+            seed=seed,
+        )
+    if name == "dlrm":
+        return dlrm(
+            features,
+            embedding_dim=embedding_dim,
+            bottom_units=(hidden_units,),
+            top_units=hidden,
+            seed=seed,
+        )
+    raise ValueError(f"No click-through model {name!r}; use one of {', '.join(MODELS)}.")

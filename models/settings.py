@@ -188,6 +188,55 @@ RECOMMENDER: tuple[Setting, ...] = (
 )
 
 
+# loops.bin.ctr: `loops_models.ctr`'s builders (wide_and_deep, dcn_v2, dlrm).
+CTR: tuple[Setting, ...] = (
+    Setting(
+        "model",
+        "model",
+        "wide_and_deep: a linear model of every column beside an MLP over the numeric "
+        "columns and the embeddings; dcn_v2: full-rank cross layers, then an MLP; dlrm: the "
+        "dot product of every pair of embeddings (the numeric columns' through a bottom "
+        "MLP), then an MLP (needs a numeric column).",
+        "enum",
+        default="dcn_v2",
+        choices=("wide_and_deep", "dcn_v2", "dlrm"),
+    ),
+    Setting(
+        "embedding_dim",
+        "model",
+        "Width of each categorical and multi-hot column's embedding.",
+        "integer",
+        default=8,
+        lower_bound=1,
+    ),
+    Setting(
+        "hidden_units",
+        "model",
+        "The width of each hidden layer of the MLP (dlrm: of its top MLP; its bottom MLP has "
+        "one layer of this width).",
+        "integer",
+        default=64,
+        lower_bound=1,
+    ),
+    Setting(
+        "hidden_layers",
+        "model",
+        "The hidden layers of the MLP (dlrm: of its top MLP).",
+        "integer",
+        default=2,
+        lower_bound=1,
+    ),
+    Setting(
+        "cross_layers",
+        "model",
+        "dcn_v2: its cross layers.",
+        "integer",
+        default=2,
+        lower_bound=1,
+    ),
+)
+
+
 # Bytes of one weight: every weight of the recommenders is a float32.
 _WEIGHT_BYTES = 4
 

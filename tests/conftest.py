@@ -60,6 +60,8 @@ SLOW_TESTS = (
     "test_ctr.py::test_each_builder_trains_equally_on_1_2_and_4_replicas_with_empty_bags",
     "test_ctr.py::test_the_readme_example_comes_near_the_planted_truths_auc",
     "test_ctr.py::test_dlrm_tables_trained_by_adagrad_are_sparse_and_equal_on_1_and_4_replicas",
+    "test_ctr_binary.py::test_the_binary_keeps_the_best_auc_and_exports_the_live_models_probabilities",
+    "test_ctr_binary.py::test_the_adult_benchmark_writes_its_json_on_a_stand_in_of_the_wheel",
     "test_environments.py::test_a_users_environment_gives_the_same_numbers_on_1_and_2_replicas",
     "test_environments.py::test_ppo_learns_to_pull_the_better_arm",
     "test_environments.py::test_dqn_learns_the_value_of_each_arm",

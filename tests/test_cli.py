@@ -19,13 +19,14 @@ from loops.cli import application, tensorflow_logs
 from loops.cli import flags as loop_flags
 from loops.vocabulary.choices import STRATEGY_NAMES
 
-BINARIES = ("classifier", "gan", "rl", "lm", "recommender")
+BINARIES = ("classifier", "gan", "rl", "lm", "recommender", "ctr")
 CONSOLE_SCRIPTS = {
     "classifier": "loops-classifier",
     "gan": "loops-gan",
     "rl": "loops-rl",
     "lm": "loops-lm",
     "recommender": "loops-recommender",
+    "ctr": "loops-ctr",
 }
 DEFAULT_LEARNING_RATES = {
     "classifier": 0.002,
@@ -33,6 +34,7 @@ DEFAULT_LEARNING_RATES = {
     "rl": 0.001,
     "lm": 0.003,
     "recommender": 0.003,
+    "ctr": 0.002,
 }
 
 # Runs in a fresh process: defines a binary's flags, asks its parser for --help

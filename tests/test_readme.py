@@ -130,10 +130,11 @@ def test_the_flag_reference_lists_each_binary_and_its_own_defaults():
         "### loops-lm",
         "### loops-rl",
         "### loops-recommender",
+        "### loops-ctr",
     ]
     # A shared flag is listed once, with its declared default; a binary's own default beside it.
     assert reference.count("| `--train_steps` |") == 1
-    assert reference.count("| `--export_dir` |") == 4
+    assert reference.count("| `--export_dir` |") == 5
     assert "Its defaults of shared flags: `--train_steps=600`, `--global_batch_size=64`, " in (
         reference
     )

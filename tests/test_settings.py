@@ -20,7 +20,7 @@ from loops.vocabulary import settings
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
 
-BINARIES = ("classifier", "gan", "rl", "lm", "recommender")
+BINARIES = ("classifier", "gan", "rl", "lm", "recommender", "ctr")
 # Trainer keyword arguments that are objects, not settings a flag could carry.
 LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "record"}
 # Settings whose flag default each binary gives (`define_binary_flags` keywords).
@@ -34,6 +34,7 @@ BINARY_OWN_DEFAULTS = {
 # ... and those only some binaries give (the LM's: tests/test_lm.py DEFAULT_RUN).
 OWN_DEFAULTS_OF = {
     "gan": {"ema_decay"},
+    "ctr": {"eval_every"},
     "lm": {
         "num_layers",
         "mixed_precision",
@@ -75,9 +76,10 @@ OWN_SETTINGS = {
         *model_settings.RECOMMENDER,
         *training_settings.OPTIMIZER,
     ),
+    "ctr": (*data_settings.CTR_DATA, *model_settings.CTR, *training_settings.OPTIMIZER),
 }
 # The binaries that export at the end of training: they also take --export_dir.
-EXPORTING = {"classifier", "gan", "lm", "recommender"}
+EXPORTING = {"classifier", "gan", "lm", "recommender", "ctr"}
 
 
 def help_entries(binary):

@@ -106,5 +106,14 @@ RECOMMENDER = BinaryFlags(
     "known_item)",
     defaults=dict(train_steps=1500, global_batch_size=1024, learning_rate=3e-3),
 )
+CTR = BinaryFlags(
+    "loops-ctr",
+    (data_settings.CTR_DATA, model_settings.CTR, training_settings.OPTIMIZER),
+    export="the trained click-through model (serving_default: a table's raw columns, or a "
+    "generated log's prepared columns, -> logits and probabilities; serve_prepared: a "
+    "table's prepared columns; features.json beside it holds its vocabularies and scales)",
+    # The generated log trained in under a minute on 2 CPU cores: benchmarks/RESULTS.md.
+    defaults=dict(train_steps=800, global_batch_size=256, learning_rate=2e-3, eval_every=200),
+)
 # In the order the flag reference (docs/flags.md) lists them.
-BINARIES: tuple[BinaryFlags, ...] = (CLASSIFIER, GAN, LM, RL, RECOMMENDER)
+BINARIES: tuple[BinaryFlags, ...] = (CLASSIFIER, GAN, LM, RL, RECOMMENDER, CTR)

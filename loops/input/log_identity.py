@@ -1,5 +1,7 @@
-"""What a recommender run trained on, recorded with it so that a resume on other data is refused:
-its interaction log's identity (path, size, content hash, id maps), its split and the model kind.
+"""What a run trained on, recorded with it so that a resume on other data is refused: a
+recommender's interaction log (path, size, content hash, id maps), its split and the model
+kind; a click-through run's feature table and spec (or the generated log's settings), its
+split and the model.
 
 A run's checkpoint holds a row of each user and item index, so the same file
 with its ids permuted, another held-out set or another kind of model would
@@ -71,6 +73,47 @@ def identity(
     }
 
 
+def table_identity(
+    model: str,
+    *,
+    files: Mapping[str, str],
+    generated: Mapping[str, Any],
+    test_fraction: float,
+    validation_fraction: float,
+    seed: int,
+) -> dict[str, Any]:
+    """The model, the files read (or the generator's settings) and the random split a run
+    over a feature table trains on, as JSON; read from the files alone (no split is drawn).
+
+    Args:
+        model: the --model.
+        files: flag -> the file it names ({"data": table, "spec": its spec}); {} for
+            generated rows.
+        generated: flag -> value of the generator's settings ({} for a file's rows).
+        test_fraction, validation_fraction, seed: the random split's settings.
+    """
+    return {
+        "model": model,
+        "files": {flag: file_record(path) for flag, path in files.items()},
+        "generated": dict(generated),
+        "split": {
+            "how": "random",
+            "test_fraction": test_fraction,
+            "validation_fraction": validation_fraction,
+            "seed": seed,
+        },
+    }
+
+
+def file_record(path: str) -> dict[str, Any]:
+    """The file's absolute path, size and SHA-256."""
+    return {
+        "path": os.path.abspath(path),
+        "bytes": os.path.getsize(path),
+        "sha256": file_sha256(path),
+    }
+
+
 def log_identity(interactions: Interactions, path: str | None) -> dict[str, Any]:
     """The file's absolute path, size and SHA-256 (of its rows' arrays for a log with no
     file), the user and item counts, and the SHA-256 of each id map (the raw ids in index
@@ -128,6 +171,7 @@ def changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
             "checkpoint holds the other kind's embeddings and optimizer slots)"
         )
     found += _log_changes(was.get("log") or {}, now.get("log") or {})
+    found += _table_changes(was, now)
     found += _split_changes(was.get("split") or {}, now.get("split") or {})
     return found
 
@@ -152,6 +196,50 @@ def _log_changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
                 f"{_short(was.get(ids))} in the run)"
             )
     return found
+
+
+def _table_changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The files' or the generator's changes of two `table_identity` records; none for two
+    recommender records (which hold neither)."""
+    was_files, now_files = was.get("files") or {}, now.get("files") or {}
+    if bool(was_files) != bool(now_files):
+        return [f"{_table_name(now)} here and {_table_name(was)} in the run"]
+    found = []
+    for flag in sorted(set(was_files) | set(now_files)):
+        before, after = was_files.get(flag) or {}, now_files.get(flag) or {}
+        if all(after.get(key) == before.get(key) for key in ("bytes", "sha256")):
+            continue  # the same content, perhaps moved
+        if after.get("path") == before.get("path"):
+            found.append(
+                f"--{flag}={after.get('path')} changed since the run read it "
+                f"({_content(after)} here and {_content(before)} in the run)"
+            )
+        else:
+            found.append(
+                f"--{flag}={after.get('path')} ({_content(after)}) here and "
+                f"--{flag}={before.get('path')} ({_content(before)}) in the run"
+            )
+    was_generated, now_generated = was.get("generated") or {}, now.get("generated") or {}
+    found += [
+        f"--{flag}={now_generated.get(flag)} here and --{flag}={was_generated.get(flag)} in the run"
+        for flag in sorted(set(was_generated) | set(now_generated))
+        if now_generated.get(flag) != was_generated.get(flag)
+    ]
+    return found
+
+
+def _table_name(record: Mapping[str, Any]) -> str:
+    """A table identity's rows in words: the files it read, or the generated log's settings."""
+    files = record.get("files") or {}
+    if files:
+        return " and ".join(
+            f"--{flag}={file.get('path')} ({_content(file)})"
+            for flag, file in sorted(files.items())
+        )
+    settings = ", ".join(
+        f"--{flag}={value}" for flag, value in sorted((record.get("generated") or {}).items())
+    )
+    return f"the generated log ({settings})"
 
 
 def _split_changes(was: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
@@ -194,8 +282,20 @@ def _short(digest: Any) -> str:
     return str(digest)[:12] if digest else "unrecorded"
 
 
-def refusal(model_dir: str, found: list[str]) -> str:
-    """The sentence that refuses to go on from `model_dir`'s checkpoints, naming `found`."""
+def refusal(model_dir: str, found: list[str], now: Mapping[str, Any] | None = None) -> str:
+    """The sentence that refuses to go on from `model_dir`'s checkpoints, naming `found`;
+    `now` (this run's identity) says whether the run read a feature table or a log."""
+    if now is not None and "files" in now:
+        files, generated = now.get("files") or {}, now.get("generated") or {}
+        data = ", ".join(f"--{flag}" for flag in (*files, *generated))
+        if files:
+            data += " (the same files, unchanged)"
+        return (
+            f"The checkpoints in {model_dir} were trained on another model, data or split: "
+            f"{'; '.join(found)}. Going on would restore weights built for other columns or "
+            f"train and test on other rows. Pass the run's own --model, {data}, --test_fraction, "
+            "--validation_fraction and --seed, or a new --model_dir to train on this data."
+        )
     return (
         f"The checkpoints in {model_dir} were trained on another model, log or split: "
         f"{'; '.join(found)}. Going on would train and test rows that belong to other "

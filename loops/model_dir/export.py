@@ -1,5 +1,5 @@
-"""Exports trained models as SavedModels: a classifier, a GAN generator, a text generator and a
-recommender."""
+"""Exports trained models as SavedModels: a classifier, a GAN generator, a text generator, a
+recommender and a click-through model."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import tensorflow as tf
 
 from loops.core.own_files import current_umask
 from loops.core.text_generation import generate
+from loops.input.feature_tables import FittedFeatures
 from loops.model_dir import id_vocabulary
 from loops.model_dir.checkpoints import FinitenessCheck, describe_names
+from loops.model_dir.raw_features import RawFeatures
 from loops.vocabulary.errors import NonFiniteWeightsError
 from loops.vocabulary.whole_numbers import check_whole
 
@@ -105,6 +107,56 @@ def export_text_generator(model: keras.Model, export_dir: str, *, sequence_lengt
         "length": tf.TensorSpec([], tf.int32, name="length"),
     }
     return _save(_Server(model, serve, signature), export_dir)
+
+
+def export_ctr(
+    model: keras.Model,
+    export_dir: str,
+    *,
+    files: dict[str, str] | None = None,
+    fitted: FittedFeatures | None = None,
+) -> str:
+    """Saves a click-through model with a `serve` signature: its columns in, the click
+    probability out.
+
+    With `fitted` (the vocabularies, hash buckets and scales of a feature table's training
+    rows), the default signature takes the raw columns by name (`RawFeatures`: numbers
+    float64 [n], categories string [n], multi-hot values string [n] joined by the column's
+    separator; a value training did not keep goes to its out-of-vocabulary row) and
+    `serve_prepared` the prepared ones. Without, the default signature takes the model's
+    inputs by column name, prepared as in training (`loops.input.feature_tables`: numeric
+    float32 [n] normalized, categorical int32 [n] rows, multi-hot int32 [n, length] rows
+    padded with -1). Each gives `logits` and `probabilities`, float32 [n]. `files`
+    (name -> text) are saved beside the SavedModel, e.g. `FittedFeatures.to_json`.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists and is not a SavedModel directory.
+    """
+    dtypes = {column.name: column.dtype for column in model.inputs}
+
+    def serve(columns):
+        columns = {name: tf.cast(values, dtypes[name]) for name, values in columns.items()}
+        logits = tf.reshape(tf.cast(model(columns, training=False), tf.float32), [-1])
+        return {"logits": logits, "probabilities": tf.sigmoid(logits)}
+
+    signature = {
+        column.name: tf.TensorSpec(column.shape, column.dtype, name=column.name)
+        for column in model.inputs
+    }
+    server = _Server(model, serve, signature)
+    if fitted is None:
+        return _save(server, export_dir, files=files)
+    server.raw_features = RawFeatures(fitted)
+    server.serve_raw = tf.function(
+        lambda columns: serve(server.raw_features(columns)),
+        input_signature=[server.raw_features.signature()],
+        autograph=False,  # no control flow on tensors to convert
+    )
+    signatures = {"serving_default": server.serve_raw, "serve_prepared": server.serve}
+    return _save(server, export_dir, signatures=signatures, files=files)
 
 
 class _RecommenderServer(tf.Module):

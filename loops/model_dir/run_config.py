@@ -105,7 +105,7 @@ def _check_identity(model_dir: str, was: Any, now: Any) -> None:
 
     found = log_identity.changes(was, now)
     if found:
-        raise ValueError(log_identity.refusal(model_dir, found))
+        raise ValueError(log_identity.refusal(model_dir, found, now))
 
 
 def _compared_from_config_json(recorded: Mapping[str, Any] | None) -> dict[str, Any]:

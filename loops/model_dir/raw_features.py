@@ -1,0 +1,89 @@
+"""A feature table's fitted vocabularies, hash buckets and numeric scales as a TensorFlow
+graph, so that a click-through export serves raw columns (`loops.input.feature_tables`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from loops.input.feature_tables import PAD_ID, Column, FittedFeatures
+
+
+class RawFeatures(tf.Module):
+    """Raw columns -> the columns a model trained on, as `FittedFeatures.arrays` prepares them.
+
+    A numeric column is float64 [n], log1p'd where its spec says `normalize=log`, then
+    centred and scaled; a categorical column is string [n] (a number as its text, "3" for 3
+    and 3.0), looked up in its vocabulary (row 0 for a value training did not keep) or hashed
+    to its bucket; a multi-hot column is string [n], its values joined by the column's
+    separator ("" an empty bag), padded with `PAD_ID`. The lookup tables are attributes, so
+    an export saves them and initializes them on load.
+    """
+
+    def __init__(self, fitted: FittedFeatures):
+        super().__init__()
+        self._columns = list(fitted.spec.columns)
+        self._scales = dict(fitted.scales)
+        self.tables = {
+            column.name: _vocabulary_table(fitted.vocabularies[column.name])
+            for column in self._columns
+            if column.kind != "numeric" and not column.option("hash_buckets")
+        }
+
+    def signature(self) -> dict[str, tf.TensorSpec]:
+        """Each raw column's spec, by column name."""
+        return {
+            column.name: tf.TensorSpec(
+                [None], tf.float64 if column.kind == "numeric" else tf.string, name=column.name
+            )
+            for column in self._columns
+        }
+
+    def __call__(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The prepared columns (numeric float32, categorical and multi-hot int64) of `raw`."""
+        prepared = {}
+        for column in self._columns:
+            values = raw[column.name]
+            if column.kind == "numeric":
+                prepared[column.name] = self._numbers(column, values)
+            elif column.kind == "categorical":
+                prepared[column.name] = self._ids(column, values)
+            else:
+                prepared[column.name] = self._bags(column, values)
+        return prepared
+
+    def _numbers(self, column: Column, values: tf.Tensor) -> tf.Tensor:
+        if column.option("normalize") == "log":
+            values = tf.math.log1p(values)
+        center, scale = self._scales[column.name]
+        return tf.cast((values - center) / scale, tf.float32)
+
+    def _ids(self, column: Column, values: Any) -> Any:
+        buckets = column.option("hash_buckets")
+        if buckets:
+            return tf.strings.to_hash_bucket_fast(values, buckets)
+        return self.tables[column.name].lookup(values)
+
+    def _bags(self, column: Column, fields: tf.Tensor) -> tf.Tensor:
+        bags = tf.strings.split(fields, sep=column.option("separator"))
+        # An empty field is an empty bag (splitting it gives one empty value).
+        kept = tf.repeat(tf.not_equal(fields, ""), bags.row_lengths())
+        bags = tf.ragged.boolean_mask(bags, bags.with_flat_values(kept))
+        ids = tf.ragged.map_flat_values(lambda flat: self._ids(column, flat), bags)
+        padded = ids.to_tensor(default_value=PAD_ID)
+        # A padding column more: a batch of empty bags still has one (as `arrays` gives).
+        return tf.concat(
+            [padded, tf.fill([tf.shape(padded)[0], 1], tf.constant(PAD_ID, tf.int64))], 1
+        )
+
+
+def _vocabulary_table(vocabulary: list[str]) -> tf.lookup.StaticHashTable:
+    """Value -> its row (1 onwards, in vocabulary order); 0 for any other value."""
+    return tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(vocabulary, tf.string),
+            tf.range(1, len(vocabulary) + 1, dtype=tf.int64),
+        ),
+        default_value=0,
+    )
