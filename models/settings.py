@@ -249,6 +249,13 @@ def check_recommender_fits(
         ValueError: the settings, what their weights need, and the largest that fit.
     """
     memory = memory_bytes() if memory is None else memory
+    history = num_users * num_items * _WEIGHT_BYTES
+    if values.get("user_history") and memory and history > memory // 2:
+        raise ValueError(
+            f"--user_history builds a dense table of {num_users:,} users x {num_items:,} items, "
+            f"{in_units(history)}, more than half of this machine's {in_units(memory)} of "
+            "memory; pass --user_history=false (it is meant for logs of thousands of items)."
+        )
     model, dim = values["model"], values["embedding_dim"]
     hidden = values["hidden_units"] if model == "rating" else 0  # retrieval has no MLP
 

@@ -18,6 +18,7 @@ from loops.kinds.retrieval import ranking_sums_at
 from loops.model_dir import id_vocabulary
 from loops.model_dir.export import export_recommender
 from loops_models import recommender
+from loops_models import settings as model_settings
 
 NUM_USERS, NUM_ITEMS, BATCH, TEMPERATURE = 9, 12, 8, 0.5
 
@@ -447,6 +448,20 @@ def test_bad_arguments_are_refused_with_the_fix():
         definition.score_all_items(tf.constant([0]))
 
 
+def test_a_history_table_larger_than_half_the_memory_is_refused_with_the_fix():
+    values = {"model": "rating", "embedding_dim": 4, "hidden_units": 0, "user_history": True}
+    with pytest.raises(ValueError) as refused:
+        model_settings.check_recommender_fits(
+            values, num_users=1000, num_items=500, memory=3_000_000
+        )
+    assert str(refused.value) == (
+        "--user_history builds a dense table of 1,000 users x 500 items, 1.9 MiB, more than "
+        "half of this machine's 2.9 MiB of memory; pass --user_history=false (it is meant "
+        "for logs of thousands of items)."
+    )
+    model_settings.check_recommender_fits(values, num_users=1000, num_items=300, memory=3_000_000)
+
+
 def test_the_binary_refuses_a_model_larger_than_memory_before_building_it(tmp_path):
     log = tmp_path / "u.data"
     rows = [(1 + row % 8, 1 + row % 11, 3, row) for row in range(40)]  # 8 users, 11 items
@@ -582,7 +597,7 @@ def test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_print
     assert numbers["rating"]["best_step"] in (2, 4)  # evaluated every 2 steps
     assert 0 < numbers["rating"]["test"]["rmse"] < 5
     assert 0 <= numbers["retrieval"]["test"]["recall_at_10"] <= 1
-    assert "| rating (biases + dot + l2) | test RMSE |" in done.stdout
+    assert "| rating (biases + dot + SVD++'s implicit term + l2) | test RMSE |" in done.stdout
     assert "Surprise SVD (biased MF) 0.934" in done.stdout
 
 
@@ -781,3 +796,26 @@ def test_the_peers_benchmark_writes_loops_split_and_refuses_without_its_extra(tm
         "scikit-surprise, implicit; install them with pip install -e '.[bench]' (never a "
         "dependency of loops), or pass --nopeers for loops' figures only."
     )
+
+
+def test_the_peers_table_names_the_recipe_loops_ran_with():
+    from benchmarks import recommender_peers
+
+    ranking = {"recall_at_10": 0.2357, "ndcg_at_10": 0.43, "popularity_recall_at_10": 0.1188}
+    ranking["popularity_ndcg_at_10"] = 0.2138
+    numbers = {
+        "loops_settings": "the recipe",
+        "loops": {
+            "rating": {"best_step": 2100, "global_step": 3000,
+                       "test": {"rmse": 0.9068, "bias_baseline_rmse": 0.9416}},
+            "retrieval": {"best_step": 900, "global_step": 1500, "test": ranking},
+        },
+    }  # fmt: skip
+    lines = recommender_peers.table(numbers).splitlines()
+    assert lines[2] == "| loops rating (the recipe) | best step 2100 of 3000 | 0.9068 | - | - |"
+    assert lines[4] == (
+        "| loops retrieval (the recipe) | best step 900 of 1500 | - | 0.2357 | 0.4300 |"
+    )
+    del numbers["loops_settings"]
+    defaults = recommender_peers.table(numbers).splitlines()[2]
+    assert defaults.startswith("| loops rating (defaults) |")
