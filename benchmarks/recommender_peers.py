@@ -1,5 +1,5 @@
-"""MovieLens-100K side by side: `loops-recommender` (its defaults) beside Surprise and implicit
-on loops' own split, each figure by loops' definitions.
+"""MovieLens-100K side by side: `loops-recommender` (its defaults, or its recipes) beside
+Surprise and implicit on loops' own split, each figure by loops' definitions.
 
 Splits ml-100k.inter (`benchmarks.movielens_data`) as the binary does: a
 random 80/20 train/test split, then a random 10% of the training rows for
@@ -11,7 +11,8 @@ BaselineOnly and SVD by RMSE, implicit's ALS by Recall@10 and NDCG@10 with
 `loops.input.interaction_baselines` (relevant = a user's test items less
 their known ones; ranked over all items, known items excluded; NDCG over the
 ideal DCG of min(count, 10)). Then it runs the binary (--model=rating,
-then --model=retrieval, defaults otherwise) and prints one table with
+then --model=retrieval, defaults otherwise; with --recipes the flagfiles
+movielens_rating.flags and movielens_retrieval.flags beside this file) and prints one table with
 loops' test figures (results.json's "test": the best checkpoint by
 validation) beside them.
 
@@ -44,7 +45,14 @@ from loops.input.interaction_logs import Interactions
 # --cache_dir, --seed and --output are movielens_data's (defined when it is imported).
 flags.DEFINE_string("split_dir", None, "Where loops' split is written (default: a temp dir).")
 flags.DEFINE_bool("peers", True, "Fit the peers (false: loops' figures only).")
+flags.DEFINE_bool(
+    "recipes",
+    False,
+    "Train loops with the recipes benchmarks/movielens_rating.flags and "
+    "movielens_retrieval.flags (chosen on the validation rows) instead of its defaults.",
+)
 FLAGS = flags.FLAGS
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 PEER_PACKAGES = {"surprise": "scikit-surprise", "implicit": "implicit"}
 VALIDATION_FRACTION, K = 0.1, 10
@@ -189,13 +197,15 @@ def _words(settings: dict) -> str:
     return ", ".join(f"{name}={value}" for name, value in settings.items())
 
 
-def train_loops(model: str, data: str, seed: int) -> dict:
-    """Runs `loops-recommender --model=MODEL` with its defaults on `data`: its results.json's
-    best step, validation and test figures, and the seconds it took."""
+def train_loops(model: str, data: str, seed: int, recipe: bool = False) -> dict:
+    """Runs `loops-recommender --model=MODEL` with its defaults (or, with `recipe`, the flagfile
+    benchmarks/movielens_MODEL.flags) on `data`: its results.json's best step, validation and
+    test figures, and the seconds it took."""
+    recipe_flags = [f"--flagfile={os.path.join(_HERE, f'movielens_{model}.flags')}"]
     with tempfile.TemporaryDirectory(prefix=f"peers-{model}-") as model_dir:
         command = [
-            sys.executable, "-m", "loops.bin.recommender", f"--data={data}", f"--seed={seed}",
-            f"--model_dir={model_dir}", f"--model={model}",
+            sys.executable, "-m", "loops.bin.recommender", *(recipe_flags if recipe else []),
+            f"--data={data}", f"--seed={seed}", f"--model_dir={model_dir}", f"--model={model}",
         ]  # fmt: skip
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
@@ -220,8 +230,9 @@ def table(numbers: dict) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     rating, retrieval = numbers["loops"]["rating"], numbers["loops"]["retrieval"]
+    settings = numbers.get("loops_settings", "defaults")
     rows.append(
-        f"| loops rating (defaults) | best step {rating['best_step']} of "
+        f"| loops rating ({settings}) | best step {rating['best_step']} of "
         f"{rating['global_step']} | {rating['test']['rmse']:.4f} | - | - |"
     )
     rows.append(f"| loops bias baseline | - | {rating['test']['bias_baseline_rmse']:.4f} | - | - |")
@@ -231,7 +242,7 @@ def table(numbers: dict) -> str:
         rows.append(f"| {peer['peer']} | {peer['settings']} | {rmse} | {ranking} |")
     test = retrieval["test"]
     rows.append(
-        f"| loops retrieval (defaults) | best step {retrieval['best_step']} of "
+        f"| loops retrieval ({settings}) | best step {retrieval['best_step']} of "
         f"{retrieval['global_step']} | - | {test[f'recall_at_{K}']:.4f} | "
         f"{test[f'ndcg_at_{K}']:.4f} |"
     )
@@ -266,8 +277,10 @@ def main(argv: list[str]) -> None:
             *surprise_peers(parts, split_dir, FLAGS.seed),
             implicit_peer(parts, FLAGS.seed),
         ]
+    numbers["loops_settings"] = "the recipe" if FLAGS.recipes else "defaults"
     numbers["loops"] = {
-        model: train_loops(model, path, FLAGS.seed) for model in ("rating", "retrieval")
+        model: train_loops(model, path, FLAGS.seed, FLAGS.recipes)
+        for model in ("rating", "retrieval")
     }
     print(table(numbers))
     if FLAGS.output:

@@ -40,6 +40,16 @@ class FeatureLookup(keras.layers.Layer):
         return keras.ops.take(self.table, ids, axis=0)
 
 
+def history_table(users: np.ndarray, items: np.ndarray, num_users: int, num_items: int):
+    """float32 [num_users, num_items]: row u holds 1 / sqrt(|N(u)|) at each item of N(u), the
+    items user u interacted with (SVD++'s normalization), zeros elsewhere and for a user with
+    none. A dense table: for catalogues of thousands (MovieLens-100K's takes 6 MB)."""
+    table = np.zeros((num_users, num_items), np.float32)
+    table[np.asarray(users), np.asarray(items)] = 1.0
+    counts = table.sum(axis=1, keepdims=True)
+    return table / np.sqrt(np.maximum(counts, 1.0))
+
+
 def id_tower(
     *,
     num_ids: int,
@@ -105,10 +115,16 @@ def rating_model(
     hidden_units: Sequence[int] = (64,),
     initial_bias: float = 0.0,
     l2: float = 0.0,
+    user_history: np.ndarray | None = None,
     seed: int = 0,
 ) -> keras.Model:
     """(user ids [batch], item ids [batch]) int32 -> one score a pair [batch] (a rating, or a
     click's logit): biases, the embeddings' dot product and an MLP over both embeddings.
+
+    With `user_history` (a fixed [num_users, num_items] table, `history_table`)
+    the user's vector adds SVD++'s implicit term: the history row times a
+    trained [num_items, embedding_dim] matrix, the normalized sum of the item
+    factors of the items the user rated (penalized by `l2` beside the rows).
 
     `initial_bias` starts the global bias (e.g. the mean training rating).
     With `l2` > 0 the model gives (scores, penalties): each pair's penalty is
@@ -132,14 +148,23 @@ def rating_model(
     user, item, user_bias, item_bias = (
         table(ids) for table, ids in zip(tables, (users, items, users, items), strict=True)
     )
+    looked_up = [user, item, user_bias, item_bias]
+    if user_history is not None:
+        implicit = keras.layers.Dense(
+            embedding_dim,
+            use_bias=False,
+            kernel_initializer=_embedding_initializer(seed, 4),
+            name="implicit_factors",
+        )(FeatureLookup(user_history, name="user_history")(users))
+        looked_up.append(implicit)
+        user = keras.layers.Add()([user, implicit])
     deep = keras.layers.Concatenate()([user, item])
     for index, units in enumerate(hidden_units):
         deep = keras.layers.Dense(
             units, activation="relu", kernel_initializer=_dense_initializer(seed, 10 + index)
         )(deep)
     deep = keras.layers.Dense(1, kernel_initializer="zeros")(deep)
-    looked_up = [user, item, user_bias, item_bias]
-    score = _PairScore(initial_bias, name="pair_score")([*looked_up, deep])
+    score = _PairScore(initial_bias, name="pair_score")([user, item, user_bias, item_bias, deep])
     if not l2:
         return keras.Model([users, items], score, name="rating")
     squares = [keras.ops.sum(keras.ops.square(rows), axis=-1) for rows in looked_up]

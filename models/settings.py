@@ -163,7 +163,9 @@ RECOMMENDER: tuple[Setting, ...] = (
         "l2",
         "model",
         "rating: each pair's loss adds l2 times the sum of squares of the embedding and "
-        "bias rows it looked up (>= 0).",
+        "bias rows it looked up (>= 0); retrieval with --normalize_towers=false: each row's "
+        "loss adds l2 times the squared lengths of its user's and its item's embeddings "
+        "(unit-length towers take none).",
         "float",
         default=0.02,
         lower_bound=0.0,
@@ -175,6 +177,35 @@ RECOMMENDER: tuple[Setting, ...] = (
         "float",
         default=0.1,
         check=satisfies(lambda value: value > 0, "{name} must be > 0, e.g. 0.1."),
+    ),
+    Setting(
+        "negatives",
+        "model",
+        "retrieval: each row's negatives; in_batch: the other items of the global batch, "
+        "corrected for how often each is sampled (logQ); catalogue: every item of the log, "
+        "the full softmax (the item tower runs on every item each step: for a catalogue of "
+        "thousands, not millions).",
+        "enum",
+        default="in_batch",
+        choices=("in_batch", "catalogue"),
+    ),
+    Setting(
+        "normalize_towers",
+        "model",
+        "retrieval: the towers' embeddings are unit length (the dot product a cosine); "
+        "false: raw embeddings, whose lengths can carry an item's popularity (regularize "
+        "them with --l2).",
+        "bool",
+        default=True,
+    ),
+    Setting(
+        "user_history",
+        "model",
+        "Both models: a user's vector also reads the items they interacted with in training "
+        "(SVD++'s implicit term for rating; for retrieval the user tower's input beside the "
+        "id), from a dense users x items table: for logs of thousands of items, not millions.",
+        "bool",
+        default=False,
     ),
     Setting(
         "top_k",
@@ -267,6 +298,13 @@ def check_recommender_fits(
         ValueError: the settings, what their weights need, and the largest that fit.
     """
     memory = memory_bytes() if memory is None else memory
+    history = num_users * num_items * _WEIGHT_BYTES
+    if values.get("user_history") and memory and history > memory // 2:
+        raise ValueError(
+            f"--user_history builds a dense table of {num_users:,} users x {num_items:,} items, "
+            f"{in_units(history)}, more than half of this machine's {in_units(memory)} of "
+            "memory; pass --user_history=false (it is meant for logs of thousands of items)."
+        )
     model, dim = values["model"], values["embedding_dim"]
     hidden = values["hidden_units"] if model == "rating" else 0  # retrieval has no MLP
 

@@ -18,6 +18,7 @@ from loops.kinds.retrieval import ranking_sums_at
 from loops.model_dir import id_vocabulary
 from loops.model_dir.export import export_recommender
 from loops_models import recommender
+from loops_models import settings as model_settings
 
 NUM_USERS, NUM_ITEMS, BATCH, TEMPERATURE = 9, 12, 8, 0.5
 
@@ -131,6 +132,49 @@ def test_the_retrieval_loss_equals_numpy_on_1_2_and_4_replicas_with_an_empty_rep
     assert set(runs[4]["eval"]) == {"recall_at_3", "ndcg_at_3", "recall_at_5", "ndcg_at_5", "users"}
 
 
+def build_catalogue_retrieval(strategy):
+    """Retrieval with the full softmax over every item and an l2 penalty on raw (not unit
+    length) towers, on the batches above (the third leaves a replica of 4 empty)."""
+    definition = loops.RetrievalLoop(
+        user_model_fn=lambda: recommender.id_tower(
+            num_ids=NUM_USERS, embedding_dim=4, normalize=False, seed=1, name="user_tower"
+        ),
+        item_model_fn=lambda: recommender.id_tower(
+            num_ids=NUM_ITEMS, embedding_dim=4, normalize=False, seed=2, name="item_tower"
+        ),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+        num_items=NUM_ITEMS,
+        global_batch_size=BATCH,
+        temperature=TEMPERATURE,
+        negatives="catalogue",
+        l2=0.05,
+        top_k=(3, 5),
+    )
+    return loops.Trainer(
+        definition,
+        strategy=strategy,
+        train_data=lambda: tf.data.Dataset.from_tensor_slices((USERS, ITEMS)).batch(BATCH),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices(eval_rows()).batch(4),
+        steps_per_loop=3,
+        progress=loops.testing.quiet_progress(),
+    )
+
+
+def test_the_catalogue_softmax_with_l2_equals_numpy_on_1_2_and_4_replicas_with_an_empty_one():
+    runs = loops.testing.assert_replica_parity(build_catalogue_retrieval, num_steps=6)
+    losses = runs[4]["logs"]["loss"]
+    assert losses[3] < losses[0]  # the first batch again, a pass later
+    fresh = build_catalogue_retrieval(loops.testing.replica_strategy(1)).definition
+    users, items = USERS[:BATCH], ITEMS[:BATCH]
+    user_vectors = fresh.user_model(users).numpy().astype(np.float64)
+    catalogue = fresh.item_model(np.arange(NUM_ITEMS, dtype=np.int32)).numpy().astype(np.float64)
+    logits = user_vectors @ catalogue.T / TEMPERATURE
+    top = logits.max(axis=1)
+    softmax = np.log(np.exp(logits - top[:, None]).sum(axis=1)) + top - logits[range(BATCH), items]
+    penalty = 0.05 * ((user_vectors**2).sum(axis=1) + (catalogue[items] ** 2).sum(axis=1))
+    np.testing.assert_allclose(losses[0], np.mean(softmax + penalty), rtol=1e-5)
+
+
 def ranking_reference(scores, seen, held_out, k):
     """Recall@k and NDCG@k, one user at a time, in plain Python."""
     recalls, ndcgs = [], []
@@ -181,6 +225,49 @@ def test_rating_loss_and_rmse_equal_on_1_2_and_4_replicas_with_an_empty_replica(
     rmse = np.sqrt(np.mean((predicted.astype(np.float64) - RATINGS) ** 2))
     np.testing.assert_allclose(trainer.state.last_eval_metrics["rmse"], rmse, rtol=1e-5)
     assert trainer.state.last_eval_metrics["pairs"] == len(USERS)
+
+
+def build_history_rating(strategy):
+    """The rating model with SVD++'s implicit user term over the train pairs' history."""
+    history = recommender.history_table(USERS, ITEMS, NUM_USERS, NUM_ITEMS)
+    definition = loops.RatingLoop(
+        model_fn=lambda: recommender.rating_model(
+            num_users=NUM_USERS,
+            num_items=NUM_ITEMS,
+            embedding_dim=4,
+            hidden_units=(),
+            l2=0.01,
+            user_history=history,
+            seed=3,
+        ),
+        optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+        num_items=NUM_ITEMS,
+    )
+    return loops.Trainer(
+        definition,
+        strategy=strategy,
+        train_data=lambda: tf.data.Dataset.from_tensor_slices((USERS, ITEMS, RATINGS)).batch(BATCH),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((USERS, ITEMS, RATINGS)).batch(5),
+        steps_per_loop=3,
+        progress=loops.testing.quiet_progress(),
+    )
+
+
+def test_the_implicit_user_term_equals_numpy_on_1_2_and_4_replicas_with_an_empty_one():
+    history = recommender.history_table(USERS, ITEMS, NUM_USERS, NUM_ITEMS)
+    # User 0 rated items 3, 4 and 6: 1/sqrt(3) at each; every row's weights square to 1.
+    np.testing.assert_allclose(history[0, [3, 4, 6]], [3**-0.5] * 3, rtol=1e-6)
+    np.testing.assert_allclose((history**2).sum(axis=1), np.ones(NUM_USERS), rtol=1e-6)
+    runs = loops.testing.assert_replica_parity(build_history_rating, num_steps=6)
+    assert runs[4]["logs"]["loss"][3] < runs[4]["logs"]["loss"][0]
+    model = build_history_rating(loops.testing.replica_strategy(1)).definition.model
+    weights = {weight.path.split("/")[0]: weight.numpy() for weight in model.weights}
+    tables = [layer.embeddings.numpy() for layer in model.layers if hasattr(layer, "embeddings")]
+    users_table, items_table, user_bias, item_bias = tables
+    user = users_table[USERS] + history[USERS] @ weights["implicit_factors"]
+    expected = user_bias[USERS, 0] + item_bias[ITEMS, 0] + (user * items_table[ITEMS]).sum(1)
+    scores, _ = model([USERS, ITEMS])
+    np.testing.assert_allclose(scores.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 def exact_auc(scores, labels):
@@ -361,6 +448,20 @@ def test_bad_arguments_are_refused_with_the_fix():
         definition.score_all_items(tf.constant([0]))
 
 
+def test_a_history_table_larger_than_half_the_memory_is_refused_with_the_fix():
+    values = {"model": "rating", "embedding_dim": 4, "hidden_units": 0, "user_history": True}
+    with pytest.raises(ValueError) as refused:
+        model_settings.check_recommender_fits(
+            values, num_users=1000, num_items=500, memory=3_000_000
+        )
+    assert str(refused.value) == (
+        "--user_history builds a dense table of 1,000 users x 500 items, 1.9 MiB, more than "
+        "half of this machine's 2.9 MiB of memory; pass --user_history=false (it is meant "
+        "for logs of thousands of items)."
+    )
+    model_settings.check_recommender_fits(values, num_users=1000, num_items=300, memory=3_000_000)
+
+
 def test_the_binary_refuses_a_model_larger_than_memory_before_building_it(tmp_path):
     log = tmp_path / "u.data"
     rows = [(1 + row % 8, 1 + row % 11, 3, row) for row in range(40)]  # 8 users, 11 items
@@ -496,7 +597,7 @@ def test_the_movielens_benchmark_trains_both_models_on_the_wheels_file_and_print
     assert numbers["rating"]["best_step"] in (2, 4)  # evaluated every 2 steps
     assert 0 < numbers["rating"]["test"]["rmse"] < 5
     assert 0 <= numbers["retrieval"]["test"]["recall_at_10"] <= 1
-    assert "| rating (biases + dot + l2) | test RMSE |" in done.stdout
+    assert "| rating (biases + dot + SVD++'s implicit term + l2) | test RMSE |" in done.stdout
     assert "Surprise SVD (biased MF) 0.934" in done.stdout
 
 
@@ -695,3 +796,26 @@ def test_the_peers_benchmark_writes_loops_split_and_refuses_without_its_extra(tm
         "scikit-surprise, implicit; install them with pip install -e '.[bench]' (never a "
         "dependency of loops), or pass --nopeers for loops' figures only."
     )
+
+
+def test_the_peers_table_names_the_recipe_loops_ran_with():
+    from benchmarks import recommender_peers
+
+    ranking = {"recall_at_10": 0.2357, "ndcg_at_10": 0.43, "popularity_recall_at_10": 0.1188}
+    ranking["popularity_ndcg_at_10"] = 0.2138
+    numbers = {
+        "loops_settings": "the recipe",
+        "loops": {
+            "rating": {"best_step": 2100, "global_step": 3000,
+                       "test": {"rmse": 0.9068, "bias_baseline_rmse": 0.9416}},
+            "retrieval": {"best_step": 900, "global_step": 1500, "test": ranking},
+        },
+    }  # fmt: skip
+    lines = recommender_peers.table(numbers).splitlines()
+    assert lines[2] == "| loops rating (the recipe) | best step 2100 of 3000 | 0.9068 | - | - |"
+    assert lines[4] == (
+        "| loops retrieval (the recipe) | best step 900 of 1500 | - | 0.2357 | 0.4300 |"
+    )
+    del numbers["loops_settings"]
+    defaults = recommender_peers.table(numbers).splitlines()[2]
+    assert defaults.startswith("| loops rating (defaults) |")

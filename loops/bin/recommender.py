@@ -43,6 +43,16 @@ def _interactions():
     return interactions, train, validation, test
 
 
+def _history(model, train):
+    """The users x items table of each user's training items (`history_table`) with
+    --user_history, else None."""
+    from loops_models import recommender
+
+    if not model["user_history"]:
+        return None
+    return recommender.history_table(train.users, train.items, train.num_users, train.num_items)
+
+
 def _retrieval(model, train, test, optimizer_fn, data_notes):
     import loops
     from loops_data import recommender_data
@@ -50,7 +60,12 @@ def _retrieval(model, train, test, optimizer_fn, data_notes):
 
     def tower(count, name):
         return lambda: recommender.id_tower(
-            num_ids=count, embedding_dim=model["embedding_dim"], seed=FLAGS.seed, name=name
+            num_ids=count,
+            embedding_dim=model["embedding_dim"],
+            features=_history(model, train) if name == "user_tower" else None,
+            normalize=model["normalize_towers"],
+            seed=FLAGS.seed,
+            name=name,
         )
 
     return loops.RetrievalLoop(
@@ -61,6 +76,8 @@ def _retrieval(model, train, test, optimizer_fn, data_notes):
         global_batch_size=FLAGS.global_batch_size,
         item_frequencies=train.item_counts(),
         temperature=model["temperature"],
+        negatives=model["negatives"],
+        l2=0.0 if model["normalize_towers"] else model["l2"],
         top_k=(model["top_k"],),
         baselines=recommender_data.popularity_baseline(train, test, model["top_k"]),
         data_notes=data_notes,
@@ -80,6 +97,7 @@ def _rating(model, train, test, optimizer_fn, data_notes):
             embedding_dim=model["embedding_dim"],
             hidden_units=(model["hidden_units"],) if model["hidden_units"] else (),
             l2=model["l2"],
+            user_history=_history(model, train),
             initial_bias=float(train.ratings.mean()),
             seed=FLAGS.seed,
         ),

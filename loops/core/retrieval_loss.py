@@ -1,6 +1,6 @@
-"""The two-tower retrieval loss: a sampled softmax whose negatives are every other row of the
+"""The two-tower retrieval losses: a sampled softmax whose negatives are every other row of the
 WHOLE global batch, corrected for how often each item is sampled (logQ), accidental hits
-removed.
+removed; or, for a catalogue that fits, the full softmax over every item (`catalogue_softmax`).
 
 Each replica scores its own queries against the candidate (item) embeddings
 of every replica, gathered in global row order by `loops.gather_global_rows`,
@@ -98,6 +98,40 @@ def in_batch_softmax(
         itself = tf.cast(tf.one_hot(mine, tf.shape(everyone)[0]), tf.bool)
         logits = tf.where(same_item & ~itself, tf.constant(-np.inf, tf.float32), logits)
     positive = tf.gather(logits, mine, batch_dims=1)
+    return tf.reduce_logsumexp(logits, axis=1) - positive
+
+
+def catalogue_softmax(
+    queries: tf.Tensor,
+    catalogue: tf.Tensor,
+    item_ids: tf.Tensor,
+    *,
+    temperature: float = 1.0,
+) -> tf.Tensor:
+    """Each row's loss of the full softmax over every item of the catalogue: no sampling.
+
+    Row i's logits are its query's dot products with every item's embedding
+    (`catalogue`, row j the embedding of item j), divided by `temperature`;
+    its loss logsumexp(logits) - the logit of its own item. Every item is a
+    negative of every row, so no sampling correction is needed, and a row's
+    loss reads no other row: the same on any replica count.
+
+    Args:
+        queries: this replica's query (user) embeddings, [rows, dim].
+        catalogue: every item's embedding, [num_items, dim].
+        item_ids: this replica's positive item ids, [rows] integers in 0..num_items - 1.
+        temperature: > 0; the logits are divided by it.
+
+    Returns:
+        float32 [rows]: one loss a row.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}; 1.0 leaves logits as is.")
+    queries, catalogue = tf.cast(queries, tf.float32), tf.cast(catalogue, tf.float32)
+    item_ids = tf.convert_to_tensor(item_ids)
+    _check_shapes(queries, catalogue, item_ids, None)
+    logits = tf.matmul(queries, catalogue, transpose_b=True) / temperature
+    positive = tf.gather(logits, tf.cast(item_ids, tf.int32), batch_dims=1)
     return tf.reduce_logsumexp(logits, axis=1) - positive
 
 

@@ -1,5 +1,6 @@
 """The two-tower retrieval step: an in-batch softmax over the whole global batch's items,
-corrected for how often each item is sampled, evaluated by top-K over the whole corpus."""
+corrected for how often each item is sampled, or the full softmax over every item of the
+catalogue; evaluated by top-K over the whole corpus."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from loops.core import outputs, ranking_metrics, reduction, retrieval_loss
 from loops.core.update import check_clip_norm
 from loops.run.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole, is_whole
+
+NEGATIVES = ("in_batch", "catalogue")
 
 
 def ranking_sums_at(
@@ -55,9 +58,12 @@ class RetrievalLoop(Loop):
     interactions (`item_frequencies`): an in-batch softmax samples popular
     items as negatives more often, and the correction makes it estimate the
     full softmax. A candidate that is the row's own item at another row (an
-    accidental hit) is left out. The loss is the mean over the global batch's
-    rows. Under `--strategy=parameter_server` (exact mode) one worker computes
-    each step whole, since every row's negatives are the whole batch.
+    accidental hit) is left out. With `negatives="catalogue"` each row's
+    softmax is over every item of the corpus instead (the item tower run on
+    all `num_items` ids each step: no sampling, no correction; for a catalogue
+    that fits). The loss is the mean over the global batch's rows. Under
+    `--strategy=parameter_server` (exact mode) one worker computes each
+    in-batch step whole, since every row's negatives are the whole batch.
 
     An eval batch is (users, seen, held_out): each user's training items and
     the items to find, int [rows, n] padded with -1. The user is scored
@@ -82,6 +88,8 @@ class RetrievalLoop(Loop):
         global_batch_size: int,
         item_frequencies: np.ndarray | None = None,
         temperature: float = 0.1,
+        negatives: str = "in_batch",
+        l2: float = 0.0,
         top_k: Sequence[int] = (10,),
         clip_norm: float | None = None,
         baselines: Mapping[str, float] | None = None,
@@ -101,6 +109,10 @@ class RetrievalLoop(Loop):
             item_frequencies: [num_items] how often each item occurs in training
                 (counts); None: no sampling correction.
             temperature: the dot products are divided by it (> 0).
+            negatives: "in_batch" (the global batch's other items, logQ-corrected) or
+                "catalogue" (every item of the corpus, the full softmax).
+            l2: each row's loss adds l2 times the squared lengths of its user's and its
+                item's embeddings (the towers' outputs; a constant for unit-length towers).
             top_k: the cut-offs of the eval metrics (each in 1..num_items).
             clip_norm: clip the summed gradient to this global norm; None: no clip.
             baselines: metric name -> value, reported with each evaluation.
@@ -118,6 +130,10 @@ class RetrievalLoop(Loop):
             " (retrieval needs at least 2 examples a batch for in-batch negatives)",
         )
         check_clip_norm(clip_norm)
+        if negatives not in NEGATIVES:
+            raise ValueError(f"negatives must be one of {NEGATIVES}, got {negatives!r}.")
+        if not (isinstance(l2, int | float) and math.isfinite(l2) and l2 >= 0):
+            raise ValueError(f"l2 must be a number >= 0, e.g. 0.01; got {l2!r}.")
         if not (isinstance(temperature, int | float) and math.isfinite(temperature)) or not (
             temperature > 0
         ):
@@ -130,6 +146,8 @@ class RetrievalLoop(Loop):
         self.num_items = num_items
         self.global_batch_size = global_batch_size
         self.temperature = float(temperature)
+        self.negatives = negatives
+        self.l2 = float(l2)
         self.clip_norm = clip_norm
         self.baselines = {name: float(value) for name, value in (baselines or {}).items()}
         self.data_notes = dict(data_notes or {})
@@ -148,22 +166,39 @@ class RetrievalLoop(Loop):
             self.optimizer_fn,
             clip_norm=self.clip_norm,
             table_optimizer_fn=self.table_optimizer_fn,
-            whole_batch_loss=True,
+            whole_batch_loss=self.negatives == "in_batch",
         )
 
     def checkpoint_items(self):
         return self.one_update_checkpoint_items()
 
     def replica_losses(self, users, items):
-        """Each of this replica's rows' softmax loss over the global batch's items [rows]."""
-        return retrieval_loss.in_batch_softmax(
-            self.user_model(users, training=True),
-            self.item_model(items, training=True),
-            items,
-            global_batch_size=self.global_batch_size,
-            log_q=None if self.log_q is None else tf.gather(self.log_q, items),
-            temperature=self.temperature,
+        """Each of this replica's rows' softmax loss over the global batch's items (or every
+        item of the catalogue), plus its embeddings' l2 penalty [rows]."""
+        queries = self.user_model(users, training=True)
+        candidates = self.item_model(items, training=True)
+        if self.negatives == "catalogue":
+            losses = retrieval_loss.catalogue_softmax(
+                queries,
+                self.item_model(tf.range(self.num_items), training=True),
+                items,
+                temperature=self.temperature,
+            )
+        else:
+            losses = retrieval_loss.in_batch_softmax(
+                queries,
+                candidates,
+                items,
+                global_batch_size=self.global_batch_size,
+                log_q=None if self.log_q is None else tf.gather(self.log_q, items),
+                temperature=self.temperature,
+            )
+        if not self.l2:
+            return losses
+        squares = tf.reduce_sum(tf.square(tf.cast(queries, tf.float32)), axis=1) + tf.reduce_sum(
+            tf.square(tf.cast(candidates, tf.float32)), axis=1
         )
+        return losses + self.l2 * squares
 
     def _replica_loss(self, users, items):
         count = reduction.global_count(tf.shape(users)[0])
