@@ -1,0 +1,144 @@
+"""An embedding table's rows in blocks: initial values that depend on the global row alone, the
+blocks one per replica of a MirroredStrategy, and the lookup that exchanges ids and rows between
+the replicas with collectives.
+
+Initial values: row r, column c of a table is element r * dim + c of one
+counter-based stream (Philox, keyed on the table's seed), so a block of rows
+draws exactly its part of the stream, whatever the split: one process, N
+replicas and M servers start equal bit for bit.
+
+Split over N replicas (`loops.placement.Placement.tables_split_over_replicas`),
+replica i holds block i of the rows (`Placement.table_row_blocks`) and its
+optimizer slots, on its own device, and no other replica holds them. A lookup
+in replica context (`lookup_over_replicas`) runs three collectives:
+1. an all-reduce of each replica's id count (N int32);
+2. an all-reduce of the ids, each replica's placed at its offset in a zero
+   vector of the step's K ids (an all-gather of the ids, in replica order);
+3. each replica gathers the rows of its own block among the K ids, zero
+   elsewhere, and an all-reduce of these K x dim floats gives every replica
+   every row; each keeps its own ids' rows.
+The gradient comes back the same way: the all-reduce's gradient is an
+all-reduce of the replicas' row gradients (K x dim floats), and each replica's
+gather sends the rows of its own block to its block alone, as an
+`IndexedSlices` of its local row numbers.
+Bytes a step moves per table, K the ids all replicas look up, into each
+replica and out of it: 4 N + 8 K (ids) + 4 K dim (rows, forward) + 4 K dim
+(row gradients, backward); an all-reduce by a ring moves about twice that
+per replica. For K = 4 x 1024 ids and dim = 64: about 2.1 MB a step, against
+4 x rows x dim bytes for a replicated table's dense all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from loops import tf_private
+
+# A block's initial values: (its shape, the global index of its first row) -> a tensor.
+BlockInitial = Callable[..., tf.Tensor]
+
+
+def uniform_rows(
+    seed: int, first_row: int, shape: Sequence[int], low: float, high: float
+) -> tf.Tensor:
+    """Rows `first_row` .. `first_row + shape[0]` of a table's uniform draw in [low, high):
+    element r * dim + c of one Philox stream keyed on `seed`, the same whatever the block."""
+    rows, dim = int(shape[0]), int(shape[1])
+    start = first_row * dim
+    # Philox makes 4 numbers a counter step: draw from the step that holds `start`.
+    skip = start % 4
+    return _uniform_stream(
+        tf.constant([seed], tf.int64),
+        tf.constant([(start - skip) // 4, 0], tf.int64),
+        tf.constant(skip + rows * dim, tf.int32),
+        tf.constant(skip, tf.int32),
+        (rows, dim),
+        tf.constant(low, tf.float32),
+        tf.constant(high, tf.float32),
+    )
+
+
+# Made in a function, not op by op, whose temporaries stay inside it (see `embedding_tables`).
+@tf.function(autograph=False)
+def _uniform_stream(seed, counter, count, skip, shape, low, high) -> tf.Tensor:
+    flat = tf.raw_ops.StatelessRandomUniformV2(
+        shape=tf.reshape(count, [1]),
+        key=tf.bitcast(seed, tf.uint64),
+        counter=tf.bitcast(counter, tf.uint64),
+        alg=1,  # Philox, on every device (auto-select would pick ThreeFry on a TPU)
+        dtype=tf.float32,
+    )
+    return tf.reshape(flat[skip:], shape) * (high - low) + low
+
+
+def blocks_over_replicas(
+    name: str,
+    blocks: Sequence[tuple[int, int]],
+    devices: Sequence[str],
+    width: int,
+    initial: BlockInitial,
+    *,
+    trainable: bool,
+) -> object:
+    """A table (or slot) of `width` columns whose block i lies on `devices[i]` alone, as one
+    ShardedVariable (saved as one tensor of all the rows)."""
+    parts = []
+    for index, ((first, last), device) in enumerate(zip(blocks, devices, strict=True)):
+        shape = (last - first, width)
+        parts.append(
+            tf_private.variable_on_device(
+                device,
+                initial_value=initial(partition_shape=shape, partition_offset=(first, 0)),
+                trainable=trainable,
+                name=f"{name}/part_{index}",
+                dtype=tf.float32,
+            )
+        )
+    return tf_private.sharded_variable(parts, name)
+
+
+def _replica_context(table_name: str) -> tf.distribute.ReplicaContext:
+    context = tf.distribute.get_replica_context()
+    replica = None if context is None else tf.get_static_value(context.replica_id_in_sync_group)
+    if replica is None:
+        raise ValueError(
+            f"EmbeddingTable {table_name!r} is split over the replicas and looks rows up "
+            "inside strategy.run, where each replica knows which block is its own; call it "
+            "there (or in cross-replica context, which reads every block)."
+        )
+    return context
+
+
+def lookup_over_replicas(
+    table_name: str,
+    blocks: Sequence[tf.Variable],
+    bounds: Sequence[tuple[int, int]],
+    rows: tf.Tensor,
+) -> tf.Tensor:
+    """The rows `rows` (any shape, values in [0, table rows)) of a table split over the
+    replicas, for this replica; call in replica context (see the module docstring)."""
+    context = _replica_context(table_name)
+    replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+    replicas = context.num_replicas_in_sync
+    ids = tf.reshape(tf.cast(rows, tf.int64), [-1])
+    count = tf.shape(ids, out_type=tf.int32)[0]
+    mine = tf.one_hot(replica, replicas, dtype=tf.int32) * count
+    counts = context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+    total, offset = tf.reduce_sum(counts), tf.reduce_sum(counts[:replica])
+    placed = tf.pad(ids, [[offset, total - offset - count]])
+    every_id = context.all_reduce(tf.distribute.ReduceOp.SUM, placed)
+
+    block = blocks[replica]
+    first, last = bounds[replica]
+    dim = int(block.shape[1])
+    if last > first:
+        owned = tf.where((every_id >= first) & (every_id < last))
+        found = tf.gather(block, tf.gather_nd(every_id, owned) - first)
+        own_rows = tf.scatter_nd(owned, found, tf.stack([tf.cast(total, tf.int64), dim]))
+    else:  # an empty block: this replica holds no row of the table
+        own_rows = tf.zeros(tf.stack([total, dim]), block.dtype)
+    every_row = context.all_reduce(tf.distribute.ReduceOp.SUM, own_rows)
+    mine_rows = every_row[offset : offset + count]
+    return tf.reshape(mine_rows, tf.concat([tf.shape(rows), [dim]], axis=0))
