@@ -35,6 +35,7 @@ to the one replica that asked: a later stage.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -95,7 +96,10 @@ def blocks_over_replicas(
         parts.append(
             tf_private.variable_on_device(
                 device,
-                initial_value=initial(partition_shape=shape, partition_offset=(first, 0)),
+                # Called on `device`: a block's values are made where they will live.
+                initial_value=functools.partial(
+                    initial, partition_shape=shape, partition_offset=(first, 0)
+                ),
                 trainable=trainable,
                 name=f"{name}/part_{index}",
                 dtype=tf.float32,
