@@ -104,6 +104,8 @@ def test_initial_values_are_a_function_of_the_global_row_on_every_layout():
         _, split = made_table(replicas)
         assert len(split.shards) == replicas
         np.testing.assert_array_equal(whole(split.embeddings), expected)
+        # Outside strategy.run (evaluation, export) a lookup reads every block.
+        np.testing.assert_array_equal(split(tf.constant([10, 0, 4])).numpy(), expected[[10, 0, 4]])
     # Servers: the blocks TablePartitioner has TensorFlow make, as it passes them (3 servers).
     blocks = [alone._initial_rows((rows, DIM), (first, 0)) for first, rows in ((0, 4), (4, 4))]
     blocks.append(alone._initial_rows((3, DIM), (8, 0)))

@@ -192,8 +192,11 @@ class EmbeddingTable(keras.layers.Layer):
         rows = self.row_ids(ids)
         if self.ids == "rows":
             rows = self._checked_rows(rows)
-        in_replica = not tf.distribute.in_cross_replica_context()
-        if self._placement.tables_split_over_replicas and in_replica:
+        # Inside the strategy's strategy.run; outside it (no strategy in force is the default
+        # strategy's one replica) the lookup reads every block.
+        context = tf.distribute.get_replica_context()
+        in_replicas = context is not None and context.num_replicas_in_sync > 1
+        if self._placement.tables_split_over_replicas and in_replicas:
             return table_blocks.lookup_over_replicas(
                 self.name, self.shards, self._placement.table_row_blocks(self.rows), rows
             )
