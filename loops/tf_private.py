@@ -35,6 +35,15 @@ SHARDED_VARIABLE = ("__internal__", "distribute", "ShardedVariable")
 # The variable class whose constructor makes one variable where it is called, past every
 # variable creator in force: inside a MirroredStrategy's scope a tf.Variable is mirrored.
 PLAIN_VARIABLE = ("tensorflow.python.ops.resource_variable_ops", "ResourceVariable")
+# AutoGraph's rules of which modules it converts, read front to back: (module, rules, rule).
+AUTOGRAPH_RULES = (
+    "tensorflow.python.autograph.core.config",
+    "CONVERSION_RULES",
+    "DoNotConvert",
+)
+# What TensorFlow's own higher-order functions (strategy.run, tf.data's map) call to convert
+# a function they are given only where their caller's code is converted.
+AUTOGRAPH_AS_CALLER = ("__internal__", "autograph", ("tf_convert", "control_status_ctx"))
 
 
 def start_collective_keys_at(base: int) -> None:
@@ -96,6 +105,40 @@ def onednn_enabled() -> bool:
 
     module, function = ONEDNN_ENABLED
     return bool(getattr(importlib.import_module(module), function)())
+
+
+def leave_unconverted_by_autograph(package: str) -> None:
+    """Makes AutoGraph call the functions of `package` as written, as it calls TensorFlow's.
+
+    AutoGraph rewrites every function a traced function calls, once per process,
+    and for loops' own code (which has no Python control flow on tensors below
+    its traced entry points) that rewriting was over half the tracing time of a
+    run. Functions of `package` a traced function calls then run as written;
+    the code of a user they call is converted only through
+    `converted_as_the_caller_is`. Called again, it adds nothing.
+    """
+    import importlib
+
+    module, rules, rule = AUTOGRAPH_RULES
+    config = importlib.import_module(module)
+    do_not_convert = getattr(config, rule)(package)
+    current = getattr(config, rules)
+    if not any(str(each) == str(do_not_convert) for each in current):
+        setattr(config, rules, (do_not_convert, *current))
+
+
+def converted_as_the_caller_is(function: Any) -> Any:
+    """`function` rewritten by AutoGraph where the code calling it is, else `function`.
+
+    A user's step or loss called from loops' own (unconverted) code keeps its
+    Python control flow on tensors, as it would called from converted code;
+    a function of a package AutoGraph leaves alone stays as it is.
+    """
+    internal: Any = tf
+    *path, (convert, status) = AUTOGRAPH_AS_CALLER
+    for name in path:
+        internal = getattr(internal, name)
+    return getattr(internal, convert)(function, getattr(internal, status)())
 
 
 def variable_parts(variable: Any) -> list[Any]:

@@ -318,7 +318,7 @@ LATIN1_E = "é".encode("latin-1")  # one byte, 0xe9, that starts no UTF-8 charac
         ),
         (
             "log.csv",
-            gzip.compress(b"user,item\n1,2\n"),
+            gzip.compress(b"user,item\n1,2\n", mtime=0),
             "{path} is a gzip file (it starts with gzip's bytes 1f 8b), not a text log; "
             "decompress it first (e.g. gunzip) and pass the text file.",
         ),

@@ -66,6 +66,32 @@ class WeightedRegression(loops.Loop):
         return {"loss": loops.Ratio(sums["loss"], sums["weight"])}
 
 
+class BranchingRegression(WeightedRegression):
+    """The same step with Python control flow on tensors in its loss and its step, as a
+    researcher may write them: AutoGraph converts a user's step and loss, though it calls
+    loops' own functions between them as written (`tf_private.leave_unconverted_by_autograph`)."""
+
+    def _replica_loss(self, x, y, w):
+        weight_sum = loops.global_count(tf.reduce_sum(w))
+        error = tf.squeeze(tf.cast(self.model(x, training=True), tf.float32), -1) - y
+        loss = tf.math.divide_no_nan(tf.reduce_sum(w * error**2), weight_sum)
+        if tf.reduce_min(w) < 0.0:  # never taken: the weights are >= 0
+            loss = 2.0 * loss
+        return loss, {"weight": tf.reduce_sum(w)}
+
+    def train_step(self, iterator):
+        result = self.update(self._replica_loss, args=next(iterator))
+        passes = tf.constant(0.0)
+        for _ in tf.range(3):
+            passes += 1.0
+        return {
+            "loss": loops.Mean(result.sums["loss"], weight=result.sums["weight"]),
+            "weight": loops.Sum(result.sums["weight"]),
+            "passes": loops.Sum(passes),
+            **result.outputs,
+        }
+
+
 def data(poison_row=None):
     rng = np.random.default_rng(7)
     x = rng.normal(size=(40, 3)).astype(np.float32)
@@ -93,6 +119,31 @@ def test_replica_parity_on_weighted_partial_batches():
     runs = loops.testing.assert_replica_parity(build, num_steps=8, replica_counts=(1, 2, 4))
     assert runs[1]["logs"]["loss"][-1] < 0.75 * runs[1]["logs"]["loss"][0]  # it learns
     assert runs[4]["eval"]["loss"] < runs[1]["logs"]["loss"][0]
+
+
+def test_a_users_step_and_loss_keep_their_python_control_flow_on_tensors():
+    reference = loops.testing.train_run(build, loops.testing.replica_strategy(1), num_steps=4)
+    for replicas in (1, 2):
+        branching = loops.testing.train_run(
+            lambda strategy: make_trainer(
+                BranchingRegression,
+                strategy=strategy,
+                train_data=data(),
+                eval_data=data(),
+                steps_per_loop=3,
+                progress=loops.testing.quiet_progress(),
+            ),
+            loops.testing.replica_strategy(replicas),
+            num_steps=4,
+        )
+        assert list(branching["logs"]["passes"]) == [3.0] * 4
+        loops.testing.assert_runs_agree(
+            branching,
+            reference,
+            rtol=1e-6,
+            label=f"branching on {replicas} replicas vs plain on 1",
+            compare_logs=["loss", "weight"],
+        )
 
 
 def test_progress_summaries_checkpoints_and_exact_resume(tmp_path):

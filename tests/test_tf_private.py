@@ -2,6 +2,7 @@
 its adapters need: a TensorFlow release that renames one fails here, by name, before the
 features built on it fail."""
 
+import importlib
 import inspect
 import os
 
@@ -118,3 +119,37 @@ def test_a_plain_variable_inside_a_mirrored_scope_lies_on_its_device_alone_and_s
     joined = tf_private.sharded_variable(parts, "joined")
     assert tf_private.variable_parts(joined) == parts
     assert tf.convert_to_tensor(joined).numpy().tolist() == [[0.0], [1.0]]
+
+
+def test_autograph_calls_a_left_package_as_written_and_a_users_function_converted(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "autograph_probe.py").write_text(
+        "from loops import tf_private\n\n\n"
+        "def call(function, x):\n    return function(x)\n\n\n"
+        "def call_converted(function, x):\n"
+        "    return tf_private.converted_as_the_caller_is(function)(x)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    probe = importlib.import_module("autograph_probe")
+    module, rules, _ = tf_private.AUTOGRAPH_RULES
+    config = importlib.import_module(module)
+    monkeypatch.setattr(config, rules, getattr(config, rules))
+    tf_private.leave_unconverted_by_autograph("autograph_probe")
+    tf_private.leave_unconverted_by_autograph("autograph_probe")
+    left = [rule for rule in getattr(config, rules) if "autograph_probe" in str(rule)]
+    assert len(left) == 1 and getattr(config, rules)[0] is left[0]
+
+    def magnitude(x):  # a user's Python `if` on a tensor
+        if x < 0.0:
+            return -x
+        return x
+
+    with pytest.raises(TypeError, match="symbolic `tf.Tensor` as a Python `bool`"):
+        tf.function(lambda x: probe.call(magnitude, x))(tf.constant(-2.0))
+    assert float(tf.function(lambda x: probe.call_converted(magnitude, x))(tf.constant(-2.0))) == 2
+    # Where the caller's own code is not converted, neither is the user's.
+    with pytest.raises(TypeError, match="symbolic `tf.Tensor` as a Python `bool`"):
+        tf.function(lambda x: probe.call_converted(magnitude, x), autograph=False)(
+            tf.constant(-2.0)
+        )

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
+from loops import tf_private
 from loops.core import (
     compilation,
     health,
@@ -284,6 +285,7 @@ class Update:
 
     def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
+        replica_loss = tf_private.converted_as_the_caller_is(replica_loss)
         if self.context.slice_gradients is None:
             return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
         # Computed on the parameter-server workers and summed, applied once here, on the

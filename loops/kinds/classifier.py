@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from loops import tf_private
 from loops.core import outputs, pictures, plots, reduction
 from loops.core.replica_random import keyed_on
 from loops.core.update import check_clip_norm
@@ -132,13 +133,17 @@ class ClassifierLoop(Loop):
             extra["confusion_matrix"] = self.last_eval_arrays["confusion_matrix"].tolist()
         return extra
 
+    def _loss(self, labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+        """`loss_fn`'s losses; a user's `loss_fn` keeps its Python control flow on tensors."""
+        return tf_private.converted_as_the_caller_is(self.loss_fn)(labels, logits)
+
     def _replica_loss(self, inputs, labels):
         """This replica's share of the step's loss (the Update adds regularization)."""
         count = reduction.global_count(tf.shape(labels)[0])
         # Random layers (StatelessDropout) draw per example, keyed on the step.
         with keyed_on(step=self.global_step, global_rows=count):
             logits = self.model(inputs, training=True)
-        loss = reduction.scale_to_global_batch(self.loss_fn(labels, logits), count)
+        loss = reduction.scale_to_global_batch(self._loss(labels, logits), count)
         return loss, _correct_and_count(labels, logits)
 
     def train_step(self, iterator):
@@ -158,7 +163,7 @@ class ClassifierLoop(Loop):
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
-        losses = self.loss_fn(labels, logits)
+        losses = self._loss(labels, logits)
         counts = _correct_and_count(labels, logits)
         sums = {
             "loss": tf.reduce_sum(losses),

@@ -18,10 +18,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import placement, topology
+from loops import placement, tf_private, topology
 from loops.core import outputs
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
+
+# The framework's own functions have no Python control flow on tensors below the traced
+# entry points, so AutoGraph calls them as written (it spent over half the tracing time
+# rewriting them); a user's step and loss are still converted where they are called.
+tf_private.leave_unconverted_by_autograph("loops")
 
 
 class StepsRun(NamedTuple):
@@ -83,18 +88,21 @@ class Executor:
         With no batches (a loop without train data) the step gets None.
         """
         definition = self.definition
+        train_step = tf_private.converted_as_the_caller_is(definition.train_step)
         if not batches:
-            step_outputs = definition.train_step(None)
+            step_outputs = train_step(None)
         else:
             queue = _DequeuedBatches(batches, definition.name)
-            step_outputs = definition.train_step(queue)
+            step_outputs = train_step(queue)
             queue.check_all_taken()
         flat, self.train_kinds = outputs.columns(step_outputs, "train_step")
         return flat
 
     def flat_eval_step(self, batch) -> dict[str, tf.Tensor]:
         flat, self.eval_kinds = outputs.columns(
-            self.definition.eval_step(batch), "eval_step", arrays=True
+            tf_private.converted_as_the_caller_is(self.definition.eval_step)(batch),
+            "eval_step",
+            arrays=True,
         )
         return flat
 
