@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import loops
 from loops import placement, tf_private
+from loops.core import table_blocks
 
 ROWS, DIM, RATE, EPSILON = 11, 3, 0.1, 1e-7
 WEIGHTS = np.array([[1.0, -2.0, 0.5]], np.float32)
@@ -245,3 +246,16 @@ def test_rowwise_adagrad_applied_densely_is_the_stated_rule_and_refuses_a_vector
     np.testing.assert_allclose(optimizer.variables[-1].numpy(), accumulator, rtol=1e-6)
     with pytest.raises(ValueError, match=r"RowwiseAdagrad trains tables of rows .* shape \(4,\)"):
         loops.RowwiseAdagrad().build([keras.Variable(np.zeros(4, np.float32), name="bias")])
+
+
+def test_a_split_lookup_sends_a_fixed_count_of_ids_and_a_large_table_needs_it_static():
+    # One shape through a loop of steps: a small table's rows, else the static id count.
+    assert table_blocks.lookup_capacity("items", 11, tf.zeros([3], tf.int32)) == 11
+    assert table_blocks.lookup_capacity("items", 100_000, tf.zeros([4, 3], tf.int32)) == 12
+    traced = tf.function(lambda ids: table_blocks.lookup_capacity("items", 100_000, ids))
+    with pytest.raises(
+        ValueError,
+        match=r"EmbeddingTable 'items' \(100000 rows\) is split .* not static \(shape "
+        r"\(None, 3\)\): give the step batches of one size \(batch with drop_remainder=True\)",
+    ):
+        traced.get_concrete_function(tf.TensorSpec([None, 3], tf.int32))

@@ -171,6 +171,12 @@ class EmbeddingTable(keras.layers.Layer):
         return tf_private.variable_parts(self.embeddings)
 
     @property
+    def split_over_replicas(self) -> bool:
+        """Whether each replica of the strategy holds one block of the rows and updates it
+        alone (MirroredStrategy of several replicas in one process)."""
+        return self._placement.tables_split_over_replicas
+
+    @property
     def slot_names(self) -> tuple[str, ...]:
         """The names of the optimizer's slots the table keeps (Adagrad's: accumulator)."""
         return tuple(self._slots)

@@ -10,27 +10,31 @@ replicas and M servers start equal bit for bit.
 Split over N replicas (`loops.placement.Placement.tables_split_over_replicas`),
 replica i holds block i of the rows (`Placement.table_row_blocks`) and its
 optimizer slots, on its own device, and no other replica holds them. A lookup
-in replica context (`lookup_over_replicas`) runs three collectives:
-1. an all-reduce of each replica's id count (N int32);
-2. an all-reduce of the ids, each replica's placed at its offset in a zero
-   vector of the step's K ids (an all-gather of the ids, in replica order);
-3. each replica gathers the rows of its own block among the K ids, zero
-   elsewhere, and an all-reduce of these K x dim floats gives every replica
+in replica context (`lookup_over_replicas`) sends C distinct ids per replica,
+C fixed when traced (`lookup_capacity`: the table's rows for a table of
+`SMALL_TABLE_ROWS` rows or fewer, else the static id count), because a loop
+of steps in one function runs each collective with the instance keys of its
+call, and such a collective must keep one shape from step to step:
+1. an all-reduce of the ids, each replica's distinct ids padded with -1 to C
+   and placed at its offset in a zero vector of N x C (an all-gather of the
+   ids, in replica order);
+2. each replica gathers the rows of its own block among those ids, zero
+   elsewhere, and an all-reduce of these N C x dim floats gives every replica
    every row; each keeps its own ids' rows.
 The gradient comes back the same way: the all-reduce's gradient is an
-all-reduce of the replicas' row gradients (K x dim floats), and each replica's
-gather sends the rows of its own block to its block alone, as an
-`IndexedSlices` of its local row numbers.
-Bytes a step moves per table, K the ids all replicas look up in the step:
-four all-reduces of 4 N (counts) + 8 K (ids) + 4 K dim (rows, forward) +
-4 K dim (row gradients, backward) bytes; a ring all-reduce sends and
-receives about twice its size per replica, a reduction to one device N
-times. For K = 4 x 1024 ids and dim = 64: 2.13 MB a step (2,129,936 bytes).
-The replicated sparse path of `loops.Update` (`table_rows.rows_over_replicas`)
-all-gathers about the backward half of that (K ids and K x dim floats, padded
-to a capacity) but holds the whole table and its slots on every replica; a
-split table holds 1/N of them per replica. An all-to-all would send each row
-to the one replica that asked: a later stage.
+all-reduce of the replicas' row gradients (N C x dim floats), and each
+replica's gather sends the rows of its own block to its block alone, as an
+`IndexedSlices` of its local row numbers: already summed over the replicas,
+so `loops.Update` applies it as it is and counts its squares once.
+Bytes a step moves per table: three all-reduces of 8 N C (ids) + 4 N C dim
+(rows, forward) + 4 N C dim (row gradients, backward) bytes; a ring
+all-reduce sends and receives about twice its size per replica, a reduction
+to one device N times. For N C = 4 x 1024 ids and dim = 64: 2.13 MB a step
+(2,129,920 bytes). The replicated sparse path of `loops.Update`
+(`table_rows.rows_over_replicas`) all-gathers about the backward half of
+that (padded to the same kind of capacity) but holds the whole table and its
+slots on every replica; a split table holds 1/N of them per replica. An
+all-to-all would send each row to the one replica that asked: a later stage.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from loops import tf_private
+from loops.core.table_rows import SMALL_TABLE_ROWS
 
 # A block's initial values: (its shape, the global index of its first row) -> a tensor.
 BlockInitial = Callable[..., tf.Tensor]
@@ -120,6 +125,29 @@ def _replica_context(table_name: str) -> tf.distribute.ReplicaContext:
     return context
 
 
+def lookup_capacity(table_name: str, table_rows: int, rows: tf.Tensor) -> int:
+    """The most distinct ids one replica sends in a lookup, the same on every replica and
+    known when traced: the table's rows for a table of `SMALL_TABLE_ROWS` rows or fewer
+    (as `loops.Update` gathers a replicated table's rows), else the replica's ids, whose
+    count must then be static (and the same on every replica, as a dataset's batches are).
+
+    Raises:
+        ValueError: a larger table and a count that is not static.
+    """
+    if table_rows <= SMALL_TABLE_ROWS:
+        return table_rows
+    lookups = rows.shape.num_elements()
+    if lookups is not None:
+        return max(min(int(lookups), table_rows), 1)
+    raise ValueError(
+        f"EmbeddingTable {table_name!r} ({table_rows} rows) is split over the replicas and "
+        "exchanges a step's ids between them in a shape fixed when the step is traced (a "
+        "loop of steps keeps one), and the number of ids a replica looks up here is not "
+        f"static (shape {rows.shape}): give the step batches of one size (batch with "
+        "drop_remainder=True), or split the table over parameter servers."
+    )
+
+
 def lookup_over_replicas(
     table_name: str,
     blocks: Sequence[tf.Variable],
@@ -131,22 +159,30 @@ def lookup_over_replicas(
     context = _replica_context(table_name)
     replica = int(tf.get_static_value(context.replica_id_in_sync_group))
     replicas = context.num_replicas_in_sync
-    ids = tf.reshape(tf.cast(rows, tf.int64), [-1])
-    count = tf.shape(ids, out_type=tf.int32)[0]
-    mine = tf.one_hot(replica, replicas, dtype=tf.int32) * count
-    counts = context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
-    total, offset = tf.reduce_sum(counts), tf.reduce_sum(counts[:replica])
-    placed = tf.pad(ids, [[offset, total - offset - count]])
+    capacity = lookup_capacity(table_name, bounds[-1][1], rows)
+    distinct, positions = tf.unique(tf.reshape(tf.cast(rows, tf.int64), [-1]))
+    count = tf.shape(distinct)[0]
+    check = tf.debugging.assert_less_equal(
+        count,
+        capacity,
+        f"EmbeddingTable {table_name!r}: a replica looked up more distinct ids than the "
+        "capacity its lookup was traced with",
+    )
+    with tf.control_dependencies([check]):
+        # Own ids, then -1 up to the capacity, at this replica's offset; zeros elsewhere.
+        own = tf.pad(distinct + 1, [[0, capacity - count]]) - 1
+    placed = tf.pad(own, [[replica * capacity, (replicas - 1 - replica) * capacity]])
     every_id = context.all_reduce(tf.distribute.ReduceOp.SUM, placed)
 
     block = blocks[replica]
     first, last = bounds[replica]
     dim = int(block.shape[1])
     # An empty block (fewer rows than replicas) gathers no row, but through the same ops:
-    # the all-reduce's gradient, a collective, must run on every replica.
+    # the all-reduce's gradient, a collective, must run on every replica. Padding (-1) lies
+    # in no block.
     owned = tf.where((every_id >= first) & (every_id < last))
     found = tf.gather(block, tf.gather_nd(every_id, owned) - first)
-    own_rows = tf.scatter_nd(owned, found, tf.stack([tf.cast(total, tf.int64), dim]))
+    own_rows = tf.scatter_nd(owned, found, [replicas * capacity, dim])
     every_row = context.all_reduce(tf.distribute.ReduceOp.SUM, own_rows)
-    mine_rows = every_row[offset : offset + count]
-    return tf.reshape(mine_rows, tf.concat([tf.shape(rows), [dim]], axis=0))
+    mine = tf.gather(every_row[replica * capacity : (replica + 1) * capacity], positions)
+    return tf.reshape(mine, tf.concat([tf.shape(rows), [dim]], axis=0))
