@@ -201,6 +201,47 @@ def test_a_split_table_resumed_from_a_checkpoint_trains_as_the_uninterrupted_run
     )
 
 
+def test_a_nonfinite_step_on_one_replica_leaves_every_block_of_a_split_table_as_it_was():
+    """2 mirrored replicas, the table split over them: a finite step moves the looked-up
+    rows of both blocks; a NaN target on replica 1 alone leaves both blocks (and the head)
+    untouched, and `nonfinite` says so."""
+    strategy = loops.testing.replica_strategy(2)
+    with strategy.scope():
+        model, table, head = make_model(own_table=True)
+        optimizer = keras.optimizers.SGD(RATE)
+        optimizer.build(model.trainable_variables)
+        update = loops.Update(
+            make_context(strategy, skips=True, health_every=1), optimizer, model, clip_norm=0.05
+        )
+    assert table.split_over_replicas and len(table.shards) == 2
+
+    def replica_loss(ids, targets):
+        count = loops.global_count(tf.shape(targets)[0])
+        scores = tf.squeeze(model(ids, training=True), -1)
+        return loops.scale_to_global_batch((scores - targets) ** 2, count), {}
+
+    step = tf.function(lambda ids, targets: update(replica_loss, args=(ids, targets)))
+
+    def per_replica(values, dtype):
+        return strategy.experimental_distribute_values_from_function(
+            lambda context: tf.constant(values[context.replica_id_in_sync_group], dtype)
+        )
+
+    ids = per_replica([[[1, 4, 4]], [[12, 12, 19]]], tf.int32)
+    before = np.concatenate([np.asarray(shard) for shard in table.shards])
+    result = step(ids, per_replica([[0.5], [-0.5]], tf.float32))
+    after = np.concatenate([np.asarray(shard) for shard in table.shards])
+    assert float(result.nonfinite) == 0.0
+    assert sorted(np.flatnonzero(np.abs(after - before).max(axis=1))) == [1, 4, 12, 19]
+    kernel = head.kernel.numpy()
+    result = step(ids, per_replica([[0.5], [np.nan]], tf.float32))
+    assert float(result.nonfinite) == 1.0
+    np.testing.assert_array_equal(
+        np.concatenate([np.asarray(shard) for shard in table.shards]), after
+    )
+    np.testing.assert_array_equal(head.kernel.numpy(), kernel)
+
+
 @pytest.mark.parametrize(
     "replicas, options, table_optimizer, message",
     [
