@@ -39,6 +39,7 @@ _EXPORTS = {
     "Sum": "loops.core.outputs",
     "Update": "loops.core.update",
     "EmbeddingTable": "loops.core.embedding_tables",
+    "RowwiseAdagrad": "loops.core.rowwise_adagrad",
     "TablePartitioner": "loops.placement",
     "any_bad": "loops.core.update",
     "UpdateContext": "loops.core.update_context",

@@ -26,7 +26,8 @@ The processes of such a cluster that are no chief serve it
 (`loops.cluster.parameter_server.serve_unless_chief`).
 
 Embedding tables are split by rows over the servers (`TablePartitioner`, which
-the strategy is made with) and lie whole everywhere else
+the strategy is made with), over the replicas of a MirroredStrategy of several
+replicas (one block per replica device), and lie whole everywhere else
 (`Placement.table_row_blocks`).
 """
 
@@ -191,15 +192,37 @@ class Placement:
 
     # ---- Embedding tables. ----
 
+    @property
+    def tables_split_over_replicas(self) -> bool:
+        """A table's rows are split into one block per replica, each held and updated by the
+        replica on that device alone (MirroredStrategy of several replicas in one process;
+        MultiWorkerMirroredStrategy not yet: its workers cannot make one another's blocks)."""
+        return self.kind == "mirrored" and self.num_replicas_in_sync > 1
+
+    @property
+    def table_block_devices(self) -> tuple[str, ...]:
+        """The device of each block of `table_row_blocks` where the replicas hold them;
+        empty where the blocks are placed otherwise (by the strategy's partitioner)."""
+        if not self.tables_split_over_replicas:
+            return ()
+        return tuple(self.strategy.extended.worker_devices)
+
     def table_row_blocks(self, rows: int) -> tuple[tuple[int, int], ...]:
         """How a table of `rows` rows is split here: (first, one-past-last) row of each block.
 
         Over parameter servers, one block per server (fewer when the table has
         fewer rows), balanced as `topology.replica_bounds` splits a batch (the
         first `rows % servers` one row longer), as `TablePartitioner` has
-        TensorFlow split it; elsewhere one block, the whole table.
+        TensorFlow split it; over the replicas of a MirroredStrategy, one block
+        per replica, balanced the same way (empty ones when the table has fewer
+        rows than replicas); elsewhere one block, the whole table.
         """
-        blocks = min(self.num_parameter_servers, rows) if self.variables_on_servers else 1
+        if self.tables_split_over_replicas:
+            blocks = self.num_replicas_in_sync
+        elif self.variables_on_servers:
+            blocks = min(self.num_parameter_servers, rows)
+        else:
+            blocks = 1
         base, extra = divmod(rows, max(blocks, 1))
         bounds = [0]
         for block in range(max(blocks, 1)):

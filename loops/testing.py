@@ -26,9 +26,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import placement
+from loops import placement, tf_private
 from loops.cluster import launch, strategies
-from loops.core import health, reporting
+from loops.core import embedding_tables, health, reporting
 from loops.run.trainer import Trainer
 
 
@@ -56,8 +56,24 @@ def _variables(value) -> list:
     return list(getattr(value, "variables", []) or [])
 
 
+def table_weights(item: object) -> dict[str, np.ndarray]:
+    """Each `loops.EmbeddingTable` of a model and each of its slots as one logical (rows, width)
+    array, its blocks joined in row order whatever the split (servers, replicas, none), keyed
+    `table/<layer name>/<variable>`; {} for anything that is not a Keras model."""
+    if not isinstance(item, keras.Model):
+        return {}
+    weights = {}
+    for layer in embedding_tables.tables_in(item):
+        for name in ("embeddings", *layer.slot_names):
+            parts = tf_private.variable_parts(getattr(layer, name))
+            weights[f"table/{layer.name}/{name}"] = np.concatenate([np.asarray(p) for p in parts])
+    return weights
+
+
 def loop_weights(trainer: Trainer, *, check_replicas_agree: bool = True) -> dict[str, np.ndarray]:
-    """Every variable the trainer checkpoints, keyed `item/index/name`.
+    """Every variable the trainer checkpoints, keyed `item/index/name`; a model's
+    `loops.EmbeddingTable`s and their slots as one array each, keyed `item/table/layer/name`
+    (`table_weights`).
 
     Args:
         check_replicas_agree: also assert that every replica's copy of a
@@ -67,6 +83,8 @@ def loop_weights(trainer: Trainer, *, check_replicas_agree: bool = True) -> dict
     for item_name, item in trainer.saved_items().items():
         if item_name == "global_step":
             continue
+        for key, value in table_weights(item).items():
+            weights[f"{item_name}/{key}"] = value
         for index, variable in enumerate(_variables(item)):
             # Keras uniquifies names per process (dense_2, sgd_1); drop the suffixes
             # so the same variable of two loops gets the same key.

@@ -32,6 +32,9 @@ RUN_WITHOUT_COORDINATOR = "_allow_run_without_coordinator"
 ONEDNN_ENABLED = ("tensorflow.python.util._pywrap_util_port", "IsMklEnabled")
 # The class of a variable a ParameterServerStrategy's partitioner splits over the servers.
 SHARDED_VARIABLE = ("__internal__", "distribute", "ShardedVariable")
+# The variable class whose constructor makes one variable where it is called, past every
+# variable creator in force: inside a MirroredStrategy's scope a tf.Variable is mirrored.
+PLAIN_VARIABLE = ("tensorflow.python.ops.resource_variable_ops", "ResourceVariable")
 # AutoGraph's rules of which modules it converts, read front to back, and the two kinds of
 # rule: (module, rules, convert, do not convert).
 AUTOGRAPH_RULES = (
@@ -150,3 +153,22 @@ def variable_parts(variable: Any) -> list[Any]:
     if isinstance(variable, sharded_class):
         return list(variable.variables)
     return [variable]
+
+
+def variable_on_device(device: str, **arguments: Any) -> tf.Variable:
+    """One variable on `device` (tf.Variable's arguments), not mirrored, inside a strategy's
+    scope too: a block of a table that only the replica on `device` holds."""
+    import importlib
+
+    module, name = PLAIN_VARIABLE
+    with tf.device(device):
+        return getattr(importlib.import_module(module), name)(**arguments)
+
+
+def sharded_variable(parts: list[Any], name: str) -> Any:
+    """`parts` (blocks of rows, in row order) as one ShardedVariable: a checkpoint saves it
+    as one tensor, which restores into any other split or into one variable."""
+    sharded_class: Any = tf
+    for attribute in SHARDED_VARIABLE:
+        sharded_class = getattr(sharded_class, attribute)
+    return sharded_class(parts, name=name)

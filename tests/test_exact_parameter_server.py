@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -129,8 +130,8 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
 
 def continued_on_mirrored_replicas(model_dir):
     """The cluster's runs continue in this process: the classifier saved at step 4 on 2
-    mirrored replicas, to the uninterrupted weights; the table model saved at step 3 on one
-    replica to its own (2 synchronous replicas cannot train a table: refused, saying so)."""
+    mirrored replicas, to the uninterrupted weights; the table model saved at step 3 on 2
+    mirrored replicas (the table split over them) and on one replica, each to its own."""
     with open(model_dir + "_uninterrupted.pickle", "rb") as file:
         uninterrupted = pickle.load(file)
     classifier = ps_exact_run.build(
@@ -145,8 +146,18 @@ def continued_on_mirrored_replicas(model_dir):
         label="classifier: 2 workers and 2 servers, then 2 mirrored replicas",
     )
     table_dir = model_dir + "_table_at_3_mirrored"
-    with pytest.raises(ValueError, match=r"cannot train the EmbeddingTable .* on 2 synchronous"):
-        ps_exact_run.build_table(loops.testing.replica_strategy(2), model_dir=table_dir)
+    split_dir = table_dir + "_split"
+    shutil.copytree(table_dir, split_dir)  # each continuation resumes from step 3
+    split = ps_exact_run.build_table(loops.testing.replica_strategy(2), model_dir=split_dir)
+    assert int(split.global_step.numpy()) == 3
+    assert [shard.shape[0] for shard in split.definition.table.shards] == [10, 10]
+    split.train(ps_exact_run.TABLE_STEPS)
+    loops.testing.assert_close(
+        ps_exact_run.table_weights(split),
+        uninterrupted["table"],
+        rtol=1e-5,
+        label="table: 2 workers and 2 servers, then split over 2 mirrored replicas",
+    )
     table = ps_exact_run.build_table(loops.testing.replica_strategy(1), model_dir=table_dir)
     assert int(table.global_step.numpy()) == 3
     table.train(ps_exact_run.TABLE_STEPS)

@@ -145,7 +145,14 @@ def test_the_one_process_strategies():
     assert of("central_storage", 2) == expected(
         "central_storage", 2, variables_apart_from_replicas=True
     )
-    assert Placement.of(loops.make_strategy("mirrored", 2)).table_row_blocks(10) == ((0, 10),)
+    # MirroredStrategy splits a table over its replicas, the other strategies keep it whole.
+    assert Placement.of(loops.make_strategy("mirrored", 2)).table_row_blocks(10) == (
+        (0, 5),
+        (5, 10),
+    )
+    assert Placement.of(loops.make_strategy("central_storage", 2)).table_row_blocks(10) == (
+        (0, 10),
+    )
 
 
 class Resolver:

@@ -27,7 +27,8 @@ def make_model(own_table: bool):
     table_weights, kernel, bias = initial_weights()
     ids = keras.Input((LOOKUPS,), dtype="int32")
     if own_table:
-        table = loops.EmbeddingTable(ROWS, DIM, keras.optimizers.Adagrad(RATE))
+        # Named: the weights of runs on different replica counts compare by name.
+        table = loops.EmbeddingTable(ROWS, DIM, keras.optimizers.Adagrad(RATE), name="items")
     else:
         table = keras.layers.Embedding(ROWS, DIM)
     head = keras.layers.Dense(1)
@@ -54,7 +55,7 @@ class TableModel(loops.Loop):
         self.update = loops.Update(self, self.optimizer, self.model, clip_norm=self.clip_norm)
 
     def checkpoint_items(self):
-        return {"model": self.model}
+        return {"model": self.model, "optimizer": self.optimizer}
 
     def _replica_loss(self, ids, targets):
         count = loops.global_count(tf.shape(targets)[0])
@@ -147,18 +148,127 @@ def test_an_update_given_the_model_trains_its_table_and_skips_a_nonfinite_step()
     np.testing.assert_array_equal(table.embeddings.numpy(), after)
 
 
+def split_trainer(strategy, model_dir=None):
+    """A Trainer of the table model (EmbeddingTable and Dense head), clipped to a global
+    norm of 0.05, health every step; the table split over the strategy's replicas."""
+    return loops.Trainer(
+        TableModel(own_table=True, clip_norm=0.05),
+        strategy=strategy,
+        train_data=batches,
+        health_every=1,
+        model_dir=model_dir,
+        progress=loops.testing.quiet_progress(),
+    )
+
+
+def test_a_table_split_over_1_2_and_4_replicas_trains_the_same_clipped_by_the_trainer():
+    """The shared batches (duplicate ids; a batch of 3 and one of 1, so replicas go empty):
+    every weight, the table's slot, loss, grad_norm and clipping agree on 1, 2 and 4 mirrored
+    replicas, each block's rows counted once in the norm that clips."""
+    runs = loops.testing.assert_replica_parity(split_trainer, num_steps=len(IDS))
+    for count, run in runs.items():
+        table = run["weights"]["model/table/items/embeddings"]
+        if count == 1:
+            one = table
+        else:
+            assert np.abs(table - one).max() <= 1e-6, count
+    clipped = np.ravel(runs[4]["logs"]["health/clipped"])
+    norms = np.ravel(runs[4]["logs"]["health/grad_norm"])
+    assert clipped.tolist() == [float(norm > 0.05) for norm in norms] and clipped.sum() >= 1
+    initial = initial_weights()[0]
+    np.testing.assert_array_equal(one[UNTOUCHED], initial[UNTOUCHED])
+    assert np.abs(one - initial).max() > 1e-3
+
+
+def test_a_split_table_resumed_from_a_checkpoint_trains_as_the_uninterrupted_run(tmp_path):
+    """4 replicas: stopped after 2 steps (saved), resumed for the other 2 in a new Trainer,
+    the table, its slot and the head equal the run that never stopped."""
+    uninterrupted = loops.testing.train_run(
+        split_trainer, loops.testing.replica_strategy(4), num_steps=len(IDS)
+    )
+    model_dir = str(tmp_path / "split")
+    first = split_trainer(loops.testing.replica_strategy(4), model_dir)
+    first.train(2)
+    first.close()
+    resumed = split_trainer(loops.testing.replica_strategy(4), model_dir)
+    assert int(resumed.global_step.numpy()) == 2
+    resumed.train(len(IDS))
+    weights = loops.testing.loop_weights(resumed)
+    resumed.close()
+    assert weights["model/table/items/embeddings"].shape == (ROWS, DIM)
+    loops.testing.assert_close(
+        weights, uninterrupted["weights"], rtol=1e-6, label="resumed on 4 replicas"
+    )
+
+
+def test_a_nonfinite_step_on_one_replica_leaves_every_block_of_a_split_table_as_it_was():
+    """2 mirrored replicas, the table split over them: a finite step moves the looked-up
+    rows of both blocks; a NaN target on replica 1 alone leaves both blocks (and the head)
+    untouched, and `nonfinite` says so."""
+    strategy = loops.testing.replica_strategy(2)
+    with strategy.scope():
+        model, table, head = make_model(own_table=True)
+        optimizer = keras.optimizers.SGD(RATE)
+        optimizer.build(model.trainable_variables)
+        update = loops.Update(
+            make_context(strategy, skips=True, health_every=1), optimizer, model, clip_norm=0.05
+        )
+    assert table.split_over_replicas and len(table.shards) == 2
+
+    def replica_loss(ids, targets):
+        count = loops.global_count(tf.shape(targets)[0])
+        scores = tf.squeeze(model(ids, training=True), -1)
+        return loops.scale_to_global_batch((scores - targets) ** 2, count), {}
+
+    step = tf.function(lambda ids, targets: update(replica_loss, args=(ids, targets)))
+
+    def per_replica(values, dtype):
+        return strategy.experimental_distribute_values_from_function(
+            lambda context: tf.constant(values[context.replica_id_in_sync_group], dtype)
+        )
+
+    ids = per_replica([[[1, 4, 4]], [[12, 12, 19]]], tf.int32)
+    before = np.concatenate([np.asarray(shard) for shard in table.shards])
+    result = step(ids, per_replica([[0.5], [-0.5]], tf.float32))
+    after = np.concatenate([np.asarray(shard) for shard in table.shards])
+    assert float(result.nonfinite) == 0.0
+    assert sorted(np.flatnonzero(np.abs(after - before).max(axis=1))) == [1, 4, 12, 19]
+    kernel = head.kernel.numpy()
+    result = step(ids, per_replica([[0.5], [np.nan]], tf.float32))
+    assert float(result.nonfinite) == 1.0
+    np.testing.assert_array_equal(
+        np.concatenate([np.asarray(shard) for shard in table.shards]), after
+    )
+    np.testing.assert_array_equal(head.kernel.numpy(), kernel)
+
+
 @pytest.mark.parametrize(
     "replicas, options, table_optimizer, message",
     [
-        (2, {}, None, r"cannot train the EmbeddingTable .* on 2 synchronous replicas.*Use "),
-        (1, {}, keras.optimizers.SGD, r"table_optimizer=SGD\) would train the EmbeddingTable"),
-        (1, {"ema_decay": 0.9}, None, r"ema_decay keeps a moving average .*EmbeddingTable"),
+        (
+            (2, "central_storage"),
+            {},
+            None,
+            r"cannot train the EmbeddingTable .* on 2 synchronous replicas of this strategy.*Use ",
+        ),
+        (
+            (1, "mirrored"),
+            {},
+            keras.optimizers.SGD,
+            r"table_optimizer=SGD\) would train the EmbeddingTable",
+        ),
+        (
+            (2, "mirrored"),
+            {"ema_decay": 0.9},
+            None,
+            r"ema_decay keeps a moving average .*EmbeddingTable",
+        ),
     ],
 )
 def test_an_update_refuses_a_table_it_cannot_train_with_the_fix(
     replicas, options, table_optimizer, message
 ):
-    strategy = loops.testing.replica_strategy(replicas)
+    strategy = loops.testing.replica_strategy(*replicas)
     with strategy.scope():
         model, table, _ = make_model(own_table=True)
         optimizer = keras.optimizers.SGD(RATE)

@@ -105,6 +105,22 @@ def test_the_shards_of_a_sharded_variable_and_a_plain_variable_alone():
     assert tf_private.variable_parts(plain) == [plain]
 
 
+def test_a_plain_variable_inside_a_mirrored_scope_lies_on_its_device_alone_and_shards_join():
+    strategy = tf.distribute.MirroredStrategy(DEVICES)
+    with strategy.scope():
+        parts = [
+            tf_private.variable_on_device(device, initial_value=[[float(i)]], name=f"p{i}")
+            for i, device in enumerate(DEVICES)
+        ]
+        mirrored = tf.Variable([[0.0]])
+    assert len(strategy.experimental_local_results(mirrored)) == 2
+    assert [strategy.experimental_local_results(part) for part in parts] == [(p,) for p in parts]
+    assert [part.device[-5:] for part in parts] == ["CPU:0", "CPU:1"]
+    joined = tf_private.sharded_variable(parts, "joined")
+    assert tf_private.variable_parts(joined) == parts
+    assert tf.convert_to_tensor(joined).numpy().tolist() == [[0.0], [1.0]]
+
+
 def test_autograph_calls_a_left_package_as_written_and_a_users_function_converted(
     tmp_path, monkeypatch
 ):

@@ -10,18 +10,22 @@ the row update of its Keras optimizer (SGD without momentum or Adagrad, exact:
 `loops.core.row_updates`) on slots of the table's own, split as it is. Under
 one process (or one_device) the same variables are ordinary ones, and the
 layer equals `keras.layers.Embedding` (lookups) and its optimizer Keras' on
-the dense gradient (updates). Under several synchronous replicas it looks up
-but refuses to update (a `keras.layers.Embedding` through `loops.Update` is
-the sparse table there).
+the dense gradient (updates). Under MirroredStrategy of N replicas the table
+and its slots are split into N blocks, block i on replica i's device alone
+(`Placement.table_row_blocks`): a lookup inside `strategy.run` exchanges ids
+and rows with collectives, and `apply_gradients` there updates this replica's
+block alone (`loops.core.table_blocks` states the bytes a step moves). Other
+strategies of several synchronous replicas (central storage) look up but
+refuse to update.
 
 The table saves as `embeddings` and each slot under its name (`accumulator`),
-every one as one whole tensor whatever the shard count, so a checkpoint saved
-with M servers restores into M' servers or into one process, slots included
-(TensorFlow reshards a ShardedVariable itself when it restores one).
+every one as one whole tensor whatever the split, so a checkpoint saved with M
+servers or N replicas restores into any other split or into one process, slots
+included (TensorFlow reshards a ShardedVariable itself when it restores one).
 
-Initial values: uniform in [-0.05, 0.05] (Keras' Embedding default), drawn per
-shard from `seed` and the shard's first row, so they depend on the shard count;
-restored or assigned values do not.
+Initial values: uniform in [-0.05, 0.05] (Keras' Embedding default), a function
+of `seed` and the global row alone (`table_blocks.uniform_rows`), so one
+process, N replicas and M servers start equal bit for bit.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private, placement, tf_private
-from loops.core import row_updates, table_ids, table_rows
+from loops.core import row_updates, table_blocks, table_ids, table_rows
+from loops.core.rowwise_adagrad import RowwiseAdagrad
 from loops.vocabulary.whole_numbers import is_whole
 
 INITIAL_RANGE = 0.05
@@ -46,11 +51,12 @@ class EmbeddingTable(keras.layers.Layer):
         rows: the table's rows.
         dim: each vector's length.
         optimizer: the Keras optimizer `apply_gradients` uses: Adagrad (the
-            default, Keras' defaults) or SGD without momentum, the ones with an exact
-            row update. Its slots live beside the table, split the same way; its
-            learning rate is read each step, a schedule's at the optimizer's
-            `iterations`, which the table does not count (`optimizer.iterations
-            .assign_add(1)` after the step does, or an optimizer that trains more).
+            default, Keras' defaults), `loops.RowwiseAdagrad` or SGD without
+            momentum, the ones with an exact row update. Its slots live beside
+            the table, split the same way; its learning rate is read each step,
+            a schedule's at the optimizer's `iterations`, which the table does
+            not count (`optimizer.iterations.assign_add(1)` after the step
+            does, or an optimizer that trains more).
         ids: "rows" (int ids in [0, rows)), "strings" or "hashes" (int64 ids of
             any value), the last two hashed to rows (`loops.core.table_ids`
             states the collision policy) unless a vocabulary maps the strings.
@@ -94,11 +100,14 @@ class EmbeddingTable(keras.layers.Layer):
         )
 
     def build(self, input_shape=None) -> None:
-        self._check_split_over_servers(tf.distribute.get_strategy())
+        strategy = tf.distribute.get_strategy()
+        self._check_split_over_servers(strategy)
+        self._placement = placement.Placement.of(strategy)
         with placement.rows_split_over_servers():
             self.embeddings = self._table_variable("embeddings", self._initial_rows, True)
-            for name, value in self._slots.items():
-                setattr(self, name, self._table_variable(name, self._filled(value), False))
+            for name, (value, width) in self._slots.items():
+                variable = self._table_variable(name, self._filled(value, width), False, width)
+                setattr(self, name, variable)
         super().build(input_shape)
 
     def _check_split_over_servers(self, strategy: tf.distribute.Strategy) -> None:
@@ -120,10 +129,21 @@ class EmbeddingTable(keras.layers.Layer):
                 "(loops.make_strategy('parameter_server') does)."
             )
 
-    def _table_variable(self, name: str, initial_value, trainable: bool):
+    def _table_variable(self, name: str, initial_value, trainable: bool, width: int | None = None):
+        """The table (or a slot of `width` columns, the table's by default), placed here."""
+        width = self.dim if width is None else width
+        if self._placement.tables_split_over_replicas:
+            return table_blocks.blocks_over_replicas(
+                name,
+                self._placement.table_row_blocks(self.rows),
+                self._placement.table_block_devices,
+                width,
+                initial_value,
+                trainable=trainable,
+            )
         return tf.Variable(
             initial_value=initial_value,
-            shape=(self.rows, self.dim),
+            shape=(self.rows, width),
             dtype=tf.float32,
             trainable=trainable,
             name=name,
@@ -131,13 +151,16 @@ class EmbeddingTable(keras.layers.Layer):
 
     def _initial_rows(self, partition_shape=None, partition_offset=None) -> tf.Tensor:
         shape = partition_shape if partition_shape is not None else (self.rows, self.dim)
-        first = 0 if partition_offset is None else partition_offset[0]
-        return _uniform_rows(tuple(shape), tf.constant([self.seed, first], tf.int64))
+        first = 0 if partition_offset is None else int(partition_offset[0])
+        return table_blocks.uniform_rows(
+            self.seed, first, tuple(shape), -INITIAL_RANGE, INITIAL_RANGE
+        )
 
-    def _filled(self, value: float):
+    def _filled(self, value: float, width: int | None):
         def initial(partition_shape=None, partition_offset=None):
             del partition_offset  # every row starts the same
-            shape = partition_shape if partition_shape is not None else (self.rows, self.dim)
+            columns = self.dim if width is None else width
+            shape = partition_shape if partition_shape is not None else (self.rows, columns)
             return _filled_rows(tuple(shape), tf.constant(value, tf.float32))
 
         return initial
@@ -146,6 +169,17 @@ class EmbeddingTable(keras.layers.Layer):
     def shards(self) -> list[tf.Variable]:
         """The variables holding the rows, in row order: one per server, or the one table."""
         return tf_private.variable_parts(self.embeddings)
+
+    @property
+    def split_over_replicas(self) -> bool:
+        """Whether each replica of the strategy holds one block of the rows and updates it
+        alone (MirroredStrategy of several replicas in one process)."""
+        return self._placement.tables_split_over_replicas
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        """The names of the optimizer's slots the table keeps (Adagrad's: accumulator)."""
+        return tuple(self._slots)
 
     def slot_shards(self, name: str) -> list[tf.Variable]:
         """Slot `name`'s variables, split as `shards`."""
@@ -164,6 +198,14 @@ class EmbeddingTable(keras.layers.Layer):
         rows = self.row_ids(ids)
         if self.ids == "rows":
             rows = self._checked_rows(rows)
+        # Inside the strategy's strategy.run; outside it (no strategy in force is the default
+        # strategy's one replica) the lookup reads every block.
+        context = tf.distribute.get_replica_context()
+        in_replicas = context is not None and context.num_replicas_in_sync > 1
+        if self._placement.tables_split_over_replicas and in_replicas:
+            return table_blocks.lookup_over_replicas(
+                self.name, self.shards, self._placement.table_row_blocks(self.rows), rows
+            )
         return tf.nn.embedding_lookup(self.embeddings, rows)
 
     def _checked_rows(self, rows: tf.Tensor) -> tf.Tensor:
@@ -190,12 +232,15 @@ class EmbeddingTable(keras.layers.Layer):
 
         `gradients` is `tape.gradient(loss, table.shards)`: one per shard, in order.
 
+        Split over the replicas, call it inside `strategy.run`: each replica
+        has the gradient of its own block (the others are None) and updates it.
+
         Raises:
-            ValueError: under a strategy of several synchronous replicas, whose
-                copies of the table this would update apart.
+            ValueError: under another strategy of several synchronous replicas,
+                whose copies of the table this would update apart.
         """
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        if replicas > 1:
+        if replicas > 1 and not self._placement.tables_split_over_replicas:
             raise ValueError(
                 f"EmbeddingTable.apply_gradients updates one copy of the table, but the strategy "
                 f"keeps {replicas} replicas in sync: use it in one process, under one_device or "
@@ -249,17 +294,13 @@ def tables_in(model: keras.Layer) -> list[EmbeddingTable]:
 # 1,528 MiB op by op, the CPU allocator keeping the freed buffers (benchmarks/sharded_tables.py,
 # oneDNN on, TF 2.21).
 @tf.function(autograph=False)
-def _uniform_rows(shape: tuple[int, ...], seed: tf.Tensor) -> tf.Tensor:
-    return tf.random.stateless_uniform(shape, seed, minval=-INITIAL_RANGE, maxval=INITIAL_RANGE)
-
-
-@tf.function(autograph=False)
 def _filled_rows(shape: tuple[int, ...], value: tf.Tensor) -> tf.Tensor:
     return tf.fill(shape, value)
 
 
-def _slot_initial_values(optimizer) -> dict[str, float]:
-    """The table's slot variables for `optimizer`, by name, and each one's initial value.
+def _slot_initial_values(optimizer) -> dict[str, tuple[float, int | None]]:
+    """The table's slot variables for `optimizer`, by name: each one's initial value and
+    its columns (None: the table's).
 
     Raises:
         ValueError: an optimizer without an exact row update, saying why.
@@ -270,6 +311,7 @@ def _slot_initial_values(optimizer) -> dict[str, float]:
             f"EmbeddingTable(optimizer={type(optimizer).__name__}): {reason}; pass "
             "keras.optimizers.Adagrad or keras.optimizers.SGD without momentum."
         )
-    if isinstance(optimizer, keras.optimizers.Adagrad):
-        return {"accumulator": float(optimizer.initial_accumulator_value)}
+    if isinstance(optimizer, (keras.optimizers.Adagrad, RowwiseAdagrad)):
+        width = 1 if isinstance(optimizer, RowwiseAdagrad) else None
+        return {"accumulator": (float(optimizer.initial_accumulator_value), width)}
     return {}

@@ -9,6 +9,9 @@ replicas with each id once (`loops.core.table_rows`):
   accumulator and moves it by -lr * g / sqrt(accumulator + epsilon); with
   g = 0 neither changes, so the touched rows are the whole update, computed
   with the same operations in the same order.
+- `loops.RowwiseAdagrad`: exact. One accumulator per row: accumulator +=
+  mean(g**2 over the row), then w -= lr * g / sqrt(accumulator + epsilon);
+  g = 0 changes neither (`loops.core.rowwise_adagrad`).
 - Adam (and AdamW, Lion, ...): no row update. Dense Adam decays every row's
   moments each step and so moves rows the step did not touch; no sparse
   update equals it, and loops keeps Adam dense rather than train another
@@ -31,6 +34,7 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private
+from loops.core.rowwise_adagrad import RowwiseAdagrad
 
 # A row rule: (optimizer, variable, its slot variables, unique ids, summed rows, rate).
 RowUpdate = Callable[[Any, tf.Variable, Sequence[tf.Variable], tf.Tensor, tf.Tensor, Any], None]
@@ -59,9 +63,22 @@ def _adagrad_rows(optimizer, variable, slots, ids, rows, learning_rate) -> None:
     variable.scatter_sub(tf.IndexedSlices(rate * rows / tf.sqrt(accumulated + epsilon), ids))
 
 
+def _rowwise_adagrad_rows(optimizer, variable, slots, ids, rows, learning_rate) -> None:
+    (accumulator,) = slots  # one float a row
+    rate = tf.cast(learning_rate, variable.dtype)
+    rows = tf.cast(rows, variable.dtype)
+    # accumulator += mean(g * g) over the row, then w -= lr * g / sqrt(acc + eps).
+    squares = tf.reduce_mean(tf.square(rows), axis=1, keepdims=True)
+    accumulated = accumulator.sparse_read(ids) + squares
+    accumulator.scatter_update(tf.IndexedSlices(accumulated, ids))
+    epsilon = tf.cast(optimizer.epsilon, variable.dtype)
+    variable.scatter_sub(tf.IndexedSlices(rate * rows / tf.sqrt(accumulated + epsilon), ids))
+
+
 RULES: dict[type, RowRule] = {
     keras.optimizers.SGD: RowRule((), _sgd_rows),
     keras.optimizers.Adagrad: RowRule((keras_private.ADAGRAD_ACCUMULATORS,), _adagrad_rows),
+    RowwiseAdagrad: RowRule((keras_private.ADAGRAD_ACCUMULATORS,), _rowwise_adagrad_rows),
 }
 
 # Options of every Keras optimizer that act on all of a variable's rows each step.

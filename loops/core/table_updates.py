@@ -13,8 +13,13 @@ before, with a note once that says why (for a table of `NOTE_FROM_ROWS` rows or 
 
 A model's `loops.EmbeddingTable` layers are tables of their own: their shards'
 gradients summed by row and applied by each layer's `apply_gradients` with its
-own row optimizer and slots (split as the table is), on one replica only
-(`check_own_tables` refuses the rest before any step).
+own row optimizer and slots (split as the table is), on one replica, under
+parameter servers, or split over the replicas of a MirroredStrategy, where
+each replica applies its own block's rows, already summed over the replicas
+by the lookup's collectives (`loops.core.table_blocks`), and the blocks'
+squares are summed over the replicas for clipping and health
+(`TableGradients.global_norm`); `check_own_tables` refuses the rest (central
+storage, several workers) before any step.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ class TableGradients:
         max_lookups: the most ids one replica looks up in one table in one
             step, where that is not static (`table_rows.capacity`).
         own_tables: the model's `loops.EmbeddingTable` layers (built, checked
-            by `check_own_tables`), each trained by its own optimizer.
+            by `check_own_tables`), each trained by its own optimizer; one split over
+            the replicas trains block by block, each on its own replica.
     """
 
     def __init__(
@@ -98,7 +104,8 @@ class TableGradients:
         prepared = []
         for gradient, variable in zip(gradients, variables):
             if id(variable) in own:
-                # One replica (check_own_tables): its rows are the step's, summed by id.
+                # One replica, or this replica's own block of a split table (the others'
+                # are None): its rows are the whole step's, summed by id.
                 prepared.append(
                     None if gradient is None else table_rows.unique_rows(_rows(gradient))
                 )
@@ -113,6 +120,24 @@ class TableGradients:
                 self._note_dense(variable, reason)
                 prepared.append(tf.convert_to_tensor(gradient))
         return prepared
+
+    def global_norm(self, summed: Sequence[Any], variables: Sequence[Any]) -> tf.Tensor:
+        """The global norm of the replicas' summed gradient (`summed`), the same on every
+        replica; call in replica context.
+
+        A table split over the replicas has each block's gradient on its own
+        replica alone (None on the others): the blocks' sums of squares are
+        summed over the replicas, so each row counts once, as in the dense
+        gradient's norm.
+        """
+        blocks = self._block_shards()
+        if not blocks:
+            return tf.linalg.global_norm(summed)
+        shared = [g for g, v in zip(summed, variables) if id(v) not in blocks]
+        own = [g for g, v in zip(summed, variables) if id(v) in blocks]
+        context = tf.distribute.get_replica_context()
+        own_squares = context.all_reduce(tf.distribute.ReduceOp.SUM, _sum_of_squares(own))
+        return tf.sqrt(_sum_of_squares(shared) + own_squares)
 
     def sent_rows(self, gradients: Sequence[Any]) -> list[Any]:
         """Each table's gradient as its rows, each id once (`table_rows.unique_rows`), the
@@ -174,6 +199,18 @@ class TableGradients:
         """Each EmbeddingTable's rows, by its own optimizer, at this step's rate."""
         for layer in self.own_tables:
             layer.apply_gradients([own_gradients.get(id(shard)) for shard in layer.shards])
+
+    def _block_shards(self) -> set[int]:
+        """The ids of the shards of tables split over this step's replicas (one block each)."""
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync < 2:
+            return set()
+        return {
+            id(shard)
+            for layer in self.own_tables
+            if layer.split_over_replicas
+            for shard in layer.shards
+        }
 
     def _own_shards(self) -> dict[int, Any]:
         """The EmbeddingTables' shards, by id (a variable is not hashable), and each's layer."""
@@ -237,6 +274,17 @@ def update_tables(
     return tables
 
 
+def _sum_of_squares(gradients: Sequence[Any]) -> tf.Tensor:
+    """The sum of the squares of every value of `gradients` (None ones left out), in float32."""
+    total = tf.constant(0.0)
+    for gradient in gradients:
+        if gradient is None:
+            continue
+        values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+        total += tf.reduce_sum(tf.square(tf.cast(values, tf.float32)))
+    return total
+
+
 def _rows(gradient: Any) -> tf.IndexedSlices:
     """A table shard's gradient as rows; a dense one (from a caller's own sum) as all of them."""
     if isinstance(gradient, tf.IndexedSlices):
@@ -267,12 +315,13 @@ def check_own_tables(
                 f"loops.Update trains the {name} of its model, which is not built yet: build "
                 "the model (give it a keras.Input, or call it on a batch) before the Update."
             )
-        if replicas > 1:
+        if replicas > 1 and not table.split_over_replicas:
             raise ValueError(
-                f"loops.Update cannot train the {name} on {replicas} synchronous replicas: it "
-                "updates one copy of its rows (one process, one_device or parameter_server). "
-                "Use keras.layers.Embedding(rows, dim) there: through loops.Update it trains "
-                "sparsely and exactly on any replica count "
+                f"loops.Update cannot train the {name} on {replicas} synchronous replicas of "
+                "this strategy: it updates one copy of its rows (one process, one_device or "
+                "parameter_server) or splits them over the replicas of a MirroredStrategy in "
+                "one process. Use keras.layers.Embedding(rows, dim) there: through "
+                "loops.Update it trains sparsely and exactly on any replica count "
                 "(table_optimizer=keras.optimizers.Adagrad(...))."
             )
         if table_optimizer is not None and table_optimizer is not table.optimizer:

@@ -188,9 +188,12 @@ class Update:
     weights) trains too: its shards' rows, counted by the non-finite check,
     clipping and health like the rest, applied by its own row optimizer
     (`table_optimizer` may only be that same optimizer), whose `iterations`
-    the Update counts. It trains on one replica or under parameter servers;
-    on several synchronous replicas, or with a moving average, the Update is
-    refused with the fix (`table_updates.check_own_tables`).
+    the Update counts. It trains on one replica, under parameter servers, and
+    split over the replicas of a MirroredStrategy (each replica applies its
+    own block's rows; clipping and health count each block's rows once); on
+    the synchronous replicas of another strategy (central storage, several
+    workers), or with a moving average, the Update is refused with the fix
+    (`table_updates.check_own_tables`).
 
     Args:
         context: the `UpdateContext` it runs in; or, in a definition's
@@ -376,7 +379,7 @@ class Update:
             # The norm of the replicas' sum, which clipping and the health metrics
             # share, the same on every replica whatever their number.
             summed = self.tables.summed(gradients)
-            norm = tf.linalg.global_norm(summed)
+            norm = self.tables.global_norm(summed, self.variables())
         return {"loss": loss, **logs}, gradients, finite, summed, norm
 
     def _replica_apply(self, gradients) -> None:
