@@ -274,7 +274,7 @@ from loops.bin import config_source
 
 scratch = Setting(
     "scratch_ratio", "training", "A scratch setting of the proof test: a ratio in (0, 1].",
-    "float", default=0.5, section="run",
+    "float", default=0.5, section="run", elsewhere="the proof test's binary reads it",
     check=satisfies(lambda value: 0 < value <= 1, "{name} must lie in (0, 1], e.g. {name}=0.5."),
 )
 settings.SETTINGS = (*settings.SETTINGS, scratch)

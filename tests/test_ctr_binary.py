@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from sklearn.metrics import log_loss, roc_auc_score
 
-from conftest import read_results, run_module
+from conftest import ROOT, read_results, run_module
 from loops.input import log_identity
 from loops.model_dir import run_config
 from loops_data import ctr_tables
@@ -334,10 +334,12 @@ def model_dir_files(model_dir):
     return found
 
 
-def test_the_adult_benchmark_writes_its_json_on_a_stand_in_of_the_wheel(tmp_path):
+def test_the_adult_benchmark_writes_its_json_on_a_stand_in_of_the_wheel(tmp_path, monkeypatch):
     import pyarrow
     import pyarrow.parquet
 
+    # The `pytest` script does not put the repository on the path (`python -m pytest` does).
+    monkeypatch.syspath_prepend(ROOT)
     from benchmarks import adult
 
     generator = np.random.default_rng(0)
