@@ -798,7 +798,9 @@ def test_the_peers_benchmark_writes_loops_split_and_refuses_without_its_extra(tm
     )
 
 
-def test_the_peers_table_names_the_recipe_loops_ran_with():
+def test_the_peers_table_names_the_recipe_loops_ran_with(monkeypatch):
+    # The `pytest` script does not put the repository on the path (`python -m pytest` does).
+    monkeypatch.syspath_prepend(ROOT)
     from benchmarks import recommender_peers
 
     ranking = {"recall_at_10": 0.2357, "ndcg_at_10": 0.43, "popularity_recall_at_10": 0.1188}
