@@ -545,3 +545,14 @@ class OutputRun:
         code = self.finish(timeout)
         assert code == 0, f"exit code {code}:\n{self.output[-4000:]}"
         return self
+
+
+def snapshot(directory) -> dict[str, tuple[bytes, int]]:
+    """Relative path -> (bytes, mtime_ns) of every file under `directory`."""
+    files = {}
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(parent, name)
+            with open(path, "rb") as stream:
+                files[os.path.relpath(path, directory)] = (stream.read(), os.stat(path).st_mtime_ns)
+    return files

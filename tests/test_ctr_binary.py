@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from sklearn.metrics import log_loss, roc_auc_score
 
-from conftest import ROOT, read_results, run_module
+from conftest import ROOT, read_results, run_module, snapshot
 from loops.input import log_identity
 from loops.model_dir import run_config
 from loops_data import ctr_tables
@@ -301,7 +301,7 @@ def test_the_binary_keeps_the_best_auc_and_exports_the_live_models_probabilities
     assert roc_auc_score(split.test.labels, logits) == pytest.approx(test["auc"], abs=1e-6)
     # Another generated log and model in the same --model_dir: refused before TensorFlow,
     # each change named, the run's files untouched.
-    files_before = model_dir_files(model_dir)
+    files_before = snapshot(model_dir)
     other = [f for f in flags if not f.startswith(("--generated_rows", "--model"))]
     again = run_module(
         "loops.bin.ctr",
@@ -320,18 +320,7 @@ def test_the_binary_keeps_the_best_auc_and_exports_the_live_models_probabilities
         "--generated_rows, --test_fraction, --validation_fraction and --seed, or a new "
         "--model_dir to train on this data." in again.stderr
     )
-    assert model_dir_files(model_dir) == files_before
-
-
-def model_dir_files(model_dir):
-    """Each file under model_dir by its relative path: its bytes and modification time."""
-    found = {}
-    for root, _, names in os.walk(model_dir):
-        for name in names:
-            path = os.path.join(root, name)
-            with open(path, "rb") as stream:
-                found[os.path.relpath(path, model_dir)] = (stream.read(), os.stat(path).st_mtime_ns)
-    return found
+    assert snapshot(model_dir) == files_before
 
 
 def test_the_adult_benchmark_writes_its_json_on_a_stand_in_of_the_wheel(tmp_path, monkeypatch):

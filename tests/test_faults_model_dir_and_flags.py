@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, snapshot
 from conftest import SUBPROCESS_ENV as ENV
 from loops.cli import flags as loop_flags
 from loops.model_dir import model_dir_lock
@@ -37,17 +37,6 @@ def model_dir_with_a_run(directory) -> str:
         with open(os.path.join(directory, name), "wb") as stream:
             stream.write(content)
     return str(directory)
-
-
-def snapshot(directory) -> dict[str, tuple[bytes, int]]:
-    """Relative path -> (bytes, mtime_ns) of every file under `directory`."""
-    files = {}
-    for parent, _, names in os.walk(directory):
-        for name in names:
-            path = os.path.join(parent, name)
-            with open(path, "rb") as stream:
-                files[os.path.relpath(path, directory)] = (stream.read(), os.stat(path).st_mtime_ns)
-    return files
 
 
 def binary(kind, model_dir, *flags):
