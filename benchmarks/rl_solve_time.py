@@ -16,18 +16,24 @@ import time
 
 from absl import app, flags
 
-flags.DEFINE_list(
-    "replica_counts",
-    ["1", "2"],
-    "Replica counts to time: 1 runs on the default strategy, more on a "
-    "MirroredStrategy over that many logical CPUs.",
-)
-flags.DEFINE_integer("max_train_steps", 1000, "Give up after this many train steps.", lower_bound=1)
-flags.DEFINE_integer("seed", 0, "Seed of the loops.")
-flags.DEFINE_string("output", None, "Also write the results as JSON to this path.")
-
 FLAGS = flags.FLAGS
 SOLVED_RETURN = 475.0
+
+
+def define_flags() -> None:
+    """Defines this program's flags; when it runs, never at import, where a process may
+    already hold a binary's --seed (absl refuses a flag defined twice)."""
+    flags.DEFINE_list(
+        "replica_counts",
+        ["1", "2"],
+        "Replica counts to time: 1 runs on the default strategy, more on a "
+        "MirroredStrategy over that many logical CPUs.",
+    )
+    flags.DEFINE_integer(
+        "max_train_steps", 1000, "Give up after this many train steps.", lower_bound=1
+    )
+    flags.DEFINE_integer("seed", 0, "Seed of the loops.")
+    flags.DEFINE_string("output", None, "Also write the results as JSON to this path.")
 
 
 def time_to_solve(num_replicas: int, *, max_train_steps: int, seed: int) -> dict:
@@ -102,4 +108,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -770,6 +770,7 @@ rows = {name: sorted(zip(p.user_ids[p.users].tolist(), p.item_ids[p.items].tolis
 print("FOUND " + json.dumps({name: len(r) for name, r in rows.items()}))
 print("SHARED " + json.dumps(len(set(rows["train"]) & set(rows["validation"])) +
                              len(set(rows["train"] + rows["validation"]) & set(rows["test"]))))
+recommender_peers.define_flags()
 flags.FLAGS(["recommender_peers"])
 recommender_peers.main([])
 """
