@@ -67,7 +67,7 @@ def learning_rates_read_from(optimizers: Sequence[Any], rate: Callable[[], Any])
 def optimizer_slot(optimizer: Any, slots: str, variable: Any) -> Any:
     """The optimizer's slot variable in its list `slots` (`ADAGRAD_ACCUMULATORS`...) for `variable`.
 
-    A sparse row update (`loops.core.row_updates`) writes the rows of the very
+    A sparse row update (`loops.tables.row_updates`) writes the rows of the very
     slots the Keras optimizer built, so its checkpoints stay the optimizer's;
     Keras 3 keeps them in private lists, by the variable's index.
 

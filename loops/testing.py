@@ -28,8 +28,9 @@ import tensorflow as tf
 
 from loops import placement, tf_private
 from loops.cluster import launch, strategies
-from loops.core import embedding_tables, health, reporting
+from loops.core import health, reporting
 from loops.run.trainer import Trainer
+from loops.tables import embedding_tables
 
 
 def replica_strategy(num_replicas: int, name: str = "mirrored") -> tf.distribute.Strategy:

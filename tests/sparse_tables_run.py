@@ -18,7 +18,7 @@ import test_sparse_tables as tables  # noqa: E402
 
 import loops  # noqa: E402
 from loops import topology  # noqa: E402
-from loops.core import row_updates  # noqa: E402
+from loops.tables import row_updates  # noqa: E402
 
 strategy = loops.make_strategy("multi_worker_mirrored")
 model, update = tables.make_update(strategy, lambda: keras.optimizers.Adagrad(tables.RATE))

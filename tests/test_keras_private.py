@@ -30,7 +30,7 @@ def test_the_embedding_layers_of_a_model_are_found_nested_and_read_sparsely_the_
     import numpy as np
     import tensorflow as tf
 
-    from loops.core import table_rows
+    from loops.tables import table_rows
 
     inner = keras.Sequential([keras.Input((2,), dtype="int32"), keras.layers.Embedding(7, 3)])
     ids = keras.Input((2,), dtype="int32")

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import loops
 from loops import placement, tf_private
-from loops.core import table_blocks
+from loops.tables import table_blocks
 
 ROWS, DIM, RATE, EPSILON = 11, 3, 0.1, 1e-7
 WEIGHTS = np.array([[1.0, -2.0, 0.5]], np.float32)

@@ -13,8 +13,8 @@ import tensorflow as tf
 import loops
 from conftest import ROOT, SUBPROCESS_ENV
 from loops import placement
-from loops.core import table_ids
 from loops.placement import TablePartitioner, rows_split_over_servers
+from loops.tables import table_ids
 
 BATCHES = ([0, 3, 3, 9, 5, 3], [9, 9, 1], [4, 7, 0, 6, 6])
 UNTOUCHED = [2, 8]

@@ -19,7 +19,8 @@ import tensorflow as tf
 from table_batches import DIM, IDS, LOOKUPS, RATE, ROWS, TARGETS, UNTOUCHED
 
 import loops
-from loops.core import row_updates, table_rows, table_updates
+from loops.core import table_updates
+from loops.tables import row_updates, table_rows
 from loops.topology import replica_bounds
 
 # The shared batches and weights (table_batches); this file's weights drawn from seed 4.

@@ -18,9 +18,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from loops.core import compilation, micro_batches, table_rows
+from loops.core import compilation, micro_batches
 from loops.core.mixed_precision import DynamicLossScale
 from loops.core.table_updates import TableGradients
+from loops.tables import table_rows
 from loops.topology import replica_bounds
 
 # A replica function's result: its share of the loss (already divided by the

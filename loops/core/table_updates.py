@@ -5,7 +5,7 @@ A table is a variable whose gradient comes out of the tape as a
 `tf.IndexedSlices` (a `keras.layers.Embedding`, any `tf.gather` of a
 variable): found when the step is traced, with no special layer. Its
 optimizer is the Update's `table_optimizer`, or its `optimizer` when none is
-given. Where that optimizer has a row update (`loops.core.row_updates`: SGD
+given. Where that optimizer has a row update (`loops.tables.row_updates`: SGD
 without momentum, Adagrad; exact) the gradient stays sparse end to end:
 duplicate ids summed, rows gathered across replicas, only those rows (and
 their slots) read and written. Otherwise the table is trained densely, as
@@ -16,7 +16,7 @@ gradients summed by row and applied by each layer's `apply_gradients` with its
 own row optimizer and slots (split as the table is), on one replica, under
 parameter servers, or split over the replicas of a MirroredStrategy, where
 each replica applies its own block's rows, already summed over the replicas
-by the lookup's collectives (`loops.core.table_blocks`), and the blocks'
+by the lookup's collectives (`loops.tables.table_blocks`), and the blocks'
 squares are summed over the replicas for clipping and health
 (`TableGradients.global_norm`); `check_own_tables` refuses the rest (central
 storage, several workers) before any step.
@@ -32,8 +32,8 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private
-from loops.core import embedding_tables, row_updates, table_rows
 from loops.core.gradients import sum_over_replicas
+from loops.tables import embedding_tables, row_updates, table_rows
 from loops.vocabulary.whole_numbers import check_whole
 
 # Tables of fewer rows are trained densely without a note: their dense update costs little

@@ -171,7 +171,7 @@ class Update:
     Embedding tables (`loops.core.table_updates`): a variable whose gradient
     is an `IndexedSlices` (a plain `keras.layers.Embedding`) is trained by
     `table_optimizer` (else `optimizer`). Where that optimizer has an exact
-    row update (SGD without momentum, Adagrad: `loops.core.row_updates`), the
+    row update (SGD without momentum, Adagrad: `loops.tables.row_updates`), the
     gradient stays sparse: duplicate ids summed, the rows all-gathered across
     replicas (uneven and empty replicas included), only the touched rows of
     the table and of the optimizer's own slots read and written, and the

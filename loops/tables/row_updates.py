@@ -2,7 +2,7 @@
 the optimizer's own slot variables, for the optimizers where that equals the dense update.
 
 What each optimizer's row update promises, given the step's rows summed over
-replicas with each id once (`loops.core.table_rows`):
+replicas with each id once (`loops.tables.table_rows`):
 - `keras.optimizers.SGD` without momentum: exact. The dense update moves a
   row by -lr * g, and an untouched row's g is 0.
 - `keras.optimizers.Adagrad`: exact. The dense update adds g**2 to a row's
@@ -11,7 +11,7 @@ replicas with each id once (`loops.core.table_rows`):
   with the same operations in the same order.
 - `loops.RowwiseAdagrad`: exact. One accumulator per row: accumulator +=
   mean(g**2 over the row), then w -= lr * g / sqrt(accumulator + epsilon);
-  g = 0 changes neither (`loops.core.rowwise_adagrad`).
+  g = 0 changes neither (`loops.tables.rowwise_adagrad`).
 - Adam (and AdamW, Lion, ...): no row update. Dense Adam decays every row's
   moments each step and so moves rows the step did not touch; no sparse
   update equals it, and loops keeps Adam dense rather than train another
@@ -34,7 +34,7 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private
-from loops.core.rowwise_adagrad import RowwiseAdagrad
+from loops.tables.rowwise_adagrad import RowwiseAdagrad
 
 # A row rule: (optimizer, variable, its slot variables, unique ids, summed rows, rate).
 RowUpdate = Callable[[Any, tf.Variable, Sequence[tf.Variable], tf.Tensor, tf.Tensor, Any], None]
@@ -144,7 +144,7 @@ def apply_rows(
         variable: the table (or shard) to update.
         ids: the rows to update, each once (int32 or int64 [n]).
         rows: the gradient's rows for `ids`, summed over duplicates and
-            replicas ([n, ...]; `loops.core.table_rows.rows_over_replicas`).
+            replicas ([n, ...]; `loops.tables.table_rows.rows_over_replicas`).
         learning_rate: the rate of this step (`optimizer.learning_rate`, read
             before the optimizer counts the step).
         slots: the variable's slot variables, in `RULES`' order (Adagrad:

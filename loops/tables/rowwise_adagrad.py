@@ -6,7 +6,7 @@ for a row's summed gradient g of `dim` floats,
     accumulator += mean(g ** 2)          (one float for the row)
     row -= learning_rate * g / sqrt(accumulator + epsilon)
 A row with g = 0 is left unchanged, so updating only the touched rows equals the
-dense update (`loops.core.row_updates`). Slot memory: one float a row, 1/dim of
+dense update (`loops.tables.row_updates`). Slot memory: one float a row, 1/dim of
 Adagrad's; a row update reads and writes dim + 1 floats of state, against Adagrad's
 2 dim.
 """
@@ -54,7 +54,7 @@ class RowwiseAdagrad(keras.optimizers.Optimizer):
                 )
         super().build(var_list)
         initializer = keras.initializers.Constant(self.initial_accumulator_value)
-        # Named as Keras' Adagrad names its list, where `loops.core.row_updates` finds slots.
+        # Named as Keras' Adagrad names its list, where `loops.tables.row_updates` finds slots.
         accumulators = [
             self.add_variable(
                 shape=(variable.shape[0], 1),

@@ -7,14 +7,14 @@ and is initialized there, so no task, the chief included, ever holds the whole
 table. A lookup gathers from each shard (`tf.nn.embedding_lookup`) and
 `apply_gradients` touches only the rows the batch hit, shard by shard, with
 the row update of its Keras optimizer (SGD without momentum or Adagrad, exact:
-`loops.core.row_updates`) on slots of the table's own, split as it is. Under
+`loops.tables.row_updates`) on slots of the table's own, split as it is. Under
 one process (or one_device) the same variables are ordinary ones, and the
 layer equals `keras.layers.Embedding` (lookups) and its optimizer Keras' on
 the dense gradient (updates). Under MirroredStrategy of N replicas the table
 and its slots are split into N blocks, block i on replica i's device alone
 (`Placement.table_row_blocks`): a lookup inside `strategy.run` exchanges ids
 and rows with collectives, and `apply_gradients` there updates this replica's
-block alone (`loops.core.table_blocks` states the bytes a step moves). Other
+block alone (`loops.tables.table_blocks` states the bytes a step moves). Other
 strategies of several synchronous replicas (central storage) look up but
 refuse to update.
 
@@ -37,8 +37,8 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private, placement, tf_private
-from loops.core import row_updates, table_blocks, table_ids, table_rows
-from loops.core.rowwise_adagrad import RowwiseAdagrad
+from loops.tables import row_updates, table_blocks, table_ids, table_rows
+from loops.tables.rowwise_adagrad import RowwiseAdagrad
 from loops.vocabulary.whole_numbers import is_whole
 
 INITIAL_RANGE = 0.05
@@ -58,7 +58,7 @@ class EmbeddingTable(keras.layers.Layer):
             not count (`optimizer.iterations.assign_add(1)` after the step
             does, or an optimizer that trains more).
         ids: "rows" (int ids in [0, rows)), "strings" or "hashes" (int64 ids of
-            any value), the last two hashed to rows (`loops.core.table_ids`
+            any value), the last two hashed to rows (`loops.tables.table_ids`
             states the collision policy) unless a vocabulary maps the strings.
             A "rows" id outside [0, rows) fails the lookup with an
             InvalidArgumentError naming the table, on the CPU and on a GPU

@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from loops import tf_private
-from loops.core.table_rows import SMALL_TABLE_ROWS
+from loops.tables.table_rows import SMALL_TABLE_ROWS
 
 # A block's initial values: (its shape, the global index of its first row) -> a tensor.
 BlockInitial = Callable[..., tf.Tensor]
