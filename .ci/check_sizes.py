@@ -50,7 +50,7 @@ MARGIN = 5
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = os.path.join(".ci", "size_baseline.txt")
 BASELINE_FORMAT = (
-    "`path:qualname N reason`, e.g. `loops/run/loop.py:Loop.__init__ 58 "
+    "`path:qualname N reason`, e.g. `loops/definition/loop.py:Loop.__init__ 58 "
     "one table of the settings, read top to bottom`"
 )
 # Tokens that are not code: a line holding only these (and docstrings) is not counted.

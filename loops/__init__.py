@@ -10,8 +10,8 @@ import importlib
 # Public name -> the module that defines it (the module itself when its last part is the name).
 _EXPORTS = {
     "Action": "loops.run.actions",
-    "BadStep": "loops.run.bad_step_rules",
-    "BadStepRule": "loops.run.bad_step_rules",
+    "BadStep": "loops.definition.bad_step_rules",
+    "BadStepRule": "loops.definition.bad_step_rules",
     "EarlyStopping": "loops.run.actions",
     "ExportOnEnd": "loops.run.actions",
     "KeepBest": "loops.run.actions",
@@ -30,7 +30,7 @@ _EXPORTS = {
     "CTRLoop": "loops.kinds.ctr",
     "RatingLoop": "loops.kinds.rating",
     "RetrievalLoop": "loops.kinds.retrieval",
-    "Loop": "loops.run.loop",
+    "Loop": "loops.definition.loop",
     "Flag": "loops.core.outputs",
     "Highest": "loops.core.outputs",
     "Last": "loops.core.outputs",

@@ -476,7 +476,7 @@ def make_trainer(definition_class, /, *args, **arguments):
     """`loops.Trainer(definition_class(*args, ...), ...)`, the keyword arguments split between
     the definition and the Trainer by the Trainer's arguments and settings (for tests'
     factories that take both)."""
-    from loops.run.removed_api import TRAINER_KEYWORDS
+    from loops.definition.removed_api import TRAINER_KEYWORDS
 
     run = {name: value for name, value in arguments.items() if name in TRAINER_KEYWORDS}
     own = {name: value for name, value in arguments.items() if name not in TRAINER_KEYWORDS}

@@ -21,8 +21,8 @@ def arm(moment: str, signum: int) -> None:
     from tensorflow.python.checkpoint import checkpoint_management
 
     from loops.core import reporting
+    from loops.definition import executors, loop
     from loops.model_dir import checkpoints
-    from loops.run import executors, loop
 
     calls = {"inner": 0, "eval": 0}
     train_steps = int(next(a for a in sys.argv if a.startswith("--train_steps=")).split("=")[1])

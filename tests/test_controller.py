@@ -16,7 +16,8 @@ import loops
 import loops_models as models
 from conftest import Counter, failing_at_batch
 from loops.core import reporting
-from loops.run import failed_frames, removed_api
+from loops.definition import removed_api
+from loops.run import failed_frames
 from loops.run.train_input import TrainInput
 
 

@@ -247,7 +247,7 @@ def test_a_non_finite_update_is_skipped_on_every_replica_and_reported():
     assert all(np.all(np.isfinite(w)) for w in loops.testing.loop_weights(loop).values())
 
     stopping = make_gan(n_critic=1, train_data=batches_with_a_nan)
-    with pytest.raises(loops.run.loop.NonFiniteError, match="Step 2"):
+    with pytest.raises(loops.definition.loop.NonFiniteError, match="Step 2"):
         stopping.train(3)
 
 

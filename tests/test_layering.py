@@ -89,11 +89,11 @@ def test_the_loops_and_the_environment_interface_are_public_names():
 
 
 def test_the_controller_and_the_actions_do_not_import_the_loop_module():
-    # The Loop imports both; either importing loops.run.loop back would be a cycle.
+    # The Loop imports both; either importing loops.definition.loop back would be a cycle.
     code = (
         "import sys\nimport loops.run.actions, loops.run.controller\n"
-        "print('loops.run.loop' in sys.modules)\n"
-        "import loops.kinds.classifier\nprint('loops.run.loop' in sys.modules)"
+        "print('loops.definition.loop' in sys.modules)\n"
+        "import loops.kinds.classifier\nprint('loops.definition.loop' in sys.modules)"
     )
     done = run_python(code)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -122,7 +122,7 @@ def test_no_framework_modules_import_each_other_in_a_circle():
     modules = {name.removesuffix(".__init__"): path for name, path in paths.items()}
     imports = {name: imported_framework_modules(path, modules) for name, path in modules.items()}
     assert (
-        "loops.run.run_context" in imports["loops.run.actions"]
+        "loops.definition.run_context" in imports["loops.run.actions"]
     )  # the scan sees `from x import y`
 
     def reaches(start, target, seen):

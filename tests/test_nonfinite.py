@@ -58,14 +58,14 @@ def test_skip_leaves_weights_and_optimizer_untouched_by_the_bad_step():
 def test_stop_names_the_step_saves_nothing_after_it_and_goes_back_to_the_checkpoint(tmp_path):
     loop = make_loop("stop", model_dir=str(tmp_path), checkpoint_every=1)
     with pytest.raises(
-        loops.run.loop.NonFiniteError,
+        loops.definition.loop.NonFiniteError,
         match="Step 2: the loss or the gradients .* back at its last checkpoint \\(step 1\\)",
     ):
         loop.train(4)
     assert loop.state.step == 1
     # Training again reads the stream from the checkpoint's position: the same bad batch.
     with pytest.raises(
-        loops.run.loop.NonFiniteError, match="Step 2: .* back at its last checkpoint"
+        loops.definition.loop.NonFiniteError, match="Step 2: .* back at its last checkpoint"
     ):
         loop.train(4)
     assert loop.state.step == 1
@@ -103,7 +103,7 @@ def test_stop_applies_updates_without_waiting_for_the_check():
     loop = make_loop("stop")
     assert not loop.step_context.update.nonfinite.skips
     with pytest.raises(
-        loops.run.loop.NonFiniteError,
+        loops.definition.loop.NonFiniteError,
         match="Step 2: .* no checkpoint to go back to: the weights in memory are not finite",
     ):
         loop.train(4)
@@ -113,7 +113,7 @@ def test_stop_applies_updates_without_waiting_for_the_check():
     # Training again is refused: the weights are not finite, whether or not the
     # next steps' kernels would show it (oneDNN's fused ReLU turns a NaN into 0).
     with pytest.raises(
-        loops.run.loop.NonFiniteError,
+        loops.definition.loop.NonFiniteError,
         match="At step 2 the weights were not finite .* cannot train on",
     ):
         loop.train(4)

@@ -6,7 +6,8 @@ import inspect
 import pytest
 
 import loops
-from loops.run import removed_api, run_settings
+from loops.definition import removed_api
+from loops.run import run_settings
 
 
 class MyLoop(loops.Loop):

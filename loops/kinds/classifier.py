@@ -14,7 +14,7 @@ from loops import tf_private
 from loops.core import outputs, pictures, plots, reduction
 from loops.core.replica_random import keyed_on
 from loops.core.update import check_clip_norm
-from loops.run.loop import Loop, RunContext
+from loops.definition.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
 

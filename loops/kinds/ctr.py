@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from loops.core import outputs, ranking_metrics, reduction
 from loops.core.update import check_clip_norm
-from loops.run.loop import Loop, RunContext
+from loops.definition.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
 # The eval step's output holding every example's (logit, label), turned into the AUC.

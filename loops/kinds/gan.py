@@ -12,7 +12,7 @@ import tensorflow as tf
 from loops.core import outputs, own_files, pictures, reduction
 from loops.core.replica_random import replica_rows, step_seed
 from loops.core.update import Update, UpdateResult, any_bad, check_clip_norm, update_outputs
-from loops.run.loop import Loop, RunContext
+from loops.definition.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
 GAN_LOSSES = ("non_saturating", "wgan_gp")

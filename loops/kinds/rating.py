@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from loops.core import outputs, reduction
 from loops.core.update import check_clip_norm
-from loops.run.loop import Loop, RunContext
+from loops.definition.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
 TASKS = ("rating", "click")

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from loops.core import outputs, ranking_metrics, reduction, retrieval_loss
 from loops.core.update import check_clip_norm
-from loops.run.loop import Loop, RunContext
+from loops.definition.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole, is_whole
 
 NEGATIVES = ("in_batch", "catalogue")

@@ -1,2 +1,2 @@
-"""The run around a step: the Loop a definition subclasses, the Trainer it is handed to, its
-Controller and parts, checkpoints, evaluation and faults."""
+"""The run around a definition: the Trainer it is handed to, its Controller and parts,
+checkpoints, evaluation and faults."""

@@ -12,8 +12,8 @@ from typing import Any
 import tensorflow as tf
 
 from loops.core import reporting
+from loops.definition.run_context import RunContext
 from loops.model_dir.checkpoints import Checkpointer
-from loops.run.run_context import RunContext
 from loops.vocabulary.choices import METRIC_MODES
 from loops.vocabulary.whole_numbers import is_whole
 
@@ -27,7 +27,7 @@ class Action:
     all workers then request a stop at the same step and all take part in any
     checkpoint save, as MultiWorkerMirroredStrategy needs (BUILD.md fact 11).
     Write files only where `run.is_chief`. Each hook gets the run as its
-    `loops.run.run_context.RunContext` (`trainer.run_context`), which names what
+    `loops.definition.run_context.RunContext` (`trainer.run_context`), which names what
     an action may use (`run.definition` is what is trained, `run.state` what the
     run did so far).
 

@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from loops.definition import recovery
+from loops.definition.bad_step_rules import RECOVER, BadStep, BadStepRule, NonFiniteSteps
+from loops.definition.recovery import Recoveries, Recovery
 from loops.model_dir.checkpoints import describe_names
 from loops.placement import Placement
-from loops.run import recovery
-from loops.run.bad_step_rules import RECOVER, BadStep, BadStepRule, NonFiniteSteps
-from loops.run.recovery import Recoveries, Recovery
 from loops.run.run_checkpoints import RunCheckpoints
 from loops.run.train_input import TrainInput
 from loops.vocabulary.errors import NonFiniteError

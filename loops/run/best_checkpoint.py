@@ -11,8 +11,8 @@ from typing import Any
 import tensorflow as tf
 
 from loops.core import reporting
+from loops.definition.run_context import RunContext
 from loops.run.actions import Action
-from loops.run.run_context import RunContext
 
 BEST_FILE = "best.json"
 

@@ -10,12 +10,12 @@ import numpy as np
 
 from loops import topology
 from loops.core import reporting
+from loops.definition import executors
+from loops.definition.run_context import Definition, StepContext
 from loops.model_dir import run_config
-from loops.run import executors
 from loops.run.actions import action_state, watched_metrics
 from loops.run.loop_schedule import LoopSchedule
 from loops.run.preemption import PreemptionWatcher
-from loops.run.run_context import Definition, StepContext
 from loops.run.run_inputs import RunInputs
 from loops.run.run_options import RunOptions
 from loops.run.run_parts import RunParts
@@ -34,7 +34,7 @@ class Controller:
     in `state` (`trainer.state`).
 
     Actions run on the host on every worker and get `run_context` (a
-    `loops.run.run_context.RunContext`): `before_train`, then `after_loop`
+    `loops.definition.run_context.RunContext`): `before_train`, then `after_loop`
     after inner loops, `after_eval` after each evaluation, and `after_train` at
     the end (not when preempted). An action may call `run.request_stop(reason)`:
     the inner loop in progress is the last, then the Controller evaluates

@@ -9,14 +9,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from loops.run import executors, loss_spikes
-from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
+from loops.definition import executors
+from loops.definition.bad_step_rules import BadStepRule, NonFiniteSteps
+from loops.definition.run_state import RunState
+from loops.definition.step_options import StepOptions
+from loops.run import loss_spikes
 from loops.run.bad_steps import BadStepPolicy
 from loops.run.loop_schedule import LoopSchedule
 from loops.run.profiling import StepProfiler
 from loops.run.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
-from loops.run.run_state import RunState
-from loops.run.step_options import StepOptions
 from loops.run.train_input import TrainInput
 
 

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from loops.definition import executors
+from loops.definition.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.placement import Placement
-from loops.run import bad_steps, exact_parameter_server, executors
-from loops.run.bad_step_rules import BadStepRule, NonFiniteSteps
+from loops.run import bad_steps, exact_parameter_server
 from loops.run.loss_spikes import LossSpikes
 
 

@@ -10,8 +10,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from loops.run import recovery
-from loops.run.bad_step_rules import BadStep, BadStepRule
+from loops.definition import recovery
+from loops.definition.bad_step_rules import BadStep, BadStepRule
 from loops.vocabulary.errors import LossSpikeError
 
 # The watch's name in a checkpoint, beside the definition's items (reserved: see the Trainer).

@@ -8,8 +8,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from loops.definition import executors
 from loops.input import distributed_input
-from loops.run import executors
 
 
 @dataclass(frozen=True)

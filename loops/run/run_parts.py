@@ -8,16 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from loops.core import reporting
-from loops.run import executors, profiling
+from loops.definition import executors
+from loops.definition.recovery import Recoveries
+from loops.definition.run_context import Definition, StepContext
+from loops.definition.run_state import RunState
+from loops.run import profiling
 from loops.run.bad_steps import BadStepPolicy
 from loops.run.inner_loops import InnerLoops, run_rules
-from loops.run.recovery import Recoveries
 from loops.run.run_checkpoints import RunCheckpoints
-from loops.run.run_context import Definition, StepContext
 from loops.run.run_inputs import EvalInput, RunInputs
 from loops.run.run_options import RunOptions
 from loops.run.run_report import RunReport
-from loops.run.run_state import RunState
 from loops.run.run_view import RunView
 from loops.run.train_input import TrainInput
 

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from loops import topology
 from loops.core import health, outputs, reporting
-from loops.run.recovery import Recovery
-from loops.run.run_state import RunState
+from loops.definition.recovery import Recovery
+from loops.definition.run_state import RunState
 
 
 class InnerLoop(NamedTuple):

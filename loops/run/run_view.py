@@ -11,13 +11,13 @@ import tensorflow as tf
 
 from loops.core import reporting
 from loops.core.weight_average import WeightAverages
+from loops.definition.run_context import Definition
+from loops.definition.run_state import RunState
 from loops.model_dir.checkpoints import Checkpointer
 from loops.run.run_checkpoints import RunCheckpoints
-from loops.run.run_context import Definition
 from loops.run.run_inputs import EvalInput
 from loops.run.run_options import RunOptions
 from loops.run.run_report import RunReport
-from loops.run.run_state import RunState
 
 
 class RunView:
@@ -25,7 +25,7 @@ class RunView:
     (definition, strategy, model_dir, is_chief ...), its state, where it reports, and the
     few things they may ask of it (stop, save, evaluate the eval data).
 
-    Satisfies `loops.run.run_context.RunContext` (mypy checks it where the
+    Satisfies `loops.definition.run_context.RunContext` (mypy checks it where the
     Controller hands it over). Nothing of the Trainer or the Controller is
     reachable from it but the two calls it was given.
 

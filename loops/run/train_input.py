@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
+from loops.definition.recovery import Recoveries
 from loops.input import distributed_input
-from loops.run.recovery import Recoveries
 from loops.run.run_inputs import RunInputs
 
 

@@ -15,23 +15,20 @@ from loops.core import mixed_precision as mixed_precision_lib
 from loops.core import reporting
 from loops.core.nonfinite_updates import NonFiniteUpdates, leaves_out_nonfinite
 from loops.core.update_context import UpdateContext, UpdateOptions
+from loops.definition import executors, recovery, removed_api, step_options
+from loops.definition.run_context import Definition, StepContext
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
 from loops.placement import Placement
 from loops.run import (
     exact_parameter_server,
-    executors,
     failed_frames,
     loop_execution,
     loss_spikes,
-    recovery,
-    removed_api,
     run_settings,
-    step_options,
 )
 from loops.run.actions import Action
 from loops.run.controller import Controller
-from loops.run.run_context import Definition, StepContext
 from loops.run.run_inputs import RunInputs
 from loops.vocabulary.errors import ClusterTaskLostError
 from loops.vocabulary.run_config_tree import RunConfig
@@ -54,11 +51,11 @@ class Trainer:
     in `model_dir`. Then `train`, `evaluate`, `save_checkpoint`,
     `write_results`, `request_stop` and `close` run the run.
 
-    What the run did so far is `trainer.state` (`loops.run.run_state.RunState`:
+    What the run did so far is `trainer.state` (`loops.definition.run_state.RunState`:
     step, last_train_metrics, last_eval_metrics, steps_per_second,
     units_per_second, skipped_steps, stop_reason, preempted), read-only.
     What its actions and its definition's evaluation see of it is
-    `trainer.run_context` (`loops.run.run_context.RunContext`: model_dir,
+    `trainer.run_context` (`loops.definition.run_context.RunContext`: model_dir,
     is_chief, progress, summaries, checkpointer ...). What it was given or
     built are plain attributes: definition, strategy, placement (where the
     variables live and the steps run, `loops.placement`), step_options,

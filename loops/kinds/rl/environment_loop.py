@@ -30,12 +30,12 @@ from collections.abc import Callable, Mapping
 import tensorflow as tf
 
 from loops.core import outputs
+from loops.definition.loop import Loop, RunContext, StepOptions
 from loops.input import environments
 from loops.kinds.rl.episode_statistics import EpisodeStatistics
 from loops.kinds.rl.greedy_episodes import play_greedy_episodes
 from loops.kinds.rl.noise import Noise, stateless_seed
 from loops.kinds.rl.state_variables import StateVariables
-from loops.run.loop import Loop, RunContext, StepOptions
 from loops.vocabulary.whole_numbers import check_whole
 
 # What `rollout` keeps of every step, besides the extras of the policy.

@@ -9,7 +9,7 @@ from typing import Any
 
 from loops.core import mixed_precision as mixed_precision_lib
 from loops.core.update_context import UpdateOptions
-from loops.run import recovery
+from loops.definition import recovery
 from loops.vocabulary import settings
 from loops.vocabulary.run_config_tree import RunConfig
 

@@ -12,12 +12,12 @@ from loops.core import weight_average
 from loops.core.table_updates import built_table_optimizer
 from loops.core.update import Update
 from loops.core.update_context import UpdateContext, UpdateStates
+from loops.definition import removed_api
+from loops.definition.bad_step_rules import BadStepRule
+from loops.definition.run_context import RunContext as RunContext  # what evaluation hooks get
+from loops.definition.run_context import StepContext
+from loops.definition.step_options import StepOptions as StepOptions  # what check_can_train gets
 from loops.model_dir.run_config import CONFIG_FREE_TO_CHANGE
-from loops.run import removed_api
-from loops.run.bad_step_rules import BadStepRule
-from loops.run.run_context import RunContext as RunContext  # what evaluation hooks get
-from loops.run.run_context import StepContext
-from loops.run.step_options import StepOptions as StepOptions  # what check_can_train gets
 from loops.vocabulary.errors import (
     NonFiniteError as NonFiniteError,  # what train raises, named here too
 )
@@ -74,7 +74,7 @@ class Loop:
         run_evaluation(run), eval_metric_names(run): a definition that
             evaluates some other way than one pass of `eval_step` over the
             eval data overrides both; `run` is the run's
-            `loops.run.run_context.RunContext` (`trainer.run_context`).
+            `loops.definition.run_context.RunContext` (`trainer.run_context`).
         results_extra(): entries of its own for results.json.
 
     `loops.Update` follows `on_nonfinite` for a step and returns its flag

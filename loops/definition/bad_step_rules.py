@@ -17,8 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from loops.core import outputs
+from loops.definition import recovery
 from loops.model_dir.checkpoints import describe_names
-from loops.run import recovery
 from loops.vocabulary.errors import NonFiniteError
 
 # A rule's reactions; "skip" leaves the step's update out in the graph and "ignore" builds no

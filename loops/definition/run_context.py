@@ -18,11 +18,11 @@ import tensorflow as tf
 
 from loops.core import reporting
 from loops.core.update_context import UpdateContext
+from loops.definition.bad_step_rules import BadStepRule
+from loops.definition.run_state import RunState
+from loops.definition.step_options import StepOptions
 from loops.model_dir.checkpoints import Checkpointer
 from loops.placement import Placement
-from loops.run.bad_step_rules import BadStepRule
-from loops.run.run_state import RunState
-from loops.run.step_options import StepOptions
 
 
 @dataclass(frozen=True)
