@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops.core.ranking_metrics import auc
+from loops.kinds.library.ranking_metrics import auc
 from loops_data.image_classification import batches_in_memory, endless_batches_in_memory
 
 NUMERIC = tuple(f"I{index}" for index in range(1, 14))

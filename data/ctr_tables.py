@@ -209,7 +209,7 @@ def _model_type(array: np.ndarray) -> np.ndarray:
 
 def planted_auc(rows: Rows) -> float:
     """The AUC of the planted truth's logits on `rows` (a generated log's)."""
-    from loops.core.ranking_metrics import auc
+    from loops.kinds.library.ranking_metrics import auc
 
     assert rows.truth_logits is not None
     return auc(rows.truth_logits, rows.labels)
@@ -219,7 +219,7 @@ def figures(logits_of: Callable[[Mapping[str, np.ndarray]], np.ndarray], rows: R
     """The test figures of a model (`logits_of`: columns -> a logit a row) on `rows`: auc,
     log_loss, accuracy, mean_prediction, positive_rate, calibration (their ratio), examples,
     and planted_auc for a generated log."""
-    from loops.core.ranking_metrics import auc
+    from loops.kinds.library.ranking_metrics import auc
 
     chunks = [
         np.asarray(logits_of({name: a[start : start + 8192] for name, a in rows.columns.items()}))

@@ -260,6 +260,7 @@ def test_the_layer_contracts_hold_on_a_copy_of_the_tree(tree):
     [
         ("examples", "core.reduction", "loops_models"),  # the core imports an example
         ("kinds", "kinds.gan", "loops.kinds.rl"),
+        ("kinds", "kinds.library.ranking_metrics", "loops.kinds.retrieval"),  # library under kinds
         ("kinds-stand-on-the-definition", "kinds.lm", "loops.model_dir.checkpoints"),
         ("kinds-stand-on-the-definition", "kinds.gan", "loops.run.controller"),
         ("layers", "core.update", "loops.run.controller"),  # the core imports the run

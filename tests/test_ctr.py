@@ -14,7 +14,7 @@ from sklearn.metrics import roc_auc_score
 import loops
 from conftest import ROOT, run_python
 from loops import keras_private
-from loops.core.ranking_metrics import auc
+from loops.kinds.library.ranking_metrics import auc
 from loops_data import ctr_data
 from loops_models import ctr
 

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV, slice_update_context, tiny_batches
-from loops.core import retrieval_loss
 from loops.kinds import rl
+from loops.kinds.library import retrieval_loss
 from loops.placement import Placement
 from loops.run import exact_parameter_server, loop_execution
 from loops_data import cartpole

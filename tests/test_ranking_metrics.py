@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops.core import ranking_metrics
 from loops.input.interaction_logs import Interactions
+from loops.kinds.library import ranking_metrics
 
 USERS, ITEMS, K = 19, 12, 4
 

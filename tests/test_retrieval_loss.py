@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops.core import retrieval_loss
+from loops.kinds.library import retrieval_loss
 
 NUM_ITEMS = 6
 GLOBAL_BATCH = 8

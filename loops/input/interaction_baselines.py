@@ -2,7 +2,7 @@
 baseline's RMSE, and Recall@K and NDCG@K of popularity (or of any scores) over the whole
 item corpus, each user's training items excluded.
 
-The ranking definitions are those of `loops.core.ranking_metrics`: a user's
+The ranking definitions are those of `loops.kinds.library.ranking_metrics`: a user's
 relevant items are their test items that are not among their training
 items; Recall@K is the relevant items in the top K over the relevant count,
 NDCG@K the discounted gain of those hits over the best possible; both are

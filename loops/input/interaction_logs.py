@@ -115,7 +115,7 @@ class Interactions:
 
     def items_by_user(self) -> np.ndarray:
         """Each user's items in row order, int32 [num_users, most rows a user has], padded
-        with -1 (for `loops.core.ranking_metrics.items_mask`)."""
+        with -1 (for `loops.kinds.library.ranking_metrics.items_mask`)."""
         order = np.argsort(self.users, kind="stable")
         counts = np.bincount(self.users, minlength=self.num_users)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])

@@ -10,9 +10,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, ranking_metrics, reduction
+from loops.core import outputs, reduction
 from loops.core.update import check_clip_norm
 from loops.definition.loop import Loop, RunContext
+from loops.kinds.library import ranking_metrics
 from loops.vocabulary.whole_numbers import check_whole
 
 # The eval step's output holding every example's (logit, label), turned into the AUC.
@@ -40,7 +41,7 @@ class CTRLoop(Loop):
     label), `mean_prediction` (the mean click probability), `positive_rate`
     (the share of clicks), their ratio `calibration` (1 is calibrated) and
     `auc`: exact, from every eval example's logit and label gathered over
-    replicas (`loops.core.ranking_metrics.auc`, ties one half), so equal on any
+    replicas (`loops.kinds.library.ranking_metrics.auc`, ties one half), so equal on any
     replica count and to scikit-learn's `roc_auc_score` on the same logits.
     The gathered pairs are kept in `last_eval_scores`; an evaluation of more
     than `auc_examples` examples is refused (raise it, at 8 bytes an example).

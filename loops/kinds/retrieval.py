@@ -12,9 +12,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, ranking_metrics, reduction, retrieval_loss
+from loops.core import outputs, reduction
 from loops.core.update import check_clip_norm
 from loops.definition.loop import Loop, RunContext
+from loops.kinds.library import ranking_metrics, retrieval_loss
 from loops.vocabulary.whole_numbers import check_whole, is_whole
 
 NEGATIVES = ("in_batch", "catalogue")
@@ -23,7 +24,7 @@ NEGATIVES = ("in_batch", "catalogue")
 def ranking_sums_at(
     scores: tf.Tensor, seen: tf.Tensor, held_out: tf.Tensor, ks: Sequence[int]
 ) -> dict[str, tf.Tensor]:
-    """`loops.core.ranking_metrics.ranking_sums` at each cut-off, by name (float64 sums).
+    """`loops.kinds.library.ranking_metrics.ranking_sums` at each cut-off, by name (float64 sums).
 
     Args:
         scores: [rows, num_items], one score an item of the corpus.
@@ -273,7 +274,7 @@ def _checked_top_k(top_k: Sequence[int], num_items: int) -> tuple[int, ...]:
 
 
 def _log_sampling_probabilities(frequencies, num_items: int) -> tf.Tensor | None:
-    """log q(item) as a table (`loops.core.retrieval_loss.item_log_probabilities`), checked."""
+    """log q(item) as a table (`retrieval_loss.item_log_probabilities`), checked."""
     if frequencies is None:
         return None
     counts = np.asarray(frequencies)
