@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import numpy as np
 
-    from loops.run.loss_spikes import LossSpikeRule, LossSpikeWatch
+    from loops.run.faults.loss_spikes import LossSpikeRule, LossSpikeWatch
 
     watch = LossSpikeWatch(LossSpikeRule(factor=4.0, steps=3, window=100))
     rows = []

@@ -15,7 +15,7 @@ step's batches from the train stream at the run's position (`TrainInput`).
 `parameter_server_mode` says how a step is applied:
 - "exact" (the default): the workers compute the gradients of the step's
   slices on the same weights and the chief applies their sum once
-  (`loops.run.exact_parameter_server`): the losses and weights of one process,
+  (`loops.run.parameter_servers.exact_parameter_server`): the losses and weights of one process,
   exact resume mid-stream, recovery from divergence, a retried closure
   changing nothing.
 - "async": each step runs whole on one worker, which applies it at once on

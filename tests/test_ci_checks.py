@@ -287,9 +287,9 @@ def test_the_layer_contracts_hold_on_a_copy_of_the_tree(tree):
         ("cluster-on-the-ground-floor", "cluster.launch", "loops.core.reduction"),
         # Modules of the run that the hand lists these contracts had did not name.
         ("kinds-stand-on-the-definition", "kinds.lm", "loops.run.lr_finder"),
-        ("kinds-stand-on-the-definition", "kinds.classifier", "loops.run.loss_spikes"),
+        ("kinds-stand-on-the-definition", "kinds.classifier", "loops.run.faults.loss_spikes"),
         # The definition sits under the run: it names none of the run that trains it.
-        ("layers", "definition.loop", "loops.run.failed_frames"),
+        ("layers", "definition.loop", "loops.run.faults.failed_frames"),
         ("layers", "definition.run_context", "loops.run.trainer"),
         # The tables wing sits under the core whose Update applies it, and under the input.
         ("layers", "tables.embedding_tables", "loops.core.update"),

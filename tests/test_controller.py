@@ -17,7 +17,7 @@ import loops_models as models
 from conftest import Counter, failing_at_batch
 from loops.core import reporting
 from loops.definition import removed_api
-from loops.run import failed_frames
+from loops.run.faults import failed_frames
 from loops.run.train_input import TrainInput
 
 

@@ -20,7 +20,7 @@ import test_sparse_tables as sparse_tables
 import loops
 from conftest import ROOT, SUBPROCESS_ENV, slice_update_context, tiny_batches
 from loops.placement import Placement
-from loops.run import exact_parameter_server
+from loops.run.parameter_servers import exact_parameter_server
 from loops.vocabulary import settings
 
 NOISE = re.compile(

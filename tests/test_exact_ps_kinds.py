@@ -18,7 +18,8 @@ from conftest import ROOT, SUBPROCESS_ENV, slice_update_context, tiny_batches
 from loops.kinds import rl
 from loops.kinds.library import retrieval_loss
 from loops.placement import Placement
-from loops.run import exact_parameter_server, loop_execution
+from loops.run.execution import loop_execution
+from loops.run.parameter_servers import exact_parameter_server
 from loops_data import cartpole
 
 # Only the strategy's class name decides; a real one would connect to a cluster.

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from loops.run import exact_parameter_server
+from loops.run.parameter_servers import exact_parameter_server
 
 DIM = 4
 LOOKUPS = 3

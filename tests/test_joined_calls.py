@@ -9,7 +9,7 @@ import tensorflow as tf
 import loops
 import loops_models as models
 from conftest import make_trainer
-from loops.run import loop_schedule
+from loops.run.execution import loop_schedule
 
 
 def stream():

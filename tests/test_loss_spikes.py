@@ -17,7 +17,7 @@ from test_recover import examples as recover_examples
 import loops
 import loops_models as models
 from conftest import make_trainer, read_results
-from loops.run.loss_spikes import LossSpikeRule, LossSpikes, LossSpikeWatch
+from loops.run.faults.loss_spikes import LossSpikeRule, LossSpikes, LossSpikeWatch
 
 RULE = LossSpikeRule(factor=4.0, steps=3, window=100)
 

@@ -40,7 +40,7 @@ def sigterm_handler(handler: Callable[[int, Any], None] | int = exit_preempted) 
     A binary's start enters it first, before absl parses its flags and long
     before TensorFlow's import, so that a scheduler's SIGTERM at any moment of
     start-up is the preemption exit (42) with a line, as it is during training
-    (where `loops.run.preemption.PreemptionWatcher` takes SIGTERM over, to save
+    (where `loops.run.faults.preemption.PreemptionWatcher` takes SIGTERM over, to save
     first, and gives this handler back after). A Python handler runs only
     when the main thread is back in Python: code that blocks in TensorFlow's
     C++ until killed enters it with `signal.SIG_DFL`.

@@ -66,7 +66,7 @@ class Last(NamedTuple):
 
 class Flag(NamedTuple):
     """1 when a train step was bad (its update left out or to be acted on), else 0; totals as
-    a Sum. The run's bad-step policy (`loops.run.bad_steps`) reads it."""
+    a Sum. The run's bad-step policy (`loops.run.faults.bad_steps`) reads it."""
 
     value: Any
 

@@ -116,7 +116,8 @@ class UpdateContext:
 
 class SliceGradients(Protocol):
     """Computes a step's loss, logs and gradients elsewhere, a slice of the batch at a time,
-    and returns them summed as one replica's would be (`loops.run.exact_parameter_server`).
+    and returns them summed as one replica's would be
+    (`loops.run.parameter_servers.exact_parameter_server`).
 
     `compute(step_rows, first_row, *sliced_args)` runs in replica context on one
     slice (`sliced_args`, rows `first_row` .. of a batch of `step_rows`) and

@@ -1,6 +1,6 @@
 """Bad-step rules: each a small object that finds the first bad step of an executor call in its
 per-step logs (non-finite steps here, loss spikes in `loss_spikes`, any rule a definition adds),
-and says what a stop raises and a recovery records (`loops.run.bad_steps` acts on them).
+and says what a stop raises and a recovery records (`loops.run.faults.bad_steps` acts on them).
 
 A rule is a `BadStepRule`: how it finds the first bad step in a call's
 per-step logs, what it says the step did wrong, the exception a stop raises

@@ -210,7 +210,7 @@ class Loop:
 
     def bad_step_rules(self) -> Sequence[BadStepRule]:
         """Bad-step rules of its own, acted on beside non-finite steps and loss spikes
-        (`loops.run.bad_steps.BadStepRule`); their recoveries count in max_recoveries.
+        (`loops.run.faults.bad_steps.BadStepRule`); their recoveries count in max_recoveries.
 
         The Trainer calls it twice, each time for new rules: before `build`, to
         refuse a reaction its settings cannot carry out (a "recover" without a

@@ -50,7 +50,7 @@ class StepOptions(UpdateOptions):
         max_recoveries: under "recover", how many recoveries a run may make
             (counted over resumes: the count is checkpointed) before the next
             non-finite step raises NonFiniteError (default 3).
-        on_loss_spike: what a loss spike leads to (`loops.run.loss_spikes`):
+        on_loss_spike: what a loss spike leads to (`loops.run.faults.loss_spikes`):
             "ignore"; "stop": back to the last checkpoint, and LossSpikeError
             names the spike; "recover": as on_nonfinite's "recover", counted
             against the same max_recoveries (then LossSpikeError).
@@ -70,7 +70,8 @@ class StepOptions(UpdateOptions):
     loss_spike_steps: int
     loss_spike_window: int
     # h-psexact (issue 44): under ParameterServerStrategy, "exact" (each step applied once
-    # by the chief from every worker's slice) or "async" (`loops.run.exact_parameter_server`).
+    # by the chief from every worker's slice) or "async"
+    # (`loops.run.parameter_servers.exact_parameter_server`).
     parameter_server_mode: str = "exact"
 
 

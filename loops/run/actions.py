@@ -35,7 +35,7 @@ class Action:
         every: call `after_loop` only at steps that are multiples of this, and
             end an inner loop there; None calls it after every inner loop
             (each inner loop is then a call of its own: see
-            `loops.run.loop_schedule.LoopSchedule.call_ends`).
+            `loops.run.execution.loop_schedule.LoopSchedule.call_ends`).
         name: the name of the action's state in checkpoints, unique among a
             loop's actions that have state; by default the class name in
             snake_case. Set it on a class or an instance.

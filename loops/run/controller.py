@@ -14,8 +14,8 @@ from loops.definition import executors
 from loops.definition.run_context import Definition, StepContext
 from loops.model_dir import run_config
 from loops.run.actions import action_state, watched_metrics
-from loops.run.loop_schedule import LoopSchedule
-from loops.run.preemption import PreemptionWatcher
+from loops.run.execution.loop_schedule import LoopSchedule
+from loops.run.faults.preemption import PreemptionWatcher
 from loops.run.run_inputs import RunInputs
 from loops.run.run_options import RunOptions
 from loops.run.run_parts import RunParts

@@ -18,7 +18,8 @@ from loops import keras_private, topology
 from loops.core import outputs, own_files, plots, reporting
 from loops.input import distributed_input
 from loops.model_dir import checkpoints
-from loops.run import failed_frames, loop_execution
+from loops.run.execution import loop_execution
+from loops.run.faults import failed_frames
 from loops.run.trainer import Trainer
 from loops.vocabulary import settings
 

@@ -23,7 +23,7 @@ class RunOptions:
             progress line, summaries and the metrics actions see, each over
             one inner loop. One `tf.function` call runs one inner loop, or
             several in a row where nothing but their reports comes between
-            them (`loops.run.loop_schedule`).
+            them (`loops.run.execution.loop_schedule`).
         eval_every: evaluate every this many steps (and at the end of
             `train`); None evaluates only at the end.
         checkpoint_every: save every this many steps (and at the end of

@@ -13,8 +13,8 @@ from loops.definition.recovery import Recoveries
 from loops.definition.run_context import Definition, StepContext
 from loops.definition.run_state import RunState
 from loops.run import profiling
-from loops.run.bad_steps import BadStepPolicy
-from loops.run.inner_loops import InnerLoops, run_rules
+from loops.run.execution.inner_loops import InnerLoops, run_rules
+from loops.run.faults.bad_steps import BadStepPolicy
 from loops.run.run_checkpoints import RunCheckpoints
 from loops.run.run_inputs import EvalInput, RunInputs
 from loops.run.run_options import RunOptions

@@ -11,8 +11,8 @@ from loops.core import reporting
 from loops.definition import step_options
 from loops.definition.run_context import Definition
 from loops.placement import Placement
-from loops.run import loop_execution
 from loops.run.actions import Action
+from loops.run.execution import loop_execution
 from loops.run.run_options import RunOptions
 from loops.vocabulary import settings
 from loops.vocabulary.config_tree import unknown_setting

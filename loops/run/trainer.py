@@ -20,15 +20,12 @@ from loops.definition.run_context import Definition, StepContext
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
 from loops.placement import Placement
-from loops.run import (
-    exact_parameter_server,
-    failed_frames,
-    loop_execution,
-    loss_spikes,
-    run_settings,
-)
+from loops.run import run_settings
 from loops.run.actions import Action
 from loops.run.controller import Controller
+from loops.run.execution import loop_execution
+from loops.run.faults import failed_frames, loss_spikes
+from loops.run.parameter_servers import exact_parameter_server
 from loops.run.run_inputs import RunInputs
 from loops.vocabulary.errors import ClusterTaskLostError
 from loops.vocabulary.run_config_tree import RunConfig

@@ -1,5 +1,5 @@
 """Loss spikes: steps whose loss stays a factor above its slow moving average, found on the
-host from each call's per-step losses; a bad-step rule (`loops.run.bad_steps`)."""
+host from each call's per-step losses; a bad-step rule (`loops.run.faults.bad_steps`)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ import tensorflow as tf
 from loops.definition import executors
 from loops.definition.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.placement import Placement
-from loops.run import bad_steps, exact_parameter_server
-from loops.run.loss_spikes import LossSpikes
+from loops.run.faults import bad_steps
+from loops.run.faults.loss_spikes import LossSpikes
+from loops.run.parameter_servers import exact_parameter_server
 
 
 def check_can_run(

@@ -1,5 +1,5 @@
 """A train call's inner loops: run in executor calls as planned, reported, and checked for bad
-steps (`loops.run.bad_steps`)."""
+steps (`loops.run.faults.bad_steps`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from loops.definition import executors
 from loops.definition.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.definition.run_state import RunState
 from loops.definition.step_options import StepOptions
-from loops.run import loss_spikes
-from loops.run.bad_steps import BadStepPolicy
-from loops.run.loop_schedule import LoopSchedule
+from loops.run.execution.loop_schedule import LoopSchedule
+from loops.run.faults import loss_spikes
+from loops.run.faults.bad_steps import BadStepPolicy
 from loops.run.profiling import StepProfiler
 from loops.run.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
 from loops.run.train_input import TrainInput

@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from loops import placement, tf_private, topology
 from loops.definition import executors
-from loops.run import sent_slices
+from loops.run.parameter_servers import sent_slices
 from loops.tables import table_rows
 
 # How often a slice whose worker was lost with its result is computed again, before the
