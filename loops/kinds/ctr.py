@@ -13,6 +13,7 @@ import tensorflow as tf
 from loops.core import outputs, reduction
 from loops.core.update import check_clip_norm
 from loops.definition.loop import Loop, RunContext
+from loops.definition.one_update import one_update_train_step
 from loops.kinds.library import ranking_metrics
 from loops.vocabulary.whole_numbers import check_whole
 
@@ -107,15 +108,9 @@ class CTRLoop(Loop):
         return loss, {"examples": tf.cast(tf.shape(labels)[0], tf.float32)}
 
     def train_step(self, iterator):
-        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        result = self.update(self._replica_loss, args=next(iterator))
-        count = result.sums["examples"]
-        return {
-            "loss": outputs.Mean(result.sums["loss"], weight=count),
-            "examples": outputs.Sum(tf.cast(count, tf.int64)),
-            "learning_rate": outputs.Last(learning_rate),
-            **result.outputs,
-        }
+        return one_update_train_step(
+            self, self._replica_loss, iterator, count="examples", reported_as="examples"
+        )
 
     def _replica_eval(self, features, labels):
         labels = tf.cast(tf.reshape(labels, [-1]), tf.float32)

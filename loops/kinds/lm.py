@@ -14,6 +14,7 @@ from loops.core import outputs, reduction, reporting, text_generation
 from loops.core.replica_random import step_seed
 from loops.core.update import check_clip_norm
 from loops.definition.loop import Loop, RunContext
+from loops.definition.one_update import one_update_train_step
 from loops.vocabulary.whole_numbers import check_whole
 
 DEFAULT_PROMPTS = ("def ", "class ", "import ", "    return ")
@@ -144,15 +145,9 @@ class LanguageModelLoop(Loop):
         return loss, {"tokens": real}
 
     def train_step(self, iterator):
-        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        result = self.update(self._replica_loss, args=next(iterator))
-        tokens = result.sums["tokens"]
-        return {
-            "loss": outputs.Mean(result.sums["loss"], weight=tokens),
-            "tokens": outputs.Sum(tf.cast(tokens, tf.int64)),
-            "learning_rate": outputs.Last(learning_rate),
-            **result.outputs,
-        }
+        return one_update_train_step(
+            self, self._replica_loss, iterator, count="tokens", reported_as="tokens"
+        )
 
     def _replica_eval_sums(self, tokens, lengths):
         losses, mask = next_token_losses(self.model, tokens, lengths)

@@ -14,6 +14,7 @@ import tensorflow as tf
 from loops.core import outputs, reduction
 from loops.core.update import check_clip_norm
 from loops.definition.loop import Loop, RunContext
+from loops.definition.one_update import one_update_train_step
 from loops.vocabulary.whole_numbers import check_whole
 
 TASKS = ("rating", "click")
@@ -153,15 +154,9 @@ class RatingLoop(Loop):
         return loss, {"pairs": tf.cast(tf.shape(users)[0], tf.float32)}
 
     def train_step(self, iterator):
-        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        result = self.update(self._replica_loss, args=next(iterator))
-        count = result.sums["pairs"]
-        return {
-            "loss": outputs.Mean(result.sums["loss"], weight=count),
-            "pairs": outputs.Sum(tf.cast(count, tf.int64)),
-            "learning_rate": outputs.Last(learning_rate),
-            **result.outputs,
-        }
+        return one_update_train_step(
+            self, self._replica_loss, iterator, count="pairs", reported_as="pairs"
+        )
 
     def _replica_eval_sums(self, users, items, targets):
         scores = self.score_pairs(users, items)

@@ -15,6 +15,7 @@ import tensorflow as tf
 from loops.core import outputs, reduction
 from loops.core.update import check_clip_norm
 from loops.definition.loop import Loop, RunContext
+from loops.definition.one_update import one_update_train_step
 from loops.kinds.library import ranking_metrics, retrieval_loss
 from loops.vocabulary.whole_numbers import check_whole, is_whole
 
@@ -208,15 +209,9 @@ class RetrievalLoop(Loop):
         return reduction.scale_to_global_batch(losses, count), {"rows": rows}
 
     def train_step(self, iterator):
-        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        result = self.update(self._replica_loss, args=next(iterator))
-        count = result.sums["rows"]
-        return {
-            "loss": outputs.Mean(result.sums["loss"], weight=count),
-            "interactions": outputs.Sum(tf.cast(count, tf.int64)),
-            "learning_rate": outputs.Last(learning_rate),
-            **result.outputs,
-        }
+        return one_update_train_step(
+            self, self._replica_loss, iterator, count="rows", reported_as="interactions"
+        )
 
     def score_all_items(self, users: tf.Tensor) -> tf.Tensor:
         """float32 [users, num_items]: each user's score of every item of the corpus."""
