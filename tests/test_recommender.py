@@ -822,3 +822,50 @@ def test_the_peers_table_names_the_recipe_loops_ran_with(monkeypatch):
     del numbers["loops_settings"]
     defaults = recommender_peers.table(numbers).splitlines()[2]
     assert defaults.startswith("| loops rating (defaults) |")
+    # Refitted on the training and validation rows: the step chosen, then the refit's length.
+    numbers["loops"]["rating"]["refit_steps"] = recommender_peers.refit_steps(2100, 80 / 72)
+    assert recommender_peers.table(numbers).splitlines()[2] == (
+        "| loops rating (defaults) | best step 2100 of 3000, refit for 2333 steps on train + "
+        "validation | 0.9068 | - | - |"
+    )
+
+
+def recipe_flags(name):
+    """The --name=value lines of benchmarks/NAME.flags, as a dict."""
+    with open(os.path.join(ROOT, "benchmarks", f"{name}.flags")) as stream:
+        lines = [line.strip() for line in stream if line.startswith("--")]
+    return dict(line[2:].split("=", 1) if "=" in line else (line[2:], "true") for line in lines)
+
+
+@pytest.mark.parametrize("model", ["rating", "retrieval"])
+def test_a_refit_recipe_is_its_validation_recipe_on_every_training_row_for_the_same_epochs(
+    model, monkeypatch
+):
+    monkeypatch.syspath_prepend(ROOT)
+    from benchmarks import recommender_peers
+
+    chosen, refit = recipe_flags(f"movielens_{model}"), recipe_flags(f"movielens_{model}_refit")
+    with open(os.path.join(ROOT, "benchmarks", f"movielens_{model}_refit.flags")) as stream:
+        best_step = int(re.search(r"best by validation at step (\d+)", stream.read()).group(1))
+    # MovieLens-100K: 80,000 training rows, 72,000 of them left beside the validation slice.
+    steps = recommender_peers.refit_steps(best_step, 80_000 / 72_000)
+    assert chosen["validation_fraction"] == "0.1"
+    assert refit == {
+        **chosen,
+        "validation_fraction": "0",
+        "eval_every": "0",
+        "train_steps": str(steps),
+    }
+    # Every line is a flag of the binary (absl refuses one it does not define).
+    flagfile = os.path.join(ROOT, "benchmarks", f"movielens_{model}_refit.flags")
+    done = run_python(PARSED_BY_THE_BINARY, flagfile)
+    assert done.stdout.split() == ["PARSED", model, str(steps)], done.stderr[-3000:]
+
+
+PARSED_BY_THE_BINARY = """
+import sys
+from absl import flags
+import loops.bin.recommender
+flags.FLAGS(["loops-recommender", "--flagfile=" + sys.argv[1]])
+print("PARSED", flags.FLAGS.model, flags.FLAGS.train_steps)
+"""
