@@ -39,6 +39,26 @@ def test_train_step_traced_once_over_two_epochs_with_partial_batches():
     assert loop.executor.eval_function.experimental_get_tracing_count() == 1
 
 
+def test_the_eval_step_is_traced_once_for_its_names_and_every_pass(tmp_path, monkeypatch):
+    # A kept-best metric is checked against the eval step's outputs before training (a
+    # trace that runs nothing); the evaluations then call that same trace.
+    traces, eval_step = [], loops.ClassifierLoop.eval_step
+
+    def counted(self, batch):
+        traces.append(1)  # Python runs only while TensorFlow traces
+        return eval_step(self, batch)
+
+    monkeypatch.setattr(loops.ClassifierLoop, "eval_step", counted)
+    loop = make_loop(
+        model_dir=str(tmp_path), keep_best_metric="accuracy", keep_best_mode="max", eval_every=2
+    )
+    loop.train(4)
+    loop.evaluate()
+    assert len(traces) == 1
+    assert loop.executor.eval_step_function.experimental_get_tracing_count() == 1
+    assert loop.executor.eval_function.experimental_get_tracing_count() == 1
+
+
 def test_train_counts_to_a_total_and_steps_the_global_step():
     loop = make_loop()
     assert loop.train(5)["loss"].shape == (5,)
