@@ -80,7 +80,9 @@ class Executor:
         self.train_function: Any = None
         self.eval_function: Any = None
         self._train_call: Any = None
-        self.eval_step_function: Any = None
+        # One tf.function for the eval step: the trace that finds its output names is the
+        # one the eval pass calls (a new tf.function each time traced the step twice).
+        self.eval_step_function = tf.function(self.flat_eval_step)
 
     # ---- The contract, the same in every mode. ----
 
@@ -120,7 +122,7 @@ class Executor:
     def eval_output_names(self, element_spec) -> set[str]:
         """The outputs an evaluation reports as metrics (its numbers, not its arrays), found
         by tracing the eval step (nothing runs)."""
-        traced = self._traced_eval_step().get_concrete_function(element_spec)
+        traced = self.eval_step_function.get_concrete_function(element_spec)
         columns = traced.structured_outputs
         return {name for name in self.eval_kinds or () if columns[name].shape.rank == 0}
 
@@ -168,15 +170,8 @@ class Executor:
             self.eval_function = tf.function(self._eval_pass)
         return self.eval_function(iterator)
 
-    def _traced_eval_step(self) -> Any:
-        """The eval step as one tf.function: the trace that found its output names is the one
-        the eval pass then calls (a new tf.function each time traced the step twice)."""
-        if self.eval_step_function is None:
-            self.eval_step_function = tf.function(self.flat_eval_step)
-        return self.eval_step_function
-
     def _eval_pass(self, iterator) -> dict[str, tf.Tensor]:
-        step_function = self._traced_eval_step().get_concrete_function(iterator.element_spec)
+        step_function = self.eval_step_function.get_concrete_function(iterator.element_spec)
         kinds = dict(self.eval_kinds or {})
         totals = outputs.start_totals(kinds, step_function.structured_outputs)
         optional = iterator.get_next_as_optional()
