@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.kinds.library.ranking_metrics import auc
-from loops_data.image_classification import batches_in_memory, endless_batches_in_memory
+from loops_data.in_memory import batches_in_memory, endless_batches_in_memory
 
 NUMERIC = tuple(f"I{index}" for index in range(1, 14))
 CATEGORICAL = tuple(f"C{index}" for index in range(1, 27))

@@ -262,7 +262,7 @@ def trainer_data(
     """The Trainer's `train_data` (endless shuffled batches of the train rows) and `eval_data`
     (one pass over the evaluated rows, its last batch partial), as `loops.CTRLoop` takes
     them: (columns, labels)."""
-    from loops_data.image_classification import batches_in_memory, endless_batches_in_memory
+    from loops_data.in_memory import batches_in_memory, endless_batches_in_memory
 
     return dict(
         train_data=lambda: endless_batches_in_memory(

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from loops.vocabulary.whole_numbers import check_whole
 from loops_data import compressors
-from loops_data.image_classification import batches_in_memory, endless_batches_in_memory
+from loops_data.in_memory import batches_in_memory, endless_batches_in_memory
 
 # Pure-Python modules present in every supported Python (3.10 and later).
 MODULES = (

@@ -10,7 +10,7 @@ import numpy as np
 
 from loops.input import interaction_baselines
 from loops.input.interaction_logs import Interactions
-from loops_data.image_classification import batches_in_memory, endless_batches_in_memory
+from loops_data.in_memory import batches_in_memory, endless_batches_in_memory
 
 
 def ranking_eval_arrays(train: Interactions, test: Interactions):

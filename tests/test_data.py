@@ -101,7 +101,7 @@ def test_the_ring_and_the_python_text_refuse_a_bad_batch_size_as_the_images_do(s
 
 
 def test_in_memory_batches_take_a_new_full_permutation_each_pass():
-    from loops_data.image_classification import batches_in_memory
+    from loops_data.in_memory import batches_in_memory
 
     rows = np.arange(50)
     dataset = batches_in_memory((rows, rows * 10), 8, shuffle_seed=7).repeat(3)
@@ -125,11 +125,11 @@ def test_in_memory_batches_take_a_new_full_permutation_each_pass():
 
 
 def test_endless_batches_are_full_static_and_a_new_permutation_each_pass(monkeypatch):
-    from loops_data import image_classification
-    from loops_data.image_classification import endless_batches_in_memory
+    from loops_data import in_memory
+    from loops_data.in_memory import endless_batches_in_memory
 
     rows = np.arange(50)
-    monkeypatch.setattr(image_classification, "ROWS_PER_DRAW", 120)  # two passes a draw
+    monkeypatch.setattr(in_memory, "ROWS_PER_DRAW", 120)  # two passes a draw
     dataset = endless_batches_in_memory((rows, rows * 10), 8, shuffle_seed=7)
     assert [spec.shape.as_list() for spec in dataset.element_spec] == [[8], [8]]
     assert dataset.options().autotune.enabled is False
