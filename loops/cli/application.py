@@ -19,7 +19,7 @@ from typing import Any
 from absl import app, flags
 
 from loops.cli import flags as loop_flags
-from loops.cli import startup_preemption, tensorflow_logs
+from loops.cli import process_exit, startup_preemption, tensorflow_logs
 from loops.cli.flags import (
     EVALUATE_CHECKPOINTS,
     EVALUATOR_TASK,
@@ -113,9 +113,15 @@ def run(main: Callable[[list[str]], None], *, description: str) -> None:
 
     From here on SIGTERM is the preemption exit (`startup_preemption`): a binary's
     console script calls this first, so no moment of its start-up ends by the signal.
+    A main that finished well ends the process at once (`process_exit`).
     """
     with startup_preemption.sigterm_handler():
-        app.run(main, flags_parser=functools.partial(parse_flags, description=description))
+        try:
+            app.run(main, flags_parser=functools.partial(parse_flags, description=description))
+        except SystemExit as ended:
+            if ended.code not in (None, 0):
+                raise
+    process_exit.exit_finished()
 
 
 def entry_points(
