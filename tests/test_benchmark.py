@@ -328,3 +328,32 @@ def test_importing_every_benchmark_beside_the_binaries_defines_no_flag():
     done = run_python(IMPORT_EVERY_BENCHMARK)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("DEFINED ", 1)[1].strip() == "[]"
+
+
+def test_tiny_ctr_throughput_benchmark_trains_both_modes_to_the_same_losses(tmp_path):
+    done, report = run_benchmark(
+        "ctr_throughput",
+        tmp_path,
+        "--rows=5000",
+        "--replicas=1,2",
+        "--steps=2",
+        "--rounds=1",
+        "--global_batch_size=16",
+    )
+    rows = {row["replicas"]: row for row in report["rows"]}
+    assert sorted(rows) == [1, 2]
+    for row in rows.values():
+        # Categorical tables of 5000 / 4**k rows (at least 10) for 26 columns, 2 bags of 1,000.
+        assert row["table_rows"] == 5000 + 1250 + 312 + 78 + 19 + 21 * 10 + 2 * 1000
+        assert row["model"] == "dcn_v2" and row["rows"] == 5000 and row["steps"] == 5
+        loops_rate, plain = row["loops_examples_per_second"], row["plain_examples_per_second"]
+        assert math.isfinite(loops_rate) and loops_rate > 0 and plain > 0, row
+        assert row["loops_over_plain"] == loops_rate / plain
+        # Sparse rows and Keras' whole-table update are one training: Adagrad leaves an
+        # untouched row as it was.
+        assert row["loops_first_loss"] == pytest.approx(row["plain_first_loss"], rel=1e-6)
+        assert row["loops_last_loss"] == pytest.approx(row["plain_last_loss"], rel=1e-5)
+        assert row["loops_last_loss"] < 0.9 * row["loops_first_loss"]
+    # 1 and 2 replicas take the same steps on the same global batch.
+    assert rows[2]["loops_last_loss"] == pytest.approx(rows[1]["loops_last_loss"], rel=1e-5)
+    assert "loops/plain" in done.stdout
