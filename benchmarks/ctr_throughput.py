@@ -25,12 +25,10 @@ report's `*_first_loss` and `*_last_loss`): the same training, at two speeds.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
 from benchmarks import report
-from benchmarks.embedding_tables import steps_per_second
+from benchmarks.embedding_tables import steps_per_second, table_arguments
 
 MODES = ("loops", "plain")
 NUMERIC, CATEGORICAL, BAGS = 13, 26, ("tags", "history")
@@ -39,24 +37,15 @@ MODELS = ("dcn_v2", "wide_and_deep", "dlrm")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="1000000,10000000", help="the largest table's sizes")
-    parser.add_argument("--replicas", default="1,2", help="comma-separated replica counts")
-    parser.add_argument("--model", default="dcn_v2", choices=MODELS)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per mode per round")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
-    parser.add_argument("--global_batch_size", type=int, default=1024)
-    parser.add_argument(
-        "--output", default=os.path.join("benchmarks", "results", "ctr_throughput.json")
+    return table_arguments(
+        argv,
+        __doc__.split("\n\n")[0],
+        rows="1000000,10000000",
+        batch=1024,
+        smallest=SMALLEST,
+        output="ctr_throughput.json",
+        model={"default": "dcn_v2", "choices": MODELS},
     )
-    args = parser.parse_args(argv)
-    args.rows = [int(r) for r in args.rows.split(",") if r]
-    args.replicas = [int(r) for r in args.replicas.split(",") if r]
-    if min(args.rows, default=0) < SMALLEST or min(args.replicas, default=0) < 1:
-        parser.error(f"--rows must be >= {SMALLEST} and --replicas >= 1")
-    if args.steps < 1 or args.rounds < 1 or args.global_batch_size < max(args.replicas):
-        parser.error("--steps and --rounds must be >= 1, --global_batch_size >= the replicas")
-    return args
 
 
 def cardinalities(rows: int) -> dict[str, int]:

@@ -33,24 +33,39 @@ MODES = ("loops", "plain")
 DIM, LOOKUPS, RATE = 32, 2, 0.05
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="1000,100000,1000000", help="comma-separated table sizes")
+def table_arguments(
+    argv, description: str, *, rows: str, batch: int, smallest: int, output: str, **more
+) -> argparse.Namespace:
+    """The flags of a table benchmark (sizes, replica counts, steps, rounds, batch, output
+    and `more`: flag name -> add_argument keywords), parsed and checked."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rows", default=rows, help="comma-separated table sizes")
     parser.add_argument("--replicas", default="1,2", help="comma-separated replica counts")
+    for name, keywords in more.items():
+        parser.add_argument(f"--{name}", **keywords)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per mode per round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
-    parser.add_argument("--global_batch_size", type=int, default=512)
-    parser.add_argument(
-        "--output", default=os.path.join("benchmarks", "results", "embedding_tables.json")
-    )
+    parser.add_argument("--global_batch_size", type=int, default=batch)
+    parser.add_argument("--output", default=os.path.join("benchmarks", "results", output))
     args = parser.parse_args(argv)
     args.rows = [int(r) for r in args.rows.split(",") if r]
     args.replicas = [int(r) for r in args.replicas.split(",") if r]
-    if min(args.rows, default=0) < LOOKUPS or min(args.replicas, default=0) < 1:
-        parser.error(f"--rows must be >= {LOOKUPS} and --replicas >= 1")
+    if min(args.rows, default=0) < smallest or min(args.replicas, default=0) < 1:
+        parser.error(f"--rows must be >= {smallest} and --replicas >= 1")
     if args.steps < 1 or args.rounds < 1 or args.global_batch_size < max(args.replicas):
         parser.error("--steps and --rounds must be >= 1, --global_batch_size >= the replicas")
     return args
+
+
+def parse_args(argv=None):
+    return table_arguments(
+        argv,
+        __doc__.split("\n\n")[0],
+        rows="1000,100000,1000000",
+        batch=512,
+        smallest=LOOKUPS,
+        output="embedding_tables.json",
+    )
 
 
 def make_model(rows: int):
