@@ -4,6 +4,7 @@ truth's AUC, and a bad feature description is refused naming the column."""
 
 import os
 import re
+import types
 
 import keras
 import numpy as np
@@ -163,6 +164,44 @@ def test_an_evaluation_of_more_examples_than_the_auc_keeps_is_refused_with_the_f
         "The evaluation held 19 examples, more than auc_examples=10 that the exact AUC keeps; "
         "build the CTRLoop with auc_examples >= 19 or evaluate on fewer examples."
     )
+
+
+def pretend_workers(monkeypatch, workers):
+    """Placement.of as CTRLoop reads it: `workers` synchronous workers, no servers."""
+    from loops.kinds import ctr as ctr_kind
+
+    class Pretended:
+        @staticmethod
+        def of(strategy):
+            return types.SimpleNamespace(num_workers=workers, variables_on_servers=False)
+
+    monkeypatch.setattr(ctr_kind, "Placement", Pretended)
+
+
+def test_on_several_workers_every_replica_gathers_every_eval_row_for_the_same_auc(monkeypatch):
+    alone = build_trainer("dcn_v2", loops.testing.replica_strategy(1)).evaluate()
+    pretend_workers(monkeypatch, 2)
+    # Eval batches of 5 over 4 replicas: 2, 1, 1, 1 rows, and 4 rows (one replica empty) last.
+    trainer = build_trainer("dcn_v2", loops.testing.replica_strategy(4), eval_batch_size=5)
+    gathered = trainer.evaluate()
+    assert trainer.definition._rows_over_workers  # the gathering path ran
+    assert gathered["examples"] == alone["examples"] == ROWS
+    for name, value in alone.items():
+        assert gathered[name] == pytest.approx(value, rel=1e-6), name
+    assert trainer.definition.last_eval_scores.shape == (ROWS, 2)
+
+
+def test_several_workers_without_an_eval_batch_size_are_refused_with_the_fix(monkeypatch):
+    pretend_workers(monkeypatch, 2)
+    with pytest.raises(ValueError) as raised:
+        build_trainer("dcn_v2", loops.testing.replica_strategy(2)).evaluate()
+    assert str(raised.value) == (
+        "CTRLoop's exact AUC needs every eval row on the worker that computes it, and this "
+        "run's replicas are on 2 workers; pass eval_batch_size= (the eval data's global batch "
+        "size) so each worker gathers every replica's rows, or evaluate on one worker."
+    )
+    with pytest.raises(ValueError, match="eval_batch_size"):
+        loops.CTRLoop(model_fn=None, optimizer_fn=None, eval_batch_size=0)
 
 
 def test_dlrm_without_numeric_columns_is_refused():

@@ -268,6 +268,12 @@ def train_scalars(model_dir):
 
 
 LOOP_RUNS = {
+    # DCN-v2 with multi-hot bags (some empty); 168 validation rows: the last eval batch
+    # holds 8, 4 on each worker, and each worker gathers every row for the exact AUC.
+    "ctr": (
+        "loops.bin.ctr",
+        ["--train_steps=6", "--global_batch_size=32", "--generated_rows=2100"],
+    ),
     # The critic takes 2 batches a step, with the gradient penalty and the EMA generator.
     "gan": (
         "loops.bin.gan",
@@ -401,6 +407,17 @@ def test_gan_rl_and_lm_on_two_workers_give_one_machines_step_losses_and_weights(
             f"{difference:.2g} over {len(losses)} logged values x {train_steps} steps"
         )
         assert difference <= RTOL
+
+
+def test_ctr_on_two_workers_evaluates_and_tests_every_row_as_one_process_does(loop_runs):
+    got = results(os.path.join(loop_runs, "ctr", "workers2"))
+    assert got["data"]["validation_rows"] == 168 and got["eval"]["examples"] == 168
+    for reference in ("replicas1", "replicas2"):
+        expected = results(os.path.join(loop_runs, "ctr", reference))
+        for figures in ("eval", "test"):
+            assert sorted(got[figures]) == sorted(expected[figures])
+            for name, value in expected[figures].items():
+                assert got[figures][name] == pytest.approx(value, rel=1e-6), (figures, name)
 
 
 # ---- The launcher on its own, with small Python commands (no TensorFlow in the tasks). ----

@@ -164,6 +164,7 @@ def build_trainer():
             total_steps=FLAGS.train_steps,
         ),
         auc_examples=max(len(evaluated), 1),
+        eval_batch_size=FLAGS.global_batch_size,
         data_notes=table.notes(),
         **loop_flags.clip_norm_argument(),
     )

@@ -11,10 +11,12 @@ import numpy as np
 import tensorflow as tf
 
 from loops.core import outputs, reduction
+from loops.core.global_rows import gather_global_rows
 from loops.core.update import check_clip_norm
 from loops.definition.loop import Loop, RunContext
 from loops.definition.one_update import one_update_train_step
 from loops.kinds.library import ranking_metrics
+from loops.placement import Placement
 from loops.vocabulary.whole_numbers import check_whole
 
 # The eval step's output holding every example's (logit, label), turned into the AUC.
@@ -46,6 +48,8 @@ class CTRLoop(Loop):
     replica count and to scikit-learn's `roc_auc_score` on the same logits.
     The gathered pairs are kept in `last_eval_scores`; an evaluation of more
     than `auc_examples` examples is refused (raise it, at 8 bytes an example).
+    On several synchronous workers every worker gathers every replica's pairs
+    (give `eval_batch_size`), so each computes the same AUC.
     """
 
     name = "ctr"
@@ -59,6 +63,7 @@ class CTRLoop(Loop):
         table_optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
         clip_norm: float | None = None,
         auc_examples: int = 1 << 16,
+        eval_batch_size: int | None = None,
         data_notes: Mapping[str, Any] | None = None,
     ):
         """
@@ -71,6 +76,10 @@ class CTRLoop(Loop):
                 optimizer_fn's trains them too.
             clip_norm: clip the summed gradient to this global norm; None: no clip.
             auc_examples: the most eval examples one evaluation holds (the AUC keeps them all).
+            eval_batch_size: the most examples an eval batch holds over all replicas. On
+                several workers each replica sums its (logit, label) rows into a tensor of
+                this many rows over all workers (a collective's shape is fixed), so every
+                worker holds them all for the exact AUC; needed there, unused in one process.
             data_notes: what the data is (its split, its sizes), in results.json under "data".
 
         Raises:
@@ -82,11 +91,26 @@ class CTRLoop(Loop):
         self.table_optimizer_fn = table_optimizer_fn
         self.clip_norm = clip_norm
         self.auc_examples = auc_examples
+        if eval_batch_size is not None:
+            check_whole("eval_batch_size", eval_batch_size, note=" (the eval global batch size)")
+        self.eval_batch_size = eval_batch_size
+        self._rows_over_workers = False  # several synchronous workers: set by build
         self.data_notes = dict(data_notes or {})
         # The last evaluation's (logit, label) of each example, float32 [examples, 2].
         self.last_eval_scores = np.zeros([0, 2], np.float32)
 
     def build(self) -> None:
+        placement = Placement.of(self.strategy)
+        # Synchronous workers each evaluate their replicas' share; under parameter servers
+        # the chief evaluates alone.
+        self._rows_over_workers = not placement.variables_on_servers and placement.num_workers > 1
+        if self._rows_over_workers and self.eval_batch_size is None:
+            raise ValueError(
+                "CTRLoop's exact AUC needs every eval row on the worker that computes it, and "
+                f"this run's replicas are on {placement.num_workers} workers; pass "
+                "eval_batch_size= (the eval data's global batch size) so each worker gathers "
+                "every replica's rows, or evaluate on one worker."
+            )
         self.build_one_update(
             self.model_fn(),
             self.optimizer_fn,
@@ -123,7 +147,11 @@ class CTRLoop(Loop):
             "positive_rate": tf.reduce_sum(tf.cast(positive, tf.float32)),
             "examples": tf.cast(tf.shape(labels)[0], tf.float32),
         }
-        return sums, tf.stack([logits, labels], axis=1)
+        scored = tf.stack([logits, labels], axis=1)
+        if self._rows_over_workers:
+            assert self.eval_batch_size is not None  # build refused it
+            scored = gather_global_rows(scored, global_batch_size=self.eval_batch_size)
+        return sums, scored
 
     def eval_step(self, batch):
         replica_sums, replica_scored = self.strategy.run(self._replica_eval, args=batch)
@@ -132,7 +160,10 @@ class CTRLoop(Loop):
         results: dict[str, Any] = {name: outputs.Ratio(sums[name], count) for name in _SUMS}
         results["examples"] = outputs.Sum(tf.cast(count, tf.int64))
         # Every row in global order; equal scores keep the earlier rows, so the pass keeps all.
-        scored = _local_rows(self.strategy, replica_scored)
+        if self._rows_over_workers:  # every replica holds every row (`_replica_eval`)
+            scored = self.strategy.experimental_local_results(replica_scored)[0]
+        else:
+            scored = _local_rows(self.strategy, replica_scored)
         results[_SCORED] = outputs.Highest(
             tf.zeros([tf.shape(scored)[0]]), scored, self.auc_examples
         )
