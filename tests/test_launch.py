@@ -251,7 +251,7 @@ def test_preempted_then_killed_worker_and_reruns_finish_with_one_machines_weight
     assert difference <= RTOL
 
 
-# ---- GAN, RL and LM: 2 worker processes against 1 process. ----
+# ---- GAN, RL, LM and click-through: 2 worker processes against 1 process. ----
 
 
 def train_scalars(model_dir):
@@ -366,7 +366,7 @@ def loop_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("loop", sorted(LOOP_RUNS))
-def test_gan_rl_and_lm_on_two_workers_give_one_machines_step_losses_and_weights(loop_runs, loop):
+def test_each_loop_on_two_workers_gives_one_machines_step_losses_and_weights(loop_runs, loop):
     commands, loop_flags = loop_commands(loop)
     model_dirs = {name: os.path.join(loop_runs, loop, name) for name in commands}
     outputs = {}
