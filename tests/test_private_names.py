@@ -13,8 +13,10 @@ ADAPTERS = {LOOPS / "tf_private.py", LOOPS / "keras_private.py"}
 PRIVATE = re.compile(r"^_[A-Za-z]\w*$")  # `_name`, not a dunder
 # Private packages of TensorFlow and Keras, named by an import.
 PRIVATE_PACKAGES = ("tensorflow.python", "tensorflow.compiler", "tensorflow.core", "keras.src")
-# Private names of the standard library loops calls (os._exit, through ctypes' libc too).
-STANDARD_LIBRARY = {"_exit"}
+# Private names of the standard library loops calls (os._exit, through ctypes' libc too;
+# atexit._run_exitfuncs, which a finished binary runs before os._exit: tests/test_process_exit.py
+# sees its handlers run).
+STANDARD_LIBRARY = {"_exit", "_run_exitfuncs"}
 
 
 def sources() -> dict[pathlib.Path, ast.Module]:
