@@ -166,3 +166,27 @@ def test_autograph_calls_a_left_package_as_written_and_a_users_function_converte
     # Where the caller's own code is not converted, neither is the user's.
     with pytest.raises(TypeError, match=not_converted):
         tf.function(lambda x: probe.call_converted(magnitude, x), autograph=False)(minus_two)
+
+
+def test_loops_leaves_its_own_code_and_the_kinds_library_unconverted_but_converts_the_kinds():
+    """The rules `loops.definition.executors` adds: the first rule that speaks for a module
+    decides, so the library's rule must come before the kinds'."""
+    import loops.definition.executors  # noqa: F401  (adds the rules at import)
+    from tensorflow.python.autograph.core import config_lib
+
+    module, rules, _, _ = tf_private.AUTOGRAPH_RULES
+    config = importlib.import_module(module)
+
+    def decided(name):
+        for rule in getattr(config, rules):
+            action = rule.get_action(importlib.import_module(name))
+            if action != config_lib.Action.NONE:
+                return action
+        return None
+
+    left, converted = config_lib.Action.DO_NOT_CONVERT, config_lib.Action.CONVERT
+    assert decided("loops.kinds.library.retrieval_loss") == left
+    assert decided("loops.kinds.library.ranking_metrics") == left
+    assert decided("loops.definition.executors") == left
+    assert decided("loops.kinds.retrieval") == converted
+    assert decided("loops.kinds.rl.environment_loop") == converted
