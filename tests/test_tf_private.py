@@ -171,8 +171,9 @@ def test_autograph_calls_a_left_package_as_written_and_a_users_function_converte
 def test_loops_leaves_its_own_code_and_the_kinds_library_unconverted_but_converts_the_kinds():
     """The rules `loops.definition.executors` adds: the first rule that speaks for a module
     decides, so the library's rule must come before the kinds'."""
-    import loops.definition.executors  # noqa: F401  (adds the rules at import)
     from tensorflow.python.autograph.core import config_lib
+
+    import loops.definition.executors  # noqa: F401  (adds the rules at import)
 
     module, rules, _, _ = tf_private.AUTOGRAPH_RULES
     config = importlib.import_module(module)
