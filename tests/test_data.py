@@ -6,6 +6,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import loops_data as data
+from conftest import run_python
 from loops_data import python_text
 from loops_data.ring import Ring
 
@@ -201,3 +202,14 @@ def test_a_split_too_large_for_memory_streams_through_a_shuffle_buffer(digits_di
     expected = np.concatenate([labels.numpy() for _, labels in in_memory])
     assert len(labels) == 1437 and sorted(labels.tolist()) == sorted(expected.tolist())
     assert not np.array_equal(labels, expected)  # shuffled
+
+
+def test_the_logs_read_into_memory_load_without_tensorflow_datasets():
+    # Its import is a quarter of a second of each recommender, click or text process.
+    done = run_python(
+        "import sys\n"
+        "from loops_data import ctr_data, ctr_tables, python_text, recommender_data\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tensorflow_datasets')))"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
