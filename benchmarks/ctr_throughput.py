@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 
 from benchmarks import report
-from benchmarks.embedding_tables import steps_per_second, table_arguments
+from benchmarks.embedding_tables import split_over_replicas, steps_per_second, table_arguments
 
 MODES = ("loops", "plain")
 NUMERIC, CATEGORICAL, BAGS = 13, 26, ("tags", "history")
@@ -87,17 +87,7 @@ def global_batch(rows: int, size: int, seed: int = 0):
 
 def replica_batch(strategy, rows: int, size: int):
     """The global batch as per-replica values, each replica its contiguous share."""
-    import tensorflow as tf
-
-    share = size // strategy.num_replicas_in_sync
-
-    def split(values):
-        return strategy.experimental_distribute_values_from_function(
-            lambda context: tf.constant(values[context.replica_id_in_sync_group * share :][:share])
-        )
-
-    columns, labels = global_batch(rows, size)
-    return {name: split(values) for name, values in columns.items()}, split(labels)
+    return split_over_replicas(strategy, global_batch(rows, size))
 
 
 def _model_and_optimizers(args, rows: int):

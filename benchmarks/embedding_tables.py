@@ -76,22 +76,28 @@ def make_model(rows: int):
     return keras.Model(ids, keras.layers.Dense(1)(keras.ops.mean(vectors, axis=1)))
 
 
+def split_over_replicas(strategy, values):
+    """A nest of global-batch arrays as per-replica values, each replica its contiguous share
+    of the rows (a batch that the replicas divide)."""
+    import tensorflow as tf
+
+    def split(array):
+        share = len(array) // strategy.num_replicas_in_sync
+        return strategy.experimental_distribute_values_from_function(
+            lambda context: tf.constant(array[context.replica_id_in_sync_group * share :][:share])
+        )
+
+    return tf.nest.map_structure(split, values)
+
+
 def batch(strategy, rows: int, global_batch_size: int):
     """One global batch of ids and targets, split over the replicas."""
     import numpy as np
-    import tensorflow as tf
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, rows, (global_batch_size, LOOKUPS)).astype(np.int32)
     targets = rng.normal(size=(global_batch_size,)).astype(np.float32)
-    share = global_batch_size // strategy.num_replicas_in_sync
-
-    def replica(values):
-        return strategy.experimental_distribute_values_from_function(
-            lambda context: tf.constant(values[context.replica_id_in_sync_group * share :][:share])
-        )
-
-    return replica(ids), replica(targets)
+    return split_over_replicas(strategy, (ids, targets))
 
 
 def loops_step(strategy, rows: int, global_batch_size: int):
