@@ -102,6 +102,42 @@ def test_dlrm_tables_trained_by_adagrad_are_sparse_and_equal_on_1_and_4_replicas
     assert runs[4]["eval"]["examples"] == ROWS
 
 
+@pytest.mark.parametrize(
+    "name, kind, rate",
+    [
+        ("same", keras.optimizers.Adam, 0.05),
+        ("rowwise_adagrad", loops.RowwiseAdagrad, 0.25),
+        ("adagrad", keras.optimizers.Adagrad, 0.25),
+        ("sgd", keras.optimizers.SGD, 0.25),
+    ],
+)
+def test_the_binarys_table_optimizer_setting_trains_the_tables_by_the_optimizer_it_names(
+    name, kind, rate
+):
+    from loops.bin import training_settings
+
+    values = {"table_optimizer": name, "table_learning_rate": 0.25}
+    table_optimizer_fn = training_settings.table_optimizer_fn(values, learning_rate=0.01)
+    assert (table_optimizer_fn is None) == (name == "same")
+    trainer = build_trainer(
+        "dlrm", loops.testing.replica_strategy(1), table_optimizer_fn=table_optimizer_fn
+    )
+    tables = trainer.definition.update.tables
+    assert type(tables.table_optimizer) is kind
+    learning_rate = keras.ops.convert_to_numpy(tables.table_optimizer.learning_rate)
+    assert float(learning_rate) == np.float32(rate)
+    # The tables' own optimizers update the rows a step looks up alone; Adam's is dense.
+    assert tables.sparse is (name != "same")
+    layer = trainer.definition.model.get_layer("C3_embedding")
+    before = layer.embeddings.numpy()
+    trainer.train(3)
+    after = layer.embeddings.numpy()
+    seen = np.unique(small_log().columns["C3"])
+    assert seen.tolist() == [0, 1, 2, 4, 5]  # row 3 is never looked up
+    assert np.array_equal(before[3], after[3])
+    assert np.all(np.abs(after[seen] - before[seen]).max(axis=1) > 1e-4)
+
+
 def build_eval_scores(builder):
     """One replica's last eval (logit, label) pairs after the same 3 steps."""
     trainer = build_trainer(builder, loops.testing.replica_strategy(1))

@@ -76,7 +76,12 @@ OWN_SETTINGS = {
         *model_settings.RECOMMENDER,
         *training_settings.OPTIMIZER,
     ),
-    "ctr": (*data_settings.CTR_DATA, *model_settings.CTR, *training_settings.OPTIMIZER),
+    "ctr": (
+        *data_settings.CTR_DATA,
+        *model_settings.CTR,
+        *training_settings.OPTIMIZER,
+        *training_settings.TABLE_OPTIMIZER,
+    ),
 }
 # The binaries that export at the end of training: they also take --export_dir.
 EXPORTING = {"classifier", "gan", "lm", "recommender", "ctr"}

@@ -108,7 +108,12 @@ RECOMMENDER = BinaryFlags(
 )
 CTR = BinaryFlags(
     "loops-ctr",
-    (data_settings.CTR_DATA, model_settings.CTR, training_settings.OPTIMIZER),
+    (
+        data_settings.CTR_DATA,
+        model_settings.CTR,
+        training_settings.OPTIMIZER,
+        training_settings.TABLE_OPTIMIZER,
+    ),
     export="the trained click-through model (serving_default: a table's raw columns, or a "
     "generated log's prepared columns, -> logits and probabilities; serve_prepared: a "
     "table's prepared columns; features.json beside it holds its vocabularies and scales)",

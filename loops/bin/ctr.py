@@ -163,6 +163,10 @@ def build_trainer():
             learning_rate=FLAGS.learning_rate,
             total_steps=FLAGS.train_steps,
         ),
+        table_optimizer_fn=training_settings.table_optimizer_fn(
+            loop_flags.setting_values(training_settings.TABLE_OPTIMIZER),
+            learning_rate=FLAGS.learning_rate,
+        ),
         auc_examples=max(len(evaluated), 1),
         eval_batch_size=FLAGS.global_batch_size,
         data_notes=table.notes(),

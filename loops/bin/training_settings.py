@@ -105,6 +105,53 @@ def optimizer_fn(
     )
 
 
+# loops.bin.ctr: the embedding tables' own optimizer (`loops.Update`'s table_optimizer).
+TABLE_OPTIMIZER: tuple[Setting, ...] = (
+    Setting(
+        "table_optimizer",
+        "training",
+        "Optimizer of the embedding tables: 'same' trains them with --optimizer (Adam's "
+        "update reads and writes every row of a table each step); 'rowwise_adagrad' (one "
+        "accumulator a row), 'adagrad' and 'sgd' update only the rows a step looks up, "
+        "exactly as their dense update would, while --optimizer trains the other weights.",
+        "enum",
+        default="same",
+        choices=("same", "rowwise_adagrad", "adagrad", "sgd"),
+    ),
+    Setting(
+        "table_learning_rate",
+        "training",
+        "Learning rate of a --table_optimizer of the tables' own, constant over the run "
+        "(Adagrad's accumulators already decay each row's steps); 0: --learning_rate's.",
+        "float",
+        default=0.0,
+        lower_bound=0.0,
+    ),
+)
+
+
+def table_optimizer_fn(values: dict[str, Any], *, learning_rate: float) -> Callable[[], Any] | None:
+    """() -> the tables' optimizer the TABLE_OPTIMIZER settings name (at their rate, else at
+    `learning_rate`), or None for 'same' (the Update's optimizer trains the tables)."""
+    name = values["table_optimizer"]
+    if name == "same":
+        return None
+    rate = values["table_learning_rate"] or learning_rate
+
+    def optimizer():
+        import keras
+
+        import loops
+
+        if name == "rowwise_adagrad":
+            return loops.RowwiseAdagrad(rate)
+        if name == "adagrad":
+            return keras.optimizers.Adagrad(rate)
+        return keras.optimizers.SGD(rate)
+
+    return optimizer
+
+
 # The full-size slots each optimizer keeps beside the weights: Adam's two moments, momentum's
 # velocity, none for plain SGD.
 _SLOTS = {"adam": 2, "momentum": 1, "sgd": 0}
