@@ -52,8 +52,8 @@ CATEGORICAL = (
 LABEL, POSITIVE = "income", ">50K"
 # Columns the benchmark adds to the table for loops' models, as the Estimator tutorial did:
 # each number also as a category of its value (a threshold such as capital gains above
-# 7,000 is then a row of its own, as a tree finds it), and crosses of categories (a value
-# of its own for each pair seen).
+# 7,000 is then a row of its own, as a tree finds it). The crosses of categories (a value
+# of its own for each pair seen, "Bachelors|Sales") are crossed columns of the spec.
 VALUE_CATEGORIES = (*NUMERIC, "capital-gain", "capital-loss")
 CROSSES = (("education", "occupation"), ("native-country", "occupation"))
 
@@ -94,26 +94,28 @@ def adult_path(cache_dir: str = DEFAULT_CACHE) -> str:
 
 
 def with_engineered_columns(table: feature_tables.Table) -> feature_tables.Table:
-    """The table with the `VALUE_CATEGORIES` and `CROSSES` as categorical columns."""
+    """The table with the `VALUE_CATEGORIES` as categorical columns (the `CROSSES` are the
+    spec's)."""
     columns = dict(table.columns)
     for name in VALUE_CATEGORIES:
         columns[f"{name}_value"] = [str(value) for value in columns[name]]
-    for first, second in CROSSES:
-        pairs = zip(columns[first], columns[second])
-        columns[f"{first}_x_{second}"] = [f"{a}|{b}" for a, b in pairs]
     return dataclasses.replace(table, columns=columns)
 
 
 def spec() -> feature_tables.FeatureSpec:
     """The feature spec of loops' models: numbers standardized (log1p first for the skewed
-    ones), each category by a vocabulary of the training rows, the engineered ones (values
-    and crosses) where seen 3 times."""
+    ones), each category by a vocabulary of the training rows, the engineered ones (values,
+    and the `CROSSES` as crossed columns: the pair's values joined by "|") where seen 3
+    times."""
     columns: list[dict[str, Any]] = [{"name": name, "kind": "numeric"} for name in NUMERIC]
     columns += [{"name": name, "kind": "numeric", "normalize": "log"} for name in LOG_NUMERIC]
     columns += [{"name": name, "kind": "categorical"} for name in CATEGORICAL]
-    engineered = [f"{name}_value" for name in VALUE_CATEGORIES]
-    engineered += [f"{first}_x_{second}" for first, second in CROSSES]
-    columns += [{"name": name, "kind": "categorical", "min_count": 3} for name in engineered]
+    engineered: list[dict[str, Any]] = [{"name": f"{name}_value"} for name in VALUE_CATEGORIES]
+    engineered += [
+        {"name": f"{first}_x_{second}", "cross": [first, second], "separator": "|"}
+        for first, second in CROSSES
+    ]
+    columns += [{**column, "kind": "categorical", "min_count": 3} for column in engineered]
     return feature_tables.FeatureSpec.from_json(
         {"label": LABEL, "positive": POSITIVE, "columns": columns}
     )

@@ -6,6 +6,7 @@ the split is the seed's
 permutation and the vocabularies come from the training rows alone; the test figures equal
 scikit-learn's; the Adult benchmark writes its JSON on a stand-in of the wheel."""
 
+import dataclasses
 import json
 import os
 import zipfile
@@ -241,6 +242,134 @@ def test_the_export_of_a_table_serves_raw_rows_as_the_live_model_scores_them(tmp
     by_prepared = loaded.signatures["serve_prepared"](**prepared)["probabilities"].numpy()
     np.testing.assert_allclose(by_prepared, live, atol=1e-6)
     assert len(set(np.round(live, 6))) == 3  # three rows the model tells apart
+
+
+CROSS_TABLE = (
+    "age,city,zip,day,clicked\n31,Oslo,0150,Mon,1\n45,Rome,00184,Tue,0\n28,Oslo,0150,Tue,0\n"
+    "52,Lima,15001,Mon,1\n39,Rome,00184,Mon,0\n33,Oslo,0150,Mon,1\n41,Rome,00184,Tue,1\n"
+)
+CROSS_SPEC = {
+    "label": "clicked",
+    "columns": [
+        {"name": "age", "kind": "numeric"},
+        {"name": "city", "kind": "categorical"},
+        {"name": "zip", "kind": "categorical", "hash_buckets": 7},
+        # A pair of the spec's columns by vocabulary; the day (not itself a feature) hashed.
+        {"name": "city_x_zip", "kind": "categorical", "cross": ["city", "zip"], "min_count": 2},
+        {
+            "name": "city_x_day",
+            "kind": "categorical",
+            "cross": ["city", "day"],
+            "hash_buckets": 5,
+            "separator": "#",
+        },
+    ],
+}
+
+
+def test_the_export_joins_crossed_columns_from_the_raw_columns_as_the_live_model_reads_them(
+    tmp_path,
+):
+    from loops.input import feature_tables
+    from loops.model_dir.export import export_ctr
+
+    (tmp_path / "train.csv").write_text(CROSS_TABLE)
+    split = ctr_tables.from_table(
+        feature_tables.FeatureSpec.from_json(CROSS_SPEC),
+        feature_tables.read_table(str(tmp_path / "train.csv")),
+        seed=0,
+        test_fraction=0.2,
+        validation_fraction=0,
+    )
+    # Seed 0 trains on rows 2, 4, 3, 6, 5 (from 0) of the 7: Oslo|0150 and Rome|00184 twice
+    # each, Lima|15001 once.
+    assert split.fitted.vocabularies["city_x_zip"] == ["Oslo|0150", "Rome|00184"]
+    model = ctr.build_model("dcn_v2", ctr.CTRFeatures(**split.features), seed=0)
+    export_ctr(model, str(tmp_path / "export"), fitted=split.fitted)
+    # A kept pair; known values in a pair training never held (Oslo|00184); an unknown city
+    # (Paris) and zip; Lima|15001, seen once (under min_count 2).
+    serving = (
+        "age,city,zip,day,clicked\n33,Oslo,0150,Tue,0\n61,Oslo,00184,Mon,1\n"
+        "47,Paris,99999,Sun,0\n29,Lima,15001,Mon,1\n"
+    )
+    (tmp_path / "serve.csv").write_text(serving)
+    columns, _ = split.fitted.arrays(feature_tables.read_table(str(tmp_path / "serve.csv")))
+    assert columns["city_x_zip"].tolist() == [1, 0, 0, 0]
+    day_texts = ["Oslo#Tue", "Oslo#Mon", "Paris#Sun", "Lima#Mon"]
+    hashed = tf.strings.to_hash_bucket_fast(day_texts, 5).numpy().tolist()
+    assert columns["city_x_day"].tolist() == hashed
+    prepared = {
+        name: array.astype(np.int32) if array.dtype.kind == "i" else array
+        for name, array in columns.items()
+    }
+    live = tf.sigmoid(tf.reshape(model(prepared), [-1])).numpy()
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    serve = loaded.signatures["serving_default"]
+    # The raw columns, the day among them; no crossed column.
+    assert sorted(serve.structured_input_signature[1]) == ["age", "city", "day", "zip"]
+    raw = {
+        "age": tf.constant([33.0, 61.0, 47.0, 29.0], tf.float64),
+        "city": tf.constant(["Oslo", "Oslo", "Paris", "Lima"]),
+        "zip": tf.constant(["0150", "00184", "99999", "15001"]),
+        "day": tf.constant(["Tue", "Mon", "Sun", "Mon"]),
+    }
+    served = serve(**raw)["probabilities"].numpy()
+    np.testing.assert_allclose(served, live, atol=1e-6)
+    assert len(set(np.round(live, 6))) == 4  # four rows the model tells apart
+    by_prepared = loaded.signatures["serve_prepared"](**prepared)["probabilities"].numpy()
+    np.testing.assert_allclose(by_prepared, live, atol=1e-6)
+    # A served zip holding the separator ("0150|x", which a table may not hold) joins to a
+    # text of two separators, which no kept pair has: the out-of-vocabulary row.
+    odd = dict(raw, zip=tf.constant(["0150|x", "00184", "99999", "15001"]))
+    odd_columns = dict(prepared, zip=tf.strings.to_hash_bucket_fast(odd["zip"], 7).numpy())
+    odd_columns["zip"] = odd_columns["zip"].astype(np.int32)
+    odd_columns["city_x_zip"] = np.array([0, 0, 0, 0], np.int32)
+    expected = tf.sigmoid(tf.reshape(model(odd_columns), [-1])).numpy()
+    np.testing.assert_allclose(serve(**odd)["probabilities"].numpy(), expected, atol=1e-6)
+    assert abs(expected[0] - live[0]) > 1e-6  # the first row now reads other rows
+
+
+def test_the_adult_benchmarks_spec_crosses_give_the_ids_of_its_joined_columns(monkeypatch):
+    # The `pytest` script does not put the repository on the path (`python -m pytest` does).
+    monkeypatch.syspath_prepend(ROOT)
+    from benchmarks import adult
+    from loops.input import feature_tables
+
+    generator = np.random.default_rng(1)
+    rows = 400
+    columns = {
+        name: generator.integers(0, 60, rows).tolist()
+        for name in (*adult.NUMERIC, *adult.LOG_NUMERIC)
+    }
+    # Skewed values, so that some pairs fall under min_count 3 and ties are broken by text.
+    columns.update(
+        {name: [f"v{v}" for v in generator.geometric(0.35, rows)] for name in adult.CATEGORICAL}
+    )
+    columns["income"] = [">50K" if v else "<=50K" for v in generator.random(rows) < 0.3]
+    table = adult.with_engineered_columns(feature_tables.Table("stand-in", columns, "row", 0))
+    # The benchmark before crossed columns: each pair joined here as f"{a}|{b}", a
+    # categorical column of the table with min_count 3.
+    joined = dict(table.columns)
+    entries = [column for column in adult.spec().columns if not column.crosses()]
+    for first, second in adult.CROSSES:
+        name = f"{first}_x_{second}"
+        joined[name] = [f"{a}|{b}" for a, b in zip(columns[first], columns[second])]
+        entries.append(feature_tables.Column(name, "categorical", {"min_count": 3}))
+    before_spec = feature_tables.FeatureSpec(adult.LABEL, tuple(entries), adult.POSITIVE)
+    split = dict(seed=0, test_fraction=0.2, validation_fraction=0.1)
+    before = ctr_tables.from_table(before_spec, dataclasses.replace(table, columns=joined), **split)
+    after = ctr_tables.from_table(adult.spec(), table, **split)
+    assert after.fitted.vocabularies == before.fitted.vocabularies
+    crosses = [f"{first}_x_{second}" for first, second in adult.CROSSES]
+    for name in crosses:  # the same contents in the same order, some pairs left out
+        assert 3 < len(after.fitted.vocabularies[name]) < len(set(joined[name]))
+    assert after.features == before.features
+    for part in ("train", "validation", "test"):
+        now, was = getattr(after, part).columns, getattr(before, part).columns
+        assert list(now) == list(was)
+        for name in now:
+            np.testing.assert_array_equal(now[name], was[name], err_msg=f"{part} {name}")
+        assert sum(int(np.sum(now[name] == 0)) for name in crosses) > 0  # rows out of vocabulary
 
 
 def test_the_test_figures_equal_scikit_learns():

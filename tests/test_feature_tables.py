@@ -169,6 +169,76 @@ SPEC_REFUSALS = {
         {"label": "a", "columns": [{"name": "a", "kind": "numeric"}]},
         "'a' is the label and a feature column",
     ),
+    "a cross on a numeric column": (
+        {"label": "y", "columns": [{"name": "c", "kind": "numeric", "cross": ["a", "b"]}]},
+        "Column 'c' (numeric) has cross; only a categorical column crosses columns: give it "
+        '"kind": "categorical".',
+    ),
+    "a cross of one column": (
+        {"label": "y", "columns": [{"name": "c", "kind": "categorical", "cross": ["a"]}]},
+        "Column 'c' has cross=['a']; list 2 or more distinct columns of the table, like "
+        '"cross": ["education", "occupation"].',
+    ),
+    "a cross of one column twice": (
+        {"label": "y", "columns": [{"name": "c", "kind": "categorical", "cross": ["a", "a"]}]},
+        "Column 'c' has cross=['a', 'a']; list 2 or more distinct columns",
+    ),
+    "a cross that is no list": (
+        {"label": "y", "columns": [{"name": "c", "kind": "categorical", "cross": "a,b"}]},
+        "Column 'c' has cross='a,b'; list 2 or more distinct columns",
+    ),
+    "a separator without a cross": (
+        {"label": "y", "columns": [{"name": "c", "kind": "categorical", "separator": "#"}]},
+        "Column 'c' has a separator and no cross; a categorical column's separator joins the "
+        'values it crosses: add "cross", or make it a multi_hot column.',
+    ),
+    "an empty separator of a cross": (
+        {
+            "label": "y",
+            "columns": [{"name": "c", "kind": "categorical", "cross": ["a", "b"], "separator": ""}],
+        },
+        "Column 'c' has separator=''; give a character.",
+    ),
+    "a cross of the label": (
+        {"label": "y", "columns": [{"name": "c", "kind": "categorical", "cross": ["a", "y"]}]},
+        "Column 'c' crosses the label 'y'; a model must not read its label: cross feature columns.",
+    ),
+    "a cross of itself": (
+        {"label": "y", "columns": [{"name": "c", "kind": "categorical", "cross": ["a", "c"]}]},
+        "Column 'c' crosses itself; list the table's columns whose values it joins.",
+    ),
+    "a cross of a cross": (
+        {
+            "label": "y",
+            "columns": [
+                {"name": "ab", "kind": "categorical", "cross": ["a", "b"]},
+                {"name": "c", "kind": "categorical", "cross": ["ab", "d"]},
+            ],
+        },
+        "Column 'c' crosses 'ab', itself a crossed column; cross the columns it joins instead: "
+        '"cross": ["a", "b", "d"].',
+    ),
+    "a cross of a numeric column": (
+        {
+            "label": "y",
+            "columns": [
+                {"name": "a", "kind": "numeric"},
+                {"name": "c", "kind": "categorical", "cross": ["a", "b"]},
+            ],
+        },
+        "Column 'c' crosses 'a', a numeric column; cross categorical columns, or columns of "
+        "the table the spec does not list (read as text).",
+    ),
+    "a cross of a multi-hot column": (
+        {
+            "label": "y",
+            "columns": [
+                {"name": "c", "kind": "categorical", "cross": ["b", "tags"]},
+                {"name": "tags", "kind": "multi_hot"},
+            ],
+        },
+        "Column 'c' crosses 'tags', a multi_hot column; cross categorical columns",
+    ),
 }
 
 
@@ -228,6 +298,24 @@ TABLE_REFUSALS = {
         "a,clicked\n",
         "{path} has a header and no rows",
     ),
+    "a crossed column the file lacks": (
+        {"columns": [{"name": "c", "kind": "categorical", "cross": ["city", "zips"]}]},
+        "city,zip,clicked\nOslo,0150,1\n",
+        "Column 'c' crosses 'zips', which {path} does not have (its columns: city, zip, "
+        "clicked); did you mean 'zip'?",
+    ),
+    "a crossed column named as a column of the file": (
+        {"columns": [{"name": "zip", "kind": "categorical", "cross": ["city", "code"]}]},
+        "city,code,zip,clicked\nOslo,47,0150,1\n",
+        "Column 'zip' crosses city, code and {path} has a column 'zip' too; give the crossed "
+        "column a name of its own (e.g. 'zip_cross'), or drop its cross to read the table's.",
+    ),
+    "a crossed value holding the separator": (
+        {"columns": [{"name": "c", "kind": "categorical", "cross": ["city", "zip"]}]},
+        "city,zip,clicked\nOslo,0150,1\nSan|Jose,95110,0\n",
+        "{path} line 3: column 'city', crossed by 'c', holds 'San|Jose', which has the cross's "
+        "separator '|'; give 'c' a \"separator\" that no crossed value holds.",
+    ),
 }
 
 
@@ -252,3 +340,111 @@ def test_a_list_in_a_categorical_column_is_refused_naming_the_parquet_row(tmp_pa
     )
     with pytest.raises(ValueError, match=r"rows.parquet row 0: categorical column 'tags' holds a"):
         feature_tables.fit(spec, feature_tables.read_table(str(path)))
+
+
+def test_a_list_in_a_crossed_column_is_refused_naming_the_parquet_row(tmp_path):
+    path = tmp_path / "rows.parquet"
+    pyarrow.parquet.write_table(
+        pyarrow.table({"city": ["Oslo", "Rome"], "tags": [["a"], ["b", "c"]], "y": [0, 1]}), path
+    )
+    spec = FeatureSpec.from_json(
+        {"label": "y", "columns": [{"name": "c", "kind": "categorical", "cross": ["city", "tags"]}]}
+    )
+    with pytest.raises(ValueError) as refused:
+        feature_tables.fit(spec, feature_tables.read_table(str(path)))
+    assert str(refused.value) == (
+        f"{path} row 0: column 'tags', crossed by 'c', holds a list (['a']); cross single values."
+    )
+
+
+CROSS_SPEC = {
+    "label": "clicked",
+    "columns": [
+        {"name": "city", "kind": "categorical"},
+        # city by day (a column the spec does not list), each pair seen twice or more.
+        {"name": "city_x_day", "kind": "categorical", "cross": ["city", "day"], "min_count": 2},
+        # day by hour (a number read as its text), hashed, joined by "#".
+        {
+            "name": "day_x_hour",
+            "kind": "categorical",
+            "cross": ["day", "hour"],
+            "hash_buckets": 11,
+            "separator": "#",
+        },
+    ],
+}
+CROSS_HEADER = ("city", "day", "hour", "clicked")
+CROSS_TRAIN = [
+    ("Oslo", "Mon", 9, 1),
+    ("Oslo", "Mon", 9, 0),
+    ("Rome", "Tue", 9, 0),
+    ("Oslo", "Tue", 17, 1),
+    ("Rome", "Tue", 17, 1),
+    ("Rome", "Mon", 17, 0),
+    ("Oslo", "Mon", 8, 0),
+]
+# Rome|Mon seen once in training (under min_count 2), Oslo|Mon 3 times, Lima never.
+CROSS_TEST = [("Rome", "Mon", 9, 1), ("Oslo", "Mon", 17, 0), ("Lima", "Tue", 9, 0)]
+
+
+def expected_cross_ids(train, rows):
+    """The crossed columns' ids computed here from the rows themselves: the pair texts, the
+    vocabulary of the training pairs seen twice (most frequent first, then by text) and
+    TensorFlow's FarmHash of the day#hour texts."""
+    pairs = np.array([f"{city}|{day}" for city, day, _, _ in train])
+    kept, counts = np.unique(pairs, return_counts=True)
+    order = sorted(zip(-counts, kept))
+    vocabulary = [str(pair) for count, pair in order if -count >= 2]
+    rows_of = {pair: row for row, pair in enumerate(vocabulary, 1)}
+    city_x_day = [rows_of.get(f"{city}|{day}", 0) for city, day, _, _ in rows]
+    day_x_hour = tf.strings.to_hash_bucket_fast([f"{d}#{h}" for _, d, h, _ in rows], 11)
+    return vocabulary, city_x_day, day_x_hour.numpy().tolist()
+
+
+def test_a_crossed_column_reads_the_joined_values_of_its_columns_in_csv_and_parquet(tmp_path):
+    spec = FeatureSpec.from_json(CROSS_SPEC)
+    train = feature_tables.read_table(write_csv(tmp_path / "train.csv", CROSS_TRAIN, CROSS_HEADER))
+    fitted = feature_tables.fit(spec, train)
+    vocabulary, _, _ = expected_cross_ids(CROSS_TRAIN, CROSS_TRAIN)
+    # Oslo|Mon 3 times, Rome|Tue twice; the other pairs once.
+    assert vocabulary == ["Oslo|Mon", "Rome|Tue"]
+    assert fitted.vocabularies == {"city": ["Oslo", "Rome"], "city_x_day": vocabulary}
+    assert fitted.cardinalities() == {"city": 3, "city_x_day": 3, "day_x_hour": 11}
+    # The hour as Parquet holds it, a float: 9.0 reads as "9", as the CSV's text.
+    parquet = tmp_path / "test.parquet"
+    columns = dict(zip(CROSS_HEADER, map(list, zip(*CROSS_TEST))))
+    columns["hour"] = [float(hour) for hour in columns["hour"]]
+    pyarrow.parquet.write_table(pyarrow.table(columns), parquet)
+    for rows, path in (
+        (CROSS_TRAIN, tmp_path / "train.csv"),
+        (CROSS_TEST, write_csv(tmp_path / "test.csv", CROSS_TEST, CROSS_HEADER)),
+        (CROSS_TEST, parquet),
+    ):
+        arrays, _ = fitted.arrays(feature_tables.read_table(str(path)))
+        _, city_x_day, day_x_hour = expected_cross_ids(CROSS_TRAIN, rows)
+        assert arrays["city_x_day"].tolist() == city_x_day, path
+        assert arrays["day_x_hour"].tolist() == day_x_hour, path
+        assert arrays["city_x_day"].dtype == arrays["day_x_hour"].dtype == np.int64
+    # Rome|Mon (once in training), Oslo|Mon, Lima|Tue (never).
+    assert arrays["city_x_day"].tolist() == [0, 1, 0]
+    assert fitted.arrays(train)[0]["city_x_day"].tolist() == [1, 1, 2, 0, 2, 0, 1]
+
+
+def test_a_fitted_spec_with_crosses_read_back_from_features_json_gives_the_same_arrays(
+    tmp_path,
+):
+    train = feature_tables.read_table(write_csv(tmp_path / "train.csv", CROSS_TRAIN, CROSS_HEADER))
+    fitted = feature_tables.fit(FeatureSpec.from_json(json.dumps(CROSS_SPEC)), train)
+    (tmp_path / "features.json").write_text(fitted.to_json())
+    again = FittedFeatures.from_json((tmp_path / "features.json").read_text())
+    assert again == fitted
+    assert again.spec.columns[1].crosses() == ("city", "day")
+    assert again.spec.columns[2].option("separator") == "#"
+    test = feature_tables.read_table(write_csv(tmp_path / "test.csv", CROSS_TEST, CROSS_HEADER))
+    columns, labels = fitted.arrays(test)
+    columns_again, labels_again = again.arrays(test)
+    assert sorted(columns_again) == ["city", "city_x_day", "day_x_hour"]
+    for name, array in columns.items():
+        np.testing.assert_array_equal(columns_again[name], array, err_msg=name)
+    np.testing.assert_array_equal(labels_again, labels)
+    assert columns_again["city_x_day"].tolist() == [0, 1, 0]

@@ -9,7 +9,9 @@ The spec is JSON (`FeatureSpec.from_json`), e.g.
      "columns": [{"name": "age", "kind": "numeric"},
                  {"name": "occupation", "kind": "categorical"},
                  {"name": "zip", "kind": "categorical", "hash_buckets": 1000},
-                 {"name": "genres", "kind": "multi_hot", "separator": "|", "pooling": "sum"}]}
+                 {"name": "genres", "kind": "multi_hot", "separator": "|", "pooling": "sum"},
+                 {"name": "education_x_occupation", "kind": "categorical",
+                  "cross": ["education", "occupation"], "min_count": 3}]}
 
 `fit` learns what the training rows decide (vocabularies, means and deviations) as
 `FittedFeatures`, plain JSON that a checkpoint or an export can carry; `FittedFeatures.arrays`
@@ -17,6 +19,16 @@ turns any rows of the same header (validation, test, serving) into the same arra
 each vocabulary table is its out-of-vocabulary row: values unseen in training, or seen fewer
 than `min_count` times, land there. A bag is padded with -1 (`PAD_ID`) to the longest bag of
 the rows read; an empty bag is all padding.
+
+A crossed column (`cross`: 2 or more columns of the table, by name) is a categorical column
+that the table does not have: its value on a row is the text of each crossed column's value
+(as a categorical column reads it: "3" for 3 and 3.0, "" for an empty field), in the listed
+order, joined by the column's `separator` ("|" unless given), e.g. "Bachelors|Sales" above.
+No crossed value may hold the separator (such a row is refused), so two different rows of
+values never join to the same text. It then takes a vocabulary (`min_count`, the
+out-of-vocabulary row 0) or `hash_buckets` as any categorical column. It crosses categorical
+columns of the spec, or columns of the table the spec does not list (`education` above, read
+as text); never a numeric or multi-hot column, the label or another crossed column.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ POOLINGS = ("mean", "sum")
 # The options each kind takes besides its name and kind, with their defaults.
 _OPTIONS: dict[str, dict[str, Any]] = {
     "numeric": {"normalize": "standard", "fill": None},
-    "categorical": {"hash_buckets": None, "min_count": 1},
+    "categorical": {"hash_buckets": None, "min_count": 1, "cross": None, "separator": "|"},
     "multi_hot": {"hash_buckets": None, "min_count": 1, "separator": "|", "pooling": "mean"},
 }
 _EXAMPLE = '{"label": "clicked", "columns": [{"name": "age", "kind": "numeric"}]}'
@@ -54,7 +66,9 @@ class Column:
     """One feature column: its name, kind (`KINDS`) and the options of that kind (`_OPTIONS`):
     numeric `normalize` (`NORMALIZATIONS`) and `fill` (the value of an empty field; None
     refuses one); categorical and multi-hot `hash_buckets` (None: a vocabulary of the training
-    rows) and `min_count`; multi-hot `separator` (between a text field's values) and
+    rows) and `min_count`; categorical `cross` (a tuple of the table's columns whose values
+    it joins; None: the table's own column of its name) and `separator` (between the values
+    a crossed column joins); multi-hot `separator` (between a text field's values) and
     `pooling` (`POOLINGS`)."""
 
     name: str
@@ -63,6 +77,10 @@ class Column:
 
     def option(self, key: str) -> Any:
         return self.options.get(key, _OPTIONS[self.kind][key])
+
+    def crosses(self) -> tuple[str, ...]:
+        """The columns a crossed column joins, in order; () for a column of the table."""
+        return tuple(self.options.get("cross") or ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +99,9 @@ class FeatureSpec:
 
         Raises:
             ValueError: naming the entry and the fix: not JSON, an unknown key, kind or
-                option, a bad option value, a column named twice or as the label, no column.
+                option, a bad option value, a column named twice or as the label, no column,
+                a cross of fewer than 2 columns, on another kind than categorical, or of the
+                label, a numeric, multi-hot or crossed column.
         """
         parsed = _parsed(spec)
         unknown = sorted(set(parsed) - {"label", "columns", "positive"})
@@ -134,6 +154,11 @@ def _column(entry: Any) -> Column:
     if kind not in KINDS:
         raise ValueError(f"Column {name!r} has kind {kind!r}; use one of {', '.join(KINDS)}.")
     options = {key: value for key, value in entry.items() if key not in ("name", "kind")}
+    if "cross" in options and kind != "categorical":
+        raise ValueError(
+            f"Column {name!r} ({kind}) has cross; only a categorical column crosses columns: "
+            'give it "kind": "categorical".'
+        )
     for key in options:
         if key not in _OPTIONS[kind]:
             close = difflib.get_close_matches(key, _OPTIONS[kind], n=1)
@@ -142,9 +167,32 @@ def _column(entry: Any) -> Column:
                 f"Column {name!r} ({kind}) has no option {key!r}{hint}; its options are "
                 f"{', '.join(_OPTIONS[kind])}."
             )
+    if options.get("cross") is not None:
+        options["cross"] = _checked_cross(name, options["cross"])
+    elif kind == "categorical" and "separator" in options:
+        raise ValueError(
+            f"Column {name!r} has a separator and no cross; a categorical column's separator "
+            'joins the values it crosses: add "cross", or make it a multi_hot column.'
+        )
     column = Column(name, kind, options)
     _check_options(column)
     return column
+
+
+def _checked_cross(name: str, cross: Any) -> tuple[str, ...]:
+    """A crossed column's `cross` as a tuple (a JSON list and a Python tuple read alike):
+    2 or more distinct column names."""
+    if (
+        not isinstance(cross, (list, tuple))
+        or not all(isinstance(source, str) and source for source in cross)
+        or len(set(cross)) < 2
+        or len(set(cross)) < len(cross)
+    ):
+        raise ValueError(
+            f"Column {name!r} has cross={cross!r}; list 2 or more distinct columns of the "
+            'table, like "cross": ["education", "occupation"].'
+        )
+    return tuple(cross)
 
 
 def _check_options(column: Column) -> None:
@@ -177,6 +225,38 @@ def _check_names(label: str, columns: Sequence[Column]) -> None:
     if label in seen:
         raise ValueError(
             f"{label!r} is the label and a feature column; a model must not read its label."
+        )
+    by_name = {column.name: column for column in columns}
+    for column in columns:
+        for source in column.crosses():
+            _check_crossed(column, by_name.get(source), source, label)
+
+
+def _check_crossed(column: Column, crossed: Column | None, source: str, label: str) -> None:
+    """Refuses a cross of the label, of itself, of another crossed column, or of a numeric
+    or multi-hot column of the spec (`crossed`; None for a column the spec does not list)."""
+    name = column.name
+    if source == label:
+        raise ValueError(
+            f"Column {name!r} crosses the label {label!r}; a model must not read its label: "
+            "cross feature columns."
+        )
+    if source == name:
+        raise ValueError(
+            f"Column {name!r} crosses itself; list the table's columns whose values it joins."
+        )
+    if crossed is not None and crossed.crosses():
+        # The same cross with `source` replaced by the columns it joins, each once.
+        parts = (crossed.crosses() if s == source else (s,) for s in column.crosses())
+        joined = json.dumps(list(dict.fromkeys(part for some in parts for part in some)))
+        raise ValueError(
+            f"Column {name!r} crosses {source!r}, itself a crossed column; cross the columns "
+            f'it joins instead: "cross": {joined}.'
+        )
+    if crossed is not None and crossed.kind != "categorical":
+        raise ValueError(
+            f"Column {name!r} crosses {source!r}, a {crossed.kind} column; cross categorical "
+            "columns, or columns of the table the spec does not list (read as text)."
         )
 
 
@@ -281,17 +361,18 @@ class FittedFeatures:
 
     def arrays(self, table: Table) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """(column name -> array, labels) of `table`'s rows: numeric columns float32 after
-        normalization, categorical int64 rows, multi-hot int64 rows padded with `PAD_ID`;
-        labels float32 0/1.
+        normalization, categorical int64 rows (a crossed column's of the values it joins),
+        multi-hot int64 rows padded with `PAD_ID`; labels float32 0/1.
 
         Raises:
-            ValueError: a spec column missing from the table (naming the closest), or a
-                field that is not what its column takes, naming the row and the value.
+            ValueError: a spec column or crossed column missing from the table (naming the
+                closest), a crossed column's name that is a column of the table, or a field
+                that is not what its column takes, naming the row and the value.
         """
         _check_header(self.spec, table)
         columns = {}
         for column in self.spec.columns:
-            fields = table.columns[column.name]
+            fields = _fields(column, table)
             if column.kind == "numeric":
                 center, scale = self.scales[column.name]
                 columns[column.name] = ((_numbers(column, fields, table) - center) / scale).astype(
@@ -332,7 +413,7 @@ def fit(spec: FeatureSpec, table: Table) -> FittedFeatures:
     vocabularies: dict[str, list[str]] = {}
     scales: dict[str, tuple[float, float]] = {}
     for column in spec.columns:
-        fields = table.columns[column.name]
+        fields = _fields(column, table)
         if column.kind == "numeric":
             scales[column.name] = _scale(column, _numbers(column, fields, table))
         elif not column.option("hash_buckets"):
@@ -344,14 +425,60 @@ def fit(spec: FeatureSpec, table: Table) -> FittedFeatures:
 
 
 def _check_header(spec: FeatureSpec, table: Table) -> None:
-    for name in (spec.label, *(column.name for column in spec.columns)):
-        if name not in table.columns:
-            close = difflib.get_close_matches(name, table.columns, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else "."
+    """Refuses a label or column the table lacks, a crossed column that crosses one, or a
+    crossed column named as a column the table has."""
+    for name in (spec.label, *(column.name for column in spec.columns if not column.crosses())):
+        _check_has(table, name, f"The feature spec names column {name!r}")
+    for column in spec.columns:
+        if column.crosses() and column.name in table.columns:
             raise ValueError(
-                f"The feature spec names column {name!r}, which {table.path} does not have (its "
-                f"columns: {', '.join(table.columns)}){hint}"
+                f"Column {column.name!r} crosses {', '.join(column.crosses())} and {table.path} "
+                f"has a column {column.name!r} too; give the crossed column a name of its own "
+                f"(e.g. {column.name + '_cross'!r}), or drop its cross to read the table's."
             )
+        for source in column.crosses():
+            _check_has(table, source, f"Column {column.name!r} crosses {source!r}")
+
+
+def _check_has(table: Table, name: str, start: str) -> None:
+    """Refuses a column `name` the table lacks, naming the closest it has."""
+    if name not in table.columns:
+        close = difflib.get_close_matches(name, table.columns, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        raise ValueError(
+            f"{start}, which {table.path} does not have (its columns: "
+            f"{', '.join(table.columns)}){hint}"
+        )
+
+
+def _fields(column: Column, table: Table) -> Sequence[Any]:
+    """The fields `column` reads: the table's column of its name, or a crossed column's
+    joined values (`_crossed`)."""
+    return _crossed(column, table) if column.crosses() else table.columns[column.name]
+
+
+def _crossed(column: Column, table: Table) -> list[str]:
+    """Each row's value of a crossed column: the text of each crossed column's value (as a
+    categorical column reads it: "" for an empty field, "3" for 3 and 3.0), joined by the
+    column's separator, which none of them may hold (else two rows of other values could
+    join to one text)."""
+    separator, sources = column.option("separator"), column.crosses()
+    joined = []
+    for row, values in enumerate(zip(*(table.columns[source] for source in sources))):
+        texts = []
+        for source, value in zip(sources, values):
+            where = f"{table.where(row)}: column {source!r}, crossed by {column.name!r},"
+            if isinstance(value, (list, tuple)):
+                raise ValueError(f"{where} holds a list ({value!r}); cross single values.")
+            text = "" if value is None else _text(value)
+            if separator in text:
+                raise ValueError(
+                    f"{where} holds {text!r}, which has the cross's separator {separator!r}; "
+                    f'give {column.name!r} a "separator" that no crossed value holds.'
+                )
+            texts.append(text)
+        joined.append(separator.join(texts))
+    return joined
 
 
 def _numbers(column: Column, fields: Sequence[Any], table: Table) -> np.ndarray:
