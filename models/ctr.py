@@ -7,13 +7,20 @@ int32 ids [batch] in 0..cardinality - 1, a multi-hot column int32 ids [batch,
 length] padded with -1 (`PAD_ID`). A bag's valid ids alone are gathered from
 its table and pooled by sum or mean; an empty bag (all padding) pools to zeros,
 and the table's gradient touches only the rows looked up.
+
+Each builder's tables are `keras.layers.Embedding`s, trained by the loop's
+optimizers, unless `table_optimizer_fn` is given: then each is a
+`loops.EmbeddingTable` with an optimizer of its own from that function, placed
+by the strategy (split over parameter servers or over the replicas of a
+MirroredStrategy, whole on one device), its initial values a function of the
+seed and the row alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import keras
 import numpy as np
@@ -21,6 +28,12 @@ import tensorflow as tf
 
 PAD_ID = -1
 POOLINGS = ("mean", "sum")
+
+
+class OptimizerFn(Protocol):
+    """() -> a new Keras optimizer (a table's own)."""
+
+    def __call__(self) -> keras.optimizers.Optimizer: ...
 
 
 class MultiHot(NamedTuple):
@@ -99,11 +112,19 @@ class BagPooling(keras.layers.Layer):
     """int ids [batch, length] padded with `PAD_ID` -> [batch, width]: the sum or mean of each
     bag's rows of an embedding table; an empty bag gives zeros."""
 
-    def __init__(self, cardinality: int, width: int, pooling: str, initializer: Any, **kwargs):
+    def __init__(
+        self,
+        cardinality: int,
+        width: int,
+        pooling: str,
+        initializer: Any,
+        table_optimizer_fn: OptimizerFn | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.pooling = pooling
-        self.table = keras.layers.Embedding(
-            cardinality, width, embeddings_initializer=initializer, name=f"{self.name}_table"
+        self.table = _table(
+            cardinality, width, initializer, f"{self.name}_table", table_optimizer_fn
         )
         self.width = width
 
@@ -147,24 +168,45 @@ def _initializer(seed: int, index: int, kind: str = "embedding"):
     return keras.initializers.GlorotUniform(seed=seed * 1000 + index)
 
 
+def _table(
+    rows: int, width: int, initializer: Any, name: str, table_optimizer_fn: OptimizerFn | None
+) -> keras.layers.Layer:
+    """A keras Embedding of `initializer`'s values, or with `table_optimizer_fn` a
+    `loops.EmbeddingTable` of that optimizer, seeded by the initializer's seed."""
+    if table_optimizer_fn is None:
+        return keras.layers.Embedding(rows, width, embeddings_initializer=initializer, name=name)
+    import loops
+
+    return loops.EmbeddingTable(rows, width, table_optimizer_fn(), seed=initializer.seed, name=name)
+
+
 def embedded(
-    features: CTRFeatures, columns: Mapping[str, Any], width: int, seed: int, prefix: str = ""
+    features: CTRFeatures,
+    columns: Mapping[str, Any],
+    width: int,
+    seed: int,
+    prefix: str = "",
+    table_optimizer_fn: OptimizerFn | None = None,
 ) -> list[Any]:
-    """One [batch, width] vector a categorical or multi-hot column, in `id_columns` order."""
+    """One [batch, width] vector a categorical or multi-hot column, in `id_columns` order;
+    the tables as the module docstring says."""
     vectors = []
     for index, name in enumerate(features.id_columns):
         initializer = _initializer(seed, index)
         layer_name = f"{prefix}{name}_embedding"
         if name in features.categorical:
-            table = keras.layers.Embedding(
-                features.categorical[name],
-                width,
-                embeddings_initializer=initializer,
-                name=layer_name,
-            )
+            rows = features.categorical[name]
+            table = _table(rows, width, initializer, layer_name, table_optimizer_fn)
         else:
             bag = features.multi_hot[name]
-            table = BagPooling(bag.cardinality, width, bag.pooling, initializer, name=layer_name)
+            table = BagPooling(
+                bag.cardinality,
+                width,
+                bag.pooling,
+                initializer,
+                table_optimizer_fn,
+                name=layer_name,
+            )
         vectors.append(table(columns[name]))
     return vectors
 
@@ -204,13 +246,18 @@ def wide_and_deep(
     embedding_dim: int = 8,
     hidden_units: Sequence[int] = (64, 32),
     seed: int = 0,
+    table_optimizer_fn: OptimizerFn | None = None,
 ) -> keras.Model:
     """Wide & deep: a linear model of the numeric columns and a one-wide embedding (a learned
     weight) of each id, plus an MLP over the numeric columns and the ids' embeddings."""
     columns = inputs(features)
     numeric = numeric_block(features, columns)
-    wide_parts = embedded(features, columns, 1, seed + 1, prefix="wide_")
-    deep_parts = embedded(features, columns, embedding_dim, seed)
+    wide_parts = embedded(
+        features, columns, 1, seed + 1, prefix="wide_", table_optimizer_fn=table_optimizer_fn
+    )
+    deep_parts = embedded(
+        features, columns, embedding_dim, seed, table_optimizer_fn=table_optimizer_fn
+    )
     if numeric is not None:
         wide_parts.append(_logit(numeric, seed, 100, name="wide_numeric"))
         deep_parts.insert(0, numeric)
@@ -250,12 +297,13 @@ def dcn_v2(
     cross_layers: int = 2,
     hidden_units: Sequence[int] = (64, 32),
     seed: int = 0,
+    table_optimizer_fn: OptimizerFn | None = None,
 ) -> keras.Model:
     """DCN-v2, stacked: `cross_layers` full-rank cross layers over x0 (the numeric columns and
     the ids' embeddings side by side), x_{l+1} = x0 * (W_l x_l + b_l) + x_l, then an MLP."""
     columns = inputs(features)
     numeric = numeric_block(features, columns)
-    parts = embedded(features, columns, embedding_dim, seed)
+    parts = embedded(features, columns, embedding_dim, seed, table_optimizer_fn=table_optimizer_fn)
     first = _joined(parts if numeric is None else [numeric, *parts])
     crossed = first
     for index in range(cross_layers):
@@ -271,6 +319,7 @@ def dlrm(
     bottom_units: Sequence[int] = (32,),
     top_units: Sequence[int] = (64, 32),
     seed: int = 0,
+    table_optimizer_fn: OptimizerFn | None = None,
 ) -> keras.Model:
     """DLRM: a bottom MLP takes the numeric columns to an embedding-wide vector; the dot product
     of every pair of it and the ids' embeddings, beside it, feeds a top MLP.
@@ -291,7 +340,8 @@ def dlrm(
         kernel_initializer=_initializer(seed, 150, "dense"),
         name="bottom_out",
     )(bottom)
-    vectors = [bottom, *embedded(features, columns, embedding_dim, seed)]
+    ids = embedded(features, columns, embedding_dim, seed, table_optimizer_fn=table_optimizer_fn)
+    vectors = [bottom, *ids]
     dots = PairwiseDots(name="interaction")(vectors)
     top = mlp(keras.layers.Concatenate()([bottom, dots]), top_units, seed, 200, name="top")
     return keras.Model(columns, _logit(top, seed, 300), name="dlrm")
@@ -325,31 +375,23 @@ def build_model(
     hidden_layers: int = 2,
     cross_layers: int = 2,
     seed: int = 0,
+    table_optimizer_fn: OptimizerFn | None = None,
 ) -> keras.Model:
     """The model `name` (one of `MODELS`) over `features`, its MLP `hidden_layers` layers of
     `hidden_units` (dlrm: its top MLP; its bottom MLP one layer of `hidden_units`), as
-    `loops-ctr`'s flags name them.
+    `loops-ctr`'s flags name them; its tables as the module docstring says.
 
     Raises:
         ValueError: an unknown name, or dlrm without a numeric column.
     """
     hidden = (hidden_units,) * hidden_layers
+    common: dict[str, Any] = dict(
+        embedding_dim=embedding_dim, seed=seed, table_optimizer_fn=table_optimizer_fn
+    )
     if name == "wide_and_deep":
-        return wide_and_deep(features, embedding_dim=embedding_dim, hidden_units=hidden, seed=seed)
+        return wide_and_deep(features, hidden_units=hidden, **common)
     if name == "dcn_v2":
-        return dcn_v2(
-            features,
-            embedding_dim=embedding_dim,
-            cross_layers=cross_layers,
-            hidden_units=hidden,
-            seed=seed,
-        )
+        return dcn_v2(features, cross_layers=cross_layers, hidden_units=hidden, **common)
     if name == "dlrm":
-        return dlrm(
-            features,
-            embedding_dim=embedding_dim,
-            bottom_units=(hidden_units,),
-            top_units=hidden,
-            seed=seed,
-        )
+        return dlrm(features, bottom_units=(hidden_units,), top_units=hidden, **common)
     raise ValueError(f"No click-through model {name!r}; use one of {', '.join(MODELS)}.")

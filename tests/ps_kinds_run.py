@@ -1,6 +1,7 @@
-"""Trains the rating, retrieval, LM and GAN kinds under the exact parameter-server mode in one
-local cluster, and each on one replica and on 2 mirrored replicas; prints the differences as
-JSON (and trains the first three in the asynchronous mode, which the GAN refuses).
+"""Trains the rating, retrieval, LM, GAN and click-through kinds under the exact parameter-server
+mode in one local cluster, and each on one replica and on 2 mirrored replicas; prints the
+differences as JSON (and trains the first three in the asynchronous mode, which the GAN
+refuses).
 
 Usage: `python ps_kinds_run.py WORKERS SERVERS STEPS`. This process is the chief of a
 cluster of WORKERS workers and SERVERS servers on 127.0.0.1, started once for every
@@ -8,8 +9,11 @@ kind. The references train first: a process connected to a cluster keeps its eag
 context remote. The recommenders' tables are `loops.EmbeddingTable`s (split over the
 servers) on one replica and in the cluster, and `keras.layers.Embedding`s trained by
 Adagrad rows on the mirrored replicas (which an EmbeddingTable refuses), all from the
-same initial values. 21 rows in batches of 8: step 3 reads a partial batch of 5 (the GAN,
-two batches a step, reads it in step 2).
+same initial values. The click-through models (wide & deep, DCN-v2, DLRM over numeric,
+categorical and multi-hot columns, empty bags included) build every table as a
+`loops.EmbeddingTable` of its own row-wise Adagrad, placed by each strategy: whole on one
+replica, split over the 2 mirrored replicas and over the servers. 21 rows in batches of 8:
+step 3 reads a partial batch of 5 (the GAN, two batches a step, reads it in step 2).
 """
 
 import json
@@ -28,6 +32,9 @@ from loops import (
     keras_private,  # noqa: E402
     testing,  # noqa: E402
 )
+from loops.tables import embedding_tables  # noqa: E402
+from loops_data import ctr_data  # noqa: E402
+from loops_models import ctr as ctr_models  # noqa: E402
 from loops_models import gan as gan_models  # noqa: E402
 
 USERS, ITEMS, DIM, ROWS, BATCH = 7, 9, 4, 21, 8
@@ -190,15 +197,58 @@ def gan(strategy, **settings):
     )
 
 
-KINDS = {"rating": rating, "retrieval": retrieval, "lm": lm, "gan": gan}
-COUNTED = {"rating": "pairs", "retrieval": "interactions", "lm": "tokens", "gan": "num_examples"}
+def click_through(builder):
+    """The CTRLoop of `builder`'s model (loops_models.ctr) on a small click log."""
+    log = ctr_data.click_log(ROWS, seed=10, cardinality=6, bag_cardinality=7, longest_bag=3)
+    log = log.only(["I1", "I2", "C1", "C2", "tags", "history"])
+    features = ctr_models.CTRFeatures(**log.description())
+
+    def build(strategy, **settings):
+        return make_trainer(
+            loops.CTRLoop,
+            model_fn=lambda: ctr_models.build_model(
+                builder,
+                features,
+                embedding_dim=DIM,
+                hidden_units=6,
+                hidden_layers=1,
+                seed=3,
+                table_optimizer_fn=lambda: loops.RowwiseAdagrad(0.5),
+            ),
+            optimizer_fn=adam,
+            strategy=strategy,
+            train_data=lambda: ctr_data.one_pass(log, BATCH),
+            eval_data=lambda: ctr_data.one_pass(log, BATCH),
+            progress=testing.quiet_progress(),
+            **settings,
+        )
+
+    return build
+
+
+CTR_MODELS = tuple(f"ctr {builder}" for builder in ctr_models.MODELS)
+KINDS = {
+    "rating": rating,
+    "retrieval": retrieval,
+    "lm": lm,
+    "gan": gan,
+    **{kind: click_through(kind.removeprefix("ctr ")) for kind in CTR_MODELS},
+}
+COUNTED = {
+    "rating": "pairs",
+    "retrieval": "interactions",
+    "lm": "tokens",
+    "gan": "num_examples",
+    **dict.fromkeys(CTR_MODELS, "examples"),
+}
 ASYNCHRONOUS = ("rating", "retrieval", "lm")
 
 
 def weights(trainer):
     """The model's weights in layer order, each table whole (whatever its shards); a GAN's
-    checkpointed variables (both networks, their optimizers, the moving average)."""
-    if isinstance(trainer.definition, loops.GANLoop):
+    checkpointed variables (both networks, their optimizers, the moving average), as a
+    click-through model's (its tables whole, their slots too)."""
+    if isinstance(trainer.definition, loops.GANLoop | loops.CTRLoop):
         return testing.loop_weights(trainer)
     found = []
     for layer in layers(trainer.definition.model):
@@ -213,10 +263,14 @@ def train_run(build, strategy, steps, **settings):
     trainer = build(strategy, **settings)
     logs = trainer.train(steps)
     names = sorted(name for name in logs if not name.startswith("health"))
+    model = getattr(trainer.definition, "model", None)
+    tables = [] if model is None else embedding_tables.tables_in(model)
     return {
         "logs": {name: np.asarray(logs[name]) for name in names},
         "weights": weights(trainer),
         "eval": trainer.state.last_eval_metrics,
+        # How many blocks each loops.EmbeddingTable is split into, by table.
+        "table_shards": sorted({len(table.shards) for table in tables}),
     }
 
 
@@ -250,7 +304,14 @@ def main(workers, servers, steps):
     report = {}
     for kind, build in KINDS.items():
         exact = train_run(build, strategy, steps)
-        report[kind] = {"counted": exact["logs"][COUNTED[kind]].tolist()}
+        report[kind] = {
+            "counted": exact["logs"][COUNTED[kind]].tolist(),
+            "table_shards": exact["table_shards"],
+        }
+        if kind in CTR_MODELS:
+            report[kind]["eval"] = {
+                name: float(exact["eval"][name]) for name in ("examples", "auc")
+            }
         for name, reference in references[kind].items():
             testing.assert_close(exact["weights"], reference["weights"], rtol=1e-5, label=name)
             testing.assert_close(exact["logs"], reference["logs"], rtol=1e-5, label=name)

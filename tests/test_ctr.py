@@ -23,14 +23,14 @@ from loops_models import ctr
 ROWS, BATCH = 19, 8
 COLUMNS = ["I1", "I2", "I3", "C1", "C2", "C3", "tags", "history"]
 BUILDERS = {
-    "wide_and_deep": lambda features: ctr.wide_and_deep(
-        features, embedding_dim=4, hidden_units=(6,), seed=3
+    "wide_and_deep": lambda features, **tables: ctr.wide_and_deep(
+        features, embedding_dim=4, hidden_units=(6,), seed=3, **tables
     ),
-    "dcn_v2": lambda features: ctr.dcn_v2(
-        features, embedding_dim=4, cross_layers=2, hidden_units=(6,), seed=3
+    "dcn_v2": lambda features, **tables: ctr.dcn_v2(
+        features, embedding_dim=4, cross_layers=2, hidden_units=(6,), seed=3, **tables
     ),
-    "dlrm": lambda features: ctr.dlrm(
-        features, embedding_dim=4, bottom_units=(5,), top_units=(6,), seed=3
+    "dlrm": lambda features, **tables: ctr.dlrm(
+        features, embedding_dim=4, bottom_units=(5,), top_units=(6,), seed=3, **tables
     ),
 }
 
@@ -40,12 +40,14 @@ def small_log():
     return log.only(COLUMNS)
 
 
-def build_trainer(builder, strategy, **arguments):
+def build_trainer(builder, strategy, tables=None, **arguments):
+    """A CTRLoop of `builder`'s model on the small log; `tables`: the builder's
+    table_optimizer_fn (placed `loops.EmbeddingTable`s), None: keras Embeddings."""
     log = small_log()
     features = ctr.CTRFeatures(**log.description())
     return loops.Trainer(
         loops.CTRLoop(
-            model_fn=lambda: BUILDERS[builder](features),
+            model_fn=lambda: BUILDERS[builder](features, table_optimizer_fn=tables),
             optimizer_fn=lambda: keras.optimizers.Adam(0.05),
             **arguments,
         ),
@@ -136,6 +138,23 @@ def test_the_binarys_table_optimizer_setting_trains_the_tables_by_the_optimizer_
     assert seen.tolist() == [0, 1, 2, 4, 5]  # row 3 is never looked up
     assert np.array_equal(before[3], after[3])
     assert np.all(np.abs(after[seen] - before[seen]).max(axis=1) > 1e-4)
+
+
+def test_placed_tables_split_over_replicas_train_equally_on_1_2_and_4_replicas():
+    def placed(strategy):
+        tables = lambda: loops.RowwiseAdagrad(0.5)  # noqa: E731
+        return build_trainer("wide_and_deep", strategy, tables=tables)
+
+    runs = loops.testing.assert_replica_parity(placed, num_steps=3, replica_counts=(1, 2, 4))
+    assert runs[4]["eval"]["examples"] == ROWS
+    model = placed(loops.testing.replica_strategy(4)).definition.model
+    layers = keras_private.nested_layers(model, include_self=False)
+    tables = [layer for layer in layers if isinstance(layer, loops.EmbeddingTable)]
+    # Each categorical column and bag twice: wide & deep's wide and deep sides.
+    assert len(tables) == 10 and not keras_private.embedding_layers(model)
+    for table in tables:
+        assert table.split_over_replicas and len(table.shards) == 4, table.name
+        assert sum(int(shard.shape[0]) for shard in table.shards) == table.rows
 
 
 def build_eval_scores(builder):

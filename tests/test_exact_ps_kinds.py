@@ -1,6 +1,7 @@
-"""Every kind that can trains under --strategy=parameter_server: the recommenders, the LM and
-the GAN exactly (one cluster of 2 workers + 2 servers, tests/ps_kinds_run.py); RL, and the GAN
-in the asynchronous mode, say why not, with the fix."""
+"""Every kind that can trains under --strategy=parameter_server: the recommenders, the LM, the
+GAN and the click-through models (their tables split over the servers) exactly (one cluster of
+2 workers + 2 servers, tests/ps_kinds_run.py); RL, and the GAN in the asynchronous mode, say
+why not, with the fix."""
 
 import json
 import os
@@ -26,7 +27,7 @@ from loops_data import cartpole
 PARAMETER_SERVER = type("ParameterServerStrategyV2", (), {})()
 
 
-def test_the_recommenders_the_lm_and_the_gan_train_exactly_on_two_workers_and_two_servers(
+def test_the_recommenders_lm_gan_and_ctr_train_exactly_on_two_workers_and_two_servers(
     tmp_path,
 ):
     completed = subprocess.run(
@@ -47,6 +48,14 @@ def test_the_recommenders_the_lm_and_the_gan_train_exactly_on_two_workers_and_tw
     assert report["lm"]["counted"] == [25, 24, 18]  # real tokens predicted
     # Two batches a step (n_critic=2): 8+8, 5+8, 8+5 real examples.
     assert report["gan"]["counted"] == [16, 13, 13]
+    # The recommenders' tables and every click-through table (wide & deep, DCN-v2, DLRM over
+    # numeric, categorical and multi-hot columns): loops.EmbeddingTables in 2 blocks, one
+    # a server; the evaluation (the exact AUC among it) compared to 1e-5 by the runner.
+    for kind in ("rating", "retrieval", "ctr wide_and_deep", "ctr dcn_v2", "ctr dlrm"):
+        assert report[kind]["table_shards"] == [2], (kind, report[kind])
+    for kind in ("ctr wide_and_deep", "ctr dcn_v2", "ctr dlrm"):
+        assert report[kind]["counted"] == [8, 8, 5]
+        assert report[kind]["eval"]["examples"] == 21 and 0 < report[kind]["eval"]["auc"] < 1
     for kind, found in report.items():
         # The runner asserted every weight, log and eval metric to 1e-5 itself; these are
         # the largest relative differences it found.

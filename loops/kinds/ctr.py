@@ -54,6 +54,7 @@ class CTRLoop(Loop):
 
     name = "ctr"
     throughput_unit = ("examples", "examples")
+    supports_parameter_server = True  # its steps are sums over examples, by loops.Update
 
     def __init__(
         self,
