@@ -329,23 +329,29 @@ def test_the_export_joins_crossed_columns_from_the_raw_columns_as_the_live_model
     assert abs(expected[0] - live[0]) > 1e-6  # the first row now reads other rows
 
 
+def adult_stand_in(adult, rows, *, seed, categories):
+    """Columns of a generated stand-in for the Adult table: numbers 0-59, each category
+    "v" + `categories(generator, rows)`'s draws, about 30% of the rows >50K."""
+    generator = np.random.default_rng(seed)
+    columns = {
+        name: generator.integers(0, 60, rows).tolist()
+        for name in (*adult.NUMERIC, *adult.LOG_NUMERIC)
+    }
+    columns.update(
+        {name: [f"v{v}" for v in categories(generator, rows)] for name in adult.CATEGORICAL}
+    )
+    columns["income"] = [">50K" if v else "<=50K" for v in generator.random(rows) < 0.3]
+    return columns
+
+
 def test_the_adult_benchmarks_spec_crosses_give_the_ids_of_its_joined_columns(monkeypatch):
     # The `pytest` script does not put the repository on the path (`python -m pytest` does).
     monkeypatch.syspath_prepend(ROOT)
     from benchmarks import adult
     from loops.input import feature_tables
 
-    generator = np.random.default_rng(1)
-    rows = 400
-    columns = {
-        name: generator.integers(0, 60, rows).tolist()
-        for name in (*adult.NUMERIC, *adult.LOG_NUMERIC)
-    }
     # Skewed values, so that some pairs fall under min_count 3 and ties are broken by text.
-    columns.update(
-        {name: [f"v{v}" for v in generator.geometric(0.35, rows)] for name in adult.CATEGORICAL}
-    )
-    columns["income"] = [">50K" if v else "<=50K" for v in generator.random(rows) < 0.3]
+    columns = adult_stand_in(adult, 400, seed=1, categories=lambda g, n: g.geometric(0.35, n))
     table = adult.with_engineered_columns(feature_tables.Table("stand-in", columns, "row", 0))
     # The benchmark before crossed columns: each pair joined here as f"{a}|{b}", a
     # categorical column of the table with min_count 3.
@@ -460,16 +466,7 @@ def test_the_adult_benchmark_writes_its_json_on_a_stand_in_of_the_wheel(tmp_path
     monkeypatch.syspath_prepend(ROOT)
     from benchmarks import adult
 
-    generator = np.random.default_rng(0)
-    rows = 200
-    columns = {
-        name: generator.integers(0, 60, rows).tolist()
-        for name in (*adult.NUMERIC, *adult.LOG_NUMERIC)
-    }
-    columns.update(
-        {name: [f"v{v}" for v in generator.integers(0, 4, rows)] for name in adult.CATEGORICAL}
-    )
-    columns["income"] = [">50K" if v else "<=50K" for v in generator.random(rows) < 0.3]
+    columns = adult_stand_in(adult, 200, seed=0, categories=lambda g, n: g.integers(0, 4, n))
     stand_in = tmp_path / "adult.parquet"
     pyarrow.parquet.write_table(pyarrow.table(columns), stand_in)
     cache = tmp_path / "cache"
