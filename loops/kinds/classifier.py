@@ -14,6 +14,7 @@ from loops import tf_private
 from loops.core import outputs, pictures, plots, reduction
 from loops.core.replica_random import keyed_on
 from loops.core.update import check_clip_norm
+from loops.definition.eval_reduce import reduced_eval
 from loops.definition.loop import Loop, RunContext
 from loops.vocabulary.whole_numbers import check_whole
 
@@ -203,14 +204,13 @@ class ClassifierLoop(Loop):
         per_replica_sums, per_replica_worst = self.strategy.run(
             self._replica_eval_step, args=(inputs, labels)
         )
-        sums = reduction.sum_over_replicas(self.strategy, per_replica_sums)
-        count = sums["num_examples"]
-        results = {
-            "loss": outputs.Ratio(sums["loss"], count),
-            "accuracy": outputs.Ratio(sums["accuracy"], count),
-            "num_examples": outputs.Sum(tf.cast(count, tf.int64)),
-            "confusion_matrix": outputs.Sum(tf.cast(sums["confusion_matrix"], tf.int64)),
-        }
+        results = reduced_eval(
+            self.strategy,
+            per_replica_sums,
+            count="num_examples",
+            ratios=("loss", "accuracy"),
+            totals=("confusion_matrix",),
+        )
         if per_replica_worst is not None:
             rows = _gather_rows(self.strategy, per_replica_worst)
             replica_images = self.strategy.experimental_local_results(inputs)[0]

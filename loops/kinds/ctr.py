@@ -13,6 +13,7 @@ import tensorflow as tf
 from loops.core import outputs, reduction
 from loops.core.global_rows import gather_global_rows
 from loops.core.update import check_clip_norm
+from loops.definition.eval_reduce import reduced_eval
 from loops.definition.loop import Loop, RunContext
 from loops.definition.one_update import one_update_train_step
 from loops.kinds.library import ranking_metrics
@@ -156,10 +157,7 @@ class CTRLoop(Loop):
 
     def eval_step(self, batch):
         replica_sums, replica_scored = self.strategy.run(self._replica_eval, args=batch)
-        sums = reduction.sum_over_replicas(self.strategy, replica_sums)
-        count = sums["examples"]
-        results: dict[str, Any] = {name: outputs.Ratio(sums[name], count) for name in _SUMS}
-        results["examples"] = outputs.Sum(tf.cast(count, tf.int64))
+        results = reduced_eval(self.strategy, replica_sums, count="examples", ratios=_SUMS)
         # Every row in global order; equal scores keep the earlier rows, so the pass keeps all.
         if self._rows_over_workers:  # every replica holds every row (`_replica_eval`)
             scored = self.strategy.experimental_local_results(replica_scored)[0]

@@ -10,9 +10,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from loops.core import outputs, reduction, reporting, text_generation
+from loops.core import reduction, reporting, text_generation
 from loops.core.replica_random import step_seed
 from loops.core.update import check_clip_norm
+from loops.definition.eval_reduce import reduced_eval
 from loops.definition.loop import Loop, RunContext
 from loops.definition.one_update import one_update_train_step
 from loops.vocabulary.whole_numbers import check_whole
@@ -154,13 +155,8 @@ class LanguageModelLoop(Loop):
         return {"loss": tf.reduce_sum(losses), "tokens": tf.reduce_sum(mask)}
 
     def eval_step(self, batch):
-        sums = reduction.sum_over_replicas(
-            self.strategy, self.strategy.run(self._replica_eval_sums, args=batch)
-        )
-        return {
-            "loss": outputs.Ratio(sums["loss"], sums["tokens"]),
-            "tokens": outputs.Sum(tf.cast(sums["tokens"], tf.int64)),
-        }
+        replica_sums = self.strategy.run(self._replica_eval_sums, args=batch)
+        return reduced_eval(self.strategy, replica_sums, count="tokens")
 
     def run_evaluation(self, run: RunContext) -> dict[str, float]:
         metrics = dict(super().run_evaluation(run))

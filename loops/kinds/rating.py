@@ -11,8 +11,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, reduction
+from loops.core import reduction
 from loops.core.update import check_clip_norm
+from loops.definition.eval_reduce import reduced_eval
 from loops.definition.loop import Loop, RunContext
 from loops.definition.one_update import one_update_train_step
 from loops.vocabulary.whole_numbers import check_whole
@@ -176,18 +177,15 @@ class RatingLoop(Loop):
         return sums
 
     def eval_step(self, batch):
-        sums = reduction.sum_over_replicas(
-            self.strategy, self.strategy.run(self._replica_eval_sums, args=batch)
-        )
+        replica_sums = self.strategy.run(self._replica_eval_sums, args=batch)
         name = "mse" if self.task == "rating" else "log_loss"
-        results = {
-            name: outputs.Ratio(sums["loss"], sums["pairs"]),
-            "pairs": outputs.Sum(tf.cast(sums["pairs"], tf.int64)),
-        }
-        for histogram in ("positives", "negatives"):
-            if histogram in sums:
-                results[histogram] = outputs.Sum(tf.cast(sums[histogram], tf.int64))
-        return results
+        return reduced_eval(
+            self.strategy,
+            replica_sums,
+            count="pairs",
+            ratios={name: "loss"},
+            totals=("positives", "negatives"),  # the click task's AUC histograms
+        )
 
     def run_evaluation(self, run: RunContext) -> dict[str, float]:
         metrics: dict[str, Any] = dict(super().run_evaluation(run))

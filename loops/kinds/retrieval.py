@@ -12,8 +12,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.core import outputs, reduction
+from loops.core import reduction
 from loops.core.update import check_clip_norm
+from loops.definition.eval_reduce import reduced_eval
 from loops.definition.loop import Loop, RunContext
 from loops.definition.one_update import one_update_train_step
 from loops.kinds.library import ranking_metrics, retrieval_loss
@@ -231,12 +232,8 @@ class RetrievalLoop(Loop):
         return ranking_sums_at(self.score_all_items(users), seen, held_out, self.top_k)
 
     def eval_step(self, batch):
-        sums = reduction.sum_over_replicas(
-            self.strategy, self.strategy.run(self._replica_eval_sums, args=batch)
-        )
-        users = sums.pop("users")
-        metrics = {name: outputs.Ratio(value, users) for name, value in sums.items()}
-        return {**metrics, "users": outputs.Sum(tf.cast(users, tf.int64))}
+        replica_sums = self.strategy.run(self._replica_eval_sums, args=batch)
+        return reduced_eval(self.strategy, replica_sums, count="users")
 
     def run_evaluation(self, run: RunContext) -> dict[str, float]:
         metrics = dict(super().run_evaluation(run))
