@@ -88,9 +88,10 @@ def run_trial(folder, digits_dir, moment, signal_name):
     run_logged([sys.executable, *binary(model_dir, digits_dir, *extra)], f"{trial}/rerun")
 
 
-# Trials run at once: each process mostly imports TensorFlow and traces on one core; more
-# at once would hold more memory (each holds TensorFlow) for little more overlap.
-AT_ONCE = 4
+# Trials run at once: each process mostly imports TensorFlow and traces, using a core; more
+# at once than the CI's 2 cores only add their switching (measured: benchmarks/RESULTS.md,
+# "The suite's time").
+AT_ONCE = 2
 
 
 @pytest.fixture(scope="module")
