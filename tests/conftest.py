@@ -62,6 +62,7 @@ SLOW_TESTS = (
     "test_ctr.py::test_on_several_workers_every_replica_gathers_every_eval_row_for_the_same_auc",
     "test_ctr.py::test_dlrm_tables_trained_by_adagrad_are_sparse_and_equal_on_1_and_4_replicas",
     "test_ctr.py::test_placed_tables_split_over_replicas_train_equally_on_1_2_and_4_replicas",
+    "test_ctr.py::test_ragged_bags_train_as_padded_ones_on_1_2_and_4_replicas",
     "test_ctr_binary.py::test_the_binary_keeps_the_best_auc_and_exports_the_live_models_probabilities",
     "test_ctr_binary.py::test_the_adult_benchmark_writes_its_json_on_a_stand_in_of_the_wheel",
     "test_environments.py::test_a_users_environment_gives_the_same_numbers_on_1_and_2_replicas",

@@ -40,11 +40,26 @@ def small_log():
     return log.only(COLUMNS)
 
 
-def build_trainer(builder, strategy, tables=None, **arguments):
+def ragged_pass(log, batch):
+    """The log's rows once in batches, as `ctr_data.one_pass`, each bag a ragged row of its
+    ids alone (no padding; an empty bag an empty row)."""
+    columns, labels = ctr_data.dataset_rows(log)
+    columns = {
+        name: tf.RaggedTensor.from_tensor(column, padding=ctr_data.PAD_ID)
+        if name in ctr_data.MULTI_HOT
+        else column
+        for name, column in columns.items()
+    }
+    return tf.data.Dataset.from_tensor_slices((columns, labels)).batch(batch)
+
+
+def build_trainer(builder, strategy, tables=None, ragged=False, **arguments):
     """A CTRLoop of `builder`'s model on the small log; `tables`: the builder's
-    table_optimizer_fn (placed `loops.EmbeddingTable`s), None: keras Embeddings."""
+    table_optimizer_fn (placed `loops.EmbeddingTable`s), None: keras Embeddings; `ragged`:
+    the bags as ragged rows."""
     log = small_log()
     features = ctr.CTRFeatures(**log.description())
+    batches = ragged_pass if ragged else ctr_data.one_pass
     return loops.Trainer(
         loops.CTRLoop(
             model_fn=lambda: BUILDERS[builder](features, table_optimizer_fn=tables),
@@ -52,8 +67,8 @@ def build_trainer(builder, strategy, tables=None, **arguments):
             **arguments,
         ),
         strategy=strategy,
-        train_data=lambda: ctr_data.one_pass(log, BATCH),
-        eval_data=lambda: ctr_data.one_pass(log, 5),
+        train_data=lambda: batches(log, BATCH),
+        eval_data=lambda: batches(log, 5),
         steps_per_loop=3,
         progress=loops.testing.quiet_progress(),
     )
@@ -155,6 +170,24 @@ def test_placed_tables_split_over_replicas_train_equally_on_1_2_and_4_replicas()
     for table in tables:
         assert table.split_over_replicas and len(table.shards) == 4, table.name
         assert sum(int(shard.shape[0]) for shard in table.shards) == table.rows
+
+
+def test_ragged_bags_train_as_padded_ones_on_1_2_and_4_replicas():
+    ragged = loops.testing.assert_replica_parity(
+        lambda strategy: build_trainer("dlrm", strategy, ragged=True), num_steps=3
+    )
+    padded = loops.testing.train_run(
+        lambda strategy: build_trainer("dlrm", strategy),
+        loops.testing.replica_strategy(1),
+        num_steps=3,
+    )
+    # The same numbers as the bags padded with -1 (an empty bag an empty ragged row; the
+    # third batch's 3 rows leave one replica of 4 empty).
+    for part in ("logs", "weights", "eval"):
+        loops.testing.assert_close(ragged[1][part], padded[part], rtol=1e-6, label=part)
+    assert ragged[4]["eval"]["examples"] == ROWS
+    batch = next(iter(ragged_pass(small_log(), BATCH)))[0]
+    assert isinstance(batch["tags"], tf.RaggedTensor) and min(batch["tags"].row_lengths()) == 0
 
 
 def build_eval_scores(builder):

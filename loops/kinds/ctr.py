@@ -124,8 +124,10 @@ class CTRLoop(Loop):
         return self.one_update_checkpoint_items()
 
     def logits(self, features: Mapping[str, tf.Tensor], *, training: bool = False) -> tf.Tensor:
-        """float32 [examples]: the model's logit of each example."""
-        return tf.cast(tf.reshape(self.model(features, training=training), [-1]), tf.float32)
+        """float32 [examples]: the model's logit of each example; a ragged column given to the
+        model padded (`padded_bags`)."""
+        logits = self.model(padded_bags(features), training=training)
+        return tf.cast(tf.reshape(logits, [-1]), tf.float32)
 
     def _replica_loss(self, features, labels):
         count = reduction.global_count(tf.shape(labels)[0])
@@ -200,6 +202,22 @@ class CTRLoop(Loop):
 
     def results_extra(self) -> dict[str, Any]:
         return {"data": self.data_notes} if self.data_notes else {}
+
+
+# What a ragged column's rows are padded with: the models' padding id (loops_models.ctr.PAD_ID).
+BAG_PADDING = -1
+
+
+def padded_bags(features: Mapping[str, Any]) -> dict[str, Any]:
+    """`features` with each ragged column (a `tf.RaggedTensor` of bags of ids) as a dense
+    [examples, longest] tensor padded with `BAG_PADDING`, the form the models read; an empty
+    bag is all padding. Each replica pads to its own examples' longest bag."""
+    return {
+        name: column.to_tensor(default_value=BAG_PADDING)
+        if isinstance(column, tf.RaggedTensor)
+        else column
+        for name, column in features.items()
+    }
 
 
 def _local_rows(strategy: tf.distribute.Strategy, per_replica) -> tf.Tensor:
