@@ -50,7 +50,11 @@ class CTRLoop(Loop):
     The gathered pairs are kept in `last_eval_scores`; an evaluation of more
     than `auc_examples` examples is refused (raise it, at 8 bytes an example).
     On several synchronous workers every worker gathers every replica's pairs
-    (give `eval_batch_size`), so each computes the same AUC.
+    (give `eval_batch_size`), so each computes the same AUC. Under parameter
+    servers it trains in both modes (its step is one `loops.Update` of a sum over
+    examples) and the chief evaluates. A multi-hot column may come ragged (a
+    `tf.RaggedTensor` of each bag's ids): the model gets it padded with
+    `BAG_PADDING` (`padded_bags`).
     """
 
     name = "ctr"
