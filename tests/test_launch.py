@@ -274,6 +274,20 @@ LOOP_RUNS = {
         "loops.bin.ctr",
         ["--train_steps=6", "--global_batch_size=32", "--generated_rows=2100"],
     ),
+    # The other two interactions on the same log: wide & deep's wide tables beside its deep
+    # ones, DLRM's pairwise dots.
+    **{
+        f"ctr_{model}": (
+            "loops.bin.ctr",
+            [
+                f"--model={model}",
+                "--train_steps=6",
+                "--global_batch_size=32",
+                "--generated_rows=2100",
+            ],
+        )
+        for model in ("wide_and_deep", "dlrm")
+    },
     # The critic takes 2 batches a step, with the gradient penalty and the EMA generator.
     "gan": (
         "loops.bin.gan",
@@ -409,11 +423,13 @@ def test_each_loop_on_two_workers_gives_one_machines_step_losses_and_weights(loo
         assert difference <= RTOL
 
 
-def test_ctr_on_two_workers_evaluates_and_tests_every_row_as_one_process_does(loop_runs):
-    got = results(os.path.join(loop_runs, "ctr", "workers2"))
+@pytest.mark.parametrize("loop", ["ctr", "ctr_wide_and_deep", "ctr_dlrm"])
+def test_ctr_on_two_workers_evaluates_and_tests_every_row_as_one_process_does(loop_runs, loop):
+    got = results(os.path.join(loop_runs, loop, "workers2"))
     assert got["data"]["validation_rows"] == 168 and got["eval"]["examples"] == 168
+    assert got["config"]["model"] == {"ctr": "dcn_v2"}.get(loop, loop.removeprefix("ctr_"))
     for reference in ("replicas1", "replicas2"):
-        expected = results(os.path.join(loop_runs, "ctr", reference))
+        expected = results(os.path.join(loop_runs, loop, reference))
         for figures in ("eval", "test"):
             assert sorted(got[figures]) == sorted(expected[figures])
             for name, value in expected[figures].items():
