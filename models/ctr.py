@@ -18,9 +18,9 @@ seed and the row alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -29,11 +29,8 @@ import tensorflow as tf
 PAD_ID = -1
 POOLINGS = ("mean", "sum")
 
-
-class OptimizerFn(Protocol):
-    """() -> a new Keras optimizer (a table's own)."""
-
-    def __call__(self) -> keras.optimizers.Optimizer: ...
+# () -> a new Keras optimizer (a table's own).
+OptimizerFn = Callable[[], keras.optimizers.Optimizer]
 
 
 class MultiHot(NamedTuple):

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from loops.core.own_files import current_umask
 from loops.core.text_generation import generate
-from loops.input.feature_tables import Column, FittedFeatures
+from loops.input.feature_tables import FittedFeatures
 from loops.model_dir import id_vocabulary
 from loops.model_dir.checkpoints import FinitenessCheck, describe_names
 from loops.model_dir.raw_features import RawFeatures
@@ -123,10 +123,8 @@ def export_ctr(
     rows), the default signature takes the raw columns by name (`RawFeatures`: numbers
     float64 [n], categories string [n], multi-hot values string [n] joined by the column's
     separator; a value training did not keep goes to its out-of-vocabulary row) and
-    `serve_prepared` the prepared ones. A crossed column is no input of the default
-    signature: it takes the columns the cross reads (string [n], those the spec does not
-    list too) and joins them in the graph as `feature_tables` joins a table's rows (a pair
-    training did not keep goes to the out-of-vocabulary row). Without `fitted`, the default
+    `serve_prepared` the prepared ones; a crossed column is no input of it, the columns it
+    crosses are (`RawFeatures` joins them). Without `fitted`, the default
     signature takes the model's inputs by column name, prepared as in training
     (`loops.input.feature_tables`: numeric float32 [n] normalized, categorical int32 [n]
     rows, multi-hot int32 [n, length] rows padded with -1). Each gives `logits` and
@@ -154,43 +152,13 @@ def export_ctr(
     if fitted is None:
         return _save(server, export_dir, files=files)
     server.raw_features = RawFeatures(fitted)
-    crossed = [column for column in fitted.spec.columns if column.crosses()]
     server.serve_raw = tf.function(
-        lambda columns: serve(server.raw_features(_with_crosses(crossed, columns))),
-        input_signature=[_raw_signature(server.raw_features.signature(), crossed)],
+        lambda columns: serve(server.raw_features(columns)),
+        input_signature=[server.raw_features.signature()],
         autograph=False,  # no control flow on tensors to convert
     )
     signatures = {"serving_default": server.serve_raw, "serve_prepared": server.serve}
     return _save(server, export_dir, signatures=signatures, files=files)
-
-
-def _raw_signature(
-    columns: dict[str, tf.TensorSpec], crossed: list[Column]
-) -> dict[str, tf.TensorSpec]:
-    """The raw columns a client sends: `columns` (`RawFeatures.signature`) less the crossed
-    columns, which the graph joins, plus each column a cross reads that the spec does not
-    list (string [n], as a categorical column's)."""
-    names = {column.name for column in crossed}
-    signature = {name: spec for name, spec in columns.items() if name not in names}
-    for column in crossed:
-        for source in column.crosses():
-            signature.setdefault(source, tf.TensorSpec([None], tf.string, name=source))
-    return signature
-
-
-def _with_crosses(crossed: list[Column], raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """`raw` and each crossed column's values: the texts of the columns it crosses, in its
-    order, joined by its separator, as `feature_tables` joins a table's rows. A served value
-    holding the separator, which a table may not hold, is joined all the same: the text has
-    more separators than any kept pair, so a vocabulary gives it the out-of-vocabulary row
-    (a hashed cross, some bucket)."""
-    joined = {
-        column.name: tf.strings.join(
-            [raw[source] for source in column.crosses()], separator=column.option("separator")
-        )
-        for column in crossed
-    }
-    return {**raw, **joined}
 
 
 class _RecommenderServer(tf.Module):

@@ -17,8 +17,12 @@ class RawFeatures(tf.Module):
     centred and scaled; a categorical column is string [n] (a number as its text, "3" for 3
     and 3.0), looked up in its vocabulary (row 0 for a value training did not keep) or hashed
     to its bucket; a multi-hot column is string [n], its values joined by the column's
-    separator ("" an empty bag), padded with `PAD_ID`. The lookup tables are attributes, so
-    an export saves them and initializes them on load.
+    separator ("" an empty bag), padded with `PAD_ID`. A crossed column is no raw column: its
+    value is the text of each column it crosses (string [n], those the spec does not list
+    too) joined by its separator, as `feature_tables` joins a table's rows; a served value
+    holding the separator (which a table may not hold) joins to a text no kept pair has, so
+    a vocabulary gives it row 0 (a hashed cross, some bucket). The lookup tables are
+    attributes, so an export saves them and initializes them on load.
     """
 
     def __init__(self, fitted: FittedFeatures):
@@ -32,19 +36,25 @@ class RawFeatures(tf.Module):
         }
 
     def signature(self) -> dict[str, tf.TensorSpec]:
-        """Each raw column's spec, by column name."""
-        return {
+        """Each raw column's spec, by column name: the spec's columns but the crossed ones,
+        then each column a cross reads that the spec does not list (string)."""
+        signature = {
             column.name: tf.TensorSpec(
                 [None], tf.float64 if column.kind == "numeric" else tf.string, name=column.name
             )
             for column in self._columns
+            if not column.crosses()
         }
+        for column in self._columns:
+            for source in column.crosses():
+                signature.setdefault(source, tf.TensorSpec([None], tf.string, name=source))
+        return signature
 
     def __call__(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """The prepared columns (numeric float32, categorical and multi-hot int64) of `raw`."""
         prepared = {}
         for column in self._columns:
-            values = raw[column.name]
+            values = self._crossed(column, raw) if column.crosses() else raw[column.name]
             if column.kind == "numeric":
                 prepared[column.name] = self._numbers(column, values)
             elif column.kind == "categorical":
@@ -52,6 +62,11 @@ class RawFeatures(tf.Module):
             else:
                 prepared[column.name] = self._bags(column, values)
         return prepared
+
+    def _crossed(self, column: Column, raw: dict[str, tf.Tensor]) -> tf.Tensor:
+        return tf.strings.join(
+            [raw[source] for source in column.crosses()], separator=column.option("separator")
+        )
 
     def _numbers(self, column: Column, values: tf.Tensor) -> tf.Tensor:
         if column.option("normalize") == "log":
