@@ -342,7 +342,7 @@ def test_an_update_that_is_not_finite_stops_the_run_at_its_last_finite_checkpoin
 def test_the_settings_a_checkpoint_records_are_read_without_building_anything(tmp_path):
     """What refuses another global batch size before the trainer is built: the newest
     checkpoint's record, or None where the restore must decide (none, or it does not read)."""
-    from loops.run.run_checkpoints import SETTINGS_RECORD, SettingsRecord, recorded_settings
+    from loops.run.checkpoint_keeper import SETTINGS_RECORD, SettingsRecord, recorded_settings
 
     model_dir, directory = str(tmp_path), tmp_path / "checkpoints"
     assert recorded_settings(model_dir) is None

@@ -14,7 +14,7 @@ from conftest import Counter, read_results, run_module, run_python
 from loops.bin import config_source
 from loops.cli import config_json
 from loops.model_dir import run_config
-from loops.run.run_options import RunOptions
+from loops.run.controller_options import RunOptions
 from loops.vocabulary import run_config_tree, settings
 from loops.vocabulary.recorded_settings import RecordedSettingsError, read_recorded_settings
 

@@ -225,7 +225,7 @@ def test_the_same_log_goes_on_also_copied_elsewhere_and_config_json_speaks_for_a
 def test_each_checkpoint_keeps_the_identity_and_it_is_read_without_building_anything(tmp_path):
     import tensorflow as tf
 
-    from loops.run.run_checkpoints import SETTINGS_RECORD, SettingsRecord, recorded_settings
+    from loops.run.checkpoint_keeper import SETTINGS_RECORD, SettingsRecord, recorded_settings
 
     path = write_log(tmp_path / "log.csv")
     settings = {"global_batch_size": 8, run_config.RESUME_IDENTITY: identity_of(path)}
@@ -312,7 +312,7 @@ def test_the_binary_refuses_a_permuted_log_goes_on_with_the_same_and_its_evaluat
     config = json.loads((run_dir / "config.json").read_text())
     assert config["data"] == path  # absolute, though given as log.csv
     assert config[run_config.RESUME_IDENTITY] == identity_of(path)
-    from loops.run.run_checkpoints import recorded_settings
+    from loops.run.checkpoint_keeper import recorded_settings
 
     assert recorded_settings(str(run_dir)) == {
         "global_batch_size": 8,

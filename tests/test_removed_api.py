@@ -7,7 +7,7 @@ import pytest
 
 import loops
 from loops.definition import removed_api
-from loops.run import run_settings
+from loops.run import trainer_arguments
 
 
 class MyLoop(loops.Loop):
@@ -65,7 +65,7 @@ def test_the_refused_keywords_are_the_trainers():
         for name, parameter in parameters.items()
         if parameter.kind is inspect.Parameter.KEYWORD_ONLY or name == "config"
     }
-    assert removed_api.TRAINER_KEYWORDS == keywords | set(run_settings.KEYWORDS)
+    assert removed_api.TRAINER_KEYWORDS == keywords | set(trainer_arguments.KEYWORDS)
     assert {name for name in removed_api.RUN_METHODS if name != "controller"} <= set(
         dir(loops.Trainer)
     )

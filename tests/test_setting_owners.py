@@ -11,7 +11,7 @@ import loops
 from conftest import OneWeight
 from loops.bin import classifier  # noqa: F401  (defines the binaries' flags)
 from loops.cli import flags as loop_flags
-from loops.run import run_settings
+from loops.run import trainer_arguments
 from loops.run.actions import EarlyStopping, KeepBest
 from loops.vocabulary import settings
 
@@ -81,7 +81,7 @@ def test_a_setting_as_a_keyword_and_in_a_run_config_reaches_the_same_part_or_is_
     if not setting.loop:
         # Only a binary acts on it: refused, naming it, where it goes and the way out.
         assert setting.elsewhere, f"{name} is neither read by a Trainer nor says where it goes"
-        assert in_config == ("refused", "TypeError", run_settings.unread_setting(name, value))
+        assert in_config == ("refused", "TypeError", trainer_arguments.unread_setting(name, value))
         assert in_config[2].startswith(f"{name}={value!r} is not a loops.Trainer setting: ")
     elif in_config[0] == "read":
         # Read by at least one part, with the value given (refusals of a combination that
@@ -95,7 +95,7 @@ def test_every_setting_is_either_read_by_the_trainer_or_says_where_it_goes():
     for setting in settings.SETTINGS:
         assert setting.loop != bool(setting.elsewhere), setting.name
     read = {setting.name for setting in settings.SETTINGS if setting.loop}
-    assert set(run_settings.KEYWORDS) == read
+    assert set(trainer_arguments.KEYWORDS) == read
     assert len(read) == 28 and len(settings.SETTINGS) - len(read) == 19
 
 

@@ -15,7 +15,7 @@ import loops
 from conftest import ROOT, SUBPROCESS_ENV, read_results, run_module
 from loops.bin import training_settings
 from loops.cli import flags as loop_flags
-from loops.run import run_settings
+from loops.run import trainer_arguments
 from loops.vocabulary import settings
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -178,7 +178,7 @@ def test_the_loop_takes_exactly_the_declared_loop_settings_with_their_defaults()
     assert list(parameters)[:3] == ["self", "definition", "config"]
     assert list(parameters.values())[-1].kind is inspect.Parameter.VAR_KEYWORD
     declared = {setting.name for setting in settings.LOOP_SETTINGS}
-    assert set(run_settings.KEYWORDS) == declared
+    assert set(trainer_arguments.KEYWORDS) == declared
     defaults = loops.RunConfig().flat()
     for setting in settings.LOOP_SETTINGS:
         assert defaults[setting.name] == setting.default, setting.name

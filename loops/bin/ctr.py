@@ -81,7 +81,7 @@ def _refuse_other_data(identity: dict[str, Any], *, against_checkpoint: bool) ->
         return  # nothing to go on from
     record = None
     if against_checkpoint:
-        from loops.run.run_checkpoints import recorded_settings
+        from loops.run.checkpoint_keeper import recorded_settings
 
         record = recorded_settings(FLAGS.model_dir)
     run_config.check_resume(

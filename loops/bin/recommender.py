@@ -167,7 +167,7 @@ def _refuse_other_training_data(identity) -> None:
     if not model_dir:
         return
     from loops.model_dir.checkpoints import newest_complete
-    from loops.run.run_checkpoints import recorded_settings
+    from loops.run.checkpoint_keeper import recorded_settings
 
     if newest_complete(os.path.join(model_dir, "checkpoints")) is None:
         return  # nothing to go on from

@@ -282,7 +282,7 @@ def _check_resume_against_the_checkpoint() -> None:
     model_dir = flags.FLAGS.model_dir
     if not model_dir:
         return
-    from loops.run.run_checkpoints import recorded_settings
+    from loops.run.checkpoint_keeper import recorded_settings
 
     record = recorded_settings(model_dir)
     if record:

@@ -1,5 +1,5 @@
-"""How a definition's steps compute, beside how its run goes (`loops.run.run_options`): checked
-when made."""
+"""How a definition's steps compute, beside how its run goes
+(`loops.run.controller_options`): checked when made."""
 
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ from loops.definition import executors
 from loops.definition.run_context import Definition, StepContext
 from loops.model_dir import run_config
 from loops.run.actions import action_state, watched_metrics
+from loops.run.controller_options import RunOptions
+from loops.run.controller_parts import RunParts
 from loops.run.execution.loop_schedule import LoopSchedule
 from loops.run.faults.preemption import PreemptionWatcher
-from loops.run.run_inputs import RunInputs
-from loops.run.run_options import RunOptions
-from loops.run.run_parts import RunParts
-from loops.run.run_report import TimedCall, TrainHistory
+from loops.run.input_sources import RunInputs
+from loops.run.reporter import TimedCall, TrainHistory
 from loops.vocabulary.whole_numbers import check_whole
 
 
@@ -59,7 +59,7 @@ class Controller:
             step_context: its strategy, step options, global step, data offset and updates.
             executor: what runs its steps.
             inputs: the train and eval data, and the coordinator that runs steps, if any.
-            options: how to run it, checked (`loops.run.run_options.RunOptions`).
+            options: how to run it, checked (`loops.run.controller_options.RunOptions`).
         """
         self.definition, self.options = definition, options
         self.strategy, self.step_options = step_context.strategy, step_context.options
@@ -83,7 +83,7 @@ class Controller:
         self.state, self.report, self.recoveries = parts.state, parts.report, parts.recoveries
         self._profiler, self._checkpoints = parts.profiler, parts.checkpoints
         self._train_input, self._eval_input = parts.train_input, parts.eval_input
-        self._inner_loops, self.run_context = parts.inner_loops, parts.run_view
+        self._inner_loops, self.run_context = parts.inner_loops, parts.context_view
         self._evaluated_step: int | None = None
         # Several workers or a ps would have to agree on every inner loop's length; in the
         # exact parameter-server mode the chief alone runs the loop.

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from loops.definition.recovery import Recoveries
 from loops.input import distributed_input
-from loops.run.run_inputs import RunInputs
+from loops.run.input_sources import RunInputs
 
 
 class TrainInput:

@@ -20,13 +20,13 @@ from loops.definition.run_context import Definition, StepContext
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
 from loops.placement import Placement
-from loops.run import run_settings
+from loops.run import trainer_arguments
 from loops.run.actions import Action
 from loops.run.controller import Controller
 from loops.run.execution import loop_execution
 from loops.run.faults import failed_frames, loss_spikes
+from loops.run.input_sources import RunInputs
 from loops.run.parameter_servers import exact_parameter_server
-from loops.run.run_inputs import RunInputs
 from loops.vocabulary.errors import ClusterTaskLostError
 from loops.vocabulary.run_config_tree import RunConfig
 
@@ -89,22 +89,22 @@ class Trainer:
             **overrides: settings over `config`'s, by name (steps_per_loop=10,
                 model_dir=..., ...), checked as `config` was.
 
-        Every setting of `config` is read by the part it belongs to (`run_settings.KEYWORDS`);
+        Every setting of `config` is read by the part it belongs to (`trainer_arguments.KEYWORDS`);
         one that only a binary acts on (the mode, the strategy's, train_steps, ...) is
         refused at another value than its default, given either way, with where it goes.
 
         Raises:
             TypeError: an override that is no setting (naming the closest), or a setting the
-                Trainer does not read (`run_settings.unread_setting`).
+                Trainer does not read (`trainer_arguments.unread_setting`).
             ValueError: a bad setting (checked first), a mismatched checkpoint, a used definition.
         """
         if isinstance(strategy, str):  # the binaries' setting, not the strategy itself
-            raise TypeError(run_settings.unread_setting("strategy", strategy))
+            raise TypeError(trainer_arguments.unread_setting("strategy", strategy))
         self.definition, self.strategy = definition, strategy or tf.distribute.get_strategy()
-        self.run_config = run_settings.checked_config(config, overrides)
+        self.run_config = trainer_arguments.checked_config(config, overrides)
         # Where the variables live and the steps run: read once, asked by the run's parts.
         self.placement = Placement.of(self.strategy, self.run_config.strategy.parameter_server_mode)
-        self.step_options, run_options = run_settings.checked_options(
+        self.step_options, run_options = trainer_arguments.checked_options(
             definition,
             self.placement,
             self.run_config,

@@ -181,7 +181,7 @@ class Setting:
         loop: whether `loops.Trainer` takes it as a keyword argument (and reads it).
         elsewhere: for a setting `loops.Trainer` does not read (not `loop`): who reads it
             instead and what a Trainer takes in its place, the end of the sentence with which
-            a Trainer refuses it at another value than its default (`loops.run.run_settings`).
+            a Trainer refuses it at another value than its default (`loops.run.trainer_arguments`).
         check: (name, value) -> the value; ValueError with a sentence. Without one, the
             check is the kind's, the choices' and the bounds' (`checked`).
         off: the flag's value that means None (e.g. 0: no average).

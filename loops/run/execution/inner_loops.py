@@ -17,7 +17,7 @@ from loops.run.execution.loop_schedule import LoopSchedule
 from loops.run.faults import loss_spikes
 from loops.run.faults.bad_steps import BadStepPolicy
 from loops.run.profiling import StepProfiler
-from loops.run.run_report import InnerLoop, RunReport, TimedCall, TrainHistory
+from loops.run.reporter import InnerLoop, RunReport, TimedCall, TrainHistory
 from loops.run.train_input import TrainInput
 
 

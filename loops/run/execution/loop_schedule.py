@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from loops.run.actions import Action
+from loops.run.controller_options import RunOptions
 from loops.run.profiling import StepProfiler
-from loops.run.run_options import RunOptions
 
 # About how long one executor call may run when it joins inner loops that
 # only reports separate (`LoopSchedule.call_ends`): long enough that a call's

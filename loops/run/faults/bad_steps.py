@@ -13,7 +13,7 @@ from loops.definition.bad_step_rules import RECOVER, BadStep, BadStepRule, NonFi
 from loops.definition.recovery import Recoveries, Recovery
 from loops.model_dir.checkpoints import describe_names
 from loops.placement import Placement
-from loops.run.run_checkpoints import RunCheckpoints
+from loops.run.checkpoint_keeper import RunCheckpoints
 from loops.run.train_input import TrainInput
 from loops.vocabulary.errors import NonFiniteError
 

@@ -14,10 +14,10 @@ from loops.core.weight_average import WeightAverages
 from loops.definition.run_context import Definition
 from loops.definition.run_state import RunState
 from loops.model_dir.checkpoints import Checkpointer
-from loops.run.run_checkpoints import RunCheckpoints
-from loops.run.run_inputs import EvalInput
-from loops.run.run_options import RunOptions
-from loops.run.run_report import RunReport
+from loops.run.checkpoint_keeper import RunCheckpoints
+from loops.run.controller_options import RunOptions
+from loops.run.input_sources import EvalInput
+from loops.run.reporter import RunReport
 
 
 class RunView:

@@ -12,8 +12,8 @@ from loops.definition import step_options
 from loops.definition.run_context import Definition
 from loops.placement import Placement
 from loops.run.actions import Action
+from loops.run.controller_options import RunOptions
 from loops.run.execution import loop_execution
-from loops.run.run_options import RunOptions
 from loops.vocabulary import settings
 from loops.vocabulary.config_tree import unknown_setting
 from loops.vocabulary.run_config_tree import RunConfig

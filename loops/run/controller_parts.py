@@ -13,13 +13,13 @@ from loops.definition.recovery import Recoveries
 from loops.definition.run_context import Definition, StepContext
 from loops.definition.run_state import RunState
 from loops.run import profiling
+from loops.run.checkpoint_keeper import RunCheckpoints
+from loops.run.context_view import RunView
+from loops.run.controller_options import RunOptions
 from loops.run.execution.inner_loops import InnerLoops, run_rules
 from loops.run.faults.bad_steps import BadStepPolicy
-from loops.run.run_checkpoints import RunCheckpoints
-from loops.run.run_inputs import EvalInput, RunInputs
-from loops.run.run_options import RunOptions
-from loops.run.run_report import RunReport
-from loops.run.run_view import RunView
+from loops.run.input_sources import EvalInput, RunInputs
+from loops.run.reporter import RunReport
 from loops.run.train_input import TrainInput
 
 
@@ -38,7 +38,7 @@ class RunParts:
     train_input: TrainInput
     inner_loops: InnerLoops
     eval_input: EvalInput
-    run_view: RunView
+    context_view: RunView
 
     @classmethod
     def make(
@@ -58,9 +58,9 @@ class RunParts:
         `config` is what the run was asked to do, `request_stop` and `save_checkpoint` the
         Controller's, handed to the actions through the view."""
         state = RunState(step_context.global_step)
-        report = _run_report(definition, executor, options, state, is_chief=is_chief)
+        report = _reporter(definition, executor, options, state, is_chief=is_chief)
         profiler = _profiler(options, is_chief=is_chief, say=report.progress.line)
-        checkpoints = _run_checkpoints(options, is_chief=is_chief, say=report.progress.line)
+        checkpoints = _checkpoint_keeper(options, is_chief=is_chief, say=report.progress.line)
         recoveries = Recoveries()
         train_input = TrainInput(
             inputs, step_context.data_offset, definition.batches_per_step, recoveries
@@ -98,7 +98,7 @@ class RunParts:
         )
 
 
-def _run_report(
+def _reporter(
     definition: Definition,
     executor: executors.Executor,
     options: RunOptions,
@@ -120,7 +120,7 @@ def _run_report(
     )
 
 
-def _run_checkpoints(
+def _checkpoint_keeper(
     options: RunOptions, *, is_chief: bool, say: Callable[[str], None]
 ) -> RunCheckpoints:
     """The run's checkpoints in its model_dir, written by the chief."""
