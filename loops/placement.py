@@ -26,9 +26,10 @@ The processes of such a cluster that are no chief serve it
 (`loops.cluster.parameter_server.serve_unless_chief`).
 
 Embedding tables are split by rows over the servers (`TablePartitioner`, which
-the strategy is made with), over the replicas of a MirroredStrategy of several
-replicas (one block per replica device), and lie whole everywhere else
-(`Placement.table_row_blocks`).
+the strategy is made with), over the replicas of a MirroredStrategy or a
+MultiWorkerMirroredStrategy of several replicas (one block per replica device,
+each worker making and holding only its own replicas' blocks), and lie whole
+everywhere else (`Placement.table_row_blocks`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ EXACT = "exact"
 ASYNC = "async"
 # `Placement.kind` of each parameter-server mode; the other kinds are the strategy's name.
 _PARAMETER_SERVER_KINDS = {EXACT: "parameter_server_exact", ASYNC: "parameter_server_async"}
+# The kinds whose replicas all compute each step together, one copy of each variable a replica.
+_SYNCHRONOUS_REPLICAS = ("mirrored", "multi_worker_mirrored")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,17 +198,32 @@ class Placement:
     @property
     def tables_split_over_replicas(self) -> bool:
         """A table's rows are split into one block per replica, each held and updated by the
-        replica on that device alone (MirroredStrategy of several replicas in one process;
-        MultiWorkerMirroredStrategy not yet: its workers cannot make one another's blocks)."""
-        return self.kind == "mirrored" and self.num_replicas_in_sync > 1
+        replica on that device alone (MirroredStrategy or MultiWorkerMirroredStrategy of
+        several replicas)."""
+        return self.kind in _SYNCHRONOUS_REPLICAS and self.num_replicas_in_sync > 1
+
+    @property
+    def tables_split_over_workers(self) -> bool:
+        """A table's blocks are held by several processes, each making and holding only its
+        own replicas' (`first_table_block` on): a checkpoint gathers them from every worker."""
+        return self.tables_split_over_replicas and self.num_workers > 1
 
     @property
     def table_block_devices(self) -> tuple[str, ...]:
-        """The device of each block of `table_row_blocks` where the replicas hold them;
-        empty where the blocks are placed otherwise (by the strategy's partitioner)."""
+        """The device of each block this process holds, from `first_table_block` on, where the
+        replicas hold them; empty where the blocks are placed otherwise (by the strategy's
+        partitioner)."""
         if not self.tables_split_over_replicas:
             return ()
         return tuple(self.strategy.extended.worker_devices)
+
+    @functools.cached_property
+    def first_table_block(self) -> int:
+        """The first block of `table_row_blocks` this process holds where the replicas hold
+        them: its first replica's number in the sync group (0 in one process)."""
+        if not self.tables_split_over_workers:
+            return 0
+        return topology.worker_index(self.strategy) * len(self.table_block_devices)
 
     def table_row_blocks(self, rows: int) -> tuple[tuple[int, int], ...]:
         """How a table of `rows` rows is split here: (first, one-past-last) row of each block.
@@ -213,9 +231,9 @@ class Placement:
         Over parameter servers, one block per server (fewer when the table has
         fewer rows), balanced as `topology.replica_bounds` splits a batch (the
         first `rows % servers` one row longer), as `TablePartitioner` has
-        TensorFlow split it; over the replicas of a MirroredStrategy, one block
-        per replica, balanced the same way (empty ones when the table has fewer
-        rows than replicas); elsewhere one block, the whole table.
+        TensorFlow split it; over synchronous replicas, one block per replica
+        of every worker, balanced the same way (empty ones when the table has
+        fewer rows than replicas); elsewhere one block, the whole table.
         """
         if self.tables_split_over_replicas:
             blocks = self.num_replicas_in_sync

@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import placement, tf_private
+from loops import placement
 from loops.cluster import launch, strategies
 from loops.core import health, reporting
 from loops.run.trainer import Trainer
@@ -59,15 +59,15 @@ def _variables(value) -> list:
 
 def table_weights(item: object) -> dict[str, np.ndarray]:
     """Each `loops.EmbeddingTable` of a model and each of its slots as one logical (rows, width)
-    array, its blocks joined in row order whatever the split (servers, replicas, none), keyed
-    `table/<layer name>/<variable>`; {} for anything that is not a Keras model."""
+    array, its blocks joined in row order whatever the split (servers, replicas, workers,
+    none), keyed `table/<layer name>/<variable>`; {} for anything that is not a Keras model.
+    Split over several workers, every worker must call it (its blocks are gathered)."""
     if not isinstance(item, keras.Model):
         return {}
     weights = {}
     for layer in embedding_tables.tables_in(item):
         for name in ("embeddings", *layer.slot_names):
-            parts = tf_private.variable_parts(getattr(layer, name))
-            weights[f"table/{layer.name}/{name}"] = np.concatenate([np.asarray(p) for p in parts])
+            weights[f"table/{layer.name}/{name}"] = np.asarray(layer.whole(name))
     return weights
 
 

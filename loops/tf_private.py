@@ -172,3 +172,56 @@ def sharded_variable(parts: list[Any], name: str) -> Any:
     for attribute in SHARDED_VARIABLE:
         sharded_class = getattr(sharded_class, attribute)
     return sharded_class(parts, name=name)
+
+
+# The base class of what a tf.train.Checkpoint saves, and the two methods through which a
+# checkpoint asks an object for the tensors it saves and hands back those it restores.
+TRACKABLE = ("__internal__", "tracking", "Trackable")
+SAVE_AND_RESTORE = ("_serialize_to_tensors", "_restore_from_tensors")
+# The key under which a variable saves its value (after its object's path): (module, name).
+VARIABLE_VALUE_KEY = ("tensorflow.python.trackable.base", "VARIABLE_VALUE_KEY")
+# A tensor a checkpoint saves, which may be a function it calls only as it saves: (module, class).
+SAVE_SPEC = ("tensorflow.python.training.saving.saveable_object", "SaveSpec")
+
+
+def _attribute(path: tuple[str, ...]) -> Any:
+    found: Any = tf
+    for name in path:
+        found = getattr(found, name)
+    return found
+
+
+def _module_attribute(path: tuple[str, str]) -> Any:
+    import importlib
+
+    module, name = path
+    return getattr(importlib.import_module(module), name)
+
+
+class SavedAsOneValue(_attribute(TRACKABLE)):  # type: ignore[misc]
+    """What a checkpoint saves as a variable would be saved: one tensor under the variable's
+    key, so that it restores into a variable (a ShardedVariable too) and one restores into it.
+
+    A subclass gives `dtype`, `device` (where the value is read) and `checkpoint_name`, and
+    the two halves: `whole_value()`, called only as a checkpoint saves (it may run
+    collectives that every worker's save runs alike), and `restore_whole(value)`.
+    """
+
+    dtype: tf.DType
+    device: str
+    checkpoint_name: str
+
+    def whole_value(self) -> tf.Tensor:
+        raise NotImplementedError
+
+    def restore_whole(self, value: tf.Tensor) -> Any:
+        raise NotImplementedError
+
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        spec = _module_attribute(SAVE_SPEC)(
+            self.whole_value, "", self.checkpoint_name, dtype=self.dtype, device=self.device
+        )
+        return {_module_attribute(VARIABLE_VALUE_KEY): spec}
+
+    def _restore_from_tensors(self, restored_tensors: dict[str, tf.Tensor]) -> Any:
+        return self.restore_whole(restored_tensors[_module_attribute(VARIABLE_VALUE_KEY)])

@@ -64,6 +64,19 @@ def num_workers(strategy: tf.distribute.Strategy) -> int:
     return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
 
 
+def worker_index(strategy: tf.distribute.Strategy) -> int:
+    """This task's place among the synchronous workers of the strategy's cluster, the chief
+    first (as MultiWorkerMirroredStrategy numbers its replicas: worker k's come after those
+    of the tasks before it); 0 outside a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0
+    cluster = resolver.cluster_spec().as_dict()
+    if resolver.task_type == "chief":
+        return 0
+    return int(resolver.task_id) + (1 if "chief" in cluster else 0)
+
+
 def task_name(strategy: tf.distribute.Strategy) -> str:
     """`worker_1`-style name of this task; `local` outside a cluster."""
     resolver = getattr(strategy, "cluster_resolver", None)

@@ -2,6 +2,9 @@
 initial values that depend on the global row alone, exact row updates (SGD, Adagrad, row-wise
 Adagrad), one logical array per table and slot in checkpoints, each replica holding its block."""
 
+import os
+import subprocess
+import sys
 import types
 
 import keras
@@ -259,3 +262,50 @@ def test_a_split_lookup_sends_a_fixed_count_of_ids_and_a_large_table_needs_it_st
         r"\(None, 3\)\): give the step batches of one size \(batch with drop_remainder=True\)",
     ):
         traced.get_concrete_function(tf.TensorSpec([None, 3], tf.int32))
+
+
+def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_one_process_as_one_run(tmp_path):
+    """The reshard chain: step 1 on 4 mirrored replicas, step 2 on 2 workers (one block
+    each, restored from the first's checkpoint), step 3 on one process (restored from the
+    workers'), equal to the float64 reference of the three steps."""
+    from conftest import ROOT, SUBPROCESS_ENV
+
+    strategy, table = made_table(4)
+    initial, slot = whole(table.embeddings), whole(table.accumulator)
+    trained(strategy, table, steps_of(4)[:1])
+    four = checkpointed(table, tmp_path / "four")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "loops.cluster.launch", "--num_workers=2", "--"),
+            *(sys.executable, os.path.join(ROOT, "tests", "placed_table_workers.py")),
+            *(str(tmp_path), four),
+        ],
+        capture_output=True,
+        text=True,
+        env={name: value for name, value in SUBPROCESS_ENV.items() if name != "TF_CONFIG"},
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    want_table, want_slot, tables = reference(initial, slot, "adagrad", STEPS_OF_4)
+    for index, (first, last) in enumerate([(0, 6), (6, 11)]):
+        worker = np.load(tmp_path / f"worker_{index}.npz")
+        # Made on the workers, the table starts as on one process, bit for bit.
+        np.testing.assert_array_equal(worker["initial_table"], initial)
+        np.testing.assert_array_equal(worker["initial_slot"], slot)
+        # Each holds its block and its slot's alone, on its own task.
+        assert worker["block_rows"].tolist() == [first, last]
+        assert worker["held"].tolist() == [(last - first) * DIM, (last - first) * DIM]
+        assert f"/task:{index}/" in str(worker["block_device"])
+        np.testing.assert_array_equal(worker["block"], worker["table"][first:last])
+        # Its replica's lookups of the second step read the first step's table.
+        ids = steps_of(2)[1][index]
+        np.testing.assert_allclose(worker["looked_up"], tables[1][ids], rtol=0, atol=1e-6)
+    strategy, alone = made_table(1, seed=99)  # other initial values, overwritten
+    tf.train.Checkpoint(table=alone).read(str(tmp_path / "table")).assert_consumed()
+    np.testing.assert_array_equal(whole(alone.embeddings), worker["table"])
+    np.testing.assert_array_equal(whole(alone.accumulator), worker["slot"])
+    trained(strategy, alone, steps_of(1)[2:])
+    np.testing.assert_allclose(whole(alone.embeddings), want_table, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(whole(alone.accumulator), want_slot, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(whole(alone.embeddings)[UNTOUCHED], initial[UNTOUCHED])

@@ -2,6 +2,7 @@
 
 import ast
 import os
+import types
 
 import pytest
 import tensorflow as tf
@@ -177,7 +178,24 @@ def test_multi_worker_mirrored_workers_stop_together():
         loop_run_alone=False,
         workers_stop_together=True,
     )
-    assert Placement.of(strategy).table_row_blocks(5) == ((0, 5),)
+    # One replica a worker: a table's rows split over both, the chief holding the first block.
+    assert Placement.of(strategy).table_row_blocks(5) == ((0, 3), (3, 5))
+    assert Placement.of(strategy).tables_split_over_workers
+
+
+def test_a_worker_holds_the_table_blocks_of_its_own_replicas():
+    class Worker(Resolver):
+        task_type, task_id = "worker", 0  # after the chief
+
+    extended = types.SimpleNamespace(worker_devices=("/job:worker/task:0/device:CPU:0",))
+    attributes = {"cluster_resolver": Worker(), "num_replicas_in_sync": 2, "extended": extended}
+    worker = Placement.of(type("CollectiveAllReduceStrategy", (), attributes)())
+    assert worker.table_block_devices == extended.worker_devices
+    assert worker.first_table_block == 1  # the chief's replica is number 0
+    chief = Placement.of(
+        type("CollectiveAllReduceStrategy", (), {**attributes, "cluster_resolver": Resolver()})()
+    )
+    assert chief.first_table_block == 0
 
 
 def test_parameter_servers_in_each_mode_and_their_tables_split_by_rows(monkeypatch):

@@ -191,3 +191,42 @@ def test_loops_leaves_its_own_code_and_the_kinds_library_unconverted_but_convert
     assert decided("loops.definition.executors") == left
     assert decided("loops.kinds.retrieval") == converted
     assert decided("loops.kinds.rl.environment_loop") == converted
+
+
+def test_an_object_saved_as_one_value_restores_into_a_variable_and_a_variables_into_it(
+    tmp_path,
+):
+    trackable_class = tf
+    for name in tf_private.TRACKABLE:
+        trackable_class = getattr(trackable_class, name)
+    for method in tf_private.SAVE_AND_RESTORE:
+        assert callable(getattr(trackable_class, method)), method
+    assert issubclass(tf_private.SavedAsOneValue, trackable_class)
+
+    class Doubled(tf_private.SavedAsOneValue):
+        """Saves twice its variable; restores half of what it is given."""
+
+        def __init__(self, values):
+            super().__init__()
+            self.variable = tf.Variable(values)
+            self.dtype, self.device = tf.float32, self.variable.device
+            self.checkpoint_name, self.reads = "doubled", 0
+
+        def whole_value(self):
+            self.reads += 1
+            return self.variable * 2
+
+        def restore_whole(self, value):
+            return self.variable.assign(value / 2)
+
+    doubled = Doubled([1.0, 2.0])
+    path = tf.train.Checkpoint(table=doubled).write(str(tmp_path / "doubled"))
+    assert doubled.reads == 1  # read as it saved
+    plain = tf.Variable([0.0, 0.0])
+    tf.train.Checkpoint(table=plain).read(path).assert_consumed()
+    np.testing.assert_array_equal(plain.numpy(), [2.0, 4.0])  # under a variable's key
+    path = tf.train.Checkpoint(table=tf.Variable([6.0, 8.0])).write(str(tmp_path / "plain"))
+    restored = Doubled([0.0, 0.0])
+    tf.train.Checkpoint(table=restored).read(path).assert_consumed()
+    np.testing.assert_array_equal(restored.variable.numpy(), [3.0, 4.0])
+    assert restored.reads == 0  # a restore never calls what a save reads

@@ -319,8 +319,9 @@ def check_own_tables(
             raise ValueError(
                 f"loops.Update cannot train the {name} on {replicas} synchronous replicas of "
                 "this strategy: it updates one copy of its rows (one process, one_device or "
-                "parameter_server) or splits them over the replicas of a MirroredStrategy in "
-                "one process. Use keras.layers.Embedding(rows, dim) there: through "
+                "parameter_server) or splits them over the replicas of a MirroredStrategy "
+                "or a MultiWorkerMirroredStrategy. Use keras.layers.Embedding(rows, dim) "
+                "there: through "
                 "loops.Update it trains sparsely and exactly on any replica count "
                 "(table_optimizer=keras.optimizers.Adagrad(...))."
             )

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from loops import keras_private, topology
 from loops.core import own_files
+from loops.tables.worker_blocks import WorkerBlocks
 from loops.vocabulary.errors import DamagedCheckpointError, NonFiniteWeightsError
 
 # What a CheckpointManager writes for step N: PREFIX.index and PREFIX.data-K-of-M.
@@ -425,8 +426,13 @@ def read_state_file(directory: str):
 
 
 def _float_variables(root) -> list:
-    variables, seen = [], set()
+    variables: list = []
+    seen: set[int] = set()
     for item in tf.train.TrackableView(root).descendants():
+        if isinstance(item, WorkerBlocks):  # a table's blocks this worker holds
+            variables.extend(part for part in item.variables if id(part) not in seen)
+            seen.update(id(part) for part in item.variables)
+            continue
         if isinstance(item, tf.Variable):
             floating = item.dtype.is_floating
         elif isinstance(item, keras.Variable):

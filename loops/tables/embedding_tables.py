@@ -1,4 +1,4 @@
-"""`loops.EmbeddingTable`: a Keras layer whose table and slots split by rows over parameter servers.
+"""`loops.EmbeddingTable`: a Keras layer whose table and slots split by rows (servers, replicas).
 
 Under ParameterServerStrategy made with `loops.TablePartitioner` (as
 `loops.make_strategy("parameter_server")` makes it) the table and each slot of
@@ -10,18 +10,20 @@ the row update of its Keras optimizer (SGD without momentum or Adagrad, exact:
 `loops.tables.row_updates`) on slots of the table's own, split as it is. Under
 one process (or one_device) the same variables are ordinary ones, and the
 layer equals `keras.layers.Embedding` (lookups) and its optimizer Keras' on
-the dense gradient (updates). Under MirroredStrategy of N replicas the table
-and its slots are split into N blocks, block i on replica i's device alone
-(`Placement.table_row_blocks`): a lookup inside `strategy.run` exchanges ids
-and rows with collectives, and `apply_gradients` there updates this replica's
-block alone (`loops.tables.table_blocks` states the bytes a step moves). Other
-strategies of several synchronous replicas (central storage) look up but
-refuse to update.
+the dense gradient (updates). Under MirroredStrategy or MultiWorkerMirroredStrategy
+of N replicas the table and its slots are split into N blocks, block i on
+replica i's device alone (`Placement.table_row_blocks`; each worker makes and
+holds only its own replicas' blocks, `loops.tables.worker_blocks`): a lookup
+inside `strategy.run` exchanges ids and rows with collectives, and
+`apply_gradients` there updates this replica's block alone
+(`loops.tables.table_blocks` states the bytes a step moves). Other strategies
+of several synchronous replicas (central storage) look up but refuse to update.
 
 The table saves as `embeddings` and each slot under its name (`accumulator`),
 every one as one whole tensor whatever the split, so a checkpoint saved with M
-servers or N replicas restores into any other split or into one process, slots
-included (TensorFlow reshards a ShardedVariable itself when it restores one).
+servers, N replicas or W workers restores into any other split or into one
+process, slots included (TensorFlow reshards a ShardedVariable itself when it
+restores one; several workers gather their blocks as they save).
 
 Initial values: uniform in [-0.05, 0.05] (Keras' Embedding default), a function
 of `seed` and the global row alone (`table_blocks.uniform_rows`), so one
@@ -37,7 +39,7 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private, placement, tf_private
-from loops.tables import row_updates, table_blocks, table_ids, table_rows
+from loops.tables import row_updates, table_blocks, table_ids, table_rows, worker_blocks
 from loops.tables.rowwise_adagrad import RowwiseAdagrad
 from loops.vocabulary.whole_numbers import is_whole
 
@@ -140,6 +142,8 @@ class EmbeddingTable(keras.layers.Layer):
                 width,
                 initial_value,
                 trainable=trainable,
+                first_block=self._placement.first_table_block,
+                strategy=self._placement.strategy,
             )
         return tf.Variable(
             initial_value=initial_value,
@@ -167,13 +171,22 @@ class EmbeddingTable(keras.layers.Layer):
 
     @property
     def shards(self) -> list[tf.Variable]:
-        """The variables holding the rows, in row order: one per server, or the one table."""
-        return tf_private.variable_parts(self.embeddings)
+        """The variables this process holds the rows in, in row order: one per server, one per
+        replica (of this worker), or the one table."""
+        return _parts(self.embeddings)
+
+    def whole(self, name: str = "embeddings") -> tf.Tensor:
+        """The table (or slot `name`) as one (rows, width) tensor, its blocks joined in row
+        order. Split over several workers, every worker must call it (a collective)."""
+        variable = getattr(self, name)
+        if isinstance(variable, worker_blocks.WorkerBlocks):
+            return variable.whole()
+        return tf.concat([tf.convert_to_tensor(part) for part in _parts(variable)], axis=0)
 
     @property
     def split_over_replicas(self) -> bool:
         """Whether each replica of the strategy holds one block of the rows and updates it
-        alone (MirroredStrategy of several replicas in one process)."""
+        alone (MirroredStrategy or MultiWorkerMirroredStrategy of several replicas)."""
         return self._placement.tables_split_over_replicas
 
     @property
@@ -183,7 +196,7 @@ class EmbeddingTable(keras.layers.Layer):
 
     def slot_shards(self, name: str) -> list[tf.Variable]:
         """Slot `name`'s variables, split as `shards`."""
-        return tf_private.variable_parts(getattr(self, name))
+        return _parts(getattr(self, name))
 
     def row_ids(self, ids) -> tf.Tensor:
         """The table row of each id (see `ids`)."""
@@ -204,7 +217,18 @@ class EmbeddingTable(keras.layers.Layer):
         in_replicas = context is not None and context.num_replicas_in_sync > 1
         if self._placement.tables_split_over_replicas and in_replicas:
             return table_blocks.lookup_over_replicas(
-                self.name, self.shards, self._placement.table_row_blocks(self.rows), rows
+                self.name,
+                self.shards,
+                self._placement.table_row_blocks(self.rows),
+                rows,
+                self._placement.first_table_block,
+            )
+        if isinstance(self.embeddings, worker_blocks.WorkerBlocks):
+            raise ValueError(
+                f"EmbeddingTable {self.name!r} is split over the replicas of "
+                f"{self._placement.num_workers} workers, and this worker holds only its own "
+                "replicas' rows: look rows up inside strategy.run (each replica asks every "
+                "other for its rows there), or read the table with whole(), on every worker."
             )
         return tf.nn.embedding_lookup(self.embeddings, rows)
 
@@ -281,6 +305,13 @@ def _whole_argument(name: str, value: object, least: int | None) -> int:
     if not is_whole(int(value), least):
         raise ValueError(f"EmbeddingTable({name}={value!r}) needs a whole number >= {least}.")
     return int(value)
+
+
+def _parts(variable: object) -> list[tf.Variable]:
+    """The variables a table or slot is held in here, in row order."""
+    if isinstance(variable, worker_blocks.WorkerBlocks):
+        return variable.variables
+    return tf_private.variable_parts(variable)
 
 
 def tables_in(model: keras.Layer) -> list[EmbeddingTable]:

@@ -9,7 +9,9 @@ replicas and M servers start equal bit for bit.
 
 Split over N replicas (`loops.placement.Placement.tables_split_over_replicas`),
 replica i holds block i of the rows (`Placement.table_row_blocks`) and its
-optimizer slots, on its own device, and no other replica holds them. A lookup
+optimizer slots, on its own device, and no other replica holds them; over
+several workers, each makes only its own replicas' blocks
+(`loops.tables.worker_blocks`). A lookup
 in replica context (`lookup_over_replicas`) sends C distinct ids per replica,
 C fixed when traced (`lookup_capacity`: the table's rows for a table of
 `SMALL_TABLE_ROWS` rows or fewer, else the static id count), because a loop
@@ -45,6 +47,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from loops import tf_private
+from loops.tables import worker_blocks
 from loops.tables.table_rows import SMALL_TABLE_ROWS
 
 # A block's initial values: (its shape, the global index of its first row) -> a tensor.
@@ -92,11 +95,16 @@ def blocks_over_replicas(
     initial: BlockInitial,
     *,
     trainable: bool,
+    first_block: int = 0,
+    strategy: tf.distribute.Strategy | None = None,
 ) -> object:
-    """A table (or slot) of `width` columns whose block i lies on `devices[i]` alone, as one
-    ShardedVariable (saved as one tensor of all the rows)."""
+    """A table (or slot) of `width` columns split into `blocks` (every replica's, of every
+    worker), of which this process makes and holds blocks `first_block` .. on `devices`, one
+    each: as one ShardedVariable where it holds them all, else as this worker's
+    `WorkerBlocks` of `strategy`. Either saves as one tensor of all the rows."""
+    own = blocks[first_block : first_block + len(devices)]
     parts = []
-    for index, ((first, last), device) in enumerate(zip(blocks, devices, strict=True)):
+    for index, ((first, last), device) in enumerate(zip(own, devices, strict=True)):
         shape = (last - first, width)
         parts.append(
             tf_private.variable_on_device(
@@ -106,11 +114,14 @@ def blocks_over_replicas(
                     initial, partition_shape=shape, partition_offset=(first, 0)
                 ),
                 trainable=trainable,
-                name=f"{name}/part_{index}",
+                name=f"{name}/part_{first_block + index}",
                 dtype=tf.float32,
             )
         )
-    return tf_private.sharded_variable(parts, name)
+    if len(parts) == len(blocks):
+        return tf_private.sharded_variable(parts, name)
+    assert strategy is not None, "a worker's blocks need the strategy that gathers them"
+    return worker_blocks.WorkerBlocks(name, parts, blocks, first_block, strategy)
 
 
 def _replica_context(table_name: str) -> tf.distribute.ReplicaContext:
@@ -153,9 +164,11 @@ def lookup_over_replicas(
     blocks: Sequence[tf.Variable],
     bounds: Sequence[tuple[int, int]],
     rows: tf.Tensor,
+    first_block: int = 0,
 ) -> tf.Tensor:
     """The rows `rows` (any shape, values in [0, table rows)) of a table split over the
-    replicas, for this replica; call in replica context (see the module docstring)."""
+    replicas, for this replica; call in replica context (see the module docstring).
+    `blocks`: this process's blocks, `bounds[first_block]` .. on; `bounds`: every block's."""
     context = _replica_context(table_name)
     replica = int(tf.get_static_value(context.replica_id_in_sync_group))
     replicas = context.num_replicas_in_sync
@@ -174,7 +187,7 @@ def lookup_over_replicas(
     placed = tf.pad(own, [[replica * capacity, (replicas - 1 - replica) * capacity]])
     every_id = context.all_reduce(tf.distribute.ReduceOp.SUM, placed)
 
-    block = blocks[replica]
+    block = blocks[replica - first_block]
     first, last = bounds[replica]
     dim = int(block.shape[1])
     # An empty block (fewer rows than replicas) gathers no row, but through the same ops:
