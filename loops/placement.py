@@ -217,6 +217,16 @@ class Placement:
             return ()
         return tuple(self.strategy.extended.worker_devices)
 
+    @property
+    def whole_table_device(self) -> str | None:
+        """Where a whole table is made as one plain variable: the one replica's device of a
+        MirroredStrategy or MultiWorkerMirroredStrategy of one replica, whose own variables
+        would be mirrored copies (which have no sparse reads); None where the strategy's own
+        variable is the table (one process, one device, parameter servers)."""
+        if self.kind not in _SYNCHRONOUS_REPLICAS or self.num_replicas_in_sync > 1:
+            return None
+        return self.strategy.extended.worker_devices[0]
+
     @functools.cached_property
     def first_table_block(self) -> int:
         """The first block of `table_row_blocks` this process holds where the replicas hold

@@ -18,7 +18,7 @@ seed and the row alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -26,11 +26,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from loops_models.tables import OptimizerFn, embedding_table
+
 PAD_ID = -1
 POOLINGS = ("mean", "sum")
 
 # () -> a new Keras optimizer (a table's own).
-OptimizerFn = Callable[[], keras.optimizers.Optimizer]
 
 
 class MultiHot(NamedTuple):
@@ -120,7 +121,7 @@ class BagPooling(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.pooling = pooling
-        self.table = _table(
+        self.table = embedding_table(
             cardinality, width, initializer, f"{self.name}_table", table_optimizer_fn
         )
         self.width = width
@@ -165,18 +166,6 @@ def _initializer(seed: int, index: int, kind: str = "embedding"):
     return keras.initializers.GlorotUniform(seed=seed * 1000 + index)
 
 
-def _table(
-    rows: int, width: int, initializer: Any, name: str, table_optimizer_fn: OptimizerFn | None
-) -> keras.layers.Layer:
-    """A keras Embedding of `initializer`'s values, or with `table_optimizer_fn` a
-    `loops.EmbeddingTable` of that optimizer, seeded by the initializer's seed."""
-    if table_optimizer_fn is None:
-        return keras.layers.Embedding(rows, width, embeddings_initializer=initializer, name=name)
-    import loops
-
-    return loops.EmbeddingTable(rows, width, table_optimizer_fn(), seed=initializer.seed, name=name)
-
-
 def embedded(
     features: CTRFeatures,
     columns: Mapping[str, Any],
@@ -193,7 +182,7 @@ def embedded(
         layer_name = f"{prefix}{name}_embedding"
         if name in features.categorical:
             rows = features.categorical[name]
-            table = _table(rows, width, initializer, layer_name, table_optimizer_fn)
+            table = embedding_table(rows, width, initializer, layer_name, table_optimizer_fn)
         else:
             bag = features.multi_hot[name]
             table = BagPooling(

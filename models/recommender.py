@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
+from loops_models.tables import OptimizerFn, embedding_table
+
 
 def _embedding_initializer(seed: int, index: int):
     # Explicit per-layer seeds: the initial weights are a function of `seed` alone, so
@@ -59,17 +61,24 @@ def id_tower(
     normalize: bool = True,
     seed: int = 0,
     name: str = "tower",
+    table_optimizer_fn: OptimizerFn | None = None,
 ) -> keras.Model:
     """int32 ids [batch] -> float32 embeddings [batch, embedding_dim].
 
     An id's embedding row, beside its `features` row when given (a fixed
     [num_ids, num_features] table), through `hidden_units` relu layers and a
     linear layer back to `embedding_dim` (none without hidden units and
-    features), unit length when `normalize`.
+    features), unit length when `normalize`. The table is a keras Embedding, or
+    with `table_optimizer_fn` a `loops.EmbeddingTable` placed by the strategy
+    (`loops_models.tables`).
     """
     ids = keras.Input((), dtype="int32", name=f"{name}_ids")
-    table = keras.layers.Embedding(
-        num_ids, embedding_dim, embeddings_initializer=_embedding_initializer(seed, 0)
+    table = embedding_table(
+        num_ids,
+        embedding_dim,
+        _embedding_initializer(seed, 0),
+        f"{name}_table",
+        table_optimizer_fn,
     )
     parts = [table(ids)]
     if features is not None:
@@ -117,6 +126,7 @@ def rating_model(
     l2: float = 0.0,
     user_history: np.ndarray | None = None,
     seed: int = 0,
+    table_optimizer_fn: OptimizerFn | None = None,
 ) -> keras.Model:
     """(user ids [batch], item ids [batch]) int32 -> one score a pair [batch] (a rating, or a
     click's logit): biases, the embeddings' dot product and an MLP over both embeddings.
@@ -132,18 +142,21 @@ def rating_model(
     both biases), the regularization of matrix factorization trained by SGD,
     which `loops.RatingLoop` adds to the pair's loss; only those rows' gradients
     are touched, and it is per pair, so exact on any replica count.
+
+    The four tables are keras Embeddings, or with `table_optimizer_fn`
+    `loops.EmbeddingTable`s placed by the strategy (`loops_models.tables`).
     """
     users = keras.Input((), dtype="int32", name="users")
     items = keras.Input((), dtype="int32", name="items")
+    shapes = {
+        "user_table": (num_users, embedding_dim),
+        "item_table": (num_items, embedding_dim),
+        "user_bias": (num_users, 1),
+        "item_bias": (num_items, 1),
+    }
     tables = [
-        keras.layers.Embedding(
-            count,
-            width,
-            embeddings_initializer=_embedding_initializer(seed, i),
-        )
-        for i, (count, width) in enumerate(
-            [(num_users, embedding_dim), (num_items, embedding_dim), (num_users, 1), (num_items, 1)]
-        )
+        embedding_table(count, width, _embedding_initializer(seed, i), name, table_optimizer_fn)
+        for i, (name, (count, width)) in enumerate(shapes.items())
     ]
     user, item, user_bias, item_bias = (
         table(ids) for table, ids in zip(tables, (users, items, users, items), strict=True)

@@ -181,6 +181,7 @@ SLOW_TESTS = (
     "test_profiling.py::test_the_flag_traces_from_a_binary_and_refuses_a_bad_range",
     "test_loss_spikes.py::test_a_spike_is_rolled_back_past_a_checkpoint_saved_during_it",
     "test_readme.py::test_readme_subclass_example_trains",
+    "test_recommender.py::test_placed_tables_split_over_the_replicas_train_and_export_as_one_replica_does",
     "test_recommender.py::test_the_binary_refuses_a_model_larger_than_memory_before_building_it",
     "test_recommender.py::test_the_default_binary_run_shortened_beats_popularity_by_half_again",
     "test_recommender.py::test_*_on_1_2_and_4_replicas*",

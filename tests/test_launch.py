@@ -275,7 +275,9 @@ LOOP_RUNS = {
         ["--train_steps=6", "--global_batch_size=32", "--generated_rows=2100"],
     ),
     # The other two interactions on the same log: wide & deep's wide tables beside its deep
-    # ones, DLRM's pairwise dots.
+    # ones, DLRM's pairwise dots with its tables placed by the strategy (loops.EmbeddingTables
+    # split over the 2 workers' replicas, gathered whole by each checkpoint, the test and
+    # the export).
     **{
         f"ctr_{model}": (
             "loops.bin.ctr",
@@ -284,9 +286,13 @@ LOOP_RUNS = {
                 "--train_steps=6",
                 "--global_batch_size=32",
                 "--generated_rows=2100",
+                *placed,
             ],
         )
-        for model in ("wide_and_deep", "dlrm")
+        for model, placed in (
+            ("wide_and_deep", ()),
+            ("dlrm", ("--placed_tables", "--table_optimizer=adagrad")),
+        )
     },
     # The critic takes 2 batches a step, with the gradient penalty and the EMA generator.
     "gan": (
@@ -434,6 +440,23 @@ def test_ctr_on_two_workers_evaluates_and_tests_every_row_as_one_process_does(lo
             assert sorted(got[figures]) == sorted(expected[figures])
             for name, value in expected[figures].items():
                 assert got[figures][name] == pytest.approx(value, rel=1e-6), (figures, name)
+    placed = {
+        name: {
+            table["split"]
+            for table in results(os.path.join(loop_runs, loop, name)).get("tables", [])
+        }
+        for name in ("workers2", "replicas1", "replicas2")
+    }
+    if loop == "ctr_dlrm":  # each worker held half of every table's rows
+        assert placed == {
+            "workers2": {"replicas"},
+            "replicas1": {"whole"},
+            "replicas2": {"replicas"},
+        }
+        tables = results(os.path.join(loop_runs, loop, "workers2"))["tables"]
+        assert all(len(table["blocks"]) == 2 for table in tables), tables
+    else:  # keras Embeddings: no placed table
+        assert placed == {"workers2": set(), "replicas1": set(), "replicas2": set()}
 
 
 # ---- The launcher on its own, with small Python commands (no TensorFlow in the tasks). ----

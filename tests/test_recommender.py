@@ -524,14 +524,7 @@ def test_the_binary_rating_model_shortened_beats_the_bias_baseline_by_a_tenth(tm
 def test_the_binary_exports_the_logs_own_ids_and_refuses_a_top_k_above_its_items(tmp_path):
     from loops.input import interaction_logs
 
-    # 20 users named by strings, 15 items numbered past 2**31, 6 ratings a user.
-    log = tmp_path / "log.csv"
-    lines = ["user,item,rating,timestamp"] + [
-        f"u{user},{2**35 + 11 * ((3 * user + i) % 15)},{1 + (user + i) % 5},{i}"
-        for user in range(20)
-        for i in range(6)
-    ]
-    log.write_text("\n".join(lines) + "\n")
+    log = small_log(tmp_path / "log.csv")
     common = ("--model=rating", f"--data={log}", "--train_steps=4", "--global_batch_size=16")
     refused = run_module("loops.bin.recommender", *common, "--top_k=16", f"--model_dir={tmp_path}")
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
@@ -869,3 +862,62 @@ import loops.bin.recommender
 flags.FLAGS(["loops-recommender", "--flagfile=" + sys.argv[1]])
 print("PARSED", flags.FLAGS.model, flags.FLAGS.train_steps)
 """
+
+
+def small_log(path):
+    """20 users named by strings, 15 items numbered past 2**31, 6 ratings a user."""
+    lines = ["user,item,rating,timestamp"] + [
+        f"u{user},{2**35 + 11 * ((3 * user + i) % 15)},{1 + (user + i) % 5},{i}"
+        for user in range(20)
+        for i in range(6)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("model", ["retrieval", "rating"])
+def test_placed_tables_split_over_the_replicas_train_and_export_as_one_replica_does(
+    tmp_path, model
+):
+    log = small_log(tmp_path / "log.csv")
+    common = (
+        *(f"--model={model}", f"--data={log}", "--train_steps=6", "--global_batch_size=16"),
+        *("--placed_tables", "--table_optimizer=adagrad", "--table_learning_rate=0.1"),
+        *("--top_k=3", "--eval_every=3"),
+    )
+    runs = {}
+    for replicas in (1, 2):
+        model_dir = tmp_path / f"replicas{replicas}"
+        done = run_module(
+            "loops.bin.recommender",
+            *common,
+            f"--num_replicas={replicas}",
+            f"--model_dir={model_dir}",
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[replicas] = read_results(model_dir), model_dir
+    (one, _), (two, two_dir) = runs[1], runs[2]
+    # Every table a loops.EmbeddingTable of Adagrad: whole on one replica, in 2 blocks on 2.
+    assert {table["split"] for table in one["tables"]} == {"whole"}
+    assert {table["split"] for table in two["tables"]} == {"replicas"}
+    assert all(len(table["blocks"]) == 2 for table in two["tables"])
+    assert {table["optimizer"] for table in two["tables"]} == {"Adagrad"}
+    assert len(two["tables"]) == (2 if model == "retrieval" else 4)
+    for figures in ("eval", "test"):
+        assert sorted(one[figures]) == sorted(two[figures])
+        for name, value in one[figures].items():
+            assert two[figures][name] == pytest.approx(value, rel=1e-5), (figures, name)
+    served = tf.saved_model.load(str(two_dir / "export"))
+    top = served.signatures["serving_default"](users=tf.constant(["u3", "u20"]))
+    assert top["known_user"].numpy().tolist() == [True, False]
+
+
+def test_placed_tables_without_a_table_optimizer_are_refused_before_tensorflow(tmp_path):
+    done = run_module("loops.bin.recommender", "--placed_tables", f"--model_dir={tmp_path}")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert (
+        "--placed_tables makes each table a loops.EmbeddingTable, which trains by an exact row "
+        "update of its own, and --table_optimizer=same would train it with --optimizer: pass "
+        "--table_optimizer=rowwise_adagrad, adagrad or sgd" in done.stderr
+    )
+    assert not os.listdir(tmp_path)

@@ -100,7 +100,12 @@ LM = BinaryFlags(
 )
 RECOMMENDER = BinaryFlags(
     "loops-recommender",
-    (data_settings.INTERACTIONS, model_settings.RECOMMENDER, training_settings.OPTIMIZER),
+    (
+        data_settings.INTERACTIONS,
+        model_settings.RECOMMENDER,
+        training_settings.OPTIMIZER,
+        training_settings.TABLE_OPTIMIZER,
+    ),
     export="the trained recommender on the log's own ids (serving_default: users -> their "
     "top-K items, scores and known_user; score_pairs: users, items -> scores, known_user, "
     "known_item)",

@@ -46,6 +46,9 @@ def _prepare() -> None:
                 "has none; add a numeric column to the spec or pass --model=dcn_v2."
             )
         _checked.update(spec=spec, table=table)
+    training_settings.check_placed_tables(
+        loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
+    )
     _checked["identity"] = _identity()
     _refuse_other_data(_checked["identity"], against_checkpoint=False)
     if FLAGS.validation_fraction and FLAGS.keep_best_metric is None:
@@ -108,14 +111,21 @@ def _split_table():
     return ctr_tables.from_table(_checked["spec"], _checked["table"], **split)
 
 
-def _model_fn(features: dict[str, Any]):
-    """() -> the Keras model the model flags describe over `features` (columns by kind)."""
+def _model_fn(features: dict[str, Any], placed_table_optimizer_fn):
+    """() -> the Keras model the model flags describe over `features` (columns by kind), its
+    tables `loops.EmbeddingTable`s of `placed_table_optimizer_fn` when it is given."""
     from loops_models import ctr
 
     described = ctr.CTRFeatures(**features)
     model = loop_flags.setting_values(model_settings.CTR)
     name = model.pop("model")
-    return lambda: ctr.build_model(name, described, **model, seed=FLAGS.seed)
+    return lambda: ctr.build_model(
+        name,
+        described,
+        **model,
+        seed=FLAGS.seed,
+        table_optimizer_fn=placed_table_optimizer_fn,
+    )
 
 
 def _own_actions(table) -> list:
@@ -156,17 +166,18 @@ def build_trainer():
     arguments["record"] = {**arguments["record"], run_config.RESUME_IDENTITY: identity}
     table = parts["table"] = _split_table()
     evaluated = table.test if table.validation is None else table.validation
+    tables, placed = training_settings.table_optimizer_fns(
+        loop_flags.setting_values(training_settings.TABLE_OPTIMIZER),
+        learning_rate=FLAGS.learning_rate,
+    )
     definition = loops.CTRLoop(
-        model_fn=_model_fn(table.features),
+        model_fn=_model_fn(table.features, placed),
         optimizer_fn=training_settings.optimizer_fn(
             loop_flags.setting_values(training_settings.OPTIMIZER),
             learning_rate=FLAGS.learning_rate,
             total_steps=FLAGS.train_steps,
         ),
-        table_optimizer_fn=training_settings.table_optimizer_fn(
-            loop_flags.setting_values(training_settings.TABLE_OPTIMIZER),
-            learning_rate=FLAGS.learning_rate,
-        ),
+        table_optimizer_fn=tables,
         auc_examples=max(len(evaluated), 1),
         eval_batch_size=FLAGS.global_batch_size,
         data_notes=table.notes(),

@@ -53,7 +53,9 @@ def _history(model, train):
     return recommender.history_table(train.users, train.items, train.num_users, train.num_items)
 
 
-def _retrieval(model, train, test, optimizer_fn, data_notes):
+def _retrieval(model, train, test, optimizer_fn, tables, data_notes):
+    """The RetrievalLoop of the flags; `tables`: (the Update's table optimizer, the placed
+    tables' optimizer), `training_settings.table_optimizer_fns`."""
     import loops
     from loops_data import recommender_data
     from loops_models import recommender
@@ -66,12 +68,14 @@ def _retrieval(model, train, test, optimizer_fn, data_notes):
             normalize=model["normalize_towers"],
             seed=FLAGS.seed,
             name=name,
+            table_optimizer_fn=tables[1],
         )
 
     return loops.RetrievalLoop(
         user_model_fn=tower(train.num_users, "user_tower"),
         item_model_fn=tower(train.num_items, "item_tower"),
         optimizer_fn=optimizer_fn,
+        table_optimizer_fn=tables[0],
         num_items=train.num_items,
         global_batch_size=FLAGS.global_batch_size,
         item_frequencies=train.item_counts(),
@@ -85,7 +89,8 @@ def _retrieval(model, train, test, optimizer_fn, data_notes):
     )
 
 
-def _rating(model, train, test, optimizer_fn, data_notes):
+def _rating(model, train, test, optimizer_fn, tables, data_notes):
+    """The RatingLoop of the flags; `tables` as `_retrieval`'s."""
     import loops
     from loops_data import recommender_data
     from loops_models import recommender
@@ -100,8 +105,10 @@ def _rating(model, train, test, optimizer_fn, data_notes):
             user_history=_history(model, train),
             initial_bias=float(train.ratings.mean()),
             seed=FLAGS.seed,
+            table_optimizer_fn=tables[1],
         ),
         optimizer_fn=optimizer_fn,
+        table_optimizer_fn=tables[0],
         num_items=train.num_items,
         baselines=recommender_data.bias_baseline(train, test),
         data_notes=data_notes,
@@ -129,7 +136,11 @@ def _prepare() -> None:
     """A relative --data as the absolute path it names from here: config.json records the
     file the run reads, and an evaluator started elsewhere takes that file, not its own.
     With a validation split and no --keep_best_metric, the model's own metric is kept best:
-    rmse (min) for rating, recall_at_K (max) for retrieval."""
+    rmse (min) for rating, recall_at_K (max) for retrieval. --placed_tables without a table
+    optimizer of their own is refused."""
+    training_settings.check_placed_tables(
+        loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
+    )
     if FLAGS.data is not None:
         loop_flags.set_values({"data": os.path.abspath(FLAGS.data)})
     if FLAGS.validation_fraction and FLAGS.keep_best_metric is None:
@@ -251,7 +262,11 @@ def build_trainer():
     arguments["record"] = {**arguments["record"], run_config.RESUME_IDENTITY: identity}
     evaluated = test if validation is None else validation
     build = _retrieval if model["model"] == "retrieval" else _rating
-    definition = build(model, train, evaluated, optimizer_fn, data_notes)
+    tables = training_settings.table_optimizer_fns(
+        loop_flags.setting_values(training_settings.TABLE_OPTIMIZER),
+        learning_rate=FLAGS.learning_rate,
+    )
+    definition = build(model, train, evaluated, optimizer_fn, tables, data_notes)
     data = recommender_data.trainer_data(
         model["model"], train, evaluated, global_batch_size=FLAGS.global_batch_size, seed=FLAGS.seed
     )

@@ -105,7 +105,8 @@ def optimizer_fn(
     )
 
 
-# loops.bin.ctr: the embedding tables' own optimizer (`loops.Update`'s table_optimizer).
+# loops.bin.ctr and loops.bin.recommender: the embedding tables' own optimizer
+# (`loops.Update`'s table_optimizer), and where the tables live.
 TABLE_OPTIMIZER: tuple[Setting, ...] = (
     Setting(
         "table_optimizer",
@@ -127,7 +128,33 @@ TABLE_OPTIMIZER: tuple[Setting, ...] = (
         default=0.0,
         lower_bound=0.0,
     ),
+    Setting(
+        "placed_tables",
+        "training",
+        "Make the embedding tables loops.EmbeddingTables placed by the strategy: split by "
+        "rows over the replicas of --strategy=mirrored and multi_worker_mirrored (each "
+        "replica holding only its block and its slots) and over the servers of "
+        "parameter_server, trained by --table_optimizer, which must then name one. false: "
+        "keras Embeddings, a whole copy on every replica (README, 'Where a table lives').",
+        "bool",
+        default=False,
+    ),
 )
+
+
+def check_placed_tables(values: dict[str, Any]) -> None:
+    """Refuses --placed_tables without a table optimizer of their own, before TensorFlow loads.
+
+    Raises:
+        ValueError: --placed_tables with --table_optimizer=same.
+    """
+    if values["placed_tables"] and values["table_optimizer"] == "same":
+        raise ValueError(
+            "--placed_tables makes each table a loops.EmbeddingTable, which trains by an "
+            "exact row update of its own, and --table_optimizer=same would train it with "
+            "--optimizer: pass --table_optimizer=rowwise_adagrad, adagrad or sgd (with "
+            "--table_learning_rate), or drop --placed_tables."
+        )
 
 
 def table_optimizer_fn(values: dict[str, Any], *, learning_rate: float) -> Callable[[], Any] | None:
@@ -150,6 +177,16 @@ def table_optimizer_fn(values: dict[str, Any], *, learning_rate: float) -> Calla
         return keras.optimizers.SGD(rate)
 
     return optimizer
+
+
+def table_optimizer_fns(
+    values: dict[str, Any], *, learning_rate: float
+) -> tuple[Callable[[], Any] | None, Callable[[], Any] | None]:
+    """(the Update's table optimizer for keras Embeddings, the optimizer of each placed
+    `loops.EmbeddingTable`): the TABLE_OPTIMIZER settings' one in its place, None in the other
+    (both None for 'same')."""
+    optimizer = table_optimizer_fn(values, learning_rate=learning_rate)
+    return (None, optimizer) if values["placed_tables"] else (optimizer, None)
 
 
 # The full-size slots each optimizer keeps beside the weights: Adam's two moments, momentum's

@@ -14,6 +14,7 @@ import tensorflow as tf
 from loops.core import reporting
 from loops.definition.run_context import RunContext
 from loops.model_dir.checkpoints import Checkpointer
+from loops.tables import embedding_tables
 from loops.vocabulary.choices import METRIC_MODES
 from loops.vocabulary.whole_numbers import is_whole
 
@@ -356,10 +357,12 @@ class ExportOnEnd(Action):
         self.description = description
 
     def after_train(self, run: RunContext) -> None:
-        if not run.is_chief:
-            return
-        with run.averaged_weights():  # the moving average, when the run keeps one
-            path = self.export(run.definition)
+        # Tables split over several workers are gathered whole on each (every worker joins).
+        with embedding_tables.held_whole(run.definition.checkpoint_items()):
+            if not run.is_chief:
+                return
+            with run.averaged_weights():  # the moving average, when the run keeps one
+                path = self.export(run.definition)
         detail = f" ({self.description})" if self.description else ""
         run.progress.line(f"exported SavedModel to {path}{detail}")
 

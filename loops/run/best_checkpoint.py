@@ -13,6 +13,7 @@ import tensorflow as tf
 from loops.core import reporting
 from loops.definition.run_context import RunContext
 from loops.run.actions import Action
+from loops.tables import embedding_tables
 
 BEST_FILE = "best.json"
 
@@ -26,7 +27,8 @@ class RestoreBestOnEnd(Action):
     the export serves the best model. Only the trained state is restored (the definition's
     items, its weight averages and update states), not the step: the run's own checkpoints
     keep its last step, and a longer rerun goes on from there. The chief alone restores and
-    tests (the export is the chief's); results.json gains:
+    tests (the export is the chief's), but where tables are split over several workers
+    every worker restores its own rows and gathers the whole tables; results.json gains:
 
         "best_step": the step of the best checkpoint (the last step without one),
         "validation": the evaluation figures at that step (its entry of "history"),
@@ -47,17 +49,29 @@ class RestoreBestOnEnd(Action):
         self.directory = directory
 
     def after_train(self, run: RunContext) -> None:
-        if not run.is_chief or run.model_dir is None:
+        items = run.definition.checkpoint_items()
+        # Tables split over several workers: every worker restores its own rows and joins
+        # the gather that gives the chief's test (and the export after) the whole tables.
+        every_worker = bool(embedding_tables.split_over_workers(items))
+        if not (run.is_chief or every_worker) or run.model_dir is None:
             return
         best = _best_record(self.directory or os.path.join(run.model_dir, "best"))
         step = run.state.step
         if best is not None and int(best["step"]) != step:
             restore_trained_state(run, best["checkpoint"])
             step = int(best["step"])
-            run.progress.line(
-                f"restored the best checkpoint (step {step}, {best['metric']} "
-                f"{float(best['value']):.6g}) for the export and the test"
-            )
+            if run.is_chief:
+                run.progress.line(
+                    f"restored the best checkpoint (step {step}, {best['metric']} "
+                    f"{float(best['value']):.6g}) for the export and the test"
+                )
+        with embedding_tables.held_whole(items):
+            if run.is_chief:
+                self._test(run, step)
+
+    def _test(self, run: RunContext, step: int) -> None:
+        """Tests the model (holding the best weights) and adds the figures to results.json."""
+        assert run.model_dir is not None
         with run.averaged_weights():
             test = dict(self.test(run.definition))
         run.progress.line(

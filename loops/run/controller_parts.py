@@ -21,6 +21,7 @@ from loops.run.faults.bad_steps import BadStepPolicy
 from loops.run.input_sources import EvalInput, RunInputs
 from loops.run.reporter import RunReport
 from loops.run.train_input import TrainInput
+from loops.tables import embedding_tables
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,17 @@ def _reporter(
         summaries=reporting.Summaries(summaries),
         throughput_unit=definition.throughput_unit,
         state=state,
-        # results.json holds how the executor ran the steps (h-psexact).
-        extras=(definition.results_extra, executor.results_extra),
+        # results.json holds how the executor ran the steps (h-psexact), and where each
+        # loops.EmbeddingTable lives (issue 53).
+        extras=(definition.results_extra, executor.results_extra, lambda: _tables(definition)),
     )
+
+
+def _tables(definition: Definition) -> dict[str, Any]:
+    """results.json's `tables`: where each built EmbeddingTable of the definition lives;
+    nothing for a definition without one."""
+    placements = embedding_tables.table_placements(definition.checkpoint_items())
+    return {"tables": placements} if placements else {}
 
 
 def _checkpoint_keeper(

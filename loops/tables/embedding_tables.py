@@ -32,8 +32,9 @@ process, N replicas and M servers start equal bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import keras
 import tensorflow as tf
@@ -145,13 +146,17 @@ class EmbeddingTable(keras.layers.Layer):
                 first_block=self._placement.first_table_block,
                 strategy=self._placement.strategy,
             )
-        return tf.Variable(
+        arguments = dict(
             initial_value=initial_value,
             shape=(self.rows, width),
             dtype=tf.float32,
             trainable=trainable,
             name=name,
         )
+        device = self._placement.whole_table_device
+        if device is not None:
+            return tf_private.variable_on_device(device, **arguments)
+        return tf.Variable(**arguments)
 
     def _initial_rows(self, partition_shape=None, partition_offset=None) -> tf.Tensor:
         shape = partition_shape if partition_shape is not None else (self.rows, self.dim)
@@ -188,6 +193,23 @@ class EmbeddingTable(keras.layers.Layer):
         """Whether each replica of the strategy holds one block of the rows and updates it
         alone (MirroredStrategy or MultiWorkerMirroredStrategy of several replicas)."""
         return self._placement.tables_split_over_replicas
+
+    def where(self) -> dict:
+        """Where the built table lives, for results.json: its name, rows, width, optimizer,
+        how its rows are split ("replicas", "servers" or "whole") and each block's (first,
+        one-past-last) row."""
+        if self._placement.tables_split_over_replicas:
+            split = "replicas"
+        else:
+            split = "servers" if len(self.shards) > 1 else "whole"
+        return {
+            "name": self.name,
+            "rows": self.rows,
+            "dim": self.dim,
+            "optimizer": type(self.optimizer).__name__,
+            "split": split,
+            "blocks": [list(block) for block in self._placement.table_row_blocks(self.rows)],
+        }
 
     @property
     def slot_names(self) -> tuple[str, ...]:
@@ -318,6 +340,53 @@ def tables_in(model: keras.Layer) -> list[EmbeddingTable]:
     """Every trainable `EmbeddingTable` in `model` (nested models and layers included)."""
     layers = keras_private.nested_layers(model, include_self=True)
     return [layer for layer in layers if isinstance(layer, EmbeddingTable) and layer.trainable]
+
+
+@contextlib.contextmanager
+def held_whole(items: object) -> Iterator[None]:
+    """Inside, each table split over several workers (of the Keras models among `items`, a
+    definition's checkpoint items) holds all its rows, and each of its slots, in one variable
+    of this process, gathered from every worker: what a test or an export that reads the model
+    outside `strategy.run` needs. Every worker must enter it (a gather a variable); other
+    tables are left as they are."""
+    # The table and its slots alike: a SavedModel saves every variable a layer holds.
+    held = [
+        (table, name, getattr(table, name))
+        for table in split_over_workers(items)
+        for name in ("embeddings", *table.slot_names)
+    ]
+    for table, name, blocks in held:
+        whole = tf_private.variable_on_device(
+            blocks.device, initial_value=blocks.whole(), trainable=False, name=name
+        )
+        setattr(table, name, whole)
+    try:
+        yield
+    finally:
+        for table, name, blocks in held:
+            setattr(table, name, blocks)
+
+
+def table_placements(items: object) -> list[dict]:
+    """`EmbeddingTable.where` of each built table of the Keras models among `items` (a
+    definition's checkpoint items), for results.json."""
+    return [table.where() for table in _built_tables(items)]
+
+
+def split_over_workers(items: object) -> list[EmbeddingTable]:
+    """The built tables of the Keras models among `items` (a definition's checkpoint items)
+    whose rows are split over several workers, each holding only its own."""
+    return [
+        table
+        for table in _built_tables(items)
+        if isinstance(table.embeddings, worker_blocks.WorkerBlocks)
+    ]
+
+
+def _built_tables(items: object) -> list[EmbeddingTable]:
+    values = items.values() if isinstance(items, dict) else ()
+    models = [model for model in values if isinstance(model, keras.Model)]
+    return [table for model in models for table in tables_in(model) if table.built]
 
 
 # The initial values are made in a function, not op by op, whose temporaries stay inside it:
