@@ -404,7 +404,10 @@ def test_the_binary_keeps_the_best_auc_and_exports_the_live_models_probabilities
     )
     assert not os.path.exists(tmp_path / "no")
     model_dir = tmp_path / "run"
-    flags = ["--generated_rows=4000", "--train_steps=300", "--eval_every=100", "--model=dlrm"]
+    # 150 steps (13 epochs): by 300 the dense layers overfit the 2,880 rows, and how far
+    # depended on the CPU's kernels (test AUC 0.754 on an AVX2 machine, 0.729 on an
+    # AVX-512 one, log loss 0.96); at 150 the AVX-512 one gives 0.7535 (oneDNN on and off).
+    flags = ["--generated_rows=4000", "--train_steps=150", "--eval_every=50", "--model=dlrm"]
     # The tables by row-wise Adagrad of their own, the dense layers by Adam.
     flags += ["--table_optimizer=rowwise_adagrad", "--table_learning_rate=0.1"]
     done = run_module("loops.bin.ctr", f"--model_dir={model_dir}", *flags)
@@ -423,13 +426,13 @@ def test_the_binary_keeps_the_best_auc_and_exports_the_live_models_probabilities
     data = results["data"]
     assert (data["train_rows"], data["validation_rows"], data["test_rows"]) == (2880, 320, 800)
     assert results["config"]["keep_best_metric"] == "auc" and results["best_step"] in (
+        50,
         100,
-        200,
-        300,
+        150,
     )
     test = results["test"]
     assert test["planted_auc"] == pytest.approx(data["planted_test_auc"])
-    # 2,880 training rows of 8 columns of 100 values: 0.754 measured, the truth's 0.835.
+    # 2,880 training rows of 8 columns of 100 values: 0.7535 measured, the truth's 0.835.
     assert test["auc"] > 0.72 and test["auc"] > test["planted_auc"] - 0.1, test
     assert 0.8 < test["calibration"] < 1.25 and test["log_loss"] < 0.62, test
     # The live model (the best checkpoint's weights) and the export, on the test rows.
