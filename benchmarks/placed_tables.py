@@ -41,6 +41,7 @@ def parse_args(argv=None):
         "memory_steps": dict(type=int, default=3, help="steps before memory is read"),
         "dim": dict(type=int, default=32, help="width of the speed tables"),
         "case": dict(help="(internal) MODE,REPLICAS: measure one memory case"),
+        "speed_case": dict(help="(internal) REPLICAS,ROWS: time one speed case"),
     }
     return embedding_tables.table_arguments(
         argv,
@@ -64,7 +65,8 @@ def make_model(mode: str, rows: int, dim: int):
     else:
         table = keras.layers.Embedding(rows, dim, name="table")
     vectors = table(ids)
-    return keras.Model(ids, keras.layers.Dense(1)(keras.ops.mean(vectors, axis=1)))
+    head = keras.layers.Dense(1, name="head")
+    return keras.Model(ids, head(keras.ops.mean(vectors, axis=1)))
 
 
 def make_step(strategy, mode: str, rows: int, dim: int, global_batch_size: int):
@@ -82,8 +84,13 @@ def make_step(strategy, mode: str, rows: int, dim: int, global_batch_size: int):
             global_step=tf.Variable(0, dtype=tf.int64, trainable=False),
             nonfinite=loops.NonFiniteUpdates(strategy, skips=False),
         )
-        tables = None if mode == "placed" else keras.optimizers.Adagrad(RATE)
-        update = loops.Update(context, keras.optimizers.SGD(RATE), model, table_optimizer=tables)
+        tables = None
+        if mode == "replicated":
+            tables = keras.optimizers.Adagrad(RATE)
+            tables.build([model.get_layer("table").embeddings])
+        dense = keras.optimizers.SGD(RATE)
+        dense.build(model.get_layer("head").trainable_variables)
+        update = loops.Update(context, dense, model, table_optimizer=tables)
 
     def replica_loss(ids, targets):
         count = loops.global_count(tf.shape(targets)[0])
@@ -119,11 +126,14 @@ def memory(args) -> list[dict]:
     cases = []
     for mode in MODES:
         for replicas in MEMORY_REPLICAS:
-            command = [sys.executable, "-m", "benchmarks.placed_tables", f"--case={mode},{replicas}"]
-            command += [f"--memory_rows={args.memory_rows}", f"--memory_dim={args.memory_dim}"]
-            command += [f"--global_batch_size={args.global_batch_size}"]
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
-            case = json.loads(done.stdout.strip().splitlines()[-1])
+            case = _in_own_process(
+                [
+                    f"--case={mode},{replicas}",
+                    f"--memory_rows={args.memory_rows}",
+                    f"--memory_dim={args.memory_dim}",
+                    f"--global_batch_size={args.global_batch_size}",
+                ]
+            )
             case["grown_mb"] = (case["after"] - case["before"]) / 2**20
             cases.append(case)
             print(f"memory {mode} on {replicas}: +{case['grown_mb']:,.0f} MB", flush=True)
@@ -143,40 +153,56 @@ def exchanged_bytes(mode: str, replicas: int, global_batch_size: int, dim: int) 
     return ids + 2 * rows if mode == "placed" else ids + rows
 
 
-def speed(args) -> list[dict]:
+def speed_case(args) -> dict:
+    """In this process: both modes' steps on `--speed_case`'s replicas and rows, timed."""
     import loops
 
+    replicas, table_rows = (int(part) for part in args.speed_case.split(","))
+    loops.configure_logical_cpus(replicas)
+    strategy = loops.testing.replica_strategy(replicas)
+    steppers = {
+        mode: make_step(strategy, mode, table_rows, args.dim, args.global_batch_size)
+        for mode in MODES
+    }
+    for step in steppers.values():
+        step()  # trace
+        step()
+    measured = embedding_tables.steps_per_second(steppers, args.steps, args.rounds)
+    rates = {mode: measured[mode][0] for mode in MODES}
+    return {
+        "rows": table_rows,
+        "dim": args.dim,
+        "replicas": replicas,
+        **{f"{mode}_steps_per_second": rates[mode] for mode in MODES},
+        **{f"{mode}_cpu_ms_per_step": measured[mode][1] for mode in MODES},
+        "placed_over_replicated": rates["placed"] / rates["replicated"],
+        **{
+            f"{mode}_bytes_exchanged": exchanged_bytes(
+                mode, replicas, args.global_batch_size, args.dim
+            )
+            for mode in MODES
+        },
+    }
+
+
+def speed(args) -> list[dict]:
+    """Each (replicas, rows) in a process of its own (`speed_case`): one case's tables are
+    gone before the next one's are made."""
     rows = []
     for replicas in args.replicas:
-        strategy = loops.testing.replica_strategy(replicas)
         for table_rows in args.rows:
-            steppers = {
-                mode: make_step(strategy, mode, table_rows, args.dim, args.global_batch_size)
-                for mode in MODES
-            }
-            for step in steppers.values():
-                step()  # trace
-                step()
-            measured = embedding_tables.steps_per_second(steppers, args.steps, args.rounds)
-            rates = {mode: measured[mode][0] for mode in MODES}
-            rows.append(
-                {
-                    "rows": table_rows,
-                    "dim": args.dim,
-                    "replicas": replicas,
-                    **{f"{mode}_steps_per_second": rates[mode] for mode in MODES},
-                    **{f"{mode}_cpu_ms_per_step": measured[mode][1] for mode in MODES},
-                    "placed_over_replicated": rates["placed"] / rates["replicated"],
-                    **{
-                        f"{mode}_bytes_exchanged": exchanged_bytes(
-                            mode, replicas, args.global_batch_size, args.dim
-                        )
-                        for mode in MODES
-                    },
-                }
-            )
+            case = [f"--speed_case={replicas},{table_rows}", f"--dim={args.dim}"]
+            case += [f"--steps={args.steps}", f"--rounds={args.rounds}"]
+            rows.append(_in_own_process([*case, f"--global_batch_size={args.global_batch_size}"]))
             print(format_speed(rows[-1:]).splitlines()[-1], flush=True)
     return rows
+
+
+def _in_own_process(arguments: list[str]) -> dict:
+    """What this module prints last, run as `python -m benchmarks.placed_tables ARGUMENTS`."""
+    command = [sys.executable, "-m", "benchmarks.placed_tables", *arguments]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure(args) -> dict:
@@ -213,8 +239,8 @@ def format_table(results: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.case:
-        print(json.dumps(memory_case(args)), flush=True)
+    if args.case or args.speed_case:
+        print(json.dumps(memory_case(args) if args.case else speed_case(args)), flush=True)
         return 0
     return report.run(argv, parse_args, measure, format_table)
 

@@ -309,3 +309,31 @@ def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_one_process_as_one_r
     np.testing.assert_allclose(whole(alone.embeddings), want_table, rtol=0, atol=1e-5)
     np.testing.assert_allclose(whole(alone.accumulator), want_slot, rtol=0, atol=1e-5)
     np.testing.assert_array_equal(whole(alone.embeddings)[UNTOUCHED], initial[UNTOUCHED])
+
+
+def test_a_large_tables_lookup_count_is_derived_from_the_marked_global_batch():
+    from loops.tables import table_rows
+
+    def traced_capacity(rows):
+        found = []
+        ids = tf.TensorSpec([None, 3], tf.int32)
+        tf.function(
+            lambda ids: found.append(table_blocks.lookup_capacity("items", rows, ids)) or ids
+        ).get_concrete_function(ids)
+        return found[0]
+
+    strategy = tf.distribute.get_strategy()
+    table_rows.set_global_batch_size(strategy, 8)
+    try:
+        assert table_rows.examples_per_replica(strategy) == 8
+        assert traced_capacity(100_000) == 24  # 8 examples a step, 3 ids each
+        assert traced_capacity(20) == 20  # at most the table
+        assert table_blocks.lookup_capacity("items", 100_000, tf.zeros([4, 3], tf.int32)) == 12
+    finally:
+        table_rows.set_global_batch_size(strategy, None)
+    assert table_rows.examples_per_replica(strategy) is None
+    # Of a batch: the most values an example holds in an integer or string tensor.
+    batch = (tf.zeros([4, 3], tf.int32), tf.zeros([4, 5]), tf.zeros([4], tf.string))
+    assert table_rows.ids_per_example(batch) == 3
+    assert table_rows.ids_per_example((tf.zeros([4, 2, 2], tf.int64),)) == 4
+    assert table_rows.ids_per_example((tf.zeros([4, 5]),)) is None  # no ids

@@ -96,7 +96,7 @@ def test_every_setting_is_either_read_by_the_trainer_or_says_where_it_goes():
         assert setting.loop != bool(setting.elsewhere), setting.name
     read = {setting.name for setting in settings.SETTINGS if setting.loop}
     assert set(trainer_arguments.KEYWORDS) == read
-    assert len(read) == 28 and len(settings.SETTINGS) - len(read) == 19
+    assert len(read) == 29 and len(settings.SETTINGS) - len(read) == 18
 
 
 def test_early_stopping_and_keeping_the_best_are_the_trainers_actions_first(tmp_path):

@@ -74,6 +74,8 @@ class TableGradients:
         self.table_optimizer = optimizer if table_optimizer is None else table_optimizer
         self.averaged = averaged
         self.max_lookups = max_lookups
+        # The lookups a replica's batch bounds, set by the Update as it traces a step.
+        self.derived_lookups: int | None = None
         # Whether the tables' gradients stay sparse (their optimizer has a row update).
         self.sparse = row_updates.why_dense(self.table_optimizer) is None
         self.indices: frozenset[int] = frozenset()  # of the tables among the variables, once traced
@@ -113,7 +115,9 @@ class TableGradients:
                 prepared.append(gradient)
             elif reason is None:
                 self._check_not_averaged(variable)
-                capacity = table_rows.capacity(gradient, variable.shape[0], self.max_lookups)
+                capacity = table_rows.capacity(
+                    gradient, variable.shape[0], self.max_lookups, self.derived_lookups
+                )
                 rows = table_rows.unique_rows(gradient)
                 prepared.append(table_rows.rows_over_replicas(rows, capacity))
             else:

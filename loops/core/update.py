@@ -34,6 +34,7 @@ from loops.core.replica_gradients import ReplicaGradients, ReplicaLoss
 from loops.core.table_updates import update_tables
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
+from loops.tables import table_rows
 
 
 class UpdateResult(NamedTuple):
@@ -363,6 +364,11 @@ class Update:
         return health.empty_totals(self.variables(), clipped=self.clip_norm is not None)
 
     def _replica_gradients(self, replica_loss: ReplicaLoss, *args):
+        # The most ids a replica looks up in a table, for a batch of no static size: the
+        # Trainer's global batch size's share times the most ids an example of it holds.
+        self.tables.derived_lookups = table_rows.derived_lookups(
+            self.context.strategy, table_rows.ids_per_example(args)
+        )
         return self._checked(*self.gradients(replica_loss, args))
 
     def _checked(self, loss, logs, gradients):

@@ -27,6 +27,7 @@ from loops.run.execution import loop_execution
 from loops.run.faults import failed_frames, loss_spikes
 from loops.run.input_sources import RunInputs
 from loops.run.parameter_servers import exact_parameter_server
+from loops.tables import table_rows
 from loops.vocabulary.errors import ClusterTaskLostError
 from loops.vocabulary.run_config_tree import RunConfig
 
@@ -113,6 +114,9 @@ class Trainer:
             actions=actions,
             record=record,
         )
+        # What a table's lookups on several replicas are sized by, for batches of no
+        # static size (the Updates and the tables read it from the strategy).
+        table_rows.set_global_batch_size(self.strategy, self.step_options.global_batch_size)
         self.coordinator = loop_execution.coordinator(self.placement)
         self.train_data, self.eval_data = train_data, eval_data
         self.step_context = context = self._build_definition()

@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from loops import tf_private
+from loops.tables import table_rows as table_rows_lib
 from loops.tables import worker_blocks
 from loops.tables.table_rows import SMALL_TABLE_ROWS
 
@@ -139,15 +140,22 @@ def _replica_context(table_name: str) -> tf.distribute.ReplicaContext:
 def lookup_capacity(table_name: str, table_rows: int, rows: tf.Tensor) -> int:
     """The most distinct ids one replica sends in a lookup, the same on every replica and
     known when traced: the table's rows for a table of `SMALL_TABLE_ROWS` rows or fewer
-    (as `loops.Update` gathers a replicated table's rows), else the replica's ids, whose
-    count must then be static (and the same on every replica, as a dataset's batches are).
+    (as `loops.Update` gathers a replicated table's rows), else the replica's ids: their
+    count where it is static (and the same on every replica, as a dataset's batches are),
+    else the share of the global batch size a Trainer marked the strategy with
+    (`table_rows.examples_per_replica`) times the ids an example holds here.
 
     Raises:
-        ValueError: a larger table and a count that is not static.
+        ValueError: a larger table and a count neither static nor derived.
     """
     if table_rows <= SMALL_TABLE_ROWS:
         return table_rows
     lookups = rows.shape.num_elements()
+    if lookups is None and rows.shape.rank:
+        # The Trainer's global batch size's share times the ids an example holds here.
+        lookups = table_rows_lib.derived_lookups(
+            tf.distribute.get_strategy(), rows.shape[1:].num_elements()
+        )
     if lookups is not None:
         return max(min(int(lookups), table_rows), 1)
     raise ValueError(
@@ -155,7 +163,9 @@ def lookup_capacity(table_name: str, table_rows: int, rows: tf.Tensor) -> int:
         "exchanges a step's ids between them in a shape fixed when the step is traced (a "
         "loop of steps keeps one), and the number of ids a replica looks up here is not "
         f"static (shape {rows.shape}): give the step batches of one size (batch with "
-        "drop_remainder=True), or split the table over parameter servers."
+        "drop_remainder=True), or the Trainer global_batch_size= (the most examples a "
+        "step's batch holds, from which the count is derived), or split the table over "
+        "parameter servers."
     )
 
 

@@ -39,12 +39,64 @@ def unique_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
 SMALL_TABLE_ROWS = 65_536
 
 
-def capacity(slices: tf.IndexedSlices, table_rows: int, max_lookups: int | None) -> int | None:
+# Where a Trainer marks its strategy with the run's global batch size (`set_global_batch_size`).
+_GLOBAL_BATCH_MARK = "_loops_global_batch_size"
+
+
+def set_global_batch_size(strategy: tf.distribute.Strategy, size: int | None) -> None:
+    """Marks `strategy` with the most examples a step's batch holds over all replicas (None:
+    not known), from which the lookups of a step are bounded (`examples_per_replica`)."""
+    setattr(strategy, _GLOBAL_BATCH_MARK, size)
+
+
+def examples_per_replica(strategy: tf.distribute.Strategy) -> int | None:
+    """The most examples one replica's share of a step holds: the marked global batch size
+    over the replicas, rounded up (a partial batch splits unevenly); None where not marked."""
+    size = getattr(strategy, _GLOBAL_BATCH_MARK, None)
+    if size is None:
+        return None
+    return -(-int(size) // strategy.num_replicas_in_sync)
+
+
+def ids_per_example(tensors: object) -> int | None:
+    """The most values one example holds in any integer or string tensor of `tensors` (a
+    step's batch, examples first): a bound on the ids an example looks up in a table, for
+    ids read from the batch as they are. None: a tensor whose example size is not static."""
+    most = 0
+    for tensor in tf.nest.flatten(tensors):
+        dtype = getattr(tensor, "dtype", None)
+        if dtype is None or not (dtype.is_integer or dtype == tf.string):
+            continue
+        size = tensor.shape[1:].num_elements() if tensor.shape.rank else 1
+        if size is None:
+            return None
+        most = max(most, size)
+    return most or None
+
+
+def derived_lookups(strategy: tf.distribute.Strategy, ids_each: int | None) -> int | None:
+    """The most ids one replica looks up in a table in a step, from the marked global batch
+    and `ids_each` example; None where either is not known."""
+    examples = examples_per_replica(strategy)
+    if examples is None or ids_each is None:
+        return None
+    return examples * ids_each
+
+
+def capacity(
+    slices: tf.IndexedSlices,
+    table_rows: int,
+    max_lookups: int | None,
+    derived: int | None = None,
+) -> int | None:
     """The most unique rows one replica's gradient of a table can hold, known when traced:
-    its lookups if their count is static, else `max_lookups`, at most the table's rows
-    (all of them for a table of `SMALL_TABLE_ROWS` rows or fewer); None: not known."""
+    its lookups if their count is static, else `max_lookups`, else `derived` (the marked
+    global batch's share times the ids an example holds, `derived_lookups`), at most the
+    table's rows (all of them for a table of `SMALL_TABLE_ROWS` rows or fewer); None: not
+    known."""
     lookups = slices.indices.shape[0]
     bound = lookups if lookups is not None else max_lookups
+    bound = bound if bound is not None else derived
     if bound is None:
         return table_rows if table_rows <= SMALL_TABLE_ROWS else None
     return min(int(bound), table_rows)
@@ -77,16 +129,19 @@ def rows_over_replicas(slices: tf.IndexedSlices, capacity: int | None) -> tf.Ind
             "loops.Update gathers an embedding table's rows across replicas in a shape "
             "fixed when the step is traced, and neither the number of ids a replica looks "
             "up in a step is static nor was max_table_lookups given, and the table has "
-            f"more than {SMALL_TABLE_ROWS} rows. Pass loops.Update(..., "
-            "max_table_lookups=N), N the most ids one replica looks up in one table in "
-            "one step (its examples times ids each)."
+            f"more than {SMALL_TABLE_ROWS} rows. Give the Trainer global_batch_size= (the "
+            "most examples a step's batch holds), from which the count is derived for ids "
+            "read from the batch, or pass loops.Update(..., max_table_lookups=N), N the "
+            "most ids one replica looks up in one table in one step (its examples times "
+            "ids each)."
         )
     count = tf.shape(slices.indices)[0]
     check = tf.debugging.assert_less_equal(
         count,
         capacity,
-        f"loops.Update was given max_table_lookups={capacity} (or the table's rows), and "
-        "a replica looked up more ids in one step; pass the most ids one replica looks "
+        f"loops.Update was given max_table_lookups={capacity} (or the table's rows, or the "
+        "global batch size's share times the ids an example holds), and a replica looked "
+        "up more ids in one step; pass max_table_lookups=N, the most ids one replica looks "
         "up in one table in one step",
     )
     with tf.control_dependencies([check]):

@@ -123,7 +123,11 @@ class RunSettings(ConfigSection):
     """Total training steps (a resumed run trains up to this step)."""
 
     global_batch_size: int | None = None
-    """Examples per step over all replicas."""
+    """Examples per step over all replicas (the binaries batch their data by it). A Trainer,
+    which takes the global batches of train_data= and eval_data= as they come, reads it as
+    the most examples a step's batch holds: a table's lookups on several replicas are sized
+    by its share of it for batches of no static size.
+    """
 
     steps_per_loop: int = 100
     """Steps per inner loop: a progress line and summaries each; one tf.function call runs one

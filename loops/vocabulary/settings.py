@@ -333,15 +333,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "global_batch_size",
         "training",
-        "Examples per step over all replicas.",
+        "Examples per step over all replicas (the binaries batch their data by it). A "
+        "Trainer, which takes the global batches of train_data= and eval_data= as they "
+        "come, reads it as the most examples a step's batch holds: a table's lookups on "
+        "several replicas are sized by its share of it for batches of no static size.",
         "integer",
         section="run",
-        elsewhere=(
-            "the binaries batch their data by it; a Trainer takes the global batches of "
-            "train_data= and eval_data= as they come, and its resume check reads the "
-            "global_batch_size given in record="
-        ),
         lower_bound=1,
+        loop=True,
     ),
     Setting(
         "steps_per_loop",
