@@ -357,3 +357,32 @@ def test_tiny_ctr_throughput_benchmark_trains_both_modes_to_the_same_losses(tmp_
     # 1 and 2 replicas take the same steps on the same global batch.
     assert rows[2]["loops_last_loss"] == pytest.approx(rows[1]["loops_last_loss"], rel=1e-5)
     assert "loops/plain" in done.stdout
+
+
+def test_tiny_placed_tables_benchmark_holds_one_copy_of_the_table_on_four_replicas(tmp_path):
+    # 1M x 64 float32 with its accumulator: 488 MiB a copy.
+    done, report = run_benchmark(
+        "placed_tables",
+        tmp_path,
+        "--memory_rows=1000000",
+        "--rows=20000",
+        "--replicas=2",
+        "--steps=2",
+        "--rounds=1",
+        "--global_batch_size=64",
+    )
+    grown = {
+        (case["mode"], case["replicas"]): case["grown_mb"] for case in report["rows"]["memory"]
+    }
+    copy = 2 * 4 * 1_000_000 * 64 / 2**20
+    # A replicated table grows the process by a copy a replica; a placed one by one copy in
+    # all (4 replicas' traced functions and collectives cost about 190 MiB more than 1's).
+    assert grown[("replicated", 4)] - grown[("replicated", 1)] > 2.5 * copy, grown
+    assert grown[("placed", 4)] - grown[("placed", 1)] < 0.75 * copy, grown
+    (speed,) = report["rows"]["speed"]
+    assert (speed["rows"], speed["replicas"]) == (20_000, 2)
+    assert speed["placed_steps_per_second"] > 0 and speed["replicated_steps_per_second"] > 0
+    # 32 ids a replica (32 examples, 2 ids each), 32 floats each: ids, then rows once or twice.
+    assert speed["replicated_bytes_exchanged"] == 8 * 2 * 64 + 4 * 2 * 64 * 32
+    assert speed["placed_bytes_exchanged"] == 8 * 2 * 64 + 2 * 4 * 2 * 64 * 32
+    assert "placed/replicated" in done.stdout

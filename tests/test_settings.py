@@ -75,6 +75,7 @@ OWN_SETTINGS = {
         *data_settings.INTERACTIONS,
         *model_settings.RECOMMENDER,
         *training_settings.OPTIMIZER,
+        *training_settings.TABLE_OPTIMIZER,
     ),
     "ctr": (
         *data_settings.CTR_DATA,
