@@ -5,7 +5,7 @@
 Under MultiWorkerMirroredStrategy (one replica a worker), makes test_placed_tables'
 Adagrad table split over the 2 replicas, so each worker holds one block;
 restores CHECKPOINT (saved by 4 replicas after the first step of STEPS_OF_4),
-trains the second step dealt to 2 replicas, and saves OUT_DIR/table (every
+trains the second step dealt to 2 replicas, and saves OUT_DIR/table-1 (every
 worker saves: the chief there, the other into OUT_DIR/worker_1). Each worker
 writes OUT_DIR/<task>.npz: the table and its slot read whole (a gather every
 worker runs) as made and after the step, its own block, that block's rows and
@@ -39,7 +39,7 @@ def main(out_dir, checkpoint):
     ((looked_up,),) = case.trained(strategy, table, case.steps_of(2)[1:2])
     is_chief = topology.is_chief(strategy)
     saved_to = out_dir if is_chief else os.path.join(out_dir, topology.task_name(strategy))
-    tf.train.Checkpoint(table=table).write(os.path.join(saved_to, "table"))
+    tf.train.Checkpoint(table=table).save(os.path.join(saved_to, "table"))
     (block,) = table.shards
     (bounds,) = table.embeddings.own_bounds
     np.savez(

@@ -264,10 +264,14 @@ def test_a_split_lookup_sends_a_fixed_count_of_ids_and_a_large_table_needs_it_st
         traced.get_concrete_function(tf.TensorSpec([None, 3], tf.int32))
 
 
-def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_one_process_as_one_run(tmp_path):
-    """The reshard chain: step 1 on 4 mirrored replicas, step 2 on 2 workers (one block
-    each, restored from the first's checkpoint), step 3 on one process (restored from the
-    workers'), equal to the float64 reference of the three steps."""
+def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_3_servers_to_one_process(tmp_path):
+    """The reshard chain: step 1 on 4 mirrored replicas, step 2 on 2 workers (one block each,
+    restored from the first's checkpoint), step 3 on 3 parameter servers (restored from the
+    workers'), then restored into one process: each continuation equal to the float64
+    reference of one uninterrupted run."""
+    import sharded_table_tasks
+    from test_sharded_tables import run_tasks
+
     from conftest import ROOT, SUBPROCESS_ENV
 
     strategy, table = made_table(4)
@@ -287,7 +291,9 @@ def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_one_process_as_one_r
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    want_table, want_slot, tables = reference(initial, slot, "adagrad", STEPS_OF_4)
+    (more,) = sharded_table_tasks.MORE_STEPS  # the servers' step: the same loss, other ids
+    run = (*STEPS_OF_4[:2], (more,))
+    _, _, tables = reference(initial, slot, "adagrad", run)
     for index, (first, last) in enumerate([(0, 6), (6, 11)]):
         worker = np.load(tmp_path / f"worker_{index}.npz")
         # Made on the workers, the table starts as on one process, bit for bit.
@@ -301,14 +307,22 @@ def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_one_process_as_one_r
         # Its replica's lookups of the second step read the first step's table.
         ids = steps_of(2)[1][index]
         np.testing.assert_allclose(worker["looked_up"], tables[1][ids], rtol=0, atol=1e-6)
-    strategy, alone = made_table(1, seed=99)  # other initial values, overwritten
-    tf.train.Checkpoint(table=alone).read(str(tmp_path / "table")).assert_consumed()
-    np.testing.assert_array_equal(whole(alone.embeddings), worker["table"])
-    np.testing.assert_array_equal(whole(alone.accumulator), worker["slot"])
-    trained(strategy, alone, steps_of(1)[2:])
-    np.testing.assert_allclose(whole(alone.embeddings), want_table, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(whole(alone.accumulator), want_slot, rtol=0, atol=1e-5)
-    np.testing.assert_array_equal(whole(alone.embeddings)[UNTOUCHED], initial[UNTOUCHED])
+    np.testing.assert_allclose(worker["table"], tables[2], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(worker["table"][UNTOUCHED], initial[UNTOUCHED])
+
+    servers, servers_dir = run_tasks(tmp_path, "servers", "continue", tmp_path, num_ps=3)
+    assert servers["shard_rows"].tolist() == [4, 4, 3]
+    np.testing.assert_array_equal(servers["restored_table"], worker["table"])
+    np.testing.assert_array_equal(servers["restored_accumulator"], worker["slot"])
+    want_table, want_slot, _ = reference(initial, slot, "adagrad", run)
+    np.testing.assert_allclose(servers["table"], want_table, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(servers["accumulator"], want_slot, rtol=0, atol=1e-5)
+
+    _, alone = made_table(1, seed=99)  # other initial values, overwritten
+    latest = tf.train.latest_checkpoint(servers_dir)
+    tf.train.Checkpoint(table=alone).restore(latest).assert_consumed()
+    np.testing.assert_array_equal(whole(alone.embeddings), servers["table"])
+    np.testing.assert_array_equal(whole(alone.accumulator), servers["accumulator"])
 
 
 def test_a_large_tables_lookup_count_is_derived_from_the_marked_global_batch():
