@@ -482,10 +482,18 @@ def make_trainer(definition_class, /, *args, **arguments):
     """`loops.Trainer(definition_class(*args, ...), ...)`, the keyword arguments split between
     the definition and the Trainer by the Trainer's arguments and settings (for tests'
     factories that take both)."""
+    import inspect
+
     from loops.definition.removed_api import TRAINER_KEYWORDS
 
+    # A keyword both take (global_batch_size: a retrieval loss's and the Trainer's) goes to both.
+    takes = inspect.signature(definition_class).parameters
     run = {name: value for name, value in arguments.items() if name in TRAINER_KEYWORDS}
-    own = {name: value for name, value in arguments.items() if name not in TRAINER_KEYWORDS}
+    own = {
+        name: value
+        for name, value in arguments.items()
+        if name not in TRAINER_KEYWORDS or name in takes
+    }
     return loops.Trainer(definition_class(*args, **own), **run)
 
 
