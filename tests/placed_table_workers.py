@@ -9,7 +9,8 @@ trains the second step dealt to 2 replicas, and saves OUT_DIR/table-1 (every
 worker saves: the chief there, the other into OUT_DIR/worker_1). Each worker
 writes OUT_DIR/<task>.npz: the table and its slot read whole (a gather every
 worker runs) as made and after the step, its own block, that block's rows and
-device, the sizes of the variables it holds, and what its replica looked up.
+device, the sizes of the variables it holds, what its replica looked up, and an SGD
+and a row-wise Adagrad table trained on every step from their start.
 """
 
 import os
@@ -55,8 +56,26 @@ def main(out_dir, checkpoint):
             [int(np.prod(p.shape)) for p in [*table.shards, *table.slot_shards("accumulator")]]
         ),
         looked_up=looked_up,
+        **other_optimizers(strategy),
     )
     print("placed table restored, trained and saved", flush=True)
+
+
+def other_optimizers(strategy):
+    """SGD's and row-wise Adagrad's tables trained from their start on every step of
+    STEPS_OF_4 dealt to the 2 workers' replicas, read whole (with the slot, if any)."""
+    trained = {}
+    for name in ("sgd", "rowwise_adagrad"):
+        with strategy.scope():
+            table = loops.EmbeddingTable(
+                case.ROWS, case.DIM, case.OPTIMIZERS[name](), seed=7, name=name
+            )
+            table.build()
+        case.trained(strategy, table, case.steps_of(2))
+        trained[f"{name}_table"] = table.whole().numpy()
+        for slot in table.slot_names:
+            trained[f"{name}_{slot}"] = table.whole(slot).numpy()
+    return trained
 
 
 if __name__ == "__main__":

@@ -309,6 +309,15 @@ def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_3_servers_to_one_pro
         np.testing.assert_allclose(worker["looked_up"], tables[1][ids], rtol=0, atol=1e-6)
     np.testing.assert_allclose(worker["table"], tables[2], rtol=0, atol=1e-5)
     np.testing.assert_array_equal(worker["table"][UNTOUCHED], initial[UNTOUCHED])
+    # SGD and row-wise Adagrad on the 2 workers, every step: the float64 reference's.
+    for optimizer in ("sgd", "rowwise_adagrad"):
+        _, alone = made_table(1, optimizer)
+        start = whole(alone.accumulator) if optimizer != "sgd" else None
+        want_table, want_slot, _ = reference(whole(alone.embeddings), start, optimizer, STEPS_OF_4)
+        np.testing.assert_allclose(worker[f"{optimizer}_table"], want_table, rtol=0, atol=1e-5)
+        if start is not None:
+            got = worker[f"{optimizer}_accumulator"]
+            np.testing.assert_allclose(got, want_slot, rtol=0, atol=1e-5)
 
     servers, servers_dir = run_tasks(tmp_path, "servers", "continue", tmp_path, num_ps=3)
     assert servers["shard_rows"].tolist() == [4, 4, 3]
