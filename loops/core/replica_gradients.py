@@ -67,12 +67,15 @@ class ReplicaGradients:
             return self._loss_and_gradients(replica_loss, args)
         return self._accumulated(replica_loss, args)
 
-    def slice_function(self, replica_loss: ReplicaLoss) -> Callable[..., tuple]:
+    def slice_function(
+        self, replica_loss: ReplicaLoss, converted: Callable[[ReplicaLoss], ReplicaLoss]
+    ) -> Callable[..., tuple]:
         """The function `context.slice_gradients` runs on each slice, the same object for the
-        same `replica_loss` (so that it is traced once)."""
+        same `replica_loss` (so that it is traced once), which runs `converted(replica_loss)`
+        (its AutoGraph conversion, made once)."""
         if replica_loss not in self._slice_functions:
             self._slice_functions[replica_loss] = functools.partial(
-                self._slice_gradients, replica_loss
+                self._slice_gradients, converted(replica_loss)
             )
         return self._slice_functions[replica_loss]
 

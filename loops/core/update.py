@@ -254,7 +254,6 @@ class Update:
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
         check_slices_can_compute(context, options.grad_accum_steps)
-        self._applied_sums: Callable[..., UpdateResult] | None = None
         self.optimizer = optimizer
         self._trained = trained
         self.clip_norm = clip_norm
@@ -280,6 +279,8 @@ class Update:
             grad_accum_steps=self.grad_accum_steps,
         )
         self.average = _weight_average(context, self.variables()) if averaged else None
+        # One bound method for good: the traced function it is given keys its traces on it.
+        self._apply_summed = self._apply_sums
 
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
@@ -289,32 +290,29 @@ class Update:
 
     def __call__(self, replica_loss: ReplicaLoss, args: Sequence = ()) -> UpdateResult:
         """Runs `replica_loss(*args)` on every replica under a tape and applies the update."""
-        replica_loss = tf_private.converted_as_the_caller_is(replica_loss)
         if self.context.slice_gradients is None:
+            replica_loss = tf_private.converted_as_the_caller_is(replica_loss)
             return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
         # Computed on the parameter-server workers and summed, applied once here, on the
-        # chief, in one traced function (issue 44). A loss over the whole batch needs
-        # every row in one place: one slice, one worker.
-        loss, logs, gradients = self.context.slice_gradients(
-            self.gradients.slice_function(replica_loss),
+        # chief (issue 44), the sum and the apply traced as one function. A loss over the
+        # whole batch needs every row in one place: one slice, one worker. The slices'
+        # function is kept by the loss as given (its conversion, made once, is a new
+        # object each time: a new function the workers would trace again every step).
+        return self.context.slice_gradients(
+            self.gradients.slice_function(replica_loss, tf_private.converted_as_the_caller_is),
             tuple(args),
             slices=1 if self.whole_batch_loss else None,
+            then=self._apply_summed,
         )
-        if self._applied_sums is None:
-            self._applied_sums = tf.function(self._apply_sums, reduce_retracing=True)
-        return self._applied_sums(loss, logs, gradients, device=loss.device)
 
-    def _apply_sums(self, loss, logs, gradients, *, device: str) -> UpdateResult:
-        """Applies the slices' summed loss, logs and gradients as one replica's; traced.
-
-        Its inputs are placed on `device`, the chief's: a traced tensor without a device
-        has an empty one, and a reduce in the strategy's replica context (the
+    def _apply_sums(self, loss, logs, gradients) -> UpdateResult:
+        """Applies the slices' summed loss, logs and gradients as one replica's; traced,
+        under the chief's device (`slice_gradients` places it): a traced tensor without a
+        device has an empty one, and a reduce in the strategy's replica context (the
         optimizer's) sends a tensor to its own device (TensorFlow's
-        `_batch_reduce_destination`), which must not be empty.
-        """
-        with tf.device(device):
-            loss, logs, gradients = tf.nest.map_structure(tf.identity, (loss, logs, gradients))
-            return self._applied(lambda: self._checked(loss, logs, gradients), ())
+        `_batch_reduce_destination`), which must not be empty."""
+        loss, logs, gradients = tf.nest.map_structure(tf.identity, (loss, logs, gradients))
+        return self._applied(lambda: self._checked(loss, logs, gradients), ())
 
     def _applied(self, replica_gradients: Callable[..., tuple], args: Sequence) -> UpdateResult:
         """Runs `replica_gradients(*args)` (a replica's logs, gradients, finiteness, summed

@@ -124,12 +124,19 @@ class SliceGradients(Protocol):
     returns (loss, logs, gradients, count): the slice's loss divided by its own
     count, its logs, its gradients (None where a variable has none) and that count.
     `slices` cuts the batch into that many slices (None: one a worker; 1: the whole
-    batch computed in one place, for a loss over the whole batch).
+    batch computed in one place, for a loss over the whole batch). It returns the
+    summed (loss, logs, gradients), or with `then` what `then(loss, logs, gradients)`
+    returns, traced with the sum (the Update's apply).
     """
 
     def __call__(
-        self, compute: Callable[..., Any], args: Sequence[Any], *, slices: int | None = None
-    ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[tf.Tensor | None]]: ...
+        self,
+        compute: Callable[..., Any],
+        args: Sequence[Any],
+        *,
+        slices: int | None = None,
+        then: Callable[..., Any] | None = None,
+    ) -> Any: ...
 
 
 class Bound(Protocol):

@@ -96,7 +96,7 @@ class Executor:
         With no batches (a loop without train data) the step gets None.
         """
         definition = self.definition
-        train_step = tf_private.converted_as_the_caller_is(definition.train_step)
+        train_step = _as_traced_calls_it(definition.train_step)
         if not batches:
             step_outputs = train_step(None)
         else:
@@ -108,7 +108,7 @@ class Executor:
 
     def flat_eval_step(self, batch) -> dict[str, tf.Tensor]:
         flat, self.eval_kinds = outputs.columns(
-            tf_private.converted_as_the_caller_is(self.definition.eval_step)(batch),
+            _as_traced_calls_it(self.definition.eval_step)(batch),
             "eval_step",
             arrays=True,
         )
@@ -252,6 +252,16 @@ class Executor:
             return logs, global_step.read_value(), definition.finiteness.all_finite()
 
         return tf.function(inner_loop)
+
+
+def _as_traced_calls_it(step: Callable[..., Any]) -> Callable[..., Any]:
+    """A definition's step as a trace calls it: converted by AutoGraph where the code calling
+    it is; as written when it runs eagerly (the eager and exact executors), where Python
+    control flow on tensors needs no conversion and a conversion each step would cost the
+    chief milliseconds a step (AutoGraph re-makes the converted function on every call)."""
+    if not tf.inside_function():
+        return step
+    return tf_private.converted_as_the_caller_is(step)
 
 
 class EagerExecutor(Executor):

@@ -72,10 +72,41 @@ class WorkerGradients:
         self.fetched_bytes = 0
         self.recomputed_closures = 0  # of them, scheduled again after their worker was lost
         self._checked: set[Any] = set()  # slice functions found to change no variable
+        self._device: str | None = None  # where the chief applies the sum, once known
 
     def __call__(
-        self, compute: Callable[..., Any], args: Sequence[Any], *, slices: int | None = None
-    ) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[Any]]:
+        self,
+        compute: Callable[..., Any],
+        args: Sequence[Any],
+        *,
+        slices: int | None = None,
+        then: Callable[..., Any] | None = None,
+    ) -> Any:
+        """The slices' summed (loss, logs, gradients), or with `then` what `then(loss, logs,
+        gradients)` returns, traced in the same function as the sum (one call on the chief
+        a step: each traced call costs the chief its own handling of the arguments)."""
+        arguments = self._sliced(args, self.num_workers if slices is None else slices)
+        function, layout = self._function(compute)
+        if compute not in self._checked:
+            check_only_computes(function.get_concrete_function(*arguments[0]))
+            self._checked.add(compute)
+        remote = [self._coordinator.schedule(function, args=slice_args) for slice_args in arguments]
+        self.scheduled_closures += len(remote)
+        results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
+        self.fetched_bytes += sum(np.asarray(part).nbytes for part in tf.nest.flatten(results))
+        if then is not None:
+            if self._device is None:  # the chief's, where its own ops run (fetched: NumPy)
+                self._device = tf.zeros([]).device
+            return _summed_then(results, layout.key, tuple(layout.present), then, self._device)
+        loss, logs, kept = _summed(results, layout.key)
+        gradients = [kept.pop(0) if has else None for has in layout.present]
+        return loss, logs, gradients
+
+    @staticmethod
+    def _sliced(args: Sequence[Any], slices: int) -> list[tuple[Any, Any, Any]]:
+        """Each slice's (args, the step's rows, its first row): the batch's tensors of rank >= 1
+        cut along their first axis as `topology.replica_bounds` splits rows, on the host (a
+        NumPy view a slice: no TensorFlow op a slice on the chief)."""
         parts = tf.nest.flatten(args)
         batched = [isinstance(part, tf.Tensor) and part.shape.rank != 0 for part in parts]
         if not any(batched):
@@ -85,24 +116,26 @@ class WorkerGradients:
                 "no tensor of rank >= 1. Pass the step's batch in args, or "
                 "--parameter_server_mode=async."
             )
-        rows = tf.shape(parts[batched.index(True)])[0]
-        function, layout = self._function(compute)
+        hosted = [part.numpy() if cut else part for part, cut in zip(parts, batched)]
+        rows = len(hosted[batched.index(True)])
+        base, extra = divmod(rows, slices)
         arguments = []
-        slices = self.num_workers if slices is None else slices  # 1: a whole-batch loss
         for worker in range(slices):
-            start, end = topology.replica_bounds(rows, worker, slices)
-            sliced = [part[start:end] if cut else part for part, cut in zip(parts, batched)]
-            arguments.append((tf.nest.pack_sequence_as(args, sliced), rows, start))
-        if compute not in self._checked:
-            check_only_computes(function.get_concrete_function(*arguments[0]))
-            self._checked.add(compute)
-        remote = [self._coordinator.schedule(function, args=slice_args) for slice_args in arguments]
-        self.scheduled_closures += len(remote)
-        results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
-        self.fetched_bytes += sum(np.asarray(part).nbytes for part in tf.nest.flatten(results))
-        loss, logs, kept = _summed(results, layout.key)
-        gradients = [kept.pop(0) if has else None for has in layout.present]
-        return loss, logs, gradients
+            start = worker * base + min(worker, extra)
+            end = start + base + (1 if worker < extra else 0)
+            sliced = [part[start:end] if cut else part for part, cut in zip(hosted, batched)]
+            arguments.append(
+                (tf.nest.pack_sequence_as(args, sliced), np.int32(rows), np.int32(start))
+            )
+        return arguments
+
+    @property
+    def slice_traces(self) -> int:
+        """How often the slices' functions were traced, in this process: once a loss and
+        slice shape (each trace costs the workers tens of milliseconds)."""
+        return sum(
+            function.experimental_get_tracing_count() for function, _ in self._scheduled.values()
+        )
 
     def _fetched(self, value, function, arguments) -> Any:
         """The result of a slice's closure, computed again where the worker that held it was
@@ -168,6 +201,18 @@ def check_only_computes(concrete: Any) -> None:
         "Dropout). Use layers that write nothing in training (no batch norm; "
         "loops.core.replica_random.StatelessDropout), or --strategy=multi_worker_mirrored."
     )
+
+
+@tf.function(reduce_retracing=True)
+def _summed_then(
+    results: list[Any], key: tuple, present: tuple, then: Callable[..., Any], device: str
+) -> Any:
+    """`then(loss, logs, gradients)` of the slices' sum (`_summed`), in one traced function,
+    its inputs placed on `device` (the chief's)."""
+    with tf.device(device):
+        loss, logs, kept = _summed.python_function(results, key)
+        gradients = [kept.pop(0) if has else None for has in present]
+        return then(loss, logs, gradients)
 
 
 @tf.function(reduce_retracing=True)
