@@ -386,3 +386,19 @@ def test_tiny_placed_tables_benchmark_holds_one_copy_of_the_table_on_four_replic
     assert speed["replicated_bytes_exchanged"] == 8 * 2 * 64 + 4 * 2 * 64 * 32
     assert speed["placed_bytes_exchanged"] == 8 * 2 * 64 + 2 * 4 * 2 * 64 * 32
     assert "placed/replicated" in done.stdout
+
+
+def test_tiny_table_floor_benchmark_divides_each_step_by_the_smallest_step_and_its_floor(
+    tmp_path,
+):
+    done, report = run_benchmark(
+        "table_floor", tmp_path, "--rows=1000,200000", "--steps=3", "--rounds=1"
+    )
+    small, large = report["rows"]
+    assert (small["rows"], large["rows"]) == (1000, 200_000)
+    assert all(row["step_ms"] > 0 and row["floor_ms"] > 0 for row in report["rows"])
+    for row in report["rows"]:
+        ratio = row["step_ms"] / (small["step_ms"] + row["floor_ms"])
+        assert row["step_over_smallest_plus_floor"] == pytest.approx(ratio)
+    assert small["step_over_smallest_plus_floor"] < 1  # its own step plus a floor
+    assert "step / (smallest step + floor)" in done.stdout
