@@ -13,10 +13,12 @@ accumulator: twice the table's bytes), a global batch of ids 2 an example:
 
 Memory: each (mode, replicas) in a process of its own, its resident memory (VmRSS) read
 after the strategy is made and after --memory_steps steps; the growth between is what the
-table costs that process. The target: placed on 4 replicas grows the process by at most 1.2x
-what one replica grows it by. Speed: both modes' steps timed in interleaved rounds in one
-process (`benchmarks.embedding_tables.steps_per_second`), `placed/replicated` their ratio
-(the target: >= 0.8 at 1M rows, above 1 at 10M).
+table costs that process; then each mode on the two tasks of a 2-worker
+MultiWorkerMirroredStrategy cluster (loops-launch on this host, one replica a worker), each
+task's growth (`worker_0`, `worker_1`). The target: placed on 4 replicas grows the process
+by at most 1.2x what one replica grows it by. Speed: both modes' steps timed in interleaved
+rounds in one process (`benchmarks.embedding_tables.steps_per_second`), `placed/replicated`
+their ratio (the target: >= 0.8 at 1M rows, above 1 at 10M).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from benchmarks import embedding_tables, report
 MODES = ("replicated", "placed")
 LOOKUPS, RATE = embedding_tables.LOOKUPS, embedding_tables.RATE
 MEMORY_REPLICAS = (1, 4)
+# `--case`'s replicas for a task of a 2-worker cluster.
+WORKERS = "workers"
 
 
 def parse_args(argv=None):
@@ -112,13 +116,16 @@ def memory_case(args) -> dict:
     import loops
 
     mode, replicas = args.case.split(",")
-    loops.configure_logical_cpus(max(MEMORY_REPLICAS))
-    strategy = loops.testing.replica_strategy(int(replicas))
+    if replicas == WORKERS:  # a task of loops-launch's cluster: one replica a worker
+        strategy = loops.make_strategy("multi_worker_mirrored")
+    else:
+        loops.configure_logical_cpus(max(MEMORY_REPLICAS))
+        strategy = loops.testing.replica_strategy(int(replicas))
     before = resident_bytes()
     step = make_step(strategy, mode, args.memory_rows, args.memory_dim, args.global_batch_size)
     for _ in range(args.memory_steps):
         float(step())
-    return {"mode": mode, "replicas": int(replicas), "before": before, "after": resident_bytes()}
+    return {"mode": mode, "replicas": replicas, "before": before, "after": resident_bytes()}
 
 
 def memory(args) -> list[dict]:
@@ -137,7 +144,23 @@ def memory(args) -> list[dict]:
             case["grown_mb"] = (case["after"] - case["before"]) / 2**20
             cases.append(case)
             print(f"memory {mode} on {replicas}: +{case['grown_mb']:,.0f} MB", flush=True)
+        for task, case in _on_two_workers(args, mode).items():
+            case.update(replicas=task, grown_mb=(case["after"] - case["before"]) / 2**20)
+            cases.append(case)
+            print(f"memory {mode} on {task} of 2: +{case['grown_mb']:,.0f} MB", flush=True)
     return cases
+
+
+def _on_two_workers(args, mode: str) -> dict[str, dict]:
+    """`memory_case` of `mode` in each task of a 2-worker MultiWorkerMirroredStrategy cluster
+    (loops-launch on this host), by task."""
+    case = [f"--case={mode},{WORKERS}", f"--memory_rows={args.memory_rows}"]
+    case += [f"--memory_dim={args.memory_dim}", f"--global_batch_size={args.global_batch_size}"]
+    command = [sys.executable, "-m", "loops.cluster.launch", "--num_workers=2", "--"]
+    command += [sys.executable, "-m", "benchmarks.placed_tables", *case]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    found = re.findall(r"^\[(worker_\d)\] (\{.*\})$", done.stdout, re.M)
+    return {task: json.loads(line) for task, line in found}
 
 
 def exchanged_bytes(mode: str, replicas: int, global_batch_size: int, dim: int) -> int:
@@ -210,11 +233,11 @@ def measure(args) -> dict:
 
 
 def format_memory(cases: list[dict]) -> str:
-    grown = {(case["mode"], case["replicas"]): case["grown_mb"] for case in cases}
-    one = grown[("replicated", 1)]
-    lines = [f"{'mode':>10} {'replicas':>8} {'grown MB':>9} {'vs 1 replica':>12}"]
+    grown = {(case["mode"], str(case["replicas"])): case["grown_mb"] for case in cases}
+    one = grown[("replicated", "1")]
+    lines = [f"{'mode':>10} {'replicas':>9} {'grown MB':>9} {'vs 1 replica':>12}"]
     for (mode, replicas), mb in grown.items():
-        lines.append(f"{mode:>10} {replicas:>8} {mb:9,.0f} {mb / one:12.2f}")
+        lines.append(f"{mode:>10} {replicas:>9} {mb:9,.0f} {mb / one:12.2f}")
     return "\n".join(lines)
 
 
