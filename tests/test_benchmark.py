@@ -162,8 +162,15 @@ def test_tiny_inner_loop_benchmark_times_every_variant_of_the_loop(tmp_path):
 
 def test_tiny_step_profile_charges_the_read_to_the_modes_that_read(tmp_path):
     steps = 20
+    # --min_us=0: every event printed (a get-next took under the default 0.3 us a step, and
+    # went unprinted, on a fast AVX-512 machine).
     done, report = run_benchmark(
-        "step_profile", tmp_path, "--modes=fixed_carried,read", f"--steps={steps}", "--chunk=10"
+        "step_profile",
+        tmp_path,
+        "--modes=fixed_carried,read",
+        f"--steps={steps}",
+        "--chunk=10",
+        "--min_us=0",
     )
     events = {(row["mode"], row["event"]): row for row in report["rows"]}
     # One synchronous get-next a step where the loop reads; where it carries one batch, the
