@@ -48,6 +48,22 @@ AUTOGRAPH_RULES = (
 AUTOGRAPH_AS_CALLER = ("__internal__", "autograph", ("tf_convert", "control_status_ctx"))
 
 
+def _attribute(path: tuple[str, ...]) -> Any:
+    """The attribute of `tf` at `path` (a private name's place, held by a test)."""
+    found: Any = tf
+    for name in path:
+        found = getattr(found, name)
+    return found
+
+
+def _module_attribute(path: tuple[str, str]) -> Any:
+    """The attribute `path[1]` of TensorFlow's module `path[0]`."""
+    import importlib
+
+    module, name = path
+    return getattr(importlib.import_module(module), name)
+
+
 def start_collective_keys_at(base: int) -> None:
     """Makes the MirroredStrategy made next key its collectives from `base` on.
 
@@ -103,10 +119,7 @@ def run_without_coordinator(strategy: tf.distribute.Strategy) -> None:
 
 def onednn_enabled() -> bool:
     """Whether TensorFlow runs its oneDNN CPU kernels, as TensorFlow decided when imported."""
-    import importlib
-
-    module, function = ONEDNN_ENABLED
-    return bool(getattr(importlib.import_module(module), function)())
+    return bool(_module_attribute(ONEDNN_ENABLED)())
 
 
 def leave_unconverted_by_autograph(package: str, *, except_in: tuple[str, ...] = ()) -> None:
@@ -147,10 +160,7 @@ def converted_as_the_caller_is(function: Any) -> Any:
 
 def variable_parts(variable: Any) -> list[Any]:
     """The shards of a variable split over the parameter servers; `[variable]` for another."""
-    sharded_class: Any = tf
-    for name in SHARDED_VARIABLE:
-        sharded_class = getattr(sharded_class, name)
-    if isinstance(variable, sharded_class):
+    if isinstance(variable, _attribute(SHARDED_VARIABLE)):
         return list(variable.variables)
     return [variable]
 
@@ -158,20 +168,14 @@ def variable_parts(variable: Any) -> list[Any]:
 def variable_on_device(device: str, **arguments: Any) -> tf.Variable:
     """One variable on `device` (tf.Variable's arguments), not mirrored, inside a strategy's
     scope too: a block of a table that only the replica on `device` holds."""
-    import importlib
-
-    module, name = PLAIN_VARIABLE
     with tf.device(device):
-        return getattr(importlib.import_module(module), name)(**arguments)
+        return _module_attribute(PLAIN_VARIABLE)(**arguments)
 
 
 def sharded_variable(parts: list[Any], name: str) -> Any:
     """`parts` (blocks of rows, in row order) as one ShardedVariable: a checkpoint saves it
     as one tensor, which restores into any other split or into one variable."""
-    sharded_class: Any = tf
-    for attribute in SHARDED_VARIABLE:
-        sharded_class = getattr(sharded_class, attribute)
-    return sharded_class(parts, name=name)
+    return _attribute(SHARDED_VARIABLE)(parts, name=name)
 
 
 # The base class of what a tf.train.Checkpoint saves, and the two methods through which a
@@ -182,20 +186,6 @@ SAVE_AND_RESTORE = ("_serialize_to_tensors", "_restore_from_tensors")
 VARIABLE_VALUE_KEY = ("tensorflow.python.trackable.base", "VARIABLE_VALUE_KEY")
 # A tensor a checkpoint saves, which may be a function it calls only as it saves: (module, class).
 SAVE_SPEC = ("tensorflow.python.training.saving.saveable_object", "SaveSpec")
-
-
-def _attribute(path: tuple[str, ...]) -> Any:
-    found: Any = tf
-    for name in path:
-        found = getattr(found, name)
-    return found
-
-
-def _module_attribute(path: tuple[str, str]) -> Any:
-    import importlib
-
-    module, name = path
-    return getattr(importlib.import_module(module), name)
 
 
 class SavedAsOneValue(_attribute(TRACKABLE)):  # type: ignore[misc]

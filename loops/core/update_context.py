@@ -124,9 +124,9 @@ class SliceGradients(Protocol):
     returns (loss, logs, gradients, count): the slice's loss divided by its own
     count, its logs, its gradients (None where a variable has none) and that count.
     `slices` cuts the batch into that many slices (None: one a worker; 1: the whole
-    batch computed in one place, for a loss over the whole batch). It returns the
-    summed (loss, logs, gradients), or with `then` what `then(loss, logs, gradients)`
-    returns, traced with the sum (the Update's apply).
+    batch computed in one place, for a loss over the whole batch). It returns what
+    `then(loss, logs, gradients)` (the Update's apply) returns of the slices' sum, traced
+    with the sum.
     """
 
     def __call__(
@@ -135,7 +135,7 @@ class SliceGradients(Protocol):
         args: Sequence[Any],
         *,
         slices: int | None = None,
-        then: Callable[..., Any] | None = None,
+        then: Callable[..., Any],
     ) -> Any: ...
 
 

@@ -16,9 +16,9 @@ follows the batch, not the table (`WorkerGradients.fetched_bytes` counts it).
 The chief fetches them and, in one traced function, weights each slice's
 gradients and loss by its count and sums them in worker order in float64 (the
 gradient accumulation of `loops.Update`, with a worker per micro-batch; a
-table's rows concatenated and summed by id), and the Update applies that sum
-once, from the chief, in another traced function, on the variables where they
-live (a table through its sparse row update, as on one process). A closure
+table's rows concatenated and summed by id), and in the same function the
+Update applies that sum once, from the chief, on the variables where they live
+(a table through its sparse row update, as on one process). A closure
 that TensorFlow retries after a worker failure changes no variable, so the
 step's result does not depend on it.
 
@@ -80,11 +80,11 @@ class WorkerGradients:
         args: Sequence[Any],
         *,
         slices: int | None = None,
-        then: Callable[..., Any] | None = None,
+        then: Callable[..., Any],
     ) -> Any:
-        """The slices' summed (loss, logs, gradients), or with `then` what `then(loss, logs,
-        gradients)` returns, traced in the same function as the sum (one call on the chief
-        a step: each traced call costs the chief its own handling of the arguments)."""
+        """What `then(loss, logs, gradients)` returns of the slices' sum, traced in the same
+        function as the sum (one call on the chief a step: each traced call costs the chief
+        its own handling of the arguments)."""
         arguments = self._sliced(args, self.num_workers if slices is None else slices)
         function, layout = self._function(compute)
         if compute not in self._checked:
@@ -94,13 +94,9 @@ class WorkerGradients:
         self.scheduled_closures += len(remote)
         results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
         self.fetched_bytes += sum(np.asarray(part).nbytes for part in tf.nest.flatten(results))
-        if then is not None:
-            if self._device is None:  # the chief's, where its own ops run (fetched: NumPy)
-                self._device = tf.zeros([]).device
-            return _summed_then(results, layout.key, tuple(layout.present), then, self._device)
-        loss, logs, kept = _summed(results, layout.key)
-        gradients = [kept.pop(0) if has else None for has in layout.present]
-        return loss, logs, gradients
+        if self._device is None:  # the chief's, where its own ops run (fetched: NumPy)
+            self._device = tf.zeros([]).device
+        return _summed_then(results, layout.key, tuple(layout.present), then, self._device)
 
     @staticmethod
     def _sliced(args: Sequence[Any], slices: int) -> list[tuple[Any, Any, Any]]:
@@ -210,15 +206,14 @@ def _summed_then(
     """`then(loss, logs, gradients)` of the slices' sum (`_summed`), in one traced function,
     its inputs placed on `device` (the chief's)."""
     with tf.device(device):
-        loss, logs, kept = _summed.python_function(results, key)
+        loss, logs, kept = _summed(results, key)
         gradients = [kept.pop(0) if has else None for has in present]
         return then(loss, logs, gradients)
 
 
-@tf.function(reduce_retracing=True)
 def _summed(results: list[Any], key: tuple) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[Any]]:
-    """The slices' packed results (`sent_slices`) as one replica's, in one traced function
-    on the chief: the loss and gradients weighted by each slice's count over their total,
+    """The slices' packed results (`sent_slices`) as one replica's, traced on the chief
+    (`_summed_then`): the loss and gradients weighted by each slice's count over their total,
     the logs summed; in worker order, in float64. A table's rows are concatenated and
     summed by id."""
     slices = [sent_slices.unpacked(packs, shapes, key) for packs, shapes in results]
