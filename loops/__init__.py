@@ -40,6 +40,7 @@ _EXPORTS = {
     "Update": "loops.core.update",
     "EmbeddingTable": "loops.tables.embedding_tables",
     "RowwiseAdagrad": "loops.tables.rowwise_adagrad",
+    "TablePlan": "loops.tables.table_plan",
     "TablePartitioner": "loops.placement",
     "any_bad": "loops.core.update",
     "UpdateContext": "loops.core.update_context",

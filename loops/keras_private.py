@@ -138,3 +138,40 @@ def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
     call.reads_rows_sparsely = True  # type: ignore[attr-defined]
     layer.call = call
     return True
+
+
+@contextlib.contextmanager
+def embeddings_made_as(choose: Callable[[Any], type | None]) -> Iterator[None]:
+    """Inside, `keras.layers.Embedding(input_dim, ...)` makes an instance of
+    `choose(input_dim)` (a subclass of Embedding, given the same arguments) where that is not
+    None, and a plain Embedding otherwise (`choose` is given input_dim as passed, None where
+    it is missing); outside, nothing changes.
+
+    Keras 3 offers no hook where a layer is made, and a built Embedding already holds its
+    whole table; a class of its own from the start lets a plan place the rows before any
+    exist. It sets `Embedding.__new__` for the block (Keras' Layer defines the one every
+    layer inherits; Embedding none of its own), so it holds for the whole process while
+    inside: enter it around one model's making, on one thread.
+    """
+    import keras
+
+    embedding = keras.layers.Embedding
+    if "__new__" in vars(embedding):
+        raise RuntimeError(
+            "keras.layers.Embedding already has a __new__ of its own (a plan placing its "
+            "tables is in force already, or a Keras release added one): loops cannot place "
+            "its tables by a plan; make the tables loops.EmbeddingTable layers instead."
+        )
+    inherited = embedding.__mro__[1].__new__
+
+    def made(cls, *args, **kwargs):
+        if cls is embedding:
+            # Keras refuses a bad input_dim itself, as the plain layer is made.
+            cls = choose(args[0] if args else kwargs.get("input_dim")) or cls
+        return inherited(cls, *args, **kwargs)
+
+    embedding.__new__ = made
+    try:
+        yield
+    finally:
+        del embedding.__new__

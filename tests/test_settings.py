@@ -22,7 +22,9 @@ from loops_models import settings as model_settings
 
 BINARIES = ("classifier", "gan", "rl", "lm", "recommender", "ctr")
 # Trainer keyword arguments that are objects, not settings a flag could carry.
-LOOP_OBJECTS = {"strategy", "train_data", "eval_data", "progress", "actions", "record"}
+LOOP_OBJECTS = {
+    "strategy", "train_data", "eval_data", "progress", "actions", "record", "table_plan"
+}  # fmt: skip
 # Settings whose flag default each binary gives (`define_binary_flags` keywords).
 BINARY_OWN_DEFAULTS = {
     "train_steps",

@@ -262,6 +262,7 @@ def update_tables(
     """
     is_model = isinstance(trained, keras.Model)
     own_tables = embedding_tables.tables_in(trained) if is_model else []
+    _give_optimizer(own_tables, table_optimizer or optimizer)
     check_own_tables(own_tables, replicas, table_optimizer, averaged=averaged)
     if max_lookups is not None:
         check_whole("max_table_lookups", max_lookups, note=" (ids a replica looks up)")
@@ -276,6 +277,30 @@ def update_tables(
         for layer in keras_private.embedding_layers(trained):
             keras_private.read_rows_sparsely(layer, table_rows.lookup)
     return tables
+
+
+def _give_optimizer(tables: Sequence[Any], optimizer: Any) -> None:
+    """Gives `optimizer` (the Update's table optimizer, else its optimizer) to each built
+    table made to train with the optimizer of its Update (`EmbeddingTable(optimizer=
+    "update")`, a `loops.TablePlan`'s), with its slots.
+
+    Raises:
+        ValueError: an optimizer without an exact row update, with the fix.
+    """
+    for table in tables:
+        if not table.built or table.optimizer_taken:
+            continue
+        reason = row_updates.why_dense(optimizer)
+        if reason is not None:
+            raise ValueError(
+                f"loops.Update trains the EmbeddingTable {table.name!r} ({table.rows} rows) by "
+                f"rows with the Update's table optimizer, its optimizer when it has none, and "
+                f"{type(optimizer).__name__} has no exact row update ({reason}): pass "
+                "table_optimizer=keras.optimizers.Adagrad(...) (or SGD without momentum) to "
+                "the Update, or give the table an optimizer of its own "
+                "(loops.TablePlan(optimizer=...))."
+            )
+        table.take_optimizer(optimizer)
 
 
 def _sum_of_squares(gradients: Sequence[Any]) -> tf.Tensor:

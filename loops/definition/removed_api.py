@@ -25,6 +25,7 @@ TRAINER_OBJECTS = (
     "progress",
     "actions",
     "record",
+    "table_plan",
 )
 TRAINER_KEYWORDS = frozenset(TRAINER_OBJECTS) | {s.name for s in settings.LOOP_SETTINGS}
 # What a v2 Loop did itself and a Trainer does now.

@@ -12,6 +12,7 @@ from loops.definition import executors
 from loops.definition.recovery import Recoveries
 from loops.definition.run_context import Definition, StepContext
 from loops.definition.run_state import RunState
+from loops.placement import Placement
 from loops.run import profiling
 from loops.run.checkpoint_keeper import RunCheckpoints
 from loops.run.context_view import RunView
@@ -59,7 +60,9 @@ class RunParts:
         `config` is what the run was asked to do, `request_stop` and `save_checkpoint` the
         Controller's, handed to the actions through the view."""
         state = RunState(step_context.global_step)
-        report = _reporter(definition, executor, options, state, is_chief=is_chief)
+        report = _reporter(
+            definition, executor, options, state, is_chief=is_chief, where=step_context.placement
+        )
         profiler = _profiler(options, is_chief=is_chief, say=report.progress.line)
         checkpoints = _checkpoint_keeper(options, is_chief=is_chief, say=report.progress.line)
         recoveries = Recoveries()
@@ -106,6 +109,7 @@ def _reporter(
     state: RunState,
     *,
     is_chief: bool,
+    where: Placement,
 ) -> RunReport:
     """Where the run reports: progress lines, the chief's summaries under model_dir, and
     results.json with the definition's and the executor's extras."""
@@ -117,15 +121,19 @@ def _reporter(
         throughput_unit=definition.throughput_unit,
         state=state,
         # results.json holds how the executor ran the steps (h-psexact), and where each
-        # loops.EmbeddingTable lives (issue 53).
-        extras=(definition.results_extra, executor.results_extra, lambda: _tables(definition)),
+        # table lives (issue 53).
+        extras=(
+            definition.results_extra,
+            executor.results_extra,
+            lambda: _tables(definition, where),
+        ),
     )
 
 
-def _tables(definition: Definition) -> dict[str, Any]:
-    """results.json's `tables`: where each built EmbeddingTable of the definition lives;
-    nothing for a definition without one."""
-    placements = embedding_tables.table_placements(definition.checkpoint_items())
+def _tables(definition: Definition, where: Placement) -> dict[str, Any]:
+    """results.json's `tables`: where each built table of the definition lives (a
+    loops.EmbeddingTable, a keras.layers.Embedding); nothing for a definition without one."""
+    placements = embedding_tables.table_placements(definition.checkpoint_items(), where)
     return {"tables": placements} if placements else {}
 
 

@@ -28,6 +28,7 @@ from loops.run.faults import failed_frames, loss_spikes
 from loops.run.input_sources import RunInputs
 from loops.run.parameter_servers import exact_parameter_server
 from loops.tables import table_rows
+from loops.tables.table_plan import TablePlan
 from loops.vocabulary.errors import ClusterTaskLostError
 from loops.vocabulary.run_config_tree import RunConfig
 
@@ -75,6 +76,8 @@ class Trainer:
         progress: reporting.Progress | None = None,
         actions: Sequence[Action] = (),
         record: Mapping[str, Any] | None = None,
+        # Which keras.layers.Embedding tables the definition's build makes are placed.
+        table_plan: TablePlan | None = None,
         **overrides: Any,
     ):
         """Checks the settings, builds the definition and restores the run.
@@ -87,6 +90,9 @@ class Trainer:
             progress: where progress lines go (stdout if None).
             actions: `loops.Action`s run between inner loops.
             record: JSON-serializable; written into results.json under "config".
+            table_plan: in force while the definition builds (`loops.TablePlan`): each
+                `keras.layers.Embedding` of its `min_rows` or more made there becomes a
+                table placed by the strategy; None: every Embedding stays replicated.
             **overrides: settings over `config`'s, by name (steps_per_loop=10,
                 model_dir=..., ...), checked as `config` was.
 
@@ -119,7 +125,7 @@ class Trainer:
         table_rows.set_global_batch_size(self.strategy, self.step_options.global_batch_size)
         self.coordinator = loop_execution.coordinator(self.placement)
         self.train_data, self.eval_data = train_data, eval_data
-        self.step_context = context = self._build_definition()
+        self.step_context = context = self._build_definition(table_plan)
         self.global_step, self.data_offset = context.global_step, context.data_offset
         self._saved_items = _everything_saved(definition, context)
         self.executor = self._make_executor()
@@ -134,8 +140,9 @@ class Trainer:
         self.state, self.run_context = self.controller.state, self.controller.run_context
         self.controller.restore(self._saved_items)
 
-    def _build_definition(self) -> StepContext:
-        """Gives the definition its step context and runs its `build` in the strategy's scope."""
+    def _build_definition(self, table_plan: TablePlan | None) -> StepContext:
+        """Gives the definition its step context and runs its `build` in the strategy's scope
+        (and `table_plan`'s, checked after it)."""
         options = self.step_options
         with topology.variable_scope(self.strategy):
             global_step = _step_counter("global_step")
@@ -151,8 +158,11 @@ class Trainer:
                 ),
             )
             self.definition.bind(context)
-            with mixed_precision_lib.dtype_policy_scope(options.mixed_precision):
+            planned = table_plan.placing() if table_plan else contextlib.nullcontext()
+            with mixed_precision_lib.dtype_policy_scope(options.mixed_precision), planned:
                 self.definition.build()
+        if table_plan:
+            table_plan.check_placed(self.definition.checkpoint_items())
         return context
 
     def _make_executor(self) -> executors.Executor:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import typing
 from collections.abc import Iterator, Sequence
 
 import keras
@@ -45,6 +46,8 @@ from loops.tables.rowwise_adagrad import RowwiseAdagrad
 from loops.vocabulary.whole_numbers import is_whole
 
 INITIAL_RANGE = 0.05
+# EmbeddingTable(optimizer=FROM_UPDATE) trains with the optimizer of the Update that trains it.
+FROM_UPDATE = "update"
 
 
 class EmbeddingTable(keras.layers.Layer):
@@ -59,7 +62,11 @@ class EmbeddingTable(keras.layers.Layer):
             the table, split the same way; its learning rate is read each step,
             a schedule's at the optimizer's `iterations`, which the table does
             not count (`optimizer.iterations.assign_add(1)` after the step
-            does, or an optimizer that trains more).
+            does, or an optimizer that trains more). "update": the optimizer
+            of the `loops.Update` that trains it, its `table_optimizer` (else
+            its `optimizer`), taken with its slots when that Update is made
+            (`take_optimizer`), for a table whose model its trainer does not
+            write (a `loops.TablePlan`'s).
         ids: "rows" (int ids in [0, rows)), "strings" or "hashes" (int64 ids of
             any value), the last two hashed to rows (`loops.tables.table_ids`
             states the collision policy) unless a vocabulary maps the strings.
@@ -80,7 +87,7 @@ class EmbeddingTable(keras.layers.Layer):
         self,
         rows: int,
         dim: int,
-        optimizer: keras.optimizers.Optimizer | None = None,
+        optimizer: keras.optimizers.Optimizer | str | None = None,
         *,
         ids: str = "rows",
         vocabulary: Sequence[str] | None = None,
@@ -96,41 +103,52 @@ class EmbeddingTable(keras.layers.Layer):
             oov_buckets = _whole_argument("oov_buckets", oov_buckets, 1)
         table_ids.check_id_kind(ids, rows, vocabulary, oov_buckets)
         self.rows, self.dim, self.ids, self.seed = rows, dim, ids, seed
+        if isinstance(optimizer, str) and optimizer != FROM_UPDATE:
+            raise ValueError(
+                f"EmbeddingTable(optimizer={optimizer!r}): pass a Keras optimizer, or "
+                f"{FROM_UPDATE!r} for the optimizer of the loops.Update that trains it."
+            )
         self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adagrad()
-        self._slots = _slot_initial_values(self.optimizer)
+        # Taken from the Update that trains it (`take_optimizer`), with its slots, after build.
+        self._slots = {} if optimizer == FROM_UPDATE else _slot_initial_values(self.optimizer)
         self._vocabulary = (
             None if vocabulary is None else table_ids.vocabulary_lookup(vocabulary, oov_buckets)
         )
 
     def build(self, input_shape=None) -> None:
         strategy = tf.distribute.get_strategy()
-        self._check_split_over_servers(strategy)
+        _check_split_over_servers(self, strategy)
         self._placement = placement.Placement.of(strategy)
         with placement.rows_split_over_servers():
             self.embeddings = self._table_variable("embeddings", self._initial_rows, True)
+        self._make_slots()
+        super().build(input_shape)
+
+    def _make_slots(self) -> None:
+        """The optimizer's slots, split as the table is."""
+        with placement.rows_split_over_servers():
             for name, (value, width) in self._slots.items():
                 variable = self._table_variable(name, self._filled(value, width), False, width)
                 setattr(self, name, variable)
-        super().build(input_shape)
 
-    def _check_split_over_servers(self, strategy: tf.distribute.Strategy) -> None:
-        """Refuses a parameter-server strategy that would put the whole table on one server.
+    @property
+    def optimizer_taken(self) -> bool:
+        """Whether the table has its optimizer: its own, or the Update's it was made to take."""
+        return self.optimizer != FROM_UPDATE
 
-        A throwaway variable of one row per server, made as the table will be,
-        shows how the strategy splits one before the table is made.
+    def take_optimizer(self, optimizer: keras.optimizers.Optimizer) -> None:
+        """Makes `optimizer` the table's (one made with optimizer="update", built), and its
+        slots beside the table, split as it is; the Update that trains the table calls it.
+
+        Raises:
+            ValueError: an optimizer without an exact row update, saying why.
         """
-        servers = placement.Placement.of(strategy).num_parameter_servers
-        if servers < 2:
-            return
-        with placement.rows_split_over_servers():
-            probe = tf.Variable(tf.zeros([servers, 1]), trainable=False, name="split_probe")
-        if len(tf_private.variable_parts(probe)) != servers:
-            raise ValueError(
-                f"EmbeddingTable({self.rows}, {self.dim}) under ParameterServerStrategy with "
-                f"{servers} servers would lie whole on one of them: make the strategy with "
-                f"variable_partitioner=loops.TablePartitioner({servers}) "
-                "(loops.make_strategy('parameter_server') does)."
-            )
+        if self.optimizer_taken:
+            return  # its own, or taken already: the Update checks that it trains with it
+        slots = _slot_initial_values(optimizer)
+        self.optimizer, self._slots = optimizer, slots
+        with self._placement.strategy.scope():
+            self._make_slots()
 
     def _table_variable(self, name: str, initial_value, trainable: bool, width: int | None = None):
         """The table (or a slot of `width` columns, the table's by default), placed here."""
@@ -206,7 +224,7 @@ class EmbeddingTable(keras.layers.Layer):
             "name": self.name,
             "rows": self.rows,
             "dim": self.dim,
-            "optimizer": type(self.optimizer).__name__,
+            "optimizer": type(self.optimizer).__name__ if self.optimizer_taken else None,
             "split": split,
             "blocks": [list(block) for block in self._placement.table_row_blocks(self.rows)],
         }
@@ -232,7 +250,7 @@ class EmbeddingTable(keras.layers.Layer):
     def call(self, ids) -> tf.Tensor:
         rows = self.row_ids(ids)
         if self.ids == "rows":
-            rows = self._checked_rows(rows)
+            rows = _checked_rows(self, rows)
         # Inside the strategy's strategy.run; outside it (no strategy in force is the default
         # strategy's one replica) the lookup reads every block.
         context = tf.distribute.get_replica_context()
@@ -253,22 +271,6 @@ class EmbeddingTable(keras.layers.Layer):
                 "other for its rows there), or read the table with whole(), on every worker."
             )
         return tf.nn.embedding_lookup(self.embeddings, rows)
-
-    def _checked_rows(self, rows: tf.Tensor) -> tf.Tensor:
-        """`rows`, once every one lies in [0, rows): an InvalidArgumentError naming the table
-        otherwise, on every device (a GPU's gather alone would return zeros for it)."""
-        inside = tf.reduce_all((rows >= 0) & (rows < tf.cast(self.rows, rows.dtype)))
-        check = tf.debugging.Assert(
-            inside,
-            [
-                f"EmbeddingTable {self.name!r} (ids='rows') was given an id outside "
-                f"[0, {self.rows}); the ids, first 10:",
-                rows,
-            ],
-            summarize=10,
-        )
-        with tf.control_dependencies([check]):
-            return tf.identity(rows)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape, self.dim)
@@ -292,12 +294,18 @@ class EmbeddingTable(keras.layers.Layer):
                 f"keeps {replicas} replicas in sync: use it in one process, under one_device or "
                 "parameter_server, or train a keras.layers.Embedding through loops.Update."
             )
+        if not self.optimizer_taken:
+            raise ValueError(
+                f"EmbeddingTable {self.name!r} trains with the optimizer of the loops.Update "
+                "that trains it (optimizer='update'), and no Update has taken it: train it "
+                "through loops.Update, or call take_optimizer(optimizer) first."
+            )
         if len(gradients) != len(self.shards):
             raise ValueError(
                 f"{len(gradients)} gradients for a table of {len(self.shards)} shards: pass "
                 "tape.gradient(loss, table.shards), one per shard."
             )
-        rate = self.optimizer.learning_rate
+        rate = typing.cast(keras.optimizers.Optimizer, self.optimizer).learning_rate
         rate = rate.value if isinstance(rate, keras.Variable) else rate
         slots = [self.slot_shards(name) for name in self._slots]
         for index, (shard, gradient) in enumerate(zip(self.shards, gradients, strict=True)):
@@ -315,6 +323,43 @@ class EmbeddingTable(keras.layers.Layer):
                 learning_rate=rate,
                 slots=shard_slots,
             )
+
+
+def _check_split_over_servers(table: EmbeddingTable, strategy: tf.distribute.Strategy) -> None:
+    """Refuses a parameter-server strategy that would put the whole table on one server.
+
+    A throwaway variable of one row per server, made as the table will be,
+    shows how the strategy splits one before the table is made.
+    """
+    servers = placement.Placement.of(strategy).num_parameter_servers
+    if servers < 2:
+        return
+    with placement.rows_split_over_servers():
+        probe = tf.Variable(tf.zeros([servers, 1]), trainable=False, name="split_probe")
+    if len(tf_private.variable_parts(probe)) != servers:
+        raise ValueError(
+            f"EmbeddingTable({table.rows}, {table.dim}) under ParameterServerStrategy with "
+            f"{servers} servers would lie whole on one of them: make the strategy with "
+            f"variable_partitioner=loops.TablePartitioner({servers}) "
+            "(loops.make_strategy('parameter_server') does)."
+        )
+
+
+def _checked_rows(table: EmbeddingTable, rows: tf.Tensor) -> tf.Tensor:
+    """`rows`, once every one lies in [0, rows): an InvalidArgumentError naming the table
+    otherwise, on every device (a GPU's gather alone would return zeros for it)."""
+    inside = tf.reduce_all((rows >= 0) & (rows < tf.cast(table.rows, rows.dtype)))
+    check = tf.debugging.Assert(
+        inside,
+        [
+            f"EmbeddingTable {table.name!r} (ids='rows') was given an id outside "
+            f"[0, {table.rows}); the ids, first 10:",
+            rows,
+        ],
+        summarize=10,
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(rows)
 
 
 def _whole_argument(name: str, value: object, least: int | None) -> int:
@@ -367,10 +412,39 @@ def held_whole(items: object) -> Iterator[None]:
             setattr(table, name, blocks)
 
 
-def table_placements(items: object) -> list[dict]:
-    """`EmbeddingTable.where` of each built table of the Keras models among `items` (a
-    definition's checkpoint items), for results.json."""
-    return [table.where() for table in _built_tables(items)]
+def table_placements(items: object, where: placement.Placement) -> list[dict]:
+    """Where each built table of the Keras models among `items` (a definition's checkpoint
+    items) lives, for results.json: `EmbeddingTable.where` of each, then each plain
+    `keras.layers.Embedding`, "replicated" on every replica of a synchronous strategy of
+    several, "whole" otherwise (`where`: the run's placement); nothing for a model with
+    neither."""
+    placed = [table.where() for table in _built_tables(items)]
+    replicated = replicated_embeddings(items)
+    if not replicated:
+        return placed
+    copies = where.num_replicas_in_sync > 1 and where.num_parameter_servers == 0
+    return placed + [
+        {
+            "name": layer.name,
+            "rows": layer.input_dim,
+            "dim": layer.output_dim,
+            "optimizer": None,  # the Update's
+            "split": "replicated" if copies else "whole",
+            "blocks": [[0, layer.input_dim]],
+        }
+        for layer in replicated
+    ]
+
+
+def replicated_embeddings(items: object) -> list[keras.layers.Embedding]:
+    """The built plain `keras.layers.Embedding` layers of the Keras models among `items` (a
+    definition's checkpoint items): whole on every replica."""
+    return [
+        layer
+        for model in _models(items)
+        for layer in keras_private.embedding_layers(model)
+        if layer.built
+    ]
 
 
 def split_over_workers(items: object) -> list[EmbeddingTable]:
@@ -384,9 +458,12 @@ def split_over_workers(items: object) -> list[EmbeddingTable]:
 
 
 def _built_tables(items: object) -> list[EmbeddingTable]:
+    return [table for model in _models(items) for table in tables_in(model) if table.built]
+
+
+def _models(items: object) -> list[keras.Model]:
     values = items.values() if isinstance(items, dict) else ()
-    models = [model for model in values if isinstance(model, keras.Model)]
-    return [table for model in models for table in tables_in(model) if table.built]
+    return [model for model in values if isinstance(model, keras.Model)]
 
 
 # The initial values are made in a function, not op by op, whose temporaries stay inside it:

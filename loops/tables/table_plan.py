@@ -1,0 +1,213 @@
+"""`loops.TablePlan`: the plain `keras.layers.Embedding` layers of a model made in its scope
+become `loops.EmbeddingTable`s placed by the strategy, the small ones staying replicated.
+
+A model whose code its trainer does not write (a library's, a colleague's)
+makes `keras.layers.Embedding(rows, dim)`: every replica holds the whole table
+and its slots. Given to the Trainer (`loops.Trainer(definition,
+table_plan=loops.TablePlan())`), the plan is in force while the definition's
+`build` runs: each Embedding made there of `min_rows` rows or more is a
+`PlacedEmbedding`, an Embedding whose rows live in an `EmbeddingTable` (`.table`)
+split over the replicas of a MirroredStrategy or MultiWorkerMirroredStrategy,
+over the servers of a ParameterServerStrategy, or whole on one replica: the same
+lookups, trained by rows by the `loops.Update` that trains the model (with its
+`table_optimizer`, else its optimizer, unless the plan names one).
+
+The rule for small tables, stated: an Embedding of fewer than `min_rows` rows
+stays a `keras.layers.Embedding`, whole on every replica, where a lookup needs
+no collective and the Update's sparse path trains it; results.json's `tables`
+lists each table with its split ("replicas", "servers", "whole" or "replicated").
+
+What changes with the plan: a placed table draws its initial values from the
+table's own uniform [-0.05, 0.05] rule (a function of the seed and the global
+row, so every layout starts equal), not from the Embedding's initializer; the
+k-th table the plan places takes seed `seed + k`. An Embedding with another
+initializer, a regularizer, a constraint, LoRA, quantization or `weights=` is
+refused (its rows could not be made or trained row by row), as is one made
+outside the plan's block (the Trainer checks after `build`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from loops import keras_private
+from loops.tables.embedding_tables import FROM_UPDATE, EmbeddingTable, replicated_embeddings
+from loops.vocabulary.whole_numbers import is_whole
+
+# A table of fewer rows stays replicated by default: its copy on every replica costs little,
+# and its lookups no collective (the Update trains tables under 10,000 rows densely alone).
+DEFAULT_MIN_ROWS = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePlan:
+    """Which Embedding layers become placed tables, and how they train.
+
+    Attributes:
+        min_rows: an Embedding of this many rows or more is placed; a smaller one stays a
+            replicated `keras.layers.Embedding`.
+        optimizer: makes each placed table's optimizer (called once a table: a Keras
+            optimizer class, or a function of no argument); None: the optimizer of the
+            `loops.Update` that trains it, its `table_optimizer`, else its `optimizer`.
+            Either must have an exact row update (Adagrad, `loops.RowwiseAdagrad`, SGD
+            without momentum).
+        seed: the first placed table's initial values' seed; the k-th takes seed + k.
+    """
+
+    min_rows: int = DEFAULT_MIN_ROWS
+    optimizer: Callable[[], keras.optimizers.Optimizer] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("min_rows", "seed"):
+            value = getattr(self, name)
+            least = 1 if name == "min_rows" else 0
+            if not is_whole(value, least):
+                raise ValueError(f"TablePlan({name}={value!r}) needs a whole number >= {least}.")
+        if self.optimizer is not None and not callable(self.optimizer):
+            raise ValueError(
+                f"TablePlan(optimizer={self.optimizer!r}) takes what makes each table's "
+                "optimizer (keras.optimizers.Adagrad, or lambda: "
+                "keras.optimizers.Adagrad(0.1)), not an optimizer: each table keeps its own "
+                "slots. None trains each with the Update's table optimizer."
+            )
+
+    @contextlib.contextmanager
+    def placing(self) -> Iterator[None]:
+        """Inside (and on this thread alone), each `keras.layers.Embedding` made of
+        `min_rows` rows or more is a `PlacedEmbedding`; make the model, and its Update,
+        inside it (the Trainer enters it around the definition's `build`)."""
+        state = _PlanState(self)
+        token = _IN_FORCE.set(state)
+        try:
+            with keras_private.embeddings_made_as(state.chosen_class):
+                yield
+        finally:
+            _IN_FORCE.reset(token)
+
+    def check_placed(self, items: Any) -> None:
+        """Refuses, with the fix, an Embedding of `min_rows` rows or more of the Keras models
+        among `items` (a definition's checkpoint items) that the plan did not place: one
+        made before its block (outside the definition's `build`)."""
+        for layer in replicated_embeddings(items):
+            if layer.input_dim >= self.min_rows:
+                raise ValueError(
+                    f"TablePlan(min_rows={self.min_rows}) places every keras.layers.Embedding "
+                    f"of that many rows made while the definition builds, and "
+                    f"{layer.name!r} ({layer.input_dim} rows) was made before: make the model "
+                    "in the definition's build(), or raise min_rows above its rows to keep "
+                    "it replicated."
+                )
+
+
+class _PlanState:
+    """A plan in force: which class an Embedding of some rows is made as, and the seeds."""
+
+    def __init__(self, plan: TablePlan):
+        self.plan, self.placed = plan, 0
+
+    def chosen_class(self, rows: object) -> type | None:
+        placed = is_whole(rows) and rows >= self.plan.min_rows
+        return PlacedEmbedding if placed else None
+
+    def next_seed(self) -> int:
+        self.placed += 1
+        return self.plan.seed + self.placed - 1
+
+
+_IN_FORCE: contextvars.ContextVar[_PlanState | None] = contextvars.ContextVar(
+    "table_plan", default=None
+)
+
+
+class PlacedEmbedding(keras.layers.Embedding):
+    """A `keras.layers.Embedding` whose rows live in an `EmbeddingTable` placed by the
+    strategy (`table`); made by a `TablePlan` in force, in place of the plain one.
+
+    Its lookups equal the plain layer's (ids cast to int32 unless int64, a
+    negative id counted from the end, the rows cast to the compute dtype).
+    `embeddings` is not one variable here: read the rows with `table.whole()`.
+    """
+
+    def __init__(self, input_dim, output_dim, *args, **kwargs):
+        if kwargs.get("name") is None:  # named as the plain layer would be: "embedding_3"
+            uid = keras.backend.get_uid("embedding")
+            kwargs["name"] = "embedding" if uid == 1 else f"embedding_{uid - 1}"
+        super().__init__(input_dim, output_dim, *args, **kwargs)
+        _check_placeable(self, kwargs)
+        state = _IN_FORCE.get()
+        if state is None:
+            raise ValueError(
+                "PlacedEmbedding is made by a loops.TablePlan in force (TablePlan().placing(), "
+                "or the Trainer's table_plan=): make a keras.layers.Embedding inside it."
+            )
+        make = state.plan.optimizer
+        self._table_optimizer = make() if make is not None else FROM_UPDATE
+        self._table_seed = state.next_seed()
+
+    def build(self, input_shape=None) -> None:
+        self.table = EmbeddingTable(
+            self.input_dim,
+            self.output_dim,
+            self._table_optimizer,
+            seed=self._table_seed,
+            name=self.name,
+        )
+        self.table.build()
+
+    @property
+    def embeddings(self):
+        raise AttributeError(
+            f"Embedding {self.name!r} was placed by a loops.TablePlan: its rows live in "
+            f"{self.name}.table, split as the strategy places it; read them with "
+            "table.whole(), or raise the plan's min_rows above its rows to keep it a "
+            "keras.layers.Embedding."
+        )
+
+    def call(self, inputs):
+        ids = tf.convert_to_tensor(inputs)
+        if ids.dtype not in (tf.int32, tf.int64):
+            ids = tf.cast(ids, tf.int32)
+        ids = tf.where(ids < 0, ids + tf.cast(self.input_dim, ids.dtype), ids)
+        return tf.cast(self.table(ids), self.compute_dtype)
+
+    def save_own_variables(self, store) -> None:
+        del store  # the table saves its own rows and slots (`EmbeddingTable`)
+
+    def load_own_variables(self, store) -> None:
+        del store
+
+
+def _check_placeable(layer: keras.layers.Embedding, kwargs: dict) -> None:
+    """Refuses, with the fix, an Embedding whose rows a placed table could not make or train."""
+    initializer = keras.initializers.serialize(layer.embeddings_initializer)
+    config = initializer.get("config", {}) if isinstance(initializer, dict) else {}
+    default = (
+        isinstance(layer.embeddings_initializer, keras.initializers.RandomUniform)
+        and config.get("minval") == -0.05
+        and config.get("maxval") == 0.05
+    )
+    refused = {
+        "embeddings_initializer": not default,
+        "embeddings_regularizer": layer.embeddings_regularizer is not None,
+        "embeddings_constraint": layer.embeddings_constraint is not None,
+        "lora_rank": bool(layer.lora_rank),
+        "quantization_config": kwargs.get("quantization_config") is not None,
+        "weights": kwargs.get("weights") is not None,
+    }
+    for name, is_refused in refused.items():
+        if is_refused:
+            raise ValueError(
+                f"keras.layers.Embedding({layer.input_dim}, {layer.output_dim}, {name}=...) "
+                "cannot be placed by the loops.TablePlan in force: a placed table draws "
+                "uniform [-0.05, 0.05] rows of its own and trains by rows. Drop "
+                f"{name}, or raise the plan's min_rows above {layer.input_dim} to keep this "
+                "Embedding replicated."
+            )
