@@ -5,7 +5,9 @@
 The chief trains tests/test_table_training.py's model (an EmbeddingTable and a
 Dense head) through `loops.Trainer` on its four batches and writes the table
 (read shard by shard), the head, each shard's rows and device and the table
-optimizer's step count into OUT.npz. Under
+optimizer's step count into OUT.npz; then tests/test_table_plan.py's model of plain
+Embeddings under a `loops.TablePlan` (its large table placed), whose table, accumulator,
+shards' rows and devices and step count it writes beside them (`plan_*`). Under
 loops-launch with parameter servers the workers and servers serve; without
 TF_CONFIG one process trains on the default strategy.
 """
@@ -15,6 +17,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
+import test_table_plan as plan_case
 import test_table_training as case
 
 import loops
@@ -45,7 +48,30 @@ def main(out):
         iterations=int(definition.table.optimizer.iterations.numpy()),
     )
     loop.close()
+    np.savez(out, **dict(np.load(out)), **planned(strategy))
     print(f"wrote {out}", flush=True)
+
+
+def planned(strategy):
+    """test_table_plan's model trained under a plan on `strategy`: its placed table's figures."""
+    loop = loops.Trainer(
+        plan_case.PlannedModel(),
+        strategy=strategy,
+        train_data=plan_case.batches,
+        table_plan=loops.TablePlan(min_rows=plan_case.MIN_ROWS),
+        progress=loops.testing.quiet_progress(),
+    )
+    loop.train(len(plan_case.BIG_IDS))
+    table = loop.definition.big.table
+    figures = {
+        "plan_table": table.whole().numpy(),
+        "plan_accumulator": table.whole("accumulator").numpy(),
+        "plan_shard_rows": np.array([shard.shape[0] for shard in table.shards]),
+        "plan_devices": np.array([shard.device for shard in table.shards]),
+        "plan_iterations": int(table.optimizer.iterations.numpy()),
+    }
+    loop.close()
+    return figures
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ def make_model(seed_rows=None):
 class PlannedModel(loops.Loop):
     """A model written with plain Embeddings, trained by one Update (Adagrad everywhere)."""
 
+    supports_parameter_server = True  # its steps are sums over examples
+
     def __init__(self, *, seed_rows=None, model=None, optimizer="adagrad", **loop_args):
         super().__init__(**loop_args)
         self.seed_rows, self.given_model, self.optimizer_name = seed_rows, model, optimizer

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import table_batches
 import tensorflow as tf
+import test_table_plan
 from table_batches import DIM, IDS, LOOKUPS, RATE, ROWS, TARGETS, UNTOUCHED
 
 import loops
@@ -305,6 +306,19 @@ def test_a_table_split_over_two_servers_trains_through_the_trainer(tmp_path):
     np.testing.assert_array_equal(two["table"][UNTOUCHED], initial[UNTOUCHED])
     assert np.isfinite(two["table"]).all() and np.isfinite(two["kernel"]).all()
     assert int(two["iterations"]) == len(IDS)
+    # The same cluster trains a model of plain Embeddings under a loops.TablePlan: its large
+    # table split over the servers, its accumulator too, untouched rows at their first draw.
+    assert two["plan_shard_rows"].tolist() == [20, 20]
+    assert two["plan_devices"].tolist() == two["devices"].tolist()
+    assert two["plan_accumulator"].shape == (test_table_plan.BIG, test_table_plan.DIM)
+    assert (two["plan_accumulator"] > 0.1).any()  # rows it updated (0.1 initially)
+    untouched = test_table_plan.UNTOUCHED
+    np.testing.assert_array_equal(
+        two["plan_table"][untouched], test_table_plan.plan_rows()[untouched]
+    )
+    np.testing.assert_array_equal(two["plan_accumulator"][untouched], np.float32(0.1))
+    assert np.isfinite(two["plan_table"]).all()
+    assert int(two["plan_iterations"]) == len(test_table_plan.BIG_IDS)
 
 
 def test_micro_batches_keep_a_shards_rows_that_only_a_later_one_looked_up():
