@@ -10,7 +10,9 @@ worker saves: the chief there, the other into OUT_DIR/worker_1). Each worker
 writes OUT_DIR/<task>.npz: the table and its slot read whole (a gather every
 worker runs) as made and after the step, its own block, that block's rows and
 device, the sizes of the variables it holds, what its replica looked up, and an SGD
-and a row-wise Adagrad table trained on every step from their start.
+and a row-wise Adagrad table trained on every step from their start; then
+test_table_plan's model of plain Embeddings trained by a Trainer under a
+`loops.TablePlan` (`plan_*`: its placed table split over the 2 workers).
 """
 
 import os
@@ -23,6 +25,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import test_placed_tables as case  # noqa: E402
+import test_table_plan  # noqa: E402
 
 import loops  # noqa: E402
 from loops import topology  # noqa: E402
@@ -57,6 +60,7 @@ def main(out_dir, checkpoint):
         ),
         looked_up=looked_up,
         **other_optimizers(strategy),
+        **test_table_plan.planned_figures(strategy),
     )
     print("placed table restored, trained and saved", flush=True)
 

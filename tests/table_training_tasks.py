@@ -48,30 +48,8 @@ def main(out):
         iterations=int(definition.table.optimizer.iterations.numpy()),
     )
     loop.close()
-    np.savez(out, **dict(np.load(out)), **planned(strategy))
+    np.savez(out, **dict(np.load(out)), **plan_case.planned_figures(strategy))
     print(f"wrote {out}", flush=True)
-
-
-def planned(strategy):
-    """test_table_plan's model trained under a plan on `strategy`: its placed table's figures."""
-    loop = loops.Trainer(
-        plan_case.PlannedModel(),
-        strategy=strategy,
-        train_data=plan_case.batches,
-        table_plan=loops.TablePlan(min_rows=plan_case.MIN_ROWS),
-        progress=loops.testing.quiet_progress(),
-    )
-    loop.train(len(plan_case.BIG_IDS))
-    table = loop.definition.big.table
-    figures = {
-        "plan_table": table.whole().numpy(),
-        "plan_accumulator": table.whole("accumulator").numpy(),
-        "plan_shard_rows": np.array([shard.shape[0] for shard in table.shards]),
-        "plan_devices": np.array([shard.device for shard in table.shards]),
-        "plan_iterations": int(table.optimizer.iterations.numpy()),
-    }
-    loop.close()
-    return figures
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import test_table_plan
 
 import loops
 from loops import placement, tf_private
@@ -309,6 +310,13 @@ def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_3_servers_to_one_pro
         np.testing.assert_allclose(worker["looked_up"], tables[1][ids], rtol=0, atol=1e-6)
     np.testing.assert_allclose(worker["table"], tables[2], rtol=0, atol=1e-5)
     np.testing.assert_array_equal(worker["table"][UNTOUCHED], initial[UNTOUCHED])
+    # A model of plain Embeddings under a TablePlan on the 2 workers (its large table split
+    # over them, one block each): the plain layer's losses and rows on one process.
+    one, plain_losses, _ = test_table_plan.run(1, 4, seed_rows=test_table_plan.plan_rows())
+    plain = one.big.embeddings.numpy()
+    assert worker["plan_shard_rows"].tolist() == [test_table_plan.BIG // 2]
+    np.testing.assert_allclose(worker["plan_losses"], plain_losses, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(worker["plan_table"], plain, rtol=0, atol=1e-6)
     # SGD and row-wise Adagrad on the 2 workers, every step: the float64 reference's.
     for optimizer in ("sgd", "rowwise_adagrad"):
         _, alone = made_table(1, optimizer)

@@ -118,6 +118,33 @@ def run(replicas, steps, plan=None, model_dir=None, **definition_args):
     return trainer.definition, losses, weights
 
 
+def planned_figures(strategy):
+    """PlannedModel trained under a plan on `strategy` (in a cluster's task, every worker
+    calls it): its placed table's and accumulator's rows read whole, its shards' rows and
+    devices, its step count and its step losses, keyed `plan_*`."""
+    trainer = loops.Trainer(
+        PlannedModel(),
+        strategy=strategy,
+        train_data=batches,
+        table_plan=loops.TablePlan(min_rows=MIN_ROWS),
+        steps_per_loop=1,
+        progress=loops.testing.quiet_progress(),
+    )
+    steps = range(1, len(BIG_IDS) + 1)
+    losses = [float(np.ravel(trainer.train(step)["loss"])[-1]) for step in steps]
+    table = trainer.definition.big.table
+    figures = {
+        "plan_table": table.whole().numpy(),
+        "plan_accumulator": table.whole("accumulator").numpy(),
+        "plan_shard_rows": np.array([shard.shape[0] for shard in table.shards]),
+        "plan_devices": np.array([shard.device for shard in table.shards]),
+        "plan_iterations": int(table.optimizer.iterations.numpy()),
+        "plan_losses": np.array(losses),
+    }
+    trainer.close()
+    return figures
+
+
 def plan_rows():
     """The placed big table's initial rows: the table's own draw of seed 0."""
     return table_blocks.uniform_rows(0, 0, (BIG, DIM), -0.05, 0.05).numpy()
