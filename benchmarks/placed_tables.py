@@ -9,7 +9,9 @@ accumulator: twice the table's bytes), a global batch of ids 2 an example:
 - replicated: a `keras.layers.Embedding`, a whole copy (and accumulator) on every replica,
   its rows' gradients all-gathered and applied on every copy (`loops.Update`'s sparse path);
 - placed: a `loops.EmbeddingTable`, one block of rows (and its accumulator) per replica,
-  lookups and row gradients exchanged by all-reduce (`loops.tables.table_blocks`).
+  lookups and row gradients exchanged by all-reduce (`loops.tables.table_blocks`);
+- planned (memory, one process): the replicated mode's `keras.layers.Embedding` made under a
+  `loops.TablePlan`, which places it as the placed mode's table.
 
 Memory: each (mode, replicas) in a process of its own, its resident memory (VmRSS) read
 after the strategy is made and after --memory_steps steps; the growth between is what the
@@ -32,6 +34,8 @@ import sys
 from benchmarks import embedding_tables, report
 
 MODES = ("replicated", "placed")
+# A plain Embedding placed by a loops.TablePlan: the placed mode's table, measured for memory.
+PLANNED = "planned"
 LOOKUPS, RATE = embedding_tables.LOOKUPS, embedding_tables.RATE
 MEMORY_REPLICAS = (1, 4)
 # `--case`'s replicas for a task of a 2-worker cluster.
@@ -66,6 +70,9 @@ def make_model(mode: str, rows: int, dim: int):
     ids = keras.Input((LOOKUPS,), dtype="int32")
     if mode == "placed":
         table = loops.EmbeddingTable(rows, dim, keras.optimizers.Adagrad(RATE), name="table")
+    elif mode == PLANNED:  # takes the Update's table optimizer
+        with loops.TablePlan(min_rows=1).placing():
+            table = keras.layers.Embedding(rows, dim, name="table")
     else:
         table = keras.layers.Embedding(rows, dim, name="table")
     vectors = table(ids)
@@ -92,6 +99,8 @@ def make_step(strategy, mode: str, rows: int, dim: int, global_batch_size: int):
         if mode == "replicated":
             tables = keras.optimizers.Adagrad(RATE)
             tables.build([model.get_layer("table").embeddings])
+        elif mode == PLANNED:
+            tables = keras.optimizers.Adagrad(RATE)
         dense = keras.optimizers.SGD(RATE)
         dense.build(model.get_layer("head").trainable_variables)
         update = loops.Update(context, dense, model, table_optimizer=tables)
@@ -131,7 +140,7 @@ def memory_case(args) -> dict:
 def memory(args) -> list[dict]:
     """Each memory case in a process of its own, as `memory_case` reads it."""
     cases = []
-    for mode in MODES:
+    for mode in (*MODES, PLANNED):
         for replicas in MEMORY_REPLICAS:
             case = _in_own_process(
                 [
@@ -144,6 +153,8 @@ def memory(args) -> list[dict]:
             case["grown_mb"] = (case["after"] - case["before"]) / 2**20
             cases.append(case)
             print(f"memory {mode} on {replicas}: +{case['grown_mb']:,.0f} MB", flush=True)
+        if mode == PLANNED:
+            continue  # the placed mode's table, on 2 workers too
         for task, case in _on_two_workers(args, mode).items():
             case.update(replicas=task, grown_mb=(case["after"] - case["before"]) / 2**20)
             cases.append(case)

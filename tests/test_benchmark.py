@@ -386,6 +386,9 @@ def test_tiny_placed_tables_benchmark_holds_one_copy_of_the_table_on_four_replic
     # all (4 replicas' traced functions and collectives cost about 190 MiB more than 1's).
     assert grown[("replicated", "4")] - grown[("replicated", "1")] > 2.5 * copy, grown
     assert grown[("placed", "4")] - grown[("placed", "1")] < 0.75 * copy, grown
+    # A plain Embedding placed by a TablePlan: one copy in all, as the placed table.
+    assert grown[("planned", "4")] - grown[("planned", "1")] < 0.75 * copy, grown
+    assert grown[("replicated", "4")] - grown[("planned", "4")] > 2 * copy, grown
     # On 2 workers (one replica each) a replicated table is a whole copy in each task, a
     # placed one half of one (about half a copy less, with the collectives' own cost).
     for task in ("worker_0", "worker_1"):
