@@ -13,6 +13,10 @@ import loops
 import loops_models as models
 from conftest import read_results
 from loops.core import outputs
+from loops.definition import step_options
+from loops.definition.bad_step_rules import RuleSite
+from loops.run.faults import builtin_rules
+from loops.vocabulary import settings
 
 CEILING = 50.0  # the steps' gradient norms are 1-4, those of batches scaled 50 times ~190
 
@@ -221,3 +225,23 @@ def test_an_eval_step_may_not_return_a_flag():
         r"and an eval step makes no update: return loops\.Sum\(bad\) to count such batches\.$",
     ):
         outputs.columns({"bad": loops.Flag(tf.constant(1))}, "eval_step", arrays=True)
+
+
+def test_the_built_in_rules_are_the_declared_reactions_in_order_and_a_definitions_rule_is_none():
+    rules = builtin_rules.BUILTIN_RULES
+    assert tuple(rule.setting for rule in rules) == settings.REACTIONS
+    assert settings.REACTIONS == ("on_nonfinite", "on_loss_spike")
+    options = loops.RunConfig().replace(on_loss_spike="recover")
+    made = builtin_rules.run_rules(
+        step_options.of(options),
+        RuleSite(False, "loss", "Kind"),
+        [GradNormCeiling("stop", CEILING)],
+    )
+    assert [type(rule).__name__ for rule in made] == [
+        "NonFiniteSteps",
+        "LossSpikes",
+        "GradNormCeiling",
+    ]
+    assert [rule.reaction for rule in made] == ["stop", "recover", "stop"]
+    with pytest.raises(NotImplementedError, match="GradNormCeiling is no built-in rule"):
+        GradNormCeiling.from_options(options, RuleSite(False, "loss", "Kind"))

@@ -452,12 +452,13 @@ def flags_config():
         # (which needs a model_dir of its own), a profile of train steps, early stopping
         # and keeping the best do not apply to them. They keep ema_decay: the checkpoints
         # hold the averages the evaluator evaluates with.
+        # Every built-in bad-step rule at its declared default (stop, or off).
+        reactions = {name: settings.BY_NAME[name].default for name in settings.REACTIONS}
         return config.replace(
             model_dir=None,
             eval_every=eval_every(),
-            on_nonfinite="stop",
+            **reactions,
             max_recoveries=None,
-            on_loss_spike="ignore",
             profile_steps=None,
             early_stopping_metric=None,
             keep_best_metric=None,

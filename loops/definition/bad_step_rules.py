@@ -11,7 +11,7 @@ and what a recovery records as its cause. A definition adds its own with
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +34,15 @@ class BadStep(NamedTuple):
     # Go back to a checkpoint saved before this step (a spike's first high step: one saved
     # during it holds updates of its batches); None: the last checkpoint.
     before_step: int | None = None
+
+
+class RuleSite(NamedTuple):
+    """What a built-in rule is made with besides the step options: where the run's graph
+    leaves a flagged update out, the definition's watched output, its class name."""
+
+    leaves_out_updates: bool
+    watched_loss: str | None
+    kind: str
 
 
 class BadStepRule:
@@ -80,6 +89,17 @@ class BadStepRule:
                 f"{reaction!r}; a rule to ignore is one not registered."
             )
         self.reaction = reaction
+
+    @classmethod
+    def from_options(cls, options: Any, site: RuleSite) -> BadStepRule | None:
+        """A built-in rule (`loops.run.faults.builtin_rules`) as the run's step options set
+        its `setting` and parameters; None where they turn it off."""
+        raise NotImplementedError(f"{cls.__name__} is no built-in rule: a definition makes it.")
+
+    @classmethod
+    def check_definition(cls, definition_class: type, reaction: str) -> None:
+        """Refuses, with the fix, a definition whose steps the built-in rule at `reaction`
+        (its setting's value) cannot watch; by default every one."""
 
     def scan(
         self, logs: Mapping[str, np.ndarray], kinds: Mapping[str, type], first_step: int
@@ -130,6 +150,10 @@ class NonFiniteSteps(BadStepRule):
         "on_nonfinite='skip' (--on_nonfinite=skip; asynchronous workers leave out a "
         "non-finite update under every policy) or 'stop'."
     )
+
+    @classmethod
+    def from_options(cls, options: Any, site: RuleSite) -> NonFiniteSteps:
+        return cls(options.on_nonfinite, leaves_out_updates=site.leaves_out_updates)
 
     def __init__(self, reaction: str, *, leaves_out_updates: bool) -> None:
         self.skips = reaction == "skip"

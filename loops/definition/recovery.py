@@ -65,13 +65,14 @@ class Recoveries(tf.Module):
 
 def check_max_recoveries(
     max_recoveries: int | None,
-    on_nonfinite: str,
-    on_loss_spike: str = "ignore",
+    reactions: Mapping[str, str],
     own_reactions: Mapping[str, str] | None = None,
 ) -> int:
     """`max_recoveries`, or the default when None; a ValueError for a bad one.
 
     Args:
+        reactions: the built-in bad-step rules' reactions by setting (on_nonfinite, ...:
+            `settings.REACTIONS`).
         own_reactions: the definition's own bad-step rules (`Loop.bad_step_rules`), their
             class names -> reactions ("stop" or "recover").
 
@@ -81,14 +82,17 @@ def check_max_recoveries(
     if max_recoveries is None:
         return DEFAULT_MAX_RECOVERIES
     own = dict(own_reactions or {})
-    if "recover" not in (on_nonfinite, on_loss_spike, *own.values()):
+    if "recover" not in (*reactions.values(), *own.values()):
         listed = ", ".join(f"{name} {reaction!r}" for name, reaction in own.items()) or "none"
+        built_in = ", ".join(
+            f"{name}='recover' (got {value!r})" for name, value in reactions.items()
+        )
+        first = next(iter(reactions), "on_nonfinite")
         raise ValueError(
-            f"max_recoveries={max_recoveries!r} applies only to on_nonfinite='recover' "
-            f"(got {on_nonfinite!r}), on_loss_spike='recover' (got {on_loss_spike!r}) or a "
+            f"max_recoveries={max_recoveries!r} applies only to {built_in} or a "
             "bad-step rule of the definition's own made with reaction 'recover' "
-            f"(Loop.bad_step_rules; got {listed}); drop it, or pass on_nonfinite='recover' "
-            "(--on_nonfinite=recover)."
+            f"(Loop.bad_step_rules; got {listed}); drop it, or pass {first}='recover' "
+            f"(--{first}=recover)."
         )
     if not is_whole(max_recoveries, 1):
         raise ValueError(

@@ -90,7 +90,9 @@ def of(config: RunConfig, own_reactions: Mapping[str, str] | None = None) -> Ste
     values = config.flat()
     named = {field.name: values[field.name] for field in dataclasses.fields(StepOptions)}
     named["max_recoveries"] = recovery.check_max_recoveries(
-        values["max_recoveries"], values["on_nonfinite"], values["on_loss_spike"], own_reactions
+        values["max_recoveries"],
+        {name: values[name] for name in settings.REACTIONS},
+        own_reactions,
     )
     _check_combinations(values)
     growth_steps = values["loss_scale_growth_steps"] or settings.DEFAULT_LOSS_SCALE_GROWTH_STEPS

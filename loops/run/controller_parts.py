@@ -9,6 +9,7 @@ from typing import Any
 
 from loops.core import reporting
 from loops.definition import executors
+from loops.definition.bad_step_rules import RuleSite
 from loops.definition.recovery import Recoveries
 from loops.definition.run_context import Definition, StepContext
 from loops.definition.run_state import RunState
@@ -17,7 +18,8 @@ from loops.run import profiling
 from loops.run.checkpoint_keeper import RunCheckpoints
 from loops.run.context_view import RunView
 from loops.run.controller_options import RunOptions
-from loops.run.execution.inner_loops import InnerLoops, run_rules
+from loops.run.execution.inner_loops import InnerLoops
+from loops.run.faults import builtin_rules
 from loops.run.faults.bad_steps import BadStepPolicy
 from loops.run.input_sources import EvalInput, RunInputs
 from loops.run.reporter import RunReport
@@ -158,15 +160,14 @@ def _bad_step_policy(
     train_input: TrainInput,
     recoveries: Recoveries,
 ) -> BadStepPolicy:
-    """The run's bad-step policy, over its rules (`inner_loops.run_rules`)."""
+    """The run's bad-step policy, over its rules (`builtin_rules.run_rules`)."""
     options = step_context.options
-    rules = run_rules(
-        options,
+    site = RuleSite(
         leaves_out_updates=step_context.update.nonfinite.skips,
         watched_loss=definition.watched_loss,
         kind=type(definition).__name__,
-        own_rules=definition.bad_step_rules(),
     )
+    rules = builtin_rules.run_rules(options, site, definition.bad_step_rules())
     return BadStepPolicy(
         rules,
         current_step=lambda: state.step,

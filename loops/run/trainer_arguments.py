@@ -14,6 +14,7 @@ from loops.placement import Placement
 from loops.run.actions import Action
 from loops.run.controller_options import RunOptions
 from loops.run.execution import loop_execution
+from loops.run.faults import builtin_rules
 from loops.vocabulary import settings
 from loops.vocabulary.config_tree import unknown_setting
 from loops.vocabulary.run_config_tree import RunConfig
@@ -90,8 +91,7 @@ def checked_options(
     loop_execution.check_can_run(
         type(definition),
         placement,
-        on_nonfinite=options.on_nonfinite,
-        on_loss_spike=options.on_loss_spike,
+        reactions=builtin_rules.reactions_of(options),
         has_train_data=has_train_data or not definition.needs_train_data,
         model_dir=values["model_dir"],
         own_rules=own_rules,

@@ -191,6 +191,10 @@ class Setting:
         annotation: the Python type where the kind's is not it (a parsed flag's).
         path: a file or folder path ("string"): its flag expands a leading ~ to the home
             folder, which a shell leaves as it is in --name=~/...
+        reaction: a built-in bad-step rule's reaction (what its bad step leads to): the rule
+            class of the run that names it as its `setting` reads it
+            (`loops.run.faults.builtin_rules`), and a run that trains nothing (the
+            evaluator, the range test) sets it back to its default.
     """
 
     name: str
@@ -210,6 +214,7 @@ class Setting:
     upper_bound: float | None = None
     annotation: str = ""
     path: bool = False
+    reaction: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_TYPES:

@@ -626,6 +626,7 @@ SETTINGS: tuple[Setting, ...] = (
         loop=True,
         check=lambda name, value: _check_policy(name, value),
         choices=tuple(NONFINITE_POLICIES),
+        reaction=True,
     ),
     Setting(
         "max_recoveries",
@@ -653,6 +654,7 @@ SETTINGS: tuple[Setting, ...] = (
         loop=True,
         check=one_of(LOSS_SPIKE_POLICIES),
         choices=LOSS_SPIKE_POLICIES,
+        reaction=True,
     ),
     Setting(
         "loss_spike_factor",
@@ -693,6 +695,8 @@ SETTINGS: tuple[Setting, ...] = (
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
 # The `loops.Trainer` keyword arguments that are settings, in declaration order.
 LOOP_SETTINGS: tuple[Setting, ...] = tuple(setting for setting in SETTINGS if setting.loop)
+# The built-in bad-step rules' reactions ("on_nonfinite", ...), in the order declared.
+REACTIONS: tuple[str, ...] = tuple(setting.name for setting in SETTINGS if setting.reaction)
 # The flags every binary has that are not declared here: absl's own.
 ABSL_FLAGS_FREE_TO_CHANGE = frozenset({"verbosity"})
 

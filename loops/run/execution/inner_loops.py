@@ -10,11 +10,8 @@ from typing import NamedTuple
 import numpy as np
 
 from loops.definition import executors
-from loops.definition.bad_step_rules import BadStepRule, NonFiniteSteps
 from loops.definition.run_state import RunState
-from loops.definition.step_options import StepOptions
 from loops.run.execution.loop_schedule import LoopSchedule
-from loops.run.faults import loss_spikes
 from loops.run.faults.bad_steps import BadStepPolicy
 from loops.run.profiling import StepProfiler
 from loops.run.reporter import InnerLoop, RunReport, TimedCall, TrainHistory
@@ -188,35 +185,3 @@ class InnerLoops:
             max_recoveries=bad_steps.max_recoveries,
         )
         return True
-
-
-def run_rules(
-    options: StepOptions,
-    *,
-    leaves_out_updates: bool,
-    watched_loss: str | None,
-    kind: str,
-    own_rules: Sequence[BadStepRule],
-) -> list[BadStepRule]:
-    """A run's bad-step rules: non-finite steps, loss spikes where watched, and the
-    definition's own (`Loop.bad_step_rules`).
-
-    Args:
-        options: the run's step options (on_nonfinite, on_loss_spike and its settings).
-        leaves_out_updates: whether the graph leaves a non-finite step's update out
-            (`loops.core.nonfinite_updates.NonFiniteUpdates.skips`).
-        watched_loss: the definition's output that loss spikes are watched on.
-        kind: the definition's class name, which the loss spike rule's errors name.
-        own_rules: the definition's own rules.
-    """
-    rules: list[BadStepRule] = [
-        NonFiniteSteps(options.on_nonfinite, leaves_out_updates=leaves_out_updates)
-    ]
-    if options.on_loss_spike != "ignore":
-        watch = loss_spikes.LossSpikeWatch(
-            loss_spikes.LossSpikeRule(
-                options.loss_spike_factor, options.loss_spike_steps, options.loss_spike_window
-            )
-        )
-        rules.append(loss_spikes.LossSpikes(options.on_loss_spike, watch, watched_loss, kind))
-    return [*rules, *own_rules]

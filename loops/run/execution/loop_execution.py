@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
 from loops.definition import executors
-from loops.definition.bad_step_rules import BadStepRule, NonFiniteSteps
+from loops.definition.bad_step_rules import BadStepRule
 from loops.placement import Placement
-from loops.run.faults import bad_steps
-from loops.run.faults.loss_spikes import LossSpikes
+from loops.run.faults import bad_steps, builtin_rules
 from loops.run.parameter_servers import exact_parameter_server
 
 
@@ -18,10 +17,9 @@ def check_can_run(
     loop_class: type,
     placement: Placement,
     *,
-    on_nonfinite: str,
+    reactions: Mapping[str, str],
     has_train_data: bool,
     model_dir: str | None,
-    on_loss_spike: str = "ignore",
     own_rules: Sequence[BadStepRule] = (),
 ) -> None:
     """Raises ValueError when a loop of `loop_class` cannot train where `placement` runs it so.
@@ -30,28 +28,23 @@ def check_can_run(
         loop_class: the definition's class; its `supports_parameter_server` says
             whether its steps are right for asynchronous workers.
         placement: where the run's variables live and its steps run.
+        reactions: the built-in bad-step rules' reactions by setting
+            (`builtin_rules.reactions_of` the step options).
         has_train_data: whether the loop has train data, or makes its own.
         own_rules: the definition's own bad-step rules (`Loop.bad_step_rules`),
             refused as the built-in ones are where they recover and cannot.
     """
     name = loop_class.__name__
     check_can_place(loop_class, placement)
-    if on_loss_spike != "ignore" and getattr(loop_class, "watched_loss", "loss") is None:
-        raise ValueError(
-            f"on_loss_spike={on_loss_spike!r} watches a loss for spikes, and {name} names "
-            "none (its watched_loss is None: its losses grow as it learns, which is no "
-            "sign of divergence). Pass on_loss_spike='ignore', or set watched_loss in a "
-            "subclass to an output bounded below by 0."
-        )
-    rules: tuple[tuple[type[BadStepRule], str], ...] = (
-        (NonFiniteSteps, on_nonfinite),
-        (LossSpikes, on_loss_spike),
-        *((type(rule), rule.reaction) for rule in own_rules),
-    )
-    for rule, policy in rules:
+    rules: list[tuple[type[BadStepRule], str]] = []
+    for rule in builtin_rules.BUILTIN_RULES:
+        rule.check_definition(loop_class, reactions[rule.setting])
+        rules.append((rule, reactions[rule.setting]))
+    rules += [(type(rule), rule.reaction) for rule in own_rules]
+    for rule_class, policy in rules:
         if policy == "recover":
             bad_steps.check_can_recover(
-                name, placement, rule, has_train_data=has_train_data, model_dir=model_dir
+                name, placement, rule_class, has_train_data=has_train_data, model_dir=model_dir
             )
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from loops.definition import recovery
-from loops.definition.bad_step_rules import BadStep, BadStepRule
+from loops.definition.bad_step_rules import BadStep, BadStepRule, RuleSite
 from loops.vocabulary.errors import LossSpikeError
 
 # The watch's name in a checkpoint, beside the definition's items (reserved: see the Trainer).
@@ -131,6 +131,26 @@ class LossSpikes(BadStepRule):
         "on_loss_spike='recover' (--on_loss_spike=recover) to go on from the last checkpoint "
         "past the batches that led to it."
     )
+
+    @classmethod
+    def from_options(cls, options: Any, site: RuleSite) -> LossSpikes | None:
+        if options.on_loss_spike == "ignore":
+            return None
+        rule = LossSpikeRule(
+            options.loss_spike_factor, options.loss_spike_steps, options.loss_spike_window
+        )
+        return cls(options.on_loss_spike, LossSpikeWatch(rule), site.watched_loss, site.kind)
+
+    @classmethod
+    def check_definition(cls, definition_class: type, reaction: str) -> None:
+        if reaction != "ignore" and getattr(definition_class, "watched_loss", "loss") is None:
+            raise ValueError(
+                f"on_loss_spike={reaction!r} watches a loss for spikes, and "
+                f"{definition_class.__name__} names none (its watched_loss is None: its "
+                "losses grow as it learns, which is no sign of divergence). Pass "
+                "on_loss_spike='ignore', or set watched_loss in a subclass to an output "
+                "bounded below by 0."
+            )
 
     def __init__(
         self, reaction: str, watch: LossSpikeWatch, output: str | None, definition_name: str
