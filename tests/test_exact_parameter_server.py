@@ -287,3 +287,5 @@ def test_the_slices_function_is_traced_once_for_every_step_of_one_loss():
         update(replica_loss, args=(tf.fill((4, 3), float(step)),))
     assert context.slice_gradients.scheduled_closures == 8
     assert context.slice_gradients.slice_traces == 1
+    # The chief's sum and apply: one function for the layout, traced once for these shapes.
+    assert context.slice_gradients.apply_traces == 1

@@ -73,6 +73,10 @@ class WorkerGradients:
         self.recomputed_closures = 0  # of them, scheduled again after their worker was lost
         self._checked: set[Any] = set()  # slice functions found to change no variable
         self._device: str | None = None  # where the chief applies the sum, once known
+        # The traced sum and apply, by (slice layout, gradients present, the Update's apply).
+        self._summing: dict[tuple, Any] = {}
+        # Each slice function's concrete functions, by the shapes and dtypes of a slice.
+        self._concretes: dict[tuple, Any] = {}
 
     def __call__(
         self,
@@ -90,13 +94,38 @@ class WorkerGradients:
         if compute not in self._checked:
             check_only_computes(function.get_concrete_function(*arguments[0]))
             self._checked.add(compute)
-        remote = [self._coordinator.schedule(function, args=slice_args) for slice_args in arguments]
+        remote = [
+            self._coordinator.schedule(self._concrete(function, slice_args), args=slice_args)
+            for slice_args in arguments
+        ]
         self.scheduled_closures += len(remote)
         results = [self._fetched(value, function, a) for value, a in zip(remote, arguments)]
         self.fetched_bytes += sum(np.asarray(part).nbytes for part in tf.nest.flatten(results))
         if self._device is None:  # the chief's, where its own ops run (fetched: NumPy)
             self._device = tf.zeros([]).device
-        return _summed_then(results, layout.key, tuple(layout.present), then, self._device)
+        summed_then = self._summed_then(layout.key, tuple(layout.present), then)
+        return summed_then(results)
+
+    def _summed_then(self, key: tuple, present: tuple, then: Callable[..., Any]) -> Any:
+        """The traced sum and `then` of one slice layout and one Update's apply, made once.
+
+        Only the fetched tensors are its arguments: the layout (dozens of Python values)
+        held by the function instead costs no check on each call (passed as arguments, they
+        cost the chief about 4 ms a step)."""
+        known = self._summing.get((key, present, then))
+        if known is None:
+            device = self._device
+
+            def summed_then(results: list[Any]) -> Any:
+                with tf.device(device):  # the chief's
+                    loss, logs, kept = _summed(results, key)
+                    gradients = [kept.pop(0) if has else None for has in present]
+                    return then(loss, logs, gradients)
+
+            known = self._summing[(key, present, then)] = tf.function(
+                summed_then, reduce_retracing=True
+            )
+        return known
 
     @staticmethod
     def _sliced(args: Sequence[Any], slices: int) -> list[tuple[Any, Any, Any]]:
@@ -125,6 +154,17 @@ class WorkerGradients:
             )
         return arguments
 
+    def _concrete(self, function: Any, slice_args: tuple) -> Any:
+        """`function`'s concrete function for a slice of these shapes and dtypes, kept: the
+        coordinator takes one as it is, where it would look a tf.function's up on every
+        closure (about half a millisecond of the chief's each)."""
+        leaves = tf.nest.flatten(slice_args)
+        signature = (function, tuple((np.shape(leaf), np.asarray(leaf).dtype) for leaf in leaves))
+        concrete = self._concretes.get(signature)
+        if concrete is None:
+            concrete = self._concretes[signature] = function.get_concrete_function(*slice_args)
+        return concrete
+
     @property
     def slice_traces(self) -> int:
         """How often the slices' functions were traced, in this process: once a loss and
@@ -132,6 +172,12 @@ class WorkerGradients:
         return sum(
             function.experimental_get_tracing_count() for function, _ in self._scheduled.values()
         )
+
+    @property
+    def apply_traces(self) -> int:
+        """How often the chief's sum-and-apply functions were traced, in this process: once
+        a slice layout and Update, and again once the fetched shapes vary."""
+        return sum(function.experimental_get_tracing_count() for function in self._summing.values())
 
     def _fetched(self, value, function, arguments) -> Any:
         """The result of a slice's closure, computed again where the worker that held it was
@@ -199,23 +245,11 @@ def check_only_computes(concrete: Any) -> None:
     )
 
 
-@tf.function(reduce_retracing=True)
-def _summed_then(
-    results: list[Any], key: tuple, present: tuple, then: Callable[..., Any], device: str
-) -> Any:
-    """`then(loss, logs, gradients)` of the slices' sum (`_summed`), in one traced function,
-    its inputs placed on `device` (the chief's)."""
-    with tf.device(device):
-        loss, logs, kept = _summed(results, key)
-        gradients = [kept.pop(0) if has else None for has in present]
-        return then(loss, logs, gradients)
-
-
 def _summed(results: list[Any], key: tuple) -> tuple[tf.Tensor, dict[str, tf.Tensor], list[Any]]:
     """The slices' packed results (`sent_slices`) as one replica's, traced on the chief
-    (`_summed_then`): the loss and gradients weighted by each slice's count over their total,
-    the logs summed; in worker order, in float64. A table's rows are concatenated and
-    summed by id."""
+    (`WorkerGradients._summed_then`): the loss and gradients weighted by each slice's count
+    over their total, the logs summed; in worker order, in float64. A table's rows are
+    concatenated and summed by id."""
     slices = [sent_slices.unpacked(packs, shapes, key) for packs, shapes in results]
     counts = [tf.cast(result.count, tf.float64) for result in slices]
     total = functools.reduce(operator.add, counts)
