@@ -212,7 +212,7 @@ def unnamed(weights):
     return {re.sub(r"embedding_\d+", "embedding", key): value for key, value in weights.items()}
 
 
-def test_a_plan_is_refused_where_it_cannot_place_a_table():
+def test_a_plan_is_refused_where_it_cannot_place_a_table(tmp_path):
     with pytest.raises(ValueError, match=r"min_rows=0\) needs a whole number >= 1"):
         loops.TablePlan(min_rows=0)
     with pytest.raises(ValueError, match="not an optimizer: each table keeps its own slots"):
@@ -223,6 +223,9 @@ def test_a_plan_is_refused_where_it_cannot_place_a_table():
         pytest.raises(ValueError, match="embeddings_initializer.*min_rows above 40"),
     ):
         keras.layers.Embedding(BIG, DIM, embeddings_initializer="zeros")
+    planned, _, _ = run(1, 1, plan)
+    with pytest.raises(ValueError, match="a .keras or .weights.h5 file would leave its rows out"):
+        planned.model.save_weights(os.path.join(tmp_path, "model.weights.h5"))
     with pytest.raises(ValueError, match=r"'embedding\w*' \(40 rows\) was made before"):
         run(1, 1, plan, model=make_model())
     with pytest.raises(ValueError, match="Adam has no exact row update.*TablePlan"):

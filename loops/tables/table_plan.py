@@ -179,10 +179,21 @@ class PlacedEmbedding(keras.layers.Embedding):
         return tf.cast(self.table(ids), self.compute_dtype)
 
     def save_own_variables(self, store) -> None:
-        del store  # the table saves its own rows and slots (`EmbeddingTable`)
+        del store
+        raise ValueError(_NOT_IN_KERAS_FILES.format(name=self.name))
 
     def load_own_variables(self, store) -> None:
         del store
+        raise ValueError(_NOT_IN_KERAS_FILES.format(name=self.name))
+
+
+# Keras' own files hold Keras variables, and a placed table's rows are TensorFlow variables
+# split by the strategy: such a file would leave them out without a word.
+_NOT_IN_KERAS_FILES = (
+    "Embedding {name!r} was placed by a loops.TablePlan: a .keras or .weights.h5 file would "
+    "leave its rows out. Save it with tf.train.Checkpoint (the Trainer's checkpoints) or as "
+    "a SavedModel (loops' exports), which hold the rows whole on every layout."
+)
 
 
 def _check_placeable(layer: keras.layers.Embedding, kwargs: dict) -> None:
