@@ -289,3 +289,30 @@ def test_the_slices_function_is_traced_once_for_every_step_of_one_loss():
     assert context.slice_gradients.slice_traces == 1
     # The chief's sum and apply: one function for the layout, traced once for these shapes.
     assert context.slice_gradients.apply_traces == 1
+
+
+def test_a_python_value_in_the_slices_args_gets_a_function_of_its_own():
+    # A trace holds a Python value of the args as a constant (the GAN's critic index): each
+    # value has its own traced slice function, never another value's (kept by shapes alone,
+    # the second value's slices once failed to bind).
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        context = slice_update_context(
+            strategy, exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy))
+        )
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        update = loops.Update(context, keras.optimizers.SGD(0.1), model)
+
+    def replica_loss(features, scale):
+        per_example = float(scale) * tf.reduce_sum(model(features, training=True), axis=1)
+        return loops.scale_to_global_batch(
+            per_example, loops.global_count(tf.shape(features)[0])
+        ), {}
+
+    losses = [
+        float(update(replica_loss, args=(tf.ones((4, 3)), scale)).sums["loss"])
+        for scale in (0, 1, 0, 1)
+    ]
+    assert losses[0] == losses[2] == 0.0 and losses[1] != 0.0
+    assert context.slice_gradients.scheduled_closures == 8
+    assert context.slice_gradients.slice_traces == 2

@@ -155,11 +155,10 @@ class WorkerGradients:
         return arguments
 
     def _concrete(self, function: Any, slice_args: tuple) -> Any:
-        """`function`'s concrete function for a slice of these shapes and dtypes, kept: the
-        coordinator takes one as it is, where it would look a tf.function's up on every
-        closure (about half a millisecond of the chief's each)."""
-        leaves = tf.nest.flatten(slice_args)
-        signature = (function, tuple((np.shape(leaf), np.asarray(leaf).dtype) for leaf in leaves))
+        """`function`'s concrete function for a slice of these shapes, dtypes and Python
+        values, kept: the coordinator takes one as it is, where it would look a tf.function's
+        up on every closure (about half a millisecond of the chief's each)."""
+        signature = (function, tuple(_traced_as(leaf) for leaf in tf.nest.flatten(slice_args)))
         concrete = self._concretes.get(signature)
         if concrete is None:
             concrete = self._concretes[signature] = function.get_concrete_function(*slice_args)
@@ -206,6 +205,14 @@ class WorkerGradients:
 
             self._scheduled[compute] = (tf.function(on_worker), layout)
         return self._scheduled[compute]
+
+
+def _traced_as(leaf: Any) -> tuple:
+    """What a trace of a slice's function sees of one leaf of its arguments: a tensor's or
+    array's shape and dtype, a Python value itself (a trace holds it as a constant)."""
+    if isinstance(leaf, (tf.Tensor, np.ndarray, np.generic)):
+        return (tuple(leaf.shape), leaf.dtype)
+    return (type(leaf), leaf)
 
 
 # Ops that change a variable's value: a slice's closure must run none (it may run twice).
