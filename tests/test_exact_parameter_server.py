@@ -266,9 +266,9 @@ def test_a_step_that_writes_a_variable_on_the_workers_is_refused_naming_it():
         np.testing.assert_array_equal(got, want)
 
 
-def test_the_slices_function_is_traced_once_for_every_step_of_one_loss():
-    # The Update converts its loss for AutoGraph: a new object at every call, which once made
-    # a new function a step, traced again on the workers at every step (10-25x async).
+def dense_update_in_process():
+    """(context, update, its loss of features and a scale): a Dense model's loops.Update whose
+    slices an InProcessCoordinator computes, on one CPU standing for 2 workers."""
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         context = slice_update_context(
@@ -277,12 +277,19 @@ def test_the_slices_function_is_traced_once_for_every_step_of_one_loss():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         update = loops.Update(context, keras.optimizers.SGD(0.1), model)
 
-    def replica_loss(features):
-        per_example = tf.reduce_sum(model(features, training=True), axis=1)
+    def replica_loss(features, scale=1):
+        per_example = float(scale) * tf.reduce_sum(model(features, training=True), axis=1)
         return loops.scale_to_global_batch(
             per_example, loops.global_count(tf.shape(features)[0])
         ), {}
 
+    return context, update, replica_loss
+
+
+def test_the_slices_function_is_traced_once_for_every_step_of_one_loss():
+    # The Update converts its loss for AutoGraph: a new object at every call, which once made
+    # a new function a step, traced again on the workers at every step (10-25x async).
+    context, update, replica_loss = dense_update_in_process()
     for step in range(4):
         update(replica_loss, args=(tf.fill((4, 3), float(step)),))
     assert context.slice_gradients.scheduled_closures == 8
@@ -295,20 +302,7 @@ def test_a_python_value_in_the_slices_args_gets_a_function_of_its_own():
     # A trace holds a Python value of the args as a constant (the GAN's critic index): each
     # value has its own traced slice function, never another value's (kept by shapes alone,
     # the second value's slices once failed to bind).
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    with strategy.scope():
-        context = slice_update_context(
-            strategy, exact_parameter_server.WorkerGradients(InProcessCoordinator(strategy))
-        )
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        update = loops.Update(context, keras.optimizers.SGD(0.1), model)
-
-    def replica_loss(features, scale):
-        per_example = float(scale) * tf.reduce_sum(model(features, training=True), axis=1)
-        return loops.scale_to_global_batch(
-            per_example, loops.global_count(tf.shape(features)[0])
-        ), {}
-
+    context, update, replica_loss = dense_update_in_process()
     losses = [
         float(update(replica_loss, args=(tf.ones((4, 3)), scale)).sums["loss"])
         for scale in (0, 1, 0, 1)
