@@ -101,6 +101,17 @@ def embedding_layers(model: Any) -> list[Any]:
     return [layer for layer in layers if type(layer) is keras.layers.Embedding]
 
 
+def embedding_rows(inputs: Any, rows: int) -> Any:
+    """The rows a `keras.layers.Embedding` of `rows` rows reads for `inputs`, as its own call
+    does: ids cast to int32 unless int64, a negative id counted from the end."""
+    import tensorflow as tf
+
+    ids = tf.convert_to_tensor(inputs)
+    if ids.dtype not in (tf.int32, tf.int64):
+        ids = tf.cast(ids, tf.int32)
+    return tf.where(ids < 0, ids + tf.cast(rows, ids.dtype), ids)
+
+
 def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
     """Makes a `keras.layers.Embedding` look its ids up with `lookup(table, ids)`; returns
     whether it did.
@@ -125,12 +136,8 @@ def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
 
         if isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor)):
             return keras_call(inputs)
-        ids = tf.convert_to_tensor(inputs)
-        if ids.dtype not in (tf.int32, tf.int64):
-            ids = tf.cast(ids, tf.int32)
         table = getattr(layer.embeddings, KERAS_VARIABLE_WRAPPED)
-        ids = tf.where(ids < 0, ids + tf.cast(table.shape[0], ids.dtype), ids)
-        rows = lookup(table, ids)
+        rows = lookup(table, embedding_rows(inputs, table.shape[0]))
         if rows is None:  # no sparse read here (not in a replica's step)
             return keras_call(inputs)
         return tf.cast(rows, layer.compute_dtype)

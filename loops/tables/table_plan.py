@@ -172,11 +172,8 @@ class PlacedEmbedding(keras.layers.Embedding):
         )
 
     def call(self, inputs):
-        ids = tf.convert_to_tensor(inputs)
-        if ids.dtype not in (tf.int32, tf.int64):
-            ids = tf.cast(ids, tf.int32)
-        ids = tf.where(ids < 0, ids + tf.cast(self.input_dim, ids.dtype), ids)
-        return tf.cast(self.table(ids), self.compute_dtype)
+        rows = keras_private.embedding_rows(inputs, self.input_dim)
+        return tf.cast(self.table(rows), self.compute_dtype)
 
     def save_own_variables(self, store) -> None:
         del store

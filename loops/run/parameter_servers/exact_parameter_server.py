@@ -109,9 +109,9 @@ class WorkerGradients:
     def _summed_then(self, key: tuple, present: tuple, then: Callable[..., Any]) -> Any:
         """The traced sum and `then` of one slice layout and one Update's apply, made once.
 
-        Only the fetched tensors are its arguments: the layout (dozens of Python values)
-        held by the function instead costs no check on each call (passed as arguments, they
-        cost the chief about 4 ms a step)."""
+        Only the fetched tensors are its arguments: the layout (dozens of Python values) is
+        held by the function, where as arguments each would be checked on every call
+        (benchmarks/RESULTS.md, "Parameter-server modes")."""
         known = self._summing.get((key, present, then))
         if known is None:
             device = self._device
@@ -157,7 +157,7 @@ class WorkerGradients:
     def _concrete(self, function: Any, slice_args: tuple) -> Any:
         """`function`'s concrete function for a slice of these shapes, dtypes and Python
         values, kept: the coordinator takes one as it is, where it would look a tf.function's
-        up on every closure (about half a millisecond of the chief's each)."""
+        up again on every closure."""
         signature = (function, tuple(_traced_as(leaf) for leaf in tf.nest.flatten(slice_args)))
         concrete = self._concretes.get(signature)
         if concrete is None:
