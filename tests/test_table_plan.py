@@ -249,3 +249,23 @@ def test_the_plan_is_in_force_inside_its_block_alone_even_when_the_block_fails()
         with pytest.raises(RuntimeError, match="already has a __new__ of its own"):
             with plan.placing():
                 pass
+
+
+def test_a_plans_optimizer_class_and_seed_are_taken_as_documented():
+    plan = loops.TablePlan(min_rows=MIN_ROWS, optimizer=keras.optimizers.Adagrad, seed=5)
+    with plan.placing():
+        first, second = keras.layers.Embedding(BIG, DIM), keras.layers.Embedding(BIG, 2)
+        first.build(), second.build()
+    assert [first.table.seed, second.table.seed] == [5, 6]
+    optimizers = [first.table.optimizer, second.table.optimizer]
+    assert all(type(optimizer) is keras.optimizers.Adagrad for optimizer in optimizers)
+    assert optimizers[0] is not optimizers[1]  # one a table: each keeps its own slots
+    np.testing.assert_array_equal(
+        first.table.whole().numpy(), table_blocks.uniform_rows(5, 0, (BIG, DIM), -0.05, 0.05)
+    )
+    # "update" is the one string an EmbeddingTable takes for its optimizer.
+    assert loops.EmbeddingTable(4, 2, "update").slot_names == ()
+    with pytest.raises(
+        ValueError, match=r"optimizer='adam'\): pass a Keras optimizer, or 'update'"
+    ):
+        loops.EmbeddingTable(4, 2, "adam")
