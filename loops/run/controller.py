@@ -228,10 +228,18 @@ class Controller:
     def _after_train(self, preemption: PreemptionWatcher, *, trained: bool) -> None:
         """Evaluates and saves at the end (unless done there), writes results, ends the actions."""
         state = self.state
+        records_changed = False
         if not state.preempted and self._evaluated_step != state.step:
+            before = self._action_records()
             self.evaluate()
+            records_changed = self._action_records() != before
             state.record(preempted=preemption.should_stop())
-        if self._checkpoints.saved_step != state.step and (trained or state.preempted):
+        # A rerun of a run preempted at its last step evaluates here, after that step's
+        # checkpoint: a record the evaluation changed (the kept best's) is saved with it, or
+        # a continuation would compare against the stale one.
+        if self._checkpoints.saved_step != state.step and (
+            trained or state.preempted or records_changed
+        ):
             self.save_checkpoint()
         # A SIGTERM during the final save or results leaves the export (often
         # the longest part) to the rerun, which finds nothing to train.
@@ -248,6 +256,14 @@ class Controller:
             return
         for action in self.actions:
             action.after_train(self.run_context)
+
+    def _action_records(self) -> list[Any]:
+        """The values of every action's checkpointed state (a KeepBest's best, its step)."""
+        return [
+            np.asarray(variable).tolist()
+            for variables in action_state(self.actions).values()
+            for _, variable in sorted(variables.items())
+        ]
 
     def evaluate(self) -> dict[str, float]:
         """Runs the definition's `run_evaluation`, reports it, runs the actions' `after_eval`."""

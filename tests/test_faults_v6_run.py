@@ -1,0 +1,59 @@
+"""A run preempted at its last step and rerun keeps one record of its best evaluation: the kept
+best's, in the run's own last checkpoint too (issue 64, item 15)."""
+
+import json
+
+import tensorflow as tf
+
+import loops
+from conftest import Counter, make_trainer
+from loops.run.faults import preemption
+
+# The eval loss at each step (evaluations every 2 steps): step 10's 2.0 is the best; step
+# 12's 2.5 beats only the record of step 4.
+SCRIPT = {2: 5.0, 4: 3.0, 6: 4.0, 8: 3.5, 10: 2.0, 12: 2.5}
+BEST_KEY = "action_keep_best/best/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+class ScriptedLoop(Counter):
+    def run_evaluation(self, run):
+        return {"loss": SCRIPT[self.step], "num_examples": 10}
+
+
+def scripted(model_dir):
+    return make_trainer(
+        ScriptedLoop,
+        strategy=loops.testing.replica_strategy(2),
+        model_dir=model_dir,
+        eval_every=2,
+        steps_per_loop=2,
+        actions=[loops.KeepBest("loss")],
+    )
+
+
+def test_a_rerun_of_a_run_preempted_at_its_last_step_saves_the_best_it_finds(tmp_path, monkeypatch):
+    first = scripted(str(tmp_path))
+    # A preemption noted during the last inner loop: the run saves step 10 unevaluated.
+    monkeypatch.setattr(
+        preemption.PreemptionWatcher, "should_stop", lambda self: first.state.step >= 10
+    )
+    first.train(10)
+    first.close()
+    assert first.state.preempted and first.state.step == 10
+    monkeypatch.undo()
+    assert tf.train.load_checkpoint(str(tmp_path / "checkpoints")).get_tensor(BEST_KEY) == 3.0
+
+    rerun = scripted(str(tmp_path))
+    rerun.train(10)  # nothing to train: it evaluates step 10 and keeps it as the best
+    rerun.close()
+    record = json.loads((tmp_path / "best" / "best.json").read_text())
+    assert (record["step"], record["value"]) == (10, 2.0)
+    # The run's own checkpoint of step 10 holds the same record (before: 3.0, step 4's).
+    assert tf.train.load_checkpoint(str(tmp_path / "checkpoints")).get_tensor(BEST_KEY) == 2.0
+
+    longer = scripted(str(tmp_path))
+    longer.train(12)  # 2.5 at step 12 is no better than the kept 2.0
+    longer.close()
+    record = json.loads((tmp_path / "best" / "best.json").read_text())
+    assert (record["step"], record["value"]) == (10, 2.0)
+    assert tf.train.latest_checkpoint(str(tmp_path / "best")).endswith("ckpt-10")
