@@ -179,6 +179,7 @@ SLOW_TESTS = (
     "test_parity.py::test_the_empty_replica_note_is_never_added_for_a_model_without_convolutions",
     "test_placed_tables.py::test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_3_servers_to_one_process",
     "test_profiling.py::test_the_flag_traces_from_a_binary_and_refuses_a_bad_range",
+    "test_ps_binary_parity.py",
     "test_loss_spikes.py::test_a_spike_is_rolled_back_past_a_checkpoint_saved_during_it",
     "test_readme.py::test_readme_subclass_example_trains",
     "test_recommender.py::test_placed_tables_split_over_the_replicas_train_and_export_as_one_replica_does",
