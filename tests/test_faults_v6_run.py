@@ -1,8 +1,12 @@
 """A run preempted at its last step and rerun keeps one record of its best evaluation: the kept
 best's, in the run's own last checkpoint too (issue 64, item 15)."""
 
+import contextlib
 import json
+import os
+import subprocess
 
+import pytest
 import tensorflow as tf
 
 import loops
@@ -57,3 +61,41 @@ def test_a_rerun_of_a_run_preempted_at_its_last_step_saves_the_best_it_finds(tmp
     record = json.loads((tmp_path / "best" / "best.json").read_text())
     assert (record["step"], record["value"]) == (10, 2.0)
     assert tf.train.latest_checkpoint(str(tmp_path / "best")).endswith("ckpt-10")
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A folder on a 64 KiB file system that a file already fills (item 12)."""
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mount_point], check=True)
+    try:
+        with contextlib.suppress(OSError), open(mount_point / "filler", "wb") as filler:
+            while True:
+                filler.write(b"x" * 4096)
+                filler.flush()
+        yield mount_point
+    finally:
+        subprocess.run(["umount", mount_point], check=True)
+
+
+def test_a_checkpoint_on_a_full_disk_says_so_in_whole_words_and_leaves_no_temp_folder(full_disk):
+    from loops.model_dir.checkpoints import Checkpointer
+
+    directory = full_disk / "best"
+    checkpointer = Checkpointer(
+        strategy=tf.distribute.get_strategy(),
+        directory=str(directory),
+        items={"weights": tf.Variable(tf.ones([64, 64]))},
+        step_counter=tf.Variable(10, dtype=tf.int64),
+        max_to_keep=1,
+    )
+    with pytest.raises(OSError) as raised:
+        checkpointer.save()
+    # Before: "...; No s)", TensorFlow's message cut at 200 characters, and ckpt-10_temp.
+    assert str(raised.value) == (
+        f"Could not write a checkpoint into {directory} (No space left on device). Free space "
+        "or make the directory writable (or pass another --model_dir); the checkpoints "
+        "already there are intact."
+    )
+    assert not [name for name in os.listdir(directory) if name.startswith("ckpt-10")]

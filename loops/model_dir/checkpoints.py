@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 from loops import keras_private, topology
 from loops.core import own_files
+from loops.tables import table_plan
 from loops.tables.worker_blocks import WorkerBlocks
 from loops.vocabulary.errors import DamagedCheckpointError, NonFiniteWeightsError
 
@@ -256,8 +258,11 @@ class Checkpointer:
                 # A server holding the variables (or a peer of the save's collectives)
                 # stopped answering: no disk problem; the Trainer names the task.
                 raise
-            reason = getattr(error, "strerror", None) or str(error).splitlines()[0][:200]
-            raise OSError(_unwritten(self.directory, reason)) from error
+            # TensorFlow writes a save's shards into `ckpt-N_temp` first: a failed one
+            # would leave it behind, empty or half written.
+            step = int(self._step_counter.numpy())
+            shutil.rmtree(os.path.join(self.directory, f"ckpt-{step}_temp"), ignore_errors=True)
+            raise OSError(_unwritten(self.directory, write_error_reason(error))) from error
         if self._options is not None:
             self._in_flight = path
         if not self._is_chief:
@@ -304,6 +309,21 @@ def lost_peer(error: Exception) -> bool:
     if isinstance(error, _LOST_PEER_ERRORS):
         return True
     return isinstance(error, tf.errors.OpError) and bool(_LOST_PEER_TEXT.search(error.message))
+
+
+def write_error_reason(error: BaseException) -> str:
+    """Why a write failed, in a few whole words: the operating system's reason (a full
+    disk's "No space left on device" wherever TensorFlow's message holds it), else the
+    message's first line, cut at a word."""
+    reason = getattr(error, "strerror", None)
+    if reason:
+        return str(reason)
+    text = str(getattr(error, "message", None) or error)
+    for known in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), os.strerror(errno.EROFS)):
+        if known in text:
+            return known
+    line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return line if len(line) <= 200 else line[:200].rsplit(" ", 1)[0] + " ..."
 
 
 def _unwritten(directory: str, reason: str) -> str:
@@ -367,7 +387,8 @@ def restore_checkpoint(
     alone; `optional_items` are restored when the checkpoint holds them.
 
     Raises:
-        ValueError: it reads, but does not match `items` (another model or loop).
+        ValueError: it reads, but does not match `items` (another model or loop, or a
+            `loops.TablePlan` that placed an Embedding in one and not in the other).
     """
     try:
         saved = {name.split("/")[0] for name, _ in tf.train.list_variables(prefix)}
@@ -380,6 +401,9 @@ def restore_checkpoint(
         unreadable = _unreadable(prefix)
         if unreadable is not None:
             return unreadable
+        changed = table_plan.changed_layout(prefix, dict(tf.train.list_variables(prefix)), items)
+        if changed is not None:
+            raise ValueError(changed) from error
         reason = str(error).splitlines()[0][:240]
         raise ValueError(
             f"The checkpoint {prefix} does not match this loop ({reason}...). "
