@@ -18,7 +18,9 @@ The spec is JSON (`FeatureSpec.from_json`), e.g.
 turns any rows of the same header (validation, test, serving) into the same arrays. Row 0 of
 each vocabulary table is its out-of-vocabulary row: values unseen in training, or seen fewer
 than `min_count` times, land there. A bag is padded with -1 (`PAD_ID`) to the longest bag of
-the rows read; an empty bag is all padding.
+the rows read; an empty bag is all padding. A "standard" column's mean and deviation are
+finite for any finite values (1e308 included), and every normalized value is finite in float32
+(else the row is refused), so `FittedFeatures.to_json` is strict JSON.
 
 A crossed column (`cross`: 2 or more columns of the table, by name) is a categorical column
 that the table does not have: its value on a row is the text of each crossed column's value
@@ -40,7 +42,7 @@ import difflib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,9 +87,9 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec:
-    """The label column and the feature columns of a table. A label is 0/1 (numbers or the
-    text "0"/"1"), or, with `positive`, 1 where it equals that value and 0 for the one other
-    value the column holds."""
+    """The label column and the feature columns of a table. A label is 0/1 read as a number, in
+    a CSV file and a Parquet file alike ("1", "1.0", 1.0 and a boolean True are 1), or, with
+    `positive`, 1 where it equals that value and 0 for the one other value the column holds."""
 
     label: str
     columns: tuple[Column, ...]
@@ -122,12 +124,28 @@ class FeatureSpec:
 
     @classmethod
     def read(cls, path: str) -> FeatureSpec:
-        """The spec in the JSON file at `path` (`from_json`)."""
-        with open(path, encoding="utf-8") as spec:
-            try:
-                return cls.from_json(spec.read())
-            except ValueError as error:
-                raise ValueError(f"{path}: {error}") from None
+        """The spec in the UTF-8 JSON file at `path` (`from_json`).
+
+        Raises:
+            ValueError: as `from_json`, or a file that is not UTF-8 text (naming the line and
+                column of the first byte that does not decode); each naming `path`.
+        """
+        with open(path, "rb") as spec:
+            data = spec.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            column = error.start - data.rfind(b"\n", 0, error.start)
+            raise ValueError(
+                f"{path} is not UTF-8 text (byte 0x{data[error.start]:02x} at line {line}, "
+                f"column {column} does not decode); a feature spec is UTF-8 JSON: save it as "
+                "UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE)."
+            ) from None
+        try:
+            return cls.from_json(text)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
 
 def _parsed(spec: str | Mapping[str, Any]) -> dict[str, Any]:
@@ -270,54 +288,169 @@ class Table:
     # What a row is called in sentences: the CSV line (header 1) or the Parquet row (from 0).
     row_word: str
     first_row: int
+    # A Parquet binary column that holds bytes that are not UTF-8: its first such row. Reading
+    # the column is refused; a table may hold such a column that the spec does not read.
+    undecodable: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def where(self, row: int) -> str:
         return f"{self.path} {self.row_word} {self.first_row + row}"
 
 
+# The refusals of `log_text` in a feature table's words.
+_TABLE_TEXT = log_text.TextWords(
+    file="CSV table",
+    too_long="more than a row of a feature table may hold",
+    per_line="one row a line",
+    smaller="a table of at most {size} (a sample of the rows, or only the columns the spec reads)",
+)
+_PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+
+
 def read_table(path: str) -> Table:
-    """The rows of a CSV file (a header line, then comma-separated fields) or a Parquet file
-    (by its `.parquet` / `.parq` / `.pq` name or its magic bytes).
+    """The rows of a Parquet file (by its first bytes, Parquet's "PAR1") or else a CSV file (a
+    header line, then comma-separated fields). Parquet text of bytes (a binary column) is
+    decoded as UTF-8, as a CSV file's text is.
 
     Raises:
-        ValueError: a file with no rows, a CSV row with another field count than its header,
-            or a CSV file that is not UTF-8 text (`log_text`); each naming the file and line.
+        ValueError: a file with no rows, a header that names a column twice (naming both
+            column numbers), a CSV row with another field count than its header or that does
+            not read as CSV, a CSV file that is not UTF-8 text (`log_text`), binary values that
+            are not UTF-8, a file named as Parquet that is not one, or one that Parquet cannot
+            read; each naming the file (and the line or row).
     """
     with open(path, "rb") as stream:
         magic = stream.read(4)
-    if magic == b"PAR1" or os.path.splitext(path)[1].lower() in (".parquet", ".parq", ".pq"):
+    if magic == b"PAR1":
         return _parquet_table(path)
+    suffix = os.path.splitext(path)[1]
+    if suffix.lower() in _PARQUET_SUFFIXES:
+        raise ValueError(
+            f"{path} is named {suffix}, which reads it as Parquet, and it is not a Parquet file "
+            "(it does not start with Parquet's bytes PAR1); if it is CSV text, name it .csv, "
+            "else write it again as Parquet."
+        )
     return _csv_table(path)
 
 
+def _check_distinct(path: str, names: Sequence[str]) -> None:
+    """Refuses a header that names a column twice (reading one would drop the other)."""
+    first: dict[str, int] = {}
+    for number, name in enumerate(names, start=1):
+        if name in first:
+            raise ValueError(
+                f"{path}'s header names column {name!r} twice (columns {first[name]} and "
+                f"{number}); give each column its own name."
+            )
+        first[name] = number
+
+
 def _csv_table(path: str) -> Table:
-    log_text.check_fits_memory(path, os.path.getsize(path))
+    log_text.check_fits_memory(path, os.path.getsize(path), words=_TABLE_TEXT)
     with open(path, "rb") as stream:
-        rows = csv.reader(log_text.text_lines(path, stream))
-        header = next(rows, None)
+        rows = _csv_rows(path, csv.reader(log_text.text_lines(path, stream, words=_TABLE_TEXT)))
+        header = next(rows, (1, None))[1]
         if not header:
             raise ValueError(f"{path} is empty; a feature table starts with a header line.")
-        fields: list[list[str]] = [[] for _ in header]
-        for line, row in enumerate(rows, start=2):
-            if len(row) != len(header):
-                raise ValueError(
-                    f"{path} line {line} has {len(row)} fields and the header {len(header)}; "
-                    "quote a field that holds a comma, and give every row each column."
-                )
-            for column, field in zip(fields, row):
-                column.append(field)
+        _check_distinct(path, header)
+        fields = _csv_fields(path, header, rows)
     if not fields or not fields[0]:
         raise ValueError(f"{path} has a header and no rows; a feature table needs rows.")
     return Table(path, dict(zip(header, fields)), "line", 2)
 
 
-def _parquet_table(path: str) -> Table:
-    import pyarrow.parquet  # installed with tensorflow-datasets; only Parquet files need it
+def _csv_rows(path: str, reader: Any) -> Iterator[tuple[int, list[str]]]:
+    """Each row of a `csv.reader` with the line it starts on.
 
-    table = pyarrow.parquet.read_table(path)
+    Raises:
+        ValueError: text that does not read as CSV, naming the line its row starts on.
+    """
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            raise ValueError(
+                f"{path} line {start} does not read as CSV ({error}); write one row a line and "
+                'close each field quoted with " (one left open runs on over the lines below).'
+            ) from None
+        yield start, row
+
+
+def _csv_fields(
+    path: str, header: list[str], rows: Iterator[tuple[int, list[str]]]
+) -> list[list[str]]:
+    """Each column's fields of the rows below the header."""
+    fields: list[list[str]] = [[] for _ in header]
+    for line, row in rows:
+        if len(row) != len(header):
+            raise ValueError(
+                f"{path} line {line} has {len(row)} fields and the header {len(header)}; "
+                "quote a field that holds a comma, and give every row each column."
+            )
+        for column, field in zip(fields, row):
+            column.append(field)
+    return fields
+
+
+def _parquet_table(path: str) -> Table:
+    import pyarrow  # installed with tensorflow-datasets; only Parquet files need it
+    import pyarrow.parquet
+
+    try:
+        _check_distinct(path, pyarrow.parquet.read_schema(path).names)
+        table = pyarrow.parquet.read_table(path)
+    except pyarrow.ArrowException as error:
+        raise ValueError(
+            f"{path} does not read as Parquet ({error}); check that the file is whole (a copy "
+            "cut short loses the footer Parquet reads first), or write it again."
+        ) from None
     if table.num_rows == 0:
         raise ValueError(f"{path} has no rows; a feature table needs rows.")
-    return Table(path, {name: table[name].to_pylist() for name in table.column_names}, "row", 0)
+    columns, undecodable = {}, {}
+    for name in table.column_names:
+        values = table[name].to_pylist()
+        if _holds_bytes(table.schema.field(name).type):
+            values = [_decoded(value) for value in values]
+            row = next((row for row, value in enumerate(values) if _undecoded(value)), None)
+            if row is not None:
+                undecodable[name] = row
+        columns[name] = values
+    return Table(path, columns, "row", 0, undecodable)
+
+
+def _holds_bytes(kind: Any) -> bool:
+    """Whether a Parquet column of this pyarrow type holds bytes (alone or in lists)."""
+    import pyarrow.types as types
+
+    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+        return _holds_bytes(kind.value_type)
+    return bool(
+        types.is_binary(kind)
+        or types.is_large_binary(kind)
+        or types.is_fixed_size_binary(kind)
+        or types.is_binary_view(kind)
+    )
+
+
+def _decoded(value: Any) -> Any:
+    """A binary value as its UTF-8 text (a list of them as a list), as a CSV file's text reads;
+    bytes that are not UTF-8 stay bytes, refused if the spec reads their column."""
+    if isinstance(value, list):
+        return [_decoded(item) for item in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    return value
+
+
+def _undecoded(value: Any) -> bool:
+    return isinstance(value, bytes) or (
+        isinstance(value, list) and any(isinstance(item, bytes) for item in value)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,9 +481,11 @@ class FittedFeatures:
                 for column in self.spec.columns
             ],
         }
+        # Strict JSON: every scale is finite (`_scale`), so no Infinity or NaN is written.
         return json.dumps(
             {"spec": spec, "vocabularies": self.vocabularies, "scales": self.scales},
             sort_keys=True,
+            allow_nan=False,
         )
 
     @classmethod
@@ -374,10 +509,8 @@ class FittedFeatures:
         for column in self.spec.columns:
             fields = _fields(column, table)
             if column.kind == "numeric":
-                center, scale = self.scales[column.name]
-                columns[column.name] = ((_numbers(column, fields, table) - center) / scale).astype(
-                    np.float32
-                )
+                values = _numbers(column, fields, table)
+                columns[column.name] = _normalized(column, values, self.scales[column.name], table)
             else:
                 bags = _bags(column, fields, table)
                 columns[column.name] = self._rows_of(column, bags)
@@ -406,21 +539,25 @@ def fit(spec: FeatureSpec, table: Table) -> FittedFeatures:
     rows only: validation and test rows must not shape them).
 
     Raises:
-        ValueError: as `FittedFeatures.arrays`, for the training rows.
+        ValueError: as `FittedFeatures.arrays`, for the training rows, or labels of one value
+            alone (nothing to learn).
     """
     _check_header(spec, table)
-    _labels(spec, table)
+    labels = _labels(spec, table)
     vocabularies: dict[str, list[str]] = {}
     scales: dict[str, tuple[float, float]] = {}
     for column in spec.columns:
         fields = _fields(column, table)
         if column.kind == "numeric":
-            scales[column.name] = _scale(column, _numbers(column, fields, table))
+            values = _numbers(column, fields, table)
+            scales[column.name] = _scale(column, values)
+            _normalized(column, values, scales[column.name], table)  # each within float32
         elif not column.option("hash_buckets"):
             counts = collections.Counter(v for bag in _bags(column, fields, table) for v in bag)
             kept = [value for value, count in counts.items() if count >= column.option("min_count")]
             # Most frequent first, then by name: the same vocabulary from the same rows.
             vocabularies[column.name] = sorted(kept, key=lambda value: (-counts[value], value))
+    _check_both_labels(spec, table, labels)
     return FittedFeatures(spec, vocabularies, scales)
 
 
@@ -441,13 +578,21 @@ def _check_header(spec: FeatureSpec, table: Table) -> None:
 
 
 def _check_has(table: Table, name: str, start: str) -> None:
-    """Refuses a column `name` the table lacks, naming the closest it has."""
+    """Refuses a column `name` the table lacks, naming the closest it has, or one of bytes
+    that are not UTF-8 text."""
     if name not in table.columns:
         close = difflib.get_close_matches(name, table.columns, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."
         raise ValueError(
             f"{start}, which {table.path} does not have (its columns: "
             f"{', '.join(table.columns)}){hint}"
+        )
+    if name in table.undecodable:
+        row = table.undecodable[name]
+        raise ValueError(
+            f"{table.where(row)}: column {name!r} (binary) holds {table.columns[name][row]!r:.60}, "
+            "which is not UTF-8 text; write the column as UTF-8 strings (or numbers), or leave "
+            "it out of the spec."
         )
 
 
@@ -510,11 +655,53 @@ def _numbers(column: Column, fields: Sequence[Any], table: Table) -> np.ndarray:
 
 def _scale(column: Column, values: np.ndarray) -> tuple[float, float]:
     """(center, scale) of a numeric column: mean and standard deviation for "standard" (a
-    constant column keeps scale 1), else (0, 1)."""
+    constant column keeps scale 1), else (0, 1); both finite for any finite values."""
     if column.option("normalize") != "standard":
         return 0.0, 1.0
-    deviation = float(values.std())
-    return float(values.mean()), deviation if deviation > 0 else 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        center, deviation = float(values.mean()), float(values.std())
+    if not (math.isfinite(center) and math.isfinite(deviation)):
+        # A sum or a square past float64's range (values of 1e155 and more): the same figures
+        # of the values divided by the largest magnitude, where no square passes 1, times it.
+        largest = float(np.abs(values).max())
+        unit = values / largest
+        center, deviation = float(unit.mean()) * largest, float(unit.std()) * largest
+    return center, deviation if deviation > 0 else 1.0
+
+
+def _normalized(
+    column: Column, values: np.ndarray, scale: tuple[float, float], table: Table
+) -> np.ndarray:
+    """A numeric column's values centred and scaled, as the float32 the model reads.
+
+    Raises:
+        ValueError: a value whose normalized value is past float32's range (a value of
+            normalize=none over 3.4e38, or one far beyond the training rows' deviation),
+            naming the row, the value and the fix.
+    """
+    center, deviation = scale
+    with np.errstate(over="ignore", invalid="ignore"):
+        normalized = (values - center) / deviation
+        # A difference past float64's range (values of both signs near 1.8e308), taken apart.
+        apart = ~np.isfinite(normalized)
+        normalized[apart] = values[apart] / deviation - center / deviation
+        prepared = normalized.astype(np.float32)
+    beyond = np.flatnonzero(~np.isfinite(prepared))
+    if beyond.size:
+        row = int(beyond[0])
+        how, other = "", '"standard" or "log"'
+        if column.option("normalize") == "standard":
+            other = '"log"'
+            how = (
+                f", less the training rows' mean {center:.4g} over their deviation {deviation:.4g},"
+            )
+        raise ValueError(
+            f"{table.where(row)}: numeric column {column.name!r} holds {values[row]:.6g}, "
+            f"which normalized{how} is {normalized[row]:.4g}, past the range of the float32 "
+            f'the model reads (3.4e+38); give the column "normalize": {other}, or rescale its '
+            "values."
+        )
+    return prepared
 
 
 def _bags(column: Column, fields: Sequence[Any], table: Table) -> list[list[str]]:
@@ -570,10 +757,37 @@ def _labels(spec: FeatureSpec, table: Table) -> np.ndarray:
         return np.array([text == spec.positive for text in texts], np.float32)
     labels = np.empty(len(fields), np.float32)
     for row, field in enumerate(fields):
-        if _text(field).strip() not in ("0", "1") and field not in (True, False):
+        label = _label_number(field)
+        if label is None:
             raise ValueError(
                 f"{table.where(row)}: label column {spec.label!r} holds {field!r}, not 0 or 1; "
                 'name the value of a click in the spec (e.g. "positive": ">50K").'
             )
-        labels[row] = float(_text(field).strip() in ("1", "True"))
+        labels[row] = label
     return labels
+
+
+def _label_number(field: Any) -> float | None:
+    """A label field as the number 0 or 1 it reads as, None for any other: one rule for a CSV
+    file's text and a Parquet file's values, the field read as a number ("1", " 1", "1.0",
+    1, 1.0 and a boolean's True alike; "True" as text is no number)."""
+    try:
+        number = float(field)
+    except (TypeError, ValueError):
+        return None
+    return float(number == 1.0) if number in (0.0, 1.0) else None
+
+
+def _check_both_labels(spec: FeatureSpec, table: Table, labels: np.ndarray) -> None:
+    """Refuses training rows of one label alone: nothing to learn (and no AUC to measure)."""
+    if labels.min() != labels.max():
+        return
+    if spec.positive is None:
+        value, both = f"is {labels[0]:.0f}", "0 and 1"
+    else:  # every row holds `positive`: a label without it is refused by `_labels`
+        value, both = f"holds {spec.positive!r} (positive)", f"{spec.positive!r} and another"
+    raise ValueError(
+        f"Label column {spec.label!r} of {table.path} {value} on all {len(labels)} rows: with "
+        f"one label there is nothing to learn (nor an AUC to measure); give rows of both "
+        f"labels, {both}."
+    )

@@ -1,10 +1,12 @@
-"""The lines of an interaction log as text, read within bounds: a log this machine cannot hold,
-a line over `MAX_LINE_BYTES`, a NUL byte, a compressed or UTF-16 file and bytes that are not
-UTF-8 are each refused with a sentence naming the file, the line and the fix, after reading at
-most one line (of at most `MAX_LINE_BYTES`) past what is checked."""
+"""The lines of an interaction log (or a CSV feature table) as text, read within bounds: a log
+this machine cannot hold, a line over `MAX_LINE_BYTES`, a NUL byte, a compressed or UTF-16 file
+and bytes that are not UTF-8 are each refused with a sentence naming the file, the line and the
+fix (in the reader's words, `TextWords`), after reading at most one line (of at most
+`MAX_LINE_BYTES`) past what is checked."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -38,7 +40,30 @@ _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 _TEXT_FIX = "save it as UTF-8 text (e.g. iconv -f {encoding} -t utf-8 FILE)"
 
 
-def check_fits_memory(path: str, size: int, memory: int | None = None) -> None:
+@dataclasses.dataclass(frozen=True)
+class TextWords:
+    """What the refusals call the file and its lines, so that each reader's sentences speak of
+    what it reads: `file` ("the {file}"), `too_long` (after "over 65,536 bytes,"), `per_line`
+    (what one line holds) and `smaller` (a smaller file to pass; {size} its largest size)."""
+
+    file: str
+    too_long: str
+    per_line: str
+    smaller: str
+
+
+INTERACTION_LOG = TextWords(
+    file="text log",
+    too_long="longer than any interaction (a few ids and numbers)",
+    per_line="one interaction a line",
+    smaller="a log of at most {size} (a sample of the users, or the columns user, item, rating "
+    "and timestamp alone)",
+)
+
+
+def check_fits_memory(
+    path: str, size: int, memory: int | None = None, *, words: TextWords = INTERACTION_LOG
+) -> None:
     """Refuses a log of `size` bytes that reading cannot hold in `memory` bytes (default:
     this machine's memory; 0 checks nothing), before a byte of it is read.
 
@@ -52,13 +77,13 @@ def check_fits_memory(path: str, size: int, memory: int | None = None) -> None:
     raise ValueError(
         f"{path} is {in_units(size)}, more than this machine can read: its fields as strings "
         f"need at least {HELD_BYTES_PER_FILE_BYTE} bytes a byte of file ({in_units(needed)}), "
-        f"and it has {in_units(memory)} of memory; pass a log of at most "
-        f"{in_units(memory // HELD_BYTES_PER_FILE_BYTE)} (a sample of the users, or the columns "
-        "user, item, rating and timestamp alone)."
+        f"and it has {in_units(memory)} of memory; pass "
+        + words.smaller.format(size=in_units(memory // HELD_BYTES_PER_FILE_BYTE))
+        + "."
     )
 
 
-def text_lines(path: str, stream: BinaryIO) -> Iterator[str]:
+def text_lines(path: str, stream: BinaryIO, *, words: TextWords = INTERACTION_LOG) -> Iterator[str]:
     """The lines of a binary `stream` as text, line ends kept, a UTF-8 byte-order mark removed.
 
     Raises:
@@ -69,18 +94,19 @@ def text_lines(path: str, stream: BinaryIO) -> Iterator[str]:
     while line := stream.readline(MAX_LINE_BYTES + 1):
         number += 1
         if number == 1:
-            line = _without_mark(path, line)
+            line = _without_mark(path, line, words)
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
             raise ValueError(
-                f"{path} line {number} is over {MAX_LINE_BYTES:,} bytes, longer than any "
-                "interaction (a few ids and numbers); check that the file is the text log, "
-                "one interaction a line (a file with no line ends is one long line)."
+                f"{path} line {number} is over {MAX_LINE_BYTES:,} bytes, {words.too_long}; "
+                f"check that the file is the {words.file}, {words.per_line} (a file with no "
+                "line ends is one long line)."
             )
         if b"\0" in line:
             nul = line.index(b"\0")
             raise ValueError(
-                f"{path} line {number} holds a NUL byte (column {nul + 1}), which no text log "
-                "holds; remove it, or check that the file is the text log and not binary data."
+                f"{path} line {number} holds a NUL byte (column {nul + 1}), which no "
+                f"{words.file} holds; remove it, or check that the file is the {words.file} and "
+                "not binary data."
             )
         try:
             yield line.decode("utf-8")
@@ -93,13 +119,13 @@ def text_lines(path: str, stream: BinaryIO) -> Iterator[str]:
             ) from None
 
 
-def _without_mark(path: str, line: bytes) -> bytes:
+def _without_mark(path: str, line: bytes, words: TextWords) -> bytes:
     """The first line without a UTF-8 byte-order mark; a compressed or UTF-16 file refused."""
     for magic, (kind, tool) in _COMPRESSED.items():
         if line.startswith(magic):
             raise ValueError(
                 f"{path} is a {kind} file (it starts with {kind}'s bytes {magic.hex(' ')}), "
-                f"not a text log; decompress it first (e.g. {tool}) and pass the text file."
+                f"not a {words.file}; decompress it first (e.g. {tool}) and pass the text file."
             )
     if line.startswith(_UTF16_BOMS):
         fix = _TEXT_FIX.format(encoding="utf-16")
