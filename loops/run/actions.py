@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from loops.core import reporting
@@ -54,6 +55,11 @@ class Action:
     """
 
     every: int | None = None
+    # Whether a change the run's final evaluation makes to this action's checkpointed state
+    # is saved with the checkpoint of that step when the run saved it before evaluating it
+    # (a rerun of a run preempted at its last step). KeepBest's is: its record names the
+    # kept best's files. A count is not: a rerun's repeat evaluation would count twice.
+    record_saved_at_end = False
 
     @property
     def name(self) -> str:
@@ -251,6 +257,7 @@ class KeepBest(_WatchesMetric):
 
     name = "keep_best"
     flag = "--keep_best_metric"
+    record_saved_at_end = True
 
     def __init__(
         self,
@@ -425,3 +432,13 @@ def action_state(actions: Sequence[Action]) -> dict[str, dict]:
             )
         state[key] = variables
     return state
+
+
+def action_records(actions: Sequence[Action]) -> list[Any]:
+    """The values of the checkpointed state of the actions whose `record_saved_at_end` (a
+    KeepBest's best and its step), to tell whether the final evaluation changed them."""
+    return [
+        np.asarray(variable).tolist()
+        for variables in action_state([a for a in actions if a.record_saved_at_end]).values()
+        for _, variable in sorted(variables.items())
+    ]

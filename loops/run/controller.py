@@ -13,7 +13,7 @@ from loops.core import reporting
 from loops.definition import executors
 from loops.definition.run_context import Definition, StepContext
 from loops.model_dir import run_config
-from loops.run.actions import action_state, watched_metrics
+from loops.run.actions import action_records, action_state, watched_metrics
 from loops.run.controller_options import RunOptions
 from loops.run.controller_parts import RunParts
 from loops.run.execution.loop_schedule import LoopSchedule
@@ -230,9 +230,9 @@ class Controller:
         state = self.state
         records_changed = False
         if not state.preempted and self._evaluated_step != state.step:
-            before = self._action_records()
+            before = action_records(self.actions)
             self.evaluate()
-            records_changed = self._action_records() != before
+            records_changed = action_records(self.actions) != before
             state.record(preempted=preemption.should_stop())
         # A rerun of a run preempted at its last step evaluates here, after that step's
         # checkpoint: a record the evaluation changed (the kept best's) is saved with it, or
@@ -256,14 +256,6 @@ class Controller:
             return
         for action in self.actions:
             action.after_train(self.run_context)
-
-    def _action_records(self) -> list[Any]:
-        """The values of every action's checkpointed state (a KeepBest's best, its step)."""
-        return [
-            np.asarray(variable).tolist()
-            for variables in action_state(self.actions).values()
-            for _, variable in sorted(variables.items())
-        ]
 
     def evaluate(self) -> dict[str, float]:
         """Runs the definition's `run_evaluation`, reports it, runs the actions' `after_eval`."""
