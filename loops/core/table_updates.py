@@ -266,6 +266,8 @@ def update_tables(
     check_own_tables(own_tables, replicas, table_optimizer, averaged=averaged)
     if max_lookups is not None:
         check_whole("max_table_lookups", max_lookups, note=" (ids a replica looks up)")
+        for table in own_tables:  # a table split over the replicas exchanges its ids too
+            table.bound_lookups(max_lookups)
     tables = TableGradients(
         optimizer,
         table_optimizer,

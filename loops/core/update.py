@@ -224,7 +224,8 @@ class Update:
             rows gathered across replicas have a shape fixed when traced. Only
             needed where that count is not static (batches of varying size)
             and a table has more than 65,536 rows (a smaller one gathers its
-            row count).
+            row count). It also sizes the ids the lookups of the model's
+            `loops.EmbeddingTable`s split over the replicas exchange.
 
     Raises:
         ValueError: a bad clip_norm, whole_batch_loss under grad_accum_steps > 1, or

@@ -114,6 +114,8 @@ class EmbeddingTable(keras.layers.Layer):
         self._vocabulary = (
             None if vocabulary is None else table_ids.vocabulary_lookup(vocabulary, oov_buckets)
         )
+        # The most ids one replica looks up here in a step, where not static (`bound_lookups`).
+        self.max_lookups: int | None = None
 
     def build(self, input_shape=None) -> None:
         strategy = tf.distribute.get_strategy()
@@ -206,6 +208,23 @@ class EmbeddingTable(keras.layers.Layer):
             return variable.whole()
         return tf.concat([tf.convert_to_tensor(part) for part in _parts(variable)], axis=0)
 
+    def set_whole(self, value, name: str = "embeddings") -> None:
+        """Sets the table (or slot `name`) from one (rows, width) array in row order, each block
+        taking its own rows: the inverse of `whole`. Split over several workers, every worker
+        must call it, with the same array.
+
+        Raises:
+            ValueError: an array of another shape, naming both.
+        """
+        _set_whole(self, name, value)
+
+    def bound_lookups(self, count: int) -> None:
+        """Bounds the ids one replica looks up here in one step at `count` (the
+        `max_table_lookups=` of the `loops.Update` that trains the table; the largest of
+        several): split over the replicas, a lookup whose id count is not static exchanges
+        this many ids a replica."""
+        self.max_lookups = max(int(count), self.max_lookups or 0)
+
     @property
     def split_over_replicas(self) -> bool:
         """Whether each replica of the strategy holds one block of the rows and updates it
@@ -262,6 +281,7 @@ class EmbeddingTable(keras.layers.Layer):
                 self._placement.table_row_blocks(self.rows),
                 rows,
                 self._placement.first_table_block,
+                max_lookups=self.max_lookups,
             )
         if isinstance(self.embeddings, worker_blocks.WorkerBlocks):
             raise ValueError(
@@ -372,6 +392,27 @@ def _whole_argument(name: str, value: object, least: int | None) -> int:
     if not is_whole(int(value), least):
         raise ValueError(f"EmbeddingTable({name}={value!r}) needs a whole number >= {least}.")
     return int(value)
+
+
+def _set_whole(table: EmbeddingTable, name: str, value) -> None:
+    """`EmbeddingTable.set_whole`: each of the table's (or slot `name`'s) blocks its rows."""
+    variable = getattr(table, name)
+    value = tf.cast(tf.convert_to_tensor(value), tf.float32)
+    shape = (table.rows, int(variable.shape[1]))
+    if tuple(value.shape) != shape:
+        raise ValueError(
+            f"EmbeddingTable {table.name!r} holds its {name} as one {shape} array, one row a "
+            f"table row, and was given one of shape {tuple(value.shape)}: pass the {shape} "
+            "array whole() reads."
+        )
+    if isinstance(variable, worker_blocks.WorkerBlocks):
+        variable.restore_whole(value)
+        return
+    first = 0
+    for part in _parts(variable):
+        last = first + int(part.shape[0])
+        part.assign(value[first:last])
+        first = last
 
 
 def _parts(variable: object) -> list[tf.Variable]:

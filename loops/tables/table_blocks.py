@@ -14,7 +14,8 @@ several workers, each makes only its own replicas' blocks
 (`loops.tables.worker_blocks`). A lookup
 in replica context (`lookup_over_replicas`) sends C distinct ids per replica,
 C fixed when traced (`lookup_capacity`: the table's rows for a table of
-`SMALL_TABLE_ROWS` rows or fewer, else the static id count), because a loop
+`SMALL_TABLE_ROWS` rows or fewer, else the static id count, else the Update's
+`max_table_lookups=`, else a share of the Trainer's global batch), because a loop
 of steps in one function runs each collective with the instance keys of its
 call, and such a collective must keep one shape from step to step:
 1. an all-reduce of the ids, each replica's distinct ids padded with -1 to C
@@ -137,20 +138,25 @@ def _replica_context(table_name: str) -> tf.distribute.ReplicaContext:
     return context
 
 
-def lookup_capacity(table_name: str, table_rows: int, rows: tf.Tensor) -> int:
+def lookup_capacity(
+    table_name: str, table_rows: int, rows: tf.Tensor, max_lookups: int | None = None
+) -> int:
     """The most distinct ids one replica sends in a lookup, the same on every replica and
     known when traced: the table's rows for a table of `SMALL_TABLE_ROWS` rows or fewer
     (as `loops.Update` gathers a replicated table's rows), else the replica's ids: their
     count where it is static (and the same on every replica, as a dataset's batches are),
-    else the share of the global batch size a Trainer marked the strategy with
+    else `max_lookups` (the `max_table_lookups=` of the Update that trains the table), else
+    the share of the global batch size a Trainer marked the strategy with
     (`table_rows.examples_per_replica`) times the ids an example holds here.
 
     Raises:
-        ValueError: a larger table and a count neither static nor derived.
+        ValueError: a larger table and a count neither static, given nor derived.
     """
     if table_rows <= SMALL_TABLE_ROWS:
         return table_rows
     lookups = rows.shape.num_elements()
+    if lookups is None:
+        lookups = max_lookups
     if lookups is None and rows.shape.rank:
         # The Trainer's global batch size's share times the ids an example holds here.
         lookups = table_rows_lib.derived_lookups(
@@ -164,8 +170,9 @@ def lookup_capacity(table_name: str, table_rows: int, rows: tf.Tensor) -> int:
         "loop of steps keeps one), and the number of ids a replica looks up here is not "
         f"static (shape {rows.shape}): give the step batches of one size (batch with "
         "drop_remainder=True), or the Trainer global_batch_size= (the most examples a "
-        "step's batch holds, from which the count is derived), or split the table over "
-        "parameter servers."
+        "step's batch holds, from which the count is derived), or the loops.Update that "
+        "trains it max_table_lookups=N (the most ids one replica looks up in one table in "
+        "one step), or split the table over parameter servers."
     )
 
 
@@ -175,21 +182,27 @@ def lookup_over_replicas(
     bounds: Sequence[tuple[int, int]],
     rows: tf.Tensor,
     first_block: int = 0,
+    *,
+    max_lookups: int | None = None,
 ) -> tf.Tensor:
     """The rows `rows` (any shape, values in [0, table rows)) of a table split over the
     replicas, for this replica; call in replica context (see the module docstring).
-    `blocks`: this process's blocks, `bounds[first_block]` .. on; `bounds`: every block's."""
+    `blocks`: this process's blocks, `bounds[first_block]` .. on; `bounds`: every block's;
+    `max_lookups`: the most ids a replica looks up, where their count is not static."""
     context = _replica_context(table_name)
     replica = int(tf.get_static_value(context.replica_id_in_sync_group))
     replicas = context.num_replicas_in_sync
-    capacity = lookup_capacity(table_name, bounds[-1][1], rows)
+    capacity = lookup_capacity(table_name, bounds[-1][1], rows, max_lookups)
     distinct, positions = tf.unique(tf.reshape(tf.cast(rows, tf.int64), [-1]))
     count = tf.shape(distinct)[0]
     check = tf.debugging.assert_less_equal(
         count,
         capacity,
         f"EmbeddingTable {table_name!r}: a replica looked up more distinct ids than the "
-        "capacity its lookup was traced with",
+        f"{capacity} its lookup was traced with (its static id count, the Update's "
+        "max_table_lookups=, or the global batch's share times the ids an example holds); "
+        "pass loops.Update(..., max_table_lookups=N), N the most ids one replica looks up "
+        "in one table in one step",
     )
     with tf.control_dependencies([check]):
         # Own ids, then -1 up to the capacity, at this replica's offset; zeros elsewhere.

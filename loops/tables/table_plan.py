@@ -31,10 +31,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from loops import keras_private
@@ -107,6 +109,66 @@ class TablePlan:
                 )
 
 
+def changed_layout(prefix: str, saved: Mapping[str, Sequence[int]], items: Any) -> str | None:
+    """Why checkpoint `prefix` (its keys and shapes, `saved`) does not restore into `items`
+    (a definition's checkpoint items) where a `TablePlan` placed an Embedding in one and not
+    in the other, naming it and how to resume; None where the placed tables agree.
+
+    A placed table saves its rows under `<layer>/table/embeddings`, a plain Embedding under
+    `<layer>/embeddings` (or its optimizer's list): a plan that changed changes the keys.
+    """
+    tables = [
+        (key.split("/.ATTRIBUTES")[0], tuple(shape))
+        for key, shape in saved.items()
+        if _PLACED_ROWS_KEY.search(key)
+    ]
+    unclaimed = [shape for _, shape in tables]
+    for layer in placed_embeddings(items):
+        shape = (layer.input_dim, layer.output_dim)
+        if shape in unclaimed:
+            unclaimed.remove(shape)
+            continue
+        return (
+            f"The checkpoint {prefix} holds no placed table of Embedding {layer.name!r} "
+            f"({shape[0]} x {shape[1]}), which this loop's loops.TablePlan(min_rows="
+            f"{layer.plan.min_rows}) places as a loops.EmbeddingTable: it was written without "
+            "the plan (or with one that kept this Embedding a plain keras.layers.Embedding), "
+            "and the plan changed the checkpoint's layout. Resume it as it was written (no "
+            f"table_plan=, or TablePlan(min_rows={shape[0] + 1}) to keep this Embedding "
+            "replicated), or train with the plan in a new model_dir."
+        )
+    for layer in replicated_embeddings(items):
+        shape = (layer.input_dim, layer.output_dim)
+        if shape in unclaimed:
+            key = next(key for key, saved_shape in tables if saved_shape == shape)
+            return (
+                f"The checkpoint {prefix} holds the rows of a placed table of shape "
+                f"({shape[0]}, {shape[1]}) under {key!r}, as a loops.TablePlan places an "
+                f"Embedding, and this loop's Embedding {layer.name!r} of that shape is a "
+                "plain keras.layers.Embedding: the plan changed the checkpoint's layout. "
+                "Resume it with the plan it was written with (loops.Trainer(..., "
+                f"table_plan=loops.TablePlan(min_rows=N)), N at most {shape[0]}), or train "
+                "without it in a new model_dir."
+            )
+    return None
+
+
+def placed_embeddings(items: Any) -> list[PlacedEmbedding]:
+    """The built `PlacedEmbedding` layers of the Keras models among `items` (a definition's
+    checkpoint items), nested ones included."""
+    models = [item for item in items.values() if isinstance(item, keras.Model)]
+    return [
+        layer
+        for model in models
+        for layer in keras_private.nested_layers(model, include_self=True)
+        if isinstance(layer, PlacedEmbedding) and layer.built
+    ]
+
+
+# A PlacedEmbedding's rows: its `table` attribute's `embeddings`.
+_PLACED_ROWS_KEY = re.compile(r"(^|/)table/embeddings/\.ATTRIBUTES/VARIABLE_VALUE$")
+
+
 class _PlanState:
     """A plan in force: which class an Embedding of some rows is made as, and the seeds."""
 
@@ -134,6 +196,12 @@ class PlacedEmbedding(keras.layers.Embedding):
     Its lookups equal the plain layer's (ids cast to int32 unless int64, a
     negative id counted from the end, the rows cast to the compute dtype).
     `embeddings` is not one variable here: read the rows with `table.whole()`.
+    Its `weights` are the plain layer's one, the rows whole (`TableRows`), so that
+    `model.get_weights()` and `set_weights()` copy weights to and from a model of plain
+    Embeddings; its `trainable_variables` (and `trainable_weights`) leave the rows out, as
+    an `EmbeddingTable`'s do: a Keras optimizer built on them would hold dense slots of
+    every row on every replica, and the `loops.Update` trains the rows by rows
+    (`table.shards` are their variables). Keras counts them non-trainable so.
     """
 
     def __init__(self, input_dim, output_dim, *args, **kwargs):
@@ -151,6 +219,7 @@ class PlacedEmbedding(keras.layers.Embedding):
         make = state.plan.optimizer
         self._table_optimizer = make() if make is not None else FROM_UPDATE
         self._table_seed = state.next_seed()
+        self.plan = state.plan  # named when a checkpoint's layout is not the plan's
 
     def build(self, input_shape=None) -> None:
         self.table = EmbeddingTable(
@@ -171,6 +240,10 @@ class PlacedEmbedding(keras.layers.Embedding):
             "keras.layers.Embedding."
         )
 
+    @property
+    def weights(self) -> list:
+        return [TableRows(self)] if self.built else []
+
     def call(self, inputs):
         rows = keras_private.embedding_rows(inputs, self.input_dim)
         return tf.cast(self.table(rows), self.compute_dtype)
@@ -182,6 +255,35 @@ class PlacedEmbedding(keras.layers.Embedding):
     def load_own_variables(self, store) -> None:
         del store
         raise ValueError(_NOT_IN_KERAS_FILES.format(name=self.name))
+
+
+class TableRows:
+    """A placed table's rows as the one weight of a `keras.layers.Embedding`: what Keras'
+    `get_weights` reads (`numpy`: the rows whole, in row order) and `set_weights` writes
+    (`assign`: each block its own rows), its shape, dtype and name the plain layer's. Split
+    over several workers, every worker reads and writes them (a gather). It is no
+    variable: a tape, or an optimizer, takes `table.shards`."""
+
+    regularizer = constraint = None  # a plan refuses both
+    # No Keras optimizer trains them (a tape could not watch this): the Update does, by rows.
+    trainable = False
+
+    def __init__(self, layer: PlacedEmbedding):
+        self.table = layer.table
+        self.name, self.path = "embeddings", f"{layer.name}/embeddings"
+        self.shape, self.dtype = (layer.input_dim, layer.output_dim), "float32"
+
+    def numpy(self) -> np.ndarray:
+        return self.table.whole().numpy()
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self.numpy(), dtype)
+
+    def assign(self, value) -> None:
+        self.table.set_whole(value)
+
+    def __repr__(self) -> str:
+        return f"<TableRows path={self.path} shape={self.shape} of a placed table>"
 
 
 # Keras' own files hold Keras variables, and a placed table's rows are TensorFlow variables
