@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from loops.input import feature_tables
+from loops.vocabulary.host_memory import in_units, memory_bytes
 
 # The generated log's shape when --data is not given: small enough that the default run
 # trains in under a minute on 2 CPU cores, with every kind of column.
@@ -134,9 +135,63 @@ def generated(
     )
 
 
+# The bytes a generated row takes as `generated` holds it: its columns (numeric float32,
+# categorical int32, the multi-hot bags int32 at their longest), its float32 label and float64
+# truth, once in the log and once in its split. A lower bound: the draws take more meanwhile.
+GENERATED_ROW_BYTES = 2 * (
+    4 * GENERATED_SHAPE["numeric_columns"]
+    + 4 * GENERATED_SHAPE["categorical_columns"]
+    + 4 * GENERATED_SHAPE["multi_hot_columns"] * GENERATED_SHAPE["longest_bag"]
+    + 4
+    + 8
+)
+
+
+def check_generated_rows_fit(rows: int, *, memory: int | None = None) -> None:
+    """Refuses a --generated_rows whose log cannot fit in `memory` bytes (default: this
+    machine's; 0 checks nothing), before any is drawn.
+
+    Raises:
+        ValueError: the rows, the bytes they need, and the most rows that fit.
+    """
+    memory = memory_bytes() if memory is None else memory
+    needed = rows * GENERATED_ROW_BYTES
+    if memory and needed > memory:
+        raise ValueError(
+            f"--generated_rows={rows} is more than this machine can hold: the generated log "
+            f"and its split take {GENERATED_ROW_BYTES} bytes a row ({in_units(needed)}), and "
+            f"it has {in_units(memory)} of memory; pass --generated_rows<="
+            f"{memory // GENERATED_ROW_BYTES}."
+        )
+
+
+def generated_tables() -> dict[str, int]:
+    """The rows of each table of the generated log's model (`loops_data.ctr_data`'s column
+    names: its categorical, then its multi-hot columns)."""
+    categorical = GENERATED_SHAPE["categorical_columns"]
+    bags = GENERATED_SHAPE["multi_hot_columns"]
+    tables = {f"C{index}": GENERATED_SHAPE["cardinality"] for index in range(1, categorical + 1)}
+    tables.update({name: GENERATED_SHAPE["bag_cardinality"] for name in ("tags", "history")[:bags]})
+    return tables
+
+
 def checked_table(data: str, spec: str) -> tuple[feature_tables.FeatureSpec, feature_tables.Table]:
     """The spec and the table of --data and --spec, every field checked against the spec
     (before TensorFlow starts: nothing here imports it).
+
+    Raises:
+        ValueError: as `checked_fit`.
+    """
+    parsed, table, _ = checked_fit(data, spec)
+    return parsed, table
+
+
+def checked_fit(
+    data: str, spec: str
+) -> tuple[feature_tables.FeatureSpec, feature_tables.Table, feature_tables.FittedFeatures]:
+    """`checked_table`'s spec and table, and the vocabularies and scales of the whole table
+    (each of its vocabularies holds the training rows' own, so its tables are at least as
+    large as the model's: what a check of the model's size against memory reads).
 
     Raises:
         ValueError: a file missing, a spec that is not one, a spec column the table lacks,
@@ -154,10 +209,10 @@ def checked_table(data: str, spec: str) -> tuple[feature_tables.FeatureSpec, fea
     parsed = feature_tables.FeatureSpec.read(spec)
     table = feature_tables.read_table(data)
     try:
-        feature_tables.fit(parsed, table)  # every field checked, with its file's row number
+        fitted = feature_tables.fit(parsed, table)  # every field checked, with its row number
     except ValueError as error:
         raise ValueError(f"{error} (--spec={spec})") from None
-    return parsed, table
+    return parsed, table, fitted
 
 
 def from_table(

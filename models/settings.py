@@ -8,7 +8,7 @@ before --help, which answers without them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from loops.vocabulary.host_memory import in_units, memory_bytes
@@ -126,6 +126,58 @@ def check_attention_fits(
         f"{values['num_heads']} heads x {sequence_length}² x 4 bytes) need "
         f"{needed / gib:,.0f} GiB, and it has {memory / gib:,.0f} GiB of memory; pass "
         f"--sequence_length<={longest} (or fewer --num_layers or --num_heads{fewer_rows})."
+    )
+
+
+def transformer_weights(values: dict[str, Any], *, sequence_length: int, vocab_size: int) -> int:
+    """The weights of `loops_models.lm.transformer_lm` with the TRANSFORMER_LM settings
+    `values`: the token and position embeddings; each block's two LayerNorms, bias-free query,
+    key and value projection, output projection and 4x-wide MLP; the final LayerNorm and the
+    head (float32 under any dtype policy)."""
+    width, layers = values["width"], values["num_layers"]
+    block = 12 * width * width + 10 * width
+    return width * (2 * vocab_size + sequence_length + 2) + layers * block + vocab_size
+
+
+def check_transformer_weights_fit(
+    values: dict[str, Any],
+    *,
+    sequence_length: int,
+    vocab_size: int,
+    copies: int = 1,
+    memory: int | None = None,
+) -> None:
+    """Refuses a --width or --num_layers whose weights, held `copies` times (the weights and
+    the optimizer's slots), cannot fit in `memory` bytes (default: `memory_bytes()`; 0
+    checks nothing): like `check_recommender_fits`, a lower bound of what training needs.
+
+    Raises:
+        ValueError: the settings, what their weights need, and the largest that fit.
+    """
+    memory = memory_bytes() if memory is None else memory
+    width, layers, heads = values["width"], values["num_layers"], values["num_heads"]
+
+    def held(width: int, layers: int) -> int:
+        sizes = {"width": width, "num_layers": layers}
+        weights = transformer_weights(sizes, sequence_length=sequence_length, vocab_size=vocab_size)
+        return _WEIGHT_BYTES * copies * weights
+
+    needed = held(width, layers)
+    if not memory or needed <= memory:
+        return
+    fixes = []
+    widest = _largest_fitting(lambda size: held(size, layers) <= memory, width) // heads * heads
+    if widest >= heads:  # a multiple of --num_heads
+        fixes.append(f"--width<={widest}")
+    if (fewest := _largest_fitting(lambda count: held(width, count) <= memory, layers)) >= 1:
+        fixes.append(f"--num_layers<={fewest}")
+    fix = " or ".join(fixes) or "a smaller --width and fewer --num_layers"
+    weights = needed // (_WEIGHT_BYTES * copies)
+    raise ValueError(
+        f"--width={width} --num_layers={layers} is more than this machine can train: the "
+        f"language model's {weights:,} weights, held {_times(copies)} (the weights and the "
+        f"optimizer's slots) at {_WEIGHT_BYTES} bytes, need {in_units(needed)}, and it has "
+        f"{in_units(memory)} of memory; pass {fix}."
     )
 
 
@@ -374,3 +426,126 @@ def _largest(weights: Callable[[int], int], fitting: int, *, least: int) -> int:
     `fitting`; below `least` when none is."""
     slope = weights(least + 1) - weights(least)
     return least + (fitting - weights(least)) // slope
+
+
+# loops.bin.ctr's model sizes, as flags, in the order a sentence offers to shrink them.
+_CTR_SIZES = ("embedding_dim", "hidden_units", "hidden_layers", "cross_layers")
+
+
+def ctr_weights(
+    model: str,
+    *,
+    numeric_columns: int,
+    table_rows: Sequence[int],
+    embedding_dim: int,
+    hidden_units: int,
+    hidden_layers: int,
+    cross_layers: int,
+) -> tuple[int, int]:
+    """(its tables' weights, its other weights) of `loops_models.ctr.build_model(model, ...)`
+    over `numeric_columns` numeric columns and a table of each of `table_rows` rows, as
+    loops.bin.ctr builds it."""
+    ids, rows = len(table_rows), sum(table_rows)
+
+    def mlp(width: int) -> int:  # the hidden layers over `width` numbers, then the logit
+        first = width * hidden_units + hidden_units
+        rest = (hidden_layers - 1) * (hidden_units * hidden_units + hidden_units)
+        return first + rest + hidden_units + 1
+
+    width = numeric_columns + ids * embedding_dim  # the numbers and embeddings side by side
+    if model == "wide_and_deep":  # beside a one-wide embedding of each id and a weight a number
+        wide = numeric_columns + 1 if numeric_columns else 0
+        return rows * (embedding_dim + 1), wide + mlp(width)
+    if model == "dcn_v2":
+        return rows * embedding_dim, cross_layers * (width * width + width) + mlp(width)
+    # dlrm: a bottom layer and one to an embedding-wide vector, then the top MLP over that
+    # vector beside the dot products of every pair of it and the embeddings.
+    bottom = numeric_columns * hidden_units + hidden_units + hidden_units * embedding_dim
+    pairs = (ids + 1) * ids // 2
+    return rows * embedding_dim, bottom + embedding_dim + mlp(embedding_dim + pairs)
+
+
+def check_ctr_fits(
+    values: dict[str, Any],
+    *,
+    numeric_columns: int,
+    tables: dict[str, int],
+    copies: tuple[int, int],
+    source: str,
+    hashed: Sequence[str] = (),
+    memory: int | None = None,
+) -> None:
+    """Refuses CTR settings whose weights over `tables` cannot fit in `memory` bytes, before
+    the model is built: like `check_recommender_fits`, a lower bound of what training needs.
+
+    Args:
+        values: the CTR settings (model, embedding_dim, hidden_units, hidden_layers,
+            cross_layers).
+        numeric_columns: the table's numeric columns.
+        tables: each categorical and multi-hot column's table rows, by name.
+        copies: the copies of (each table weight, each other weight) training holds: the
+            weights and their optimizer's slots (`loops.bin.training_settings`).
+        source: what the tables are of, for the sentence ("--spec=ctr.json").
+        hashed: the columns whose rows are their spec's hash_buckets (a fix to offer).
+        memory: the bytes to fit in (default: `memory_bytes()`); 0 checks nothing.
+
+    Raises:
+        ValueError: the settings, what their weights need, and the largest sizes that fit.
+    """
+    memory = memory_bytes() if memory is None else memory
+    model = values["model"]
+    sizes = {name: values[name] for name in _CTR_SIZES}
+
+    def held(sizes: dict[str, int], tables: dict[str, int]) -> int:
+        weights = ctr_weights(
+            model, numeric_columns=numeric_columns, table_rows=list(tables.values()), **sizes
+        )
+        return _WEIGHT_BYTES * (weights[0] * copies[0] + weights[1] * copies[1])
+
+    needed = held(sizes, tables)
+    if not memory or needed <= memory:
+        return
+    in_tables, other = ctr_weights(
+        model, numeric_columns=numeric_columns, table_rows=list(tables.values()), **sizes
+    )
+    shown = [name for name in _CTR_SIZES if model == "dcn_v2" or name != "cross_layers"]
+    fixes = []
+    for name in shown:
+        largest = _largest_fitting(
+            lambda size, name=name: held({**sizes, name: size}, tables) <= memory, sizes[name]
+        )
+        if largest >= 1:
+            fixes.append(f"--{name}<={largest}")
+    if hashed:
+        column = max(hashed, key=lambda name: tables[name])
+        largest = _largest_fitting(
+            lambda rows: held(sizes, {**tables, column: rows}) <= memory, tables[column]
+        )
+        if largest >= 1:
+            fixes.append(f'"hash_buckets": {largest} (or fewer) for column {column!r}')
+    fix = " or ".join(fixes) or "smaller sizes and fewer table rows (no one of them alone fits)"
+    flags = " ".join(f"--{name}={sizes[name]}" for name in shown)
+    held_times = f"held {_times(copies[1])}"
+    if copies[0] != copies[1]:
+        held_times = f"held {_times(copies[0])} in the tables and {_times(copies[1])} elsewhere"
+    raise ValueError(
+        f"--model={model} {flags} over {source} is more than this machine can train: its "
+        f"{in_tables + other:,} weights ({in_tables:,} of them in tables of "
+        f"{sum(tables.values()):,} rows), {held_times} (the weights and their optimizer's "
+        f"slots) at {_WEIGHT_BYTES} bytes, need {in_units(needed)}, and it has "
+        f"{in_units(memory)} of memory; pass {fix}."
+    )
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
+def _largest_fitting(fits: Callable[[int], bool], given: int) -> int:
+    """The largest size in 1..given - 1 that `fits` (true up to some size, false from it on,
+    and false at `given`); 0 when not even 1 does."""
+    low, high = 0, given  # fits(low) (or low 0), not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

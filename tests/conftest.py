@@ -230,6 +230,9 @@ SLOW_TESTS = (
     "test_text_generation.py::test_the_exported_generator_serves_greedy_text_with_tensorflow_alone",
     "test_topology_restart.py",
     "test_update_flags.py",
+    "test_faults_v6_flags.py::test_sizes_no_machine_holds_are_refused_before_tensorflow",
+    "test_faults_v6_flags.py::test_a_binarys_export_records_its_model_dir",
+    "test_faults_v6_export.py::test_the_binary_refuses_columns_served_under_one_name_before_training",
 )
 
 

@@ -17,6 +17,7 @@ from conftest import ROOT, SUBPROCESS_ENV, read_results
 from loops.bin import classifier as classifier_binary
 from loops.cli import application, tensorflow_logs
 from loops.cli import flags as loop_flags
+from loops.model_dir import run_outputs
 from loops.vocabulary.choices import STRATEGY_NAMES
 
 BINARIES = ("classifier", "gan", "rl", "lm", "recommender", "ctr")
@@ -345,7 +346,10 @@ def test_an_export_dir_without_a_saved_model_is_refused_before_training(tmp_path
 
 def test_an_export_dir_holding_an_earlier_export_passes_the_check(tmp_path):
     (tmp_path / "saved_model.pb").write_bytes(b"")
+    model_dir = tmp_path / "run"
+    run_outputs.mark_export(str(tmp_path), str(model_dir))  # this run's earlier export
     with flagsaver.flagsaver():
         flags.FLAGS.unparse_flags()
-        flags.FLAGS(["loops-classifier", f"--export_dir={tmp_path}"])  # parsed in this test alone
+        # Parsed in this test alone.
+        flags.FLAGS(["loops-classifier", f"--export_dir={tmp_path}", f"--model_dir={model_dir}"])
         application.check_export_dir()

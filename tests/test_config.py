@@ -32,6 +32,7 @@ FREE_TO_CHANGE_BEFORE = {
     "train_steps",
     "model_dir",
     "export_dir",
+    "replace_export",  # since issue 64: which export the run may replace
     "verbosity",
     "eval_every",
     "checkpoint_every",
@@ -103,7 +104,11 @@ def test_one_check_words_its_sentence_for_a_flag_and_for_a_keyword():
 
 def test_what_a_resume_may_change_is_the_resumable_declarations():
     resumable = {setting.name for setting in settings.SETTINGS if setting.resumable}
-    assert run_config.CONFIG_FREE_TO_CHANGE == resumable | {"export_dir", "verbosity"}
+    assert run_config.CONFIG_FREE_TO_CHANGE == resumable | {
+        "export_dir",
+        "replace_export",
+        "verbosity",
+    }
     assert run_config.CONFIG_FREE_TO_CHANGE == FREE_TO_CHANGE_BEFORE
 
 

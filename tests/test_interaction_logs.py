@@ -106,11 +106,11 @@ def test_an_implicit_csv_rates_every_row_one(tmp_path):
         ),
         (
             "u.data",
-            "1\t2\t3\t4\n1\t4.5\t3\t5\n",
+            "1\t2\t3\t4\n1\t \t3\t5\n",
             "auto",
-            "{path} line 2: the item id '4.5' is not an id (a whole number or a name of letters, "
-            "digits and _); check that the columns are in the order the header or format names "
-            "(MovieLens u.data: user, item, rating, timestamp).",
+            "{path} line 2: the item id is empty (an id is any text but an empty one or one "
+            "holding a control character, the blanks around it not part of it); give every "
+            "interaction its item's id.",
         ),
         (
             "u.data",

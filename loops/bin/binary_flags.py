@@ -38,8 +38,8 @@ class BinaryFlags:
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def own_settings(self) -> tuple[Setting, ...]:
-        """Its own declarations, --export_dir last where it exports."""
-        export = () if self.export is None else (settings.export_dir_setting(self.export),)
+        """Its own declarations, --export_dir and --replace_export last where it exports."""
+        export = () if self.export is None else settings.export_settings(self.export)
         return (*itertools.chain.from_iterable(self.own), *export)
 
     def define(self) -> None:

@@ -36,16 +36,21 @@ def _prepare() -> None:
             f"read by its spec, so pass both (docs/ctr.md), or neither to train on the "
             "generated click log."
         )
+    fitted = None
     if FLAGS.data is not None:
         paths = {"data": os.path.abspath(FLAGS.data), "spec": os.path.abspath(FLAGS.spec)}
         loop_flags.set_values(paths)
-        spec, table = ctr_tables.checked_table(paths["data"], paths["spec"])
+        spec, table, fitted = ctr_tables.checked_fit(paths["data"], paths["spec"])
         if FLAGS.model == "dlrm" and not any(c.kind == "numeric" for c in spec.columns):
             raise ValueError(
                 f"--model=dlrm's bottom MLP reads the numeric columns and --spec={FLAGS.spec} "
                 "has none; add a numeric column to the spec or pass --model=dcn_v2."
             )
+        _check_served_names(spec)
         _checked.update(spec=spec, table=table)
+    else:
+        ctr_tables.check_generated_rows_fit(FLAGS.generated_rows)
+    _check_model_fits(fitted)
     training_settings.check_placed_tables(
         loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
     )
@@ -53,6 +58,46 @@ def _prepare() -> None:
     _refuse_other_data(_checked["identity"], against_checkpoint=False)
     if FLAGS.validation_fraction and FLAGS.keep_best_metric is None:
         loop_flags.set_values({"keep_best_metric": "auc", "keep_best_mode": "max"})
+
+
+def _check_served_names(spec) -> None:
+    """Refuses a spec two of whose columns the export would serve under one name, before
+    training (`loops.model_dir.signature_names`)."""
+    from loops.model_dir import signature_names
+
+    try:
+        signature_names.check_spec(spec)
+    except ValueError as error:
+        raise ValueError(f"{error} (--spec={FLAGS.spec})") from None
+
+
+def _check_model_fits(fitted) -> None:
+    """Refuses a model whose weights over the tables of --spec (`fitted`: its whole table's
+    vocabularies) or of the generated log (None) cannot fit in this machine's memory
+    (`loops_models.settings.check_ctr_fits`)."""
+    from loops_data import ctr_tables
+
+    numeric, hashed = ctr_tables.GENERATED_SHAPE["numeric_columns"], []
+    if fitted is None:
+        tables, source = ctr_tables.generated_tables(), "the generated log"
+    else:
+        columns = fitted.spec.columns
+        numeric = sum(column.kind == "numeric" for column in columns)
+        hashed = [c.name for c in columns if c.kind != "numeric" and c.option("hash_buckets")]
+        tables, source = fitted.cardinalities(), f"--spec={FLAGS.spec}"
+    optimizer = loop_flags.setting_values(training_settings.OPTIMIZER)
+    table_optimizer = loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
+    model_settings.check_ctr_fits(
+        loop_flags.setting_values(model_settings.CTR),
+        numeric_columns=numeric,
+        tables=tables,
+        copies=(
+            training_settings.table_weight_copies(optimizer, table_optimizer),
+            training_settings.weight_copies(optimizer),
+        ),
+        source=source,
+        hashed=hashed,
+    )
 
 
 def _identity() -> dict[str, Any]:
@@ -144,7 +189,9 @@ def _export(definition, path: str, table) -> str:
 
     fitted = table.fitted
     files = None if fitted is None else {"features.json": fitted.to_json()}
-    return export_ctr(definition.model, path, files=files, fitted=fitted)
+    # A generated log's tables: its description's cardinalities (a table's are in `fitted`).
+    tables = None if fitted else {**table.features["categorical"], **table.features["multi_hot"]}
+    return export_ctr(definition.model, path, files=files, fitted=fitted, cardinalities=tables)
 
 
 def build_trainer():
@@ -158,7 +205,7 @@ def build_trainer():
         "ctr",
         export=lambda definition, path: _export(definition, path, parts["table"]),
         signature="a table's raw columns (a generated log's prepared columns) by name -> "
-        "logits, probabilities",
+        "logits, probabilities, valid_row",
         actions=_own_actions(lambda: parts["table"]),
     )
     identity = _checked.get("identity") or _identity()

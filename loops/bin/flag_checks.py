@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 from absl import flags
 
-from loops.bin import summaries
+from loops.bin import summaries, training_settings
 from loops.cli import flags as loop_flags
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -52,11 +52,25 @@ def explain_classifier_failure(trainer, error: Exception) -> str | None:
     return image_folders.explain_changed_images(FLAGS.image_dir, splits, trainer)
 
 
+# The byte-level model's tokens (`loops_data.python_text.VOCAB_SIZE`, whose module imports
+# TensorFlow).
+LM_VOCAB_SIZE = 256
+
+
 def prepare_lm_flags() -> None:
-    """Refuses a --sequence_length one example's attention cannot fit, or a warm-up past the
-    run, before TensorFlow loads; an unset --lr_warmup_steps is at most a tenth of the run."""
+    """Refuses a --sequence_length one example's attention cannot fit, weights this machine
+    cannot hold, or a warm-up past the run, before TensorFlow loads; an unset
+    --lr_warmup_steps is at most a tenth of the run."""
     model = loop_flags.setting_values(model_settings.TRANSFORMER_LM)
     model_settings.check_attention_fits(model, sequence_length=FLAGS.sequence_length)
+    model_settings.check_transformer_weights_fit(
+        model,
+        sequence_length=FLAGS.sequence_length,
+        vocab_size=LM_VOCAB_SIZE,
+        copies=training_settings.weight_copies(
+            loop_flags.setting_values(training_settings.OPTIMIZER)
+        ),
+    )
     if not FLAGS["lr_warmup_steps"].present:
         # The default warm-up is sized for the default run; a short one (a trial, a test)
         # would otherwise be refused or spend most of its steps warming up.

@@ -14,6 +14,7 @@ from typing import Any
 from absl import app, flags
 
 from loops.cli import flags as loop_flags
+from loops.vocabulary.host_memory import in_units, memory_bytes
 from loops.vocabulary.settings import Setting, satisfies
 
 # loops.bin.classifier: `optimizer_fn`.
@@ -200,6 +201,18 @@ def weight_copies(values: dict[str, Any]) -> int:
     return 1 + _SLOTS[values["optimizer"]]
 
 
+# The full-size slots a table optimizer of its own keeps beside a table: Adagrad's accumulator;
+# none for SGD, nor for rowwise Adagrad (one number a row).
+_TABLE_SLOTS = {"adagrad": 1, "rowwise_adagrad": 0, "sgd": 0}
+
+
+def table_weight_copies(optimizer: dict[str, Any], tables: dict[str, Any]) -> int:
+    """How many copies of every embedding-table weight training holds under the OPTIMIZER and
+    TABLE_OPTIMIZER settings (--table_optimizer=same: `weight_copies`)."""
+    name = tables["table_optimizer"]
+    return weight_copies(optimizer) if name == "same" else 1 + _TABLE_SLOTS[name]
+
+
 def adam_fn(learning_rate: Any, **options: Any) -> Callable[[], Any]:
     """() -> a new Adam optimizer at `learning_rate` (a float or a schedule) with `options`."""
 
@@ -275,10 +288,11 @@ ALGORITHM_DEFAULTS = {
 
 def prepare_rl_flags() -> None:
     """Refuses an RL evaluator that plays no episodes; gives the unset shared flags of
-    ALGORITHM_DEFAULTS the --algorithm's values.
+    ALGORITHM_DEFAULTS the --algorithm's values; refuses sizes no machine holds.
 
     Raises:
-        app.UsageError: --mode=evaluate_checkpoints with --eval_episodes=0.
+        app.UsageError: --mode=evaluate_checkpoints with --eval_episodes=0, or a rollout or
+            replay buffer this machine cannot hold (`check_rl_fits`).
     """
     values = flags.FLAGS
     if loop_flags.mode() == loop_flags.EVALUATE_CHECKPOINTS and not values.eval_episodes:
@@ -289,6 +303,67 @@ def prepare_rl_flags() -> None:
         )
     defaults = ALGORITHM_DEFAULTS[values.algorithm].items()
     loop_flags.set_values({name: value for name, value in defaults if values[name].value is None})
+    try:
+        check_rl_fits(
+            algorithm=values.algorithm,
+            num_envs=values.num_envs,
+            rollout_length=values.rollout_length,
+            buffer_capacity=values.buffer_capacity,
+        )
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+
+
+# What the RL loops hold of CartPole's (`loops_data.cartpole`, whose module imports
+# TensorFlow) steps: 4 float32 numbers an observation, 4 bytes each of an action, a reward and
+# an end. A rollout holds each environment step's observation and those three; the replay
+# buffer each transition's observation and final observation and those three.
+_OBSERVATION_BYTES = 4 * 4
+ROLLOUT_STEP_BYTES = _OBSERVATION_BYTES + 3 * 4
+TRANSITION_BYTES = 2 * _OBSERVATION_BYTES + 3 * 4
+
+
+def check_rl_fits(
+    *,
+    algorithm: str,
+    num_envs: int | None,
+    rollout_length: int | None,
+    buffer_capacity: int,
+    memory: int | None = None,
+) -> None:
+    """Refuses a rollout (--num_envs x --rollout_length; unset, each counted as 1) or a dqn
+    replay buffer (--buffer_capacity) that cannot fit in `memory` bytes (default: this
+    machine's; 0 checks nothing): a lower bound of what the loop holds.
+
+    Raises:
+        ValueError: the sizes, the bytes they need, and the largest that fits.
+    """
+    memory = memory_bytes() if memory is None else memory
+    if not memory:
+        return
+    envs, length = num_envs or 1, rollout_length or 1
+    needed = envs * length * ROLLOUT_STEP_BYTES
+    if needed > memory:
+        given = {"num_envs": num_envs, "rollout_length": rollout_length}
+        largest = {"num_envs": memory // (length * ROLLOUT_STEP_BYTES)}
+        largest["rollout_length"] = memory // (envs * ROLLOUT_STEP_BYTES)
+        sizes = [name for name, value in given.items() if value is not None]
+        fixes = [f"--{name}<={largest[name]}" for name in sizes if largest[name] >= 1]
+        raise ValueError(
+            f"{' '.join(f'--{name}={given[name]}' for name in sizes)} is more than this "
+            f"machine can hold: a rollout of {envs * length:,} environment steps at "
+            f"{ROLLOUT_STEP_BYTES} bytes each (an observation, action, reward and end) needs "
+            f"{in_units(needed)}, and it has {in_units(memory)} of memory; pass "
+            f"{' or '.join(fixes) or 'a smaller --num_envs and --rollout_length'}."
+        )
+    needed = buffer_capacity * TRANSITION_BYTES
+    if algorithm == "dqn" and needed > memory:
+        raise ValueError(
+            f"--buffer_capacity={buffer_capacity} is more than this machine can hold: the "
+            f"replay buffer's {TRANSITION_BYTES} bytes a transition (two observations, an "
+            f"action, reward and end) need {in_units(needed)}, and it has {in_units(memory)} "
+            f"of memory; pass --buffer_capacity<={memory // TRANSITION_BYTES}."
+        )
 
 
 # The environment loop's keywords (None: the loop's default).

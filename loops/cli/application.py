@@ -1,5 +1,5 @@
 """A loop binary's application runner: its `main` and console script (`entry_points`), the
-checks before TensorFlow loads (cluster, resume, export and profile), the train, evaluator
+checks before TensorFlow loads (cluster, resume, outputs and profile), the train, evaluator
 and range-test modes, SIGTERM, and the exit codes.
 
 The flags themselves (their definitions from the declarations, their values as Trainer
@@ -35,20 +35,39 @@ from loops.cli.flags import (
     tf_config_task_type,
 )
 from loops.cluster import cluster_config
-from loops.model_dir import run_config
+from loops.model_dir import run_config, run_outputs
 from loops.vocabulary import exit_codes, settings
 from loops.vocabulary.whole_numbers import is_whole
 
 
-def check_export_dir() -> None:
-    """Refuses, before any training, an --export_dir that the export would have to replace.
+def check_run_outputs() -> None:
+    """Refuses, before TensorFlow loads, what stands where the run in --model_dir writes its
+    results.json and config.json (a planted link, a directory: `run_outputs.check_run_files`)
+    and an export the run would replace and did not write (`check_export_dir`).
 
     Raises:
-        app.UsageError: --export_dir is a link, or exists and is not a SavedModel directory.
+        app.UsageError: naming the path and the fix.
+    """
+    model_dir = flags.FLAGS.model_dir
+    if model_dir and os.path.isdir(model_dir):
+        try:
+            run_outputs.check_run_files(model_dir)
+        except OSError as error:
+            raise app.UsageError(str(error)) from error
+    check_export_dir()
+
+
+def check_export_dir() -> None:
+    """Refuses, before any training, an --export_dir that the export would have to replace:
+    a link, a directory that holds no SavedModel, or another run's export without
+    --replace_export (`run_outputs.check_export_replaceable`).
+
+    Raises:
+        app.UsageError: naming the path and the fix.
     """
     path = flags.FLAGS.export_dir if "export_dir" in flags.FLAGS else None
     if not path:
-        return
+        return  # MODEL_DIR/export: the run's own
     if os.path.islink(path):
         # The export is written beside it and renamed into its place, which a link is not.
         raise app.UsageError(
@@ -69,6 +88,12 @@ def check_export_dir() -> None:
             "would have to replace it; pass a new directory (or an earlier export) as "
             "--export_dir, or move that one away."
         )
+    try:
+        run_outputs.check_export_replaceable(
+            path, flags.FLAGS.model_dir or None, replace=flags.FLAGS.replace_export
+        )
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
 
 
 def check_profile_steps_in_run() -> None:
@@ -193,7 +218,7 @@ def run_binary(
         )
     check_cluster()
     check_resume_settings()
-    check_export_dir()
+    check_run_outputs()
     check_profile_steps_in_run()
     # Against the whole batch now; against a replica's rows once the strategy exists.
     # (Unset, the batch is the loop's own: the RL loops', which take no micro-batches.)

@@ -2,7 +2,7 @@
 text of `--flag=value` lines that includes no file twice on one chain and sets no flag empty.
 
 absl would read such a file with a raw UnicodeDecodeError, skip a file that includes itself
-with a warning, and take `--flagfile=` or `--name=` without a word.
+with a warning, and take `--flagfile=`, `--name=` or a line without dashes without a word.
 """
 
 from __future__ import annotations
@@ -59,12 +59,19 @@ def _check_file(path: str, chain: tuple[str, ...]) -> None:
             continue
         name, has_value, value = text.lstrip("-").partition("=")
         where = f"--{FLAGFILE}={path}, line {number}"
-        if text.startswith("-") and has_value and not value:
+        if not text.startswith("-"):
+            # absl passes such a line on as an argument, which its parser skips over.
+            fix = f"write it as --{text}" if len(text) <= _SHOWN_CHARACTERS else "add them"
+            raise ValueError(
+                f"{where} is {_shown(text)}, no flag: a flagfile's lines start with dashes; "
+                f"{fix}, or start it with # to keep it as a comment."
+            )
+        if has_value and not value:
             raise ValueError(
                 f"{where} sets --{name} to an empty value ({_shown(text)}); give the value, "
                 "or remove the line to take the default."
             )
-        if text.startswith("-") and name == FLAGFILE:
+        if name == FLAGFILE:
             for included in _flagfile_values([text], source=where):
                 _check_file(included, chain)
 

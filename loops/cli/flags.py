@@ -24,7 +24,7 @@ from absl import flags
 
 from loops.cli import config_json, flagfiles
 from loops.core import own_files
-from loops.model_dir import run_config
+from loops.model_dir import run_config, run_outputs
 from loops.vocabulary import settings
 from loops.vocabulary.choices import LOCAL_REPLICA_STRATEGIES, ONE_PROCESS_STRATEGIES
 
@@ -41,6 +41,9 @@ DEFAULT_EVALUATIONS = settings.DEFAULT_EVALUATIONS
 DEFAULT_CPU_REPLICAS = settings.DEFAULT_CPU_REPLICAS
 # The largest finite float32: a larger flag value becomes inf once TensorFlow holds it.
 FLOAT32_MAX = 3.4028234663852886e38
+# The largest int64: TensorFlow counts a run's steps (and holds its sizes and seeds) in int64,
+# which a larger integer flag does not fit.
+INT64_MAX = 2**63 - 1
 _HELP_ARGUMENTS = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
 
 # Flag name -> its --help heading, for every flag of the running binary (one per process).
@@ -83,6 +86,22 @@ def _require_finite(flag: flags.Flag, flag_values: flags.FlagValues) -> None:
     flags.register_validator(flag.name, check, flag_values=flag_values)
 
 
+def _require_int64(flag: flags.Flag, flag_values: flags.FlagValues) -> None:
+    """An integer flag must fit TensorFlow's int64: a larger one is a flag error (a step
+    count, a size or a seed TensorFlow cannot hold, and no run could reach)."""
+
+    def check(value):
+        if value is not None and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            bound = f"<={INT64_MAX}" if value > 0 else f">={-INT64_MAX - 1}"
+            raise flags.ValidationError(
+                f"{value} is beyond the 64-bit integers TensorFlow counts steps and sizes in; "
+                f"pass --{flag.name}{bound}."
+            )
+        return True
+
+    flags.register_validator(flag.name, check, flag_values=flag_values)
+
+
 def binary_flag_names() -> list[str]:
     """The running binary's own flags (the ones its --help lists), in definition order."""
     return list(_heading_of)
@@ -118,11 +137,13 @@ def define_setting_flag(
     setting: settings.Setting, default: Any, flag_values: flags.FlagValues = flags.FLAGS
 ) -> None:
     """Defines `setting`'s flag in `flag_values` (absl's one registry, or a test's own), of
-    its declared type with `default`: a float finite as a float32 (`_require_finite`), then
-    checked by its declaration (`_check_flag`)."""
+    its declared type with `default`: a float finite as a float32 (`_require_finite`), an
+    integer within int64 (`_require_int64`), then checked by its declaration (`_check_flag`)."""
     _define_flag(setting, default, flag_values)
     if setting.kind == "float":
         _require_finite(flag_values[setting.name], flag_values)
+    if setting.kind == "integer":
+        _require_int64(flag_values[setting.name], flag_values)
     # After the finiteness check, so that nan is called not finite.
     flags.register_validator(
         setting.name, functools.partial(_check_flag, setting), flag_values=flag_values
@@ -214,8 +235,9 @@ def setting_values(declarations: Iterable[settings.Setting]) -> dict[str, Any]:
 
 
 def define_export_dir_flag(what: str) -> None:
-    """Defines --export_dir for a binary that exports `what` at the end of training."""
-    define_settings((settings.export_dir_setting(what),))
+    """Defines --export_dir (and --replace_export) for a binary that exports `what` at the
+    end of training."""
+    define_settings(settings.export_settings(what))
 
 
 def resolve_export_dir(model_dir: str) -> str:
@@ -509,7 +531,8 @@ def binary_arguments(
         run_name: names the default --model_dir (`resolve_model_dir`).
         export: (the trained definition, --export_dir or MODEL_DIR/export) -> the
             path it wrote; exported
-            when training ends (`loops.ExportOnEnd`). None: no export.
+            when training ends (`loops.ExportOnEnd`), marked as the model_dir's
+            (`run_outputs.mark_export`). None: no export.
         signature: what the export's serving_default signature takes and gives.
         check_batch: refuse a --global_batch_size smaller than the replica count
             (`check_batch_fits_replicas`).
@@ -527,11 +550,15 @@ def binary_arguments(
         from loops.run.actions import ExportOnEnd
 
         export_dir = resolve_export_dir(model_dir)
+
+        def export_marked(definition) -> str:
+            # The marker says this model_dir wrote it: a later run may replace it unasked.
+            path = export(definition, export_dir)
+            run_outputs.mark_export(path, model_dir)
+            return path
+
         actions.append(
-            ExportOnEnd(
-                lambda definition: export(definition, export_dir),
-                description=f"signature serving_default: {signature}",
-            )
+            ExportOnEnd(export_marked, description=f"signature serving_default: {signature}")
         )
     return loop_arguments(strategy, model_dir, actions=actions)
 

@@ -31,6 +31,20 @@ def format_metrics(metrics: Mapping[str, float]) -> str:
     return " | ".join(f"{name} {value:.4g}" for name, value in metrics.items())
 
 
+# An ETA past this many years says only that: datetime.timedelta, which shows the shorter
+# ones, holds at most 999,999,999 days, fewer than a huge --train_steps can ask for.
+LONGEST_ETA_YEARS = 100
+_YEAR_SECONDS = 365.25 * 24 * 3600
+
+
+def eta_text(seconds: float) -> str:
+    """`seconds` to go as a progress line says them: "0:01:40", "3 days, 2:00:00", or "more
+    than 100 years"."""
+    if seconds > LONGEST_ETA_YEARS * _YEAR_SECONDS:  # inf included
+        return f"more than {LONGEST_ETA_YEARS} years"
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
 class Progress:
     """Writes one line per inner loop: step, metrics, steps/s and ETA."""
 
@@ -55,7 +69,7 @@ class Progress:
             rates = {"steps_per_second": rates}
         steps_per_second = rates["steps_per_second"]
         remaining = max(total - step, 0) / steps_per_second if steps_per_second > 0 else 0.0
-        eta = datetime.timedelta(seconds=round(remaining))
+        eta = eta_text(remaining)
         shown = {
             name: value
             for name, value in metrics.items()

@@ -4,12 +4,14 @@ dense user and item indices, and split into train and test.
 `read_interactions` gives an `Interactions`: one row an interaction (user,
 item, rating, timestamp, optional feature columns), users and items numbered
 0..n-1 in the order of their raw ids (numerically when every id is a whole
-number), the raw id of each index kept. An implicit log (no rating or label
-column) rates every interaction 1.0; a log without timestamps takes its row
-order as time (and a time split refuses it). Everything a file gets wrong is
-refused before any work with a sentence naming the file, the line, the value
-and the fix: the text within the bounds of `loops.input.log_text`, each value
-as the dtype it trains in (a rating in float32, a timestamp in int64).
+number), the raw id of each index kept: any text but an empty one or one
+with a control character, stripped and composed (NFC). An implicit log (no
+rating or label column) rates every interaction 1.0; a log without timestamps
+takes its row order as time (and a time split refuses it). Everything a file
+gets wrong is refused before any work with a sentence naming the file, the
+line, the value and the fix: the text within the bounds of
+`loops.input.log_text`, each value as the dtype it trains in (a rating in
+float32, a timestamp in int64).
 """
 
 from __future__ import annotations
@@ -36,10 +38,15 @@ _COLUMN_NAMES = {
     "rating": ("rating", "label", "click", "score"),
     "timestamp": ("timestamp", "time", "ts"),
 }
-# An id is a whole number (ASCII digits) or a name: a letter of any script or `_` first, then
-# letters, digits, `_`, `-`, `.`, `:`, `@` (compared in Unicode's composed form, NFC).
+# An id is any text a field holds (a quoted CSV field: spaces, commas, brackets...), the
+# blanks around it removed and compared in Unicode's composed form (NFC), except an empty one
+# and one holding a control character (a tab, a line end: `log_identity` hashes ids as lines).
+# All whole numbers (ASCII digits, a sign) are read as int64 ids.
 _WHOLE = re.compile(r"[+-]?[0-9]+")
-_ID = re.compile(r"[+-]?[0-9]+|[^\W\d][\w\-.:@]*")
+ID_RULE = (
+    "an id is any text but an empty one or one holding a control character, the blanks "
+    "around it not part of it"
+)
 
 
 # eq=False: equality of numpy arrays is elementwise, so a generated __eq__ would raise.
@@ -189,9 +196,9 @@ def read_interactions(
 
     Raises:
         ValueError: an unknown format, an empty file, a missing column, an id
-            that is not an id, a rating or timestamp that is not a number or
-            does not fit its dtype, text out of `log_text`'s bounds; each
-            naming the file, its line and the fix.
+            that is empty or holds a control character (`ID_RULE`), a rating or
+            timestamp that is not a number or does not fit its dtype, text out
+            of `log_text`'s bounds; each naming the file, its line and the fix.
         FileNotFoundError: no file at `path`.
     """
     path = os.fspath(path)
@@ -337,12 +344,14 @@ def _indices(
         distinct, again = np.unique(np.asarray(composed, dtype=str), return_inverse=True)
         inverse = again.reshape(-1)[inverse]
     for position, value in enumerate(distinct.tolist()):
-        if not _ID.fullmatch(value):
+        control = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+        if not value or control is not None:
+            what, fix = "is empty", f"give every interaction its {role}'s id"
+            if value:
+                what, fix = f"{value!r} holds the control character {ascii(control)}", "remove it"
             raise ValueError(
-                f"{path} line {_line_of(lines, inverse == position)}: the {role} id {value!r} "
-                "is not an id (a whole number or a name of letters, digits and _); check that "
-                "the columns are in the order the header or format names (MovieLens u.data: "
-                "user, item, rating, timestamp)."
+                f"{path} line {_line_of(lines, inverse == position)}: the {role} id {what} "
+                f"({ID_RULE}); {fix}."
             )
     if all(_WHOLE.fullmatch(value) for value in distinct.tolist()):
         try:

@@ -9,7 +9,7 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import keras
 import numpy as np
@@ -18,8 +18,9 @@ import tensorflow as tf
 from loops.core.own_files import current_umask
 from loops.core.text_generation import generate
 from loops.input.feature_tables import FittedFeatures
-from loops.model_dir import id_vocabulary
+from loops.model_dir import id_vocabulary, signature_names
 from loops.model_dir.checkpoints import FinitenessCheck, describe_names
+from loops.model_dir.prepared_rows import PreparedRows
 from loops.model_dir.raw_features import RawFeatures
 from loops.vocabulary.errors import NonFiniteWeightsError
 from loops.vocabulary.whole_numbers import check_whole
@@ -115,46 +116,68 @@ def export_ctr(
     *,
     files: dict[str, str] | None = None,
     fitted: FittedFeatures | None = None,
+    cardinalities: Mapping[str, int] | None = None,
 ) -> str:
     """Saves a click-through model with a `serve` signature: its columns in, the click
     probability out.
 
     With `fitted` (the vocabularies, hash buckets and scales of a feature table's training
-    rows), the default signature takes the raw columns by name (`RawFeatures`: numbers
+    rows), the default signature takes the raw columns (`RawFeatures`: numbers
     float64 [n], categories string [n], multi-hot values string [n] joined by the column's
     separator; a value training did not keep goes to its out-of-vocabulary row) and
     `serve_prepared` the prepared ones; a crossed column is no input of it, the columns it
     crosses are (`RawFeatures` joins them). Without `fitted`, the default
-    signature takes the model's inputs by column name, prepared as in training
+    signature takes the model's inputs, prepared as in training
     (`loops.input.feature_tables`: numeric float32 [n] normalized, categorical int32 [n]
-    rows, multi-hot int32 [n, length] rows padded with -1). Each gives `logits` and
-    `probabilities`, float32 [n]. `files` (name -> text) are saved beside the SavedModel,
-    e.g. `FittedFeatures.to_json`.
+    rows, multi-hot int32 [n, length] rows padded with -1). Each input is named
+    `signature_names.served_name` of its column (native-country -> native_country).
+
+    Each signature gives `logits` and `probabilities`, float32 [n], and `valid_row`, bool
+    [n]: False for a row the model cannot score, whose logit and probability are NaN (never
+    a number that reads as a prediction): a raw number training refuses (NaN, inf, a negative
+    in a `normalize=log` column) or one beyond float32 once scaled, a prepared number that is
+    not finite, a categorical row outside [0, rows) (-1 included) or a multi-hot one outside
+    it but the padding -1. Keras and placed tables answer alike. `files` (name -> text) are
+    saved beside the SavedModel, e.g. `FittedFeatures.to_json`.
+
+    Args:
+        cardinalities: each id column's table rows (CTRFeatures'); needed without `fitted`
+            (which holds them) when the model has an id column.
 
     Returns:
         export_dir.
 
     Raises:
-        ValueError: export_dir exists and is not a SavedModel directory.
+        ValueError: export_dir exists and is not a SavedModel directory; an id column of
+            no known rows; two columns served under one name (`signature_names`).
     """
+    tables = fitted.cardinalities() if fitted is not None else cardinalities or {}
+    rows = PreparedRows(model, tables)
     dtypes = {column.name: column.dtype for column in model.inputs}
+    served = signature_names.served_names(list(dtypes), "serve_prepared")
+    raw_features = RawFeatures(fitted) if fitted is not None else None
+    raw_signature = raw_features.signature() if raw_features is not None else None
+    nan = tf.constant(np.nan, tf.float32)
 
-    def serve(columns):
+    def scored(columns, takes=None):
         columns = {name: tf.cast(values, dtypes[name]) for name, values in columns.items()}
-        logits = tf.reshape(tf.cast(model(columns, training=False), tf.float32), [-1])
-        return {"logits": logits, "probabilities": tf.sigmoid(logits)}
+        safe, valid = rows.checked(columns)
+        valid = valid if takes is None else valid & takes
+        logits = tf.reshape(tf.cast(model(safe, training=False), tf.float32), [-1])
+        logits = tf.where(valid, logits, nan)
+        return {"logits": logits, "probabilities": tf.sigmoid(logits), "valid_row": valid}
 
     signature = {
-        column.name: tf.TensorSpec(column.shape, column.dtype, name=column.name)
+        column.name: tf.TensorSpec(column.shape, column.dtype, name=served[column.name])
         for column in model.inputs
     }
-    server = _Server(model, serve, signature)
-    if fitted is None:
+    server = _Server(model, lambda columns: scored(columns), signature)
+    if raw_features is None:
         return _save(server, export_dir, files=files)
-    server.raw_features = RawFeatures(fitted)
+    server.raw_features = raw_features
     server.serve_raw = tf.function(
-        lambda columns: serve(server.raw_features(columns)),
-        input_signature=[server.raw_features.signature()],
+        lambda columns: scored(raw_features(columns), raw_features.takes(columns)),
+        input_signature=[raw_signature],
         autograph=False,  # no control flow on tensors to convert
     )
     signatures = {"serving_default": server.serve_raw, "serve_prepared": server.serve}
@@ -216,7 +239,7 @@ class _Vocabulary:
 def _rows(table: tf.lookup.StaticHashTable, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """(int32 rows, bool known): each id's row of the model, row 0 where the id is unknown
     (its result is then replaced: an unknown id never reads another id's row)."""
-    index = table.lookup(ids)
+    index = id_vocabulary.lookup(table, ids)
     return tf.cast(tf.maximum(index, 0), tf.int32), index >= 0
 
 
@@ -237,6 +260,9 @@ def export_recommender(
     `item_ids`): int64 when they are whole numbers, else strings. Index i of
     the model's tables is `user_ids[i]` (`item_ids[i]`); the export and
     `ids.json` in it (`loops.model_dir.id_vocabulary.read_ids`) hold that map.
+    A string id sent is read as the log's reader reads one (`id_vocabulary.lookup`):
+    the blanks around it dropped, its accents composed or not alike, so the log's
+    own bytes find their id.
 
     `serving_default`: `users` [n] -> `items` [n, top_k] (the item ids, highest
     score first, over the whole corpus: a client drops the items a user has),
@@ -261,8 +287,9 @@ def export_recommender(
         export_dir.
 
     Raises:
-        ValueError: export_dir exists and is not a SavedModel directory; bad ids, counts or
-            top_k; a score_all_items that scores another number of items than item_ids.
+        ValueError: export_dir exists and is not a SavedModel directory; bad ids (two a
+            request cannot tell apart among them), counts or top_k; a score_all_items that
+            scores another number of items than item_ids.
     """
     vocabulary = _Vocabulary(user_ids, item_ids, item_counts, top_k)
     _check_scores_every_item(score_all_items, len(vocabulary.item_ids))

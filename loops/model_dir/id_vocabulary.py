@@ -1,6 +1,6 @@
 """The raw ids of a recommender's users and items (a log's own ids, the model's rows in order):
 checked, written as `ids.json` (in MODEL_DIR and in the export), read back, and looked up in a
-served model."""
+served model (a string as the log's reader reads one: `canonical_text`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 import tensorflow as tf
+
+from loops.model_dir import canonical_text
 
 ID_FILE = "ids.json"  # in MODEL_DIR (written as training starts) and in the export
 
@@ -46,7 +48,24 @@ def checked_ids(name: str, ids) -> np.ndarray:
             "row its own "
             "id (one raw id, one index)."
         )
+    if array.dtype.kind == "U":
+        _check_told_apart(name, array)
     return array
+
+
+def _check_told_apart(name: str, ids: np.ndarray) -> None:
+    """Refuses two string ids a request cannot tell apart (`canonical_text.canonical_key`)."""
+    seen: dict[str, str] = {}
+    for value in ids.tolist():
+        key = canonical_text.canonical_key(value)
+        if key in seen:
+            raise ValueError(
+                f"{name} holds the ids {ascii(seen[key])} and {ascii(value)}, which a served "
+                "request cannot tell apart (ids are compared without the blanks around them, in "
+                "Unicode's canonical form, as the log reader merges them); give the two one "
+                "row (one raw id, one index)."
+            )
+        seen[key] = value
 
 
 def id_type(ids: np.ndarray) -> str:
@@ -60,11 +79,24 @@ def tensor_type(ids: np.ndarray) -> tf.DType:
 
 
 def lookup_table(ids: np.ndarray) -> tf.lookup.StaticHashTable:
-    """raw id -> its index (int64), -1 for an id `ids` does not hold; saved with a SavedModel."""
+    """raw id -> its index (int64), -1 for an id `ids` does not hold; saved with a SavedModel.
+    A string id is keyed by its `canonical_text.canonical_key`: look requests up by `lookup`."""
+    keys = ids
+    if id_type(ids) == "string":
+        keys = np.asarray([canonical_text.canonical_key(value) for value in ids.tolist()])
     initializer = tf.lookup.KeyValueTensorInitializer(
-        tf.constant(ids, tensor_type(ids)), tf.range(len(ids), dtype=tf.int64)
+        tf.constant(keys, tensor_type(ids)), tf.range(len(ids), dtype=tf.int64)
     )
     return tf.lookup.StaticHashTable(initializer, default_value=-1)
+
+
+def lookup(table: tf.lookup.StaticHashTable, requests: tf.Tensor) -> tf.Tensor:
+    """Each requested id's index in a `lookup_table` (int64, -1 unknown). A string is read as
+    the log's reader reads an id (blanks around it removed, accents composed or not alike:
+    "cafe\u0301 " finds "café"), so a request of the log's own bytes finds its id."""
+    if requests.dtype == tf.string:
+        requests = canonical_text.canonical(requests)
+    return table.lookup(requests)
 
 
 def ids_json(users, items) -> str:

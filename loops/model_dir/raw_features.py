@@ -8,6 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from loops.input.feature_tables import PAD_ID, Column, FittedFeatures
+from loops.model_dir import signature_names
 
 
 class RawFeatures(tf.Module):
@@ -21,12 +22,14 @@ class RawFeatures(tf.Module):
     value is the text of each column it crosses (string [n], those the spec does not list
     too) joined by its separator, as `feature_tables` joins a table's rows; a served value
     holding the separator (which a table may not hold) joins to a text no kept pair has, so
-    a vocabulary gives it row 0 (a hashed cross, some bucket). The lookup tables are
-    attributes, so an export saves them and initializes them on load.
+    a vocabulary gives it row 0 (a hashed cross, some bucket). A number training refuses
+    (NaN, inf, a negative under `normalize=log`) gives a row that `takes` marks False. The
+    lookup tables are attributes, so an export saves them and initializes them on load.
     """
 
     def __init__(self, fitted: FittedFeatures):
         super().__init__()
+        self._spec = fitted.spec
         self._columns = list(fitted.spec.columns)
         self._scales = dict(fitted.scales)
         self.tables = {
@@ -36,19 +39,35 @@ class RawFeatures(tf.Module):
         }
 
     def signature(self) -> dict[str, tf.TensorSpec]:
-        """Each raw column's spec, by column name: the spec's columns but the crossed ones,
-        then each column a cross reads that the spec does not list (string)."""
-        signature = {
-            column.name: tf.TensorSpec(
-                [None], tf.float64 if column.kind == "numeric" else tf.string, name=column.name
+        """Each raw column's spec, by column name (`signature_names.raw_columns`), named as
+        `signature_names.served_name` serves it: the spec's columns but the crossed ones, then
+        each column a cross reads that the spec does not list (string).
+
+        Raises:
+            ValueError: two columns served under one name (`signature_names.served_names`).
+        """
+        kinds = {column.name: column.kind for column in self._columns}
+        names = signature_names.raw_columns(self._spec)
+        served = signature_names.served_names(names, "serving_default")
+        return {
+            name: tf.TensorSpec(
+                [None], tf.float64 if kinds.get(name) == "numeric" else tf.string, name=served[name]
             )
-            for column in self._columns
-            if not column.crosses()
+            for name in names
         }
+
+    def takes(self, raw: dict[str, tf.Tensor]) -> tf.Tensor:
+        """bool [n]: whether each row's numbers are ones training takes (finite, and >= 0 in a
+        `normalize=log` column); a row with another is no row the model can score."""
+        takes = tf.ones([tf.shape(next(iter(raw.values())))[0]], tf.bool)
         for column in self._columns:
-            for source in column.crosses():
-                signature.setdefault(source, tf.TensorSpec([None], tf.string, name=source))
-        return signature
+            if column.kind == "numeric":
+                values = raw[column.name]
+                good = tf.math.is_finite(values)
+                if column.option("normalize") == "log":
+                    good &= values >= 0
+                takes &= good
+        return takes
 
     def __call__(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """The prepared columns (numeric float32, categorical and multi-hot int64) of `raw`."""
@@ -72,7 +91,11 @@ class RawFeatures(tf.Module):
         if column.option("normalize") == "log":
             values = tf.math.log1p(values)
         center, scale = self._scales[column.name]
-        return tf.cast((values - center) / scale, tf.float32)
+        normalized = (values - center) / scale
+        # As `feature_tables` normalizes: a difference past float64's range taken apart.
+        apart = values / scale - center / scale
+        normalized = tf.where(tf.math.is_finite(normalized), normalized, apart)
+        return tf.cast(normalized, tf.float32)  # past float32: inf, a row `PreparedRows` flags
 
     def _ids(self, column: Column, values: Any) -> Any:
         buckets = column.option("hash_buckets")

@@ -10,7 +10,7 @@ from typing import Any
 import tensorflow as tf
 
 from loops.core import reporting
-from loops.model_dir import model_dir_lock
+from loops.model_dir import model_dir_lock, run_outputs
 from loops.model_dir.checkpoints import Checkpointer, newest_complete
 from loops.model_dir.run_config import check_resume, exact_only_settings, record_config
 from loops.placement import Placement
@@ -126,7 +126,8 @@ class RunCheckpoints:
         Raises:
             ValueError: a checkpoint that does not match `items`, or a resume that
                 changes a setting it cannot change and stay exact (`check_resume`).
-            OSError: model_dir cannot be written or read, or another run holds its lock.
+            OSError: model_dir cannot be written or read, another run holds its lock, or
+                a link stands where the run writes its results (`run_outputs`).
         """
         model_dir = self._model_dir
         if model_dir is None:
@@ -137,6 +138,8 @@ class RunCheckpoints:
             placement, items, step_counter, {**optional_items, SETTINGS_RECORD: record}
         )
         try:
+            if self._is_chief:  # a link at results.json would fail only after the training
+                run_outputs.check_run_files(model_dir)
             restored = self.restore()
             if restored is not None:
                 self.changed_on_resume = check_resume(

@@ -707,18 +707,36 @@ def export_dir_setting(what: str) -> Setting:
         "export_dir",
         "outputs",
         f"Where to export {what} as a SavedModel at the end of training "
-        "(a directory that exists must hold an earlier export). Default: "
-        "MODEL_DIR/export.",
+        "(a directory that exists must hold an earlier export: this --model_dir's, or "
+        "another's with --replace_export). Default: MODEL_DIR/export.",
         "string",
         resumable=True,
         path=True,
     )
 
 
+REPLACE_EXPORT = Setting(
+    "replace_export",
+    "outputs",
+    "Let the export at the end of training replace an --export_dir that holds another "
+    "run's export (one another --model_dir wrote, or one that does not say which); refused "
+    "before any training otherwise.",
+    "bool",
+    resumable=True,
+    default=False,
+)
+
+
+def export_settings(what: str) -> tuple[Setting, Setting]:
+    """--export_dir and --replace_export of a binary that exports `what` at the end of
+    training."""
+    return export_dir_setting(what), REPLACE_EXPORT
+
+
 def free_to_change() -> frozenset[str]:
     """The config keys a resumed run may change without a warning: the `resumable`
-    declarations (of `SETTINGS` as they are now), --export_dir and absl's --verbosity."""
-    declared = (*SETTINGS, export_dir_setting(""))
+    declarations (of `SETTINGS` as they are now), the export's and absl's --verbosity."""
+    declared = (*SETTINGS, *export_settings(""))
     return frozenset(s.name for s in declared if s.resumable) | ABSL_FLAGS_FREE_TO_CHANGE
 
 
