@@ -14,6 +14,7 @@ FLAGS = flags.FLAGS
 
 def build_trainer():
     """The RL loop the flags describe, on CartPole; ValueError for a bad combination."""
+    from loops.core import schedules
     from loops.kinds import rl
     from loops.run.trainer import Trainer
     from loops_data import cartpole
@@ -30,15 +31,26 @@ def build_trainer():
     common = {name: value for name, value in common.items() if value is not None}
     common.update(environment=environment, **loop_flags.clip_norm_argument())
     common["optimizer_fn"] = training_settings.adam_fn(FLAGS.learning_rate)
-    loop_class: type[rl.EnvironmentLoop]
-    if common.pop("algorithm") == "ppo":
-        loop_class, model_fn = rl.ActorCriticLoop, rl_models.policy_value_network
-        own = loop_flags.setting_values(training_settings.ACTOR_CRITIC)
-        own["epochs"] = own.pop("ppo_epochs")
-    else:
-        loop_class, model_fn = rl.DQNLoop, rl_models.q_network
+    if common.pop("algorithm") == "dqn":
         own = loop_flags.setting_values(training_settings.DQN)
-    return Trainer(loop_class(model_fn=lambda: model_fn(**network), **own, **common), **arguments)
+        definition = rl.DQNLoop(model_fn=lambda: rl_models.q_network(**network), **own, **common)
+        return Trainer(definition, **arguments)
+    own = loop_flags.setting_values(training_settings.ACTOR_CRITIC)
+    own["epochs"] = own.pop("ppo_epochs")
+    decay = own.pop("ppo_lr_decay")
+    ppo = rl.ActorCriticLoop(
+        model_fn=lambda: rl_models.policy_value_network(**network), **own, **common
+    )
+    if decay == "cosine":
+        # A constant rate keeps moving a policy that has found the top return, and where it
+        # ends depends on the CPU's rounding (500 on one, 295 on another); decayed to 0 at
+        # the last Adam step, it settles there on both.
+        updates = FLAGS.train_steps * ppo.epochs * ppo.minibatches
+        rate = schedules.make_schedule(
+            "cosine", learning_rate=FLAGS.learning_rate, total_steps=updates
+        )
+        ppo.optimizer_fn = training_settings.adam_fn(rate)
+    return Trainer(ppo, **arguments)
 
 
 main, run = application.entry_points(

@@ -418,6 +418,16 @@ ENVIRONMENT_LOOP: tuple[Setting, ...] = (
 # `loops.ActorCriticLoop`'s keywords (--ppo_epochs is its `epochs`).
 ACTOR_CRITIC: tuple[Setting, ...] = (
     Setting(
+        "ppo_lr_decay",
+        "training",
+        "ppo: the learning rate over the run. cosine: from --learning_rate down to 0 at the "
+        "run's last update (--train_steps x --ppo_epochs x the minibatches of a rollout), "
+        "which settles the policy it has found; constant: --learning_rate throughout.",
+        "enum",
+        default="cosine",
+        choices=("cosine", "constant"),
+    ),
+    Setting(
         "gae_lambda",
         "training",
         "ppo: GAE lambda in [0, 1].",
