@@ -99,3 +99,23 @@ def test_a_checkpoint_on_a_full_disk_says_so_in_whole_words_and_leaves_no_temp_f
         "already there are intact."
     )
     assert not [name for name in os.listdir(directory) if name.startswith("ckpt-10")]
+
+
+def test_an_export_to_a_full_disk_says_where_and_how_much_and_keeps_nothing(full_disk):
+    import keras
+
+    from loops.model_dir.export import export_classifier
+
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten()])
+    model.add(keras.layers.Dense(256))  # 16,640 weights: 65 KB, more than the disk has
+    export_dir = full_disk / "export"
+    with pytest.raises(OSError) as raised:
+        export_classifier(model, str(export_dir))
+    # Before: TensorFlow's ResourceExhaustedError and its traceback.
+    assert str(raised.value) == (
+        f"Could not write the export to {export_dir} (No space left on device); it needs "
+        "about 0.1 MB free beside it (its weights, and its graph) and nothing of it was kept. "
+        "Free space or pass another --export_dir; the run's checkpoints are intact, and the "
+        "same command exports again without training."
+    )
+    assert sorted(os.listdir(full_disk)) == ["filler"]  # no export, no staging folder

@@ -19,7 +19,7 @@ from loops.core.own_files import current_umask
 from loops.core.text_generation import generate
 from loops.input.feature_tables import FittedFeatures
 from loops.model_dir import id_vocabulary, signature_names
-from loops.model_dir.checkpoints import FinitenessCheck, describe_names
+from loops.model_dir.checkpoints import FinitenessCheck, describe_names, write_error_reason
 from loops.model_dir.prepared_rows import PreparedRows
 from loops.model_dir.raw_features import RawFeatures
 from loops.vocabulary.errors import NonFiniteWeightsError
@@ -367,16 +367,34 @@ def _save(
         os.chmod(staging, 0o777 & ~current_umask())
         if signatures is None:
             signatures = {"serving_default": server.serve}
-        tf.saved_model.save(server, staging, signatures=signatures)
-        for name, text in (files or {}).items():
-            with open(os.path.join(staging, name), "x", encoding="utf-8") as stream:
-                stream.write(text)
+        try:
+            tf.saved_model.save(server, staging, signatures=signatures)
+            for name, text in (files or {}).items():
+                with open(os.path.join(staging, name), "x", encoding="utf-8") as stream:
+                    stream.write(text)
+        except (OSError, tf.errors.OpError) as error:
+            raise OSError(_unwritten_export(export_dir, server.model, error)) from error
         if os.path.exists(export_dir):
             shutil.rmtree(export_dir)
         os.replace(staging, export_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return export_dir
+
+
+def _unwritten_export(export_dir: str, model: keras.Model, error: BaseException) -> str:
+    """The sentence of an export that could not be written (a full disk, a read-only
+    folder): where, why, about how much space it needs, and that nothing else is lost."""
+    weights = sum(
+        int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
+        for variable in model.variables
+    )
+    return (
+        f"Could not write the export to {export_dir} ({write_error_reason(error)}); it needs "
+        f"about {max(weights / 2**20, 0.1):.1f} MB free beside it (its weights, and its graph) "
+        "and nothing of it was kept. Free space or pass another --export_dir; the run's "
+        "checkpoints are intact, and the same command exports again without training."
+    )
 
 
 def staging_prefix(export_dir: str) -> str:
