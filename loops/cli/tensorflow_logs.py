@@ -95,17 +95,21 @@ class OneLineWorkerLoss(logging.Filter):
     """Words ClusterCoordinator's report of a lost parameter-server worker as one line.
 
     The coordinator logs it only for a loss it survives (the worker's closures run on
-    the other workers), so one line says which worker and what TensorFlow raised,
-    without the GRPC details over several lines.
+    the other workers), so one line says which worker and what that means, in the
+    project's words: not the GRPC details over several lines, nor the class of whatever
+    TensorFlow raised in the closure it cut short (a SIGKILLed worker's shows as a
+    TypeError as often as an UnavailableError).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == COORDINATOR_WORKER_FAILED and isinstance(record.args, tuple):
-            device, error = record.args[0], record.args[1]
-            found = _DEVICE_TASK.search(str(device))
-            worker = f"{found.group(1)}_{found.group(2)}" if found else str(device)
-            record.msg = "lost %s (%s); training goes on, its closures run on the other workers"
-            record.args = (worker, type(error).__name__)
+            found = _DEVICE_TASK.search(str(record.args[0]))
+            worker = f"{found.group(1)}_{found.group(2)}" if found else str(record.args[0])
+            record.msg = (
+                "lost %s: it stopped answering (its process died or its host went down); "
+                "training goes on, its closures run on the other workers"
+            )
+            record.args = (worker,)
         return True
 
 
