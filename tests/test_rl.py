@@ -495,33 +495,23 @@ def test_default_loops_rl_shortened_learns_cartpole_on_two_replicas(tmp_path):
     assert f"outputs in {model_dir}" in done.stdout
 
 
-def rl_binary_trainer(*argv):
-    """The Trainer `loops-rl argv...` would train, built in this process."""
-    from absl import flags
-    from absl.testing import flagsaver
-
-    from loops.bin import rl as rl_binary
+def test_ppos_default_rate_decays_from_the_flag_to_zero_at_the_runs_last_update():
     from loops.bin import training_settings
 
-    with flagsaver.flagsaver():
-        flags.FLAGS.unparse_flags()
-        flags.FLAGS(["loops-rl", *argv])
-        training_settings.prepare_rl_flags()
-        return rl_binary.build_trainer()
-
-
-def test_ppos_default_rate_decays_from_the_flag_to_zero_at_the_runs_last_update():
-    # 250 steps x 4 epochs x 4 minibatches of 256 of a 16 x 64 rollout: 4,000 Adam steps.
-    # Measured with no flags (issue 64, item 2): a constant rate ends at a mean return of
-    # 295 with oneDNN on and 500 with it off; this decay ends at 500 on both.
-    optimizer = rl_binary_trainer().definition.optimizer
-    for iterations, rate in ((0, 1e-3), (2000, 5e-4), (4000, 0.0)):
-        optimizer.iterations.assign(iterations)
-        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(
-            rate, rel=1e-6, abs=1e-12
-        ), iterations
-    constant = rl_binary_trainer("--ppo_lr_decay=constant", "--learning_rate=2e-3")
-    assert float(np.asarray(constant.definition.optimizer.learning_rate)) == pytest.approx(2e-3)
+    # The default 16 x 64 rollout in minibatches of 256, 4 epochs: 16 Adam steps a step, so
+    # 250 steps are 4,000. Measured with no flags (issue 64, item 2): a constant rate ends at
+    # a mean return of 295 with oneDNN on and 500 with it off; this decay ends at 500 on both.
+    ppo = rl.ActorCriticLoop(
+        environment=cartpole.CartPole(),
+        model_fn=lambda: rl_models.policy_value_network(observation_size=4, num_actions=2),
+    )
+    assert ppo.epochs * ppo.minibatches == 16
+    setting = {s.name: s for s in training_settings.ACTOR_CRITIC}["ppo_lr_decay"]
+    assert setting.default == "cosine"
+    rate = training_settings.ppo_learning_rate("cosine", 1e-3, updates=4000)
+    for iterations, expected in ((0, 1e-3), (2000, 5e-4), (4000, 0.0)):
+        assert float(rate(iterations)) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert training_settings.ppo_learning_rate("constant", 2e-3, updates=4000) == 2e-3
 
 
 def test_dqn_binary_writes_results_and_resumes(tmp_path):

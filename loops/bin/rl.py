@@ -14,7 +14,6 @@ FLAGS = flags.FLAGS
 
 def build_trainer():
     """The RL loop the flags describe, on CartPole; ValueError for a bad combination."""
-    from loops.core import schedules
     from loops.kinds import rl
     from loops.run.trainer import Trainer
     from loops_data import cartpole
@@ -41,15 +40,16 @@ def build_trainer():
     ppo = rl.ActorCriticLoop(
         model_fn=lambda: rl_models.policy_value_network(**network), **own, **common
     )
-    if decay == "cosine":
-        # A constant rate keeps moving a policy that has found the top return, and where it
-        # ends depends on the CPU's rounding (500 on one, 295 on another); decayed to 0 at
-        # the last Adam step, it settles there on both.
-        updates = FLAGS.train_steps * ppo.epochs * ppo.minibatches
-        rate = schedules.make_schedule(
-            "cosine", learning_rate=FLAGS.learning_rate, total_steps=updates
-        )
-        ppo.optimizer_fn = training_settings.adam_fn(rate)
+    learning_rate, train_steps = FLAGS.learning_rate, FLAGS.train_steps
+
+    def optimizer():
+        # Made in build, after the loop has checked its settings (a rollout that holds no
+        # minibatch is refused there with its own fix).
+        updates = train_steps * ppo.epochs * ppo.minibatches
+        rate = training_settings.ppo_learning_rate(decay, learning_rate, updates=updates)
+        return training_settings.adam_fn(rate)()
+
+    ppo.optimizer_fn = optimizer
     return Trainer(ppo, **arguments)
 
 

@@ -213,6 +213,20 @@ def table_weight_copies(optimizer: dict[str, Any], tables: dict[str, Any]) -> in
     return weight_copies(optimizer) if name == "same" else 1 + _TABLE_SLOTS[name]
 
 
+def ppo_learning_rate(decay: str, learning_rate: float, *, updates: int) -> Any:
+    """loops-rl's PPO rate under --ppo_lr_decay: `learning_rate` decayed by a cosine to 0 at
+    the run's last update (`updates` Adam steps), or constant.
+
+    A constant rate keeps moving a policy that has found the top return, and where it ends
+    depends on the CPU's rounding (README, "Reinforcement learning"); decayed, it settles.
+    """
+    from loops.core import schedules
+
+    if decay == "constant":
+        return learning_rate
+    return schedules.make_schedule("cosine", learning_rate=learning_rate, total_steps=updates)
+
+
 def adam_fn(learning_rate: Any, **options: Any) -> Callable[[], Any]:
     """() -> a new Adam optimizer at `learning_rate` (a float or a schedule) with `options`."""
 
