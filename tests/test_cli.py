@@ -293,6 +293,31 @@ def test_a_lost_parameter_server_worker_is_one_log_line_naming_it():
     ]
 
 
+def test_a_lost_server_is_said_once_before_the_chiefs_sentence_not_per_closure():
+    import logging
+
+    import tensorflow as tf
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    source = inspect.getsource(cluster_coordinator)
+    assert tensorflow_logs.COORDINATOR_CLOSURE_FAILED.replace("\n", "\\n") in source
+    assert f'"{tensorflow_logs.COORDINATOR_CANCELLING}"' in source
+    error = tf.errors.UnavailableError(None, None, "Graph execution error:\n\nGRPC details")
+    logger = logging.getLogger("test_cli.tensorflow.servers")
+    tensorflow_logs.one_line_worker_losses(logger)
+    records = []
+    logger.addHandler(type("Keep", (logging.Handler,), {"emit": lambda _, r: records.append(r)})())
+    logger.propagate = False
+    failed = tensorflow_logs.COORDINATOR_CLOSURE_FAILED + "It is treated as a transient failure."
+    for task in (0, 1, 0, 1):  # before: four lines of "UnavailableError(): Graph execution error:"
+        logger.error(failed, f"/job:worker/replica:0/task:{task}/device:CPU:0", error, error)
+    logger.error(tensorflow_logs.COORDINATOR_CANCELLING, error, error)
+    assert [record.getMessage() for record in records] == [
+        "worker_0 could not reach a parameter server; its closures are retried (said once: a "
+        "server lost for good stops the run at its next step, naming it)"
+    ]
+
+
 @pytest.mark.parametrize(
     "argv, replicas",
     [

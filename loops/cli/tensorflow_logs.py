@@ -19,6 +19,10 @@ _ABSL_NOTICE = (
 # How ClusterCoordinator (cluster_coordinator.py) logs a lost parameter-server worker, an
 # error with TensorFlow's whole message: its GRPC details over several lines, each time.
 COORDINATOR_WORKER_FAILED = "Worker %s failed with %r:%s"
+# What it logs, once a closure, while a server does not answer (each line with the error's
+# GRPC details), and before it raises a closure's error to the chief.
+COORDINATOR_CLOSURE_FAILED = "Remote function on worker %s failed with %r:%s\n"
+COORDINATOR_CANCELLING = "Start cancelling closures due to error %r: %s"
 _DEVICE_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
 # What Keras imports at its own import only if it is installed, for features a binary never
 # uses (keras.wrappers' scikit-learn estimators, keras.visualization's image gallery): both
@@ -101,7 +105,26 @@ class OneLineWorkerLoss(logging.Filter):
     TypeError as often as an UnavailableError).
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._said_unreachable = False
+
     def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message == COORDINATOR_CANCELLING:
+            return False  # the error it names reaches the Trainer, which words it once
+        if message.startswith(COORDINATOR_CLOSURE_FAILED) and isinstance(record.args, tuple):
+            if self._said_unreachable:
+                return False
+            self._said_unreachable = True
+            found = _DEVICE_TASK.search(str(record.args[0]))
+            worker = f"{found.group(1)}_{found.group(2)}" if found else str(record.args[0])
+            record.msg = (
+                "%s could not reach a parameter server; its closures are retried (said "
+                "once: a server lost for good stops the run at its next step, naming it)"
+            )
+            record.args = (worker,)
+            return True
         if record.msg == COORDINATOR_WORKER_FAILED and isinstance(record.args, tuple):
             found = _DEVICE_TASK.search(str(record.args[0]))
             worker = f"{found.group(1)}_{found.group(2)}" if found else str(record.args[0])
