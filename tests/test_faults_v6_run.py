@@ -119,3 +119,18 @@ def test_an_export_to_a_full_disk_says_where_and_how_much_and_keeps_nothing(full
         "same command exports again without training."
     )
     assert sorted(os.listdir(full_disk)) == ["filler"]  # no export, no staging folder
+
+
+def test_workers_agree_on_a_preemption_through_one_traced_function():
+    import signal
+    import types
+
+    strategy = loops.testing.replica_strategy(2)
+    placement = types.SimpleNamespace(strategy=strategy, workers_stop_together=True)
+    with preemption.PreemptionWatcher(placement) as watcher:
+        assert [watcher.should_stop() for _ in range(3)] == [False] * 3
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert watcher.should_stop() and watcher.should_stop()
+    # Before: strategy.run of a new lambda, eagerly, at every boundary: a warning of its
+    # overhead and a new trace each time (TensorFlow's retracing warning), on every worker.
+    assert watcher._signalled_anywhere.experimental_get_tracing_count() == 1

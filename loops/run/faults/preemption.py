@@ -27,6 +27,7 @@ class PreemptionWatcher:
         self._previous: dict[int, Any] = {}  # the handlers to give back
         # Under parameter servers only the coordinator runs the Trainer: its own flag decides.
         self._multi_worker = placement.workers_stop_together
+        self._signalled_anywhere: Any = None  # the traced sum of the flags, once asked
 
     def __enter__(self) -> PreemptionWatcher:
         # Signal handlers can only be installed from the main thread.
@@ -54,7 +55,14 @@ class PreemptionWatcher:
         """True when any worker received a preemption signal; every worker must call it."""
         if not self._multi_worker:
             return self._received is not None
+        if self._signalled_anywhere is None:
+            self._signalled_anywhere = tf.function(self._summed_flags)
         flag = tf.constant(0.0 if self._received is None else 1.0)
-        per_replica = self._strategy.run(lambda: tf.identity(flag))
         # ReduceOp has only SUM and MEAN: a sum above 0 means some worker was signalled.
-        return float(self._strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
+        return float(self._signalled_anywhere(flag)) > 0
+
+    def _summed_flags(self, flag: tf.Tensor) -> tf.Tensor:
+        """Every worker's flag summed, traced once: called eagerly, `strategy.run` warned of
+        its overhead and traced a new function at every boundary (its lambda a new one)."""
+        per_replica = self._strategy.run(tf.identity, args=(flag,))
+        return self._strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
