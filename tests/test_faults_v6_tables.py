@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import test_table_plan
 from test_table_plan import BIG, DIM, MIN_ROWS
+from test_table_training import TableModel
 
 import loops
 from loops.tables import table_blocks
@@ -92,11 +93,12 @@ LARGE_IDS = np.array([[0, 69_999], [5, 5], [12, 40_000], [7, 3], [3, 0], [69_999
 LARGE_TARGETS = np.linspace(-1.0, 1.0, len(LARGE_IDS)).astype(np.float32)
 
 
-class LargeTableModel(loops.Loop):
-    """ids -> a 70,000-row EmbeddingTable (own Adagrad) -> mean -> Dense(1)."""
+class LargeTableModel(TableModel):
+    """ids -> a 70,000-row EmbeddingTable (own Adagrad) -> mean -> Dense(1); the steps of
+    test_table_training's TableModel."""
 
     def __init__(self, *, max_table_lookups, **loop_args):
-        super().__init__(**loop_args)
+        super().__init__(own_table=True, **loop_args)
         self.max_table_lookups = max_table_lookups
 
     def build(self):
@@ -111,18 +113,6 @@ class LargeTableModel(loops.Loop):
         self.update = loops.Update(
             self, self.optimizer, self.model, max_table_lookups=self.max_table_lookups
         )
-
-    def checkpoint_items(self):
-        return {"model": self.model, "optimizer": self.optimizer}
-
-    def _replica_loss(self, ids, targets):
-        count = loops.global_count(tf.shape(targets)[0])
-        scores = tf.squeeze(self.model(ids, training=True), -1)
-        return loops.scale_to_global_batch((scores - targets) ** 2, count), {}
-
-    def train_step(self, iterator):
-        result = self.update(self._replica_loss, args=next(iterator))
-        return {"loss": loops.Mean(result.sums["loss"])}
 
 
 def large_table_run(replicas, max_table_lookups):

@@ -117,8 +117,7 @@ class OneLineWorkerLoss(logging.Filter):
             if self._said_unreachable:
                 return False
             self._said_unreachable = True
-            found = _DEVICE_TASK.search(str(record.args[0]))
-            worker = f"{found.group(1)}_{found.group(2)}" if found else str(record.args[0])
+            worker = _task_name(record.args[0])
             record.msg = (
                 "%s could not reach a parameter server; its closures are retried (said "
                 "once: a server lost for good stops the run at its next step, naming it)"
@@ -126,14 +125,19 @@ class OneLineWorkerLoss(logging.Filter):
             record.args = (worker,)
             return True
         if record.msg == COORDINATOR_WORKER_FAILED and isinstance(record.args, tuple):
-            found = _DEVICE_TASK.search(str(record.args[0]))
-            worker = f"{found.group(1)}_{found.group(2)}" if found else str(record.args[0])
+            worker = _task_name(record.args[0])
             record.msg = (
                 "lost %s: it stopped answering (its process died or its host went down); "
                 "training goes on, its closures run on the other workers"
             )
             record.args = (worker,)
         return True
+
+
+def _task_name(device: object) -> str:
+    """`worker_1` for a device of /job:worker/task:1 (the device as given otherwise)."""
+    found = _DEVICE_TASK.search(str(device))
+    return f"{found.group(1)}_{found.group(2)}" if found else str(device)
 
 
 def one_line_worker_losses(logger: logging.Logger) -> None:
