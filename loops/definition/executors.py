@@ -108,11 +108,24 @@ class Executor:
 
     def flat_eval_step(self, batch) -> dict[str, tf.Tensor]:
         flat, self.eval_kinds = outputs.columns(
-            _as_traced_calls_it(self.definition.eval_step)(batch),
+            _as_traced_calls_it(self.definition.eval_step)(self._replica_eval_batch(batch)),
             "eval_step",
             arrays=True,
         )
         return flat
+
+    def _replica_eval_batch(self, batch):
+        """An eval batch as the eval step takes it: a global batch read whole (where the
+        replicas share the host's memory: `distributed_input.eval_dataset`) cut into the
+        replicas' slices as a train step's is; a distributed one as it came."""
+        strategy = self.definition.strategy
+        if not placement.Placement.of(strategy).global_batches_in_host_memory:
+            return batch
+        if any(
+            isinstance(part, tf.distribute.DistributedValues) for part in tf.nest.flatten(batch)
+        ):
+            return batch
+        return distributed_input.replica_batches(batch, strategy)
 
     def dequeue(self, iterator) -> tuple:
         """The batches of one step (none without an iterator)."""

@@ -230,13 +230,40 @@ def next_batch(iterator, strategy: tf.distribute.Strategy):
         output_types=[spec.dtype for spec in specs],
         output_shapes=[spec.shape for spec in specs],
     )
-    batch = tf.nest.pack_sequence_as(iterator.element_spec, flat)
+    return replica_batches(tf.nest.pack_sequence_as(iterator.element_spec, flat), strategy)
+
+
+def replica_batches(batch, strategy: tf.distribute.Strategy):
+    """A global batch read whole as the step takes it: itself at 1 replica, else each
+    replica's slice (`replica_slice`) as per-replica values."""
     num_replicas = strategy.num_replicas_in_sync
     if num_replicas == 1:
         return batch
     return strategy.experimental_distribute_values_from_function(
         lambda context: replica_slice(batch, context.replica_id_in_sync_group, num_replicas)
     )
+
+
+def eval_dataset(
+    strategy: tf.distribute.Strategy, source: DatasetSource
+) -> tf.data.Dataset | tf.distribute.DistributedDataset:
+    """The eval pass's stream of `source`'s global batches, read as `train_iterator` reads the
+    train stream: where the replicas share this host's memory and batches are dense tensors,
+    the plain dataset, each batch cut into the replicas' slices inside the step
+    (`replica_batches`); otherwise the strategy's distributed dataset.
+
+    A distributed iterator's `get_next_as_optional` holds a cond a replica that passes every
+    component of the batch, and Grappler's dependency optimizer takes time that grows with the
+    square of the components to rewrite it: the first eval pass of 200 feature columns on 2
+    replicas took 53 s (benchmarks/RESULTS.md, "Many feature columns").
+    """
+    if not Placement.of(strategy).global_batches_in_host_memory:
+        return distribute(strategy, source)
+    dataset = as_dataset_fn(source)()
+    if not _dense(dataset.element_spec):
+        # The dataset already built is handed on, not built a second time.
+        return distribute(strategy, dataset)
+    return dataset
 
 
 def replica_slice(batch, replica_id, num_replicas: int):
@@ -247,7 +274,12 @@ def replica_slice(batch, replica_id, num_replicas: int):
     """
     parts = tf.nest.flatten(batch)
     start, end = topology.replica_bounds(tf.shape(parts[0])[0], replica_id, num_replicas)
-    return tf.nest.pack_sequence_as(batch, [part[start:end] for part in parts])
+    # One slice op a part, its bounds shared: `part[start:end]` packs them anew for each part
+    # (three ops more a part and a replica; a table of many columns has many parts).
+    begin, stop, stride = tf.stack([start]), tf.stack([end]), tf.ones([1], start.dtype)
+    return tf.nest.pack_sequence_as(
+        batch, [tf.strided_slice(part, begin, stop, stride) for part in parts]
+    )
 
 
 def _dense(element_spec) -> bool:

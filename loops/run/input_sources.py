@@ -32,7 +32,8 @@ class RunInputs:
 
 
 class EvalInput:
-    """A run's eval data as its executor reads it: distributed once, kept until `release`.
+    """A run's eval data as its executor reads it (`distributed_input.eval_dataset`): made once,
+    kept until `release`.
 
     Args:
         inputs: the run's data (its eval_data) and strategy; under
@@ -54,8 +55,13 @@ class EvalInput:
         if self._dataset is None and inputs.coordinator is not None:
             self._dataset = distributed_input.as_dataset_fn(inputs.eval_data)()
         elif self._dataset is None:
-            self._dataset = distributed_input.distribute(inputs.strategy, inputs.eval_data)
-        return self._executor.evaluate(iter(self._dataset))
+            self._dataset = distributed_input.eval_dataset(inputs.strategy, inputs.eval_data)
+        if inputs.coordinator is None and isinstance(self._dataset, tf.data.Dataset):
+            with tf.device("/cpu:0"):  # where every replica reads it (they are all host CPUs)
+                iterator = iter(self._dataset)
+        else:
+            iterator = iter(self._dataset)
+        return self._executor.evaluate(iterator)
 
     def output_names(self) -> set[str] | None:
         """The eval step's outputs, found by tracing it (nothing runs); None when unknown."""
@@ -65,7 +71,7 @@ class EvalInput:
         if inputs.coordinator is not None:
             return None
         if self._dataset is None:
-            self._dataset = distributed_input.distribute(inputs.strategy, inputs.eval_data)
+            self._dataset = distributed_input.eval_dataset(inputs.strategy, inputs.eval_data)
         return self._executor.eval_output_names(self._dataset.element_spec)
 
     def release(self) -> None:
