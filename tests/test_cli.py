@@ -379,7 +379,8 @@ def test_an_export_dir_without_a_saved_model_is_refused_before_training(tmp_path
 def test_an_export_dir_holding_an_earlier_export_passes_the_check(tmp_path):
     (tmp_path / "saved_model.pb").write_bytes(b"")
     model_dir = tmp_path / "run"
-    run_outputs.mark_export(str(tmp_path), str(model_dir))  # this run's earlier export
+    # This run's earlier export: its marker names the model_dir.
+    (tmp_path / run_outputs.EXPORT_MARKER).write_text(os.path.realpath(model_dir) + "\n")
     with flagsaver.flagsaver():
         flags.FLAGS.unparse_flags()
         # Parsed in this test alone.

@@ -359,7 +359,7 @@ def test_an_export_is_replaced_only_by_the_run_that_wrote_it_or_when_asked(tmp_p
         "export at the end of training would replace, and its files with it; pass "
         "--replace_export to replace it, or a new --export_dir."
     )
-    run_outputs.mark_export(str(export_dir), str(first))
+    (export_dir / run_outputs.EXPORT_MARKER).write_text(os.path.realpath(first) + "\n")
     assert run_outputs.export_writer(str(export_dir)) == os.path.realpath(first)
     with flagsaver.flagsaver():
         for argv in ([f"--model_dir={first}"], [f"--model_dir={second}", "--replace_export"]):

@@ -134,3 +134,19 @@ def test_workers_agree_on_a_preemption_through_one_traced_function():
     # Before: strategy.run of a new lambda, eagerly, at every boundary: a warning of its
     # overhead and a new trace each time (TensorFlow's retracing warning), on every worker.
     assert watcher._signalled_anywhere.experimental_get_tracing_count() == 1
+
+
+def test_an_export_holds_its_marker_before_it_is_renamed_into_place(tmp_path):
+    import keras
+
+    from loops.model_dir import run_outputs
+    from loops.model_dir.export import export_classifier
+
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten()])
+    model.add(keras.layers.Dense(2))
+    with run_outputs.exports_of(str(tmp_path / "run")):
+        path = export_classifier(model, str(tmp_path / "served"))
+    # Written with the SavedModel, in its staging folder (before: just after the rename).
+    assert run_outputs.export_writer(path) == os.path.realpath(tmp_path / "run")
+    unmarked = export_classifier(model, str(tmp_path / "other"))
+    assert run_outputs.export_writer(unmarked) is None  # outside exports_of: no marker

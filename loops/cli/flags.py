@@ -532,7 +532,7 @@ def binary_arguments(
         export: (the trained definition, --export_dir or MODEL_DIR/export) -> the
             path it wrote; exported
             when training ends (`loops.ExportOnEnd`), marked as the model_dir's
-            (`run_outputs.mark_export`). None: no export.
+            (`run_outputs.exports_of`). None: no export.
         signature: what the export's serving_default signature takes and gives.
         check_batch: refuse a --global_batch_size smaller than the replica count
             (`check_batch_fits_replicas`).
@@ -553,9 +553,8 @@ def binary_arguments(
 
         def export_marked(definition) -> str:
             # The marker says this model_dir wrote it: a later run may replace it unasked.
-            path = export(definition, export_dir)
-            run_outputs.mark_export(path, model_dir)
-            return path
+            with run_outputs.exports_of(model_dir):
+                return export(definition, export_dir)
 
         actions.append(
             ExportOnEnd(export_marked, description=f"signature serving_default: {signature}")

@@ -18,7 +18,7 @@ import tensorflow as tf
 from loops.core.own_files import current_umask
 from loops.core.text_generation import generate
 from loops.input.feature_tables import FittedFeatures
-from loops.model_dir import id_vocabulary, signature_names
+from loops.model_dir import id_vocabulary, run_outputs, signature_names
 from loops.model_dir.checkpoints import FinitenessCheck, describe_names, write_error_reason
 from loops.model_dir.prepared_rows import PreparedRows
 from loops.model_dir.raw_features import RawFeatures
@@ -369,7 +369,7 @@ def _save(
             signatures = {"serving_default": server.serve}
         try:
             tf.saved_model.save(server, staging, signatures=signatures)
-            for name, text in (files or {}).items():
+            for name, text in {**(files or {}), **run_outputs.marker_files()}.items():
                 with open(os.path.join(staging, name), "x", encoding="utf-8") as stream:
                     stream.write(text)
         except (OSError, tf.errors.OpError) as error:

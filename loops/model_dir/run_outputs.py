@@ -10,8 +10,11 @@ replaced without a word. Imports no TensorFlow: the binaries check before its im
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import stat
+from collections.abc import Iterator
 
 from loops.core import own_files
 from loops.model_dir import run_config
@@ -50,15 +53,33 @@ def check_run_files(model_dir: str) -> None:
             )
 
 
-def mark_export(export_dir: str, model_dir: str) -> None:
-    """Records in `export_dir` (just written) that the run in `model_dir` wrote it."""
-    own_files.write_atomic(
-        os.path.join(export_dir, EXPORT_MARKER), (os.path.realpath(model_dir) + "\n").encode()
-    )
+# The model_dir whose exports are being written now (`exports_of`), for `marker_files`.
+_EXPORTING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "exporting_for", default=None
+)
+
+
+@contextlib.contextmanager
+def exports_of(model_dir: str) -> Iterator[None]:
+    """Marks the exports written inside as the run's in `model_dir`: each holds the marker
+    (`marker_files`) from before it is renamed into place, so a kill never leaves one of its
+    exports unmarked (a later run would refuse to replace it unasked)."""
+    token = _EXPORTING_FOR.set(os.path.realpath(model_dir))
+    try:
+        yield
+    finally:
+        _EXPORTING_FOR.reset(token)
+
+
+def marker_files() -> dict[str, str]:
+    """{EXPORT_MARKER: the model_dir} inside `exports_of`, else {}: the files an export
+    writes beside its SavedModel before its rename."""
+    model_dir = _EXPORTING_FOR.get()
+    return {} if model_dir is None else {EXPORT_MARKER: model_dir + "\n"}
 
 
 def export_writer(export_dir: str) -> str | None:
-    """The model_dir `export_dir`'s marker names (`mark_export`); None when it has none (an
+    """The model_dir `export_dir`'s marker names (`exports_of`); None when it has none (an
     export of another program, or of a version before the markers) or it does not read."""
     path = os.path.join(export_dir, EXPORT_MARKER)
     try:
@@ -71,7 +92,7 @@ def export_writer(export_dir: str) -> str | None:
 def is_this_runs_export(export_dir: str, model_dir: str | None) -> bool:
     """Whether the export in `export_dir` is the run's in `model_dir` (None: a new run's):
     it lies at MODEL_DIR/export, part of the run's own directory, or its marker names that
-    model_dir (`mark_export`)."""
+    model_dir (`exports_of`)."""
     if model_dir is None:
         return False
     default = os.path.join(model_dir, DEFAULT_EXPORT)
