@@ -14,7 +14,7 @@ from conftest import Counter, read_results, run_module, run_python
 from loops.bin import config_source
 from loops.cli import config_json
 from loops.model_dir import run_config
-from loops.run.controller_options import RunOptions
+from loops.run.controller_options import ControllerOptions
 from loops.vocabulary import run_config_tree, settings
 from loops.vocabulary.recorded_settings import RecordedSettingsError, read_recorded_settings
 
@@ -76,7 +76,7 @@ def test_every_bool_setting_refuses_what_is_not_a_bool(setting):
 
 def test_an_async_checkpoints_that_is_no_bool_is_refused_by_the_run_options():
     with pytest.raises(ValueError, match="async_checkpoints must be True or False, got 'no'"):
-        RunOptions(async_checkpoints="no")
+        ControllerOptions(async_checkpoints="no")
 
 
 @pytest.mark.parametrize(

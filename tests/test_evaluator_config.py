@@ -198,7 +198,7 @@ def python_run(tmp_path_factory):
 def test_a_python_run_records_the_loop_settings_an_evaluation_depends_on(python_run):
     with open(os.path.join(python_run, "config.json")) as stream:
         recorded = json.load(stream)
-    assert {name: recorded[name] for name in ("eval_set", *run_config.LOOP_SETTINGS)} == {
+    assert {name: recorded[name] for name in ("eval_set", *run_config.EVALUATION_SETTINGS)} == {
         "eval_set": "tiny",
         "ema_decay": 0.5,
         "mixed_precision": "none",

@@ -182,10 +182,10 @@ def test_the_loop_takes_exactly_the_declared_loop_settings_with_their_defaults()
     assert keywords == LOOP_OBJECTS
     assert list(parameters)[:3] == ["self", "definition", "config"]
     assert list(parameters.values())[-1].kind is inspect.Parameter.VAR_KEYWORD
-    declared = {setting.name for setting in settings.LOOP_SETTINGS}
+    declared = {setting.name for setting in settings.TRAINER_SETTINGS}
     assert set(trainer_arguments.KEYWORDS) == declared
     defaults = loops.RunConfig().flat()
-    for setting in settings.LOOP_SETTINGS:
+    for setting in settings.TRAINER_SETTINGS:
         assert defaults[setting.name] == setting.default, setting.name
 
 

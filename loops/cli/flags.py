@@ -440,7 +440,7 @@ def evaluated_settings() -> list[str]:
     """The binary's flags whose value changes the numbers its evaluator reports.
 
     Those under the data and model headings, and the step settings every
-    evaluation depends on (`run_config.LOOP_SETTINGS`). Not the others: the
+    evaluation depends on (`run_config.EVALUATION_SETTINGS`). Not the others: the
     strategy, replica count and batch size only change the order in which
     the per-example sums of an evaluation are added (their metrics are sums
     over the whole eval set), and the rest are about training or outputs.
@@ -448,7 +448,7 @@ def evaluated_settings() -> list[str]:
     return [
         name
         for name, flag_heading in _heading_of.items()
-        if flag_heading in EVALUATED_HEADINGS or name in run_config.LOOP_SETTINGS
+        if flag_heading in EVALUATED_HEADINGS or name in run_config.EVALUATION_SETTINGS
     ]
 
 

@@ -27,7 +27,7 @@ TRAINER_OBJECTS = (
     "record",
     "table_plan",
 )
-TRAINER_KEYWORDS = frozenset(TRAINER_OBJECTS) | {s.name for s in settings.LOOP_SETTINGS}
+TRAINER_KEYWORDS = frozenset(TRAINER_OBJECTS) | {s.name for s in settings.TRAINER_SETTINGS}
 # What a v2 Loop did itself and a Trainer does now.
 RUN_METHODS = frozenset(
     {"train", "evaluate", "request_stop", "save_checkpoint", "write_results", "close", "controller"}

@@ -3,7 +3,7 @@
 A Trainer gives its definition a `StepContext` before `build`; it and its
 Controller need of the definition only `Definition`; actions and a
 definition's evaluation see the run as a `RunContext` (the Controller's
-`loops.run.context_view.RunView`). mypy checks that `loops.Loop` and the run view
+`loops.run.context_view.ContextView`). mypy checks that `loops.Loop` and the run view
 satisfy them, and no module of the run imports the Loop or the Trainer.
 """
 

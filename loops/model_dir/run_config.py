@@ -21,7 +21,7 @@ CONFIG_FILE = "config.json"  # in MODEL_DIR; written by the trainer's chief as t
 # ema_decay whether the averaged or the raw weights are evaluated, mixed_precision the
 # dtype it computes in, seed the noise of the loops that draw some to evaluate (a GAN's
 # samples, RL's episodes, a language model's samples).
-LOOP_SETTINGS = ("ema_decay", "mixed_precision", "seed")
+EVALUATION_SETTINGS = ("ema_decay", "mixed_precision", "seed")
 
 # Settings a resume cannot change and stay exact, each with the setting that accepts
 # the change anyway (then recorded in results.json's config as CHANGED_ON_RESUME).
@@ -138,12 +138,12 @@ class Difference(NamedTuple):
 
 
 def loop_settings(step_options: Any) -> dict[str, Any]:
-    """The run's `LOOP_SETTINGS` among its step options (a checked `StepOptions`), which
+    """The run's `EVALUATION_SETTINGS` among its step options (a checked `StepOptions`), which
     config.json records also when the run gives no config.
 
     The run's own config (a binary's flags) records them too and has the last word.
     """
-    return {name: getattr(step_options, name) for name in LOOP_SETTINGS}
+    return {name: getattr(step_options, name) for name in EVALUATION_SETTINGS}
 
 
 def config_path(model_dir: str) -> str:

@@ -64,7 +64,7 @@ def recorded_settings(model_dir: str) -> dict[str, Any] | None:
     return settings if isinstance(settings, dict) else None
 
 
-class RunCheckpoints:
+class CheckpointKeeper:
     """The checkpoints of a run, kept in model_dir under its lock; none without a model_dir.
 
     Args:

@@ -14,13 +14,13 @@ from loops.core.weight_average import WeightAverages
 from loops.definition.run_context import Definition
 from loops.definition.run_state import RunState
 from loops.model_dir.checkpoints import Checkpointer
-from loops.run.checkpoint_keeper import RunCheckpoints
-from loops.run.controller_options import RunOptions
+from loops.run.checkpoint_keeper import CheckpointKeeper
+from loops.run.controller_options import ControllerOptions
 from loops.run.input_sources import EvalInput
-from loops.run.reporter import RunReport
+from loops.run.reporter import Reporter
 
 
-class RunView:
+class ContextView:
     """What an action and a definition's `run_evaluation` may use of the run: its facts
     (definition, strategy, model_dir, is_chief ...), its state, where it reports, and the
     few things they may ask of it (stop, save, evaluate the eval data).
@@ -52,11 +52,11 @@ class RunView:
         strategy: tf.distribute.Strategy,
         global_step: tf.Variable,
         state: RunState,
-        options: RunOptions,
+        options: ControllerOptions,
         config: Mapping[str, Any],
         is_chief: bool,
-        report: RunReport,
-        checkpoints: RunCheckpoints,
+        report: Reporter,
+        checkpoints: CheckpointKeeper,
         eval_input: EvalInput,
         weight_averages: WeightAverages,
         request_stop: Callable[[str], None],

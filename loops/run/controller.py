@@ -14,11 +14,11 @@ from loops.definition import executors
 from loops.definition.run_context import Definition, StepContext
 from loops.model_dir import run_config
 from loops.run.actions import action_records, action_state, watched_metrics
-from loops.run.controller_options import RunOptions
-from loops.run.controller_parts import RunParts
+from loops.run.controller_options import ControllerOptions
+from loops.run.controller_parts import ControllerParts
 from loops.run.execution.loop_schedule import LoopSchedule
 from loops.run.faults.preemption import PreemptionWatcher
-from loops.run.input_sources import RunInputs
+from loops.run.input_sources import InputSources
 from loops.run.reporter import TimedCall, TrainHistory
 from loops.vocabulary.whole_numbers import check_whole
 
@@ -49,8 +49,8 @@ class Controller:
         definition: Definition,
         step_context: StepContext,
         executor: executors.Executor,
-        inputs: RunInputs,
-        options: RunOptions,
+        inputs: InputSources,
+        options: ControllerOptions,
     ):
         """Builds the run's parts; `restore` then builds the actions and restores.
 
@@ -59,7 +59,7 @@ class Controller:
             step_context: its strategy, step options, global step, data offset and updates.
             executor: what runs its steps.
             inputs: the train and eval data, and the coordinator that runs steps, if any.
-            options: how to run it, checked (`loops.run.controller_options.RunOptions`).
+            options: how to run it, checked (`loops.run.controller_options.ControllerOptions`).
         """
         self.definition, self.options = definition, options
         self.strategy, self.step_options = step_context.strategy, step_context.options
@@ -69,7 +69,7 @@ class Controller:
         self.is_chief = topology.is_chief(self.strategy)
         self.actions = tuple(options.actions)
         self.config = dict(options.config or {})
-        parts = RunParts.make(
+        parts = ControllerParts.make(
             definition=definition,
             step_context=step_context,
             executor=executor,

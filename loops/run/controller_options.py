@@ -15,7 +15,7 @@ from loops.vocabulary.whole_numbers import check_whole
 
 
 @dataclass(frozen=True)
-class RunOptions:
+class ControllerOptions:
     """How a Trainer's Controller runs it; every option is checked when the options are made.
 
     Attributes:
@@ -92,11 +92,11 @@ class RunOptions:
 # The options that are declared settings (every field but progress, actions and config),
 # in field order: each checked by its declaration, as its flag is.
 _DECLARED = tuple(
-    field.name for field in dataclasses.fields(RunOptions) if field.name in settings.BY_NAME
+    field.name for field in dataclasses.fields(ControllerOptions) if field.name in settings.BY_NAME
 )
 
 
-def _asked_actions(options: RunOptions) -> list[Action]:
+def _asked_actions(options: ControllerOptions) -> list[Action]:
     """The actions `options` asks for by setting: early stopping, keeping the best checkpoint."""
     asked: list[Action] = []
     if options.early_stopping_metric is not None:

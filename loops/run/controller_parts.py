@@ -15,34 +15,34 @@ from loops.definition.run_context import Definition, StepContext
 from loops.definition.run_state import RunState
 from loops.placement import Placement
 from loops.run import profiling
-from loops.run.checkpoint_keeper import RunCheckpoints
-from loops.run.context_view import RunView
-from loops.run.controller_options import RunOptions
+from loops.run.checkpoint_keeper import CheckpointKeeper
+from loops.run.context_view import ContextView
+from loops.run.controller_options import ControllerOptions
 from loops.run.execution.inner_loops import InnerLoops
 from loops.run.faults import builtin_rules
 from loops.run.faults.bad_steps import BadStepPolicy
-from loops.run.input_sources import EvalInput, RunInputs
-from loops.run.reporter import RunReport
+from loops.run.input_sources import EvalInput, InputSources
+from loops.run.reporter import Reporter
 from loops.run.train_input import TrainInput
 from loops.tables import embedding_tables
 
 
 @dataclass(frozen=True)
-class RunParts:
+class ControllerParts:
     """A run's state, report, profiler, checkpoints, recoveries, inputs, inner loops (with
-    the bad-step policy) and the view its actions get: `RunParts.make` builds them in order.
+    the bad-step policy) and the view its actions get: `ControllerParts.make` builds them in order.
     """
 
     state: RunState
-    report: RunReport
+    report: Reporter
     profiler: profiling.StepProfiler | None
-    checkpoints: RunCheckpoints
+    checkpoints: CheckpointKeeper
     # The run's recoveries from bad steps, checkpointed; they set the input's offset.
     recoveries: Recoveries
     train_input: TrainInput
     inner_loops: InnerLoops
     eval_input: EvalInput
-    context_view: RunView
+    context_view: ContextView
 
     @classmethod
     def make(
@@ -51,13 +51,13 @@ class RunParts:
         definition: Definition,
         step_context: StepContext,
         executor: executors.Executor,
-        inputs: RunInputs,
-        options: RunOptions,
+        inputs: InputSources,
+        options: ControllerOptions,
         is_chief: bool,
         config: dict[str, Any],
         request_stop: Callable[[str], None],
         save_checkpoint: Callable[[], str | None],
-    ) -> RunParts:
+    ) -> ControllerParts:
         """The parts of the Controller's run (its arguments, `Controller.__init__`'s);
         `config` is what the run was asked to do, `request_stop` and `save_checkpoint` the
         Controller's, handed to the actions through the view."""
@@ -83,7 +83,7 @@ class RunParts:
             profiler=profiler,
         )
         eval_input = EvalInput(inputs, executor)
-        view = RunView(
+        view = ContextView(
             definition=definition,
             strategy=step_context.strategy,
             global_step=step_context.global_step,
@@ -107,17 +107,17 @@ class RunParts:
 def _reporter(
     definition: Definition,
     executor: executors.Executor,
-    options: RunOptions,
+    options: ControllerOptions,
     state: RunState,
     *,
     is_chief: bool,
     where: Placement,
-) -> RunReport:
+) -> Reporter:
     """Where the run reports: progress lines, the chief's summaries under model_dir, and
     results.json with the definition's and the executor's extras."""
     model_dir = options.model_dir
     summaries = os.path.join(model_dir, "summaries") if model_dir and is_chief else None
-    return RunReport(
+    return Reporter(
         progress=options.progress or reporting.Progress(),
         summaries=reporting.Summaries(summaries),
         throughput_unit=definition.throughput_unit,
@@ -140,10 +140,10 @@ def _tables(definition: Definition, where: Placement) -> dict[str, Any]:
 
 
 def _checkpoint_keeper(
-    options: RunOptions, *, is_chief: bool, say: Callable[[str], None]
-) -> RunCheckpoints:
+    options: ControllerOptions, *, is_chief: bool, say: Callable[[str], None]
+) -> CheckpointKeeper:
     """The run's checkpoints in its model_dir, written by the chief."""
-    return RunCheckpoints(
+    return CheckpointKeeper(
         model_dir=options.model_dir,
         max_checkpoints=options.max_checkpoints,
         asynchronous=options.async_checkpoints,
@@ -156,7 +156,7 @@ def _bad_step_policy(
     definition: Definition,
     step_context: StepContext,
     state: RunState,
-    checkpoints: RunCheckpoints,
+    checkpoints: CheckpointKeeper,
     train_input: TrainInput,
     recoveries: Recoveries,
 ) -> BadStepPolicy:
@@ -180,7 +180,7 @@ def _bad_step_policy(
 
 
 def _profiler(
-    options: RunOptions, *, is_chief: bool, say: Callable[[str], None]
+    options: ControllerOptions, *, is_chief: bool, say: Callable[[str], None]
 ) -> profiling.StepProfiler | None:
     """The profiler of `options.profile_steps`, tracing on the chief only; None without them."""
     if options.profile_steps is None:

@@ -13,7 +13,7 @@ from loops.input import distributed_input
 
 
 @dataclass(frozen=True)
-class RunInputs:
+class InputSources:
     """A run's data and where it is read: what its train and eval input are made from.
 
     Attributes:
@@ -42,7 +42,7 @@ class EvalInput:
         executor: what runs the definition's eval step.
     """
 
-    def __init__(self, inputs: RunInputs, executor: executors.Executor):
+    def __init__(self, inputs: InputSources, executor: executors.Executor):
         self._inputs = inputs
         self._executor = executor
         self._dataset: Any = None

@@ -55,7 +55,7 @@ class TrainHistory:
         return {name: np.concatenate(parts) for name, parts in self._parts.items()}
 
 
-class RunReport:
+class Reporter:
     """A run's progress lines and TensorBoard scalars; it records the metrics and speeds it
     reports in the run's state.
 

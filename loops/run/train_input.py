@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from loops.definition.recovery import Recoveries
 from loops.input import distributed_input
-from loops.run.input_sources import RunInputs
+from loops.run.input_sources import InputSources
 
 
 class TrainInput:
@@ -27,7 +27,7 @@ class TrainInput:
 
     def __init__(
         self,
-        inputs: RunInputs,
+        inputs: InputSources,
         data_offset: tf.Variable,
         batches_per_step: int,
         recoveries: Recoveries,

@@ -25,7 +25,7 @@ from loops.run.actions import Action
 from loops.run.controller import Controller
 from loops.run.execution import loop_execution
 from loops.run.faults import failed_frames, loss_spikes
-from loops.run.input_sources import RunInputs
+from loops.run.input_sources import InputSources
 from loops.run.parameter_servers import exact_parameter_server
 from loops.tables import table_rows
 from loops.tables.table_plan import TablePlan
@@ -133,7 +133,7 @@ class Trainer:
             definition=definition,
             step_context=context,
             executor=self.executor,
-            inputs=RunInputs(self.strategy, train_data, eval_data, self.coordinator),
+            inputs=InputSources(self.strategy, train_data, eval_data, self.coordinator),
             options=run_options,
         )
         # What the run did so far, and what its actions see of it: the Controller's.

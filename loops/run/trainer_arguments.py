@@ -12,7 +12,7 @@ from loops.definition import step_options
 from loops.definition.run_context import Definition
 from loops.placement import Placement
 from loops.run.actions import Action
-from loops.run.controller_options import RunOptions
+from loops.run.controller_options import ControllerOptions
 from loops.run.execution import loop_execution
 from loops.run.faults import builtin_rules
 from loops.vocabulary import settings
@@ -21,7 +21,7 @@ from loops.vocabulary.run_config_tree import RunConfig
 
 # The settings `loops.Trainer` reads, in declaration order; it takes every setting of
 # `loops.RunConfig` as a keyword override, the others only at their defaults.
-KEYWORDS = tuple(setting.name for setting in settings.LOOP_SETTINGS)
+KEYWORDS = tuple(setting.name for setting in settings.TRAINER_SETTINGS)
 
 
 def checked_config(config: RunConfig | None, overrides: Mapping[str, Any]) -> RunConfig:
@@ -75,7 +75,7 @@ def checked_options(
     progress: reporting.Progress | None,
     actions: Sequence[Action],
     record: Mapping[str, Any] | None,
-) -> tuple[step_options.StepOptions, RunOptions]:
+) -> tuple[step_options.StepOptions, ControllerOptions]:
     """The step and run options of `config`, checked with the definition and where it runs
     (`placement`, read from the strategy and `config`'s parameter-server mode).
 
@@ -99,7 +99,7 @@ def checked_options(
     definition.check_can_train(placement.strategy, options, has_train_data=has_train_data)
     declared = {
         field.name: values[field.name]
-        for field in dataclasses.fields(RunOptions)
+        for field in dataclasses.fields(ControllerOptions)
         if field.name in values
     }
-    return options, RunOptions(**declared, progress=progress, actions=actions, config=record)
+    return options, ControllerOptions(**declared, progress=progress, actions=actions, config=record)

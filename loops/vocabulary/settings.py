@@ -694,7 +694,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
 # The `loops.Trainer` keyword arguments that are settings, in declaration order.
-LOOP_SETTINGS: tuple[Setting, ...] = tuple(setting for setting in SETTINGS if setting.loop)
+TRAINER_SETTINGS: tuple[Setting, ...] = tuple(setting for setting in SETTINGS if setting.loop)
 # The built-in bad-step rules' reactions ("on_nonfinite", ...), in the order declared.
 REACTIONS: tuple[str, ...] = tuple(setting.name for setting in SETTINGS if setting.reaction)
 # The flags every binary has that are not declared here: absl's own.

@@ -14,7 +14,7 @@ from loops.definition.run_state import RunState
 from loops.run.execution.loop_schedule import LoopSchedule
 from loops.run.faults.bad_steps import BadStepPolicy
 from loops.run.profiling import StepProfiler
-from loops.run.reporter import InnerLoop, RunReport, TimedCall, TrainHistory
+from loops.run.reporter import InnerLoop, Reporter, TimedCall, TrainHistory
 from loops.run.train_input import TrainInput
 
 
@@ -57,7 +57,7 @@ class InnerLoops:
         state: RunState,
         bad_steps: BadStepPolicy,
         train_input: TrainInput,
-        report: RunReport,
+        report: Reporter,
         profiler: StepProfiler | None,
     ):
         self._executor = executor

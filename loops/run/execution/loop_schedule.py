@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from loops.run.actions import Action
-from loops.run.controller_options import RunOptions
+from loops.run.controller_options import ControllerOptions
 from loops.run.profiling import StepProfiler
 
 # About how long one executor call may run when it joins inner loops that
@@ -48,7 +48,7 @@ class LoopSchedule:
             may stop the run at any of them.
     """
 
-    options: RunOptions
+    options: ControllerOptions
     action_every: tuple[int | None, ...]
     profiler_boundary: Callable[[int], int | None] | None
     one_process: bool
@@ -58,7 +58,7 @@ class LoopSchedule:
     @classmethod
     def of_run(
         cls,
-        options: RunOptions,
+        options: ControllerOptions,
         actions: Sequence[Action],
         *,
         one_process: bool,

@@ -13,7 +13,7 @@ from loops.definition.bad_step_rules import RECOVER, BadStep, BadStepRule, NonFi
 from loops.definition.recovery import Recoveries, Recovery
 from loops.model_dir.checkpoints import describe_names
 from loops.placement import Placement
-from loops.run.checkpoint_keeper import RunCheckpoints
+from loops.run.checkpoint_keeper import CheckpointKeeper
 from loops.run.train_input import TrainInput
 from loops.vocabulary.errors import NonFiniteError
 
@@ -39,7 +39,7 @@ class BadStepPolicy:
         *,
         current_step: Callable[[], int],
         batches_per_step: int,
-        checkpoints: RunCheckpoints,
+        checkpoints: CheckpointKeeper,
         train_input: TrainInput,
         recoveries: Recoveries,
         max_recoveries: int,
