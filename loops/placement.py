@@ -4,9 +4,11 @@ The input, the core and the run ask a `Placement` what they need to know of
 where they run (whether the variables live on parameter servers, whether the
 steps run out of order, whether a global batch can stay in host memory, how a
 table's rows are split ...) instead of branching on a strategy's name. The
-Trainer builds one from its strategy and its `parameter_server_mode`; a public
-function handed only a strategy (`loops.distribute`, an Update's XLA check, an
-`EmbeddingTable`'s build) reads one with `Placement.of(strategy)`.
+Trainer builds one from its strategy, its `parameter_server_mode` and its global
+batch size, and hands it to every part: the definition (`self.placement`), its
+Updates (`UpdateContext.placement`), the tables it builds (`in_force`, around the
+build) and the input. Code that trains without a Trainer makes its own with
+`Placement.of(strategy, mode)`; the mode is always said, never assumed.
 
 Under `tf.distribute.ParameterServerStrategy` the variables live on the `ps`
 tasks, the `worker` tasks only run functions the coordinator (the `chief`
@@ -67,15 +69,26 @@ class Placement:
         kind: the strategy's --strategy name ("default", "one_device",
             "mirrored", "central_storage", "multi_worker_mirrored", "tpu"), or
             "parameter_server_exact" / "parameter_server_async" by the mode.
+        global_batch_size: the most examples a step's batch holds over all
+            replicas (None: not known), which bounds the ids a replica looks up
+            in a table in a step where the batch has no static size
+            (`derived_lookups`): the same figure for the Update and the tables.
     """
 
     strategy: tf.distribute.Strategy = dataclasses.field(repr=False, compare=False)
     kind: str
+    global_batch_size: int | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def of(cls, strategy: tf.distribute.Strategy, parameter_server_mode: str = EXACT) -> Placement:
-        """The placement of a run under `strategy` in `parameter_server_mode` (which only
-        a ParameterServerStrategy reads).
+    def of(
+        cls,
+        strategy: tf.distribute.Strategy,
+        parameter_server_mode: str,
+        *,
+        global_batch_size: int | None = None,
+    ) -> Placement:
+        """The placement of a run under `strategy` in `parameter_server_mode` ("exact" or
+        "async"; only a ParameterServerStrategy reads it) with `global_batch_size`.
 
         Raises:
             ValueError: `parameter_server_mode` is neither "exact" nor "async".
@@ -87,8 +100,26 @@ class Placement:
             )
         name = topology.strategy_name(strategy)
         if name == "parameter_server":
-            return cls(strategy, _PARAMETER_SERVER_KINDS[parameter_server_mode])
-        return cls(strategy, name)
+            name = _PARAMETER_SERVER_KINDS[parameter_server_mode]
+        return cls(strategy, name, global_batch_size)
+
+    # ---- The step's size. ----
+
+    @property
+    def examples_per_replica(self) -> int | None:
+        """The most examples one replica's share of a step holds: the global batch size over
+        the replicas, rounded up (a partial batch splits unevenly); None where not known."""
+        if self.global_batch_size is None:
+            return None
+        return -(-int(self.global_batch_size) // self.num_replicas_in_sync)
+
+    def derived_lookups(self, ids_each: int | None) -> int | None:
+        """The most ids one replica looks up in a table in a step: `examples_per_replica`
+        times `ids_each` example; None where either is not known."""
+        examples = self.examples_per_replica
+        if examples is None or ids_each is None:
+            return None
+        return examples * ids_each
 
     @property
     def strategy_name(self) -> str:
@@ -270,6 +301,29 @@ def num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
 
 
 _splitting = threading.local()
+_in_force = threading.local()
+
+
+@contextlib.contextmanager
+def in_force(where: Placement) -> Iterator[None]:
+    """Inside (in this thread), `current` answers `where` for its strategy: the Trainer holds
+    its placement in force while the definition builds, so that the tables made there take
+    the run's placement (its mode and global batch), not one read again from the strategy."""
+    before = getattr(_in_force, "placement", None)
+    _in_force.placement = where
+    try:
+        yield
+    finally:
+        _in_force.placement = before
+
+
+def current(strategy: tf.distribute.Strategy, parameter_server_mode: str) -> Placement:
+    """The placement `in_force` for `strategy`; else `strategy`'s in `parameter_server_mode`
+    with no global batch (a table built outside a Trainer, by code that said the mode)."""
+    where = getattr(_in_force, "placement", None)
+    if where is not None and where.strategy is strategy:
+        return where
+    return Placement.of(strategy, parameter_server_mode)
 
 
 @contextlib.contextmanager

@@ -255,15 +255,21 @@ def test_an_evaluation_of_more_examples_than_the_auc_keeps_is_refused_with_the_f
 
 
 def pretend_workers(monkeypatch, workers):
-    """Placement.of as CTRLoop reads it: `workers` synchronous workers, no servers."""
+    """The run's placement as CTRLoop's build reads it: `workers` synchronous workers, no
+    servers (the Trainer's own placement stays the one process it is)."""
     from loops.kinds import ctr as ctr_kind
 
-    class Pretended:
-        @staticmethod
-        def of(strategy):
-            return types.SimpleNamespace(num_workers=workers, variables_on_servers=False)
+    built = ctr_kind.CTRLoop.build
 
-    monkeypatch.setattr(ctr_kind, "Placement", Pretended)
+    def build(self):
+        real = self.placement
+        self.placement = types.SimpleNamespace(num_workers=workers, variables_on_servers=False)
+        try:
+            built(self)
+        finally:
+            self.placement = real
+
+    monkeypatch.setattr(ctr_kind.CTRLoop, "build", build)
 
 
 def test_on_several_workers_every_replica_gathers_every_eval_row_for_the_same_auc(monkeypatch):
@@ -308,3 +314,38 @@ def test_the_readme_example_comes_near_the_planted_truths_auc():
     assert planted > 0.85
     assert model_auc >= planted - 0.05, (model_auc, planted)
     assert abs(calibration - 1) < 0.1
+
+
+def test_two_trainers_on_one_strategy_keep_their_own_global_batch_for_their_tables():
+    """The global batch travels with each Trainer's placement to its definition, its Updates
+    and the tables its build made: a second Trainer on the same strategy changes none of the
+    first's (it was an attribute of the strategy once)."""
+    from loops.tables.embedding_tables import tables_in
+
+    strategy = loops.testing.replica_strategy(2)
+    trainers = []
+    for size in (8, 12):
+        log = small_log()
+        features = ctr.CTRFeatures(**log.description())
+        trainers.append(
+            loops.Trainer(
+                loops.CTRLoop(
+                    model_fn=lambda: BUILDERS["dcn_v2"](
+                        features, table_optimizer_fn=lambda: keras.optimizers.Adagrad(0.1)
+                    ),
+                    optimizer_fn=lambda: keras.optimizers.Adam(0.05),
+                ),
+                strategy=strategy,
+                train_data=lambda: ctr_data.one_pass(log, BATCH),
+                global_batch_size=size,
+                progress=loops.testing.quiet_progress(),
+            )
+        )
+    for trainer, size in zip(trainers, (8, 12)):
+        definition = trainer.definition
+        assert definition.placement is trainer.placement
+        assert trainer.placement.global_batch_size == size
+        assert trainer.placement.examples_per_replica == size // 2
+        assert definition.update_context.placement is trainer.placement
+        tables = tables_in(definition.model)
+        assert tables and all(table._placement is trainer.placement for table in tables)

@@ -13,6 +13,7 @@ from test_parity import classifier_builder
 
 import loops
 from conftest import ROOT, SUBPROCESS_ENV, read_results
+from loops import placement
 from loops.core import compilation
 
 
@@ -154,9 +155,13 @@ def test_a_layer_keras_does_not_jit_is_refused():
 
     model = keras.Sequential([keras.Input((3,)), Host(), keras.layers.Dense(2)])
     with pytest.raises(ValueError, match=r"supports_jit=False\). Replace the layer"):
-        compilation.check_can_compile(model, tf.distribute.get_strategy())
+        compilation.check_can_compile(
+            model, placement.Placement.of(tf.distribute.get_strategy(), "exact")
+        )
 
 
 def test_an_update_of_a_function_is_refused():
     with pytest.raises(ValueError, match="a function returning variables"):
-        compilation.check_can_compile(lambda: [], tf.distribute.get_strategy())
+        compilation.check_can_compile(
+            lambda: [], placement.Placement.of(tf.distribute.get_strategy(), "exact")
+        )

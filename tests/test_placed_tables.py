@@ -2,6 +2,7 @@
 initial values that depend on the global row alone, exact row updates (SGD, Adagrad, row-wise
 Adagrad), one logical array per table and slot in checkpoints, each replica holding its block."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -120,13 +121,13 @@ def test_initial_values_are_a_function_of_the_global_row_on_every_layout():
 
 
 def test_the_placement_splits_a_table_over_the_replicas_of_mirrored_alone():
-    four = placement.Placement.of(loops.testing.replica_strategy(4))
+    four = placement.Placement.of(loops.testing.replica_strategy(4), "exact")
     assert four.tables_split_over_replicas
     assert four.table_row_blocks(ROWS) == ((0, 3), (3, 6), (6, 9), (9, 11))
     assert four.table_row_blocks(2) == ((0, 1), (1, 2), (2, 2), (2, 2))
     assert [device[-5:] for device in four.table_block_devices] == [f"CPU:{i}" for i in range(4)]
-    central = placement.Placement.of(loops.testing.replica_strategy(2, "central_storage"))
-    one = placement.Placement.of(loops.testing.replica_strategy(1))
+    central = placement.Placement.of(loops.testing.replica_strategy(2, "central_storage"), "exact")
+    one = placement.Placement.of(loops.testing.replica_strategy(1), "exact")
     for whole_table in (central, one):
         assert not whole_table.tables_split_over_replicas
         assert whole_table.table_block_devices == ()
@@ -342,27 +343,30 @@ def test_a_checkpoint_moves_from_4_replicas_to_2_workers_to_3_servers_to_one_pro
     np.testing.assert_array_equal(whole(alone.accumulator), servers["accumulator"])
 
 
-def test_a_large_tables_lookup_count_is_derived_from_the_marked_global_batch():
+def test_a_large_tables_lookup_count_is_derived_from_the_placements_global_batch():
     from loops.tables import table_rows
 
-    def traced_capacity(rows):
+    def traced_capacity(rows, examples):
         found = []
         ids = tf.TensorSpec([None, 3], tf.int32)
+        capacity = functools.partial(table_blocks.lookup_capacity, examples_per_replica=examples)
         tf.function(
-            lambda ids: found.append(table_blocks.lookup_capacity("items", rows, ids)) or ids
+            lambda ids: found.append(capacity("items", rows, ids)) or ids
         ).get_concrete_function(ids)
         return found[0]
 
     strategy = tf.distribute.get_strategy()
-    table_rows.set_global_batch_size(strategy, 8)
-    try:
-        assert table_rows.examples_per_replica(strategy) == 8
-        assert traced_capacity(100_000) == 24  # 8 examples a step, 3 ids each
-        assert traced_capacity(20) == 20  # at most the table
-        assert table_blocks.lookup_capacity("items", 100_000, tf.zeros([4, 3], tf.int32)) == 12
-    finally:
-        table_rows.set_global_batch_size(strategy, None)
-    assert table_rows.examples_per_replica(strategy) is None
+    where = placement.Placement.of(strategy, placement.EXACT, global_batch_size=8)
+    assert where.examples_per_replica == 8
+    assert where.derived_lookups(3) == 24 and where.derived_lookups(None) is None
+    assert traced_capacity(100_000, where.examples_per_replica) == 24  # 8 examples, 3 ids each
+    assert traced_capacity(20, where.examples_per_replica) == 20  # at most the table
+    assert table_blocks.lookup_capacity("items", 100_000, tf.zeros([4, 3], tf.int32)) == 12
+    # The global batch travels with the run's placement, never on the strategy: a placement
+    # of the same strategy without one derives nothing.
+    assert placement.Placement.of(strategy, placement.EXACT).examples_per_replica is None
+    halves = placement.Placement.of(loops.testing.replica_strategy(2), "exact", global_batch_size=9)
+    assert halves.examples_per_replica == 5  # rounded up: a partial batch splits unevenly
     # Of a batch: the most values an example holds in an integer or string tensor.
     batch = (tf.zeros([4, 3], tf.int32), tf.zeros([4, 5]), tf.zeros([4], tf.string))
     assert table_rows.ids_per_example(batch) == 3

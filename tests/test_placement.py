@@ -136,7 +136,7 @@ def expected(kind, replicas, workers=1, servers=0, **differences) -> dict:
 
 def test_the_one_process_strategies():
     def of(name, replicas=1):
-        return answers(Placement.of(loops.make_strategy(name, replicas)))
+        return answers(Placement.of(loops.make_strategy(name, replicas), "exact"))
 
     assert of("default") == expected("default", 1, global_batches_in_host_memory=True)
     assert of("one_device") == expected("one_device", 1)
@@ -147,13 +147,13 @@ def test_the_one_process_strategies():
         "central_storage", 2, variables_apart_from_replicas=True
     )
     # MirroredStrategy splits a table over its replicas, the other strategies keep it whole.
-    assert Placement.of(loops.make_strategy("mirrored", 2)).table_row_blocks(10) == (
+    assert Placement.of(loops.make_strategy("mirrored", 2), "exact").table_row_blocks(10) == (
         (0, 5),
         (5, 10),
     )
-    assert Placement.of(loops.make_strategy("central_storage", 2)).table_row_blocks(10) == (
-        (0, 10),
-    )
+    assert Placement.of(loops.make_strategy("central_storage", 2), "exact").table_row_blocks(
+        10
+    ) == ((0, 10),)
 
 
 class Resolver:
@@ -169,7 +169,7 @@ def test_multi_worker_mirrored_workers_stop_together():
     # Only the class name and the resolver are read; a real one would start collectives.
     attributes = {"cluster_resolver": Resolver(), "num_replicas_in_sync": 2}
     strategy = type("CollectiveAllReduceStrategy", (), attributes)()
-    assert answers(Placement.of(strategy)) == expected(
+    assert answers(Placement.of(strategy, "exact")) == expected(
         "multi_worker_mirrored",
         2,
         workers=2,
@@ -179,8 +179,8 @@ def test_multi_worker_mirrored_workers_stop_together():
         workers_stop_together=True,
     )
     # One replica a worker: a table's rows split over both, the chief holding the first block.
-    assert Placement.of(strategy).table_row_blocks(5) == ((0, 3), (3, 5))
-    assert Placement.of(strategy).tables_split_over_workers
+    assert Placement.of(strategy, "exact").table_row_blocks(5) == ((0, 3), (3, 5))
+    assert Placement.of(strategy, "exact").tables_split_over_workers
 
 
 def test_a_worker_holds_the_table_blocks_of_its_own_replicas():
@@ -189,11 +189,12 @@ def test_a_worker_holds_the_table_blocks_of_its_own_replicas():
 
     extended = types.SimpleNamespace(worker_devices=("/job:worker/task:0/device:CPU:0",))
     attributes = {"cluster_resolver": Worker(), "num_replicas_in_sync": 2, "extended": extended}
-    worker = Placement.of(type("CollectiveAllReduceStrategy", (), attributes)())
+    worker = Placement.of(type("CollectiveAllReduceStrategy", (), attributes)(), "exact")
     assert worker.table_block_devices == extended.worker_devices
     assert worker.first_table_block == 1  # the chief's replica is number 0
     chief = Placement.of(
-        type("CollectiveAllReduceStrategy", (), {**attributes, "cluster_resolver": Resolver()})()
+        type("CollectiveAllReduceStrategy", (), {**attributes, "cluster_resolver": Resolver()})(),
+        "exact",
     )
     assert chief.first_table_block == 0
 
@@ -209,7 +210,7 @@ def test_parameter_servers_in_each_mode_and_their_tables_split_by_rows(monkeypat
         one_process=False,
         in_a_cluster=True,
     )
-    exact = Placement.of(strategy)
+    exact = Placement.of(strategy, "exact")
     assert answers(exact) == expected(
         "parameter_server_exact",
         1,

@@ -65,19 +65,19 @@ def compiling() -> Iterator[None]:
         _compiling.active = outer
 
 
-def check_can_compile(model: object, strategy: tf.distribute.Strategy) -> None:
+def check_can_compile(model: object, where: Placement) -> None:
     """Raises ValueError, with the fix, where `jit_compile` cannot compile `model` under `strategy`.
 
     Args:
         model: what a `loops.Update` trains: a Keras model, or a function
             returning its variables (which has no call to compile).
-        strategy: the strategy its replicas run under.
+        where: the placement its replicas run under.
     """
     # Central storage's CPU or parameter servers.
-    if Placement.of(strategy).variables_apart_from_replicas:
+    if where.variables_apart_from_replicas:
         raise ValueError(
             f"jit_compile=True compiles each replica's pass through the model, and "
-            f"{type(strategy).__name__} keeps the variables on another device than the "
+            f"{type(where.strategy).__name__} keeps the variables on another device than the "
             "replica's computation, which an XLA computation cannot read (TensorFlow: "
             "'Trying to access resource ... located in device ...'). Use "
             "--strategy=mirrored (or one_device, default), or set jit_compile=False "
@@ -97,11 +97,11 @@ def check_can_compile(model: object, strategy: tf.distribute.Strategy) -> None:
                 "(supports_jit=False). Replace the layer, or set jit_compile=False "
                 "(--jit_compile=false)."
             )
-        if strategy.num_replicas_in_sync > 1 and getattr(layer, "synchronized", False):
+        if where.num_replicas_in_sync > 1 and getattr(layer, "synchronized", False):
             raise ValueError(
                 f"jit_compile=True compiles model {model.name!r} on each replica, and its "
                 f"layer {layer.name!r} ({type(layer).__name__}, synchronized=True) "
-                f"all-reduces across the {strategy.num_replicas_in_sync} replicas: "
+                f"all-reduces across the {where.num_replicas_in_sync} replicas: "
                 "TensorFlow cannot compile a cross-replica collective with XLA under "
                 "this strategy. Train without synchronized batch normalization "
                 "(--batch_norm=false), on 1 replica, or with jit_compile=False "

@@ -251,7 +251,7 @@ class Update:
         check_whole_batch_loss(whole_batch_loss, options.grad_accum_steps)
         self.jit_compile: bool = options.jit_compile
         if self.jit_compile:
-            compilation.check_can_compile(trained, context.strategy)
+            compilation.check_can_compile(trained, context.placement)
             compilation.compile_calls(trained)
         self.whole_batch_loss = whole_batch_loss
         check_slices_can_compute(context, options.grad_accum_steps)
@@ -365,8 +365,8 @@ class Update:
     def _replica_gradients(self, replica_loss: ReplicaLoss, *args):
         # The most ids a replica looks up in a table, for a batch of no static size: the
         # Trainer's global batch size's share times the most ids an example of it holds.
-        self.tables.derived_lookups = table_rows.derived_lookups(
-            self.context.strategy, table_rows.ids_per_example(args)
+        self.tables.derived_lookups = self.context.placement.derived_lookups(
+            table_rows.ids_per_example(args)
         )
         return self._checked(*self.gradients(replica_loss, args))
 

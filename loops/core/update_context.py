@@ -18,6 +18,7 @@ import tensorflow as tf
 from loops.core import mixed_precision
 from loops.core.nonfinite_updates import NonFiniteUpdates
 from loops.core.weight_average import WeightAverages
+from loops.placement import EXACT, Placement
 from loops.vocabulary import settings
 
 
@@ -101,6 +102,9 @@ class UpdateContext:
         options: the step options the Updates follow (`UpdateOptions`).
         weight_averages: where Updates put their moving averages (under `ema_decay`).
         update_states: where Updates put their loss scales (under "mixed_float16").
+        placement: where the run's variables live and steps run, with its global batch
+            (`loops.placement`): the Trainer's; by default `strategy`'s in the exact
+            mode with no global batch, for a context made by hand.
     """
 
     strategy: tf.distribute.Strategy
@@ -112,6 +116,11 @@ class UpdateContext:
     # h-psexact (issue 44): where the gradients are computed when not on the strategy's
     # own replicas (the exact parameter-server mode's workers); None: on the replicas.
     slice_gradients: SliceGradients | None = None
+    placement: Placement = None  # type: ignore[assignment]  # filled in by __post_init__
+
+    def __post_init__(self) -> None:
+        if self.placement is None:
+            object.__setattr__(self, "placement", Placement.of(self.strategy, EXACT))
 
 
 class SliceGradients(Protocol):

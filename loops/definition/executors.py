@@ -48,6 +48,7 @@ class StepDefinition(NamedTuple):
 
     name: str  # for errors: the loop's class name
     strategy: tf.distribute.Strategy
+    placement: placement.Placement
     train_step: Callable[[Any], Mapping[str, outputs.Output]]
     eval_step: Callable[[Any], Mapping[str, outputs.Output]]
     batches_per_step: int
@@ -119,7 +120,7 @@ class Executor:
         replicas share the host's memory: `distributed_input.eval_dataset`) cut into the
         replicas' slices as a train step's is; a distributed one as it came."""
         strategy = self.definition.strategy
-        if not placement.Placement.of(strategy).global_batches_in_host_memory:
+        if not self.definition.placement.global_batches_in_host_memory:
             return batch
         if any(
             isinstance(part, tf.distribute.DistributedValues) for part in tf.nest.flatten(batch)

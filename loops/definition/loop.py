@@ -18,6 +18,7 @@ from loops.definition.run_context import RunContext as RunContext  # what evalua
 from loops.definition.run_context import StepContext
 from loops.definition.step_options import StepOptions as StepOptions  # what check_can_train gets
 from loops.model_dir.run_config import CONFIG_FREE_TO_CHANGE
+from loops.placement import Placement
 from loops.vocabulary.errors import (
     NonFiniteError as NonFiniteError,  # what train raises, named here too
 )
@@ -102,6 +103,7 @@ class Loop:
     watched_loss: str | None = "loss"
     # Given by the Trainer (`bind`), before `build`.
     strategy: tf.distribute.Strategy
+    placement: Placement  # where it runs, with the run's global batch (`loops.placement`)
     options: StepOptions
     global_step: tf.Variable
     data_offset: tf.Variable
@@ -159,6 +161,7 @@ class Loop:
         self.check_unbound()
         self._context = context
         self.strategy, self.options = context.strategy, context.options
+        self.placement = context.placement
         self.global_step, self.data_offset = context.global_step, context.data_offset
         self.update_context = updates = context.update
         self.weight_averages, self.update_states = updates.weight_averages, updates.update_states
@@ -312,7 +315,7 @@ class Loop:
 
 # What `bind` sets from the step context (`Loop.__getattr__` explains their absence before it).
 _GIVEN_BY_THE_TRAINER = frozenset(
-    {"strategy", "options", "global_step", "data_offset", "update_context"}
+    {"strategy", "placement", "options", "global_step", "data_offset", "update_context"}
     | {"weight_averages", "update_states"}
     | {
         "_context",

@@ -22,9 +22,16 @@ import tensorflow as tf
 
 from loops import tf_private, topology
 from loops.input.random_access import SeekableBatches
-from loops.placement import Placement
+from loops.placement import EXACT, Placement
 
 DatasetSource: TypeAlias = "tf.data.Dataset | Callable[[], tf.data.Dataset] | SeekableBatches"
+
+
+def _placement(strategy: tf.distribute.Strategy) -> Placement:
+    """Where the input of `strategy` is read: a placement in either parameter-server mode, as
+    the input asks nothing the mode changes (`per_replica_input_pipelines`,
+    `global_batches_in_host_memory`)."""
+    return Placement.of(strategy, EXACT)
 
 
 def split_global_batches(
@@ -174,7 +181,7 @@ def _input_options(strategy: tf.distribute.Strategy) -> tf.distribute.InputOptio
     IndexError when `strategy.run` looks for replica 1's input
     (`Placement.per_replica_input_pipelines`).
     """
-    if not Placement.of(strategy).per_replica_input_pipelines:
+    if not _placement(strategy).per_replica_input_pipelines:
         return None
     return tf.distribute.InputOptions(
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
@@ -194,7 +201,7 @@ def train_iterator(
     slices inside the step; otherwise it is the strategy's own distributed
     iterator.
     """
-    if not Placement.of(strategy).global_batches_in_host_memory:
+    if not _placement(strategy).global_batches_in_host_memory:
         return iter(distribute(strategy, source, skip_batches=skip_batches, repeat=True))
     dataset = as_dataset_fn(source, skip_batches=skip_batches)().repeat()
     if not _dense(dataset.element_spec):
@@ -257,7 +264,7 @@ def eval_dataset(
     square of the components to rewrite it: the first eval pass of 200 feature columns on 2
     replicas took 53 s (benchmarks/RESULTS.md, "Many feature columns").
     """
-    if not Placement.of(strategy).global_batches_in_host_memory:
+    if not _placement(strategy).global_batches_in_host_memory:
         return distribute(strategy, source)
     dataset = as_dataset_fn(source)()
     if not _dense(dataset.element_spec):

@@ -17,7 +17,6 @@ from loops.definition.eval_reduce import reduced_eval
 from loops.definition.loop import Loop, RunContext
 from loops.definition.one_update import one_update_train_step
 from loops.kinds.library import ranking_metrics
-from loops.placement import Placement
 from loops.vocabulary.whole_numbers import check_whole
 
 # The eval step's output holding every example's (logit, label), turned into the AUC.
@@ -106,7 +105,7 @@ class CTRLoop(Loop):
         self.last_eval_scores = np.zeros([0, 2], np.float32)
 
     def build(self) -> None:
-        placement = Placement.of(self.strategy)
+        placement = self.placement
         # Synchronous workers each evaluate their replicas' share; under parameter servers
         # the chief evaluates alone.
         self._rows_over_workers = not placement.variables_on_servers and placement.num_workers > 1

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
+from loops import placement as placement_lib
 from loops import topology
 from loops.cluster import cluster_config, lost_task
 from loops.core import mixed_precision as mixed_precision_lib
@@ -27,7 +28,6 @@ from loops.run.execution import loop_execution
 from loops.run.faults import failed_frames, loss_spikes
 from loops.run.input_sources import InputSources
 from loops.run.parameter_servers import exact_parameter_server
-from loops.tables import table_rows
 from loops.tables.table_plan import TablePlan
 from loops.vocabulary.errors import ClusterTaskLostError
 from loops.vocabulary.run_config_tree import RunConfig
@@ -110,7 +110,11 @@ class Trainer:
         self.definition, self.strategy = definition, strategy or tf.distribute.get_strategy()
         self.run_config = trainer_arguments.checked_config(config, overrides)
         # Where the variables live and the steps run: read once, asked by the run's parts.
-        self.placement = Placement.of(self.strategy, self.run_config.strategy.parameter_server_mode)
+        self.placement = Placement.of(
+            self.strategy,
+            self.run_config.strategy.parameter_server_mode,
+            global_batch_size=self.run_config.run.global_batch_size,
+        )
         self.step_options, run_options = trainer_arguments.checked_options(
             definition,
             self.placement,
@@ -120,9 +124,6 @@ class Trainer:
             actions=actions,
             record=record,
         )
-        # What a table's lookups on several replicas are sized by, for batches of no
-        # static size (the Updates and the tables read it from the strategy).
-        table_rows.set_global_batch_size(self.strategy, self.step_options.global_batch_size)
         self.coordinator = loop_execution.coordinator(self.placement)
         self.train_data, self.eval_data = train_data, eval_data
         self.step_context = context = self._build_definition(table_plan)
@@ -159,7 +160,9 @@ class Trainer:
             )
             self.definition.bind(context)
             planned = table_plan.placing() if table_plan else contextlib.nullcontext()
-            with mixed_precision_lib.dtype_policy_scope(options.mixed_precision), planned:
+            # The tables built here take the run's placement (its global batch sizes lookups).
+            in_force = placement_lib.in_force(self.placement)
+            with mixed_precision_lib.dtype_policy_scope(options.mixed_precision), planned, in_force:
                 self.definition.build()
         if table_plan:
             table_plan.check_placed(self.definition.checkpoint_items())
@@ -175,6 +178,7 @@ class Trainer:
             executors.StepDefinition(
                 name=type(definition).__name__,
                 strategy=self.strategy,
+                placement=self.placement,
                 train_step=definition.train_step,
                 eval_step=definition.eval_step,
                 batches_per_step=definition.batches_per_step,
@@ -296,6 +300,7 @@ def _update_context(
     exact = coordinator is not None and placement.exact_parameter_server
     return UpdateContext(
         strategy=strategy,
+        placement=placement,
         global_step=global_step,
         nonfinite=NonFiniteUpdates(strategy, skips=skips),
         options=UpdateOptions.of(options),

@@ -120,7 +120,9 @@ class EmbeddingTable(keras.layers.Layer):
     def build(self, input_shape=None) -> None:
         strategy = tf.distribute.get_strategy()
         _check_split_over_servers(self, strategy)
-        self._placement = placement.Placement.of(strategy)
+        # The run's placement where a Trainer builds the table (its global batch bounds the
+        # lookups); a table built by hand lives as it would in either mode.
+        self._placement = placement.current(strategy, placement.EXACT)
         with placement.rows_split_over_servers():
             self.embeddings = self._table_variable("embeddings", self._initial_rows, True)
         self._make_slots()
@@ -282,6 +284,7 @@ class EmbeddingTable(keras.layers.Layer):
                 rows,
                 self._placement.first_table_block,
                 max_lookups=self.max_lookups,
+                examples_per_replica=self._placement.examples_per_replica,
             )
         if isinstance(self.embeddings, worker_blocks.WorkerBlocks):
             raise ValueError(
@@ -351,7 +354,7 @@ def _check_split_over_servers(table: EmbeddingTable, strategy: tf.distribute.Str
     A throwaway variable of one row per server, made as the table will be,
     shows how the strategy splits one before the table is made.
     """
-    servers = placement.Placement.of(strategy).num_parameter_servers
+    servers = placement.num_parameter_servers(strategy)
     if servers < 2:
         return
     with placement.rows_split_over_servers():

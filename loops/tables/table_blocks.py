@@ -48,7 +48,6 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from loops import tf_private
-from loops.tables import table_rows as table_rows_lib
 from loops.tables import worker_blocks
 from loops.tables.table_rows import SMALL_TABLE_ROWS
 
@@ -139,15 +138,20 @@ def _replica_context(table_name: str) -> tf.distribute.ReplicaContext:
 
 
 def lookup_capacity(
-    table_name: str, table_rows: int, rows: tf.Tensor, max_lookups: int | None = None
+    table_name: str,
+    table_rows: int,
+    rows: tf.Tensor,
+    max_lookups: int | None = None,
+    *,
+    examples_per_replica: int | None = None,
 ) -> int:
     """The most distinct ids one replica sends in a lookup, the same on every replica and
     known when traced: the table's rows for a table of `SMALL_TABLE_ROWS` rows or fewer
     (as `loops.Update` gathers a replicated table's rows), else the replica's ids: their
     count where it is static (and the same on every replica, as a dataset's batches are),
     else `max_lookups` (the `max_table_lookups=` of the Update that trains the table), else
-    the share of the global batch size a Trainer marked the strategy with
-    (`table_rows.examples_per_replica`) times the ids an example holds here.
+    `examples_per_replica` (the run's share of its global batch a replica holds,
+    `Placement.examples_per_replica`) times the ids an example holds here.
 
     Raises:
         ValueError: a larger table and a count neither static, given nor derived.
@@ -157,11 +161,10 @@ def lookup_capacity(
     lookups = rows.shape.num_elements()
     if lookups is None:
         lookups = max_lookups
-    if lookups is None and rows.shape.rank:
-        # The Trainer's global batch size's share times the ids an example holds here.
-        lookups = table_rows_lib.derived_lookups(
-            tf.distribute.get_strategy(), rows.shape[1:].num_elements()
-        )
+    ids_each = rows.shape[1:].num_elements() if rows.shape.rank else None
+    if lookups is None and examples_per_replica is not None and ids_each is not None:
+        # The run's global batch size's share times the ids an example holds here.
+        lookups = examples_per_replica * ids_each
     if lookups is not None:
         return max(min(int(lookups), table_rows), 1)
     raise ValueError(
@@ -184,15 +187,19 @@ def lookup_over_replicas(
     first_block: int = 0,
     *,
     max_lookups: int | None = None,
+    examples_per_replica: int | None = None,
 ) -> tf.Tensor:
     """The rows `rows` (any shape, values in [0, table rows)) of a table split over the
     replicas, for this replica; call in replica context (see the module docstring).
     `blocks`: this process's blocks, `bounds[first_block]` .. on; `bounds`: every block's;
-    `max_lookups`: the most ids a replica looks up, where their count is not static."""
+    `max_lookups`: the most ids a replica looks up, where their count is not static, else
+    `examples_per_replica` times the ids an example holds (`lookup_capacity`)."""
     context = _replica_context(table_name)
     replica = int(tf.get_static_value(context.replica_id_in_sync_group))
     replicas = context.num_replicas_in_sync
-    capacity = lookup_capacity(table_name, bounds[-1][1], rows, max_lookups)
+    capacity = lookup_capacity(
+        table_name, bounds[-1][1], rows, max_lookups, examples_per_replica=examples_per_replica
+    )
     distinct, positions = tf.unique(tf.reshape(tf.cast(rows, tf.int64), [-1]))
     count = tf.shape(distinct)[0]
     check = tf.debugging.assert_less_equal(

@@ -39,25 +39,6 @@ def unique_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
 SMALL_TABLE_ROWS = 65_536
 
 
-# Where a Trainer marks its strategy with the run's global batch size (`set_global_batch_size`).
-_GLOBAL_BATCH_MARK = "_loops_global_batch_size"
-
-
-def set_global_batch_size(strategy: tf.distribute.Strategy, size: int | None) -> None:
-    """Marks `strategy` with the most examples a step's batch holds over all replicas (None:
-    not known), from which the lookups of a step are bounded (`examples_per_replica`)."""
-    setattr(strategy, _GLOBAL_BATCH_MARK, size)
-
-
-def examples_per_replica(strategy: tf.distribute.Strategy) -> int | None:
-    """The most examples one replica's share of a step holds: the marked global batch size
-    over the replicas, rounded up (a partial batch splits unevenly); None where not marked."""
-    size = getattr(strategy, _GLOBAL_BATCH_MARK, None)
-    if size is None:
-        return None
-    return -(-int(size) // strategy.num_replicas_in_sync)
-
-
 def ids_per_example(tensors: object) -> int | None:
     """The most values one example holds in any integer or string tensor of `tensors` (a
     step's batch, examples first): a bound on the ids an example looks up in a table, for
@@ -74,15 +55,6 @@ def ids_per_example(tensors: object) -> int | None:
     return most or None
 
 
-def derived_lookups(strategy: tf.distribute.Strategy, ids_each: int | None) -> int | None:
-    """The most ids one replica looks up in a table in a step, from the marked global batch
-    and `ids_each` example; None where either is not known."""
-    examples = examples_per_replica(strategy)
-    if examples is None or ids_each is None:
-        return None
-    return examples * ids_each
-
-
 def capacity(
     slices: tf.IndexedSlices,
     table_rows: int,
@@ -91,7 +63,7 @@ def capacity(
 ) -> int | None:
     """The most unique rows one replica's gradient of a table can hold, known when traced:
     its lookups if their count is static, else `max_lookups`, else `derived` (the marked
-    global batch's share times the ids an example holds, `derived_lookups`), at most the
+    global batch's share times the ids an example holds, `Placement.derived_lookups`), at most the
     table's rows (all of them for a table of `SMALL_TABLE_ROWS` rows or fewer); None: not
     known."""
     lookups = slices.indices.shape[0]
