@@ -13,12 +13,14 @@ accumulator: twice the table's bytes), a global batch of ids 2 an example:
 - planned (memory, one process): the replicated mode's `keras.layers.Embedding` made under a
   `loops.TablePlan`, which places it as the placed mode's table.
 
-Memory: each (mode, replicas) in a process of its own, its resident memory (VmRSS) read
-after the strategy is made and after --memory_steps steps; the growth between is what the
-table costs that process; then each mode on the two tasks of a 2-worker
-MultiWorkerMirroredStrategy cluster (loops-launch on this host, one replica a worker), each
-task's growth (`worker_0`, `worker_1`). The target: placed on 4 replicas grows the process
-by at most 1.2x what one replica grows it by. Speed: both modes' steps timed in interleaved
+Memory: each (mode, layout) in a process of its own (no strategy in force, 1 and 4
+replicas), its resident memory (VmRSS) read after the strategy is made and after
+--memory_steps steps; the growth between is what the table costs that process, also given
+over the bytes of the table and its accumulator (`/ table`); then each mode on the two tasks
+of a 2-worker MultiWorkerMirroredStrategy cluster (loops-launch on this host, one replica a
+worker), each task's growth (`worker_0`, `worker_1`). The targets: a placed table grows a
+process by at most 1.2x its bytes on every layout of one process, and on 4 replicas by at
+most 1.2x what one replica grows it by. Speed: both modes' steps timed in interleaved
 rounds in one process (`benchmarks.embedding_tables.steps_per_second`), `placed/replicated`
 their ratio (the target: >= 0.8 at 1M rows, above 1 at 10M).
 """
@@ -38,8 +40,9 @@ MODES = ("replicated", "placed")
 PLANNED = "planned"
 LOOKUPS, RATE = embedding_tables.LOOKUPS, embedding_tables.RATE
 MEMORY_REPLICAS = (1, 4)
-# `--case`'s replicas for a task of a 2-worker cluster.
+# `--case`'s replicas for a task of a 2-worker cluster, and for no strategy in force.
 WORKERS = "workers"
+DEFAULT = "default"
 
 
 def parse_args(argv=None):
@@ -127,6 +130,10 @@ def memory_case(args) -> dict:
     mode, replicas = args.case.split(",")
     if replicas == WORKERS:  # a task of loops-launch's cluster: one replica a worker
         strategy = loops.make_strategy("multi_worker_mirrored")
+    elif replicas == DEFAULT:  # no strategy in force: TensorFlow's default one
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
     else:
         loops.configure_logical_cpus(max(MEMORY_REPLICAS))
         strategy = loops.testing.replica_strategy(int(replicas))
@@ -137,11 +144,18 @@ def memory_case(args) -> dict:
     return {"mode": mode, "replicas": replicas, "before": before, "after": resident_bytes()}
 
 
+def table_mib(args) -> float:
+    """The table and its Adagrad accumulator (one float an element each), in MiB."""
+    return 2 * 4 * args.memory_rows * args.memory_dim / 2**20
+
+
 def memory(args) -> list[dict]:
-    """Each memory case in a process of its own, as `memory_case` reads it."""
+    """Each memory case in a process of its own, as `memory_case` reads it: no strategy in
+    force (TensorFlow's default), 1 and 4 mirrored replicas, each task of 2 workers; each
+    case's growth also over the bytes of the table and its accumulator (`over_table`)."""
     cases = []
     for mode in (*MODES, PLANNED):
-        for replicas in MEMORY_REPLICAS:
+        for replicas in (DEFAULT, *MEMORY_REPLICAS):
             case = _in_own_process(
                 [
                     f"--case={mode},{replicas}",
@@ -151,12 +165,14 @@ def memory(args) -> list[dict]:
                 ]
             )
             case["grown_mb"] = (case["after"] - case["before"]) / 2**20
+            case["over_table"] = case["grown_mb"] / table_mib(args)
             cases.append(case)
             print(f"memory {mode} on {replicas}: +{case['grown_mb']:,.0f} MB", flush=True)
         if mode == PLANNED:
             continue  # the placed mode's table, on 2 workers too
         for task, case in _on_two_workers(args, mode).items():
-            case.update(replicas=task, grown_mb=(case["after"] - case["before"]) / 2**20)
+            grown = (case["after"] - case["before"]) / 2**20
+            case.update(replicas=task, grown_mb=grown, over_table=grown / table_mib(args))
             cases.append(case)
             print(f"memory {mode} on {task} of 2: +{case['grown_mb']:,.0f} MB", flush=True)
     return cases
@@ -244,11 +260,15 @@ def measure(args) -> dict:
 
 
 def format_memory(cases: list[dict]) -> str:
-    grown = {(case["mode"], str(case["replicas"])): case["grown_mb"] for case in cases}
-    one = grown[("replicated", "1")]
-    lines = [f"{'mode':>10} {'replicas':>9} {'grown MB':>9} {'vs 1 replica':>12}"]
-    for (mode, replicas), mb in grown.items():
-        lines.append(f"{mode:>10} {replicas:>9} {mb:9,.0f} {mb / one:12.2f}")
+    one = next(
+        c["grown_mb"] for c in cases if (c["mode"], str(c["replicas"])) == ("replicated", "1")
+    )
+    lines = [f"{'mode':>10} {'replicas':>9} {'grown MB':>9} {'vs 1 replica':>12} {'/ table':>8}"]
+    for case in cases:
+        mode, replicas, mb = case["mode"], str(case["replicas"]), case["grown_mb"]
+        lines.append(
+            f"{mode:>10} {replicas:>9} {mb:9,.0f} {mb / one:12.2f} {case['over_table']:8.2f}"
+        )
     return "\n".join(lines)
 
 

@@ -69,9 +69,6 @@ class StepOptions(UpdateOptions):
     loss_spike_factor: float
     loss_spike_steps: int
     loss_spike_window: int
-    # The most examples a step's batch holds over all replicas (None: not known), by which
-    # a table's lookups on several replicas are sized (`loops.tables.table_rows`).
-    global_batch_size: int | None = None
     # h-psexact (issue 44): under ParameterServerStrategy, "exact" (each step applied once
     # by the chief from every worker's slice) or "async"
     # (`loops.run.parameter_servers.exact_parameter_server`).
