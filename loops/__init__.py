@@ -40,6 +40,7 @@ _EXPORTS = {
     "Update": "loops.core.update",
     "EmbeddingTable": "loops.tables.embedding_tables",
     "RowwiseAdagrad": "loops.tables.rowwise_adagrad",
+    "LazyAdam": "loops.tables.lazy_adam",
     "TablePlan": "loops.tables.table_plan",
     "TablePartitioner": "loops.placement",
     "any_bad": "loops.core.update",

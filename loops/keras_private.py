@@ -8,6 +8,8 @@ other module of loops names a private Keras name (`tests/test_private_names.py` 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -147,38 +149,73 @@ def read_rows_sparsely(layer: Any, lookup: Callable[[Any, Any], Any]) -> bool:
     return True
 
 
+# The class a `keras.layers.Embedding(...)` call makes, chosen by its rows, where a block of
+# `embeddings_made_as` is in force in this thread (or task); None: a plain Embedding.
+_EMBEDDING_CHOICE: contextvars.ContextVar[Callable[[Any], type | None] | None] = (
+    contextvars.ContextVar("embedding_choice", default=None)
+)
+# The blocks in force in any thread, while `Embedding.__new__` is loops' own.
+_HOOK_LOCK = threading.Lock()
+_hook_users = 0
+
+
 @contextlib.contextmanager
 def embeddings_made_as(choose: Callable[[Any], type | None]) -> Iterator[None]:
-    """Inside, `keras.layers.Embedding(input_dim, ...)` makes an instance of
-    `choose(input_dim)` (a subclass of Embedding, given the same arguments) where that is not
-    None, and a plain Embedding otherwise (`choose` is given input_dim as passed, None where
-    it is missing); outside, nothing changes.
+    """Inside (in this thread alone), `keras.layers.Embedding(input_dim, ...)` makes an
+    instance of `choose(input_dim)` (a subclass of Embedding, given the same arguments) where
+    that is not None, and a plain Embedding otherwise (`choose` is given input_dim as passed,
+    None where it is missing); outside, and in every other thread, nothing changes. Blocks
+    nest: the innermost chooses.
 
     Keras 3 offers no hook where a layer is made, and a built Embedding already holds its
     whole table; a class of its own from the start lets a plan place the rows before any
-    exist. It sets `Embedding.__new__` for the block (Keras' Layer defines the one every
-    layer inherits; Embedding none of its own), so it holds for the whole process while
-    inside: enter it around one model's making, on one thread.
+    exist. So `Embedding.__new__` is loops' own while any block is in force in any thread
+    (Keras' Layer defines the one every layer inherits; Embedding none of its own), and it
+    asks this thread's choice, a context variable: a model another thread makes meanwhile
+    gets plain Embeddings.
     """
+    token = _EMBEDDING_CHOICE.set(choose)
+    try:
+        _use_hook(+1)
+        try:
+            yield
+        finally:
+            _use_hook(-1)
+    finally:
+        _EMBEDDING_CHOICE.reset(token)
+
+
+def _use_hook(change: int) -> None:
+    """Counts a block of `embeddings_made_as` in (+1) or out (-1): the first in sets loops'
+    `Embedding.__new__`, the last out takes it away."""
     import keras
 
+    global _hook_users
     embedding = keras.layers.Embedding
-    if "__new__" in vars(embedding):
-        raise RuntimeError(
-            "keras.layers.Embedding already has a __new__ of its own (a plan placing its "
-            "tables is in force already, or a Keras release added one): loops cannot place "
-            "its tables by a plan; make the tables loops.EmbeddingTable layers instead."
-        )
+    with _HOOK_LOCK:
+        own = vars(embedding).get("__new__")
+        if change > 0 and _hook_users == 0:
+            if own is not None:
+                raise RuntimeError(
+                    "keras.layers.Embedding already has a __new__ of its own (a Keras release "
+                    "added one, or other code set it): loops cannot place its tables by a "
+                    "plan; make the tables loops.EmbeddingTable layers instead."
+                )
+            embedding.__new__ = _chosen_embedding(embedding)
+        _hook_users += change
+        if _hook_users == 0:
+            del embedding.__new__
+
+
+def _chosen_embedding(embedding: type) -> Callable[..., Any]:
+    """loops' `Embedding.__new__`: the class this thread's choice gives, else Embedding."""
     inherited = embedding.__mro__[1].__new__
 
     def made(cls, *args, **kwargs):
-        if cls is embedding:
+        choose = _EMBEDDING_CHOICE.get()
+        if cls is embedding and choose is not None:
             # Keras refuses a bad input_dim itself, as the plain layer is made.
             cls = choose(args[0] if args else kwargs.get("input_dim")) or cls
         return inherited(cls, *args, **kwargs)
 
-    embedding.__new__ = made
-    try:
-        yield
-    finally:
-        del embedding.__new__
+    return made

@@ -232,9 +232,10 @@ def test_adam_keeps_its_dense_update_and_says_so_once(monkeypatch):
     assert texts == [
         f"note: loops.Update trains the embedding table {table} ({ROWS} rows) densely, every "
         "row each step: Adam has no sparse update equal to its dense one (only SGD without "
-        "momentum and Adagrad have: Adam moves the moments of rows a step does not touch). "
-        "For a step whose cost follows the batch, train the tables with "
-        "keras.optimizers.Adagrad (or SGD without momentum): loops.Update(..., "
+        "momentum, Adagrad, loops.RowwiseAdagrad and loops.LazyAdam have: Keras' Adam moves "
+        "the moments of rows a step does not touch). For a step whose cost follows the "
+        "batch, train the tables with keras.optimizers.Adagrad (or SGD without momentum, or "
+        "loops.LazyAdam, Adam on the rows a step touches): loops.Update(..., "
         "table_optimizer=keras.optimizers.Adagrad(...))."
     ]
     assert not update.tables.sparse

@@ -6,6 +6,7 @@ checkpoint across replica counts, and refused where it cannot place a table."""
 import json
 import os
 import re
+import threading
 
 import keras
 import numpy as np
@@ -245,10 +246,48 @@ def test_the_plan_is_in_force_inside_its_block_alone_even_when_the_block_fails()
     assert type(keras.layers.Embedding(BIG, DIM)) is keras.layers.Embedding
     with pytest.raises(ValueError, match="made by a loops.TablePlan in force"):
         PlacedEmbedding(BIG, DIM)
+    # Blocks nest, the innermost choosing; a __new__ that is not loops' own is refused.
     with keras_private.embeddings_made_as(lambda rows: None):
+        with plan.placing():
+            assert isinstance(keras.layers.Embedding(BIG, DIM), PlacedEmbedding)
+        assert type(keras.layers.Embedding(BIG, DIM)) is keras.layers.Embedding
+    assert "__new__" not in vars(keras.layers.Embedding)
+    keras.layers.Embedding.__new__ = lambda cls, *args, **kwargs: object.__new__(cls)
+    try:
         with pytest.raises(RuntimeError, match="already has a __new__ of its own"):
             with plan.placing():
                 pass
+    finally:
+        del keras.layers.Embedding.__new__
+
+
+def test_a_plan_in_force_in_one_thread_leaves_the_embeddings_of_another_plain():
+    """The plan's choice is this thread's: a model another thread makes while a plan is in
+    force gets plain Embeddings, and either thread may leave first."""
+    plan = loops.TablePlan(min_rows=MIN_ROWS)
+    inside, made, leave = threading.Event(), threading.Event(), threading.Event()
+    found = {}
+
+    def planned():
+        with plan.placing():
+            inside.set()
+            found["planned"] = type(keras.layers.Embedding(BIG, DIM))
+            made.wait(timeout=30)
+        leave.set()
+
+    def plain():
+        inside.wait(timeout=30)
+        found["plain"] = type(keras.layers.Embedding(BIG, DIM))
+        made.set()
+
+    threads = [threading.Thread(target=planned), threading.Thread(target=plain)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert leave.is_set()
+    assert found == {"planned": PlacedEmbedding, "plain": keras.layers.Embedding}
+    assert "__new__" not in vars(keras.layers.Embedding)
 
 
 def test_a_plans_optimizer_class_and_seed_are_taken_as_documented():

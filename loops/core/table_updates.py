@@ -238,7 +238,8 @@ class TableGradients:
         warnings.warn(
             f"note: loops.Update trains the embedding table {name} ({variable.shape[0]} rows) "
             f"densely, every row each step: {reason}. For a step whose cost follows the "
-            "batch, train the tables with keras.optimizers.Adagrad (or SGD without momentum): "
+            "batch, train the tables with keras.optimizers.Adagrad (or SGD without momentum, "
+            "or loops.LazyAdam, Adam on the rows a step touches): "
             "loops.Update(..., table_optimizer=keras.optimizers.Adagrad(...)).",
             stacklevel=2,
         )

@@ -42,7 +42,6 @@ import tensorflow as tf
 
 from loops import keras_private, placement, tf_private
 from loops.tables import row_updates, table_blocks, table_ids, table_rows, worker_blocks
-from loops.tables.rowwise_adagrad import RowwiseAdagrad
 from loops.vocabulary.whole_numbers import is_whole
 
 INITIAL_RANGE = 0.05
@@ -57,8 +56,9 @@ class EmbeddingTable(keras.layers.Layer):
         rows: the table's rows.
         dim: each vector's length.
         optimizer: the Keras optimizer `apply_gradients` uses: Adagrad (the
-            default, Keras' defaults), `loops.RowwiseAdagrad` or SGD without
-            momentum, the ones with an exact row update. Its slots live beside
+            default, Keras' defaults), `loops.RowwiseAdagrad`, `loops.LazyAdam` or
+            SGD without momentum, the ones with an exact row update
+            (`loops.tables.row_updates.RULES`). Its slots live beside
             the table, split the same way; its learning rate is read each step,
             a schedule's at the optimizer's `iterations`, which the table does
             not count (`optimizer.iterations.assign_add(1)` after the step
@@ -110,7 +110,7 @@ class EmbeddingTable(keras.layers.Layer):
             )
         self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adagrad()
         # Taken from the Update that trains it (`take_optimizer`), with its slots, after build.
-        self._slots = {} if optimizer == FROM_UPDATE else _slot_initial_values(self.optimizer)
+        self._slots = {} if optimizer == FROM_UPDATE else row_updates.slot_values(self.optimizer)
         self._vocabulary = (
             None if vocabulary is None else table_ids.vocabulary_lookup(vocabulary, oov_buckets)
         )
@@ -149,7 +149,7 @@ class EmbeddingTable(keras.layers.Layer):
         """
         if self.optimizer_taken:
             return  # its own, or taken already: the Update checks that it trains with it
-        slots = _slot_initial_values(optimizer)
+        slots = row_updates.slot_values(optimizer)
         self.optimizer, self._slots = optimizer, slots
         with self._placement.strategy.scope():
             self._make_slots()
@@ -517,22 +517,3 @@ def _models(items: object) -> list[keras.Model]:
 @tf.function(autograph=False)
 def _filled_rows(shape: tuple[int, ...], value: tf.Tensor) -> tf.Tensor:
     return tf.fill(shape, value)
-
-
-def _slot_initial_values(optimizer) -> dict[str, tuple[float, int | None]]:
-    """The table's slot variables for `optimizer`, by name: each one's initial value and
-    its columns (None: the table's).
-
-    Raises:
-        ValueError: an optimizer without an exact row update, saying why.
-    """
-    reason = row_updates.why_dense(optimizer)
-    if reason is not None:
-        raise ValueError(
-            f"EmbeddingTable(optimizer={type(optimizer).__name__}): {reason}; pass "
-            "keras.optimizers.Adagrad or keras.optimizers.SGD without momentum."
-        )
-    if isinstance(optimizer, (keras.optimizers.Adagrad, RowwiseAdagrad)):
-        width = 1 if isinstance(optimizer, RowwiseAdagrad) else None
-        return {"accumulator": (float(optimizer.initial_accumulator_value), width)}
-    return {}

@@ -12,8 +12,11 @@ replicas with each id once (`loops.tables.table_rows`):
 - `loops.RowwiseAdagrad`: exact. One accumulator per row: accumulator +=
   mean(g**2 over the row), then w -= lr * g / sqrt(accumulator + epsilon);
   g = 0 changes neither (`loops.tables.rowwise_adagrad`).
-- Adam (and AdamW, Lion, ...): no row update. Dense Adam decays every row's
-  moments each step and so moves rows the step did not touch; no sparse
+- `loops.LazyAdam`: exact. Adam's rule on the rows a step touched alone, their
+  moments too (`loops.tables.lazy_adam`); a row whose summed gradient is all
+  zero is left as it is, in its dense form and its row form alike.
+- Keras' Adam (and AdamW, Lion, ...): no row update. Dense Adam decays every
+  row's moments each step and so moves rows the step did not touch; no sparse
   update equals it, and loops keeps Adam dense rather than train another
   optimizer under its name (`why_dense` says so once per table).
 - FTRL: none either: its dense update sets rows it never touched to the
@@ -23,6 +26,10 @@ An optimizer configured with what acts on every weight (weight_decay,
 clipnorm, clipvalue, global_clipnorm, use_ema, gradient_accumulation_steps,
 loss_scale_factor) is also kept dense. `apply_rows` updates one variable (one
 replica's copy, or one shard of a partitioned table), given its slots.
+
+A rule is one entry of `RULES`: the optimizer class, its slots (each one's name, the
+optimizer's list of it, its width and initial value) and its row update. The tables make
+their slots from it (`slot_values`), so a new table optimizer is its class and one entry.
 """
 
 from __future__ import annotations
@@ -34,16 +41,27 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private
+from loops.tables import lazy_adam
+from loops.tables.lazy_adam import LazyAdam
 from loops.tables.rowwise_adagrad import RowwiseAdagrad
 
 # A row rule: (optimizer, variable, its slot variables, unique ids, summed rows, rate).
 RowUpdate = Callable[[Any, tf.Variable, Sequence[tf.Variable], tf.Tensor, tf.Tensor, Any], None]
 
 
+class Slot(NamedTuple):
+    """One slot variable a row rule reads and writes beside each table."""
+
+    name: str  # a table's name for it: its attribute and checkpoint key ("accumulator")
+    optimizer_list: str  # the optimizer's list of it, one a variable (Keras': private)
+    one_a_row: bool  # one float a row (RowwiseAdagrad's), else the table's width
+    initial: Callable[[Any], float]  # its initial value, of the optimizer
+
+
 class RowRule(NamedTuple):
     """How one Keras optimizer class updates only the touched rows of a variable."""
 
-    slots: tuple[str, ...]  # the optimizer's private lists of slot variables it reads and writes
+    slots: tuple[Slot, ...]  # in the order `update` takes them
     update: RowUpdate
 
 
@@ -75,10 +93,27 @@ def _rowwise_adagrad_rows(optimizer, variable, slots, ids, rows, learning_rate) 
     variable.scatter_sub(tf.IndexedSlices(rate * rows / tf.sqrt(accumulated + epsilon), ids))
 
 
+def _accumulator(optimizer_list: str, one_a_row: bool) -> Slot:
+    return Slot(
+        "accumulator",
+        optimizer_list,
+        one_a_row,
+        lambda optimizer: float(optimizer.initial_accumulator_value),
+    )
+
+
 RULES: dict[type, RowRule] = {
     keras.optimizers.SGD: RowRule((), _sgd_rows),
-    keras.optimizers.Adagrad: RowRule((keras_private.ADAGRAD_ACCUMULATORS,), _adagrad_rows),
-    RowwiseAdagrad: RowRule((keras_private.ADAGRAD_ACCUMULATORS,), _rowwise_adagrad_rows),
+    keras.optimizers.Adagrad: RowRule(
+        (_accumulator(keras_private.ADAGRAD_ACCUMULATORS, False),), _adagrad_rows
+    ),
+    RowwiseAdagrad: RowRule(
+        (_accumulator(RowwiseAdagrad.ACCUMULATORS, True),), _rowwise_adagrad_rows
+    ),
+    LazyAdam: RowRule(
+        tuple(Slot(name, lists, False, lambda _: 0.0) for name, lists in LazyAdam.SLOTS),
+        lazy_adam.apply_rows,
+    ),
 }
 
 # Options of every Keras optimizer that act on all of a variable's rows each step.
@@ -98,7 +133,8 @@ def why_dense(optimizer: Any) -> str | None:
     if kind not in RULES:
         return (
             f"{kind.__name__} has no sparse update equal to its dense one (only SGD without "
-            "momentum and Adagrad have: Adam moves the moments of rows a step does not touch)"
+            "momentum, Adagrad, loops.RowwiseAdagrad and loops.LazyAdam have: Keras' Adam "
+            "moves the moments of rows a step does not touch)"
         )
     if kind is keras.optimizers.SGD and optimizer.momentum != 0:
         return "SGD with momentum moves every row by its momentum, touched or not"
@@ -119,8 +155,29 @@ def slots_of(optimizer: Any, variable: Any) -> list[Any]:
     """The optimizer's slot variables for `variable` that its row rule reads and writes."""
     rule = RULES[type(optimizer)]
     return [
-        _unwrapped(keras_private.optimizer_slot(optimizer, slots, variable)) for slots in rule.slots
+        _unwrapped(keras_private.optimizer_slot(optimizer, slot.optimizer_list, variable))
+        for slot in rule.slots
     ]
+
+
+def slot_values(optimizer: Any) -> dict[str, tuple[float, int | None]]:
+    """The slots a table keeps beside its rows for `optimizer`'s row rule, by name: each
+    one's initial value and its columns (None: the table's).
+
+    Raises:
+        ValueError: an optimizer without an exact row update, saying why.
+    """
+    reason = why_dense(optimizer)
+    if reason is not None:
+        raise ValueError(
+            f"EmbeddingTable(optimizer={type(optimizer).__name__}): {reason}; pass "
+            "keras.optimizers.Adagrad, keras.optimizers.SGD without momentum, "
+            "loops.RowwiseAdagrad or loops.LazyAdam."
+        )
+    return {
+        slot.name: (slot.initial(optimizer), 1 if slot.one_a_row else None)
+        for slot in RULES[type(optimizer)].slots
+    }
 
 
 def apply_rows(

@@ -29,6 +29,9 @@ class RowwiseAdagrad(keras.optimizers.Optimizer):
         epsilon: added to the accumulator under the square root.
     """
 
+    # Its list of accumulators, one a variable (`loops.tables.row_updates` reads it).
+    ACCUMULATORS = "accumulators"
+
     def __init__(
         self,
         learning_rate: Any = 0.001,
@@ -54,8 +57,7 @@ class RowwiseAdagrad(keras.optimizers.Optimizer):
                 )
         super().build(var_list)
         initializer = keras.initializers.Constant(self.initial_accumulator_value)
-        # Named as Keras' Adagrad names its list, where `loops.tables.row_updates` finds slots.
-        accumulators = [
+        self.accumulators = [
             self.add_variable(
                 shape=(variable.shape[0], 1),
                 initializer=initializer,
@@ -64,16 +66,13 @@ class RowwiseAdagrad(keras.optimizers.Optimizer):
             )
             for variable in var_list
         ]
-        setattr(self, keras_private.ADAGRAD_ACCUMULATORS, accumulators)
 
     def update_step(self, gradient, variable, learning_rate) -> None:
         """The dense form of the rule: rows whose gradient is 0 do not change."""
         ops = keras.ops
         rate = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
-        accumulator = keras_private.optimizer_slot(
-            self, keras_private.ADAGRAD_ACCUMULATORS, variable
-        )
+        accumulator = keras_private.optimizer_slot(self, self.ACCUMULATORS, variable)
         self.assign_add(accumulator, ops.mean(ops.square(gradient), axis=1, keepdims=True))
         step = rate * gradient / ops.sqrt(accumulator + self.epsilon)
         self.assign_sub(variable, step)
