@@ -266,6 +266,19 @@ class Placement:
             return 0
         return topology.worker_index(self.strategy) * len(self.table_block_devices)
 
+    def table_split(self, rows: int, *, placed: bool = True) -> str:
+        """How the rows of a table of `rows` rows lie here, known before any table is made
+        (results.json's `split`): a placed table (`loops.EmbeddingTable`) in "replicas" (one
+        block a replica), "servers" (one block a server) or "whole" (one copy); a table not
+        placed (a plain `keras.layers.Embedding`) "replicated" (a whole copy a replica) on
+        several synchronous replicas, else "whole"."""
+        if not placed:
+            copies = self.num_replicas_in_sync > 1 and not self.variables_on_servers
+            return "replicated" if copies else "whole"
+        if self.tables_split_over_replicas:
+            return "replicas"
+        return "servers" if len(self.table_row_blocks(rows)) > 1 else "whole"
+
     def table_row_blocks(self, rows: int) -> tuple[tuple[int, int], ...]:
         """How a table of `rows` rows is split here: (first, one-past-last) row of each block.
 

@@ -308,3 +308,33 @@ def test_a_plans_optimizer_class_and_seed_are_taken_as_documented():
         ValueError, match=r"optimizer='adam'\): pass a Keras optimizer, or 'update'"
     ):
         loops.EmbeddingTable(4, 2, "adam")
+
+
+@pytest.mark.parametrize(
+    "replicas, name, expected",
+    [
+        (1, "mirrored", {"big": "whole", "small": "whole"}),
+        (4, "mirrored", {"big": "replicas", "small": "replicated"}),
+        (2, "central_storage", {"big": "whole", "small": "replicated"}),
+    ],
+)
+def test_the_plans_split_of_each_table_is_known_before_the_build_and_is_what_it_builds(
+    replicas, name, expected
+):
+    """The split is data: `TablePlan.split_of` answers from the rows and the placement before
+    any table is made, and results.json's `tables` (`table_placements`) says the same after."""
+    from loops import placement
+    from loops.tables.embedding_tables import table_placements
+
+    strategy = loops.testing.replica_strategy(replicas, name)
+    where = placement.Placement.of(strategy, placement.EXACT)
+    plan = loops.TablePlan(min_rows=MIN_ROWS)
+    planned = {"big": plan.split_of(BIG, where), "small": plan.split_of(SMALL, where)}
+    assert planned == expected
+    with strategy.scope(), plan.placing():
+        ids = keras.Input((2,), dtype="int32")
+        big = keras.layers.Embedding(BIG, DIM, name="big")(ids)
+        small = keras.layers.Embedding(SMALL, DIM, name="small")(ids)
+        model = keras.Model(ids, keras.ops.concatenate([big, small], axis=-1))
+    built = {table["name"]: table["split"] for table in table_placements({"model": model}, where)}
+    assert built == planned

@@ -237,16 +237,12 @@ class EmbeddingTable(keras.layers.Layer):
         """Where the built table lives, for results.json: its name, rows, width, optimizer,
         how its rows are split ("replicas", "servers" or "whole") and each block's (first,
         one-past-last) row."""
-        if self._placement.tables_split_over_replicas:
-            split = "replicas"
-        else:
-            split = "servers" if len(self.shards) > 1 else "whole"
         return {
             "name": self.name,
             "rows": self.rows,
             "dim": self.dim,
             "optimizer": type(self.optimizer).__name__ if self.optimizer_taken else None,
-            "split": split,
+            "split": self._placement.table_split(self.rows),
             "blocks": [list(block) for block in self._placement.table_row_blocks(self.rows)],
         }
 
@@ -466,14 +462,13 @@ def table_placements(items: object, where: placement.Placement) -> list[dict]:
     replicated = replicated_embeddings(items)
     if not replicated:
         return placed
-    copies = where.num_replicas_in_sync > 1 and where.num_parameter_servers == 0
     return placed + [
         {
             "name": layer.name,
             "rows": layer.input_dim,
             "dim": layer.output_dim,
             "optimizer": None,  # the Update's
-            "split": "replicated" if copies else "whole",
+            "split": where.table_split(layer.input_dim, placed=False),
             "blocks": [[0, layer.input_dim]],
         }
         for layer in replicated

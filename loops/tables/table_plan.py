@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops import keras_private
+from loops.placement import Placement
 from loops.tables.embedding_tables import FROM_UPDATE, EmbeddingTable, replicated_embeddings
 from loops.vocabulary.whole_numbers import is_whole
 
@@ -80,6 +81,13 @@ class TablePlan:
                 "keras.optimizers.Adagrad(0.1)), not an optimizer: each table keeps its own "
                 "slots. None trains each with the Update's table optimizer."
             )
+
+    def split_of(self, rows: int, where: Placement) -> str:
+        """How the plan lays an Embedding of `rows` rows under placement `where`, before any
+        is made: a small one as a plain Embedding ("replicated" or "whole"), the others as a
+        placed table ("replicas", "servers" or "whole"; `Placement.table_split`), as
+        results.json's `tables` states it after the build."""
+        return where.table_split(rows, placed=rows >= self.min_rows)
 
     @contextlib.contextmanager
     def placing(self) -> Iterator[None]:
