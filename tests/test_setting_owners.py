@@ -1,6 +1,8 @@
 """Every setting of `loops.RunConfig` given to a Trainer is read by the part it belongs to or
 refused with where it goes, alike as a keyword and in a RunConfig (issue 52)."""
 
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -51,10 +53,18 @@ def _outcome(**arguments):
     except (TypeError, ValueError) as error:
         return ("refused", type(error).__name__, str(error))
     with trainer:
+        # The Trainer places the run by these two itself: the global batch travels with its
+        # Placement, and the mode is Placement.of's argument (it changes the placement of a
+        # parameter-server strategy alone; tests/test_exact_parameter_server.py).
+        placed = types.SimpleNamespace(
+            global_batch_size=trainer.placement.global_batch_size,
+            parameter_server_mode=trainer.run_config.strategy.parameter_server_mode,
+        )
         parts = (
             trainer.step_options,
             trainer.controller.options,
             trainer.step_context.update.options,
+            placed,
         )
         return (
             "read",

@@ -33,9 +33,9 @@ class UpdateOptions:
 
     Each is declared, with its default, help and check, in
     loops/vocabulary/settings.py; `loops.Update` says what each does to an
-    update. A Trainer gives its run's (`of`): its `StepOptions` inherit these fields,
-    so that an Update option is its declaration, a field here and the line of
-    `loops.Update` that reads it.
+    update. A Trainer gives its run's `StepOptions` itself, which inherit these fields
+    (no copy by name), so that an Update option is its declaration, a field here and the
+    line of `loops.Update` that reads it.
 
     Attributes:
         mixed_precision: "none", "mixed_bfloat16" or "mixed_float16" (a dynamic loss scale).
@@ -60,14 +60,6 @@ class UpdateOptions:
 
     def __post_init__(self) -> None:
         settings.check_loop_settings(dataclasses.asdict(self))
-
-    @classmethod
-    def of(cls, options: Any) -> UpdateOptions:
-        """The update options of `options` (a run's checked `StepOptions`, which inherits
-        them): the same fields, as the Updates' own options."""
-        return cls(
-            **{field.name: getattr(options, field.name) for field in dataclasses.fields(cls)}
-        )
 
 
 class UpdateStates(tf.Module):

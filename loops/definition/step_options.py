@@ -69,10 +69,6 @@ class StepOptions(UpdateOptions):
     loss_spike_factor: float
     loss_spike_steps: int
     loss_spike_window: int
-    # h-psexact (issue 44): under ParameterServerStrategy, "exact" (each step applied once
-    # by the chief from every worker's slice) or "async"
-    # (`loops.run.parameter_servers.exact_parameter_server`).
-    parameter_server_mode: str = "exact"
 
 
 def of(config: RunConfig, own_reactions: Mapping[str, str] | None = None) -> StepOptions:

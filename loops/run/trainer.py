@@ -15,7 +15,7 @@ from loops.cluster import cluster_config, lost_task
 from loops.core import mixed_precision as mixed_precision_lib
 from loops.core import reporting
 from loops.core.nonfinite_updates import NonFiniteUpdates, leaves_out_nonfinite
-from loops.core.update_context import UpdateContext, UpdateOptions
+from loops.core.update_context import UpdateContext
 from loops.definition import executors, recovery, removed_api, step_options
 from loops.definition.run_context import Definition, StepContext
 from loops.input import distributed_input
@@ -303,7 +303,7 @@ def _update_context(
         placement=placement,
         global_step=global_step,
         nonfinite=NonFiniteUpdates(strategy, skips=skips),
-        options=UpdateOptions.of(options),
+        options=options,  # a StepOptions is its Updates' options
         slice_gradients=exact_parameter_server.WorkerGradients(coordinator) if exact else None,
     )
 
