@@ -324,9 +324,9 @@ def test_two_trainers_on_one_strategy_keep_their_own_global_batch_for_their_tabl
 
     strategy = loops.testing.replica_strategy(2)
     trainers = []
+    log = small_log()
+    features = ctr.CTRFeatures(**log.description())
     for size in (8, 12):
-        log = small_log()
-        features = ctr.CTRFeatures(**log.description())
         trainers.append(
             loops.Trainer(
                 loops.CTRLoop(
