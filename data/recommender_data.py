@@ -1,16 +1,54 @@
-"""The recommender binary's data: the train and eval batches of a split interaction log, the
-baselines a model has to beat (popularity for ranking, the biases for ratings) and its notes."""
+"""The recommender binary's data: the interaction log read and split, the train and eval
+batches of its split, the baselines a model has to beat (popularity for ranking, the biases for
+ratings) and its notes."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from loops.input import interaction_baselines
+from loops.input import interaction_baselines, interaction_logs
 from loops.input.interaction_logs import Interactions
 from loops_data.in_memory import batches_in_memory, endless_batches_in_memory
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitLog:
+    """An interaction log and its split: train, validation (None without one) and test."""
+
+    interactions: Interactions
+    train: Interactions
+    validation: Interactions | None
+    test: Interactions
+
+
+def read_split(data: Mapping[str, Any], *, seed: int) -> SplitLog:
+    """The log `data` names, split as it says: `loops_data.settings.INTERACTIONS`' values
+    (data: the log's file, None for the generated log of `seed`; split; test_fraction;
+    validation_fraction, 0 for no validation rows), the split's draws of `seed`.
+
+    Raises:
+        ValueError: a log that does not read (`interaction_logs.read_interactions`), or a
+            split that leaves a part empty (`interaction_logs.split`).
+    """
+    from loops_data import interactions as generated
+
+    if data["data"] is None:
+        interactions = generated.generated_log(seed=seed)
+    else:
+        interactions = interaction_logs.read_interactions(data["data"])
+    train, test = interaction_logs.split(
+        interactions, how=data["split"], test_fraction=data["test_fraction"], seed=seed
+    )
+    validation = None
+    if data["validation_fraction"]:
+        train, validation = interaction_logs.split_validation(
+            train, how=data["split"], validation_fraction=data["validation_fraction"], seed=seed
+        )
+    return SplitLog(interactions, train, validation, test)
 
 
 def ranking_eval_arrays(train: Interactions, test: Interactions):

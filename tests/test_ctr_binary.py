@@ -201,7 +201,7 @@ RAW_SPEC = {
 
 def test_the_export_of_a_table_serves_raw_rows_as_the_live_model_scores_them(tmp_path):
     from loops.input import feature_tables
-    from loops.model_dir.export import export_ctr
+    from loops.model_dir.ctr_export import export_ctr
 
     (tmp_path / "train.csv").write_text(RAW_TABLE)
     spec = feature_tables.FeatureSpec.from_json(RAW_SPEC)
@@ -271,7 +271,7 @@ def test_the_export_joins_crossed_columns_from_the_raw_columns_as_the_live_model
     tmp_path,
 ):
     from loops.input import feature_tables
-    from loops.model_dir.export import export_ctr
+    from loops.model_dir.ctr_export import export_ctr
 
     (tmp_path / "train.csv").write_text(CROSS_TABLE)
     split = ctr_tables.from_table(

@@ -11,7 +11,8 @@ from test_loop import make_loop
 
 import loops
 from conftest import run_module, tiny_examples
-from loops.model_dir.export import export_classifier, export_generator
+from loops.model_dir.classifier_export import export_classifier
+from loops.model_dir.gan_export import export_generator
 
 
 def test_export_reloads_with_and_without_a_strategy_and_matches_the_model(tmp_path):

@@ -12,7 +12,8 @@ import tensorflow as tf
 import loops
 from loops.input import feature_tables, interaction_logs
 from loops.model_dir import canonical_text, id_vocabulary, signature_names
-from loops.model_dir.export import export_ctr, export_recommender
+from loops.model_dir.ctr_export import export_ctr
+from loops.model_dir.recommender_export import export_recommender
 from loops_data import ctr_tables
 from loops_models import ctr
 

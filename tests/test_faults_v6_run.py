@@ -104,7 +104,7 @@ def test_a_checkpoint_on_a_full_disk_says_so_in_whole_words_and_leaves_no_temp_f
 def test_an_export_to_a_full_disk_says_where_and_how_much_and_keeps_nothing(full_disk):
     import keras
 
-    from loops.model_dir.export import export_classifier
+    from loops.model_dir.classifier_export import export_classifier
 
     model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten()])
     model.add(keras.layers.Dense(256))  # 16,640 weights: 65 KB, more than the disk has
@@ -140,7 +140,7 @@ def test_an_export_holds_its_marker_before_it_is_renamed_into_place(tmp_path):
     import keras
 
     from loops.model_dir import run_outputs
-    from loops.model_dir.export import export_classifier
+    from loops.model_dir.classifier_export import export_classifier
 
     model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten()])
     model.add(keras.layers.Dense(2))

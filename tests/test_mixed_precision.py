@@ -13,7 +13,7 @@ import loops
 import loops_models as models
 from conftest import make_trainer, read_results, run_module, tiny_batches
 from loops.core.mixed_precision import DynamicLossScale
-from loops.model_dir.export import export_classifier
+from loops.model_dir.classifier_export import export_classifier
 
 INITIAL_SCALE = 2.0**15
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, SUBPROCESS_ENV, run_python
 from loops.bin import flag_reference
 from loops.core.text_generation import decode, encode, generate
-from loops.model_dir.export import export_text_generator
+from loops.model_dir.lm_export import export_text_generator
 from loops_models.lm import transformer_lm
 
 

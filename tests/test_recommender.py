@@ -16,7 +16,7 @@ from conftest import ROOT, read_results, run_module, run_python
 from loops.kinds.rating import area_under_curve
 from loops.kinds.retrieval import ranking_sums_at
 from loops.model_dir import id_vocabulary
-from loops.model_dir.export import export_recommender
+from loops.model_dir.recommender_export import export_recommender
 from loops_models import recommender
 from loops_models import settings as model_settings
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 import loops
 from loops.core.mixed_precision import dtype_policy_scope
 from loops.core.text_generation import decode, encode, generate
-from loops.model_dir.export import export_text_generator
+from loops.model_dir.lm_export import export_text_generator
 from loops.vocabulary.errors import NonFiniteWeightsError
 from loops_models.lm import transformer_lm
 

@@ -18,7 +18,7 @@ def build_trainer():
     """The ClassifierLoop the flags describe; ValueError for a bad combination."""
     import loops
     import loops_models as models
-    from loops.model_dir.export import export_classifier
+    from loops.model_dir.classifier_export import export_classifier
     from loops_data import image_folders, image_streams
 
     arguments = loop_flags.binary_arguments(

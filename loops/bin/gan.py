@@ -16,7 +16,7 @@ FLAGS = flags.FLAGS
 def build_trainer():
     """The GANLoop the flags describe; ValueError for a bad combination."""
     from loops.kinds.gan import GANLoop
-    from loops.model_dir.export import export_generator
+    from loops.model_dir.gan_export import export_generator
     from loops.run.trainer import Trainer
     from loops_data import gan_data
     from loops_models import gan as gan_models

@@ -16,7 +16,7 @@ FLAGS = flags.FLAGS
 def build_trainer():
     """The LanguageModelLoop the flags describe; ValueError for a bad combination."""
     from loops.kinds.lm import LanguageModelLoop
-    from loops.model_dir.export import export_text_generator
+    from loops.model_dir.lm_export import export_text_generator
     from loops.run.trainer import Trainer
     from loops_data import python_text
     from loops_models import lm as lm_models

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from loops.bin import binary_flags, summaries, training_settings
+from loops.bin import binary_flags, flag_checks, summaries, training_settings
 from loops.cli import application
 from loops.cli import flags as loop_flags
 
@@ -20,23 +20,21 @@ def build_trainer():
     from loops_models import rl as rl_models
 
     arguments = loop_flags.binary_arguments(f"rl-{FLAGS.algorithm}", check_batch=False)
-    environment = cartpole.CartPole()
+    env = cartpole.CartPole()
     # Seeded with the loop's seed, so runs on any replica count start from the same weights.
-    network = dict(observation_size=environment.observation_size, seed=FLAGS.seed)
-    network.update(num_actions=environment.num_actions)
+    network = dict(observation_size=env.observation_size, num_actions=env.num_actions)
+    network["seed"] = FLAGS.seed
     common = loop_flags.setting_values(training_settings.ENVIRONMENT_LOOP)
-    common["global_batch_size"] = FLAGS.global_batch_size
+    common.update(global_batch_size=FLAGS.global_batch_size, **loop_flags.clip_norm_argument())
     # None: the loop's own default (num_envs, rollout_length, global_batch_size).
     common = {name: value for name, value in common.items() if value is not None}
-    common.update(environment=environment, **loop_flags.clip_norm_argument())
-    common["optimizer_fn"] = training_settings.adam_fn(FLAGS.learning_rate)
+    common.update(environment=env, optimizer_fn=training_settings.adam_fn(FLAGS.learning_rate))
     if common.pop("algorithm") == "dqn":
         own = loop_flags.setting_values(training_settings.DQN)
         definition = rl.DQNLoop(model_fn=lambda: rl_models.q_network(**network), **own, **common)
         return Trainer(definition, **arguments)
     own = loop_flags.setting_values(training_settings.ACTOR_CRITIC)
-    own["epochs"] = own.pop("ppo_epochs")
-    decay = own.pop("ppo_lr_decay")
+    own["epochs"], decay = own.pop("ppo_epochs"), own.pop("ppo_lr_decay")
     ppo = rl.ActorCriticLoop(
         model_fn=lambda: rl_models.policy_value_network(**network), **own, **common
     )
@@ -53,12 +51,10 @@ def build_trainer():
     return Trainer(ppo, **arguments)
 
 
-main, run = application.entry_points(
-    build_trainer,
-    description=__doc__,
-    summary=summaries.reinforcement_learning,
-    prepare=training_settings.prepare_rl_flags,
+_HOOKS = flag_checks.Hooks(
+    summary=summaries.reinforcement_learning, prepare=training_settings.prepare_rl_flags
 )
+main, run = application.entry_points(build_trainer, description=__doc__, **_HOOKS)
 
 if __name__ == "__main__":
     run()

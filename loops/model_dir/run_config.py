@@ -93,6 +93,41 @@ def check_resume(
     return {CHANGED_ON_RESUME: changes} if changes else {}
 
 
+def refuse_other_training_data(
+    model_dir: str | None,
+    identity: Mapping[str, Any],
+    *,
+    checkpoint_record: Callable[[str], Mapping[str, Any] | None] | None = None,
+) -> None:
+    """Refuses to go on from (or evaluate) the checkpoints in `model_dir` when they were
+    trained on another model, log, table, spec or split than `identity` (this run's
+    `RESUME_IDENTITY`, `loops.input.log_identity`): ValueError naming each change and the fix
+    (`check_resume`). Nothing is refused without a model_dir or a checkpoint in it.
+
+    Without `checkpoint_record` (before TensorFlow starts), against config.json where a
+    checkpoint's index file is there. With it (model_dir -> the newest checkpoint's own
+    record, e.g. `loops.run.checkpoint_keeper.recorded_settings`), where a complete
+    checkpoint is there: against its record, else config.json (a config.json gone or damaged
+    says nothing then).
+
+    Raises:
+        ValueError: the sentence of `log_identity.refusal`.
+    """
+    checkpoints = os.path.join(model_dir or "", "checkpoints")
+    if not model_dir or not os.path.isdir(checkpoints):
+        return
+    if not any(name.endswith(".index") for name in os.listdir(checkpoints)):
+        return  # nothing to go on from
+    record = None
+    if checkpoint_record is not None:
+        from loops.model_dir.checkpoints import newest_complete  # imports TensorFlow
+
+        if newest_complete(checkpoints) is None:
+            return  # nothing to go on from
+        record = checkpoint_record(model_dir)
+    check_resume(model_dir, {RESUME_IDENTITY: identity}, checkpoint_record=record)
+
+
 def _check_identity(model_dir: str, was: Any, now: Any) -> None:
     """Raises ValueError naming each part of the run's `RESUME_IDENTITY` that `now` changes;
     nothing when either is unrecorded."""

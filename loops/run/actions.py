@@ -349,7 +349,7 @@ class ExportOnEnd(Action):
 
     Example:
 
-        from loops.model_dir.export import export_classifier
+        from loops.model_dir.classifier_export import export_classifier
 
         loops.ExportOnEnd(lambda definition: export_classifier(definition.model, "/tmp/export"))
     """
