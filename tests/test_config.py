@@ -138,12 +138,12 @@ def test_the_tree_holds_every_shared_setting_typed_in_its_section():
         section = getattr(config, setting.section)
         field = {field.name: field for field in dataclasses.fields(section)}[setting.name]
         assert field.type == setting.annotation, setting.name
-    assert config.update.mixed_precision == "none" and config.run.steps_per_loop == 100
+    assert config.update.mixed_precision == "none" and config.controller.steps_per_loop == 100
 
 
 def test_from_flat_flat_and_replace_check_by_the_declarations():
     config = loops.RunConfig.from_flat({"steps_per_loop": 4, "profile_steps": [2, 3]})
-    assert config.run.steps_per_loop == 4 and config.outputs.profile_steps == (2, 3)
+    assert config.controller.steps_per_loop == 4 and config.controller.profile_steps == (2, 3)
     assert loops.RunConfig.from_flat(config.flat()) == config
     replaced = config.replace(ema_decay=0.5)
     assert replaced.update.ema_decay == 0.5 and config.update.ema_decay is None
@@ -205,7 +205,7 @@ def test_a_run_restarts_from_its_config_json(tmp_path):
     trainer.train(5)
     trainer.close()
     again = loops.RunConfig.from_json(str(tmp_path / "run" / "config.json"))
-    assert again.update.mixed_precision == "mixed_bfloat16" and again.run.seed == 0
+    assert again.update.mixed_precision == "mixed_bfloat16" and again.step.seed == 0
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match="holds no JSON object of settings"):
         loops.RunConfig.from_json(str(path))

@@ -58,7 +58,7 @@ def _outcome(**arguments):
         # parameter-server strategy alone; tests/test_exact_parameter_server.py).
         placed = types.SimpleNamespace(
             global_batch_size=trainer.placement.global_batch_size,
-            parameter_server_mode=trainer.run_config.strategy.parameter_server_mode,
+            parameter_server_mode=trainer.run_config.placement.parameter_server_mode,
         )
         parts = (
             trainer.step_options,
@@ -167,16 +167,18 @@ def test_a_binary_gives_its_trainer_the_settings_it_reads_and_acts_on_the_rest_i
         evaluator = loop_flags.loop_arguments("a strategy", "/run", actions=["an export"])
     config = arguments["config"]
     assert config.for_trainer() == config and arguments["actions"] == ["an export"]
-    assert (config.checkpoints.keep_best_metric, config.run.early_stopping_metric) == (
+    assert (config.controller.keep_best_metric, config.controller.early_stopping_metric) == (
         "loss",
         "loss",
     )
-    assert (config.strategy.strategy, config.run.train_steps, config.update.clip_norm) == (
+    assert (config.strategy.strategy, config.run.train_steps, config.run.clip_norm) == (
         "mirrored",
         None,
         None,
     )
     assert arguments["record"]["train_steps"] == 8 and arguments["record"]["clip_norm"] == 2
     # An evaluator neither stops early nor keeps a best checkpoint of its own.
-    assert evaluator["config"].checkpoints.keep_best_metric is None
-    assert evaluator["config"].run.early_stopping_metric is None and evaluator["actions"] == []
+    assert evaluator["config"].controller.keep_best_metric is None
+    assert (
+        evaluator["config"].controller.early_stopping_metric is None and evaluator["actions"] == []
+    )

@@ -122,14 +122,21 @@ def test_a_definitions_updates_take_the_context_its_trainer_gives():
     assert context is definition.update_context
     assert context.strategy is trainer.strategy
     assert context.global_step is trainer.global_step
-    assert context.options == loops.UpdateOptions(
-        mixed_precision="none",
-        loss_scale_growth_steps=2000,
-        grad_accum_steps=2,
-        ema_decay=0.5,
-        jit_compile=False,
-        health_every=3,
-    )
+    # The run's step options themselves: an UpdateOptions with the step section's beside.
+    assert context.options is trainer.step_options
+    assert isinstance(context.options, loops.UpdateOptions)
+    assert context.options.values() == {
+        **loops.UpdateOptions(
+            mixed_precision="none",
+            loss_scale_growth_steps=2000,
+            grad_accum_steps=2,
+            ema_decay=0.5,
+            jit_compile=False,
+            health_every=3,
+        ).values(),
+        **trainer.run_config.step.values(),
+        "max_recoveries": 3,  # filled in by the step options (None: the default)
+    }
     assert context.nonfinite.skips
     assert trainer.saved_items()["weight_averages"] is context.weight_averages
     assert context.weight_averages.updates == [definition.update.average]

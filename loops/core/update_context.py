@@ -19,23 +19,19 @@ from loops.core import mixed_precision
 from loops.core.nonfinite_updates import NonFiniteUpdates
 from loops.core.weight_average import WeightAverages
 from loops.placement import EXACT, Placement
-from loops.vocabulary import settings
-
-
-def _declared_default(name: str) -> Any:
-    """A field whose default is the declared one (loops/vocabulary/settings.py)."""
-    return dataclasses.field(default=settings.BY_NAME[name].default)
+from loops.vocabulary.run_config_tree import UpdateSettings
 
 
 @dataclasses.dataclass(frozen=True)
-class UpdateOptions:
-    """The step options every `loops.Update` follows, checked by their declarations when made.
+class UpdateOptions(UpdateSettings):
+    """The step options every `loops.Update` follows: the `update` section of a run's
+    `loops.RunConfig`, its fields checked by their declarations when made.
 
     Each is declared, with its default, help and check, in
-    loops/vocabulary/settings.py; `loops.Update` says what each does to an
-    update. A Trainer gives its run's `StepOptions` itself, which inherit these fields
-    (no copy by name), so that an Update option is its declaration, a field here and the
-    line of `loops.Update` that reads it.
+    loops/vocabulary/settings.py (the section's fields are generated from there);
+    `loops.Update` says what each does to an update. A Trainer gives its run's
+    `StepOptions`, which are these with the step section's, so that an Update option is
+    its declaration and the line of `loops.Update` that reads it.
 
     Attributes:
         mixed_precision: "none", "mixed_bfloat16" or "mixed_float16" (a dynamic loss scale).
@@ -50,16 +46,6 @@ class UpdateOptions:
     Raises:
         ValueError: a bad option, named with the fix (its declaration's check).
     """
-
-    mixed_precision: str = _declared_default("mixed_precision")
-    loss_scale_growth_steps: int | None = _declared_default("loss_scale_growth_steps")
-    grad_accum_steps: int = _declared_default("grad_accum_steps")
-    ema_decay: float | None = _declared_default("ema_decay")
-    jit_compile: bool = _declared_default("jit_compile")
-    health_every: int | None = _declared_default("health_every")
-
-    def __post_init__(self) -> None:
-        settings.check_loop_settings(dataclasses.asdict(self))
 
 
 class UpdateStates(tf.Module):

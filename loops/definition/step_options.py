@@ -11,21 +11,21 @@ from loops.core import mixed_precision as mixed_precision_lib
 from loops.core.update_context import UpdateOptions
 from loops.definition import recovery
 from loops.vocabulary import settings
-from loops.vocabulary.run_config_tree import RunConfig
+from loops.vocabulary.run_config_tree import RunConfig, StepSettings
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepOptions(UpdateOptions):
-    """The options of a definition's steps and of the `loops.Update`s they make, checked.
+@dataclasses.dataclass(frozen=True)
+class StepOptions(StepSettings, UpdateOptions):
+    """The options of a definition's steps and of the `loops.Update`s they make, checked:
+    the `step` and `update` sections of a run's `loops.RunConfig` (`of`).
 
     Each is declared, with its type, default, help and check, in
-    loops/vocabulary/settings.py (as the flags are), and read by name from a run's
-    `loops.RunConfig` (`of`); this says what it means to a step. The options every
-    `loops.Update` follows (mixed_precision, loss_scale_growth_steps, grad_accum_steps,
-    ema_decay, jit_compile, health_every) are `UpdateOptions`' fields, which it inherits,
-    so that an Update option is a field of `UpdateOptions` alone; under "mixed_float16"
-    `build` runs in the Keras dtype policy, and `of` fills in the loss scale's default
-    growth (2000).
+    loops/vocabulary/settings.py (as the flags are; the sections' fields are generated
+    from there); this says what it means to a step. The options every `loops.Update`
+    follows (mixed_precision, loss_scale_growth_steps, grad_accum_steps, ema_decay,
+    jit_compile, health_every) are `UpdateOptions`' fields, which it inherits; under
+    "mixed_float16" `build` runs in the Keras dtype policy, and `of` fills in the loss
+    scale's default growth (2000).
 
     Attributes:
         seed: the seed steps key their randomness on.
@@ -61,18 +61,9 @@ class StepOptions(UpdateOptions):
     Made by `of`, which fills in the defaults of None.
     """
 
-    seed: int
-    run_eagerly: bool
-    on_nonfinite: str
-    max_recoveries: int
-    on_loss_spike: str
-    loss_spike_factor: float
-    loss_spike_steps: int
-    loss_spike_window: int
-
 
 def of(config: RunConfig, own_reactions: Mapping[str, str] | None = None) -> StepOptions:
-    """A run's step options, read by name from its settings (checked as `config` was made);
+    """A run's step options: its `step` and `update` sections (checked as `config` was made);
     None: the default. `own_reactions`: the definition's own bad-step rules' class names ->
     their reactions, which max_recoveries may apply to.
 
@@ -81,7 +72,7 @@ def of(config: RunConfig, own_reactions: Mapping[str, str] | None = None) -> Ste
             that do not go together, named with the fix.
     """
     values = config.flat()
-    named = {field.name: values[field.name] for field in dataclasses.fields(StepOptions)}
+    named = {**config.step.values(), **config.update.values()}
     named["max_recoveries"] = recovery.check_max_recoveries(
         values["max_recoveries"],
         {name: values[name] for name in settings.REACTIONS},

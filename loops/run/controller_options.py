@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -10,13 +9,16 @@ from typing import Any
 
 from loops.core import reporting
 from loops.run.actions import Action, EarlyStopping, KeepBest
-from loops.vocabulary import settings
+from loops.vocabulary.run_config_tree import ControllerSettings
 from loops.vocabulary.whole_numbers import check_whole
 
 
 @dataclass(frozen=True)
-class ControllerOptions:
-    """How a Trainer's Controller runs it; every option is checked when the options are made.
+class ControllerOptions(ControllerSettings):
+    """How a Trainer's Controller runs it: the `controller` section of the run's
+    `loops.RunConfig` (each setting declared, with its default, help and check, in
+    loops/vocabulary/settings.py, checked when made) and what the Trainer is handed beside
+    it (progress, actions, config).
 
     Attributes:
         steps_per_loop: train steps per inner loop, the unit of reporting: a
@@ -57,28 +59,12 @@ class ControllerOptions:
         TypeError: an action that is not a `loops.Action`.
     """
 
-    steps_per_loop: int = 100
-    eval_every: int | None = None
-    checkpoint_every: int | None = None
-    model_dir: str | None = None
-    max_checkpoints: int = 3
-    async_checkpoints: bool = False
     progress: reporting.Progress | None = None
-    progress_every_seconds: float | None = None
-    profile_steps: tuple[int, int] | None = None
     actions: Sequence[Action] = ()
     config: Mapping[str, Any] | None = None
-    early_stopping_metric: str | None = None
-    early_stopping_mode: str = "min"
-    early_stopping_patience: int = 3
-    keep_best_metric: str | None = None
-    keep_best_mode: str = "min"
 
     def __post_init__(self) -> None:
-        # Checked by their declarations (loops/vocabulary/settings.py), as the flags are; frozen, so
-        # the checked forms replace what was passed.
-        for name in _DECLARED:
-            object.__setattr__(self, name, settings.BY_NAME[name].checked(getattr(self, name)))
+        super().__post_init__()  # each setting checked by its declaration, as its flag is
         model_dir = self.model_dir
         if model_dir is not None and os.path.exists(model_dir) and not os.path.isdir(model_dir):
             raise ValueError(
@@ -87,13 +73,6 @@ class ControllerOptions:
             )
         asked = _asked_actions(self)
         object.__setattr__(self, "actions", _checked_actions((*asked, *self.actions)))
-
-
-# The options that are declared settings (every field but progress, actions and config),
-# in field order: each checked by its declaration, as its flag is.
-_DECLARED = tuple(
-    field.name for field in dataclasses.fields(ControllerOptions) if field.name in settings.BY_NAME
-)
 
 
 def _asked_actions(options: ControllerOptions) -> list[Action]:

@@ -175,7 +175,8 @@ def _bad_step_policy(
         checkpoints=checkpoints,
         train_input=train_input,
         recoveries=recoveries,
-        max_recoveries=options.max_recoveries,
+        # The step options hold it filled in (`recovery.check_max_recoveries`), never None.
+        max_recoveries=int(options.max_recoveries or 0),
     )
 
 

@@ -112,8 +112,8 @@ class Trainer:
         # Where the variables live and the steps run: read once, asked by the run's parts.
         self.placement = Placement.of(
             self.strategy,
-            self.run_config.strategy.parameter_server_mode,
-            global_batch_size=self.run_config.run.global_batch_size,
+            self.run_config.placement.parameter_server_mode,
+            global_batch_size=self.run_config.placement.global_batch_size,
         )
         self.step_options, run_options = trainer_arguments.checked_options(
             definition,

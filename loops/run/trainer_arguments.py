@@ -1,9 +1,8 @@
 """A Trainer's arguments as its checked settings: its `loops.RunConfig` with the keyword
-overrides, and the step and run options read from it by name."""
+overrides, and the step and run options made of its sections."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -97,9 +96,6 @@ def checked_options(
         own_rules=own_rules,
     )
     definition.check_can_train(placement.strategy, options, has_train_data=has_train_data)
-    declared = {
-        field.name: values[field.name]
-        for field in dataclasses.fields(ControllerOptions)
-        if field.name in values
-    }
-    return options, ControllerOptions(**declared, progress=progress, actions=actions, config=record)
+    return options, ControllerOptions(
+        **config.controller.values(), progress=progress, actions=actions, config=record
+    )

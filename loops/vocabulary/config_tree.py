@@ -32,12 +32,26 @@ def unknown_setting(name: str, known: Iterable[str], what: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ConfigSection:
-    """A section of `loops.RunConfig`: each field checked by its declaration when made."""
+    """A section of `loops.RunConfig`: each field checked by its declaration when made.
+
+    A part's options are its section (`loops.run.controller_options.ControllerOptions` is a
+    `ControllerSettings`): what they add beside the settings (no declaration) is theirs."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            value = settings.BY_NAME[field.name].checked(getattr(self, field.name))
-            object.__setattr__(self, field.name, value)  # frozen: the checked form
+            declared = settings.BY_NAME.get(field.name)
+            if declared is not None:
+                value = declared.checked(getattr(self, field.name))
+                object.__setattr__(self, field.name, value)  # frozen: the checked form
+
+    @classmethod
+    def setting_names(cls) -> tuple[str, ...]:
+        """The declared settings among the fields, in order."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name in settings.BY_NAME)
+
+    def values(self) -> dict[str, Any]:
+        """Setting name -> value, of this section's declared settings alone."""
+        return {name: getattr(self, name) for name in self.setting_names()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,13 +70,6 @@ class StrategySettings(ConfigSection):
     (the CPU) and computes on --num_replicas devices.
     """
 
-    parameter_server_mode: str = "exact"
-    """--strategy=parameter_server: exact (the workers compute the gradients of a step's slices
-    on the same weights and the chief applies their sum once: the numbers of one process,
-    resumable mid-stream) or async (each worker applies its own steps as soon as they are
-    done: faster, not reproducible).
-    """
-
     num_replicas: int | None = None
     """Replicas for --strategy=mirrored or central_storage: that many GPUs when present, else
     the CPU split into that many logical devices. Default: every GPU, or 2 logical CPUs
@@ -111,7 +104,7 @@ class StrategySettings(ConfigSection):
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings(ConfigSection):
-    """run: How long the run trains, how often it evaluates, its seed, and when it stops early."""
+    """run: What a binary trains by: its steps, learning rate and clipping, and a resume's batch."""
 
     allow_batch_size_change: bool = False
     """Resume a run in --model_dir with another --global_batch_size than it was trained with
@@ -122,6 +115,26 @@ class RunSettings(ConfigSection):
     train_steps: int | None = None
     """Total training steps (a resumed run trains up to this step)."""
 
+    learning_rate: float | None = None
+    """Optimizer learning rate (> 0)."""
+
+    clip_norm: float | None = None
+    """Clip each update's gradient, summed over replicas, to this global norm (> 0). Default:
+    the loop's own (off for the classifier and the GAN, 0.5 for ppo, 10 for dqn).
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementSettings(ConfigSection):
+    """placement: How the Trainer places the run: the parameter-server mode, the global batch."""
+
+    parameter_server_mode: str = "exact"
+    """--strategy=parameter_server: exact (the workers compute the gradients of a step's slices
+    on the same weights and the chief applies their sum once: the numbers of one process,
+    resumable mid-stream) or async (each worker applies its own steps as soon as they are
+    done: faster, not reproducible).
+    """
+
     global_batch_size: int | None = None
     """Examples per step over all replicas (the binaries batch their data by it). A Trainer,
     which takes the global batches of train_data= and eval_data= as they come, reads it as
@@ -129,16 +142,15 @@ class RunSettings(ConfigSection):
     by its share of it for batches of no static size.
     """
 
+
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings(ConfigSection):
+    """controller: How the run goes: inner loops, evaluations, checkpoints, outputs, stopping."""
+
     steps_per_loop: int = 100
     """Steps per inner loop: a progress line and summaries each; one tf.function call runs one
     or, where nothing else comes between them, several.
     """
-
-    seed: int = 0
-    """Seed for initial weights, shuffling and noise."""
-
-    run_eagerly: bool = False
-    """Run steps eagerly (no tf.function), for debugging."""
 
     eval_every: int | None = None
     """Evaluate every this many steps, and always at the end. Default: about 5 evaluations a
@@ -157,69 +169,15 @@ class RunSettings(ConfigSection):
     early_stopping_patience: int = 3
     """Evaluations in a row without improvement before stopping."""
 
-
-@dataclasses.dataclass(frozen=True)
-class UpdateSettings(ConfigSection):
-    """update: How each update computes: precision, accumulation, XLA, clipping, averaging."""
-
-    learning_rate: float | None = None
-    """Optimizer learning rate (> 0)."""
-
-    clip_norm: float | None = None
-    """Clip each update's gradient, summed over replicas, to this global norm (> 0). Default:
-    the loop's own (off for the classifier and the GAN, 0.5 for ppo, 10 for dqn).
+    progress_every_seconds: float | None = None
+    """End inner loops early enough that a progress line comes at least this often (one process
+    only; 0: --steps_per_loop alone decides).
     """
 
-    grad_accum_steps: int = 1
-    """Cut each replica's share of a step into this many micro-batches and add up their
-    gradients into one update: the update of the whole batch, with 1/K of the activations in
-    memory. The RL loops draw their own minibatches and take only 1.
+    model_dir: str | None = None
+    """Directory for checkpoints, summaries and results.json. A run pointed at a directory with
+    a checkpoint resumes from it. Default: a new directory under the system temp dir.
     """
-
-    jit_compile: bool = False
-    """Compile each replica's forward and backward pass through the trained model with XLA
-    (tf.function(jit_compile=True)); the collectives, the optimizer's update and the rest of
-    the step stay TensorFlow's. Refused, before any step, where it cannot compile:
-    --run_eagerly, the central_storage and parameter_server strategies, a layer that
-    all-reduces across replicas (--batch_norm) or one Keras marks as not jit-compilable.
-    Dropout draws other masks compiled than not.
-    """
-
-    mixed_precision: str = "none"
-    """Compute in 16 bits with float32 variables: mixed_bfloat16, or mixed_float16 with a
-    dynamic loss scale agreed on by all replicas (one per optimizer, checkpointed); none:
-    float32.
-    """
-
-    loss_scale_growth_steps: int | None = None
-    """With --mixed_precision=mixed_float16: finite steps in a row after which the loss scale
-    doubles. Default: 2000.
-    """
-
-    ema_decay: float | None = None
-    """Keep a moving average of the trained weights with this decay (e.g. 0.999; lowered early
-    in training so the average follows the weights), checkpointed beside them; evaluation,
-    the best checkpoint's metric and the export use it. 0: no average.
-    """
-
-
-@dataclasses.dataclass(frozen=True)
-class HealthSettings(ConfigSection):
-    """health: What the run reports of its updates' health."""
-
-    health_every: int | None = None
-    """Training health, from every optimizer's update: each step the global norm of the summed
-    gradient before clipping and whether it was clipped; every this many steps the update
-    norm over the weight norm of each model and of the 3 layers where it is largest.
-    TensorBoard under health/, results.json's health, grad_norm in progress lines. E.g. 10.
-    0: none, the default (on several replicas without --clip_norm they cost one more
-    all-reduce of the gradient a step).
-    """
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointsSettings(ConfigSection):
-    """checkpoints: When and how the run saves, and which checkpoints it keeps."""
 
     checkpoint_every: int | None = None
     """Checkpoint every this many steps (always at the end)."""
@@ -243,21 +201,6 @@ class CheckpointsSettings(ConfigSection):
     keep_best_mode: str = "min"
     """min: lower --keep_best_metric is better (loss); max: higher is better (accuracy)."""
 
-
-@dataclasses.dataclass(frozen=True)
-class OutputsSettings(ConfigSection):
-    """outputs: Where the run's outputs go, and how often it reports and profiles."""
-
-    progress_every_seconds: float | None = None
-    """End inner loops early enough that a progress line comes at least this often (one process
-    only; 0: --steps_per_loop alone decides).
-    """
-
-    model_dir: str | None = None
-    """Directory for checkpoints, summaries and results.json. A run pointed at a directory with
-    a checkpoint resumes from it. Default: a new directory under the system temp dir.
-    """
-
     profile_steps: tuple[int, int] | None = None
     """START,END (e.g. --profile_steps=10,20): trace train steps START to END (from 1, both
     included) with TensorFlow's profiler into MODEL_DIR/summaries/train, for TensorBoard's
@@ -266,8 +209,14 @@ class OutputsSettings(ConfigSection):
 
 
 @dataclasses.dataclass(frozen=True)
-class FaultsSettings(ConfigSection):
-    """faults: What a non-finite step or a loss spike leads to."""
+class StepSettings(ConfigSection):
+    """step: How a definition's steps compute: the seed, eagerness, bad steps and loss spikes."""
+
+    seed: int = 0
+    """Seed for initial weights, shuffling and noise."""
+
+    run_eagerly: bool = False
+    """Run steps eagerly (no tf.function), for debugging."""
 
     on_nonfinite: str = "stop"
     """After a step whose loss or gradients are not finite on any replica: stop with an error
@@ -302,6 +251,52 @@ class FaultsSettings(ConfigSection):
 
 
 @dataclasses.dataclass(frozen=True)
+class UpdateSettings(ConfigSection):
+    """update: How each loops.Update computes: precision, accumulation, XLA, averaging, health."""
+
+    grad_accum_steps: int = 1
+    """Cut each replica's share of a step into this many micro-batches and add up their
+    gradients into one update: the update of the whole batch, with 1/K of the activations in
+    memory. The RL loops draw their own minibatches and take only 1.
+    """
+
+    jit_compile: bool = False
+    """Compile each replica's forward and backward pass through the trained model with XLA
+    (tf.function(jit_compile=True)); the collectives, the optimizer's update and the rest of
+    the step stay TensorFlow's. Refused, before any step, where it cannot compile:
+    --run_eagerly, the central_storage and parameter_server strategies, a layer that
+    all-reduces across replicas (--batch_norm) or one Keras marks as not jit-compilable.
+    Dropout draws other masks compiled than not.
+    """
+
+    mixed_precision: str = "none"
+    """Compute in 16 bits with float32 variables: mixed_bfloat16, or mixed_float16 with a
+    dynamic loss scale agreed on by all replicas (one per optimizer, checkpointed); none:
+    float32.
+    """
+
+    loss_scale_growth_steps: int | None = None
+    """With --mixed_precision=mixed_float16: finite steps in a row after which the loss scale
+    doubles. Default: 2000.
+    """
+
+    ema_decay: float | None = None
+    """Keep a moving average of the trained weights with this decay (e.g. 0.999; lowered early
+    in training so the average follows the weights), checkpointed beside them; evaluation,
+    the best checkpoint's metric and the export use it. 0: no average.
+    """
+
+    health_every: int | None = None
+    """Training health, from every optimizer's update: each step the global norm of the summed
+    gradient before clipping and whether it was clipped; every this many steps the update
+    norm over the weight norm of each model and of the 3 layers where it is largest.
+    TensorBoard under health/, results.json's health, grad_norm in progress lines. E.g. 10.
+    0: none, the default (on several replicas without --clip_norm they cost one more
+    all-reduce of the gradient a step).
+    """
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig(ConfigTree):
     """A run's settings, section by section.
 
@@ -315,12 +310,10 @@ class RunConfig(ConfigTree):
 
     run: RunSettings = dataclasses.field(default_factory=RunSettings)
 
+    placement: PlacementSettings = dataclasses.field(default_factory=PlacementSettings)
+
+    controller: ControllerSettings = dataclasses.field(default_factory=ControllerSettings)
+
+    step: StepSettings = dataclasses.field(default_factory=StepSettings)
+
     update: UpdateSettings = dataclasses.field(default_factory=UpdateSettings)
-
-    health: HealthSettings = dataclasses.field(default_factory=HealthSettings)
-
-    checkpoints: CheckpointsSettings = dataclasses.field(default_factory=CheckpointsSettings)
-
-    outputs: OutputsSettings = dataclasses.field(default_factory=OutputsSettings)
-
-    faults: FaultsSettings = dataclasses.field(default_factory=FaultsSettings)

@@ -73,16 +73,17 @@ DEFAULT_LOSS_SPIKE_FACTOR = 4.0
 DEFAULT_LOSS_SPIKE_STEPS = 3
 DEFAULT_LOSS_SPIKE_WINDOW = 100
 INF = float("inf")
-# The sections of `loops.RunConfig`, in its order, each with what its settings decide.
+# The sections of `loops.RunConfig`, in its order, each with what its settings decide. The
+# last four are the configuration of the part of a run that reads them, as it takes them:
+# the run's Placement, the Controller's options, the step options and the Updates' options.
 SECTIONS = {
     "mode": "What the process does: train, evaluate a run's checkpoints, or find a learning rate.",
     "strategy": "Where the steps run: the tf.distribute strategy, its replicas, its cluster.",
-    "run": "How long the run trains, how often it evaluates, its seed, and when it stops early.",
-    "update": "How each update computes: precision, accumulation, XLA, clipping, averaging.",
-    "health": "What the run reports of its updates' health.",
-    "checkpoints": "When and how the run saves, and which checkpoints it keeps.",
-    "outputs": "Where the run's outputs go, and how often it reports and profiles.",
-    "faults": "What a non-finite step or a loss spike leads to.",
+    "run": "What a binary trains by: its steps, learning rate and clipping, and a resume's batch.",
+    "placement": "How the Trainer places the run: the parameter-server mode, the global batch.",
+    "controller": "How the run goes: inner loops, evaluations, checkpoints, outputs, stopping.",
+    "step": "How a definition's steps compute: the seed, eagerness, bad steps and loss spikes.",
+    "update": "How each loops.Update computes: precision, accumulation, XLA, averaging, health.",
 }
 
 
@@ -236,7 +237,7 @@ SETTINGS: tuple[Setting, ...] = (
         "process, resumable mid-stream) or async (each worker applies its own steps as soon "
         "as they are done: faster, not reproducible).",
         "enum",
-        section="strategy",
+        section="placement",
         resumable=True,
         default="exact",
         loop=True,
@@ -338,7 +339,7 @@ SETTINGS: tuple[Setting, ...] = (
         "come, reads it as the most examples a step's batch holds: a table's lookups on "
         "several replicas are sized by its share of it for batches of no static size.",
         "integer",
-        section="run",
+        section="placement",
         lower_bound=1,
         loop=True,
     ),
@@ -348,7 +349,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Steps per inner loop: a progress line and summaries each; one tf.function call runs "
         "one or, where nothing else comes between them, several.",
         "integer",
-        section="run",
+        section="controller",
         resumable=True,
         default=100,
         loop=True,
@@ -359,7 +360,7 @@ SETTINGS: tuple[Setting, ...] = (
         "training",
         "Optimizer learning rate (> 0).",
         "float",
-        section="update",
+        section="run",
         elsewhere=(
             "the binaries give it to the optimizer their definition makes; give it to the "
             "optimizer yours makes"
@@ -371,7 +372,7 @@ SETTINGS: tuple[Setting, ...] = (
         "training",
         "Seed for initial weights, shuffling and noise.",
         "integer",
-        section="run",
+        section="step",
         default=0,
         loop=True,
         check=whole_number(0),
@@ -381,7 +382,7 @@ SETTINGS: tuple[Setting, ...] = (
         "training",
         "Run steps eagerly (no tf.function), for debugging.",
         "bool",
-        section="run",
+        section="step",
         default=False,
         loop=True,
     ),
@@ -391,7 +392,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Clip each update's gradient, summed over replicas, to this global norm (> 0). "
         "Default: the loop's own (off for the classifier and the GAN, 0.5 for ppo, 10 for dqn).",
         "float",
-        section="update",
+        section="run",
         elsewhere=(
             "the binaries give it to the definition, whose loops.Update clips by it; give "
             "clip_norm= to the definition or to its loops.Update"
@@ -471,7 +472,7 @@ SETTINGS: tuple[Setting, ...] = (
         f"{DEFAULT_EVALUATIONS} evaluations a run, each after a whole --steps_per_loop; "
         "0: only at the end.",
         "integer",
-        section="run",
+        section="controller",
         resumable=True,
         loop=True,
         check=whole_number(1, _OFF, optional=True),
@@ -484,7 +485,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--early_stopping_patience evaluations in a row. A rerun of a stopped run stops "
         "again at once.",
         "string",
-        section="run",
+        section="controller",
         loop=True,
     ),
     Setting(
@@ -492,7 +493,7 @@ SETTINGS: tuple[Setting, ...] = (
         "training",
         "min: lower --early_stopping_metric is better (loss); max: higher is better (accuracy).",
         "enum",
-        section="run",
+        section="controller",
         loop=True,
         default="min",
         choices=tuple(METRIC_MODES),
@@ -502,7 +503,7 @@ SETTINGS: tuple[Setting, ...] = (
         "training",
         "Evaluations in a row without improvement before stopping.",
         "integer",
-        section="run",
+        section="controller",
         loop=True,
         default=3,
         lower_bound=1,
@@ -513,7 +514,7 @@ SETTINGS: tuple[Setting, ...] = (
         "End inner loops early enough that a progress line comes at least this often (one "
         "process only; 0: --steps_per_loop alone decides).",
         "float",
-        section="outputs",
+        section="controller",
         loop=True,
         check=positive_number(_OFF),
         off=0.0,
@@ -524,7 +525,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Directory for checkpoints, summaries and results.json. A run pointed at a directory "
         "with a checkpoint resumes from it. Default: a new directory under the system temp dir.",
         "string",
-        section="outputs",
+        section="controller",
         resumable=True,
         loop=True,
         path=True,
@@ -534,7 +535,7 @@ SETTINGS: tuple[Setting, ...] = (
         "outputs",
         "Checkpoint every this many steps (always at the end).",
         "integer",
-        section="checkpoints",
+        section="controller",
         resumable=True,
         loop=True,
         check=whole_number(1, _OFF, optional=True),
@@ -544,7 +545,7 @@ SETTINGS: tuple[Setting, ...] = (
         "outputs",
         "How many of the newest checkpoints MODEL_DIR/checkpoints keeps.",
         "integer",
-        section="checkpoints",
+        section="controller",
         resumable=True,
         default=3,
         loop=True,
@@ -559,7 +560,7 @@ SETTINGS: tuple[Setting, ...] = (
         "written, and a run waits for its last save before results.json and its exit. Off "
         "by default: on 2 CPU cores the writer takes the step's cores (benchmarks/RESULTS.md).",
         "bool",
-        section="checkpoints",
+        section="controller",
         default=False,
         loop=True,
     ),
@@ -569,7 +570,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Keep a checkpoint of the best evaluation by this eval metric in MODEL_DIR/best "
         "(with best.json: its step and value).",
         "string",
-        section="checkpoints",
+        section="controller",
         loop=True,
     ),
     Setting(
@@ -577,7 +578,7 @@ SETTINGS: tuple[Setting, ...] = (
         "outputs",
         "min: lower --keep_best_metric is better (loss); max: higher is better (accuracy).",
         "enum",
-        section="checkpoints",
+        section="controller",
         loop=True,
         default="min",
         choices=tuple(METRIC_MODES),
@@ -589,7 +590,7 @@ SETTINGS: tuple[Setting, ...] = (
         "included) with TensorFlow's profiler into MODEL_DIR/summaries/train, for "
         "TensorBoard's Profile tab (pip install tensorboard-plugin-profile). Chief only.",
         "string",
-        section="outputs",
+        section="controller",
         loop=True,
         check=check_profile_steps,
         from_flag=profile_steps_of_flag,
@@ -606,7 +607,7 @@ SETTINGS: tuple[Setting, ...] = (
         "0: none, the default (on several replicas without --clip_norm they cost one more "
         "all-reduce of the gradient a step).",
         "integer",
-        section="health",
+        section="update",
         resumable=True,
         loop=True,
         check=whole_number(1, _OFF, optional=True),
@@ -621,7 +622,7 @@ SETTINGS: tuple[Setting, ...] = (
         "stream past every batch from there to the bad step, and go on (logged; not for "
         "--parameter_server_mode=async).",
         "enum",
-        section="faults",
+        section="step",
         default="stop",
         loop=True,
         check=lambda name, value: _check_policy(name, value),
@@ -635,7 +636,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(counted over resumes, both causes together) before the next bad step stops it with "
         f"an error. Default: {DEFAULT_MAX_RECOVERIES}.",
         "integer",
-        section="faults",
+        section="step",
         resumable=True,
         loop=True,
         check=lambda name, value: _check_max_recoveries(name, value),
@@ -648,7 +649,7 @@ SETTINGS: tuple[Setting, ...] = (
         "to the last checkpoint), or recover as --on_nonfinite=recover does: back to the "
         "last checkpoint, the train stream moved past every batch from there to the spike.",
         "enum",
-        section="faults",
+        section="step",
         resumable=True,
         default="ignore",
         loop=True,
@@ -661,7 +662,7 @@ SETTINGS: tuple[Setting, ...] = (
         "faults",
         "A step's loss is high when above this many times its slow moving average.",
         "float",
-        section="faults",
+        section="step",
         resumable=True,
         default=DEFAULT_LOSS_SPIKE_FACTOR,
         loop=True,
@@ -672,7 +673,7 @@ SETTINGS: tuple[Setting, ...] = (
         "faults",
         "High steps in a row that make a spike (one high batch is noise).",
         "integer",
-        section="faults",
+        section="step",
         resumable=True,
         default=DEFAULT_LOSS_SPIKE_STEPS,
         loop=True,
@@ -684,7 +685,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Steps the slow moving average of the loss spans (an exponential average with decay "
         "1 - 1/window, debiased over the first steps); high steps do not enter it.",
         "integer",
-        section="faults",
+        section="step",
         resumable=True,
         default=DEFAULT_LOSS_SPIKE_WINDOW,
         loop=True,
