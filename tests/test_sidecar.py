@@ -472,7 +472,7 @@ def test_the_mode_and_the_evaluators_strategy_follow_the_flags_and_tf_config(
         assert loop_flags.mode() == mode
         assert loop_flags.strategy_name() == strategy
         arguments = loop_flags.loop_arguments("a strategy", "/run", actions=["an export"])
-    model_dir = arguments["config"].outputs.model_dir
+    model_dir = arguments["config"].controller.model_dir
     if mode == "train":
         assert model_dir == "/run" and arguments["actions"] == ["an export"]
     else:
