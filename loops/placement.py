@@ -37,6 +37,7 @@ everywhere else (`Placement.table_row_blocks`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import operator
@@ -314,7 +315,10 @@ def num_parameter_servers(strategy: tf.distribute.Strategy) -> int:
 
 
 _splitting = threading.local()
-_in_force = threading.local()
+# The placement a Trainer holds in force while its definition builds (`in_force`).
+_IN_FORCE: contextvars.ContextVar[Placement | None] = contextvars.ContextVar(
+    "placement_in_force", default=None
+)
 
 
 @contextlib.contextmanager
@@ -322,18 +326,17 @@ def in_force(where: Placement) -> Iterator[None]:
     """Inside (in this thread), `current` answers `where` for its strategy: the Trainer holds
     its placement in force while the definition builds, so that the tables made there take
     the run's placement (its mode and global batch), not one read again from the strategy."""
-    before = getattr(_in_force, "placement", None)
-    _in_force.placement = where
+    token = _IN_FORCE.set(where)
     try:
         yield
     finally:
-        _in_force.placement = before
+        _IN_FORCE.reset(token)
 
 
 def current(strategy: tf.distribute.Strategy, parameter_server_mode: str) -> Placement:
     """The placement `in_force` for `strategy`; else `strategy`'s in `parameter_server_mode`
     with no global batch (a table built outside a Trainer, by code that said the mode)."""
-    where = getattr(_in_force, "placement", None)
+    where = _IN_FORCE.get()
     if where is not None and where.strategy is strategy:
         return where
     return Placement.of(strategy, parameter_server_mode)

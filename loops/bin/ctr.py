@@ -19,17 +19,13 @@ def _training() -> ctr_training.CTRTraining:
     """The training the flags describe; its optimizers made once its rows are split."""
     optimizer = loop_flags.setting_values(training_settings.OPTIMIZER)
     tables = loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
-    rate, steps = FLAGS.learning_rate, FLAGS.train_steps
     copies = training_settings.table_weight_copies(optimizer, tables)
     return ctr_training.CTRTraining(
         loop_flags.setting_values(data_settings.CTR_DATA),
         loop_flags.setting_values(model_settings.CTR),
         seed=FLAGS.seed,
         global_batch_size=FLAGS.global_batch_size,
-        optimizers=lambda: (
-            training_settings.optimizer_fn(optimizer, learning_rate=rate, total_steps=steps),
-            training_settings.table_optimizer_fns(tables, learning_rate=rate),
-        ),
+        optimizers=training_settings.flag_optimizers(),
         weight_copies=(copies, training_settings.weight_copies(optimizer)),
         checked=_checked,
         **loop_flags.clip_norm_argument(),

@@ -17,17 +17,12 @@ FLAGS = flags.FLAGS
 def _training() -> recommender_training.RecommenderTraining:
     """The training the flags describe; its optimizers made once its log is read and checked."""
     optimizer = loop_flags.setting_values(training_settings.OPTIMIZER)
-    tables = loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
-    rate, steps = FLAGS.learning_rate, FLAGS.train_steps
     return recommender_training.RecommenderTraining(
         loop_flags.setting_values(model_settings.RECOMMENDER),
         loop_flags.setting_values(data_settings.INTERACTIONS),
         seed=FLAGS.seed,
         global_batch_size=FLAGS.global_batch_size,
-        optimizers=lambda: (
-            training_settings.optimizer_fn(optimizer, learning_rate=rate, total_steps=steps),
-            training_settings.table_optimizer_fns(tables, learning_rate=rate),
-        ),
+        optimizers=training_settings.flag_optimizers(),
         weight_copies=training_settings.weight_copies(optimizer),
         **loop_flags.clip_norm_argument(),
     )

@@ -190,6 +190,21 @@ def table_optimizer_fns(
     return (None, optimizer) if values["placed_tables"] else (optimizer, None)
 
 
+def flag_optimizers() -> Callable[[], tuple[Callable[[], Any], tuple]]:
+    """() -> (the optimizer function, the table optimizer functions: `table_optimizer_fns`) of
+    the OPTIMIZER and TABLE_OPTIMIZER flags, --learning_rate and --train_steps, read now and
+    made when called (a binary makes them once its data is read and checked)."""
+    optimizer, tables = (
+        loop_flags.setting_values(OPTIMIZER),
+        loop_flags.setting_values(TABLE_OPTIMIZER),
+    )
+    rate, steps = flags.FLAGS.learning_rate, flags.FLAGS.train_steps
+    return lambda: (
+        optimizer_fn(optimizer, learning_rate=rate, total_steps=steps),
+        table_optimizer_fns(tables, learning_rate=rate),
+    )
+
+
 # The full-size slots each optimizer keeps beside the weights: Adam's two moments, momentum's
 # velocity, none for plain SGD.
 _SLOTS = {"adam": 2, "momentum": 1, "sgd": 0}

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private
+from loops.tables import table_optimizers
 
 
 class LazyAdam(keras.optimizers.Optimizer):
@@ -52,14 +53,7 @@ class LazyAdam(keras.optimizers.Optimizer):
     def build(self, var_list) -> None:
         if self.built:
             return
-        for variable in var_list:
-            if len(variable.shape) != 2:
-                raise ValueError(
-                    f"LazyAdam trains tables of rows (2-D variables); {_name(variable)} has "
-                    f"shape {tuple(variable.shape)}: train it with another optimizer "
-                    "(loops.Update(..., table_optimizer=LazyAdam()) trains only the tables "
-                    "with it)."
-                )
+        table_optimizers.check_tables(self, var_list)
         super().build(var_list)
         for slot, lists in self.SLOTS:
             made = [self.add_variable_from_reference(v, name=slot) for v in var_list]
@@ -121,7 +115,3 @@ def apply_rows(
     velocity.scatter_update(tf.IndexedSlices(tf.where(moved, v, before_v), ids))
     step = (m * alpha) / (tf.sqrt(v) + optimizer.epsilon)
     variable.scatter_sub(tf.IndexedSlices(tf.where(moved, step, tf.zeros_like(step)), ids))
-
-
-def _name(variable: Any) -> str:
-    return getattr(variable, "path", None) or variable.name

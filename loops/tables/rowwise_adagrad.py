@@ -18,6 +18,7 @@ from typing import Any
 import keras
 
 from loops import keras_private
+from loops.tables import table_optimizers
 
 
 class RowwiseAdagrad(keras.optimizers.Optimizer):
@@ -47,14 +48,7 @@ class RowwiseAdagrad(keras.optimizers.Optimizer):
     def build(self, var_list) -> None:
         if self.built:
             return
-        for variable in var_list:
-            if len(variable.shape) != 2:
-                raise ValueError(
-                    f"RowwiseAdagrad trains tables of rows (2-D variables); "
-                    f"{variable.path} has shape {tuple(variable.shape)}: train it with "
-                    "another optimizer (loops.Update(..., table_optimizer=RowwiseAdagrad())"
-                    " trains only the tables with it)."
-                )
+        table_optimizers.check_tables(self, var_list)
         super().build(var_list)
         initializer = keras.initializers.Constant(self.initial_accumulator_value)
         self.accumulators = [
