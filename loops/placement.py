@@ -7,7 +7,9 @@ table's rows are split ...) instead of branching on a strategy's name. The
 Trainer builds one from its strategy, its `parameter_server_mode` and its global
 batch size, and hands it to every part: the definition (`self.placement`), its
 Updates (`UpdateContext.placement`), the tables it builds (`in_force`, around the
-build) and the input. Code that trains without a Trainer makes its own with
+build) and the executors; the input, handed a strategy (`loops.distribute`), reads
+one from it, since it asks nothing the mode or the global batch changes. Code that
+trains without a Trainer makes its own with
 `Placement.of(strategy, mode)`; the mode is always said, never assumed.
 
 Under `tf.distribute.ParameterServerStrategy` the variables live on the `ps`
