@@ -83,7 +83,6 @@ _RUNNABLE = {
     "eval_every": 2,
     "checkpoint_every": 2,
     "profile_steps": (1, 2),
-    "run_eagerly": False,
     "loss_scale_growth_steps": 100,
     "early_stopping_patience": 5,
 }
