@@ -231,9 +231,22 @@ def from_table(
     fitted = feature_tables.fit(spec, _table_rows(table, train))
     columns, labels = fitted.arrays(table)
     everything = Rows({name: _model_type(array) for name, array in columns.items()}, labels)
+    return SplitTable(
+        everything.taken(train),
+        everything.taken(validation) if validation_fraction else None,
+        everything.taken(test),
+        features_of(fitted),
+        f"{table.path}, {rows} rows",
+        _split_words(test_fraction, validation_fraction, seed),
+        fitted,
+    )
+
+
+def features_of(fitted: feature_tables.FittedFeatures) -> dict[str, Any]:
+    """The columns of a fitted spec by kind: the arguments of `loops_models.ctr.CTRFeatures`."""
     cardinalities = fitted.cardinalities()
     features: dict[str, Any] = {"numeric": [], "categorical": {}, "multi_hot": {}}
-    for column in spec.columns:
+    for column in fitted.spec.columns:
         if column.kind == "numeric":
             features["numeric"].append(column.name)
         elif column.kind == "categorical":
@@ -241,15 +254,7 @@ def from_table(
         else:
             bag = (cardinalities[column.name], column.option("pooling"))
             features["multi_hot"][column.name] = bag
-    return SplitTable(
-        everything.taken(train),
-        everything.taken(validation) if validation_fraction else None,
-        everything.taken(test),
-        features,
-        f"{table.path}, {rows} rows",
-        _split_words(test_fraction, validation_fraction, seed),
-        fitted,
-    )
+    return features
 
 
 def _table_rows(table: feature_tables.Table, index: np.ndarray) -> feature_tables.Table:
@@ -274,14 +279,22 @@ def figures(logits_of: Callable[[Mapping[str, np.ndarray]], np.ndarray], rows: R
     """The test figures of a model (`logits_of`: columns -> a logit a row) on `rows`: auc,
     log_loss, accuracy, mean_prediction, positive_rate, calibration (their ratio), examples,
     and planted_auc for a generated log."""
-    from loops.kinds.library.ranking_metrics import auc
-
     chunks = [
         np.asarray(logits_of({name: a[start : start + 8192] for name, a in rows.columns.items()}))
         for start in range(0, len(rows), 8192)
     ]
-    logits = np.concatenate(chunks).reshape(-1).astype(np.float64)
-    labels = rows.labels.astype(np.float64)
+    result = figures_of(np.concatenate(chunks), rows.labels)
+    if rows.truth_logits is not None:
+        result["planted_auc"] = planted_auc(rows)
+    return result
+
+
+def figures_of(logits: np.ndarray, labels: np.ndarray) -> dict:
+    """`figures` of a model's logits of some rows and their labels."""
+    from loops.kinds.library.ranking_metrics import auc
+
+    logits = logits.reshape(-1).astype(np.float64)
+    labels = labels.astype(np.float64)
     # The log loss as tf.nn.sigmoid_cross_entropy_with_logits computes it, stably.
     losses = np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))
     mean_prediction = float(np.mean(1 / (1 + np.exp(-logits))))
@@ -293,10 +306,8 @@ def figures(logits_of: Callable[[Mapping[str, np.ndarray]], np.ndarray], rows: R
         "mean_prediction": mean_prediction,
         "positive_rate": positive_rate,
         "calibration": mean_prediction / positive_rate if positive_rate else float("nan"),
-        "examples": len(rows),
+        "examples": len(labels),
     }
-    if rows.truth_logits is not None:
-        result["planted_auc"] = planted_auc(rows)
     return result
 
 

@@ -16,6 +16,7 @@ from loops_models import settings as model_settings
 
 if TYPE_CHECKING:
     from loops.input.feature_tables import FeatureSpec, FittedFeatures
+    from loops_data.ctr_streams import StreamedTable
     from loops_data.ctr_tables import SplitTable
 
 # What the export's default signature takes and gives (`loops.cli.flags.binary_arguments`').
@@ -85,7 +86,14 @@ class CTRTraining:
         self.optimizers, self.weight_copies = optimizers, weight_copies
         self.loop_options = {} if clip_norm is None else {"clip_norm": clip_norm}
         self.checked = {} if checked is None else checked
-        self._table: SplitTable | None = None
+        self._table: SplitTable | StreamedTable | None = None
+
+    @property
+    def streamed(self) -> bool:
+        """Whether --data names a log of shards, streamed (`loops_data.ctr_streams`)."""
+        from loops_data.ctr_streams import names_shards
+
+        return names_shards(self.data["data"], self.data.get("format"))
 
     @property
     def files(self) -> dict[str, str]:
@@ -119,8 +127,12 @@ class CTRTraining:
         from loops_data import ctr_tables
 
         fitted = None
-        if self.data["data"] is not None:
+        if self.streamed:
+            spec, _, fitted = self._checked_log()
+        elif self.data["data"] is not None:
             spec, table, fitted = ctr_tables.checked_fit(self.data["data"], self.data["spec"])
+            self.checked.update(table=table)
+        if fitted is not None:
             if self.model["model"] == "dlrm" and not any(c.kind == "numeric" for c in spec.columns):
                 raise ValueError(
                     f"--model=dlrm's bottom MLP reads the numeric columns and "
@@ -128,12 +140,28 @@ class CTRTraining:
                     "pass --model=dcn_v2."
                 )
             self._check_served_names(spec)
-            self.checked.update(spec=spec, table=table)
+            self.checked.update(spec=spec)
         else:
             ctr_tables.check_generated_rows_fit(self.data["generated_rows"])
         self._check_model_fits(fitted)
         identity = self.checked["identity"] = self._identity()
         run_config.refuse_other_training_data(model_dir, identity)
+
+    def _checked_log(self) -> tuple[FeatureSpec, Any, FittedFeatures]:
+        """The spec, the indexed log of shards and its training rows' statistics, read and
+        checked once (one streaming pass: `loops_data.ctr_streams.checked_log_fit`)."""
+        if "log" not in self.checked:
+            from loops_data import ctr_streams
+
+            read = ctr_streams.checked_log_fit(
+                self.data["data"],
+                self.data["spec"],
+                file_format=self.data.get("format"),
+                test_fraction=self.data["test_fraction"],
+                validation_fraction=self.data["validation_fraction"],
+            )
+            self.checked.update(zip(("spec", "log", "fitted"), read))
+        return self.checked["spec"], self.checked["log"], self.checked["fitted"]
 
     def _check_served_names(self, spec: FeatureSpec) -> None:
         """Refuses a spec two of whose columns the export would serve under one name, before
@@ -174,14 +202,23 @@ class CTRTraining:
         from loops.input import log_identity
 
         generated = self.data["data"] is None
-        return log_identity.table_identity(
+        files = dict(self.files)
+        if self.streamed:
+            del files["data"]  # a log of shards is recorded by its shards' identities
+        identity = log_identity.table_identity(
             self.model["model"],
-            files=self.files,
+            files=files,
             generated={"generated_rows": self.data["generated_rows"]} if generated else {},
             test_fraction=self.data["test_fraction"],
             validation_fraction=self.data["validation_fraction"],
             seed=self.seed,
         )
+        if self.streamed:
+            from loops_data.ctr_streams import log_record
+
+            identity["files"]["data"] = log_record(self._checked_log()[1])
+            identity["split"]["how"] = "row hash"
+        return identity
 
     def identity(self) -> dict[str, Any]:
         """What a run in a model_dir must share to go on from its checkpoints: the one `check`
@@ -201,6 +238,17 @@ class CTRTraining:
             )
             if self.data["data"] is None:
                 self._table = ctr_tables.generated(self.data["generated_rows"], **split)
+            elif self.streamed:
+                from loops_data.ctr_streams import StreamedTable
+
+                _, log, fitted = self._checked_log()
+                self._table = StreamedTable(
+                    log,
+                    fitted,
+                    self.data["test_fraction"],
+                    self.data["validation_fraction"],
+                    self.data.get("shuffle_window", 8),
+                )
             else:
                 if "spec" not in self.checked:
                     read = ctr_tables.checked_table(self.data["data"], self.data["spec"])
@@ -226,7 +274,10 @@ class CTRTraining:
         (`loops_data.ctr_tables.model_figures`)."""
         from loops_data import ctr_tables
 
-        return ctr_tables.model_figures(definition, self.split().test)
+        table = self.split()
+        if not isinstance(table, ctr_tables.SplitTable):
+            return table.test_figures(definition, self.global_batch_size)
+        return ctr_tables.model_figures(definition, table.test)
 
     def export(self, definition: Any, export_dir: str) -> str:
         """Exports the trained `definition`'s model to `export_dir`: a table's serving its raw
@@ -250,10 +301,14 @@ class CTRTraining:
         validation rows (its test rows without); `tables`: (its keras tables'
         table_optimizer_fn, its placed tables' optimizer_fn)."""
         import loops
+        from loops_data import ctr_tables
         from loops_models import ctr
 
         table = self.split()
-        evaluated = table.test if table.validation is None else table.validation
+        if isinstance(table, ctr_tables.SplitTable):
+            evaluated = len(table.test if table.validation is None else table.validation)
+        else:
+            evaluated = table.counts[table.evaluated]
         described = ctr.CTRFeatures(**table.features)
         model = dict(self.model)
         name = model.pop("model")
@@ -263,7 +318,7 @@ class CTRTraining:
             ),
             optimizer_fn=optimizer_fn,
             table_optimizer_fn=tables[0],
-            auc_examples=max(len(evaluated), 1),
+            auc_examples=max(evaluated, 1),
             eval_batch_size=self.global_batch_size,
             data_notes=table.notes(),
             **self.loop_options,
@@ -292,10 +347,13 @@ class CTRTraining:
         record = {**(arguments.get("record") or {}), run_config.RESUME_IDENTITY: identity}
         table = self.split()
         definition = self.definition(*self.optimizers())
-        data = ctr_tables.trainer_data(
-            table.train,
-            table.test if table.validation is None else table.validation,
-            global_batch_size=self.global_batch_size,
-            seed=self.seed,
-        )
+        if isinstance(table, ctr_tables.SplitTable):
+            data = ctr_tables.trainer_data(
+                table.train,
+                table.test if table.validation is None else table.validation,
+                global_batch_size=self.global_batch_size,
+                seed=self.seed,
+            )
+        else:
+            data = table.trainer_data(global_batch_size=self.global_batch_size, seed=self.seed)
         return loops.Trainer(definition, **data, **{**arguments, "record": record})

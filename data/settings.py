@@ -260,11 +260,34 @@ CTR_DATA: tuple[Setting, ...] = (
         "data",
         "data",
         "A feature table to train on: a CSV file (a header line, then comma-separated "
-        "fields) or a Parquet file, read by --spec. Default: a generated Criteo-shaped click "
+        "fields) or a Parquet file, read whole by --spec; or a log of shards streamed in "
+        "bounded memory: a directory, a glob, a TFRecord or TSV file, or any of them with "
+        "--format (docs/ctr.md, 'Sharded logs'). Default: a generated Criteo-shaped click "
         "log of --generated_rows rows with a planted logistic truth (numeric, categorical "
         "and multi-hot columns, power-law value frequencies).",
         "string",
         path=True,
+    ),
+    Setting(
+        "format",
+        "data",
+        "The format of --data's shards, which streams them: parquet, tfrecord "
+        "(tf.train.Example), csv, tsv, or criteo (Criteo's headerless TSV: label, I1..I13, "
+        "C1..C26). Default: by the shards' suffixes, and a single CSV or Parquet file read "
+        "whole.",
+        "enum",
+        default=None,
+        choices=("parquet", "tfrecord", "csv", "tsv", "criteo"),
+    ),
+    Setting(
+        "shuffle_window",
+        "data",
+        "With shards: the blocks (Parquet row groups, or 8192 records or lines) whose rows "
+        "are shuffled together each epoch, the blocks' order drawn anew each epoch; what "
+        "the stream holds at once.",
+        "integer",
+        default=8,
+        lower_bound=1,
     ),
     Setting(
         "spec",

@@ -57,8 +57,20 @@ POOLINGS = ("mean", "sum")
 # The options each kind takes besides its name and kind, with their defaults.
 _OPTIONS: dict[str, dict[str, Any]] = {
     "numeric": {"normalize": "standard", "fill": None},
-    "categorical": {"hash_buckets": None, "min_count": 1, "cross": None, "separator": "|"},
-    "multi_hot": {"hash_buckets": None, "min_count": 1, "separator": "|", "pooling": "mean"},
+    "categorical": {
+        "hash_buckets": None,
+        "min_count": 1,
+        "max_vocabulary": None,
+        "cross": None,
+        "separator": "|",
+    },
+    "multi_hot": {
+        "hash_buckets": None,
+        "min_count": 1,
+        "max_vocabulary": None,
+        "separator": "|",
+        "pooling": "mean",
+    },
 }
 _EXAMPLE = '{"label": "clicked", "columns": [{"name": "age", "kind": "numeric"}]}'
 
@@ -221,7 +233,7 @@ def _check_options(column: Column) -> None:
             raise ValueError(
                 f"Column {name!r} has {key}={options[key]!r}; use one of {', '.join(choices)}."
             )
-    for key in ("hash_buckets", "min_count"):
+    for key in ("hash_buckets", "min_count", "max_vocabulary"):
         value = options.get(key)
         if value is not None and not is_whole(value, 1):
             raise ValueError(f"Column {name!r} has {key}={value!r}; give a whole number >= 1.")
@@ -411,8 +423,8 @@ def _parquet_table(path: str) -> Table:
     columns, undecodable = {}, {}
     for name in table.column_names:
         values = table[name].to_pylist()
-        if _holds_bytes(table.schema.field(name).type):
-            values = [_decoded(value) for value in values]
+        if holds_bytes(table.schema.field(name).type):
+            values = [decoded(value) for value in values]
             row = next((row for row, value in enumerate(values) if _undecoded(value)), None)
             if row is not None:
                 undecodable[name] = row
@@ -420,12 +432,12 @@ def _parquet_table(path: str) -> Table:
     return Table(path, columns, "row", 0, undecodable)
 
 
-def _holds_bytes(kind: Any) -> bool:
+def holds_bytes(kind: Any) -> bool:
     """Whether a Parquet column of this pyarrow type holds bytes (alone or in lists)."""
     import pyarrow.types as types
 
     if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
-        return _holds_bytes(kind.value_type)
+        return holds_bytes(kind.value_type)
     return bool(
         types.is_binary(kind)
         or types.is_large_binary(kind)
@@ -434,11 +446,11 @@ def _holds_bytes(kind: Any) -> bool:
     )
 
 
-def _decoded(value: Any) -> Any:
+def decoded(value: Any) -> Any:
     """A binary value as its UTF-8 text (a list of them as a list), as a CSV file's text reads;
     bytes that are not UTF-8 stay bytes, refused if the spec reads their column."""
     if isinstance(value, list):
-        return [_decoded(item) for item in value]
+        return [decoded(item) for item in value]
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
@@ -504,17 +516,17 @@ class FittedFeatures:
                 closest), a crossed column's name that is a column of the table, or a field
                 that is not what its column takes, naming the row and the value.
         """
-        _check_header(self.spec, table)
+        check_header(self.spec, table)
         columns = {}
         for column in self.spec.columns:
-            fields = _fields(column, table)
+            fields = fields_of(column, table)
             if column.kind == "numeric":
-                values = _numbers(column, fields, table)
+                values = numbers_of(column, fields, table)
                 columns[column.name] = _normalized(column, values, self.scales[column.name], table)
             else:
-                bags = _bags(column, fields, table)
+                bags = bags_of(column, fields, table)
                 columns[column.name] = self._rows_of(column, bags)
-        return columns, _labels(self.spec, table)
+        return columns, labels_of(self.spec, table)
 
     def _rows_of(self, column: Column, bags: list[list[str]]) -> np.ndarray:
         flat = [value for bag in bags for value in bag]
@@ -542,26 +554,34 @@ def fit(spec: FeatureSpec, table: Table) -> FittedFeatures:
         ValueError: as `FittedFeatures.arrays`, for the training rows, or labels of one value
             alone (nothing to learn).
     """
-    _check_header(spec, table)
-    labels = _labels(spec, table)
+    check_header(spec, table)
+    labels = labels_of(spec, table)
     vocabularies: dict[str, list[str]] = {}
     scales: dict[str, tuple[float, float]] = {}
     for column in spec.columns:
-        fields = _fields(column, table)
+        fields = fields_of(column, table)
         if column.kind == "numeric":
-            values = _numbers(column, fields, table)
+            values = numbers_of(column, fields, table)
             scales[column.name] = _scale(column, values)
             _normalized(column, values, scales[column.name], table)  # each within float32
         elif not column.option("hash_buckets"):
-            counts = collections.Counter(v for bag in _bags(column, fields, table) for v in bag)
-            kept = [value for value, count in counts.items() if count >= column.option("min_count")]
-            # Most frequent first, then by name: the same vocabulary from the same rows.
-            vocabularies[column.name] = sorted(kept, key=lambda value: (-counts[value], value))
+            counts = collections.Counter(v for bag in bags_of(column, fields, table) for v in bag)
+            vocabularies[column.name] = vocabulary_of(column, counts)
     _check_both_labels(spec, table, labels)
     return FittedFeatures(spec, vocabularies, scales)
 
 
-def _check_header(spec: FeatureSpec, table: Table) -> None:
+def vocabulary_of(column: Column, counts: Mapping[str, int]) -> list[str]:
+    """A column's vocabulary from its values' counts: the values seen `min_count` times or
+    more, most frequent first, then by value (the same vocabulary from the same rows, in any
+    order), the first `max_vocabulary` of them (all when None)."""
+    kept = [value for value, count in counts.items() if count >= column.option("min_count")]
+    ordered = sorted(kept, key=lambda value: (-counts[value], value))
+    most = column.option("max_vocabulary")
+    return ordered if most is None else ordered[:most]
+
+
+def check_header(spec: FeatureSpec, table: Table) -> None:
     """Refuses a label or column the table lacks, a crossed column that crosses one, or a
     crossed column named as a column the table has."""
     for name in (spec.label, *(column.name for column in spec.columns if not column.crosses())):
@@ -596,7 +616,7 @@ def _check_has(table: Table, name: str, start: str) -> None:
         )
 
 
-def _fields(column: Column, table: Table) -> Sequence[Any]:
+def fields_of(column: Column, table: Table) -> Sequence[Any]:
     """The fields `column` reads: the table's column of its name, or a crossed column's
     joined values (`_crossed`)."""
     return _crossed(column, table) if column.crosses() else table.columns[column.name]
@@ -626,7 +646,7 @@ def _crossed(column: Column, table: Table) -> list[str]:
     return joined
 
 
-def _numbers(column: Column, fields: Sequence[Any], table: Table) -> np.ndarray:
+def numbers_of(column: Column, fields: Sequence[Any], table: Table) -> np.ndarray:
     fill, values = column.option("fill"), np.empty(len(fields), np.float64)
     for row, field in enumerate(fields):
         if field is None or (isinstance(field, str) and not field.strip()):
@@ -704,7 +724,7 @@ def _normalized(
     return prepared
 
 
-def _bags(column: Column, fields: Sequence[Any], table: Table) -> list[list[str]]:
+def bags_of(column: Column, fields: Sequence[Any], table: Table) -> list[list[str]]:
     """Each row's values as text: one for a categorical column, any number for a multi-hot
     one (a list, or text split at its separator; an empty field an empty bag)."""
     separator = column.option("separator") if column.kind == "multi_hot" else None
@@ -743,7 +763,7 @@ def _hashed(values: list[str], buckets: int) -> np.ndarray:
     return tf.strings.to_hash_bucket_fast(values, buckets).numpy().astype(np.int64)
 
 
-def _labels(spec: FeatureSpec, table: Table) -> np.ndarray:
+def labels_of(spec: FeatureSpec, table: Table) -> np.ndarray:
     fields = table.columns[spec.label]
     if spec.positive is not None:
         texts = [_text(field) for field in fields]
@@ -784,7 +804,7 @@ def _check_both_labels(spec: FeatureSpec, table: Table, labels: np.ndarray) -> N
         return
     if spec.positive is None:
         value, both = f"is {labels[0]:.0f}", "0 and 1"
-    else:  # every row holds `positive`: a label without it is refused by `_labels`
+    else:  # every row holds `positive`: a label without it is refused by `labels_of`
         value, both = f"holds {spec.positive!r} (positive)", f"{spec.positive!r} and another"
     raise ValueError(
         f"Label column {spec.label!r} of {table.path} {value} on all {len(labels)} rows: with "

@@ -14,6 +14,7 @@ nothing here imports TensorFlow.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -111,6 +112,18 @@ def file_record(path: str) -> dict[str, Any]:
         "path": os.path.abspath(path),
         "bytes": os.path.getsize(path),
         "sha256": file_sha256(path),
+    }
+
+
+def shards_record(root: str, shards: Mapping[str, Any]) -> dict[str, Any]:
+    """A sharded log as `file_record` records a file: its root, its bytes and the SHA-256 of
+    its shards' identities (`loops.input.sharded_logs.ShardedLog.identity`: names, sizes and
+    checksums), so that a shard changed, added or gone is another log."""
+    text = json.dumps(dict(shards), sort_keys=True).encode("utf-8")
+    return {
+        "path": os.path.abspath(root),
+        "bytes": sum(shard["size"] for shard in shards["shards"]),
+        "sha256": hashlib.sha256(text).hexdigest(),
     }
 
 

@@ -1,0 +1,149 @@
+"""The rows `loops-ctr` trains on when --data names shards (a directory, a glob, or a --format):
+a sharded feature log (`loops.input.feature_streams`) split by each row's place in its shard,
+its statistics fitted in one streaming pass before TensorFlow starts, read as streamed global
+batches, and its test rows streamed once for the test figures.
+
+Nothing here imports TensorFlow when loaded: the binary checks the log before TensorFlow
+starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from loops.input import feature_tables, sharded_logs
+
+# Where a log's rows fall between parts, in words (results.json's "data": "split").
+SPLIT_WORDS = (
+    "by a hash of each row's shard name and row number: test {test:g} of the rows{validation}"
+)
+
+
+def names_shards(data: str | None, file_format: str | None) -> bool:
+    """Whether --data (with --format) names a sharded log rather than one table read whole: a
+    directory, a glob, a --format, or a TFRecord or TSV file."""
+    if data is None:
+        return False
+    if file_format is not None or os.path.isdir(data) or glob.has_magic(data):
+        return True
+    return os.path.splitext(data)[1].lower() in (".tfrecord", ".tfrecords", ".tfrec", ".tsv")
+
+
+@dataclasses.dataclass
+class StreamedTable:
+    """A sharded feature log split and fitted: what `CTRTraining` reads of its rows."""
+
+    log: sharded_logs.ShardedLog
+    fitted: feature_tables.FittedFeatures
+    test_fraction: float
+    validation_fraction: float
+    window_blocks: int
+
+    def __post_init__(self) -> None:
+        from loops.input.feature_streams import FeatureLog, Split
+
+        self.rows = FeatureLog(
+            self.log, self.fitted, Split(self.test_fraction, self.validation_fraction)
+        )
+        self.counts = self.rows.row_counts()
+        from loops_data.ctr_tables import features_of
+
+        self.features = features_of(self.fitted)
+        empty = [p for p in ("train", "test") if not self.counts[p]]
+        if self.validation_fraction and not self.counts["validation"]:
+            empty.append("validation")
+        if empty:
+            raise ValueError(
+                f"The split of {self.log.root} ({self.log.num_rows} rows) by --test_fraction="
+                f"{self.test_fraction} and --validation_fraction={self.validation_fraction} "
+                f"leaves no {' or '.join(empty)} rows; give more rows or larger fractions."
+            )
+
+    @property
+    def evaluated(self) -> str:
+        """The part evaluated during training: validation, or test without one."""
+        return "validation" if self.validation_fraction else "test"
+
+    def notes(self) -> dict[str, Any]:
+        validation = (
+            f"; validation {self.validation_fraction:g} of the rest"
+            if self.validation_fraction
+            else ""
+        )
+        return {
+            "source": f"{self.log.root}, {self.log.format}, {len(self.log.shards)} shards, "
+            f"{self.log.num_rows} rows (streamed)",
+            "split": SPLIT_WORDS.format(test=self.test_fraction, validation=validation),
+            "train_rows": self.counts["train"],
+            "validation_rows": self.counts["validation"] if self.validation_fraction else 0,
+            "test_rows": self.counts["test"],
+        }
+
+    def trainer_data(self, *, global_batch_size: int, seed: int) -> dict[str, Any]:
+        """The Trainer's `train_data` (streamed shuffled batches, resumable at any batch) and
+        `eval_data` (one pass over the evaluated part)."""
+        return dict(
+            train_data=self.rows.train_batches(
+                global_batch_size=global_batch_size, seed=seed, window_blocks=self.window_blocks
+            ),
+            eval_data=self.rows.eval_batches(self.evaluated, global_batch_size=global_batch_size),
+        )
+
+    def test_figures(self, definition: Any, global_batch_size: int) -> dict[str, Any]:
+        """The trained definition's figures on the test rows, streamed once (their logits and
+        labels kept: 12 bytes a row)."""
+        from loops_data.ctr_tables import figures_of
+
+        logits, labels = [], []
+        for columns, batch_labels in self.rows.eval_batches(
+            "test", global_batch_size=global_batch_size
+        )():
+            logits.append(definition.logits(columns).numpy().reshape(-1))
+            labels.append(batch_labels.numpy())
+        return figures_of(np.concatenate(logits), np.concatenate(labels))
+
+
+def checked_log_fit(
+    data: str,
+    spec: str,
+    *,
+    file_format: str | None,
+    test_fraction: float,
+    validation_fraction: float,
+) -> tuple[feature_tables.FeatureSpec, sharded_logs.ShardedLog, feature_tables.FittedFeatures]:
+    """The spec and the sharded log of --data and --spec, indexed, and the statistics of its
+    training rows fitted in one pass that checks every field they hold (before TensorFlow
+    starts).
+
+    Raises:
+        ValueError: a spec file missing or not a spec, a log that cannot be read, or a field its
+            column does not take, naming the file, the value and the fix.
+    """
+    from loops.input.streaming_fit import Split, fit_log
+
+    if not os.path.isfile(spec):
+        raise ValueError(
+            f"--spec={spec} is not a file; name a JSON file that exists (the feature spec: "
+            "docs/ctr.md)."
+        )
+    parsed = feature_tables.FeatureSpec.read(spec)
+    try:
+        log = sharded_logs.ShardedLog.open(data, file_format=file_format)
+        fitted = fit_log(parsed, log, Split(test_fraction, validation_fraction).bands()["train"])
+    except ValueError as error:
+        raise ValueError(f"{error} (--data={data}, --spec={spec})") from None
+    return parsed, log, fitted
+
+
+def log_record(log: sharded_logs.ShardedLog) -> Mapping[str, Any]:
+    """The log as a run's identity records a file: its root, bytes and a hash of its shards'
+    identities (`loops.input.log_identity.shards_record`)."""
+    from loops.input.log_identity import shards_record
+
+    return shards_record(log.root, log.identity())
