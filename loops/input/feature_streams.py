@@ -16,18 +16,20 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops.input import log_streams
-from loops.input.feature_tables import FittedFeatures, Table
-from loops.input.sharded_logs import LogPart, ShardedLog
+from loops.input import arrow_features, log_streams
+from loops.input.feature_tables import FittedFeatures
+from loops.input.sharded_logs import BlockTable, LogPart, ShardedLog
 from loops.input.streaming_fit import Split
 
 
 def prepared(fitted: FittedFeatures):
     """A block's rows -> (columns, labels) as a CTRLoop reads them: ids int32, numbers and
-    labels float32 (`FittedFeatures.arrays`)."""
+    labels float32 (`arrow_features.Prepared`, else `FittedFeatures.arrays` row by row)."""
+    vectorized = arrow_features.Prepared(fitted)
 
-    def prepare(table: Table) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        columns, labels = fitted.arrays(table)
+    def prepare(block: BlockTable) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        found = vectorized.arrays(block.arrow)
+        columns, labels = found or fitted.arrays(block.table(), part=True)
         return {
             name: array.astype(np.int32) if array.dtype.kind == "i" else array
             for name, array in columns.items()

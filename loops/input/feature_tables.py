@@ -303,9 +303,12 @@ class Table:
     # A Parquet binary column that holds bytes that are not UTF-8: its first such row. Reading
     # the column is refused; a table may hold such a column that the spec does not read.
     undecodable: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Some rows of a file (a split's rows of a shard's block): each row's number in it, from 0.
+    row_numbers: Sequence[int] | None = None
 
     def where(self, row: int) -> str:
-        return f"{self.path} {self.row_word} {self.first_row + row}"
+        number = row if self.row_numbers is None else self.row_numbers[row]
+        return f"{self.path} {self.row_word} {self.first_row + number}"
 
 
 # The refusals of `log_text` in a feature table's words.
@@ -506,10 +509,13 @@ class FittedFeatures:
         scales = {name: (float(a), float(b)) for name, (a, b) in saved["scales"].items()}
         return cls(FeatureSpec.from_json(saved["spec"]), saved["vocabularies"], scales)
 
-    def arrays(self, table: Table) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """(column name -> array, labels) of `table`'s rows: numeric columns float32 after
-        normalization, categorical int64 rows (a crossed column's of the values it joins),
-        multi-hot int64 rows padded with `PAD_ID`; labels float32 0/1.
+    def arrays(
+        self, table: Table, *, part: bool = False
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """(column name -> array, labels) of `table`'s rows (`part`: a block of a log, as
+        `labels_of` takes it): numeric columns float32 after normalization, categorical int64
+        rows (a crossed column's of the values it joins), multi-hot int64 rows padded with
+        `PAD_ID`; labels float32 0/1.
 
         Raises:
             ValueError: a spec column or crossed column missing from the table (naming the
@@ -526,7 +532,7 @@ class FittedFeatures:
             else:
                 bags = bags_of(column, fields, table)
                 columns[column.name] = self._rows_of(column, bags)
-        return columns, labels_of(self.spec, table)
+        return columns, labels_of(self.spec, table, part=part)
 
     def _rows_of(self, column: Column, bags: list[list[str]]) -> np.ndarray:
         flat = [value for bag in bags for value in bag]
@@ -635,7 +641,7 @@ def _crossed(column: Column, table: Table) -> list[str]:
             where = f"{table.where(row)}: column {source!r}, crossed by {column.name!r},"
             if isinstance(value, (list, tuple)):
                 raise ValueError(f"{where} holds a list ({value!r}); cross single values.")
-            text = "" if value is None else _text(value)
+            text = "" if value is None else text_of(value)
             if separator in text:
                 raise ValueError(
                     f"{where} holds {text!r}, which has the cross's separator {separator!r}; "
@@ -736,17 +742,18 @@ def bags_of(column: Column, fields: Sequence[Any], table: Table) -> list[list[st
                     f"{table.where(row)}: categorical column {column.name!r} holds a list "
                     f"({field!r}); make it a multi_hot column."
                 )
-            bags.append(["" if field is None else _text(field)])
+            bags.append(["" if field is None else text_of(field)])
         elif isinstance(field, (list, tuple)):
-            bags.append([_text(value) for value in field if value is not None])
+            bags.append([text_of(value) for value in field if value is not None])
         elif field is None or field == "":
             bags.append([])
         else:
-            bags.append(_text(field).split(separator))
+            bags.append(text_of(field).split(separator))
     return bags
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
+    """A value as a categorical column reads it."""
     # 3 and 3.0 of a Parquet column are one category, as "3" of a CSV file.
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -763,12 +770,15 @@ def _hashed(values: list[str], buckets: int) -> np.ndarray:
     return tf.strings.to_hash_bucket_fast(values, buckets).numpy().astype(np.int64)
 
 
-def labels_of(spec: FeatureSpec, table: Table) -> np.ndarray:
+def labels_of(spec: FeatureSpec, table: Table, *, part: bool = False) -> np.ndarray:
+    """The table's labels as 0/1 float32. A table of `positive` and one other value; `part`: a
+    part of a log (a block), which may hold one of them alone (the log's statistics pass
+    checks the whole)."""
     fields = table.columns[spec.label]
     if spec.positive is not None:
-        texts = [_text(field) for field in fields]
+        texts = [text_of(field) for field in fields]
         others = sorted(set(texts) - {spec.positive})
-        if len(others) > 1 or spec.positive not in texts:
+        if len(others) > 1 or (spec.positive not in texts and not part):
             raise ValueError(
                 f"Label column {spec.label!r} of {table.path} holds "
                 f"{', '.join(map(repr, sorted(set(texts))[:6]))}: with positive="

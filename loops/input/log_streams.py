@@ -23,13 +23,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from loops.input.feature_tables import Table
 from loops.input.random_access import SeekableBatches
-from loops.input.sharded_logs import LogPart, ShardedLog
+from loops.input.sharded_logs import BlockTable, LogPart, ShardedLog
 from loops.vocabulary.whole_numbers import check_whole
 
 # A block's rows as the step reads them: a nest of arrays, rows first.
-Prepare = Callable[[Table], Any]
+Prepare = Callable[[BlockTable], Any]
 
 
 @dataclasses.dataclass

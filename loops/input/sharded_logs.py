@@ -77,6 +77,52 @@ class Block:
     end: int
 
 
+class BlockTable:
+    """A block's rows as a pyarrow table (`arrow`), and as a `feature_tables.Table` of Python
+    values when asked (`table()`: the row-by-row checks' sentences name the shard and row)."""
+
+    def __init__(self, path: str, arrow: Any, row_word: str, first_row: int, rows: Any = None):
+        self.path, self.arrow, self.row_word, self.first_row = path, arrow, row_word, first_row
+        self.rows = rows  # each row's number in its block (None: all of them, in order)
+        self._table: Table | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.arrow.num_rows)
+
+    def table(self) -> Table:
+        if self._table is None:
+            from loops.input import feature_tables
+
+            columns, undecodable = {}, {}
+            for name in self.arrow.column_names:
+                values = self.arrow[name].to_pylist()
+                if feature_tables.holds_bytes(self.arrow.schema.field(name).type):
+                    values = [feature_tables.decoded(value) for value in values]
+                    row = next((r for r, v in enumerate(values) if _undecoded(v)), None)
+                    if row is not None:
+                        undecodable[name] = row
+                columns[name] = values
+            self._table = Table(
+                self.path, columns, self.row_word, self.first_row, undecodable, self.rows
+            )
+        return self._table
+
+    def taken(self, index: np.ndarray) -> BlockTable:
+        """The rows at `index` (a split's rows of the block)."""
+        import pyarrow
+
+        rows = index if self.rows is None else np.asarray(self.rows)[index]
+        arrow = self.arrow.take(pyarrow.array(index))
+        return BlockTable(self.path, arrow, self.row_word, self.first_row, rows)
+
+
+def _undecoded(value: Any) -> bool:
+    return isinstance(value, bytes) or (
+        isinstance(value, list) and any(isinstance(item, bytes) for item in value)
+    )
+
+
 class ShardedLog:
     """The shards of a log and their blocks (`open`); `read(b)` reads block b alone.
 
@@ -152,19 +198,18 @@ class ShardedLog:
             raise ValueError(f"{pattern} holds {len(shards)} shards and no rows; a log needs rows.")
         return cls(file_format, root, shards, blocks, columns or [])
 
-    def read(self, block: int) -> Table:
-        """Block `block`'s rows as a `feature_tables.Table` (a text shard's fields as text, a
-        Parquet or TFRecord shard's as their values), named by its shard and first row."""
+    def read(self, block: int) -> BlockTable:
+        """Block `block`'s rows (a text shard's fields as text, a Parquet or TFRecord shard's as
+        their values), named by its shard and first row."""
         where = self.blocks[block]
         shard = self.shards[where.shard]
         self.opened.append(where.shard)
-        columns = _READERS[self.format](shard.path, where, self.columns)
+        arrow = _READERS[self.format](shard.path, where, self.columns)
         # How a sentence names a row: a text shard's line (below its header), else its row.
         lines = {"csv": 2, "tsv": 2, "criteo": 1}.get(self.format)
-        word, first = (
-            ("row", where.first_row) if lines is None else ("line", where.first_row + lines)
-        )
-        return Table(shard.path, columns, word, first)
+        if lines is None:
+            return BlockTable(shard.path, arrow, "row", where.first_row)
+        return BlockTable(shard.path, arrow, "line", where.first_row + lines)
 
     def check_unchanged(self) -> None:
         """Refuses a log whose shards changed since it was indexed (size or checksum), or are
@@ -219,15 +264,11 @@ class LogPart:
         """The part's rows in each block, from the index alone (no block is read)."""
         return np.array([int(self.keep(b).sum()) for b in range(len(self.log.blocks))], np.int64)
 
-    def read(self, block: int) -> Table:
+    def read(self, block: int) -> BlockTable:
         """Block `block`'s rows of the part, in their order."""
         table = self.log.read(block)
         keep = self.keep(block)
-        if keep.all():
-            return table
-        index = np.flatnonzero(keep)
-        columns = {name: [fields[i] for i in index] for name, fields in table.columns.items()}
-        return dataclasses.replace(table, columns=columns)
+        return table if keep.all() else table.taken(np.flatnonzero(keep))
 
     def __repr__(self) -> str:
         return f"{self.log!r}'s rows in [{self.low:g}, {self.high:g})"
@@ -306,19 +347,10 @@ def _parquet_blocks(path: str, shard: int, block_rows: int) -> tuple[list[Block]
     return blocks, list(metadata.schema.to_arrow_schema().names)
 
 
-def _parquet_read(path: str, block: Block, columns: Sequence[str]) -> dict[str, list[Any]]:
+def _parquet_read(path: str, block: Block, columns: Sequence[str]) -> Any:
     import pyarrow.parquet
 
-    from loops.input import feature_tables
-
-    table = pyarrow.parquet.ParquetFile(path).read_row_group(block.offset)
-    read = {}
-    for name in table.column_names:
-        values = table[name].to_pylist()
-        if feature_tables.holds_bytes(table.schema.field(name).type):
-            values = [feature_tables.decoded(value) for value in values]
-        read[name] = values
-    return read
+    return pyarrow.parquet.ParquetFile(path).read_row_group(block.offset)
 
 
 # ---- TFRecord: runs of `block_rows` records, each a tf.train.Example.
@@ -381,9 +413,19 @@ def _example_features(records: Iterable[bytes]) -> list[dict[str, Any]]:
     return rows
 
 
-def _tfrecord_read(path: str, block: Block, columns: Sequence[str]) -> dict[str, list[Any]]:
+def _tfrecord_read(path: str, block: Block, columns: Sequence[str]) -> Any:
+    import pyarrow
+
     rows = _example_features(_records(path, block))
-    return {name: [row.get(name) for row in rows] for name in columns}
+    read = {}
+    for name in columns:
+        values = [row.get(name) for row in rows]
+        try:
+            read[name] = pyarrow.array(values)
+        except (pyarrow.ArrowException, TypeError):
+            # Values of several kinds (a list on one record, one value on another): text.
+            read[name] = pyarrow.array([None if v is None else str(v) for v in values])
+    return pyarrow.table(read)
 
 
 # ---- Text: runs of `block_rows` lines below the header (none for Criteo's logs).
@@ -409,12 +451,29 @@ def _text_blocks(path: str, shard: int, block_rows: int, delimiter: str, header:
     return blocks, list(names) if header else list(CRITEO_COLUMNS)
 
 
-def _text_read(path: str, block: Block, columns: Sequence[str], delimiter: str):
+def _text_read(path: str, block: Block, columns: Sequence[str], delimiter: str) -> Any:
+    import pyarrow
+    import pyarrow.csv
+
     with open(path, "rb") as stream:
         stream.seek(block.offset)
-        text = stream.read(block.end - block.offset).decode("utf-8")
+        data = stream.read(block.end - block.offset)
+    try:
+        return pyarrow.csv.read_csv(
+            io.BytesIO(data),
+            read_options=pyarrow.csv.ReadOptions(column_names=list(columns)),
+            parse_options=pyarrow.csv.ParseOptions(delimiter=delimiter),
+            convert_options=pyarrow.csv.ConvertOptions(
+                column_types={name: pyarrow.string() for name in columns},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except pyarrow.ArrowException:
+        pass  # read again by Python's csv below, for the sentence that names the row
     fields: list[list[str]] = [[] for _ in columns]
-    for number, row in enumerate(csv.reader(io.StringIO(text), delimiter=delimiter)):
+    reader = csv.reader(io.StringIO(data.decode("utf-8")), delimiter=delimiter)
+    for number, row in enumerate(reader):
         if len(row) != len(columns):
             raise ValueError(
                 f"{path} row {block.first_row + number} (of its data rows, from 0) has "
@@ -422,7 +481,7 @@ def _text_read(path: str, block: Block, columns: Sequence[str], delimiter: str):
             )
         for column, field in zip(fields, row):
             column.append(field)
-    return dict(zip(columns, fields))
+    return pyarrow.table(dict(zip(columns, fields)))
 
 
 _INDEXERS = {

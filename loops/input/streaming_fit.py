@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from loops.input import feature_tables
-from loops.input.feature_tables import FeatureSpec, FittedFeatures, Table
-from loops.input.sharded_logs import LogPart, ShardedLog
+from loops.input import arrow_features, feature_tables
+from loops.input.feature_tables import FeatureSpec, FittedFeatures
+from loops.input.sharded_logs import BlockTable, LogPart, ShardedLog
 
 
 @dataclasses.dataclass
@@ -76,44 +76,68 @@ class Moments:
 
 @dataclasses.dataclass
 class FitPartials:
-    """The statistics of some blocks of a log, by column (see the module docstring)."""
+    """The statistics of some blocks of a log, by column (see the module docstring), and the
+    label values seen (a spec with `positive`)."""
 
     counts: dict[str, collections.Counter] = dataclasses.field(default_factory=dict)
     moments: dict[str, Moments] = dataclasses.field(default_factory=dict)
     labels: list[int] = dataclasses.field(default_factory=lambda: [0, 0])
+    label_values: set[str] = dataclasses.field(default_factory=set)
     rows: int = 0
 
-    def merged(self, other: FitPartials) -> FitPartials:
-        counts = {name: self.counts.get(name, collections.Counter()) for name in self.counts}
+    def add(self, other: FitPartials) -> None:
+        """Adds the statistics of later blocks to these (in place: a count table is not copied
+        a block)."""
         for name, counter in other.counts.items():
-            counts[name] = counts.get(name, collections.Counter()) + counter
-        moments = dict(self.moments)
+            self.counts.setdefault(name, collections.Counter()).update(counter)
         for name, value in other.moments.items():
-            moments[name] = moments[name].merged(value) if name in moments else value
-        labels = [self.labels[0] + other.labels[0], self.labels[1] + other.labels[1]]
-        return FitPartials(counts, moments, labels, self.rows + other.rows)
+            self.moments[name] = self.moments[name].merged(value) if name in self.moments else value
+        self.labels = [self.labels[0] + other.labels[0], self.labels[1] + other.labels[1]]
+        self.label_values |= other.label_values
+        self.rows += other.rows
 
 
-def block_partials(spec: FeatureSpec, table: Table) -> FitPartials:
-    """The statistics of one block's rows (`table`), every field checked as `fit` checks it.
+def block_partials(spec: FeatureSpec, block: BlockTable) -> FitPartials:
+    """The statistics of one block's rows, every field checked as `fit` checks it: vectorized
+    (`arrow_features`), else row by row for a column that needs it.
 
     Raises:
         ValueError: as `feature_tables.fit` (naming the shard and the row), but for labels of
             one value: a block may hold one label alone.
     """
-    feature_tables.check_header(spec, table)
-    labels = feature_tables.labels_of(spec, table)
+    arrow = block.arrow
+    if any(name not in arrow.column_names for name in arrow_features.read_columns(spec)) or any(
+        column.crosses() and column.name in arrow.column_names for column in spec.columns
+    ):
+        feature_tables.check_header(spec, block.table())
+    found = arrow_features.labels(spec, arrow)
+    if found is None:
+        table = block.table()
+        labels = feature_tables.labels_of(spec, table, part=True)
+        seen = set(map(feature_tables.text_of, table.columns[spec.label]))
+    else:
+        labels, seen = found
     partials = FitPartials(rows=len(labels))
     positives = int(labels.sum())
     partials.labels = [len(labels) - positives, positives]
+    partials.label_values = seen if spec.positive is not None else set()
     for column in spec.columns:
-        fields = feature_tables.fields_of(column, table)
         if column.kind == "numeric":
-            values = feature_tables.numbers_of(column, fields, table)
+            values = arrow_features.numbers(column, arrow[column.name])
+            if values is None:
+                table = block.table()
+                fields = feature_tables.fields_of(column, table)
+                values = feature_tables.numbers_of(column, fields, table)
             partials.moments[column.name] = Moments.of(values)
         elif not column.option("hash_buckets"):
-            bags = feature_tables.bags_of(column, fields, table)
-            partials.counts[column.name] = collections.Counter(v for bag in bags for v in bag)
+            counts = arrow_features.value_counts(column, arrow)
+            if counts is None:
+                table = block.table()
+                bags = feature_tables.bags_of(
+                    column, feature_tables.fields_of(column, table), table
+                )
+                counts = collections.Counter(v for bag in bags for v in bag)
+            partials.counts[column.name] = collections.Counter(counts)
     return partials
 
 
@@ -121,7 +145,7 @@ def merged(parts: Iterable[FitPartials]) -> FitPartials:
     """The partials of blocks, merged in the order given (give them in block order)."""
     total = FitPartials()
     for part in parts:
-        total = total.merged(part)
+        total.add(part)
     return total
 
 
@@ -133,6 +157,15 @@ def fitted(spec: FeatureSpec, partials: FitPartials, source: str) -> FittedFeatu
         ValueError: labels of one value alone, or a value whose normalized value is past
             float32's range, naming `source`, the column and the fix.
     """
+    others = sorted(partials.label_values - {spec.positive})
+    if spec.positive is not None and (
+        len(others) > 1 or spec.positive not in partials.label_values
+    ):
+        shown = ", ".join(map(repr, sorted(partials.label_values)[:6]))
+        raise ValueError(
+            f"Label column {spec.label!r} of {source} holds {shown}: with positive="
+            f"{spec.positive!r} it must hold that value and one other (the negatives)."
+        )
     if not (partials.labels[0] and partials.labels[1]):
         raise ValueError(
             f"{source}'s training rows ({partials.rows}) hold one label alone: there is "
@@ -193,7 +226,7 @@ def fit_partials(
     found = []
     for block in range(index, len(log.blocks), count):
         table = rows.read(block)
-        if len(table.columns[spec.label]):
+        if table.num_rows:
             found.append((block, block_partials(spec, table)))
     return found
 
