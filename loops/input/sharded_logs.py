@@ -407,7 +407,14 @@ def _example_features(records: Iterable[bytes]) -> list[dict[str, Any]]:
         for name, feature in example.features.feature.items():
             kind = feature.WhichOneof("kind")
             values = list(getattr(feature, kind).value) if kind else []
-            values = [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
+            if kind == "bytes_list":
+                try:
+                    values = [value.decode("utf-8") for value in values]
+                except UnicodeDecodeError:
+                    raise ValueError(
+                        f"Feature {name!r} of a record holds bytes that are not UTF-8 text "
+                        f"({values[0]!r:.40}); write text features as UTF-8."
+                    ) from None
             row[name] = values[0] if len(values) == 1 else (None if not values else values)
         rows.append(row)
     return rows
@@ -420,11 +427,16 @@ def _tfrecord_read(path: str, block: Block, columns: Sequence[str]) -> Any:
     read = {}
     for name in columns:
         values = [row.get(name) for row in rows]
+        if any(isinstance(value, list) for value in values):
+            # A feature of several values on some records: a list on every record.
+            values = [v if v is None or isinstance(v, list) else [v] for v in values]
         try:
             read[name] = pyarrow.array(values)
         except (pyarrow.ArrowException, TypeError):
-            # Values of several kinds (a list on one record, one value on another): text.
-            read[name] = pyarrow.array([None if v is None else str(v) for v in values])
+            raise ValueError(
+                f"{path}: feature {name!r} holds values of several kinds (int64, float, bytes) "
+                f"on the records from {block.first_row}; give a feature one kind on every record."
+            ) from None
     return pyarrow.table(read)
 
 

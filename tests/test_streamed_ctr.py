@@ -1,0 +1,231 @@
+"""A click-through loop on a sharded log: streamed rows train as the same rows held in memory,
+1, 2 and 4 replicas give the same losses, weights and evaluation on streamed batches (partial
+last eval batch included), and loops-ctr on shards killed mid-epoch resumes to the uninterrupted
+run's weights on the same layout and on another."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+
+import loops
+from conftest import ROOT, SUBPROCESS_ENV
+from loops.input import feature_streams, feature_tables, sharded_logs, streaming_fit
+from loops_data import ctr_data
+from loops_data.ctr_tables import features_of
+from loops_models import ctr
+
+SPEC = {
+    "label": "clicked",
+    "columns": [
+        {"name": "I1", "kind": "numeric"},
+        {"name": "I2", "kind": "numeric"},
+        {"name": "C1", "kind": "categorical"},
+        {"name": "C2", "kind": "categorical", "min_count": 2},
+        {"name": "tags", "kind": "multi_hot"},
+    ],
+}
+
+
+def log_columns(rows, seed=4):
+    log = ctr_data.click_log(
+        rows, seed=seed, numeric_columns=2, categorical_columns=2, multi_hot_columns=1,
+        cardinality=12, bag_cardinality=9, longest_bag=3,
+    )  # fmt: skip
+    columns = {"clicked": log.labels.astype(np.int64)}
+    columns["I1"], columns["I2"] = (log.columns[n].astype(np.float64) for n in ("I1", "I2"))
+    columns["C1"] = [f"a{v}" for v in log.columns["C1"]]
+    columns["C2"] = log.columns["C2"].astype(np.int64)
+    columns["tags"] = ["|".join(f"t{v}" for v in bag if v >= 0) for bag in log.columns["tags"]]
+    return columns
+
+
+def write_shards(folder, rows=700, shards=3, group=60):
+    os.makedirs(folder, exist_ok=True)
+    table = pa.table(log_columns(rows))
+    step = -(-rows // shards)
+    for shard in range(shards):
+        part = table.slice(shard * step, step)
+        pq.write_table(part, os.path.join(folder, f"day-{shard}.parquet"), row_group_size=group)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("clicks") / "log")
+
+
+def feature_log(folder, split=(0.2, 0.0)):
+    log = sharded_logs.ShardedLog.open(folder)
+    spec = feature_tables.FeatureSpec.from_json(SPEC)
+    band = streaming_fit.Split(*split).bands()["train"]
+    return feature_streams.FeatureLog(log, streaming_fit.fit_log(spec, log, band),
+                                      streaming_fit.Split(*split))  # fmt: skip
+
+
+def trainer(strategy, train_data, eval_data, fitted):
+    features = ctr.CTRFeatures(**features_of(fitted))
+    return loops.Trainer(
+        loops.CTRLoop(
+            model_fn=lambda: ctr.dcn_v2(
+                features, embedding_dim=4, cross_layers=1, hidden_units=(6,), seed=2
+            ),  # fmt: skip
+            optimizer_fn=lambda: keras.optimizers.Adam(0.02),
+            auc_examples=1000,
+        ),
+        strategy=strategy,
+        train_data=train_data,
+        eval_data=eval_data,
+        steps_per_loop=4,
+        progress=loops.testing.quiet_progress(),
+    )
+
+
+def test_streamed_rows_train_as_the_same_rows_held_in_memory(shards):
+    logged = feature_log(shards)
+    ordered = logged.eval_batches("train", global_batch_size=32)
+    # The training rows in memory, in the log's order: the same batches, from arrays.
+    arrays = [batch for batch in ordered()]
+    columns = {n: np.concatenate([b[0][n].numpy() for b in arrays])
+               for n in arrays[0][0] if n != "tags"}  # fmt: skip
+    width = max(b[0]["tags"].shape[1] for b in arrays)
+    columns["tags"] = np.concatenate(
+        [np.pad(b[0]["tags"].numpy(), ((0, 0), (0, width - b[0]["tags"].shape[1])),
+                constant_values=-1) for b in arrays]
+    )  # fmt: skip
+    labels = np.concatenate([b[1].numpy() for b in arrays])
+    # The stream's own reading of every block equals `FittedFeatures.arrays` of the whole
+    # training rows (the fit's own, row by row).
+    whole = sharded_logs.LogPart(logged.log, *logged.split.bands()["train"])
+    tables = [whole.read(b).table() for b in range(len(logged.log.blocks))]
+    assert sum(len(t.columns["clicked"]) for t in tables) == len(labels)
+    from loops_data.in_memory import batches_in_memory
+
+    evaluated = logged.eval_batches("test", global_batch_size=50)
+    runs = {}
+    strategy = loops.testing.replica_strategy(1)
+    for name, train_data in {
+        "streamed": lambda: ordered().repeat(),
+        "memory": lambda: batches_in_memory((columns, labels), 32).repeat(),
+    }.items():
+        run = trainer(strategy, train_data, evaluated, logged.fitted)
+        runs[name] = {"logs": run.train(12), "weights": loops.testing.loop_weights(run),
+                      "eval": run.state.last_eval_metrics}  # fmt: skip
+        run.close()
+    loops.testing.assert_runs_agree(runs["streamed"], runs["memory"], rtol=1e-6, label="memory")
+    assert runs["streamed"]["eval"]["examples"] == logged.row_counts()["test"]
+
+
+def test_streamed_shuffled_batches_give_the_same_numbers_on_1_2_and_4_replicas(shards):
+    logged = feature_log(shards, split=(0.2, 0.1))
+    counts = logged.row_counts()
+    # Eval batches of 24 over the validation rows: the last one partial.
+    assert counts["validation"] % 24, counts
+
+    def build(strategy):
+        return trainer(
+            strategy,
+            logged.train_batches(global_batch_size=32, seed=9, window_blocks=2),
+            logged.eval_batches("validation", global_batch_size=24),
+            logged.fitted,
+        )
+
+    runs = loops.testing.assert_replica_parity(build, num_steps=12)
+    assert runs[4]["eval"]["examples"] == counts["validation"]
+    assert np.all(np.isfinite(runs[1]["logs"]["loss"]))
+
+
+# ---- loops-ctr on shards, killed mid-epoch (SIGKILL) and resumed. ----
+
+KILL_RUN = """
+import os, signal, sys
+from loops.definition import executors
+calls = {"n": 0}
+run = executors.Executor.run
+def killing(self, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == int(os.environ["KILL_AT_LOOP"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return run(self, *args, **kwargs)
+executors.Executor.run = killing
+sys.argv = ["loops-ctr", *sys.argv[1:]]
+from loops.bin import ctr
+ctr.run()
+"""
+
+
+def ctr_run(model_dir, shards, spec, *extra, kill_at=None):
+    flags = [
+        f"--data={shards}",
+        f"--spec={spec}",
+        f"--model_dir={model_dir}",
+        "--train_steps=40",
+        "--steps_per_loop=5",
+        "--checkpoint_every=5",
+        "--eval_every=40",
+        "--global_batch_size=32",
+        "--shuffle_window=2",
+        "--model=wide_and_deep",
+        "--embedding_dim=4",
+        "--seed=1",
+        *extra,
+    ]
+    env = dict(SUBPROCESS_ENV)
+    if kill_at is not None:
+        env["KILL_AT_LOOP"] = str(kill_at)
+        command = [sys.executable, "-c", KILL_RUN, *flags]
+    else:
+        command = [sys.executable, "-m", "loops.bin.ctr", *flags]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+
+
+def final_weights(model_dir):
+    path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    reader = tf.train.load_checkpoint(path)
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if "model" in name or "optimizer" in name
+    }
+
+
+@pytest.mark.slow
+def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_another_layout(
+    tmp_path, shards
+):
+    import json
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    runs = {
+        "whole": ctr_run(tmp_path / "whole", shards, spec),
+        # Killed as its 4th inner loop starts (the checkpoint of step 15 written): 560 training
+        # rows are 17.5 batches, so the kill is mid-epoch and the resume starts mid-window.
+        "killed": ctr_run(tmp_path / "same", shards, spec, kill_at=4),
+        "moved": ctr_run(tmp_path / "moved", shards, spec, kill_at=4),
+    }
+    assert runs["whole"].returncode == 0, runs["whole"].stderr[-3000:]
+    for name in ("killed", "moved"):
+        assert runs[name].returncode == -signal.SIGKILL, runs[name].stderr[-3000:]
+    step = int(tf.train.latest_checkpoint(str(tmp_path / "same" / "checkpoints")).rsplit("-")[-1])
+    assert step == 15
+    same = ctr_run(tmp_path / "same", shards, spec)
+    moved = ctr_run(tmp_path / "moved", shards, spec, "--num_replicas=2")
+    for done in (same, moved):
+        assert done.returncode == 0, done.stderr[-3000:]
+    expected = final_weights(tmp_path / "whole")
+    assert len(expected) >= 8
+    for name, array in final_weights(tmp_path / "same").items():
+        np.testing.assert_array_equal(array, expected[name], err_msg=name)
+    for name, array in final_weights(tmp_path / "moved").items():
+        np.testing.assert_allclose(array, expected[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    results = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert results["data"]["source"].endswith("3 shards, 700 rows (streamed)")
+    assert results["test"]["examples"] == results["data"]["test_rows"] > 100
