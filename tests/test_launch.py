@@ -294,6 +294,18 @@ LOOP_RUNS = {
             ("dlrm", ("--placed_tables", "--table_optimizer=adagrad")),
         )
     },
+    # A sharded Parquet log streamed (`SHARDED_LOG`): each worker reads every block of a
+    # window and keeps its replica's rows; the last validation batch is partial.
+    "ctr_sharded": (
+        "loops.bin.ctr",
+        [
+            "--data={shards}",
+            "--spec={shards}.spec.json",
+            "--train_steps=6",
+            "--global_batch_size=32",
+            "--shuffle_window=2",
+        ],
+    ),
     # The critic takes 2 batches a step, with the gradient penalty and the EMA generator.
     "gan": (
         "loops.bin.gan",
@@ -356,6 +368,40 @@ def loop_commands(loop):
     }, loop_flags
 
 
+VALIDATION_ROWS_OF_THE_SHARDS = 75
+
+
+def write_sharded_log(folder):
+    """`ctr_sharded`'s log: 900 generated click rows in 3 Parquet shards of row groups of 50,
+    and its spec beside it."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loops_data import ctr_data
+
+    log = ctr_data.click_log(900, seed=6, numeric_columns=2, categorical_columns=3,
+                             multi_hot_columns=1, cardinality=15)  # fmt: skip
+    columns = {"clicked": log.labels.astype(np.int64)}
+    for name, values in log.columns.items():
+        if values.ndim == 2:
+            columns[name] = ["|".join(str(v) for v in bag if v >= 0) for bag in values]
+        else:
+            columns[name] = values.astype(np.float64 if values.dtype.kind == "f" else np.int64)
+    os.makedirs(folder)
+    table = pa.table(columns)
+    for shard in range(3):
+        pq.write_table(table.slice(shard * 300, 300), f"{folder}/part-{shard}.parquet",
+                       row_group_size=50)  # fmt: skip
+    kinds = {"I": "numeric", "C": "categorical", "t": "multi_hot"}
+    spec = {"label": "clicked", "columns": [
+        {"name": name, "kind": kinds[name[0]]} for name in columns if name != "clicked"
+    ]}  # fmt: skip
+    with open(folder + ".spec.json", "w") as stream:
+        json.dump(spec, stream)
+
+
 # Loops whose runs go at once: the 2 workers wait on each other at every step, and each
 # process imports TensorFlow on one core; 2 loops (10 processes) keep memory modest.
 LOOPS_AT_ONCE = 2
@@ -367,6 +413,7 @@ def loop_runs(tmp_path_factory):
     exit code (`.code`) files, from one build for all pytest-xdist workers."""
 
     def build(folder):
+        write_sharded_log(os.path.join(folder, "shards"))
         loops = sorted(LOOP_RUNS)
         for first in range(0, len(loops), LOOPS_AT_ONCE):
             started = {}
@@ -374,7 +421,9 @@ def loop_runs(tmp_path_factory):
                 commands, loop_flags = loop_commands(loop)
                 for name, command in commands.items():
                     model_dir = os.path.join(folder, loop, name)
-                    flags = [f"--model_dir={model_dir}", *loop_flags]
+                    shards = os.path.join(folder, "shards")
+                    flags = [f"--model_dir={model_dir}"]
+                    flags += [flag.replace("{shards}", shards) for flag in loop_flags]
                     started[model_dir] = Run([*command, *flags])
             for model_dir, run in started.items():
                 code = run.finish(timeout=300)
@@ -429,11 +478,15 @@ def test_each_loop_on_two_workers_gives_one_machines_step_losses_and_weights(loo
         assert difference <= RTOL
 
 
-@pytest.mark.parametrize("loop", ["ctr", "ctr_wide_and_deep", "ctr_dlrm"])
+@pytest.mark.parametrize("loop", ["ctr", "ctr_wide_and_deep", "ctr_dlrm", "ctr_sharded"])
 def test_ctr_on_two_workers_evaluates_and_tests_every_row_as_one_process_does(loop_runs, loop):
     got = results(os.path.join(loop_runs, loop, "workers2"))
-    assert got["data"]["validation_rows"] == 168 and got["eval"]["examples"] == 168
-    assert got["config"]["model"] == {"ctr": "dcn_v2"}.get(loop, loop.removeprefix("ctr_"))
+    # The generated log's 168 validation rows; the shards' by their rows' hash: 75 (32 * 2 + 11).
+    validation = {"ctr_sharded": VALIDATION_ROWS_OF_THE_SHARDS}.get(loop, 168)
+    assert got["data"]["validation_rows"] == validation and got["eval"]["examples"] == validation
+    assert got["config"]["model"] == {"ctr": "dcn_v2", "ctr_sharded": "dcn_v2"}.get(
+        loop, loop.removeprefix("ctr_")
+    )
     for reference in ("replicas1", "replicas2"):
         expected = results(os.path.join(loop_runs, loop, reference))
         for figures in ("eval", "test"):

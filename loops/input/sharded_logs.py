@@ -25,7 +25,7 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -380,7 +380,7 @@ def _tfrecord_blocks(path: str, shard: int, block_rows: int) -> tuple[list[Block
         end = starts[number + 1][1] if number + 1 < len(starts) else size
         rows = (starts[number + 1][0] if number + 1 < len(starts) else count) - first
         blocks.append(Block(shard, first, rows, start, end))
-    columns = sorted(_example_features(_records(path, blocks[0])[:1])[0]) if blocks else []
+    columns = _feature_names(_records(path, blocks[0])[0]) if blocks else []
     return blocks, columns
 
 
@@ -396,48 +396,81 @@ def _records(path: str, block: Block) -> list[bytes]:
     return records
 
 
-def _example_features(records: Iterable[bytes]) -> list[dict[str, Any]]:
-    """Each record's features, name -> one value (a feature of one) or a list of them."""
+def _feature_names(record: bytes) -> list[str]:
+    """The features a `tf.train.Example` record holds, by name."""
     import tensorflow as tf
 
-    rows = []
-    for record in records:
-        example = tf.train.Example.FromString(record)
-        row = {}
-        for name, feature in example.features.feature.items():
-            kind = feature.WhichOneof("kind")
-            values = list(getattr(feature, kind).value) if kind else []
-            if kind == "bytes_list":
-                try:
-                    values = [value.decode("utf-8") for value in values]
-                except UnicodeDecodeError:
-                    raise ValueError(
-                        f"Feature {name!r} of a record holds bytes that are not UTF-8 text "
-                        f"({values[0]!r:.40}); write text features as UTF-8."
-                    ) from None
-            row[name] = values[0] if len(values) == 1 else (None if not values else values)
-        rows.append(row)
-    return rows
+    return sorted(tf.train.Example.FromString(record).features.feature)
 
 
 def _tfrecord_read(path: str, block: Block, columns: Sequence[str]) -> Any:
+    """A block's records parsed by `tf.io.parse_example`: a feature of at most one value a
+    record a column of values (null where a record lacks it), one of several values on some
+    record a column of lists. Each feature's kind (int64, float or bytes) is its first
+    record's that holds it."""
     import pyarrow
+    import tensorflow as tf
 
-    rows = _example_features(_records(path, block))
+    records = _records(path, block)
+    kinds = _feature_kinds(records, columns)
+    try:
+        parsed = tf.io.parse_example(
+            tf.constant(records), {name: tf.io.VarLenFeature(kinds[name]) for name in columns}
+        )
+    except tf.errors.InvalidArgumentError as error:
+        raise ValueError(
+            f"{path}: the records from {block.first_row} give a feature values of several kinds "
+            f"(int64, float, bytes): {error.message.splitlines()[0]:.200}; give a feature one "
+            "kind on every record."
+        ) from None
     read = {}
     for name in columns:
-        values = [row.get(name) for row in rows]
-        if any(isinstance(value, list) for value in values):
-            # A feature of several values on some records: a list on every record.
-            values = [v if v is None or isinstance(v, list) else [v] for v in values]
-        try:
-            read[name] = pyarrow.array(values)
-        except (pyarrow.ArrowException, TypeError):
-            raise ValueError(
-                f"{path}: feature {name!r} holds values of several kinds (int64, float, bytes) "
-                f"on the records from {block.first_row}; give a feature one kind on every record."
-            ) from None
+        sparse = parsed[name]
+        rows = sparse.indices[:, 0].numpy()
+        values = sparse.values.numpy()
+        counts = np.bincount(rows, minlength=len(records))
+        array = pyarrow.array(values)
+        if kinds[name] == tf.string:
+            try:
+                array = array.cast(pyarrow.string())
+            except pyarrow.ArrowException:
+                raise ValueError(
+                    f"{path}: feature {name!r} of the records from {block.first_row} holds bytes "
+                    "that are not UTF-8 text; write text features as UTF-8."
+                ) from None
+        if counts.max(initial=0) > 1:
+            offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+            read[name] = pyarrow.ListArray.from_arrays(pyarrow.array(offsets), array)
+        else:
+            # One value or none a record: the value at its row, null where none.
+            index = np.full(len(records), -1, np.int64)
+            index[rows] = np.arange(len(rows))
+            mask = pyarrow.array(index < 0)
+            read[name] = (
+                array.take(pyarrow.array(np.maximum(index, 0)))
+                if len(array)
+                else (pyarrow.nulls(len(records), array.type))
+            )
+            read[name] = pyarrow.compute.if_else(mask, pyarrow.scalar(None, array.type), read[name])
     return pyarrow.table(read)
+
+
+def _feature_kinds(records: Sequence[bytes], columns: Sequence[str]) -> dict[str, Any]:
+    """Each feature's dtype, from the first record that holds it (bytes for one none holds)."""
+    import tensorflow as tf
+
+    kinds: dict[str, Any] = {}
+    dtypes = {"int64_list": tf.int64, "float_list": tf.float32, "bytes_list": tf.string}
+    for record in records:
+        features = tf.train.Example.FromString(record).features.feature
+        for name in columns:
+            if name not in kinds and name in features:
+                kind = features[name].WhichOneof("kind")
+                if kind and len(getattr(features[name], kind).value):
+                    kinds[name] = dtypes[kind]
+        if len(kinds) == len(columns):
+            break
+    return {name: kinds.get(name, tf.string) for name in columns}
 
 
 # ---- Text: runs of `block_rows` lines below the header (none for Criteo's logs).
