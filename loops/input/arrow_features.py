@@ -53,6 +53,8 @@ def numbers(column: Column, array: Any) -> np.ndarray | None:
     negative under normalize=log."""
     pa, pc = _pa()
     array = array.combine_chunks() if hasattr(array, "combine_chunks") else array
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         stripped = pc.utf8_trim_whitespace(array)
         array = pc.if_else(pc.equal(stripped, ""), pa.scalar(None, pa.string()), stripped)
@@ -82,6 +84,14 @@ def bags(column: Column, array: Any) -> tuple[Any, np.ndarray] | None:
     pa, pc = _pa()
     array = array.combine_chunks() if hasattr(array, "combine_chunks") else array
     if column.kind == "categorical":
+        if pa.types.is_dictionary(array.type):
+            values = texts(array.dictionary)
+            if values is None:
+                return None
+            # The dictionary's values as text, each row's index kept (null: an empty field).
+            return pa.DictionaryArray.from_arrays(array.indices, values), np.ones(
+                len(array), np.int64
+            )
         found = texts(array)
         if found is None:
             return None
@@ -154,6 +164,7 @@ class Prepared:
     def __init__(self, fitted: FittedFeatures):
         pa, _ = _pa()
         self.fitted = fitted
+        self._empty_ids: dict[str, int] = {}  # the row of an empty field, by column
         self._vocabularies = {
             name: pa.array(values, pa.string()) for name, values in fitted.vocabularies.items()
         }
@@ -188,7 +199,16 @@ class Prepared:
         return prepared if np.isfinite(prepared).all() else None
 
     def _ids(self, column: Column, flat: Any, counts: np.ndarray) -> np.ndarray:
-        _, pc = _pa()
+        pa, pc = _pa()
+        if pa.types.is_dictionary(flat.type):
+            # Each distinct value mapped once, then taken by each row's index; a null is "".
+            dictionary = pc.if_else(pc.is_null(flat.dictionary), "", flat.dictionary)
+            values = np.append(self._ids(column, dictionary, np.ones(len(dictionary))), 0)
+            values[-1] = self._empty_ids.setdefault(
+                column.name, int(self._ids(column, pa.array([""]), np.ones(1))[0])
+            )
+            index = flat.indices.fill_null(len(dictionary)).to_numpy(zero_copy_only=False)
+            return values[index]  # a categorical column's (bags are never dictionaries)
         buckets = column.option("hash_buckets")
         if buckets:
             import tensorflow as tf
@@ -203,6 +223,11 @@ class Prepared:
             ids = index.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
         if column.kind == "categorical":
             return ids
+        return self._padded(ids, counts)
+
+    @staticmethod
+    def _padded(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Each row's bag of ids, padded with `PAD_ID` to the longest of the rows."""
         width = max(1, int(counts.max()) if len(counts) else 1)
         padded = np.full((len(counts), width), PAD_ID, np.int64)
         padded[np.arange(width)[None, :] < counts[:, None]] = ids
@@ -223,5 +248,17 @@ def value_counts(column: Column, table: Any) -> Mapping[str, int] | None:
     read = _values(column, table)
     if read is None:
         return None
-    counted = pc.value_counts(read[0])
+    pa = _pa()[0]
+    flat = read[0]
+    if pa.types.is_dictionary(flat.type):
+        # Counted by index, then named: a null row is the value "".
+        index = flat.indices.fill_null(len(flat.dictionary)).to_numpy(zero_copy_only=False)
+        tally = np.bincount(index, minlength=len(flat.dictionary) + 1)
+        names = [*pc.if_else(pc.is_null(flat.dictionary), "", flat.dictionary).to_pylist(), ""]
+        counts: dict[str, int] = {}
+        for name, count in zip(names, tally.tolist()):
+            if count:
+                counts[name] = counts.get(name, 0) + count
+        return counts
+    counted = pc.value_counts(flat)
     return dict(zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist()))

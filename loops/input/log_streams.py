@@ -142,34 +142,64 @@ def shuffled_log_batches(
         raise ValueError(f"{rows.part!r} holds no rows to train on.")
     stats = stats if stats is not None else StreamStats()
 
-    def batches(position: int) -> Iterator[Any]:
-        stream_row = position * global_batch_size
-        held: list[Any] = []
-        held_rows = 0
+    def windows(position: int) -> Iterator[tuple[Any, Any, np.ndarray]]:
+        """(rows carried over, a window's prepared rows, the order its rows are taken in): the
+        carried rows and the ordered ones fill whole batches; what is left is carried on."""
+        stream_row, carry = position * global_batch_size, None
         while True:
             epoch, place = divmod(stream_row, epochs.rows)
-            windows, starts = epochs.windows(epoch)
+            blocks, starts = epochs.windows(epoch)
             window = int(np.searchsorted(starts, place, side="right")) - 1
-            parts = [rows.block(int(b), stats) for b in windows[window] if epochs.counts[b]]
+            parts = [rows.block(int(b), stats) for b in blocks[window] if epochs.counts[b]]
             prepared = _joined(parts)
-            count = _rows_of(prepared)
-            order = epochs.order(epoch, window, count)[place - starts[window] :]
-            stats.held(count + held_rows)
-            while len(order):
-                wanted = global_batch_size - held_rows
-                held.append(_taken(prepared, order[:wanted]))
-                taken = min(wanted, len(order))
-                held_rows, order, stream_row = held_rows + taken, order[taken:], stream_row + taken
-                if held_rows == global_batch_size:
-                    yield _joined(held)
-                    held, held_rows = [], 0
-            del prepared, parts
+            order = epochs.order(epoch, window, _rows_of(prepared))[place - starts[window] :]
+            stream_row += len(order)
+            carry = _taken(prepared, order[:0]) if carry is None else carry
+            held = _rows_of(carry) + len(order)
+            stats.held(_rows_of(prepared) + _rows_of(carry))
+            if held < global_batch_size:
+                carry = _joined([carry, _taken(prepared, order)])
+                continue
+            kept = len(order) - held % global_batch_size
+            yield carry, prepared, order[:kept]
+            carry = _taken(prepared, order[kept:])
 
+    def to_batches(carry, window, order):
+        """The carried rows, then the window's rows in `order`, as whole batches (a gather and a
+        reshape in the graph: the permutation runs without Python's lock)."""
+        rows_in = tf.nest.map_structure(
+            lambda before, part: _padded_concat(before, tf.gather(part, order)), carry, window
+        )
+        count = tf.shape(tf.nest.flatten(rows_in)[0])[0] // global_batch_size
+        return tf.data.Dataset.from_tensor_slices(
+            tf.nest.map_structure(
+                lambda part: tf.reshape(
+                    part, tf.concat([[count, global_batch_size], tf.shape(part)[1:]], 0)
+                ),
+                rows_in,
+            )
+        )
+
+    row_spec = signature
+    generated = (row_spec, row_spec, tf.TensorSpec([None], tf.int64))
     return SeekableBatches(
-        lambda position: tf.data.Dataset.from_generator(
-            lambda: batches(position), output_signature=signature
-        ).prefetch(2)
+        lambda position: (
+            tf.data.Dataset.from_generator(lambda: windows(position), output_signature=generated)
+            .flat_map(to_batches)
+            .prefetch(4)
+        )
     )
+
+
+def _padded_concat(first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
+    """Rows of both; bags (a second axis) padded with -1 to the wider first."""
+    if first.shape.rank == 2:
+        width = tf.maximum(tf.shape(first)[1], tf.shape(second)[1])
+        first, second = (
+            tf.pad(part, [[0, 0], [0, width - tf.shape(part)[1]]], constant_values=-1)
+            for part in (first, second)
+        )
+    return tf.concat([first, second], 0)
 
 
 def ordered_log_batches(

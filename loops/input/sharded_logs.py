@@ -348,9 +348,14 @@ def _parquet_blocks(path: str, shard: int, block_rows: int) -> tuple[list[Block]
 
 
 def _parquet_read(path: str, block: Block, columns: Sequence[str]) -> Any:
+    """A row group, its text columns as dictionaries (Parquet keeps them so): a vocabulary
+    then maps each distinct value once (`arrow_features`)."""
     import pyarrow.parquet
+    import pyarrow.types as types
 
-    return pyarrow.parquet.ParquetFile(path).read_row_group(block.offset)
+    schema = pyarrow.parquet.read_schema(path)
+    texts = [f.name for f in schema if types.is_string(f.type) or types.is_large_string(f.type)]
+    return pyarrow.parquet.ParquetFile(path, read_dictionary=texts).read_row_group(block.offset)
 
 
 # ---- TFRecord: runs of `block_rows` records, each a tf.train.Example.
