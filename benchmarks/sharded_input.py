@@ -26,7 +26,9 @@ For each size and format:
 
 `--in_memory_rows` (200,000): the first rows of the log as one Parquet file, trained by
 `loops-ctr` read whole (the in-memory path) and streamed (`--format=parquet`), the same
-steps: `memory_over_streamed` is the ratio of their step rates.
+steps: `memory_over_streamed` is the ratio of their step rates. `in_process` takes that
+ratio apart in this process (`step_breakdown`): the step on cached batches, on the stream
+of blocks prepared beforehand, and on the stream.
 """
 
 from __future__ import annotations
@@ -283,12 +285,99 @@ def in_memory_figures(args) -> dict:
     args.memory_limit_gb = limit
     return {
         "rows": args.in_memory_rows,
+        "in_process": step_breakdown(path, args),
         "memory": memory,
         "streamed": streamed,
         "memory_over_streamed": round(memory["step_rows_per_s"] / streamed["step_rows_per_s"], 3)
         if not (memory["exit_code"] or streamed["exit_code"])
         else None,
     }
+
+
+def step_breakdown(path: str, args, steps: int = 1000) -> dict:
+    """Where a streamed step's time goes, in this process on the same rows and model: the
+    Trainer's rows a second on batches cached in memory (the step alone), on the stream with
+    every block read and prepared beforehand (the step and the stream's hand-over), and on
+    the stream (the step, the hand-over and the reading and preparing)."""
+    import keras
+    import tensorflow as tf
+
+    import loops
+    from loops.input import (
+        feature_streams,
+        feature_tables,
+        log_streams,
+        sharded_logs,
+        streaming_fit,
+    )
+    from loops_data.ctr_tables import features_of
+    from loops_models import ctr
+
+    log = sharded_logs.ShardedLog.open(path, file_format="parquet")
+    split = streaming_fit.Split(*SPLIT)
+    fitted = streaming_fit.fit_log(
+        feature_tables.FeatureSpec.from_json(spec()), log, split.bands()["train"]
+    )
+    rows = feature_streams.FeatureLog(log, fitted, split)
+    part = sharded_logs.LogPart(log, *split.bands()["train"])
+    prepare = feature_streams.prepared(fitted)
+    blocks = {b: prepare(part.read(b)) for b in range(len(log.blocks))}
+
+    class Prepared(log_streams.Rows):
+        def block(self, block, stats=None):
+            return blocks[block]
+
+    def stream(source):
+        return log_streams.shuffled_log_batches(
+            source, global_batch_size=args.batch, seed=args.seed,
+            signature=feature_streams.signature(fitted),
+        )  # fmt: skip
+
+    first = list(stream(Prepared(part, prepare)).batches_from(0).take(100))
+    widest = max(b[0]["tags"].shape[1] for b in first)
+
+    def cached():
+        def padded(*parts):
+            return tf.stack([
+                tf.pad(p, [[0, 0], [0, widest - p.shape[1]]], constant_values=-1)
+                if p.shape.rank == 2 else p for p in parts
+            ])  # fmt: skip
+
+        return tf.data.Dataset.from_tensor_slices(
+            tf.nest.map_structure(padded, *first)
+        ).repeat()  # fmt: skip
+
+    sources = {
+        "cached": cached,
+        "prepared_stream": stream(Prepared(part, prepare)),
+        "stream": rows.train_batches(global_batch_size=args.batch, seed=args.seed),
+    }
+    figures = {}
+    for name, source in sources.items():
+        trainer = loops.Trainer(
+            loops.CTRLoop(
+                model_fn=lambda: ctr.build_model(
+                    "dcn_v2", ctr.CTRFeatures(**features_of(fitted)), seed=args.seed
+                ),
+                optimizer_fn=lambda: keras.optimizers.Adam(1e-3),
+                auc_examples=max(rows.row_counts()["test"], 1),
+            ),
+            strategy=loops.testing.replica_strategy(1),
+            train_data=source,
+            eval_data=rows.eval_batches("test", global_batch_size=args.batch),
+            steps_per_loop=100,
+            progress=loops.testing.quiet_progress(),
+        )
+        trainer.train(100)  # traced, and the stream's first window read
+        started = time.perf_counter()
+        trainer.train(100 + steps)
+        figures[f"{name}_rows_per_s"] = round(steps * args.batch / (time.perf_counter() - started))
+        trainer.close()
+    for name in ("prepared_stream", "stream"):
+        figures[f"cached_over_{name}"] = round(
+            figures["cached_rows_per_s"] / figures[f"{name}_rows_per_s"], 3
+        )
+    return figures
 
 
 def measure(args) -> dict:
