@@ -249,6 +249,9 @@ def features_of(fitted: feature_tables.FittedFeatures) -> dict[str, Any]:
     for column in fitted.spec.columns:
         if column.kind == "numeric":
             features["numeric"].append(column.name)
+            bucketized = feature_tables.bucket_name(column.name)
+            if bucketized in cardinalities:
+                features["categorical"][bucketized] = cardinalities[bucketized]
         elif column.kind == "categorical":
             features["categorical"][column.name] = cardinalities[column.name]
         else:

@@ -218,6 +218,7 @@ class CTRTraining:
 
             identity["files"]["data"] = log_record(self._checked_log()[1])
             identity["split"]["how"] = "row hash"
+            identity["split"]["shuffle_window"] = self.data.get("shuffle_window", 8)
         return identity
 
     def identity(self) -> dict[str, Any]:

@@ -309,7 +309,8 @@ CTR_DATA: tuple[Setting, ...] = (
     Setting(
         "test_fraction",
         "data",
-        "The share of the rows held out for the test, drawn at random from --seed, in (0, 1).",
+        "The share of the rows held out for the test, drawn at random from --seed (a sharded "
+        "log's: by a hash of each row's shard and row number), in (0, 1).",
         "float",
         default=0.2,
         check=satisfies(lambda value: 0 < value < 1, "{name} must lie in (0, 1), e.g. 0.2."),

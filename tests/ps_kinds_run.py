@@ -226,6 +226,56 @@ def click_through(builder):
     return build
 
 
+def streamed_click_through(strategy, **settings):
+    """DCN-v2 on a click log of 3 Parquet shards streamed (`loops.input.feature_streams`):
+    shuffled full batches of its training rows, its test rows evaluated (a partial batch)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loops.input import feature_streams, feature_tables, sharded_logs, streaming_fit
+    from loops_data.ctr_tables import features_of
+
+    folder = os.path.abspath("streamed_log")
+    if not os.path.isdir(folder):
+        log = ctr_data.click_log(90, seed=12, numeric_columns=2, categorical_columns=2,
+                                 multi_hot_columns=1, cardinality=6, bag_cardinality=5)  # fmt: skip
+        columns = {"clicked": log.labels.astype(np.int64), "I1": log.columns["I1"]}
+        columns["C1"] = [f"v{value}" for value in log.columns["C1"]]
+        columns["tags"] = ["|".join(str(v) for v in bag if v >= 0) for bag in log.columns["tags"]]
+        os.makedirs(folder)
+        for shard in range(3):
+            part = pa.table(columns).slice(shard * 30, 30)
+            pq.write_table(part, f"{folder}/part-{shard}.parquet", row_group_size=10)
+    spec = feature_tables.FeatureSpec.from_json({"label": "clicked", "columns": [
+        {"name": "I1", "kind": "numeric", "buckets": 4},
+        {"name": "C1", "kind": "categorical"},
+        {"name": "tags", "kind": "multi_hot"},
+    ]})  # fmt: skip
+    log = sharded_logs.ShardedLog.open(folder)
+    split = streaming_fit.Split(0.3)
+    fitted = streaming_fit.fit_log(spec, log, split.bands()["train"])
+    rows = feature_streams.FeatureLog(log, fitted, split)
+    features = ctr_models.CTRFeatures(**features_of(fitted))
+    return make_trainer(
+        loops.CTRLoop,
+        model_fn=lambda: ctr_models.build_model(
+            "dcn_v2",
+            features,
+            embedding_dim=DIM,
+            hidden_units=6,
+            hidden_layers=1,
+            seed=3,
+            table_optimizer_fn=lambda: loops.RowwiseAdagrad(0.5),
+        ),  # fmt: skip
+        optimizer_fn=adam,
+        strategy=strategy,
+        train_data=rows.train_batches(global_batch_size=BATCH, seed=4, window_blocks=2),
+        eval_data=rows.eval_batches("test", global_batch_size=BATCH),
+        progress=testing.quiet_progress(),
+        **settings,
+    )
+
+
 CTR_MODELS = tuple(f"ctr {builder}" for builder in ctr_models.MODELS)
 KINDS = {
     "rating": rating,
@@ -233,6 +283,7 @@ KINDS = {
     "lm": lm,
     "gan": gan,
     **{kind: click_through(kind.removeprefix("ctr ")) for kind in CTR_MODELS},
+    "ctr streamed": streamed_click_through,
 }
 COUNTED = {
     "rating": "pairs",
@@ -240,6 +291,7 @@ COUNTED = {
     "lm": "tokens",
     "gan": "num_examples",
     **dict.fromkeys(CTR_MODELS, "examples"),
+    "ctr streamed": "examples",
 }
 ASYNCHRONOUS = ("rating", "retrieval", "lm")
 

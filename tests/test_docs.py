@@ -2,6 +2,7 @@
 package's version, and no document names a path of one machine instead of the repository's."""
 
 import configparser
+import json
 import os
 import pathlib
 import re
@@ -64,3 +65,11 @@ def test_every_relative_link_of_readme_and_docs_leads_to_a_file():
             if not (REPOSITORY / name).parent.joinpath(target).exists():
                 missing.append(f"{name}: {target}")
     assert missing == []
+
+
+def test_the_adult_spec_docs_ctr_md_shows_is_the_benchmarks_file():
+    page = (REPOSITORY / "docs" / "ctr.md").read_text()
+    start = page.index("```json\n", page.index("benchmarks/adult_spec.json")) + len("```json\n")
+    shown = json.loads(page[start : page.index("```", start)])
+    assert shown == json.loads((REPOSITORY / "benchmarks" / "adult_spec.json").read_text())
+    assert any(column.get("buckets") for column in shown["columns"])

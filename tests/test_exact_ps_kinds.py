@@ -53,6 +53,11 @@ def test_the_recommenders_lm_gan_and_ctr_train_exactly_on_two_workers_and_two_se
     # a server; the evaluation (the exact AUC among it) compared to 1e-5 by the runner.
     for kind in ("rating", "retrieval", "ctr wide_and_deep", "ctr dcn_v2", "ctr dlrm"):
         assert report[kind]["table_shards"] == [2], (kind, report[kind])
+    # DCN-v2 on 3 streamed Parquet shards: full batches of 8 shuffled from windows of 2
+    # blocks, its test rows evaluated in a pass whose last batch is partial.
+    assert report["ctr streamed"]["counted"] == [8, 8, 8]
+    assert report["ctr streamed"]["table_shards"] == [2]
+    assert 0 < report["ctr streamed"]["eval"]["examples"] % 8
     for kind in ("ctr wide_and_deep", "ctr dcn_v2", "ctr dlrm"):
         assert report[kind]["counted"] == [8, 8, 5]
         assert report[kind]["eval"]["examples"] == 21 and 0 < report[kind]["eval"]["auc"] < 1

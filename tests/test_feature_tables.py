@@ -143,7 +143,8 @@ SPEC_REFUSALS = {
     ),
     "an option of another kind": (
         {"label": "y", "columns": [{"name": "a", "kind": "numeric", "hash_bucket": 9}]},
-        "Column 'a' (numeric) has no option 'hash_bucket'; its options are normalize, fill.",
+        "Column 'a' (numeric) has no option 'hash_bucket' (did you mean 'buckets'?); its "
+        "options are normalize, fill, buckets.",
     ),
     "a misspelt option": (
         {"label": "y", "columns": [{"name": "a", "kind": "categorical", "hash_bucket": 9}]},

@@ -27,8 +27,8 @@ ROWS = 3000
 SPEC = {
     "label": "clicked",
     "columns": [
-        {"name": "age", "kind": "numeric"},
-        {"name": "visits", "kind": "numeric", "normalize": "log", "fill": 0},
+        {"name": "age", "kind": "numeric", "buckets": 8},
+        {"name": "visits", "kind": "numeric", "normalize": "log", "fill": 0, "buckets": 4},
         {"name": "city", "kind": "categorical", "min_count": 3},
         {"name": "device", "kind": "categorical", "hash_buckets": 7},
         {"name": "site", "kind": "categorical", "max_vocabulary": 5},
@@ -160,7 +160,7 @@ SPEC_COLUMNS = ("clicked", "age", "visits", "city", "device", "site", "tags")
 
 
 def test_the_pass_split_over_two_processes_and_shards_in_any_order_give_the_same_bits(
-    logs, tmp_path
+    logs, tmp_path, monkeypatch
 ):
     log = sharded_logs.ShardedLog.open(logs["parquet"])
     one = streaming_fit.fit_log(spec(), log, (0.2, 1.0))
@@ -171,8 +171,16 @@ def test_the_pass_split_over_two_processes_and_shards_in_any_order_give_the_same
     by_glob = sharded_logs.ShardedLog.open(os.path.join(logs["parquet"], "part-*.parquet"))
     assert [s.name for s in by_glob.shards] == [s.name for s in log.shards]
     assert streaming_fit.fit_log(spec(), by_glob, (0.2, 1.0)).to_json() == one.to_json()
-    with pytest.raises(ValueError, match="Two shares of the statistics pass hold the same block"):
-        streaming_fit.fit_log(spec(), log, (0, 1), shares=[shares[0], shares[0]])
+    with pytest.raises(ValueError, match="give each chunk of the log once"):
+        streaming_fit.fit_log(spec(), log, (0.2, 1.0), shares=[shares[0], shares[0]])
+    # Chunks of 2 blocks: the 9 blocks in 5 chunks, split 3 ways, merged in chunk order.
+    monkeypatch.setattr(streaming_fit, "CHUNK_BLOCKS", 2)
+    small = streaming_fit.fit_log(spec(), log, (0.2, 1.0))
+    thirds = [streaming_fit.fit_partials(spec(), log, (0.2, 1.0), part=(i, 3)) for i in (2, 0, 1)]
+    assert (
+        streaming_fit.fit_log(spec(), log, (0.2, 1.0), shares=thirds).to_json() == small.to_json()
+    )
+    assert small.vocabularies == one.vocabularies
 
 
 def test_the_vectorized_preparation_equals_the_row_by_row_one_bit_for_bit(logs):
@@ -390,3 +398,47 @@ def test_max_vocabulary_keeps_the_most_frequent_values_ties_by_value():
             {"label": "y", "columns": [{"name": "c", "kind": "categorical", "max_vocabulary": 0}]}
         )
     assert json.loads(json.dumps(SPEC))  # the module's spec is plain JSON
+
+
+def test_quantile_buckets_of_a_numeric_column_from_the_table_the_stream_and_the_export(logs):
+    table = whole_table(rows())
+    exact = feature_tables.fit(spec(), table)
+    ages = np.sort(np.asarray(table.columns["age"], np.float64))
+    # 8 buckets of equal counts (ages of 3 decimals: few ties); each boundary a bucket's
+    # first value.
+    assert exact.cardinalities()["age_bucket"] == 8
+    columns, _ = exact.arrays(table)
+    np.testing.assert_array_equal(
+        columns["age_bucket"], np.searchsorted(exact.boundaries["age"], table.columns["age"],
+                                               side="right"),
+    )  # fmt: skip
+    assert np.abs(np.bincount(columns["age_bucket"]) - ROWS / 8).max() <= 3
+    assert set(exact.boundaries["age"]) <= set(ages)
+    # Visits (log1p of Poisson counts, 0 on every 11th row as the fill): the heavy values are
+    # buckets of their own, so the 4 buckets are uneven but all used.
+    visits = np.bincount(columns["visits_bucket"])
+    assert len(visits) == exact.cardinalities()["visits_bucket"] == 4 and visits.min() > 0
+    # The stream's sketch: each boundary's rank within rows / SKETCH_POINTS of the exact one.
+    log = sharded_logs.ShardedLog.open(logs["parquet"])
+    streamed = streaming_fit.fit_log(spec(), log, (0, 1))
+    ranks = np.searchsorted(ages, streamed.boundaries["age"])
+    exact_ranks = np.searchsorted(ages, exact.boundaries["age"])
+    assert len(ranks) == len(exact_ranks) == 7
+    assert np.abs(ranks - exact_ranks).max() <= ROWS / streaming_fit.SKETCH_POINTS + 1
+    # The export's graph gives the buckets the arrays give.
+    from loops.model_dir.raw_features import RawFeatures
+
+    prepared = RawFeatures(exact)(
+        {
+            "age": tf.constant(table.columns["age"], tf.float64),
+            "visits": tf.constant([float(v or 0) for v in table.columns["visits"]], tf.float64),
+            **{n: tf.constant([str(v) for v in table.columns[n]]) for n in
+               ("city", "device", "site", "tags")},
+        }
+    )  # fmt: skip
+    for name in ("age_bucket", "visits_bucket"):
+        np.testing.assert_array_equal(prepared[name].numpy(), columns[name], err_msg=name)
+    with pytest.raises(ValueError, match="has buckets=1; give a whole number >= 2"):
+        feature_tables.FeatureSpec.from_json(
+            {"label": "y", "columns": [{"name": "a", "kind": "numeric", "buckets": 1}]}
+        )

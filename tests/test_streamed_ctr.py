@@ -4,6 +4,7 @@ last eval batch included), and loops-ctr on shards killed mid-epoch resumes to t
 run's weights on the same layout and on another."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,7 +197,6 @@ def final_weights(model_dir):
     }
 
 
-@pytest.mark.slow
 def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_another_layout(
     tmp_path, shards
 ):
@@ -204,6 +204,7 @@ def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_
 
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))
+    shards = shutil.copytree(shards, tmp_path / "log")
     runs = {
         "whole": ctr_run(tmp_path / "whole", shards, spec),
         # Killed as its 4th inner loop starts (the checkpoint of step 15 written): 560 training
@@ -229,3 +230,10 @@ def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_
     results = json.loads((tmp_path / "whole" / "results.json").read_text())
     assert results["data"]["source"].endswith("3 shards, 700 rows (streamed)")
     assert results["test"]["examples"] == results["data"]["test_rows"] > 100
+    # A shard rewritten between runs: the resume is refused before TensorFlow starts,
+    # naming the log, and the run's checkpoints stay as they were.
+    pq.write_table(pa.table(log_columns(50, seed=8)), shards / "day-1.parquet")
+    refused = ctr_run(tmp_path / "whole", shards, spec, "--train_steps=50")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert f"--data={shards} changed since the run read it" in refused.stderr, refused.stderr
+    assert final_weights(tmp_path / "whole").keys() == expected.keys()

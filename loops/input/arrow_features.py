@@ -1,9 +1,10 @@
 """A block of a feature log (a pyarrow table) turned into a click-through model's arrays, and
 into its statistics, by vectorized pyarrow and numpy operations: the same arrays and figures as
-`feature_tables`' row-by-row reading, 10-100x faster. Where a block holds something that reading
-decides value by value (an empty categorical field of a number column, a float category, a
-field that is no number, a value past float32's range, bytes that are not UTF-8), these
-functions answer None and the caller reads the block row by row, whose sentence names the row.
+`feature_tables`' row-by-row reading, without a Python step a value. Where a block holds
+something that reading decides value by value (an empty categorical field of a number column,
+a float category, a field that is no number, a value past float32's range, bytes that are not
+UTF-8), these functions answer None and the caller reads the block row by row, whose sentence
+names the row.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from loops.input.feature_tables import PAD_ID, Column, FeatureSpec, FittedFeatures
+from loops.input.feature_tables import (
+    PAD_ID,
+    Column,
+    FeatureSpec,
+    FittedFeatures,
+    bucket_ids,
+    bucket_name,
+)
 
 # pyarrow is installed with tensorflow-datasets; these functions run only on sharded logs.
 
@@ -180,10 +188,15 @@ class Prepared:
         for column in self.fitted.spec.columns:
             if column.kind == "numeric":
                 values = numbers(column, table[column.name])
-                normalized = None if values is None else self._normalized(column, values)
+                if values is None:
+                    return None
+                normalized = self._normalized(column, values)
                 if normalized is None:
                     return None
                 columns[column.name] = normalized
+                if column.name in self.fitted.boundaries:
+                    bounds = self.fitted.boundaries[column.name]
+                    columns[bucket_name(column.name)] = bucket_ids(values, bounds)
                 continue
             read = _values(column, table)
             if read is None:

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.input import arrow_features, log_streams
-from loops.input.feature_tables import FittedFeatures
+from loops.input.feature_tables import FittedFeatures, bucket_name
 from loops.input.sharded_logs import BlockTable, LogPart, ShardedLog
 from loops.input.streaming_fit import Split
 
@@ -44,6 +44,8 @@ def signature(fitted: FittedFeatures) -> tuple[dict[str, tf.TensorSpec], tf.Tens
     for column in fitted.spec.columns:
         if column.kind == "numeric":
             columns[column.name] = tf.TensorSpec([None], tf.float32)
+            if column.name in fitted.boundaries:
+                columns[bucket_name(column.name)] = tf.TensorSpec([None], tf.int32)
         elif column.kind == "categorical":
             columns[column.name] = tf.TensorSpec([None], tf.int32)
         else:

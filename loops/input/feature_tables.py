@@ -56,7 +56,7 @@ NORMALIZATIONS = ("standard", "log", "none")
 POOLINGS = ("mean", "sum")
 # The options each kind takes besides its name and kind, with their defaults.
 _OPTIONS: dict[str, dict[str, Any]] = {
-    "numeric": {"normalize": "standard", "fill": None},
+    "numeric": {"normalize": "standard", "fill": None, "buckets": None},
     "categorical": {
         "hash_buckets": None,
         "min_count": 1,
@@ -237,6 +237,12 @@ def _check_options(column: Column) -> None:
         value = options.get(key)
         if value is not None and not is_whole(value, 1):
             raise ValueError(f"Column {name!r} has {key}={value!r}; give a whole number >= 1.")
+    buckets = options.get("buckets")
+    if buckets is not None and not is_whole(buckets, 2):
+        raise ValueError(
+            f"Column {name!r} has buckets={buckets!r}; give a whole number >= 2 (the quantile "
+            "buckets of its training values), or leave it out."
+        )
     fill = options.get("fill")
     if fill is not None and (
         isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill)
@@ -249,6 +255,17 @@ def _check_options(column: Column) -> None:
 
 def _check_names(label: str, columns: Sequence[Column]) -> None:
     seen = collections.Counter(column.name for column in columns)
+    for column in columns:
+        if (
+            column.kind == "numeric"
+            and column.option("buckets")
+            and bucket_name(column.name) in seen
+        ):
+            raise ValueError(
+                f"Column {column.name!r} has buckets, which the model reads as "
+                f"{bucket_name(column.name)!r}, and the spec names a column "
+                f"{bucket_name(column.name)!r} too; rename that one."
+            )
     twice = sorted(name for name, count in seen.items() if count > 1)
     if twice:
         raise ValueError(f"The feature spec names {', '.join(twice)} twice; name each once.")
@@ -260,6 +277,11 @@ def _check_names(label: str, columns: Sequence[Column]) -> None:
     for column in columns:
         for source in column.crosses():
             _check_crossed(column, by_name.get(source), source, label)
+
+
+def bucket_name(name: str) -> str:
+    """The model's column of a numeric column's quantile buckets."""
+    return name + "_bucket"
 
 
 def _check_crossed(column: Column, crossed: Column | None, source: str, label: str) -> None:
@@ -476,15 +498,22 @@ class FittedFeatures:
     spec: FeatureSpec
     vocabularies: dict[str, list[str]]
     scales: dict[str, tuple[float, float]]
+    # A numeric column with `buckets`: the training values' quantiles that bound its buckets
+    # (as `numbers_of` reads its values: log1p'd for normalize=log), distinct, increasing.
+    boundaries: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     def cardinalities(self) -> dict[str, int]:
         """The rows of each categorical and multi-hot column's table (row 0 out-of-vocabulary
-        for a vocabulary; the buckets for a hashed column)."""
-        return {
+        for a vocabulary; the buckets for a hashed column), and of each numeric column's
+        buckets (`bucket_name`: one more than its boundaries)."""
+        tables = {
             column.name: column.option("hash_buckets") or len(self.vocabularies[column.name]) + 1
             for column in self.spec.columns
             if column.kind != "numeric"
         }
+        for name, bounds in self.boundaries.items():
+            tables[bucket_name(name)] = len(bounds) + 1
+        return tables
 
     def to_json(self) -> str:
         """Everything `from_json` needs, as JSON text (for a checkpoint or an export)."""
@@ -497,17 +526,21 @@ class FittedFeatures:
             ],
         }
         # Strict JSON: every scale is finite (`_scale`), so no Infinity or NaN is written.
-        return json.dumps(
-            {"spec": spec, "vocabularies": self.vocabularies, "scales": self.scales},
-            sort_keys=True,
-            allow_nan=False,
-        )
+        saved: dict[str, Any] = {
+            "spec": spec,
+            "vocabularies": self.vocabularies,
+            "scales": self.scales,
+        }
+        if self.boundaries:
+            saved["boundaries"] = self.boundaries
+        return json.dumps(saved, sort_keys=True, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> FittedFeatures:
         saved = json.loads(text)
         scales = {name: (float(a), float(b)) for name, (a, b) in saved["scales"].items()}
-        return cls(FeatureSpec.from_json(saved["spec"]), saved["vocabularies"], scales)
+        boundaries = {name: list(map(float, b)) for name, b in saved.get("boundaries", {}).items()}
+        return cls(FeatureSpec.from_json(saved["spec"]), saved["vocabularies"], scales, boundaries)
 
     def arrays(
         self, table: Table, *, part: bool = False
@@ -529,6 +562,10 @@ class FittedFeatures:
             if column.kind == "numeric":
                 values = numbers_of(column, fields, table)
                 columns[column.name] = _normalized(column, values, self.scales[column.name], table)
+                if column.name in self.boundaries:
+                    columns[bucket_name(column.name)] = bucket_ids(
+                        values, self.boundaries[column.name]
+                    )
             else:
                 bags = bags_of(column, fields, table)
                 columns[column.name] = self._rows_of(column, bags)
@@ -564,17 +601,50 @@ def fit(spec: FeatureSpec, table: Table) -> FittedFeatures:
     labels = labels_of(spec, table)
     vocabularies: dict[str, list[str]] = {}
     scales: dict[str, tuple[float, float]] = {}
+    boundaries: dict[str, list[float]] = {}
     for column in spec.columns:
         fields = fields_of(column, table)
         if column.kind == "numeric":
             values = numbers_of(column, fields, table)
             scales[column.name] = _scale(column, values)
+            if column.option("buckets"):
+                boundaries[column.name] = quantile_boundaries(
+                    np.sort(values), np.ones(len(values)), column.option("buckets")
+                )
             _normalized(column, values, scales[column.name], table)  # each within float32
         elif not column.option("hash_buckets"):
             counts = collections.Counter(v for bag in bags_of(column, fields, table) for v in bag)
             vocabularies[column.name] = vocabulary_of(column, counts)
     _check_both_labels(spec, table, labels)
-    return FittedFeatures(spec, vocabularies, scales)
+    return FittedFeatures(spec, vocabularies, scales, boundaries)
+
+
+def quantile_boundaries(values: np.ndarray, weights: np.ndarray, buckets: int) -> list[float]:
+    """The boundaries of at most `buckets` buckets of equal weight over sorted `values` of
+    these weights: walking up the distinct values, a bucket ends once it holds its share of
+    the weight left (the weight left over the buckets left), and the next value starts the
+    next. A value heavier than a share is a bucket of its own and the buckets left split the
+    rest: a column that is 0 on most rows (capital gains) gets 0 alone, then thresholds among
+    the others. Each boundary is the first value of a bucket."""
+    if not len(values):
+        return []
+    distinct, starts = np.unique(values, return_index=True)
+    mass = np.add.reduceat(np.asarray(weights, np.float64), starts)
+    bounds: list[float] = []
+    left, buckets_left, held = float(mass.sum()), buckets, 0.0
+    for index in range(len(distinct) - 1):
+        held += mass[index]
+        if buckets_left > 1 and held >= left / buckets_left:
+            bounds.append(float(distinct[index + 1]))
+            left, buckets_left, held = left - held, buckets_left - 1, 0.0
+    return bounds
+
+
+def bucket_ids(values: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
+    """Each value's bucket, 0..len(boundaries): the boundaries at or below it (int64)."""
+    return np.searchsorted(np.asarray(boundaries, np.float64), values, side="right").astype(
+        np.int64
+    )
 
 
 def vocabulary_of(column: Column, counts: Mapping[str, int]) -> list[str]:

@@ -30,6 +30,7 @@ _SPLIT_KEYS = {
     "test_fraction": "test_fraction",
     "validation_fraction": "validation_fraction",
     "seed": "seed",
+    "shuffle_window": "shuffle_window",  # a sharded log's stream (None for any other)
 }
 # What a record from before validation splits (loops 5.2) means: no validation rows.
 _NO_VALIDATION = {"validation_fraction": 0.0, "validation_rows": 0}

@@ -142,51 +142,60 @@ def shuffled_log_batches(
         raise ValueError(f"{rows.part!r} holds no rows to train on.")
     stats = stats if stats is not None else StreamStats()
 
-    def windows(position: int) -> Iterator[tuple[Any, Any, np.ndarray]]:
-        """(rows carried over, a window's prepared rows, the order its rows are taken in): the
-        carried rows and the ordered ones fill whole batches; what is left is carried on."""
-        stream_row, carry = position * global_batch_size, None
-        while True:
-            epoch, place = divmod(stream_row, epochs.rows)
-            blocks, starts = epochs.windows(epoch)
-            window = int(np.searchsorted(starts, place, side="right")) - 1
-            parts = [rows.block(int(b), stats) for b in blocks[window] if epochs.counts[b]]
-            prepared = _joined(parts)
-            order = epochs.order(epoch, window, _rows_of(prepared))[place - starts[window] :]
-            stream_row += len(order)
-            carry = _taken(prepared, order[:0]) if carry is None else carry
-            held = _rows_of(carry) + len(order)
-            stats.held(_rows_of(prepared) + _rows_of(carry))
-            if held < global_batch_size:
-                carry = _joined([carry, _taken(prepared, order)])
-                continue
-            kept = len(order) - held % global_batch_size
-            yield carry, prepared, order[:kept]
-            carry = _taken(prepared, order[kept:])
-
-    def to_batches(carry, window, order):
-        """The carried rows, then the window's rows in `order`, as whole batches (a gather and a
-        reshape in the graph: the permutation runs without Python's lock)."""
-        rows_in = tf.nest.map_structure(
-            lambda before, part: _padded_concat(before, tf.gather(part, order)), carry, window
-        )
-        count = tf.shape(tf.nest.flatten(rows_in)[0])[0] // global_batch_size
-        return tf.data.Dataset.from_tensor_slices(
-            tf.nest.map_structure(
-                lambda part: tf.reshape(
-                    part, tf.concat([[count, global_batch_size], tf.shape(part)[1:]], 0)
-                ),
-                rows_in,
-            )
-        )
-
-    row_spec = signature
-    generated = (row_spec, row_spec, tf.TensorSpec([None], tf.int64))
+    generated = (signature, signature, tf.TensorSpec([None], tf.int64))
     return SeekableBatches(
         lambda position: (
-            tf.data.Dataset.from_generator(lambda: windows(position), output_signature=generated)
-            .flat_map(to_batches)
+            tf.data.Dataset.from_generator(
+                lambda: _windows(rows, epochs, stats, global_batch_size, position),
+                output_signature=generated,
+            )
+            .flat_map(
+                lambda carry, part, order: _whole_batches(carry, part, order, global_batch_size)
+            )
             .prefetch(4)
+        )
+    )
+
+
+def _windows(
+    rows: Rows, epochs: _Epochs, stats: StreamStats, global_batch_size: int, position: int
+) -> Iterator[tuple[Any, Any, np.ndarray]]:
+    """From batch `position` on: (rows carried over, a window's prepared rows, the order its
+    rows are taken in), the carried rows and the ordered ones filling whole batches; what is
+    left is carried on to the next window."""
+    stream_row, carry = position * global_batch_size, None
+    while True:
+        epoch, place = divmod(stream_row, epochs.rows)
+        blocks, starts = epochs.windows(epoch)
+        window = int(np.searchsorted(starts, place, side="right")) - 1
+        parts = [rows.block(int(b), stats) for b in blocks[window] if epochs.counts[b]]
+        prepared = _joined(parts)
+        order = epochs.order(epoch, window, _rows_of(prepared))[place - starts[window] :]
+        stream_row += len(order)
+        carry = _taken(prepared, order[:0]) if carry is None else carry
+        held = _rows_of(carry) + len(order)
+        stats.held(_rows_of(prepared) + _rows_of(carry))
+        if held < global_batch_size:
+            carry = _joined([carry, _taken(prepared, order)])
+            continue
+        kept = len(order) - held % global_batch_size
+        yield carry, prepared, order[:kept]
+        carry = _taken(prepared, order[kept:])
+
+
+def _whole_batches(carry, window, order, global_batch_size: int) -> tf.data.Dataset:
+    """The carried rows, then the window's rows in `order`, as whole batches (a gather and a
+    reshape in the graph: the permutation runs without Python's lock)."""
+    rows_in = tf.nest.map_structure(
+        lambda before, part: _padded_concat(before, tf.gather(part, order)), carry, window
+    )
+    count = tf.shape(tf.nest.flatten(rows_in)[0])[0] // global_batch_size
+    return tf.data.Dataset.from_tensor_slices(
+        tf.nest.map_structure(
+            lambda part: tf.reshape(
+                part, tf.concat([[count, global_batch_size], tf.shape(part)[1:]], 0)
+            ),
+            rows_in,
         )
     )
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from loops.input.feature_tables import Table
+from loops.vocabulary.whole_numbers import check_whole
 
 FORMATS = ("parquet", "tfrecord", "csv", "tsv", "criteo")
 CRITEO_COLUMNS = ("label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27)))
@@ -176,8 +177,7 @@ class ShardedLog:
             ValueError: nothing found, shards of several formats, an unknown format, or a shard
                 its format cannot read, naming the path and the fix.
         """
-        if not isinstance(block_rows, int) or block_rows < 1:
-            raise ValueError(f"block_rows is a whole number >= 1, got {block_rows!r}.")
+        check_whole("block_rows", block_rows, 1)
         paths, root = _found(pattern)
         file_format = _format_of(pattern, paths, file_format)
         shards = [_shard(path, root) for path in paths]

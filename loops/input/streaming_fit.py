@@ -74,6 +74,43 @@ class Moments:
         return self.mean * scale, deviation if deviation > 0 else 1.0
 
 
+# The weighted points a numeric column's quantile sketch keeps from a block, and at most
+# (compressed to this many when a merge passes 4 times as many).
+SKETCH_POINTS = 2048
+
+
+@dataclasses.dataclass
+class Sketch:
+    """A numeric column's values as weighted points for its quantile buckets: a block's
+    `SKETCH_POINTS` order statistics evenly spaced in rank (all of them in a smaller block),
+    each weighing the rows it stands for. Merged in block order and compressed the same way,
+    it gives the same boundaries from any split of the blocks; each boundary's rank is within
+    about rows / SKETCH_POINTS of the exact quantile's."""
+
+    values: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    weights: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Sketch:
+        ordered = np.sort(values)
+        return cls(ordered, np.ones(len(ordered))).compressed(SKETCH_POINTS)
+
+    def compressed(self, points: int) -> Sketch:
+        if len(self.values) <= points:
+            return self
+        cumulative = np.cumsum(self.weights)
+        targets = cumulative[-1] * (np.arange(points) + 0.5) / points
+        index = np.minimum(np.searchsorted(cumulative, targets), len(self.values) - 1)
+        return Sketch(self.values[index], np.full(points, cumulative[-1] / points))
+
+    def merged(self, other: Sketch) -> Sketch:
+        values = np.concatenate([self.values, other.values])
+        weights = np.concatenate([self.weights, other.weights])
+        order = np.argsort(values, kind="stable")
+        merged = Sketch(values[order], weights[order])
+        return merged.compressed(SKETCH_POINTS) if len(values) > 4 * SKETCH_POINTS else merged
+
+
 @dataclasses.dataclass
 class FitPartials:
     """The statistics of some blocks of a log, by column (see the module docstring), and the
@@ -81,6 +118,7 @@ class FitPartials:
 
     counts: dict[str, collections.Counter] = dataclasses.field(default_factory=dict)
     moments: dict[str, Moments] = dataclasses.field(default_factory=dict)
+    sketches: dict[str, Sketch] = dataclasses.field(default_factory=dict)
     labels: list[int] = dataclasses.field(default_factory=lambda: [0, 0])
     label_values: set[str] = dataclasses.field(default_factory=set)
     rows: int = 0
@@ -92,6 +130,10 @@ class FitPartials:
             self.counts.setdefault(name, collections.Counter()).update(counter)
         for name, value in other.moments.items():
             self.moments[name] = self.moments[name].merged(value) if name in self.moments else value
+        for name, sketch in other.sketches.items():
+            self.sketches[name] = (
+                self.sketches[name].merged(sketch) if name in self.sketches else sketch
+            )
         self.labels = [self.labels[0] + other.labels[0], self.labels[1] + other.labels[1]]
         self.label_values |= other.label_values
         self.rows += other.rows
@@ -129,6 +171,8 @@ def block_partials(spec: FeatureSpec, block: BlockTable) -> FitPartials:
                 fields = feature_tables.fields_of(column, table)
                 values = feature_tables.numbers_of(column, fields, table)
             partials.moments[column.name] = Moments.of(values)
+            if column.option("buckets"):
+                partials.sketches[column.name] = Sketch.of(values)
         elif not column.option("hash_buckets"):
             counts = arrow_features.value_counts(column, arrow)
             if counts is None:
@@ -171,8 +215,13 @@ def fitted(spec: FeatureSpec, partials: FitPartials, source: str) -> FittedFeatu
             f"{source}'s training rows ({partials.rows}) hold one label alone: there is "
             "nothing to learn (nor an AUC to measure); give rows of both labels."
         )
-    vocabularies, scales = {}, {}
+    vocabularies, scales, boundaries = {}, {}, {}
     for column in spec.columns:
+        if column.kind == "numeric" and column.option("buckets"):
+            sketch = partials.sketches[column.name]
+            boundaries[column.name] = feature_tables.quantile_boundaries(
+                sketch.values, sketch.weights, column.option("buckets")
+            )
         if column.kind == "numeric":
             moments = partials.moments[column.name]
             standard = column.option("normalize") == "standard"
@@ -181,7 +230,7 @@ def fitted(spec: FeatureSpec, partials: FitPartials, source: str) -> FittedFeatu
         elif not column.option("hash_buckets"):
             counts = partials.counts[column.name]
             vocabularies[column.name] = feature_tables.vocabulary_of(column, counts)
-    return FittedFeatures(spec, vocabularies, scales)
+    return FittedFeatures(spec, vocabularies, scales, boundaries)
 
 
 def _check_float32(
@@ -212,23 +261,47 @@ class Split:
         return {"test": (0.0, test), "validation": (test, validation), "train": (validation, 1.0)}
 
 
+# Blocks whose numeric statistics one process merges in order before handing them on: the
+# unit a pass is split in (a process takes whole chunks), so the float figures are merged in
+# one order whatever the split, and a process holds a few numbers a chunk, not a block.
+CHUNK_BLOCKS = 64
+
+
+@dataclasses.dataclass
+class FitShare:
+    """One process's share of the statistics pass: its blocks' value counts and labels added
+    up (integers: in any order), and each of its chunks' numeric moments and sketches (merged
+    in chunk order by `fit_log`)."""
+
+    totals: FitPartials
+    chunks: dict[int, FitPartials]
+
+
 def fit_partials(
     spec: FeatureSpec,
     log: ShardedLog,
     band: tuple[float, float],
     *,
     part: tuple[int, int] = (0, 1),
-) -> list[tuple[int, FitPartials]]:
-    """(block, partials) of the rows of `band` in blocks b with b % part[1] == part[0]: one
-    process's share of the statistics pass (`fit_log` merges the shares)."""
+) -> FitShare:
+    """The statistics of the rows of `band` in the chunks c (`CHUNK_BLOCKS` blocks each) with
+    c % part[1] == part[0]: one process's share of the pass (`fit_log` merges the shares). It
+    holds the distinct values' counts and a few numbers a chunk, whatever the rows."""
     index, count = part
     rows = LogPart(log, *band)
-    found = []
-    for block in range(index, len(log.blocks), count):
-        table = rows.read(block)
-        if table.num_rows:
-            found.append((block, block_partials(spec, table)))
-    return found
+    totals, chunks = FitPartials(), {}
+    for chunk in range(index, -(-len(log.blocks) // CHUNK_BLOCKS), count):
+        numbers = FitPartials()
+        for block in range(chunk * CHUNK_BLOCKS, min(len(log.blocks), (chunk + 1) * CHUNK_BLOCKS)):
+            table = rows.read(block)
+            if not table.num_rows:
+                continue
+            found = block_partials(spec, table)
+            numbers.add(FitPartials(moments=found.moments, sketches=found.sketches))
+            found.moments, found.sketches = {}, {}
+            totals.add(found)
+        chunks[chunk] = numbers
+    return FitShare(totals, chunks)
 
 
 def fit_log(
@@ -236,15 +309,26 @@ def fit_log(
     log: ShardedLog,
     band: tuple[float, float],
     *,
-    shares: Sequence[list[tuple[int, FitPartials]]] | None = None,
+    shares: Sequence[FitShare] | None = None,
 ) -> FittedFeatures:
-    """The vocabularies and scales of the rows of `band`, from `shares` (each process's
-    `fit_partials`, in any order), or from one pass here; merged in block order, so any split of
-    the blocks gives the same result."""
+    """The vocabularies, scales and buckets of the rows of `band`, from `shares` (each
+    process's `fit_partials`, in any order), or from one pass here: counts added, numeric
+    figures merged in chunk order, so any split of the chunks gives the same result.
+
+    Raises:
+        ValueError: a chunk in two shares, or one in none; as `fitted`.
+    """
     shares = [fit_partials(spec, log, band)] if shares is None else shares
-    ordered = sorted((entry for share in shares for entry in share), key=lambda e: e[0])
-    blocks = [block for block, _ in ordered]
-    if len(set(blocks)) != len(blocks):
-        raise ValueError("Two shares of the statistics pass hold the same block; give each once.")
-    total = merged(partials for _, partials in ordered)
+    chunks = sorted(chunk for share in shares for chunk in share.chunks)
+    if chunks != list(range(-(-len(log.blocks) // CHUNK_BLOCKS))):
+        raise ValueError(
+            f"The shares of the statistics pass hold chunks {chunks[:8]}...; give each chunk "
+            "of the log once (fit_partials with part=(i, n) for i in 0..n-1)."
+        )
+    total = FitPartials()
+    for share in shares:
+        total.add(share.totals)
+    by_chunk = {chunk: part for share in shares for chunk, part in share.chunks.items()}
+    numbers = merged(by_chunk[chunk] for chunk in chunks)
+    total.moments, total.sketches = numbers.moments, numbers.sketches
     return fitted(spec, total, log.root)

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from loops.input.feature_tables import PAD_ID, Column, FittedFeatures
+from loops.input.feature_tables import PAD_ID, Column, FittedFeatures, bucket_name
 from loops.model_dir import signature_names
 
 
@@ -32,6 +32,9 @@ class RawFeatures(tf.Module):
         self._spec = fitted.spec
         self._columns = list(fitted.spec.columns)
         self._scales = dict(fitted.scales)
+        self._boundaries = {
+            name: tf.constant(bounds, tf.float64) for name, bounds in fitted.boundaries.items()
+        }
         self.tables = {
             column.name: _vocabulary_table(fitted.vocabularies[column.name])
             for column in self._columns
@@ -76,6 +79,12 @@ class RawFeatures(tf.Module):
             values = self._crossed(column, raw) if column.crosses() else raw[column.name]
             if column.kind == "numeric":
                 prepared[column.name] = self._numbers(column, values)
+                if column.name in self._boundaries:
+                    # The bucket of the value as `numbers_of` reads it (log1p'd for log).
+                    read = tf.math.log1p(values) if column.option("normalize") == "log" else values
+                    prepared[bucket_name(column.name)] = tf.searchsorted(
+                        self._boundaries[column.name], read, side="right", out_type=tf.int64
+                    )
             elif column.kind == "categorical":
                 prepared[column.name] = self._ids(column, values)
             else:
