@@ -360,7 +360,7 @@ def main(workers, servers, steps):
             "counted": exact["logs"][COUNTED[kind]].tolist(),
             "table_shards": exact["table_shards"],
         }
-        if kind in CTR_MODELS:
+        if kind.startswith("ctr"):
             report[kind]["eval"] = {
                 name: float(exact["eval"][name]) for name in ("examples", "auc")
             }
