@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -109,24 +110,15 @@ class StreamedTable:
         return figures_of(np.concatenate(logits), np.concatenate(labels))
 
 
-def checked_log_fit(
-    data: str,
-    spec: str,
-    *,
-    file_format: str | None,
-    test_fraction: float,
-    validation_fraction: float,
-) -> tuple[feature_tables.FeatureSpec, sharded_logs.ShardedLog, feature_tables.FittedFeatures]:
-    """The spec and the sharded log of --data and --spec, indexed, and the statistics of its
-    training rows fitted in one pass that checks every field they hold (before TensorFlow
-    starts).
+def opened_log(
+    data: str, spec: str, *, file_format: str | None
+) -> tuple[feature_tables.FeatureSpec, sharded_logs.ShardedLog]:
+    """The spec of --spec and the sharded log of --data, indexed (no row read).
 
     Raises:
-        ValueError: a spec file missing or not a spec, a log that cannot be read, or a field its
-            column does not take, naming the file, the value and the fix.
+        ValueError: a spec file missing or not a spec, or a log that cannot be indexed, naming
+            the file and the fix.
     """
-    from loops.input.streaming_fit import Split, fit_log
-
     if not os.path.isfile(spec):
         raise ValueError(
             f"--spec={spec} is not a file; name a JSON file that exists (the feature spec: "
@@ -134,11 +126,76 @@ def checked_log_fit(
         )
     parsed = feature_tables.FeatureSpec.read(spec)
     try:
-        log = sharded_logs.ShardedLog.open(data, file_format=file_format)
-        fitted = fit_log(parsed, log, Split(test_fraction, validation_fraction).bands()["train"])
+        return parsed, sharded_logs.ShardedLog.open(data, file_format=file_format)
     except ValueError as error:
-        raise ValueError(f"{error} (--data={data}, --spec={spec})") from None
-    return parsed, log, fitted
+        raise ValueError(f"{error} (--data={data})") from None
+
+
+# In a model_dir: the statistics a run's pass fitted, with what they were fitted on.
+FITTED_FILE = "streamed_features.json"
+
+
+def fitted_log(
+    spec: feature_tables.FeatureSpec,
+    log: sharded_logs.ShardedLog,
+    *,
+    split: tuple[float, float],
+    model_dir: str | None,
+    flags: str,
+) -> feature_tables.FittedFeatures:
+    """The statistics of the log's training rows: those a run in `model_dir` fitted on the
+    same log, spec and split (`FITTED_FILE`: a resume reads them, never recomputes them),
+    else one pass that checks every field the training rows hold (before TensorFlow starts).
+
+    Raises:
+        ValueError: a field its column does not take, naming the shard, the row, the value and
+            the fix, and `flags`.
+    """
+    from loops.input.streaming_fit import Split, fit_log
+
+    basis = {"log": dict(log_record(log)), "spec": json.loads(_spec_json(spec)), "split": split}
+    saved = _saved_fit(model_dir, basis)
+    if saved is not None:
+        return saved
+    try:
+        return fit_log(spec, log, Split(*split).bands()["train"])
+    except ValueError as error:
+        raise ValueError(f"{error} ({flags})") from None
+
+
+def _spec_json(spec: feature_tables.FeatureSpec) -> str:
+    empty = feature_tables.FittedFeatures(spec, {}, {})
+    return json.dumps(json.loads(empty.to_json())["spec"], sort_keys=True)
+
+
+def _saved_fit(model_dir: str | None, basis: dict) -> feature_tables.FittedFeatures | None:
+    path = os.path.join(model_dir or "", FITTED_FILE)
+    if not model_dir or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as stream:
+            saved = json.load(stream)
+        if saved.get("basis") != json.loads(json.dumps(basis)):
+            return None
+        return feature_tables.FittedFeatures.from_json(saved["fitted"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable: fitted again, and written anew
+
+
+def save_fit(
+    model_dir: str,
+    spec: feature_tables.FeatureSpec,
+    log: sharded_logs.ShardedLog,
+    fitted: feature_tables.FittedFeatures,
+    split: tuple[float, float],
+) -> None:
+    """Writes `FITTED_FILE` in `model_dir` (atomically) for a resume to read."""
+    from loops.core import reporting
+
+    basis = {"log": dict(log_record(log)), "spec": json.loads(_spec_json(spec)), "split": split}
+    reporting.write_json_atomic(
+        os.path.join(model_dir, FITTED_FILE), {"basis": basis, "fitted": fitted.to_json()}
+    )
 
 
 def log_record(log: sharded_logs.ShardedLog) -> Mapping[str, Any]:

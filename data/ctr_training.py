@@ -128,6 +128,9 @@ class CTRTraining:
 
         fitted = None
         if self.streamed:
+            # A changed log is refused before its pass; a resume reads the run's statistics.
+            self.checked["model_dir"] = model_dir
+            run_config.refuse_other_training_data(model_dir, self._identity())
             spec, _, fitted = self._checked_log()
         elif self.data["data"] is not None:
             spec, table, fitted = ctr_tables.checked_fit(self.data["data"], self.data["spec"])
@@ -147,21 +150,35 @@ class CTRTraining:
         identity = self.checked["identity"] = self._identity()
         run_config.refuse_other_training_data(model_dir, identity)
 
-    def _checked_log(self) -> tuple[FeatureSpec, Any, FittedFeatures]:
-        """The spec, the indexed log of shards and its training rows' statistics, read and
-        checked once (one streaming pass: `loops_data.ctr_streams.checked_log_fit`)."""
+    def _opened_log(self) -> tuple[FeatureSpec, Any]:
+        """The spec and the indexed log of shards, opened once (`ctr_streams.opened_log`)."""
         if "log" not in self.checked:
             from loops_data import ctr_streams
 
-            read = ctr_streams.checked_log_fit(
-                self.data["data"],
-                self.data["spec"],
-                file_format=self.data.get("format"),
-                test_fraction=self.data["test_fraction"],
-                validation_fraction=self.data["validation_fraction"],
+            read = ctr_streams.opened_log(
+                self.data["data"], self.data["spec"], file_format=self.data.get("format")
             )
-            self.checked.update(zip(("spec", "log", "fitted"), read))
-        return self.checked["spec"], self.checked["log"], self.checked["fitted"]
+            self.checked.update(zip(("spec", "log"), read))
+        return self.checked["spec"], self.checked["log"]
+
+    def _checked_log(self) -> tuple[FeatureSpec, Any, FittedFeatures]:
+        """The spec, the indexed log and its training rows' statistics: those a run in the
+        model_dir fitted, else one streaming pass (`ctr_streams.fitted_log`), once."""
+        spec, log = self._opened_log()
+        if "fitted" not in self.checked:
+            from loops_data import ctr_streams
+
+            self.checked["fitted"] = ctr_streams.fitted_log(
+                spec,
+                log,
+                split=self._split_fractions(),
+                model_dir=self.checked.get("model_dir"),
+                flags=f"--data={self.data['data']}, --spec={self.data['spec']}",
+            )
+        return spec, log, self.checked["fitted"]
+
+    def _split_fractions(self) -> tuple[float, float]:
+        return self.data["test_fraction"], self.data["validation_fraction"]
 
     def _check_served_names(self, spec: FeatureSpec) -> None:
         """Refuses a spec two of whose columns the export would serve under one name, before
@@ -216,7 +233,7 @@ class CTRTraining:
         if self.streamed:
             from loops_data.ctr_streams import log_record
 
-            identity["files"]["data"] = log_record(self._checked_log()[1])
+            identity["files"]["data"] = log_record(self._opened_log()[1])
             identity["split"]["how"] = "row hash"
             identity["split"]["shuffle_window"] = self.data.get("shuffle_window", 8)
         return identity
@@ -346,6 +363,7 @@ class CTRTraining:
             model_dir, identity, checkpoint_record=recorded_settings
         )
         record = {**(arguments.get("record") or {}), run_config.RESUME_IDENTITY: identity}
+        self.checked.setdefault("model_dir", model_dir)
         table = self.split()
         definition = self.definition(*self.optimizers())
         if isinstance(table, ctr_tables.SplitTable):
@@ -357,4 +375,10 @@ class CTRTraining:
             )
         else:
             data = table.trainer_data(global_batch_size=self.global_batch_size, seed=self.seed)
-        return loops.Trainer(definition, **data, **{**arguments, "record": record})
+        trainer = loops.Trainer(definition, **data, **{**arguments, "record": record})
+        if self.streamed and model_dir:
+            from loops_data import ctr_streams
+
+            spec, log, fitted = self._checked_log()
+            ctr_streams.save_fit(model_dir, spec, log, fitted, self._split_fractions())
+        return trainer

@@ -217,6 +217,8 @@ def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_
         assert runs[name].returncode == -signal.SIGKILL, runs[name].stderr[-3000:]
     step = int(tf.train.latest_checkpoint(str(tmp_path / "same" / "checkpoints")).rsplit("-")[-1])
     assert step == 15
+    # The killed run's statistics, kept beside its checkpoints, are what the resume reads.
+    kept = json.loads((tmp_path / "same" / "streamed_features.json").read_text())
     same = ctr_run(tmp_path / "same", shards, spec)
     moved = ctr_run(tmp_path / "moved", shards, spec, "--num_replicas=2")
     for done in (same, moved):
@@ -227,6 +229,8 @@ def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_
         np.testing.assert_array_equal(array, expected[name], err_msg=name)
     for name, array in final_weights(tmp_path / "moved").items():
         np.testing.assert_allclose(array, expected[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    exported = (tmp_path / "same" / "export" / "features.json").read_text()
+    assert json.loads(kept["fitted"]) == json.loads(exported)
     results = json.loads((tmp_path / "whole" / "results.json").read_text())
     assert results["data"]["source"].endswith("3 shards, 700 rows (streamed)")
     assert results["test"]["examples"] == results["data"]["test_rows"] > 100
@@ -237,3 +241,24 @@ def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     assert f"--data={shards} changed since the run read it" in refused.stderr, refused.stderr
     assert final_weights(tmp_path / "whole").keys() == expected.keys()
+
+
+def test_a_resume_reads_the_statistics_its_run_fitted_and_another_split_fits_anew(shards, tmp_path):
+    from loops_data import ctr_streams
+
+    spec = feature_tables.FeatureSpec.from_json(SPEC)
+    log = sharded_logs.ShardedLog.open(shards)
+    fitted = ctr_streams.fitted_log(spec, log, split=(0.2, 0.0), model_dir=None, flags="")
+    # A run's statistics as the model_dir keeps them (here with a vocabulary of its own, so
+    # reading them is told from fitting again).
+    kept = feature_tables.FittedFeatures(
+        spec, {**fitted.vocabularies, "C1": ["kept"]}, fitted.scales, fitted.boundaries
+    )
+    ctr_streams.save_fit(str(tmp_path), spec, log, kept, (0.2, 0.0))
+    read = ctr_streams.fitted_log(spec, log, split=(0.2, 0.0), model_dir=str(tmp_path), flags="")
+    assert read.vocabularies["C1"] == ["kept"]
+    other = ctr_streams.fitted_log(spec, log, split=(0.3, 0.0), model_dir=str(tmp_path), flags="")
+    assert other.vocabularies["C1"] != ["kept"] and other.vocabularies["C1"]
+    (tmp_path / ctr_streams.FITTED_FILE).write_text("{not json")
+    again = ctr_streams.fitted_log(spec, log, split=(0.2, 0.0), model_dir=str(tmp_path), flags="")
+    assert again.to_json() == fitted.to_json()
