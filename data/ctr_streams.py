@@ -36,6 +36,41 @@ def names_shards(data: str | None, file_format: str | None) -> bool:
     return os.path.splitext(data)[1].lower() in (".tfrecord", ".tfrecords", ".tfrec", ".tsv")
 
 
+# The test rows whose logits and labels the test keeps for an exact AUC (12 bytes a row).
+EXACT_AUC_ROWS = 1 << 24
+
+
+@dataclasses.dataclass
+class FigureSums:
+    """`ctr_tables.figures_of`'s figures but the AUC, from sums over batches."""
+
+    examples: int = 0
+    loss: float = 0.0
+    correct: int = 0
+    predicted: float = 0.0
+    positives: float = 0.0
+
+    def update(self, logits: np.ndarray, labels: np.ndarray) -> None:
+        self.examples += len(labels)
+        stable = np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))
+        self.loss += float(stable.sum())
+        self.correct += int(np.sum((logits > 0) == (labels > 0.5)))
+        self.predicted += float(np.sum(1 / (1 + np.exp(-logits))))
+        self.positives += float(labels.sum())
+
+    def figures(self) -> dict[str, Any]:
+        mean_prediction = self.predicted / self.examples
+        positive_rate = self.positives / self.examples
+        return {
+            "log_loss": self.loss / self.examples,
+            "accuracy": self.correct / self.examples,
+            "mean_prediction": mean_prediction,
+            "positive_rate": positive_rate,
+            "calibration": mean_prediction / positive_rate if positive_rate else float("nan"),
+            "examples": self.examples,
+        }
+
+
 @dataclasses.dataclass
 class StreamedTable:
     """A sharded feature log split and fitted: what `CTRTraining` reads of its rows."""
@@ -96,18 +131,31 @@ class StreamedTable:
             eval_data=self.rows.eval_batches(self.evaluated, global_batch_size=global_batch_size),
         )
 
-    def test_figures(self, definition: Any, global_batch_size: int) -> dict[str, Any]:
-        """The trained definition's figures on the test rows, streamed once (their logits and
-        labels kept: 12 bytes a row)."""
+    def test_figures(
+        self, definition: Any, global_batch_size: int, *, exact_rows: int = EXACT_AUC_ROWS
+    ) -> dict[str, Any]:
+        """The trained definition's figures on the test rows, streamed once: up to
+        `exact_rows` rows every logit and label kept (12 bytes a row) and the AUC exact; past
+        them the AUC of a `StreamingAUC`, its error bound beside it (`auc_bound`), and the
+        other figures from sums."""
+        from loops.kinds.library.ranking_metrics import StreamingAUC
         from loops_data.ctr_tables import figures_of
 
-        logits, labels = [], []
-        for columns, batch_labels in self.rows.eval_batches(
-            "test", global_batch_size=global_batch_size
-        )():
-            logits.append(definition.logits(columns).numpy().reshape(-1))
-            labels.append(batch_labels.numpy())
-        return figures_of(np.concatenate(logits), np.concatenate(labels))
+        kept: list[tuple[np.ndarray, np.ndarray]] | None = []
+        streaming, sums = StreamingAUC(), FigureSums()
+        test = self.rows.eval_batches("test", global_batch_size=global_batch_size)
+        for columns, batch_labels in test():
+            logits = definition.logits(columns).numpy().reshape(-1).astype(np.float64)
+            labels = batch_labels.numpy().astype(np.float64)
+            streaming.update(logits, labels)
+            sums.update(logits, labels)
+            if kept is not None:
+                kept.append((logits, labels))
+                if sums.examples > exact_rows:
+                    kept = None  # past the exact AUC's rows: the sketch and the sums go on
+        if kept is not None:
+            return figures_of(*(np.concatenate(part) for part in zip(*kept)))
+        return {**sums.figures(), "auc": streaming.result(), "auc_bound": streaming.bound()}
 
 
 def opened_log(

@@ -262,3 +262,49 @@ def test_a_resume_reads_the_statistics_its_run_fitted_and_another_split_fits_ane
     (tmp_path / ctr_streams.FITTED_FILE).write_text("{not json")
     again = ctr_streams.fitted_log(spec, log, split=(0.2, 0.0), model_dir=str(tmp_path), flags="")
     assert again.to_json() == fitted.to_json()
+
+
+def test_the_streaming_auc_is_within_the_bound_it_states_of_the_exact_one():
+    from loops.kinds.library.ranking_metrics import StreamingAUC, auc
+
+    rng = np.random.default_rng(0)
+    labels = (rng.random(200_000) < 0.2).astype(np.float64)
+    logits = rng.normal(0.0, 1.5, len(labels)) + 1.2 * labels
+    exact = auc(logits, labels)
+    bounds = []
+    for bins in (16, 256, 1 << 16):
+        streaming = StreamingAUC(bins=bins)
+        for start in range(0, len(labels), 30_000):  # batches, as a test pass streams them
+            streaming.update(logits[start : start + 30_000], labels[start : start + 30_000])
+        assert abs(streaming.result() - exact) <= streaming.bound(), bins
+        bounds.append(streaming.bound())
+    assert bounds[0] > bounds[1] > bounds[2] and bounds[2] < 1e-4, bounds
+    # Scores past the range fall in the end bins; ties of equal scores are halves in both.
+    tied = StreamingAUC(bins=4, low=-1.0, high=1.0)
+    tied.update(np.array([-5.0, -5.0, 0.2, 9.0]), np.array([0, 1, 0, 1]))
+    assert tied.result() == auc(np.array([-5.0, -5.0, 0.2, 9.0]), np.array([0, 1, 0, 1])) == 0.625
+
+
+def test_streamed_test_figures_past_the_exact_rows_equal_the_exact_ones_within_their_bound(
+    shards,
+):
+    from loops_data import ctr_streams
+
+    logged = feature_log(shards)
+    streamed = ctr_streams.StreamedTable(logged.log, logged.fitted, 0.2, 0.0, 2)
+    run = trainer(
+        loops.testing.replica_strategy(1),
+        logged.train_batches(global_batch_size=32, seed=1),
+        logged.eval_batches("test", global_batch_size=32),
+        logged.fitted,
+    )
+    run.train(8)
+    exact = streamed.test_figures(run.definition, 32)
+    sketched = streamed.test_figures(run.definition, 32, exact_rows=40)
+    run.close()
+    # Logits of a model 8 steps in lie close together: the bins' bound is loose, and holds.
+    assert "auc_bound" not in exact and 0 < sketched["auc_bound"] < 1e-2
+    assert abs(sketched["auc"] - exact["auc"]) <= sketched["auc_bound"]
+    for name in ("log_loss", "accuracy", "mean_prediction", "positive_rate", "calibration"):
+        assert sketched[name] == pytest.approx(exact[name], rel=1e-12), name
+    assert sketched["examples"] == exact["examples"] == logged.row_counts()["test"]

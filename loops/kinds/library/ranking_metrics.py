@@ -162,3 +162,46 @@ class ScoreCollector:
     def reset(self) -> None:
         self._scores.clear()
         self._labels.clear()
+
+
+class StreamingAUC:
+    """The AUC of more scores than a host keeps, with a bound on its error that it computes
+    itself: each (score, label) is counted in one of `bins` equal bins of [low, high] (a score
+    outside falls in the first or last), and the AUC is read from the counts, pairs within one
+    bin counting one half as ties do. Only those pairs can differ from `auc`'s count, each by
+    one half, so |this - `auc`| <= `bound()` (exact: tested), and the bound shrinks as the
+    bins get finer. 16 bytes a bin, whatever the rows.
+    """
+
+    def __init__(self, bins: int = 1 << 16, low: float = -16.0, high: float = 16.0):
+        check_whole("bins", bins, 1)
+        self.bins, self.low, self.high = bins, low, high
+        self.positives = np.zeros(bins, np.int64)
+        self.negatives = np.zeros(bins, np.int64)
+
+    def update(self, scores: np.ndarray, labels: np.ndarray) -> None:
+        scores = np.asarray(scores, np.float64).reshape(-1)
+        positive = np.asarray(labels).reshape(-1) > 0.5
+        place = (scores - self.low) * (self.bins / (self.high - self.low))
+        index = np.clip(np.nan_to_num(place, nan=0.0), 0, self.bins - 1).astype(np.int64)
+        self.positives += np.bincount(index[positive], minlength=self.bins)
+        self.negatives += np.bincount(index[~positive], minlength=self.bins)
+
+    def _pairs(self) -> float:
+        return float(self.positives.sum()) * float(self.negatives.sum())
+
+    def result(self) -> float:
+        """The AUC of the counts (NaN with no positive or no negative)."""
+        pairs = self._pairs()
+        if not pairs:
+            return float("nan")
+        below = np.cumsum(self.negatives) - self.negatives  # negatives in lower bins
+        wins = np.dot(self.positives.astype(np.float64), below)
+        ties = np.dot(self.positives.astype(np.float64), self.negatives)
+        return float((wins + 0.5 * ties) / pairs)
+
+    def bound(self) -> float:
+        """The most the result can differ from the exact AUC of the same scores."""
+        pairs = self._pairs()
+        same_bin = np.dot(self.positives.astype(np.float64), self.negatives)
+        return float(0.5 * same_bin / pairs) if pairs else float("nan")
