@@ -1,15 +1,17 @@
-"""A feature spec's statistics (vocabularies, numeric scales) fitted by one pass over a sharded
-log's blocks in bounded memory: each block gives its partial statistics (`block_partials`),
-partials are merged in block order (`FitPartials.merged`), so any split of the blocks over
-processes, and the shards listed in any order, give the same `FittedFeatures` bit for bit.
+"""A feature spec's statistics (vocabularies, numeric scales and buckets) fitted by one pass
+over a sharded log's blocks in bounded memory: each block gives its partial statistics
+(`block_partials`); counts add up as they come, and the numeric figures merge block by block
+within chunks of `CHUNK_BLOCKS` blocks and chunk by chunk in order (`fit_partials`,
+`fit_log`), so any split of the chunks over processes, and the shards listed in any order,
+give the same `FittedFeatures` bit for bit.
 
 What a block's partials hold: each vocabulary column's value counts, each numeric column's row
 count, largest magnitude, mean and sum of squared deviations of its values over that magnitude
 (Chan's pairwise update: no square passes 1, so no sum overflows for any finite values), its
 smallest and largest value (the float32 check of every normalized value, without a second
-pass), and both labels' counts. Memory grows with the distinct values of the vocabulary
-columns, not with the rows; `max_vocabulary` bounds what a vocabulary keeps (the most
-frequent, ties by value), not the counts the pass holds.
+pass), a bucketed column's sketch (`Sketch`), and both labels' counts. Memory grows with the
+distinct values of the vocabulary columns, not with the rows; `max_vocabulary` bounds what a
+vocabulary keeps (the most frequent, ties by value), not the counts the pass holds.
 """
 
 from __future__ import annotations
