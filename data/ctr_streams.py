@@ -201,7 +201,7 @@ def fitted_log(
     """
     from loops.input.streaming_fit import Split, fit_log
 
-    basis = {"log": dict(log_record(log)), "spec": json.loads(_spec_json(spec)), "split": split}
+    basis = _basis(spec, log, split)
     saved = _saved_fit(model_dir, basis)
     if saved is not None:
         return saved
@@ -211,9 +211,12 @@ def fitted_log(
         raise ValueError(f"{error} ({flags})") from None
 
 
-def _spec_json(spec: feature_tables.FeatureSpec) -> str:
-    empty = feature_tables.FittedFeatures(spec, {}, {})
-    return json.dumps(json.loads(empty.to_json())["spec"], sort_keys=True)
+def _basis(
+    spec: feature_tables.FeatureSpec, log: sharded_logs.ShardedLog, split: tuple[float, float]
+) -> dict[str, Any]:
+    """What a pass's statistics were fitted on: the log's identity, the spec and the split."""
+    as_json = json.loads(feature_tables.FittedFeatures(spec, {}, {}).to_json())["spec"]
+    return {"log": dict(log_record(log)), "spec": as_json, "split": split}
 
 
 def _saved_fit(model_dir: str | None, basis: dict) -> feature_tables.FittedFeatures | None:
@@ -240,7 +243,7 @@ def save_fit(
     """Writes `FITTED_FILE` in `model_dir` (atomically) for a resume to read."""
     from loops.core import reporting
 
-    basis = {"log": dict(log_record(log)), "spec": json.loads(_spec_json(spec)), "split": split}
+    basis = _basis(spec, log, split)
     reporting.write_json_atomic(
         os.path.join(model_dir, FITTED_FILE), {"basis": basis, "fitted": fitted.to_json()}
     )

@@ -204,26 +204,32 @@ def click_through(builder):
     features = ctr_models.CTRFeatures(**log.description())
 
     def build(strategy, **settings):
-        return make_trainer(
-            loops.CTRLoop,
-            model_fn=lambda: ctr_models.build_model(
-                builder,
-                features,
-                embedding_dim=DIM,
-                hidden_units=6,
-                hidden_layers=1,
-                seed=3,
-                table_optimizer_fn=lambda: loops.RowwiseAdagrad(0.5),
-            ),
-            optimizer_fn=adam,
-            strategy=strategy,
-            train_data=lambda: ctr_data.one_pass(log, BATCH),
-            eval_data=lambda: ctr_data.one_pass(log, BATCH),
-            progress=testing.quiet_progress(),
-            **settings,
-        )
+        data = lambda: ctr_data.one_pass(log, BATCH)  # noqa: E731
+        return ctr_trainer(builder, features, strategy, data, data, **settings)
 
     return build
+
+
+def ctr_trainer(builder, features, strategy, train_data, eval_data, **settings):
+    """The CTRLoop of `builder`'s model over `features`, its tables by row-wise Adagrad."""
+    return make_trainer(
+        loops.CTRLoop,
+        model_fn=lambda: ctr_models.build_model(
+            builder,
+            features,
+            embedding_dim=DIM,
+            hidden_units=6,
+            hidden_layers=1,
+            seed=3,
+            table_optimizer_fn=lambda: loops.RowwiseAdagrad(0.5),
+        ),
+        optimizer_fn=adam,
+        strategy=strategy,
+        train_data=train_data,
+        eval_data=eval_data,
+        progress=testing.quiet_progress(),
+        **settings,
+    )
 
 
 def streamed_click_through(strategy, **settings):
@@ -256,22 +262,12 @@ def streamed_click_through(strategy, **settings):
     fitted = streaming_fit.fit_log(spec, log, split.bands()["train"])
     rows = feature_streams.FeatureLog(log, fitted, split)
     features = ctr_models.CTRFeatures(**features_of(fitted))
-    return make_trainer(
-        loops.CTRLoop,
-        model_fn=lambda: ctr_models.build_model(
-            "dcn_v2",
-            features,
-            embedding_dim=DIM,
-            hidden_units=6,
-            hidden_layers=1,
-            seed=3,
-            table_optimizer_fn=lambda: loops.RowwiseAdagrad(0.5),
-        ),  # fmt: skip
-        optimizer_fn=adam,
-        strategy=strategy,
-        train_data=rows.train_batches(global_batch_size=BATCH, seed=4, window_blocks=2),
-        eval_data=rows.eval_batches("test", global_batch_size=BATCH),
-        progress=testing.quiet_progress(),
+    return ctr_trainer(
+        "dcn_v2",
+        features,
+        strategy,
+        rows.train_batches(global_batch_size=BATCH, seed=4, window_blocks=2),
+        rows.eval_batches("test", global_batch_size=BATCH),
         **settings,
     )
 

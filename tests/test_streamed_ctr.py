@@ -308,3 +308,30 @@ def test_streamed_test_figures_past_the_exact_rows_equal_the_exact_ones_within_t
     for name in ("log_loss", "accuracy", "mean_prediction", "positive_rate", "calibration"):
         assert sketched[name] == pytest.approx(exact[name], rel=1e-12), name
     assert sketched["examples"] == exact["examples"] == logged.row_counts()["test"]
+
+
+def test_format_streams_a_single_file_and_the_run_records_its_split_and_window(shards, tmp_path):
+    import json
+
+    from loops_data import ctr_streams, ctr_training
+    from loops_data import settings as data_settings
+    from loops_models import settings as model_settings
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    data = {setting.name: setting.default for setting in data_settings.CTR_DATA}
+    one = os.path.join(shards, "day-0.parquet")
+    assert not ctr_streams.names_shards(one, None)  # one Parquet file alone: read whole
+    data.update(data=one, spec=str(spec), format="parquet", shuffle_window=3)
+    training = ctr_training.CTRTraining(
+        data,
+        {setting.name: setting.default for setting in model_settings.CTR},
+        seed=0,
+        global_batch_size=32,
+        optimizers=lambda: (None, (None, None)),
+    )
+    assert training.streamed
+    training.check(str(tmp_path / "run"))
+    split = training.identity()["split"]
+    assert (split["how"], split["shuffle_window"]) == ("row hash", 3)
+    assert training.split().notes()["source"].endswith("parquet, 1 shards, 234 rows (streamed)")
