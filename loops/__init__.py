@@ -39,6 +39,8 @@ _EXPORTS = {
     "Sum": "loops.core.outputs",
     "Update": "loops.core.update",
     "EmbeddingTable": "loops.tables.embedding_tables",
+    "DynamicTable": "loops.tables.dynamic_tables",
+    "AdmissionPolicy": "loops.tables.id_map",
     "RowwiseAdagrad": "loops.tables.rowwise_adagrad",
     "LazyAdam": "loops.tables.lazy_adam",
     "TablePlan": "loops.tables.table_plan",

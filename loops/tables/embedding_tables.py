@@ -268,28 +268,7 @@ class EmbeddingTable(keras.layers.Layer):
         rows = self.row_ids(ids)
         if self.ids == "rows":
             rows = _checked_rows(self, rows)
-        # Inside the strategy's strategy.run; outside it (no strategy in force is the default
-        # strategy's one replica) the lookup reads every block.
-        context = tf.distribute.get_replica_context()
-        in_replicas = context is not None and context.num_replicas_in_sync > 1
-        if self._placement.tables_split_over_replicas and in_replicas:
-            return table_blocks.lookup_over_replicas(
-                self.name,
-                self.shards,
-                self._placement.table_row_blocks(self.rows),
-                rows,
-                self._placement.first_table_block,
-                max_lookups=self.max_lookups,
-                examples_per_replica=self._placement.examples_per_replica,
-            )
-        if isinstance(self.embeddings, worker_blocks.WorkerBlocks):
-            raise ValueError(
-                f"EmbeddingTable {self.name!r} is split over the replicas of "
-                f"{self._placement.num_workers} workers, and this worker holds only its own "
-                "replicas' rows: look rows up inside strategy.run (each replica asks every "
-                "other for its rows there), or read the table with whole(), on every worker."
-            )
-        return tf.nn.embedding_lookup(self.embeddings, rows)
+        return rows_of(self, rows)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape, self.dim)
@@ -342,6 +321,33 @@ class EmbeddingTable(keras.layers.Layer):
                 learning_rate=rate,
                 slots=shard_slots,
             )
+
+
+def rows_of(table: EmbeddingTable, rows: tf.Tensor) -> tf.Tensor:
+    """The rows `rows` (row numbers in [0, table.rows), any shape) of `table`, wherever they
+    live: through the replicas' collectives inside `strategy.run` when split over them."""
+    # Inside the strategy's strategy.run; outside it (no strategy in force is the default
+    # strategy's one replica) the lookup reads every block.
+    context = tf.distribute.get_replica_context()
+    in_replicas = context is not None and context.num_replicas_in_sync > 1
+    if table._placement.tables_split_over_replicas and in_replicas:
+        return table_blocks.lookup_over_replicas(
+            table.name,
+            table.shards,
+            table._placement.table_row_blocks(table.rows),
+            rows,
+            table._placement.first_table_block,
+            max_lookups=table.max_lookups,
+            examples_per_replica=table._placement.examples_per_replica,
+        )
+    if isinstance(table.embeddings, worker_blocks.WorkerBlocks):
+        raise ValueError(
+            f"EmbeddingTable {table.name!r} is split over the replicas of "
+            f"{table._placement.num_workers} workers, and this worker holds only its own "
+            "replicas' rows: look rows up inside strategy.run (each replica asks every "
+            "other for its rows there), or read the table with whole(), on every worker."
+        )
+    return tf.nn.embedding_lookup(table.embeddings, rows)
 
 
 def _check_split_over_servers(table: EmbeddingTable, strategy: tf.distribute.Strategy) -> None:

@@ -1,0 +1,306 @@
+"""The map of a `loops.DynamicTable`: which raw ids hold a row, and the step's admissions and
+evictions, decided by TensorFlow ops from the step's global ids and the map alone.
+
+The map is a value (`MapState`, tensors), and a step's decisions a function of it and of
+the step's distinct ids with their counts, in ascending id order (`decide`): no clock but
+the map's own step count, no random draw, no order but the ids'. Every replica, worker and
+run that sees the same stream of steps therefore holds the same map, bit for bit.
+
+What the map holds, for a table of C rows and a waiting list of P ids:
+- per row: the id it holds, whether it is in use, its score and the step it was last seen;
+- the resident ids sorted ascending with the row of each (-1 past the last): a lookup is a
+  binary search (`tf.searchsorted`), O(log C) an id, and needs no hash table;
+- the waiting list (ids seen fewer than `admit_after` times): sorted ids, each with its
+  count and the step it was last seen;
+- the step count and the counters (`COUNTERS`).
+
+A step (`decide`), at step t = the count + 1, over the step's distinct ids:
+1. a resident id's score decays and gains its count: score * decay ** (t - seen) + count,
+   and it is seen at t;
+2. with a time-to-live, a row not seen for more than `ttl` steps is freed (expired), and so
+   is a waiting id;
+3. a waiting or new id whose count (kept while it waits) reaches `admit_after` is ready;
+4. ready ids take free rows, the lowest free row first; if they are more than the free
+   rows, the rows not seen this step are evicted, lowest decayed score first (ties: the
+   least recently seen, then the smallest id); ready ids that still find no row are
+   refused, the highest count first admitted (ties: the smallest id), and wait on;
+5. the waiting list keeps at most P ids, the highest counts (ties: the most recently seen,
+   then the smallest id); the ids it drops are counted.
+An admitted id starts at score = its count, seen at t. Its row's values and slots are the
+table's to set (`loops.tables.dynamic_tables`).
+
+The reserved id: 2**63 - 1 (`EMPTY`) marks the sorted arrays' unused end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from loops.vocabulary.whole_numbers import is_whole
+
+EMPTY = 2**63 - 1
+# The counters a map keeps, in this order (`MapState.counters`).
+COUNTERS = (
+    "admissions",  # ids given a row
+    "evictions",  # rows freed for a ready id, the table being full
+    "expirations",  # rows and waiting ids freed by the time-to-live
+    "refusals",  # ready ids that found no row (every row seen this step): they wait on
+    "waiting_dropped",  # ids dropped from a full waiting list
+    "unadmitted_lookups",  # training lookups of an id without a row, after the step's admissions
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionPolicy:
+    """When an id gets a row and when a row is freed (the module docstring states the rules).
+
+    Attributes:
+        admit_after: an id is admitted once seen this many times (1: at first sight).
+        decay: each step multiplies a row's score (its count of lookups) by this, in (0, 1];
+            1 is least-frequently-used over all time, less forgets old counts.
+        ttl: a row (or a waiting id) not seen for more than this many steps is freed; None:
+            never by age.
+        waiting: the most ids that wait for admission at once (None: the table's capacity);
+            0 with admit_after > 1 admits only an id seen `admit_after` times in one step.
+    """
+
+    admit_after: int = 1
+    decay: float = 1.0
+    ttl: int | None = None
+    waiting: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, least in (("admit_after", 1), ("ttl", 1), ("waiting", 0)):
+            value = getattr(self, name)
+            if not (value is None and name != "admit_after") and not is_whole(value, least):
+                raise ValueError(
+                    f"DynamicTable({name}={value!r}) needs a whole number >= {least}"
+                    f"{'' if name == 'admit_after' else ', or None'}."
+                )
+        decay = self.decay
+        if isinstance(decay, bool) or not isinstance(decay, int | float) or not 0 < decay <= 1:
+            raise ValueError(
+                f"DynamicTable(decay={decay!r}) needs a number in (0, 1]: 1 keeps every "
+                "count, 0.99 halves a count in about 69 steps."
+            )
+
+
+class MapState(NamedTuple):
+    """A map's state as tensors (the module docstring says what each holds)."""
+
+    row_id: tf.Tensor  # int64 [C]
+    row_used: tf.Tensor  # bool [C]
+    row_score: tf.Tensor  # float64 [C]
+    row_seen: tf.Tensor  # int64 [C]
+    sorted_ids: tf.Tensor  # int64 [C], EMPTY past the last
+    sorted_rows: tf.Tensor  # int64 [C], -1 past the last
+    waiting_ids: tf.Tensor  # int64 [P], sorted, EMPTY past the last
+    waiting_counts: tf.Tensor  # int64 [P]
+    waiting_seen: tf.Tensor  # int64 [P]
+    step: tf.Tensor  # int64 []
+    counters: tf.Tensor  # int64 [len(COUNTERS)]
+
+
+def empty_state(capacity: int, waiting: int) -> MapState:
+    """The state of a map of `capacity` rows and `waiting` places, no id in it."""
+
+    def filled(size: int, value, dtype) -> tf.Tensor:
+        return tf.fill([size], tf.constant(value, dtype))
+
+    return MapState(
+        row_id=filled(capacity, EMPTY, tf.int64),
+        row_used=filled(capacity, False, tf.bool),
+        row_score=filled(capacity, 0.0, tf.float64),
+        row_seen=filled(capacity, 0, tf.int64),
+        sorted_ids=filled(capacity, EMPTY, tf.int64),
+        sorted_rows=filled(capacity, -1, tf.int64),
+        waiting_ids=filled(waiting, EMPTY, tf.int64),
+        waiting_counts=filled(waiting, 0, tf.int64),
+        waiting_seen=filled(waiting, 0, tf.int64),
+        step=tf.constant(0, tf.int64),
+        counters=filled(len(COUNTERS), 0, tf.int64),
+    )
+
+
+def _found(sorted_ids: tf.Tensor, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(whether each of `ids` is among `sorted_ids`, its position there where it is)."""
+    size = tf.shape(sorted_ids, out_type=tf.int64)[0]
+    if sorted_ids.shape[0] == 0:
+        return tf.zeros(tf.shape(ids), tf.bool), tf.zeros(tf.shape(ids), tf.int64)
+    position = tf.minimum(tf.searchsorted(sorted_ids, ids, out_type=tf.int64), size - 1)
+    return tf.gather(sorted_ids, position) == ids, position
+
+
+def lookup(state: MapState, ids: tf.Tensor, absent_row: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """(the row of each of `ids` (int64, any shape), `absent_row` for an id without one;
+    whether each has one)."""
+    flat = tf.reshape(ids, [-1])
+    known, position = _found(state.sorted_ids, flat)
+    rows = tf.where(known, tf.gather(state.sorted_rows, position), absent_row)
+    return tf.reshape(rows, tf.shape(ids)), tf.reshape(known, tf.shape(ids))
+
+
+def decayed(state: MapState, step: tf.Tensor, decay: float, rows=None) -> tf.Tensor:
+    """The scores of `rows` (every row: None) decayed to `step`."""
+    score = state.row_score if rows is None else tf.gather(state.row_score, rows)
+    seen = state.row_seen if rows is None else tf.gather(state.row_seen, rows)
+    if decay == 1.0:
+        return score
+    return score * tf.pow(tf.constant(decay, tf.float64), tf.cast(step - seen, tf.float64))
+
+
+def _scatter(values: tf.Tensor, rows: tf.Tensor, updates) -> tf.Tensor:
+    updates = tf.broadcast_to(tf.cast(updates, values.dtype), tf.shape(rows))
+    return tf.tensor_scatter_nd_update(values, rows[:, None], updates)
+
+
+def _lexical_order(*keys: tf.Tensor) -> tf.Tensor:
+    """The permutation sorting by `keys[0]`, ties by `keys[1]`, ...: stable sorts from the last."""
+    order = tf.range(tf.shape(keys[0])[0], dtype=tf.int64)
+    for key in reversed(keys):
+        order = tf.gather(order, tf.argsort(tf.gather(key, order), stable=True))
+    return order
+
+
+class Decision(NamedTuple):
+    """A step's outcome: the new state, and the ids admitted with the row each took."""
+
+    state: MapState
+    admitted_ids: tf.Tensor  # int64 [k], ascending
+    admitted_rows: tf.Tensor  # int64 [k]
+
+
+def decide(state: MapState, ids: tf.Tensor, counts: tf.Tensor, policy: AdmissionPolicy):
+    """The step's `Decision` over its distinct `ids` (int64 [n], ascending) seen `counts`
+    (int64 [n]) times in the step (the module docstring states the rules)."""
+    step = state.step + 1
+    counters = dict.fromkeys(COUNTERS, tf.constant(0, tf.int64))
+    hit, position = _found(state.sorted_ids, ids)
+    hit_rows = tf.boolean_mask(tf.gather(state.sorted_rows, position), hit)
+    score = decayed(state, step, policy.decay, hit_rows)
+    score += tf.cast(tf.boolean_mask(counts, hit), tf.float64)
+    state = state._replace(
+        row_score=_scatter(state.row_score, hit_rows, score),
+        row_seen=_scatter(state.row_seen, hit_rows, step),
+    )
+    if policy.ttl is not None:
+        expired = state.row_used & (step - state.row_seen > policy.ttl)
+        counters["expirations"] += tf.reduce_sum(tf.cast(expired, tf.int64))
+        state = state._replace(row_used=state.row_used & ~expired)
+    new_ids, new_counts = tf.boolean_mask(ids, ~hit), tf.boolean_mask(counts, ~hit)
+    waiting, totals = _waited(state, new_ids, new_counts, step, policy, counters)
+    ready = totals >= policy.admit_after
+    state, admitted, rows, refused = _admit(
+        state,
+        tf.boolean_mask(new_ids, ready),
+        tf.boolean_mask(totals, ready),
+        step,
+        policy,
+        counters,
+    )
+    unadmitted = tf.reduce_sum(new_counts) - tf.reduce_sum(
+        tf.gather(new_counts, tf.searchsorted(new_ids, admitted, out_type=tf.int64))
+    )
+    counters["unadmitted_lookups"] += unadmitted
+    still = tf.boolean_mask(new_ids, ~ready), tf.boolean_mask(totals, ~ready)
+    state = _rewaited(state, waiting, still, refused, step, policy, counters)
+    sorted_ids, sorted_rows = _sorted(state.row_id, state.row_used)
+    total = state.counters + tf.stack([counters[name] for name in COUNTERS])
+    state = state._replace(
+        sorted_ids=sorted_ids, sorted_rows=sorted_rows, step=step, counters=total
+    )
+    return Decision(state, admitted, rows)
+
+
+def _waited(state: MapState, ids, counts, step, policy: AdmissionPolicy, counters):
+    """(the waiting entries kept from before this step: (ids, counts, seen), unexpired and
+    not among `ids`; each of `ids`' count with what it had waited)."""
+    if state.waiting_ids.shape[0] == 0:
+        return (state.waiting_ids, state.waiting_counts, state.waiting_seen), counts
+    valid = state.waiting_ids != EMPTY
+    if policy.ttl is not None:
+        alive = step - state.waiting_seen <= policy.ttl
+        counters["expirations"] += tf.reduce_sum(tf.cast(valid & ~alive, tf.int64))
+        valid &= alive
+    waited, position = _found(state.waiting_ids, ids)
+    waited &= tf.gather(valid, position)
+    totals = counts + tf.where(waited, tf.gather(state.waiting_counts, position), 0)
+    # The entries these ids renew leave the old list: they come back with their new counts.
+    renewed = tf.scatter_nd(
+        tf.boolean_mask(position, waited)[:, None],
+        tf.ones_like(tf.boolean_mask(position, waited), tf.bool),
+        tf.shape(state.waiting_ids, out_type=tf.int64),
+    )
+    kept = valid & ~renewed
+    entries = tuple(
+        tf.boolean_mask(column, kept)
+        for column in (state.waiting_ids, state.waiting_counts, state.waiting_seen)
+    )
+    return entries, totals
+
+
+def _admit(state: MapState, ready, totals, step, policy: AdmissionPolicy, counters):
+    """Rows for the `ready` ids (ascending) with their `totals`: (state, admitted ids
+    ascending, their rows, (refused ids, their totals))."""
+    capacity = tf.shape(state.row_used, out_type=tf.int64)[0]
+    free = capacity - tf.reduce_sum(tf.cast(state.row_used, tf.int64))
+    wanted = tf.shape(ready, out_type=tf.int64)[0]
+    evictable = state.row_used & (state.row_seen < step)
+    evicted = tf.minimum(tf.maximum(wanted - free, 0), tf.reduce_sum(tf.cast(evictable, tf.int64)))
+    # Lowest decayed score first, then least recently seen, then smallest id; others last.
+    score = tf.where(evictable, decayed(state, step, policy.decay), float("inf"))
+    seen = tf.where(evictable, state.row_seen, EMPTY)
+    victims = _lexical_order(score, seen, state.row_id)[:evicted]
+    used = _scatter(state.row_used, victims, False)
+    counters["evictions"] += evicted
+    taken = tf.minimum(wanted, free + evicted)
+    # The highest count first, then the smallest id (the ids are ascending: a stable sort).
+    priority = tf.argsort(-totals, stable=True)
+    chosen = tf.sort(tf.gather(ready, priority[:taken]))
+    chosen_totals = tf.gather(totals, tf.searchsorted(ready, chosen, out_type=tf.int64))
+    rows = tf.where(~used)[:taken, 0]
+    refused = (tf.gather(ready, priority[taken:]), tf.gather(totals, priority[taken:]))
+    counters["admissions"] += taken
+    counters["refusals"] += wanted - taken
+    state = state._replace(
+        row_id=_scatter(state.row_id, rows, chosen),
+        row_used=_scatter(used, rows, True),
+        row_score=_scatter(state.row_score, rows, tf.cast(chosen_totals, tf.float64)),
+        row_seen=_scatter(state.row_seen, rows, step),
+    )
+    return state, chosen, rows, refused
+
+
+def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> MapState:
+    """The waiting list after the step: the `kept` entries, the ids `still` waiting and the
+    `refused` ones (both seen at `step`), the `policy.waiting` highest counts of them."""
+    places = int(state.waiting_ids.shape[0])
+    ids = tf.concat([kept[0], still[0], refused[0]], 0)
+    counts = tf.concat([kept[1], still[1], refused[1]], 0)
+    fresh = tf.fill(tf.shape(still[0]) + tf.shape(refused[0]), step)
+    seen = tf.concat([kept[2], fresh], 0)
+    size = tf.shape(ids, out_type=tf.int64)[0]
+    counters["waiting_dropped"] += tf.maximum(size - places, 0)
+    best = _lexical_order(-counts, -seen, ids)[:places]
+    order = tf.gather(best, tf.argsort(tf.gather(ids, best)))
+    padding = [[0, places - tf.shape(order)[0]]]
+
+    def padded(column: tf.Tensor, value: int) -> tf.Tensor:
+        return tf.pad(tf.gather(column, order), padding, constant_values=value)
+
+    return state._replace(
+        waiting_ids=tf.ensure_shape(padded(ids, EMPTY), [places]),
+        waiting_counts=tf.ensure_shape(padded(counts, 0), [places]),
+        waiting_seen=tf.ensure_shape(padded(seen, 0), [places]),
+    )
+
+
+def _sorted(row_id: tf.Tensor, row_used: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The resident ids ascending with the row of each; EMPTY and -1 past the last."""
+    keys = tf.where(row_used, row_id, EMPTY)
+    order = tf.argsort(keys, stable=True)
+    rows = tf.where(tf.gather(row_used, order), tf.cast(order, tf.int64), -1)
+    return tf.gather(keys, order), rows
