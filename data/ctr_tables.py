@@ -230,7 +230,7 @@ def from_table(
     )
     fitted = feature_tables.fit(spec, _table_rows(table, train))
     columns, labels = fitted.arrays(table)
-    everything = Rows({name: _model_type(array) for name, array in columns.items()}, labels)
+    everything = Rows(feature_tables.model_arrays(fitted, columns), labels)
     return SplitTable(
         everything.taken(train),
         everything.taken(validation) if validation_fraction else None,
@@ -246,6 +246,8 @@ def features_of(fitted: feature_tables.FittedFeatures) -> dict[str, Any]:
     """The columns of a fitted spec by kind: the arguments of `loops_models.ctr.CTRFeatures`."""
     cardinalities = fitted.cardinalities()
     features: dict[str, Any] = {"numeric": [], "categorical": {}, "multi_hot": {}}
+    if fitted.dynamic_columns():
+        features["dynamic"] = fitted.dynamic_columns()
     for column in fitted.spec.columns:
         if column.kind == "numeric":
             features["numeric"].append(column.name)
@@ -263,11 +265,6 @@ def features_of(fitted: feature_tables.FittedFeatures) -> dict[str, Any]:
 def _table_rows(table: feature_tables.Table, index: np.ndarray) -> feature_tables.Table:
     columns = {name: [fields[row] for row in index] for name, fields in table.columns.items()}
     return dataclasses.replace(table, columns=columns)
-
-
-def _model_type(array: np.ndarray) -> np.ndarray:
-    # The models take int32 ids (`loops_models.ctr`'s inputs); numbers stay float32.
-    return array.astype(np.int32) if array.dtype.kind == "i" else array
 
 
 def planted_auc(rows: Rows) -> float:

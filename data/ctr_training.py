@@ -310,8 +310,16 @@ class CTRTraining:
         tables = (
             None if fitted else {**table.features["categorical"], **table.features["multi_hot"]}
         )
+        from loops_models import ctr
+
+        known = ctr.dynamic_tables_of(definition.model, ctr.CTRFeatures(**table.features))
         return export_ctr(
-            definition.model, export_dir, files=files, fitted=fitted, cardinalities=tables
+            definition.model,
+            export_dir,
+            files=files,
+            fitted=fitted,
+            cardinalities=tables,
+            known_ids=known,
         )
 
     def definition(self, optimizer_fn: Callable[[], Any], tables: tuple[Any, Any]) -> Any:

@@ -54,6 +54,9 @@ class CTRFeatures:
     numeric: Sequence[str] = ()
     categorical: Mapping[str, int] = field(default_factory=dict)
     multi_hot: Mapping[str, MultiHot | int] = field(default_factory=dict)
+    # Id columns whose table is a `loops.DynamicTable` of raw int64 ids: name -> its capacity
+    # and `loops.AdmissionPolicy` keys ({"capacity": N, "admit_after": K, ...}).
+    dynamic: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         numeric = (self.numeric,) if isinstance(self.numeric, str) else tuple(self.numeric)
@@ -64,7 +67,14 @@ class CTRFeatures:
         object.__setattr__(self, "numeric", numeric)
         object.__setattr__(self, "categorical", dict(self.categorical))
         object.__setattr__(self, "multi_hot", bags)
+        object.__setattr__(self, "dynamic", {k: dict(v) for k, v in self.dynamic.items()})
         _check_columns(self)
+        unknown = sorted(set(self.dynamic) - set(self.id_columns))
+        if unknown:
+            raise ValueError(
+                f"Dynamic columns {unknown} are no categorical or multi-hot column; make each "
+                "dynamic table an id column's."
+            )
 
     @property
     def id_columns(self) -> list[str]:
@@ -117,13 +127,16 @@ class BagPooling(keras.layers.Layer):
         pooling: str,
         initializer: Any,
         table_optimizer_fn: OptimizerFn | None = None,
+        dynamic: Mapping[str, Any] | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.pooling = pooling
         self.table = embedding_table(
-            cardinality, width, initializer, f"{self.name}_table", table_optimizer_fn
+            cardinality, width, initializer, f"{self.name}_table", table_optimizer_fn, dynamic
         )
+        # A dynamic table's raw ids are int64 (fingerprints); PAD_ID is none of them.
+        self.id_type = tf.int64 if dynamic is not None else tf.int32
         self.width = width
 
     def build(self, input_shape) -> None:
@@ -131,7 +144,11 @@ class BagPooling(keras.layers.Layer):
         self.built = True
 
     def call(self, ids):
-        ids = tf.cast(ids, tf.int32)
+        ids = tf.cast(ids, self.id_type)
+        if self.id_type == tf.int64 and ids.shape.is_fully_defined():
+            # A dynamic table exchanges a step's raw ids between replicas in a fixed shape:
+            # the padded bags bound the valid ids the mask below leaves (of no static count).
+            self.table.bound_lookups(ids.shape.num_elements())
         valid = ids != PAD_ID
         rows = tf.cast(tf.where(valid)[:, 0], tf.int32)  # the bag of each valid id
         # Only the valid ids are gathered: the gradient touches the rows looked up alone.
@@ -149,11 +166,15 @@ class BagPooling(keras.layers.Layer):
 def inputs(features: CTRFeatures) -> dict[str, keras.KerasTensor]:
     """The model's inputs by column name (see the module docstring for their shapes)."""
     columns = {name: keras.Input((), dtype="float32", name=name) for name in features.numeric}
+
+    def ids(name: str) -> str:
+        return "int64" if name in features.dynamic else "int32"
+
     columns.update(
-        {name: keras.Input((), dtype="int32", name=name) for name in features.categorical}
+        {name: keras.Input((), dtype=ids(name), name=name) for name in features.categorical}
     )
     columns.update(
-        {name: keras.Input((None,), dtype="int32", name=name) for name in features.multi_hot}
+        {name: keras.Input((None,), dtype=ids(name), name=name) for name in features.multi_hot}
     )
     return columns
 
@@ -180,9 +201,12 @@ def embedded(
     for index, name in enumerate(features.id_columns):
         initializer = _initializer(seed, index)
         layer_name = f"{prefix}{name}_embedding"
+        dynamic = features.dynamic.get(name)
         if name in features.categorical:
             rows = features.categorical[name]
-            table = embedding_table(rows, width, initializer, layer_name, table_optimizer_fn)
+            table = embedding_table(
+                rows, width, initializer, layer_name, table_optimizer_fn, dynamic
+            )
         else:
             bag = features.multi_hot[name]
             table = BagPooling(
@@ -191,10 +215,22 @@ def embedded(
                 bag.pooling,
                 initializer,
                 table_optimizer_fn,
+                dynamic,
                 name=layer_name,
             )
         vectors.append(table(columns[name]))
     return vectors
+
+
+def dynamic_tables_of(model: keras.Model, features: CTRFeatures) -> dict[str, Any]:
+    """Each dynamic column's `loops.DynamicTable` in `model` (a builder's: the deep one where
+    wide & deep has two, the same map), by column."""
+    layers = {layer.name: layer for layer in model.layers}
+    found = {}
+    for name in features.dynamic:
+        layer = layers[f"{name}_embedding"]
+        found[name] = layer.table if isinstance(layer, BagPooling) else layer
+    return found
 
 
 def numeric_block(features: CTRFeatures, columns: Mapping[str, Any]) -> Any | None:

@@ -222,7 +222,7 @@ class Prepared:
             )
             index = flat.indices.fill_null(len(dictionary)).to_numpy(zero_copy_only=False)
             return values[index]  # a categorical column's (bags are never dictionaries)
-        buckets = column.option("hash_buckets")
+        buckets = column.hash_buckets()
         if buckets:
             import tensorflow as tf
 

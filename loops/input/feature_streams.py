@@ -17,39 +17,37 @@ import numpy as np
 import tensorflow as tf
 
 from loops.input import arrow_features, log_streams
-from loops.input.feature_tables import FittedFeatures, bucket_name
+from loops.input.feature_tables import FittedFeatures, bucket_name, model_arrays
 from loops.input.sharded_logs import BlockTable, LogPart, ShardedLog
 from loops.input.streaming_fit import Split
 
 
 def prepared(fitted: FittedFeatures):
-    """A block's rows -> (columns, labels) as a CTRLoop reads them: ids int32, numbers and
+    """A block's rows -> (columns, labels) as a CTRLoop reads them: ids int32 (a dynamic
+    column's int64), numbers and
     labels float32 (`arrow_features.Prepared`, else `FittedFeatures.arrays` row by row)."""
     vectorized = arrow_features.Prepared(fitted)
 
     def prepare(block: BlockTable) -> tuple[dict[str, np.ndarray], np.ndarray]:
         found = vectorized.arrays(block.arrow)
         columns, labels = found or fitted.arrays(block.table(), part=True)
-        return {
-            name: array.astype(np.int32) if array.dtype.kind == "i" else array
-            for name, array in columns.items()
-        }, labels
+        return model_arrays(fitted, columns), labels
 
     return prepare
 
 
 def signature(fitted: FittedFeatures) -> tuple[dict[str, tf.TensorSpec], tf.TensorSpec]:
     """The `tf.TensorSpec`s of a batch of `prepared` rows, rows first (a bag's width varies)."""
-    columns = {}
+    columns, dynamic = {}, fitted.dynamic_columns()
     for column in fitted.spec.columns:
         if column.kind == "numeric":
             columns[column.name] = tf.TensorSpec([None], tf.float32)
             if column.name in fitted.boundaries:
                 columns[bucket_name(column.name)] = tf.TensorSpec([None], tf.int32)
-        elif column.kind == "categorical":
-            columns[column.name] = tf.TensorSpec([None], tf.int32)
         else:
-            columns[column.name] = tf.TensorSpec([None, None], tf.int32)
+            ids = tf.int64 if column.name in dynamic else tf.int32
+            shape = [None] if column.kind == "categorical" else [None, None]
+            columns[column.name] = tf.TensorSpec(shape, ids)
     return columns, tf.TensorSpec([None], tf.float32)
 
 

@@ -63,6 +63,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
         "max_vocabulary": None,
         "cross": None,
         "separator": "|",
+        "dynamic": None,
     },
     "multi_hot": {
         "hash_buckets": None,
@@ -70,9 +71,16 @@ _OPTIONS: dict[str, dict[str, Any]] = {
         "max_vocabulary": None,
         "separator": "|",
         "pooling": "mean",
+        "dynamic": None,
     },
 }
 _EXAMPLE = '{"label": "clicked", "columns": [{"name": "age", "kind": "numeric"}]}'
+# A dynamic column's values hash to int64 ids below this (TensorFlow's 64-bit fingerprint, as
+# `hash_buckets` hashes), which a `loops.DynamicTable` admits within its capacity: every id
+# but its reserved 2**63 - 1.
+DYNAMIC_BUCKETS = 2**63 - 1
+# A dynamic column's keys: its table's capacity, then the rest of `loops.AdmissionPolicy`.
+DYNAMIC_KEYS = ("capacity", "admit_after", "decay", "ttl", "waiting")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +99,11 @@ class Column:
 
     def option(self, key: str) -> Any:
         return self.options.get(key, _OPTIONS[self.kind][key])
+
+    def hash_buckets(self) -> int | None:
+        """The buckets its values hash to: its `hash_buckets`, `DYNAMIC_BUCKETS` for a
+        dynamic column (raw ids for its table's map), None for a vocabulary."""
+        return DYNAMIC_BUCKETS if self.options.get("dynamic") else self.option("hash_buckets")
 
     def crosses(self) -> tuple[str, ...]:
         """The columns a crossed column joins, in order; () for a column of the table."""
@@ -237,6 +250,8 @@ def _check_options(column: Column) -> None:
         value = options.get(key)
         if value is not None and not is_whole(value, 1):
             raise ValueError(f"Column {name!r} has {key}={value!r}; give a whole number >= 1.")
+    if options.get("dynamic") is not None:
+        _check_dynamic(column)
     buckets = options.get("buckets")
     if buckets is not None and not is_whole(buckets, 2):
         raise ValueError(
@@ -251,6 +266,48 @@ def _check_options(column: Column) -> None:
     separator = options.get("separator", "|")
     if not isinstance(separator, str) or not separator:
         raise ValueError(f"Column {name!r} has separator={separator!r}; give a character.")
+
+
+def _check_dynamic(column: Column) -> None:
+    """A dynamic column's `dynamic`: an object of `DYNAMIC_KEYS`, capacity a whole number >= 1,
+    the rest as `loops.DynamicTable` takes them; no vocabulary or hashing option beside it."""
+    from loops.tables import id_map
+
+    name, dynamic = column.name, column.options["dynamic"]
+    example = '"dynamic": {"capacity": 100000, "admit_after": 2}'
+    if not isinstance(dynamic, Mapping) or set(dynamic) - set(DYNAMIC_KEYS):
+        raise ValueError(
+            f"Column {name!r} has dynamic={dynamic!r}; give an object of "
+            f"{', '.join(DYNAMIC_KEYS)} (capacity required), like {example}."
+        )
+    if not is_whole(dynamic.get("capacity"), 1):
+        raise ValueError(
+            f"Column {name!r} has a dynamic capacity of {dynamic.get('capacity')!r}; give the "
+            f"most ids its table holds at once, a whole number >= 1, like {example}."
+        )
+    clashing = [
+        key for key in ("hash_buckets", "min_count", "max_vocabulary") if key in column.options
+    ]
+    if clashing:
+        raise ValueError(
+            f"Column {name!r} is dynamic (its ids need no vocabulary or hashing) and has "
+            f"{', '.join(clashing)}: remove {'them' if len(clashing) > 1 else 'it'}, or dynamic."
+        )
+    try:
+        id_map.AdmissionPolicy(**{k: v for k, v in dynamic.items() if k != "capacity"})
+    except ValueError as error:
+        raise ValueError(f"Column {name!r} has dynamic={dict(dynamic)!r}: {error}") from None
+
+
+def model_arrays(
+    fitted: FittedFeatures, columns: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """`columns` as the models take them: ids int32, a dynamic column's int64 (its raw ids)."""
+    dynamic = fitted.dynamic_columns()
+    return {
+        name: array.astype(np.int32) if array.dtype.kind == "i" and name not in dynamic else array
+        for name, array in columns.items()
+    }
 
 
 def _check_names(label: str, columns: Sequence[Column]) -> None:
@@ -506,14 +563,25 @@ class FittedFeatures:
         """The rows of each categorical and multi-hot column's table (row 0 out-of-vocabulary
         for a vocabulary; the buckets for a hashed column), and of each numeric column's
         buckets (`bucket_name`: one more than its boundaries)."""
+        dynamic = self.dynamic_columns()
         tables = {
-            column.name: column.option("hash_buckets") or len(self.vocabularies[column.name]) + 1
+            column.name: dynamic[column.name]["capacity"]
+            if column.name in dynamic
+            else column.option("hash_buckets") or len(self.vocabularies[column.name]) + 1
             for column in self.spec.columns
             if column.kind != "numeric"
         }
         for name, bounds in self.boundaries.items():
             tables[bucket_name(name)] = len(bounds) + 1
         return tables
+
+    def dynamic_columns(self) -> dict[str, dict[str, Any]]:
+        """Each dynamic column's `dynamic` (capacity and policy), by name."""
+        return {
+            column.name: dict(column.options["dynamic"])
+            for column in self.spec.columns
+            if column.options.get("dynamic")
+        }
 
     def to_json(self) -> str:
         """Everything `from_json` needs, as JSON text (for a checkpoint or an export)."""
@@ -573,7 +641,7 @@ class FittedFeatures:
 
     def _rows_of(self, column: Column, bags: list[list[str]]) -> np.ndarray:
         flat = [value for bag in bags for value in bag]
-        buckets = column.option("hash_buckets")
+        buckets = column.hash_buckets()
         if buckets:
             ids = _hashed(flat, buckets)
         else:
@@ -612,7 +680,7 @@ def fit(spec: FeatureSpec, table: Table) -> FittedFeatures:
                     np.sort(values), np.ones(len(values)), column.option("buckets")
                 )
             _normalized(column, values, scales[column.name], table)  # each within float32
-        elif not column.option("hash_buckets"):
+        elif not column.hash_buckets():
             counts = collections.Counter(v for bag in bags_of(column, fields, table) for v in bag)
             vocabularies[column.name] = vocabulary_of(column, counts)
     _check_both_labels(spec, table, labels)

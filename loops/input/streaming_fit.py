@@ -175,7 +175,7 @@ def block_partials(spec: FeatureSpec, block: BlockTable) -> FitPartials:
             partials.moments[column.name] = Moments.of(values)
             if column.option("buckets"):
                 partials.sketches[column.name] = Sketch.of(values)
-        elif not column.option("hash_buckets"):
+        elif not column.hash_buckets():
             counts = arrow_features.value_counts(column, arrow)
             if counts is None:
                 table = block.table()
@@ -229,7 +229,7 @@ def fitted(spec: FeatureSpec, partials: FitPartials, source: str) -> FittedFeatu
             standard = column.option("normalize") == "standard"
             scales[column.name] = moments.center_and_deviation() if standard else (0.0, 1.0)
             _check_float32(column, moments, scales[column.name], source)
-        elif not column.option("hash_buckets"):
+        elif not column.hash_buckets():
             counts = partials.counts[column.name]
             vocabularies[column.name] = feature_tables.vocabulary_of(column, counts)
     return FittedFeatures(spec, vocabularies, scales, boundaries)

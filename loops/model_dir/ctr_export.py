@@ -4,12 +4,13 @@ its prepared ones), flagging a row it cannot score (`export_ctr`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from loops.input.feature_tables import FittedFeatures
+from loops.input.feature_tables import DYNAMIC_BUCKETS, FittedFeatures
 from loops.model_dir import export, signature_names
 from loops.model_dir.prepared_rows import PreparedRows
 from loops.model_dir.raw_features import RawFeatures
@@ -22,6 +23,7 @@ def export_ctr(
     files: dict[str, str] | None = None,
     fitted: FittedFeatures | None = None,
     cardinalities: Mapping[str, int] | None = None,
+    known_ids: Mapping[str, Any] | None = None,
 ) -> str:
     """Saves a click-through model with a `serve` signature: its columns in, the click
     probability out.
@@ -45,9 +47,16 @@ def export_ctr(
     it but the padding -1. Keras and placed tables answer alike. `files` (name -> text) are
     saved beside the SavedModel, e.g. `FittedFeatures.to_json`.
 
+    A dynamic column (`fitted.dynamic_columns()`) takes any raw value: its 64-bit
+    fingerprint is looked up in its `loops.DynamicTable`'s map, and an id without a row
+    reads zeros; `known_ids` (column -> its table) adds `<column>_known` to each signature,
+    bool of the column's shape: whether each id holds a row (False for padding).
+
     Args:
         cardinalities: each id column's table rows (CTRFeatures'); needed without `fitted`
             (which holds them) when the model has an id column.
+        known_ids: each dynamic column's `loops.DynamicTable`, whose map says which ids it
+            knows.
 
     Returns:
         export_dir.
@@ -56,8 +65,12 @@ def export_ctr(
         ValueError: export_dir exists and is not a SavedModel directory; an id column of
             no known rows; two columns served under one name (`signature_names`).
     """
-    tables = fitted.cardinalities() if fitted is not None else cardinalities or {}
+    tables = dict(fitted.cardinalities() if fitted is not None else cardinalities or {})
+    if fitted is not None:
+        # A dynamic column's ids are raw fingerprints: any below the reserved one is its own.
+        tables.update(dict.fromkeys(fitted.dynamic_columns(), DYNAMIC_BUCKETS))
     rows = PreparedRows(model, tables)
+    known_ids = dict(known_ids or {})
     dtypes = {column.name: column.dtype for column in model.inputs}
     served = signature_names.served_names(list(dtypes), "serve_prepared")
     raw_features = RawFeatures(fitted) if fitted is not None else None
@@ -70,7 +83,11 @@ def export_ctr(
         valid = valid if takes is None else valid & takes
         logits = tf.reshape(tf.cast(model(safe, training=False), tf.float32), [-1])
         logits = tf.where(valid, logits, nan)
-        return {"logits": logits, "probabilities": tf.sigmoid(logits), "valid_row": valid}
+        scores = {"logits": logits, "probabilities": tf.sigmoid(logits), "valid_row": valid}
+        for name, table in known_ids.items():
+            ids = columns[name]
+            scores[f"{name}_known"] = table.known(tf.maximum(ids, 0)) & (ids >= 0)
+        return scores
 
     signature = {
         column.name: tf.TensorSpec(column.shape, column.dtype, name=served[column.name])

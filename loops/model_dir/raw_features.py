@@ -38,7 +38,7 @@ class RawFeatures(tf.Module):
         self.tables = {
             column.name: _vocabulary_table(fitted.vocabularies[column.name])
             for column in self._columns
-            if column.kind != "numeric" and not column.option("hash_buckets")
+            if column.kind != "numeric" and not column.hash_buckets()
         }
 
     def signature(self) -> dict[str, tf.TensorSpec]:
@@ -107,7 +107,7 @@ class RawFeatures(tf.Module):
         return tf.cast(normalized, tf.float32)  # past float32: inf, a row `PreparedRows` flags
 
     def _ids(self, column: Column, values: Any) -> Any:
-        buckets = column.option("hash_buckets")
+        buckets = column.hash_buckets()
         if buckets:
             return tf.strings.to_hash_bucket_fast(values, buckets)
         return self.tables[column.name].lookup(values)
