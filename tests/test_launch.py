@@ -306,6 +306,19 @@ LOOP_RUNS = {
             "--shuffle_window=2",
         ],
     ),
+    # The same shards, every id column a loops.DynamicTable (`write_sharded_log`'s dynamic
+    # spec): admissions and evictions decided from every replica's ids, of both workers.
+    "ctr_dynamic": (
+        "loops.bin.ctr",
+        [
+            "--data={shards}",
+            "--spec={shards}.dynamic.json",
+            "--train_steps=6",
+            "--global_batch_size=32",
+            "--shuffle_window=2",
+            "--table_optimizer=adagrad",
+        ],
+    ),
     # The critic takes 2 batches a step, with the gradient penalty and the EMA generator.
     "gan": (
         "loops.bin.gan",
@@ -399,6 +412,13 @@ def write_sharded_log(folder):
         {"name": name, "kind": kinds[name[0]]} for name in columns if name != "clicked"
     ]}  # fmt: skip
     with open(folder + ".spec.json", "w") as stream:
+        json.dump(spec, stream)
+    # Room for 8 of each categorical column's 15 values, admitted at a second sighting: the
+    # 6 steps admit and evict. (A streamed bag has no static id count to exchange.)
+    for column in spec["columns"]:
+        if column["kind"] == "categorical":
+            column["dynamic"] = {"capacity": 8, "admit_after": 2, "decay": 0.9}
+    with open(folder + ".dynamic.json", "w") as stream:
         json.dump(spec, stream)
 
 
@@ -514,6 +534,28 @@ def test_ctr_on_two_workers_evaluates_and_tests_every_row_as_one_process_does(lo
             "replicas1": {"whole"},
             "replicas2": {"replicated"},
         }
+
+
+def test_dynamic_tables_on_two_workers_make_one_processs_admissions_and_figures(loop_runs):
+    runs = {
+        name: results(os.path.join(loop_runs, "ctr_dynamic", name))
+        for name in ("workers2", "replicas1", "replicas2")
+    }
+    tables = {
+        name: {t["name"]: t for t in got["tables"] if "dynamic" in t} for name, got in runs.items()
+    }
+    assert len(tables["replicas1"]) == 3  # the 3 categorical columns
+    for name, placed in tables.items():
+        for table in placed.values():
+            dynamic = table["dynamic"]
+            assert dynamic["step"] == 6 and 0 < dynamic["resident"] <= dynamic["capacity"]
+            assert dynamic["admissions"] > dynamic["capacity"] and dynamic["evictions"] > 0
+            assert dynamic == tables["replicas1"][table["name"]]["dynamic"], (name, table)
+            assert table["split"] == ("whole" if name == "replicas1" else "replicas")
+    for name in ("workers2", "replicas2"):
+        for figures in ("eval", "test"):
+            for key, value in runs["replicas1"][figures].items():
+                assert runs[name][figures][key] == pytest.approx(value, rel=1e-6), (name, key)
 
 
 # ---- The launcher on its own, with small Python commands (no TensorFlow in the tasks). ----
