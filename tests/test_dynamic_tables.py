@@ -153,7 +153,7 @@ def training_step(strategy, table):
 
 def state_of(table):
     """Everything the table holds, as numpy: its map, rows and slot."""
-    state = {f"map_{name}": value.numpy() for name, value in table.map_state()._asdict().items()}
+    state = {f"map_{name}": getattr(table.map_state(), name).numpy() for name in id_map.FIELDS}
     state["embeddings"] = table.whole().numpy()
     state["accumulator"] = table.whole("accumulator").numpy()
     return state

@@ -85,7 +85,7 @@ class DynamicTable(EmbeddingTable):
         _check_strategy(self, tf.distribute.get_strategy())
         super().build(input_shape)
         empty = id_map.empty_state(self.capacity, self.waiting_places)
-        for name, value in zip(id_map.MapState._fields, empty, strict=True):
+        for name, value in zip(id_map.FIELDS, empty.values(), strict=True):
             variable = tf.Variable(
                 value,
                 trainable=False,
@@ -104,10 +104,7 @@ class DynamicTable(EmbeddingTable):
     def map_state(self) -> id_map.MapState:
         """The map as tensors (this replica's copy, inside `strategy.run`)."""
         return id_map.MapState(
-            *(
-                tf.convert_to_tensor(getattr(self, f"map_{name}"))
-                for name in id_map.MapState._fields
-            )
+            **{name: tf.convert_to_tensor(getattr(self, f"map_{name}")) for name in id_map.FIELDS}
         )
 
     def id_numbers(self, ids) -> tf.Tensor:
@@ -141,7 +138,7 @@ class DynamicTable(EmbeddingTable):
         """The step's decisions over every replica's ids, written to the map and the rows."""
         ids, counts = _step_ids(self, numbers)
         decision = id_map.decide(self.map_state(), ids, counts, self.policy)
-        for name, value in zip(id_map.MapState._fields, decision.state, strict=True):
+        for name, value in zip(id_map.FIELDS, decision.state.values(), strict=True):
             getattr(self, f"map_{name}").assign(value)
         self._start_rows(decision.admitted_ids, decision.admitted_rows)
 

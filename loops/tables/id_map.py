@@ -88,7 +88,8 @@ class AdmissionPolicy:
             )
 
 
-class MapState(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class MapState:
     """A map's state as tensors (the module docstring says what each holds)."""
 
     row_id: tf.Tensor  # int64 [C]
@@ -102,6 +103,13 @@ class MapState(NamedTuple):
     waiting_seen: tf.Tensor  # int64 [P]
     step: tf.Tensor  # int64 []
     counters: tf.Tensor  # int64 [len(COUNTERS)]
+
+    def values(self) -> list[tf.Tensor]:
+        """The tensors, in `FIELDS` order."""
+        return [getattr(self, name) for name in FIELDS]
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(MapState))
 
 
 def empty_state(capacity: int, waiting: int) -> MapState:
@@ -182,14 +190,15 @@ def decide(state: MapState, ids: tf.Tensor, counts: tf.Tensor, policy: Admission
     hit_rows = tf.boolean_mask(tf.gather(state.sorted_rows, position), hit)
     score = decayed(state, step, policy.decay, hit_rows)
     score += tf.cast(tf.boolean_mask(counts, hit), tf.float64)
-    state = state._replace(
+    state = dataclasses.replace(
+        state,
         row_score=_scatter(state.row_score, hit_rows, score),
         row_seen=_scatter(state.row_seen, hit_rows, step),
     )
     if policy.ttl is not None:
         expired = state.row_used & (step - state.row_seen > policy.ttl)
         counters["expirations"] += tf.reduce_sum(tf.cast(expired, tf.int64))
-        state = state._replace(row_used=state.row_used & ~expired)
+        state = dataclasses.replace(state, row_used=state.row_used & ~expired)
     new_ids, new_counts = tf.boolean_mask(ids, ~hit), tf.boolean_mask(counts, ~hit)
     waiting, totals = _waited(state, new_ids, new_counts, step, policy, counters)
     ready = totals >= policy.admit_after
@@ -209,8 +218,8 @@ def decide(state: MapState, ids: tf.Tensor, counts: tf.Tensor, policy: Admission
     state = _rewaited(state, waiting, still, refused, step, policy, counters)
     sorted_ids, sorted_rows = _sorted(state.row_id, state.row_used)
     total = state.counters + tf.stack([counters[name] for name in COUNTERS])
-    state = state._replace(
-        sorted_ids=sorted_ids, sorted_rows=sorted_rows, step=step, counters=total
+    state = dataclasses.replace(
+        state, sorted_ids=sorted_ids, sorted_rows=sorted_rows, step=step, counters=total
     )
     return Decision(state, admitted, rows)
 
@@ -265,7 +274,8 @@ def _admit(state: MapState, ready, totals, step, policy: AdmissionPolicy, counte
     refused = (tf.gather(ready, priority[taken:]), tf.gather(totals, priority[taken:]))
     counters["admissions"] += taken
     counters["refusals"] += wanted - taken
-    state = state._replace(
+    state = dataclasses.replace(
+        state,
         row_id=_scatter(state.row_id, rows, chosen),
         row_used=_scatter(used, rows, True),
         row_score=_scatter(state.row_score, rows, tf.cast(chosen_totals, tf.float64)),
@@ -291,7 +301,8 @@ def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> 
     def padded(column: tf.Tensor, value: int) -> tf.Tensor:
         return tf.pad(tf.gather(column, order), padding, constant_values=value)
 
-    return state._replace(
+    return dataclasses.replace(
+        state,
         waiting_ids=tf.ensure_shape(padded(ids, EMPTY), [places]),
         waiting_counts=tf.ensure_shape(padded(counts, 0), [places]),
         waiting_seen=tf.ensure_shape(padded(seen, 0), [places]),
