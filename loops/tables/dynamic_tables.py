@@ -178,6 +178,31 @@ class DynamicTable(EmbeddingTable):
         return placed
 
 
+# The step outputs of a run's dynamic tables, totals over them (results.json's `tables` has
+# each table's): the name of each and the counter (or "resident") it sums.
+STEP_COUNTERS = {"ids_resident": "resident", "ids_evicted": "evictions", "ids_refused": "refusals"}
+
+
+def summed_counters(tables) -> dict[str, tf.Tensor]:
+    """`STEP_COUNTERS` summed over the `DynamicTable`s among `tables` (int64 scalars, read in
+    cross-replica context); {} without any."""
+    dynamic = [table for table in tables if isinstance(table, DynamicTable) and table.built]
+    if not dynamic:
+        return {}
+    totals = {}
+    for name, counter in STEP_COUNTERS.items():
+        values = []
+        for table in dynamic:
+            if counter == "resident":
+                used = tf.convert_to_tensor(table.map_row_used)
+                values.append(tf.reduce_sum(tf.cast(used, tf.int64)))
+            else:
+                counters = tf.convert_to_tensor(table.map_counters)
+                values.append(counters[id_map.COUNTERS.index(counter)])
+        totals[name] = tf.add_n(values)
+    return totals
+
+
 def _check_strategy(table: DynamicTable, strategy: tf.distribute.Strategy) -> None:
     where = placement.current(strategy, placement.EXACT)
     if where.variables_on_servers:
