@@ -129,3 +129,52 @@ def test_loops_ctr_admits_dynamic_ids_alike_on_1_and_2_replicas_and_the_export_f
         tags=tf.constant(["", ""]),
     )["probabilities"].numpy()
     assert again[0] == again[1] and probabilities[0] != probabilities[1]
+
+
+def test_loops_ctr_with_dynamic_columns_killed_mid_run_resumes_the_same_map_on_any_layout(
+    tmp_path,
+):
+    import signal
+
+    from test_streamed_ctr import SPEC, ctr_run, final_weights, write_shards
+
+    shards = write_shards(tmp_path / "log")
+
+    spec = json.loads(json.dumps(SPEC))
+    for column in spec["columns"]:  # 12 values each: C1 admits at a second sighting, C2 ages
+        if column["name"] == "C1":
+            column.update(dynamic={"capacity": 6, "admit_after": 2, "decay": 0.9})
+        if column["name"] == "C2":
+            column.pop("min_count")
+            column.update(dynamic={"capacity": 5, "ttl": 3})
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    spec_file, optimizer = tmp_path / "spec.json", "--table_optimizer=adagrad"
+    whole = ctr_run(tmp_path / "whole", shards, spec_file, optimizer)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    for name in ("same", "moved"):  # killed as the 4th inner loop starts: after step 15
+        killed = ctr_run(tmp_path / name, shards, spec_file, optimizer, kill_at=4)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    same = ctr_run(tmp_path / "same", shards, spec_file, optimizer)
+    moved = ctr_run(tmp_path / "moved", shards, spec_file, optimizer, "--num_replicas=2")
+    for done in (same, moved):
+        assert done.returncode == 0, done.stderr[-3000:]
+    expected = final_weights(tmp_path / "whole")
+    maps = [name for name in expected if "map_" in name]
+    assert len(maps) >= 2 * 11, sorted(expected)  # wide and deep tables of both columns
+    for name, array in final_weights(tmp_path / "same").items():
+        np.testing.assert_array_equal(array, expected[name], err_msg=name)
+    for name, array in final_weights(tmp_path / "moved").items():
+        if name in maps:
+            np.testing.assert_array_equal(array, expected[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(array, expected[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    tables = {
+        t["name"]: t["dynamic"]
+        for t in read_results(str(tmp_path / "whole"))["tables"]
+        if "dynamic" in t
+    }
+    assert tables["C1_embedding"]["evictions"] > 0 and tables["C2_embedding"]["evictions"] > 0
+    assert tables["C2_embedding"]["refusals"] > 0  # every row seen in a step: ids wait
+    moved_tables = read_results(str(tmp_path / "moved"))["tables"]
+    assert {t["name"]: t["dynamic"] for t in moved_tables if "dynamic" in t} == tables
+    assert len(tables) == 4  # the wide and the deep table of each

@@ -385,3 +385,24 @@ def test_the_reserved_id_is_refused_naming_it():
     table.build()
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"2\*\*63 - 1 is reserved"):
         table(tf.constant([1, 2**63 - 1], tf.int64))
+
+
+def test_a_strategy_with_one_copy_for_several_replicas_is_refused_before_any_step():
+    strategy = loops.testing.replica_strategy(2, "central_storage")
+    with strategy.scope():
+        table = loops.DynamicTable(4, 2, name="central")
+        with pytest.raises(ValueError, match="keeps one copy of the table for several replicas"):
+            table.build()
+
+
+def test_the_step_outputs_sum_the_tables_resident_ids_evictions_and_refusals():
+    stream = drifting_stream()
+    tables = [trained(1, stream)[0], trained(1, stream[:20])[0]]
+    counted = {k: int(v) for k, v in dynamic_tables.summed_counters(tables).items()}
+    each = [table.counters() for table in tables]
+    assert counted == {
+        "ids_resident": sum(c["resident"] for c in each),
+        "ids_evicted": sum(c["evictions"] for c in each),
+        "ids_refused": sum(c["refusals"] for c in each),
+    }
+    assert dynamic_tables.summed_counters([loops.EmbeddingTable(3, 2)]) == {}
