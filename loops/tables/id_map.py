@@ -216,7 +216,7 @@ def decide(state: MapState, ids: tf.Tensor, counts: tf.Tensor, policy: Admission
     counters["unadmitted_lookups"] += unadmitted
     still = tf.boolean_mask(new_ids, ~ready), tf.boolean_mask(totals, ~ready)
     state = _rewaited(state, waiting, still, refused, step, policy, counters)
-    sorted_ids, sorted_rows = _sorted(state.row_id, state.row_used)
+    sorted_ids, sorted_rows = _merged(state, admitted, rows)
     total = state.counters + tf.stack([counters[name] for name in COUNTERS])
     state = dataclasses.replace(
         state, sorted_ids=sorted_ids, sorted_rows=sorted_rows, step=step, counters=total
@@ -259,10 +259,7 @@ def _admit(state: MapState, ready, totals, step, policy: AdmissionPolicy, counte
     wanted = tf.shape(ready, out_type=tf.int64)[0]
     evictable = state.row_used & (state.row_seen < step)
     evicted = tf.minimum(tf.maximum(wanted - free, 0), tf.reduce_sum(tf.cast(evictable, tf.int64)))
-    # Lowest decayed score first, then least recently seen, then smallest id; others last.
-    score = tf.where(evictable, decayed(state, step, policy.decay), float("inf"))
-    seen = tf.where(evictable, state.row_seen, EMPTY)
-    victims = _lexical_order(score, seen, state.row_id)[:evicted]
+    victims = _victims(state, step, policy, evictable, evicted)
     used = _scatter(state.row_used, victims, False)
     counters["evictions"] += evicted
     taken = tf.minimum(wanted, free + evicted)
@@ -282,6 +279,24 @@ def _admit(state: MapState, ready, totals, step, policy: AdmissionPolicy, counte
         row_seen=_scatter(state.row_seen, rows, step),
     )
     return state, chosen, rows, refused
+
+
+def _victims(state: MapState, step, policy: AdmissionPolicy, evictable, count) -> tf.Tensor:
+    """The `count` `evictable` rows that go first: the lowest decayed score, then the least
+    recently seen, then the smallest id. A partial top-k finds the count-th score; only the
+    rows tied at it are sorted (by last step, then id), not every row."""
+
+    def chosen() -> tf.Tensor:
+        score = tf.where(evictable, decayed(state, step, policy.decay), float("inf"))
+        lowest = tf.math.top_k(-score, k=tf.cast(count, tf.int32), sorted=True).values
+        threshold = -lowest[-1]
+        below = tf.where(score < threshold)[:, 0]
+        tied = tf.where(evictable & (score == threshold))[:, 0]
+        order = _lexical_order(tf.gather(state.row_seen, tied), tf.gather(state.row_id, tied))
+        rest = count - tf.shape(below, out_type=tf.int64)[0]
+        return tf.concat([below, tf.gather(tied, order[:rest])], 0)
+
+    return tf.cond(count > 0, chosen, lambda: tf.zeros([0], tf.int64))
 
 
 def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> MapState:
@@ -309,9 +324,28 @@ def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> 
     )
 
 
-def _sorted(row_id: tf.Tensor, row_used: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """The resident ids ascending with the row of each; EMPTY and -1 past the last."""
-    keys = tf.where(row_used, row_id, EMPTY)
-    order = tf.argsort(keys, stable=True)
-    rows = tf.where(tf.gather(row_used, order), tf.cast(order, tf.int64), -1)
-    return tf.gather(keys, order), rows
+def _merged(state: MapState, new_ids: tf.Tensor, new_rows: tf.Tensor):
+    """The resident ids ascending with the row of each (EMPTY and -1 past the last): the ids
+    still in their rows, in the order they were, merged with the `new_ids` (ascending) in
+    `new_rows`; O(C) and no sort of the whole map."""
+    capacity = tf.shape(state.row_id, out_type=tf.int64)[0]
+    rows = tf.maximum(state.sorted_rows, 0)
+    # An id left its row if the row was freed, or freed and taken by another id.
+    kept = (state.sorted_rows >= 0) & tf.gather(state.row_used, rows)
+    kept &= tf.gather(state.row_id, rows) == state.sorted_ids
+    kept_ids = tf.boolean_mask(state.sorted_ids, kept)
+    kept_rows = tf.boolean_mask(state.sorted_rows, kept)
+
+    def places(ids: tf.Tensor, others: tf.Tensor) -> tf.Tensor:
+        # Each id's place among both: its own index plus the other ids below it (none equal).
+        below = tf.searchsorted(others, ids, out_type=tf.int64)
+        return tf.range(tf.shape(ids, out_type=tf.int64)[0]) + below
+
+    at = tf.concat([places(kept_ids, new_ids), places(new_ids, kept_ids)], 0)[:, None]
+    merged_ids = tf.tensor_scatter_nd_update(
+        tf.fill([capacity], tf.constant(EMPTY, tf.int64)), at, tf.concat([kept_ids, new_ids], 0)
+    )
+    merged_rows = tf.tensor_scatter_nd_update(
+        tf.fill([capacity], tf.constant(-1, tf.int64)), at, tf.concat([kept_rows, new_rows], 0)
+    )
+    return merged_ids, merged_rows
