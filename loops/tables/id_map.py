@@ -300,28 +300,74 @@ def _victims(state: MapState, step, policy: AdmissionPolicy, evictable, count) -
 
 
 def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> MapState:
-    """The waiting list after the step: the `kept` entries, the ids `still` waiting and the
-    `refused` ones (both seen at `step`), the `policy.waiting` highest counts of them."""
+    """The waiting list after the step: the `kept` entries (ascending ids), the ids `still`
+    waiting and the `refused` ones (both seen at `step`), the `policy.waiting` highest counts
+    of them (then the most recently seen, then the smallest id), by a partial top-k."""
     places = int(state.waiting_ids.shape[0])
-    ids = tf.concat([kept[0], still[0], refused[0]], 0)
-    counts = tf.concat([kept[1], still[1], refused[1]], 0)
-    fresh = tf.fill(tf.shape(still[0]) + tf.shape(refused[0]), step)
-    seen = tf.concat([kept[2], fresh], 0)
-    size = tf.shape(ids, out_type=tf.int64)[0]
+    fresh_ids = tf.concat([still[0], refused[0]], 0)
+    by_id = tf.argsort(fresh_ids)  # the step's new entries alone: few
+    fresh = (
+        tf.gather(fresh_ids, by_id),
+        tf.gather(tf.concat([still[1], refused[1]], 0), by_id),
+        tf.fill(tf.shape(fresh_ids), step),
+    )
+    columns = [tf.concat([old, new], 0) for old, new in zip(kept, fresh, strict=True)]
+    size = tf.shape(columns[0], out_type=tf.int64)[0]
     counters["waiting_dropped"] += tf.maximum(size - places, 0)
-    best = _lexical_order(-counts, -seen, ids)[:places]
-    order = tf.gather(best, tf.argsort(tf.gather(ids, best)))
-    padding = [[0, places - tf.shape(order)[0]]]
+    best = _top([columns[1], columns[2], -columns[0]], tf.minimum(size, places))
+    chosen = tf.scatter_nd(best[:, None], tf.ones_like(best, tf.bool), [size])
+    old = tf.shape(kept[0], out_type=tf.int64)[0]
+    # Both parts stay ascending: merged, they are the new list in id order.
+    parts = [(chosen[:old], kept), (chosen[old:], fresh)]
+    held = [[tf.boolean_mask(c, mask) for c in part] for mask, part in parts]
+    at = _merge_positions(held[0][0], held[1][0])[:, None]
 
-    def padded(column: tf.Tensor, value: int) -> tf.Tensor:
-        return tf.pad(tf.gather(column, order), padding, constant_values=value)
+    def placed(index: int, value: int) -> tf.Tensor:
+        empty = tf.fill([places], tf.constant(value, tf.int64))
+        values = tf.concat([held[0][index], held[1][index]], 0)
+        return tf.tensor_scatter_nd_update(empty, at, values)
 
     return dataclasses.replace(
         state,
-        waiting_ids=tf.ensure_shape(padded(ids, EMPTY), [places]),
-        waiting_counts=tf.ensure_shape(padded(counts, 0), [places]),
-        waiting_seen=tf.ensure_shape(padded(seen, 0), [places]),
+        waiting_ids=placed(0, EMPTY),
+        waiting_counts=placed(1, 0),
+        waiting_seen=placed(2, 0),
     )
+
+
+def _top(keys: list[tf.Tensor], count) -> tf.Tensor:
+    """The indices of the `count` entries highest by `keys` (the first, ties by the next, ...;
+    the last unique): a top-k at each key over the entries tied at the one before."""
+    candidates = tf.range(tf.shape(keys[0], out_type=tf.int64)[0])
+    chosen = []
+    for index, key in enumerate(keys):
+        values = tf.gather(key, candidates)
+        k = tf.cast(count, tf.int32)
+        if index == len(keys) - 1:
+            chosen.append(tf.gather(candidates, tf.math.top_k(values, k=k).indices))
+            break
+        # The count-th highest value; with none left to choose, one above every value.
+        kth = tf.cond(
+            k > 0,
+            lambda values=values, k=k: tf.math.top_k(values, k=k).values[-1],
+            lambda values=values: tf.reduce_max(tf.concat([values, [0]], 0)) + 1,
+        )
+        above = tf.boolean_mask(candidates, values > kth)
+        chosen.append(above)
+        count -= tf.shape(above, out_type=tf.int64)[0]
+        candidates = tf.boolean_mask(candidates, values == kth)
+    return tf.concat(chosen, 0)
+
+
+def _merge_positions(first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
+    """Where each of two ascending arrays of distinct ids goes in their merge: `first`'s
+    places, then `second`'s (each id's index plus the other array's ids below it)."""
+
+    def places(ids: tf.Tensor, others: tf.Tensor) -> tf.Tensor:
+        below = tf.searchsorted(others, ids, out_type=tf.int64)
+        return tf.range(tf.shape(ids, out_type=tf.int64)[0]) + below
+
+    return tf.concat([places(first, second), places(second, first)], 0)
 
 
 def _merged(state: MapState, new_ids: tf.Tensor, new_rows: tf.Tensor):
@@ -336,12 +382,7 @@ def _merged(state: MapState, new_ids: tf.Tensor, new_rows: tf.Tensor):
     kept_ids = tf.boolean_mask(state.sorted_ids, kept)
     kept_rows = tf.boolean_mask(state.sorted_rows, kept)
 
-    def places(ids: tf.Tensor, others: tf.Tensor) -> tf.Tensor:
-        # Each id's place among both: its own index plus the other ids below it (none equal).
-        below = tf.searchsorted(others, ids, out_type=tf.int64)
-        return tf.range(tf.shape(ids, out_type=tf.int64)[0]) + below
-
-    at = tf.concat([places(kept_ids, new_ids), places(new_ids, kept_ids)], 0)[:, None]
+    at = _merge_positions(kept_ids, new_ids)[:, None]
     merged_ids = tf.tensor_scatter_nd_update(
         tf.fill([capacity], tf.constant(EMPTY, tf.int64)), at, tf.concat([kept_ids, new_ids], 0)
     )
