@@ -314,8 +314,10 @@ def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> 
     columns = [tf.concat([old, new], 0) for old, new in zip(kept, fresh, strict=True)]
     size = tf.shape(columns[0], out_type=tf.int64)[0]
     counters["waiting_dropped"] += tf.maximum(size - places, 0)
-    best = _top([columns[1], columns[2], -columns[0]], tf.minimum(size, places))
-    chosen = tf.scatter_nd(best[:, None], tf.ones_like(best, tf.bool), [size])
+    # The few to drop, not the many to keep: the lowest counts, the least recently seen, the
+    # largest ids.
+    dropped = _top([-columns[1], -columns[2], columns[0]], tf.maximum(size - places, 0))
+    chosen = ~tf.scatter_nd(dropped[:, None], tf.ones_like(dropped, tf.bool), [size])
     old = tf.shape(kept[0], out_type=tf.int64)[0]
     # Both parts stay ascending: merged, they are the new list in id order.
     parts = [(chosen[:old], kept), (chosen[old:], fresh)]
