@@ -419,3 +419,20 @@ def test_tiny_table_floor_benchmark_divides_each_step_by_the_smallest_step_and_i
         assert row["step_over_smallest_plus_floor"] == pytest.approx(ratio)
     assert small["step_over_smallest_plus_floor"] < 1  # its own step plus a floor
     assert "step / (smallest step + floor)" in done.stdout
+
+
+def test_tiny_dynamic_tables_benchmark_reports_each_tables_auc_counters_and_step_ratio(tmp_path):
+    done, report = run_benchmark(
+        "dynamic_tables", tmp_path, "--quick", "--rounds=1", "--steps=2", "--events=60000"
+    )
+    methods = [row["method"] for row in report["quality"]]
+    assert len(methods) == 7 and any("dynamic" in m for m in methods), methods
+    for row in report["quality"]:
+        assert 0.5 < row["test_auc"] <= 1 and 0.5 < row["progressive_auc"] <= 1, row
+    # With room for every id nothing is evicted, and the weights equal a static table's.
+    assert report["equal_to_static"]["max_abs_difference"] == 0.0
+    assert report["equal_to_static"]["evictions"] == 0
+    capacity = report["config"]["capacity"]
+    for counters in report["dynamic_counters"].values():
+        assert 0 < counters["resident"] <= capacity and counters["admissions"] > 0, counters
+    assert report["speed"] and "dynamic" in done.stdout
