@@ -129,11 +129,18 @@ class Reference:
         self.values -= RATE * gradient / np.sqrt(self.accumulator + EPSILON)
 
 
-def made_table(replicas, seed=3, **policy):
+ROW_RULES = {
+    "adagrad": lambda: keras.optimizers.Adagrad(RATE),
+    "sgd": lambda: keras.optimizers.SGD(RATE),
+    "rowwise_adagrad": lambda: loops.RowwiseAdagrad(RATE),
+}
+
+
+def made_table(replicas, seed=3, optimizer="adagrad", **policy):
     strategy = loops.testing.replica_strategy(replicas)
     with strategy.scope():
         table = loops.DynamicTable(
-            CAPACITY, DIM, keras.optimizers.Adagrad(RATE), seed=seed, name="ids", **policy
+            CAPACITY, DIM, ROW_RULES[optimizer](), seed=seed, name="ids", **policy
         )
         table.build()
     return strategy, table
@@ -155,7 +162,8 @@ def state_of(table):
     """Everything the table holds, as numpy: its map, rows and slot."""
     state = {f"map_{name}": getattr(table.map_state(), name).numpy() for name in id_map.FIELDS}
     state["embeddings"] = table.whole().numpy()
-    state["accumulator"] = table.whole("accumulator").numpy()
+    for name in table.slot_names:  # Adagrad's accumulator; SGD keeps none
+        state[name] = table.whole(name).numpy()
     return state
 
 
@@ -258,14 +266,16 @@ def test_a_checkpoint_at_an_evicting_step_resumes_the_same_map_on_another_layout
         assert_same_states(resumed, states[cut:], rows_exact=saved_on == restored_on == 1)
 
 
-def test_with_room_for_every_id_it_equals_a_full_vocabulary_table_started_alike():
+@pytest.mark.parametrize("optimizer", sorted(ROW_RULES))
+def test_with_room_for_every_id_it_equals_a_full_vocabulary_table_started_alike(optimizer):
     vocabulary = np.array([-40, 3, 17, 2**40, 5], np.int64)
     rng = np.random.default_rng(1)
     stream = [rng.choice(vocabulary, size=IDS_A_STEP) for _ in range(12)]
-    table, _ = trained(2, stream, admit_after=1, decay=1.0)
+    strategy, table = made_table(2, optimizer=optimizer, admit_after=1, decay=1.0)
+    table, _ = trained(2, stream, table, strategy)
     strategy, static = loops.testing.replica_strategy(2), None
     with strategy.scope():
-        static = loops.EmbeddingTable(len(vocabulary), DIM, keras.optimizers.Adagrad(RATE))
+        static = loops.EmbeddingTable(len(vocabulary), DIM, ROW_RULES[optimizer]())
         static.build()
     static.set_whole(dynamic_tables.initial_rows(3, tf.constant(vocabulary), DIM))
     step = training_step(strategy, static)
@@ -282,6 +292,12 @@ def test_with_room_for_every_id_it_equals_a_full_vocabulary_table_started_alike(
     dynamic = table(tf.constant(vocabulary)).numpy()
     np.testing.assert_allclose(dynamic, static.whole().numpy(), rtol=0, atol=1e-6)
     assert table.counters()["evictions"] == 0 and table.counters()["resident"] == 5
+    for name in table.slot_names:  # the slots of the ids' rows, as the static table's
+        rows = [dict(zip(table.map_state().row_id.numpy().tolist(), range(CAPACITY)))[int(k)]
+                for k in vocabulary]  # fmt: skip
+        np.testing.assert_allclose(
+            table.whole(name).numpy()[rows], static.whole(name).numpy(), rtol=0, atol=1e-6
+        )
 
 
 def test_an_export_answers_admitted_evicted_waiting_and_unseen_ids_in_plain_tensorflow(tmp_path):
