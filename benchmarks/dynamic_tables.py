@@ -39,8 +39,7 @@ ms a step (wall and CPU). `dynamic_over_static`: a dynamic table's step over the
 (both take raw ids; the goal <= 1.5) and over the vocabulary table's (rows given). The
 breakdown of each dynamic step, timed alike on its table: the step without admission
 (`training=False`: lookup and update), the step's distinct ids alone, `id_map.decide` alone
-(the distinct ids included, nothing written) and its full-capacity sorts alone (the eviction
-order and the sorted resident ids; the waiting list's order).
+(the distinct ids included, nothing written).
 """
 
 from __future__ import annotations
@@ -277,8 +276,7 @@ def train_and_test(learner: Learner, stream: Stream, train_events: int, batch: i
 
 def breakdown_functions(learner: Learner) -> dict:
     """The parts of a dynamic table's step, each a traced function of a batch that writes
-    nothing (but the step without admission, which trains the rows it reads). The sorts are
-    `loops.tables.id_map`'s private helpers, timed where they exist."""
+    nothing (but the step without admission, which trains the rows it reads)."""
     import tensorflow as tf
 
     from loops.tables import dynamic_tables, id_map
@@ -290,49 +288,14 @@ def breakdown_functions(learner: Learner) -> dict:
 
     def decide(ids):
         decision = id_map.decide(table.map_state(), *distinct(ids), table.policy)
-        return [decision.admitted_ids, decision.admitted_rows, *_tensors(decision.state)]
-
-    def eviction_order(ids):
-        del ids  # the order of every row's eviction that each step's decision sorts
-        state = table.map_state()
-        step = state.step + 1
-        evictable = state.row_used & (state.row_seen < step)
-        score = tf.where(evictable, id_map.decayed(state, step, table.policy.decay), np.inf)
-        seen = tf.where(evictable, state.row_seen, id_map.EMPTY)
-        return id_map._lexical_order(score, seen, state.row_id)
-
-    def resident_order(ids):
-        del ids  # the resident ids sorted, as each step's decision sorts them
-        state = table.map_state()
-        return list(id_map._sorted(state.row_id, state.row_used))
-
-    def waiting_order(ids):
-        del ids  # the waiting list's order (its size: the places)
-        state = table.map_state()
-        return id_map._lexical_order(-state.waiting_counts, -state.waiting_seen, state.waiting_ids)
+        return [decision.admitted_ids, decision.admitted_rows, *decision.state.values()]
 
     parts = {
         "step without admission": learner.train_without_admission,
         "distinct ids": tf.function(distinct, input_signature=[spec]),
         "decide (with distinct ids)": tf.function(decide, input_signature=[spec]),
     }
-    helpers = all(hasattr(id_map, name) for name in ("_lexical_order", "_sorted", "decayed"))
-    if helpers:
-        parts["eviction order (every row)"] = tf.function(eviction_order, input_signature=[spec])
-        parts["resident ids sorted (every row)"] = tf.function(
-            resident_order, input_signature=[spec]
-        )
-    if helpers and table.waiting_places:
-        parts["waiting list order"] = tf.function(waiting_order, input_signature=[spec])
     return parts
-
-
-def _tensors(state) -> list:
-    """A map state's tensors (a NamedTuple's or a dataclass's fields)."""
-    from loops.tables import id_map
-
-    names = getattr(id_map, "FIELDS", None) or type(state)._fields
-    return [getattr(state, name) for name in names]
 
 
 def timed(calls: dict, steps: int, rounds: int) -> dict:
