@@ -156,14 +156,19 @@ class DynamicTable(EmbeddingTable):
                 filled = tf.fill([tf.shape(local)[0], int(part.shape[1])], value)
                 part.scatter_nd_update(local, filled)
 
-    def counters(self) -> dict[str, int]:
-        """The map's counters (`id_map.COUNTERS`), its resident ids and its step count."""
+    def counter_tensors(self) -> dict[str, tf.Tensor]:
+        """The map's counters (`id_map.COUNTERS`), its resident and waiting ids and its step
+        count, as int64 scalars (in a traced step too)."""
         state = self.map_state()
-        values = dict(zip(id_map.COUNTERS, state.counters.numpy().tolist(), strict=True))
-        values["resident"] = int(tf.reduce_sum(tf.cast(state.row_used, tf.int64)))
-        values["waiting"] = int(tf.reduce_sum(tf.cast(state.waiting_ids != id_map.EMPTY, tf.int64)))
-        values["step"] = int(state.step)
+        values = {name: state.counters[i] for i, name in enumerate(id_map.COUNTERS)}
+        values["resident"] = tf.reduce_sum(tf.cast(state.row_used, tf.int64))
+        values["waiting"] = tf.reduce_sum(tf.cast(state.waiting_ids != id_map.EMPTY, tf.int64))
+        values["step"] = state.step
         return values
+
+    def counters(self) -> dict[str, int]:
+        """`counter_tensors` as Python ints."""
+        return {name: int(value) for name, value in self.counter_tensors().items()}
 
     def where(self) -> dict:
         placed = super().where()
@@ -189,18 +194,11 @@ def summed_counters(tables) -> dict[str, tf.Tensor]:
     dynamic = [table for table in tables if isinstance(table, DynamicTable) and table.built]
     if not dynamic:
         return {}
-    totals = {}
-    for name, counter in STEP_COUNTERS.items():
-        values = []
-        for table in dynamic:
-            if counter == "resident":
-                used = tf.convert_to_tensor(table.map_row_used)
-                values.append(tf.reduce_sum(tf.cast(used, tf.int64)))
-            else:
-                counters = tf.convert_to_tensor(table.map_counters)
-                values.append(counters[id_map.COUNTERS.index(counter)])
-        totals[name] = tf.add_n(values)
-    return totals
+    each = [table.counter_tensors() for table in dynamic]
+    return {
+        name: tf.add_n([values[counter] for values in each])
+        for name, counter in STEP_COUNTERS.items()
+    }
 
 
 def _check_strategy(table: DynamicTable, strategy: tf.distribute.Strategy) -> None:
