@@ -45,6 +45,21 @@ def check_top_k(top_k: int, train: Interactions) -> None:
         )
 
 
+def check_dynamic_ids(model: Mapping[str, Any], table_optimizer: str) -> None:
+    """Refuses --dynamic_ids whose tables would have no row rule, before TensorFlow loads.
+
+    Raises:
+        ValueError: --dynamic_ids with --table_optimizer=same.
+    """
+    if model["dynamic_ids"] and table_optimizer == "same":
+        raise ValueError(
+            "--dynamic_ids makes each user and item table a loops.DynamicTable, which trains "
+            "its rows by a row rule of its own, and --table_optimizer=same would train them "
+            "with --optimizer: pass --table_optimizer=adagrad, rowwise_adagrad or sgd (with "
+            "--table_learning_rate), or drop --dynamic_ids."
+        )
+
+
 class RecommenderTraining:
     """A RetrievalLoop's or RatingLoop's training on an interaction log, as loops-recommender
     sets it up. The log is read once, when it is first needed (`read`): the export and the
@@ -212,8 +227,27 @@ class RecommenderTraining:
             ),
             **self.loop_options,
         )
+        placed = tables[1]
+        if self.model["dynamic_ids"]:
+            # Each dynamic table trains by its own row rule: the tables' optimizer, whichever
+            # --placed_tables says it goes to.
+            placed = tables[1] if tables[1] is not None else tables[0]
+            common["table_optimizer_fn"] = None
+            if placed is None:
+                check_dynamic_ids(self.model, "same")
         build = self._retrieval if self.model["model"] == "retrieval" else self._rating
-        return build(log.train, evaluated, tables[1], common)
+        return build(log.train, evaluated, placed, common)
+
+    def _tables(self, train: Interactions) -> dict[str, Any]:
+        """The id tables' keywords of `loops_models.recommender`'s builders: the log's raw ids
+        with --rows_by_id or --dynamic_ids, and the dynamic tables' capacity and policy."""
+        model = self.model
+        if not (model["dynamic_ids"] or model["rows_by_id"]):
+            return {}
+        dynamic = None
+        if model["dynamic_ids"]:
+            dynamic = {"capacity": model["id_capacity"], "admit_after": model["id_admit_after"]}
+        return {"user_ids": train.user_ids, "item_ids": train.item_ids, "dynamic": dynamic}
 
     def _history(self, train: Interactions) -> Any:
         """The users x items table of each user's training items with user_history, else None
@@ -231,7 +265,10 @@ class RecommenderTraining:
 
         model = self.model
 
+        tables = self._tables(train)
+
         def tower(count: int, name: str) -> Callable[[], Any]:
+            ids = tables.get("user_ids" if name == "user_tower" else "item_ids")
             return lambda: recommender.id_tower(
                 num_ids=count,
                 embedding_dim=model["embedding_dim"],
@@ -240,6 +277,8 @@ class RecommenderTraining:
                 seed=self.seed,
                 name=name,
                 table_optimizer_fn=placed,
+                ids=ids,
+                dynamic=tables.get("dynamic"),
             )
 
         return loops.RetrievalLoop(
@@ -272,6 +311,7 @@ class RecommenderTraining:
                 initial_bias=float(train.ratings.mean()),
                 seed=self.seed,
                 table_optimizer_fn=placed,
+                **self._tables(train),
             ),
             baselines=recommender_data.bias_baseline(train, evaluated),
             **common,

@@ -41,6 +41,7 @@ _EXPORTS = {
     "EmbeddingTable": "loops.tables.embedding_tables",
     "DynamicTable": "loops.tables.dynamic_tables",
     "AdmissionPolicy": "loops.tables.id_map",
+    "initial_rows": "loops.tables.id_rows",
     "RowwiseAdagrad": "loops.tables.rowwise_adagrad",
     "LazyAdam": "loops.tables.lazy_adam",
     "TablePlan": "loops.tables.table_plan",

@@ -3,7 +3,8 @@ model (user and item ids in, one score a pair out)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -42,6 +43,48 @@ class FeatureLookup(keras.layers.Layer):
         return keras.ops.take(self.table, ids, axis=0)
 
 
+class RawIds(keras.layers.Layer):
+    """A log's indices (int32) -> the raw ids they stand for, as int64 (strings hashed by
+    `loops.tables.id_rows.string_numbers`, as a dynamic table of strings keys them): a
+    constant of the model, not a weight, so what a checkpoint holds keys rows by raw id
+    whatever the log's vocabulary."""
+
+    def __init__(self, raw_ids: Any, **kwargs):
+        super().__init__(**kwargs)
+        from loops.tables import id_rows
+
+        self.numbers = id_rows.row_id_numbers(raw_ids)
+
+    def call(self, indices):
+        import tensorflow as tf
+
+        return tf.gather(tf.constant(self.numbers), indices)
+
+
+def _table(
+    rows: int,
+    width: int,
+    seed: int,
+    index: int,
+    name: str,
+    table_optimizer_fn: OptimizerFn | None,
+    ids: Any,
+    dynamic: Mapping[str, Any] | None,
+):
+    """(the table of `rows` rows, how its input maps a log's indices): a static table (rows
+    by id with `ids`) looked up by the indices, or with `dynamic` a `loops.DynamicTable` of
+    that capacity and `loops.AdmissionPolicy` (the capacity 0: `rows`) over the raw `ids`."""
+    initializer = _embedding_initializer(seed, index)
+    if dynamic is None:
+        table = embedding_table(rows, width, initializer, name, table_optimizer_fn, initial_ids=ids)
+        return table, lambda indices: indices
+    if ids is None:
+        raise ValueError(f"the dynamic table {name!r} needs the log's raw ids (ids=...).")
+    dynamic = {**dynamic, "capacity": dynamic["capacity"] or rows}
+    table = embedding_table(rows, width, initializer, name, table_optimizer_fn, dynamic)
+    return table, RawIds(ids, name=f"{name}_raw_ids")
+
+
 def history_table(users: np.ndarray, items: np.ndarray, num_users: int, num_items: int):
     """float32 [num_users, num_items]: row u holds 1 / sqrt(|N(u)|) at each item of N(u), the
     items user u interacted with (SVD++'s normalization), zeros elsewhere and for a user with
@@ -62,6 +105,8 @@ def id_tower(
     seed: int = 0,
     name: str = "tower",
     table_optimizer_fn: OptimizerFn | None = None,
+    ids: Any = None,
+    dynamic: Mapping[str, Any] | None = None,
 ) -> keras.Model:
     """int32 ids [batch] -> float32 embeddings [batch, embedding_dim].
 
@@ -70,19 +115,18 @@ def id_tower(
     linear layer back to `embedding_dim` (none without hidden units and
     features), unit length when `normalize`. The table is a keras Embedding, or
     with `table_optimizer_fn` a `loops.EmbeddingTable` placed by the strategy
-    (`loops_models.tables`).
+    (`loops_models.tables`). `ids` (the raw id of each of the `num_ids` indices) starts
+    each row by its id (`loops.initial_rows`); with `dynamic` as well (a capacity, 0 for
+    `num_ids`, and `loops.AdmissionPolicy` keys) the table is a `loops.DynamicTable` over
+    those raw ids.
     """
-    ids = keras.Input((), dtype="int32", name=f"{name}_ids")
-    table = embedding_table(
-        num_ids,
-        embedding_dim,
-        _embedding_initializer(seed, 0),
-        f"{name}_table",
-        table_optimizer_fn,
+    indices = keras.Input((), dtype="int32", name=f"{name}_ids")
+    table, keyed = _table(
+        num_ids, embedding_dim, seed, 0, f"{name}_table", table_optimizer_fn, ids, dynamic
     )
-    parts = [table(ids)]
+    parts = [table(keyed(indices))]
     if features is not None:
-        parts.append(FeatureLookup(features, name=f"{name}_features")(ids))
+        parts.append(FeatureLookup(features, name=f"{name}_features")(indices))
     hidden = parts[0] if len(parts) == 1 else keras.layers.Concatenate()(parts)
     for index, units in enumerate(hidden_units):
         hidden = keras.layers.Dense(
@@ -94,7 +138,7 @@ def id_tower(
         )(hidden)
     if normalize:
         hidden = keras.layers.UnitNormalization()(hidden)
-    return keras.Model(ids, hidden, name=name)
+    return keras.Model(indices, hidden, name=name)
 
 
 class _PairScore(keras.layers.Layer):
@@ -127,6 +171,9 @@ def rating_model(
     user_history: np.ndarray | None = None,
     seed: int = 0,
     table_optimizer_fn: OptimizerFn | None = None,
+    user_ids: Any = None,
+    item_ids: Any = None,
+    dynamic: Mapping[str, Any] | None = None,
 ) -> keras.Model:
     """(user ids [batch], item ids [batch]) int32 -> one score a pair [batch] (a rating, or a
     click's logit): biases, the embeddings' dot product and an MLP over both embeddings.
@@ -144,24 +191,23 @@ def rating_model(
     are touched, and it is per pair, so exact on any replica count.
 
     The four tables are keras Embeddings, or with `table_optimizer_fn`
-    `loops.EmbeddingTable`s placed by the strategy (`loops_models.tables`).
+    `loops.EmbeddingTable`s placed by the strategy (`loops_models.tables`); with
+    `user_ids` and `item_ids` (the raw id of each index) their rows start by id, and with
+    `dynamic` as well (as `id_tower`'s) they are `loops.DynamicTable`s over the raw ids.
     """
     users = keras.Input((), dtype="int32", name="users")
     items = keras.Input((), dtype="int32", name="items")
     shapes = {
-        "user_table": (num_users, embedding_dim),
-        "item_table": (num_items, embedding_dim),
-        "user_bias": (num_users, 1),
-        "item_bias": (num_items, 1),
+        "user_table": (num_users, embedding_dim, users, user_ids),
+        "item_table": (num_items, embedding_dim, items, item_ids),
+        "user_bias": (num_users, 1, users, user_ids),
+        "item_bias": (num_items, 1, items, item_ids),
     }
-    tables = [
-        embedding_table(count, width, _embedding_initializer(seed, i), name, table_optimizer_fn)
-        for i, (name, (count, width)) in enumerate(shapes.items())
-    ]
-    user, item, user_bias, item_bias = (
-        table(ids) for table, ids in zip(tables, (users, items, users, items), strict=True)
-    )
-    looked_up = [user, item, user_bias, item_bias]
+    looked_up = []
+    for index, (name, (count, width, indices, ids)) in enumerate(shapes.items()):
+        table, keyed = _table(count, width, seed, index, name, table_optimizer_fn, ids, dynamic)
+        looked_up.append(table(keyed(indices)))
+    user, item, user_bias, item_bias = looked_up
     if user_history is not None:
         implicit = keras.layers.Dense(
             embedding_dim,

@@ -268,7 +268,55 @@ RECOMMENDER: tuple[Setting, ...] = (
         default=10,
         lower_bound=1,
     ),
+    Setting(
+        "dynamic_ids",
+        "model",
+        "Make the user and item tables (embeddings and biases) loops.DynamicTables over the "
+        "log's raw ids, of --id_capacity rows each: an id gets a row after --id_admit_after "
+        "sightings in training and the least frequently seen rows are evicted when a table is "
+        "full (docs/library.md, 'Dynamic tables'); trained by --table_optimizer, which must "
+        "then name a row rule (sgd, adagrad or rowwise_adagrad). Rows start by id "
+        "(--rows_by_id).",
+        "bool",
+        default=False,
+    ),
+    Setting(
+        "id_capacity",
+        "model",
+        "--dynamic_ids: the rows of each user and each item table; 0: one for every id of "
+        "the log (its users, its items), so nothing is evicted.",
+        "integer",
+        default=0,
+        lower_bound=0,
+    ),
+    Setting(
+        "id_admit_after",
+        "model",
+        "--dynamic_ids: the sightings in training an id needs for a row; before, it scores "
+        "with zeros (no embedding, no bias).",
+        "integer",
+        default=1,
+        lower_bound=1,
+    ),
+    Setting(
+        "rows_by_id",
+        "model",
+        "Start each table row from a function of --seed and the raw id it holds "
+        "(loops.initial_rows, what a dynamic table gives an id it admits), not from its "
+        "position in the log's vocabulary: with it a run equals one with --dynamic_ids whose "
+        "tables hold every id, and an id starts the same in a log of other ids.",
+        "bool",
+        default=False,
+    ),
 )
+
+
+def recommender_table_rows(values: dict[str, Any], num_ids: int) -> int:
+    """The rows of a recommender table over `num_ids` ids: --id_capacity's with --dynamic_ids
+    (one more, the zero row of ids without one), else one an id."""
+    if not values.get("dynamic_ids"):
+        return num_ids
+    return (values["id_capacity"] or num_ids) + 1
 
 
 # loops.bin.ctr: `loops_models.ctr`'s builders (wide_and_deep, dcn_v2, dlrm).
@@ -359,6 +407,8 @@ def check_recommender_fits(
         )
     model, dim = values["model"], values["embedding_dim"]
     hidden = values["hidden_units"] if model == "rating" else 0  # retrieval has no MLP
+    num_users = recommender_table_rows(values, num_users)
+    num_items = recommender_table_rows(values, num_items)
 
     def weights(embedding_dim: int, hidden_units: int) -> int:
         return recommender_weights(

@@ -29,10 +29,13 @@ def _training() -> recommender_training.RecommenderTraining:
 
 
 def _prepare() -> None:
-    """Refuses --placed_tables without a table optimizer of their own; fills in --data as an
+    """Refuses --placed_tables or --dynamic_ids without a table optimizer of their own
+    (`check_dynamic_ids`); fills in --data as an
     absolute path and the metric kept best (`RecommenderTraining.filled_in`)."""
-    training_settings.check_placed_tables(
-        loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
+    tables = loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
+    training_settings.check_placed_tables(tables)
+    recommender_training.check_dynamic_ids(
+        loop_flags.setting_values(model_settings.RECOMMENDER), tables["table_optimizer"]
     )
     loop_flags.set_values(_training().filled_in(FLAGS.keep_best_metric))
 

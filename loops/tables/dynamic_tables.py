@@ -30,11 +30,11 @@ import keras
 import tensorflow as tf
 
 from loops import placement
-from loops.tables import embedding_tables, id_map, table_blocks
-from loops.tables.embedding_tables import INITIAL_RANGE, EmbeddingTable, _whole_argument
+from loops.tables import embedding_tables, id_map, id_rows, table_blocks
+from loops.tables.embedding_tables import EmbeddingTable, _whole_argument
+from loops.tables.id_rows import initial_rows
 
 ID_KINDS = ("ints", "strings")
-_GOLDEN = 0x9E3779B97F4A7C15
 
 
 class DynamicTable(EmbeddingTable):
@@ -111,7 +111,7 @@ class DynamicTable(EmbeddingTable):
         """Each id as the int64 the map keys it by."""
         ids = tf.convert_to_tensor(ids)
         if self.id_kind == "strings":
-            return tf.strings.to_hash_bucket_fast(ids, id_map.EMPTY)
+            return id_rows.string_numbers(ids)
         numbers = tf.cast(ids, tf.int64)
         check = tf.debugging.assert_none_equal(
             numbers,
@@ -265,30 +265,3 @@ def _own_blocks(table: DynamicTable) -> list[tuple[int, tuple[int, int]]]:
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
         return [(replica - table._placement.first_table_block, blocks[replica])]
     return list(enumerate(blocks))
-
-
-def _mixed(x: tf.Tensor) -> tf.Tensor:
-    """splitmix64's finalizer on uint64 values: each bit of the input moves about half."""
-
-    def shifted(value: tf.Tensor, bits: int) -> tf.Tensor:
-        return tf.bitwise.bitwise_xor(
-            value, tf.bitwise.right_shift(value, tf.constant(bits, tf.uint64))
-        )
-
-    x = shifted(x, 30) * tf.constant(0xBF58476D1CE4E5B9, tf.uint64)
-    x = shifted(x, 27) * tf.constant(0x94D049BB133111EB, tf.uint64)
-    return shifted(x, 31)
-
-
-def initial_rows(seed: int, ids: tf.Tensor, dim: int) -> tf.Tensor:
-    """The initial row of each id (int64 [k]) -> float32 [k, dim], uniform in [-0.05, 0.05):
-    a function of the seed, the id and the column alone, on every device."""
-    golden = tf.constant(_GOLDEN, tf.uint64)
-    key = _mixed(tf.constant(seed % 2**64, tf.uint64) + golden)
-    base = _mixed(tf.bitwise.bitwise_xor(tf.bitcast(tf.cast(ids, tf.int64), tf.uint64), key))
-    columns = tf.range(1, dim + 1, dtype=tf.int64)
-    bits = _mixed(base[:, None] + tf.bitcast(columns, tf.uint64)[None, :] * golden)
-    unit = tf.cast(tf.bitwise.right_shift(bits, tf.constant(40, tf.uint64)), tf.float32) * (
-        1.0 / 2**24
-    )  # 24 bits: exact in float32
-    return unit * (2 * INITIAL_RANGE) - INITIAL_RANGE

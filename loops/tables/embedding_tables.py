@@ -27,7 +27,9 @@ restores one; several workers gather their blocks as they save).
 
 Initial values: uniform in [-0.05, 0.05] (Keras' Embedding default), a function
 of `seed` and the global row alone (`table_blocks.uniform_rows`), so one
-process, N replicas and M servers start equal bit for bit.
+process, N replicas and M servers start equal bit for bit; with `initial_ids`, of
+`seed` and the id a row holds (`loops.tables.id_rows.initial_rows`, a
+`DynamicTable`'s start for that id), whatever the ids' order.
 """
 
 from __future__ import annotations
@@ -41,10 +43,17 @@ import keras
 import tensorflow as tf
 
 from loops import keras_private, placement, tf_private
-from loops.tables import row_updates, table_blocks, table_ids, table_rows, worker_blocks
+from loops.tables import (
+    id_rows,
+    row_updates,
+    table_blocks,
+    table_ids,
+    table_rows,
+    worker_blocks,
+)
+from loops.tables.id_rows import INITIAL_RANGE
 from loops.vocabulary.whole_numbers import is_whole
 
-INITIAL_RANGE = 0.05
 # EmbeddingTable(optimizer=FROM_UPDATE) trains with the optimizer of the Update that trains it.
 FROM_UPDATE = "update"
 
@@ -79,6 +88,9 @@ class EmbeddingTable(keras.layers.Layer):
             0..len-1 in order, at least one; other words hash to the
             `oov_buckets` rows after them (rows = len(vocabulary) + oov_buckets).
         seed: the initial values' seed.
+        initial_ids: the raw id each row holds (whole numbers or strings, one a row): row
+            r then starts at `loops.initial_rows(seed, initial_ids[r])`, as a `DynamicTable` of
+            that seed starts the id, not at the seed's draw for row r.
 
     The whole numbers (rows, dim, oov_buckets, seed) may be NumPy integers.
     """
@@ -93,11 +105,13 @@ class EmbeddingTable(keras.layers.Layer):
         vocabulary: Sequence[str] | None = None,
         oov_buckets: int = 1,
         seed: int = 0,
+        initial_ids: Sequence | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         rows, dim = _whole_argument("rows", rows, 1), _whole_argument("dim", dim, 1)
         seed = _whole_argument("seed", seed, None)
+        self.initial_ids = None if initial_ids is None else _checked_ids(initial_ids, rows)
         if vocabulary is not None:
             vocabulary = table_ids.checked_vocabulary(vocabulary)
             oov_buckets = _whole_argument("oov_buckets", oov_buckets, 1)
@@ -183,6 +197,9 @@ class EmbeddingTable(keras.layers.Layer):
     def _initial_rows(self, partition_shape=None, partition_offset=None) -> tf.Tensor:
         shape = partition_shape if partition_shape is not None else (self.rows, self.dim)
         first = 0 if partition_offset is None else int(partition_offset[0])
+        if self.initial_ids is not None:
+            ids = tf.constant(self.initial_ids[first : first + int(shape[0])])
+            return id_rows.initial_rows(self.seed, ids, int(shape[1]))
         return table_blocks.uniform_rows(
             self.seed, first, tuple(shape), -INITIAL_RANGE, INITIAL_RANGE
         )
@@ -518,3 +535,18 @@ def _models(items: object) -> list[keras.Model]:
 @tf.function(autograph=False)
 def _filled_rows(shape: tuple[int, ...], value: tf.Tensor) -> tf.Tensor:
     return tf.fill(shape, value)
+
+
+def _checked_ids(initial_ids, rows: int):
+    """The int64 id of each of the `rows` rows (`id_rows.row_id_numbers`).
+
+    Raises:
+        ValueError: ids that are not one a row.
+    """
+    numbers = id_rows.row_id_numbers(initial_ids)
+    if len(numbers) != rows:
+        raise ValueError(
+            f"EmbeddingTable(rows={rows}, initial_ids=...) got {len(numbers)} ids; pass one id "
+            "for each row."
+        )
+    return numbers

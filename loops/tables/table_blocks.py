@@ -167,8 +167,10 @@ def lookup_capacity(
         lookups = examples_per_replica * ids_each
     if lookups is not None:
         return max(min(int(lookups), table_rows), 1)
+    # A dynamic table's raw ids have no table-size bound (`dynamic_tables` passes 2**62).
+    size = "of raw ids" if table_rows >= 2**62 else f"({table_rows} rows)"
     raise ValueError(
-        f"EmbeddingTable {table_name!r} ({table_rows} rows) is split over the replicas and "
+        f"EmbeddingTable {table_name!r} {size} is split over the replicas and "
         "exchanges a step's ids between them in a shape fixed when the step is traced (a "
         "loop of steps keeps one), and the number of ids a replica looks up here is not "
         f"static (shape {rows.shape}): give the step batches of one size (batch with "
