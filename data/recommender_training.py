@@ -45,13 +45,29 @@ def check_top_k(top_k: int, train: Interactions) -> None:
         )
 
 
-def check_dynamic_ids(model: Mapping[str, Any], table_optimizer: str) -> None:
-    """Refuses --dynamic_ids whose tables would have no row rule, before TensorFlow loads.
+def check_dynamic_ids(
+    model: Mapping[str, Any], table_optimizer: str, strategy: str = "default", replicas: int = 1
+) -> None:
+    """Refuses --dynamic_ids whose tables would have no row rule, or a strategy a
+    `loops.DynamicTable` cannot train under (`loops.tables.dynamic_tables`), before
+    TensorFlow loads.
 
     Raises:
-        ValueError: --dynamic_ids with --table_optimizer=same.
+        ValueError: --dynamic_ids with --table_optimizer=same, --strategy=parameter_server,
+            or --strategy=central_storage on several replicas.
     """
-    if model["dynamic_ids"] and table_optimizer == "same":
+    if not model["dynamic_ids"]:
+        return
+    if strategy == "parameter_server" or (strategy == "central_storage" and replicas > 1):
+        raise ValueError(
+            f"--dynamic_ids cannot train under --strategy={strategy}: a dynamic table decides "
+            "each step's admissions from the whole step's ids on every replica, which "
+            "parameter servers' workers (computing a step's slices apart) and central "
+            "storage's one copy of several replicas' tables cannot do; pass "
+            "--strategy=mirrored or multi_worker_mirrored (the same numbers), or drop "
+            "--dynamic_ids."
+        )
+    if table_optimizer == "same":
         raise ValueError(
             "--dynamic_ids makes each user and item table a loops.DynamicTable, which trains "
             "its rows by a row rule of its own, and --table_optimizer=same would train them "

@@ -118,10 +118,15 @@ def test_dynamic_tables_smaller_than_the_log_evict_alike_on_1_and_2_replicas():
         assert counters["admissions"] - counters["evictions"] == counters["resident"]
 
 
-def test_the_binary_refuses_dynamic_ids_without_a_row_rule_before_any_work(tmp_path):
+def test_the_binary_refuses_dynamic_ids_without_a_row_rule_or_on_servers_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="--table_optimizer=adagrad, rowwise_adagrad or sgd"):
         recommender_training.check_dynamic_ids({"dynamic_ids": True}, "same")
     recommender_training.check_dynamic_ids({"dynamic_ids": False}, "same")
+    with pytest.raises(ValueError, match="cannot train under --strategy=parameter_server"):
+        recommender_training.check_dynamic_ids({"dynamic_ids": True}, "adagrad", "parameter_server")
+    with pytest.raises(ValueError, match="--strategy=central_storage"):
+        recommender_training.check_dynamic_ids({"dynamic_ids": True}, "sgd", "central_storage", 2)
+    recommender_training.check_dynamic_ids({"dynamic_ids": True}, "sgd", "multi_worker_mirrored")
     done = run_module(
         "loops.bin.recommender", "--dynamic_ids", f"--model_dir={tmp_path}", "--train_steps=5"
     )

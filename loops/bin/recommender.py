@@ -35,7 +35,10 @@ def _prepare() -> None:
     tables = loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
     training_settings.check_placed_tables(tables)
     recommender_training.check_dynamic_ids(
-        loop_flags.setting_values(model_settings.RECOMMENDER), tables["table_optimizer"]
+        loop_flags.setting_values(model_settings.RECOMMENDER),
+        tables["table_optimizer"],
+        FLAGS.strategy,
+        loop_flags.num_replicas(),
     )
     loop_flags.set_values(_training().filled_in(FLAGS.keep_best_metric))
 
