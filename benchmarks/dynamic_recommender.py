@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 from absl import app, flags
 
-from benchmarks import movielens_data
+from benchmarks import movielens, movielens_data
 
 FLAGS = flags.FLAGS
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,26 +86,12 @@ def trained_pairs_rmse(export_dir: str, data: str, seed: int) -> dict[str, float
 def train(name: str, extra: tuple[str, ...], data: str, steps: int, seed: int) -> dict:
     """One run of `loops-recommender`: its figures, its tables' counters and its seconds."""
     with tempfile.TemporaryDirectory(prefix="dynamic-ml100k-") as model_dir:
-        command = [
-            sys.executable,
-            "-m",
-            "loops.bin.recommender",
-            RECIPE,
-            *ROW_RULE,
-            *extra,
-            f"--data={data}",
-            f"--seed={seed}",
-            f"--model_dir={model_dir}",
-            f"--train_steps={steps}",
-            f"--eval_every={max(steps // 10, 1)}",
-        ]
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True)
-        seconds = time.perf_counter() - started
-        if done.returncode != 0:
-            raise RuntimeError(f"{name}: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
-        with open(os.path.join(model_dir, "results.json")) as stream:
-            results = json.load(stream)
+        flags = [RECIPE, *ROW_RULE, *extra, f"--data={data}", f"--seed={seed}"]
+        flags += [f"--train_steps={steps}", f"--eval_every={max(steps // 10, 1)}"]
+        try:
+            results, seconds = movielens.run_recommender(flags, model_dir)
+        except RuntimeError as error:
+            raise RuntimeError(f"{name}: {error}") from None
         return {
             "flags": list(extra),
             "validation_rmse": [entry["rmse"] for entry in results["history"]],

@@ -58,27 +58,34 @@ RUNS = {
 }
 
 
+def run_recommender(flags: list[str], model_dir: str) -> tuple[dict, float]:
+    """Runs `loops-recommender` with `flags` into `model_dir`, a process of its own as a user
+    runs it: (its results.json, the seconds it took).
+
+    Raises:
+        RuntimeError: the run failed, with the end of what it wrote to stderr.
+    """
+    command = [sys.executable, "-m", "loops.bin.recommender", *flags, f"--model_dir={model_dir}"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    with open(os.path.join(model_dir, "results.json")) as stream:
+        return json.load(stream), seconds
+
+
 def train(model: str, data: str, steps: int, seed: int) -> dict:
     """Runs `loops-recommender` on `data` (evaluating on its validation rows, keeping the best
     checkpoint); its test figures (of that checkpoint), the step, and the seconds it took."""
     with tempfile.TemporaryDirectory(prefix=f"movielens-{model}-") as model_dir:
-        command = [
-            sys.executable,
-            "-m",
-            "loops.bin.recommender",
+        flags = [
             *RUNS[model],  # first: the flags after it override the recipe's
             f"--data={data}",
             f"--seed={seed}",
-            f"--model_dir={model_dir}",
             f"--train_steps={steps}",
         ]
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True)
-        seconds = time.perf_counter() - started
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-        with open(os.path.join(model_dir, "results.json")) as stream:
-            results = json.load(stream)
+        results, seconds = run_recommender(flags, model_dir)
     return {
         "test": results["test"],
         "best_step": results["best_step"],
