@@ -165,3 +165,30 @@ def test_the_binary_with_dynamic_ids_reports_each_tables_admissions_and_eviction
     train = results["train"]  # the step outputs: sums over the tables
     assert train["ids_resident"] == 200 * len(expected)
     assert train["ids_evicted"] == sum(counters["evictions"] for counters in tables.values())
+
+
+def test_the_binary_takes_rows_by_id_and_starts_each_row_from_its_raw_id(tmp_path):
+    from test_recommender import small_log
+
+    from conftest import checkpoint_weights
+    from loops.input import interaction_logs
+
+    log = small_log(tmp_path / "log.csv")
+    done = run_module(
+        "loops.bin.recommender",
+        *("--model=rating", f"--data={log}", "--rows_by_id", "--placed_tables"),
+        # A rate too small to move a row: the checkpoint holds the rows as they started.
+        *("--table_optimizer=sgd", "--table_learning_rate=1e-30", "--validation_fraction=0"),
+        *(f"--model_dir={tmp_path / 'run'}", "--train_steps=2", "--global_batch_size=16"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_results(str(tmp_path / "run"))["config"]["rows_by_id"] is True
+    users = interaction_logs.read_interactions(str(log)).user_ids  # the rows' order
+    (key,) = [
+        name
+        for name, array in checkpoint_weights(str(tmp_path / "run")).items()
+        # The user table: the one table of a row a user (20 users, 15 items), 32 wide.
+        if "embeddings" in name and array.shape == (len(users), 32)
+    ]
+    expected = loops.initial_rows(0, tf.constant(id_rows.row_id_numbers(users)), 32).numpy()
+    np.testing.assert_array_equal(checkpoint_weights(str(tmp_path / "run"))[key], expected)
