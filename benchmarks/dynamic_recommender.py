@@ -57,17 +57,21 @@ def runs(capacity: int) -> dict[str, tuple[str, ...]]:
     }
 
 
-def trained_pairs_rmse(export_dir: str, data: str, seed: int) -> dict[str, float]:
-    """The export's test RMSE over every test pair and over those whose user and item both
-    occur in the training rows, on the binary's own split (`read_split` of its settings)."""
-    import tensorflow as tf
-
+def binary_split(data: str, seed: int):
+    """The log split as the binary splits it with the recipe's settings (`read_split`)."""
     from loops_data import recommender_data
 
-    log = recommender_data.read_split(
+    return recommender_data.read_split(
         {"data": data, "split": "random", "test_fraction": 0.2, "validation_fraction": 0.1},
         seed=seed,
     )
+
+
+def trained_pairs_rmse(export_dir: str, log) -> dict[str, float]:
+    """The export's test RMSE over every test pair of the split `log` and over those whose
+    user and item both occur in its training rows."""
+    import tensorflow as tf
+
     train, test = log.train, log.test
     trained = np.isin(test.users, train.users) & np.isin(test.items, train.items)
     served = tf.saved_model.load(export_dir).signatures["score_pairs"]
@@ -83,7 +87,7 @@ def trained_pairs_rmse(export_dir: str, data: str, seed: int) -> dict[str, float
     }
 
 
-def train(name: str, extra: tuple[str, ...], data: str, steps: int, seed: int) -> dict:
+def train(name: str, extra: tuple[str, ...], data: str, steps: int, seed: int, log) -> dict:
     """One run of `loops-recommender`: its figures, its tables' counters and its seconds."""
     with tempfile.TemporaryDirectory(prefix="dynamic-ml100k-") as model_dir:
         flags = [RECIPE, *ROW_RULE, *extra, f"--data={data}", f"--seed={seed}"]
@@ -97,7 +101,7 @@ def train(name: str, extra: tuple[str, ...], data: str, steps: int, seed: int) -
             "validation_rmse": [entry["rmse"] for entry in results["history"]],
             "test_rmse": results["test"]["rmse"],
             "best_step": results["best_step"],
-            **trained_pairs_rmse(os.path.join(model_dir, "export"), data, seed),
+            **trained_pairs_rmse(os.path.join(model_dir, "export"), log),
             "tables": {t["name"]: t.get("dynamic") for t in results["tables"]},
             "seconds": round(seconds, 1),
         }
@@ -138,10 +142,11 @@ def main(argv: list[str]) -> None:
         path = movielens_data.ml_100k_path(FLAGS.cache_dir)
     except (ValueError, RuntimeError) as error:
         sys.exit(f"dynamic_recommender: {error}")
+    log = binary_split(path, FLAGS.seed)  # read once, for every run's trained pairs
     numbers = {
         "recipe": [RECIPE.split("/")[-1], *ROW_RULE],
         "runs": {
-            name: train(name, extra, path, FLAGS.steps, FLAGS.seed)
+            name: train(name, extra, path, FLAGS.steps, FLAGS.seed, log)
             for name, extra in runs(FLAGS.capacity).items()
         },
     }

@@ -71,18 +71,23 @@ def _table(
     ids: Any,
     dynamic: Mapping[str, Any] | None,
 ):
-    """(the table of `rows` rows, how its input maps a log's indices): a static table (rows
-    by id with `ids`) looked up by the indices, or with `dynamic` a `loops.DynamicTable` of
-    that capacity and `loops.AdmissionPolicy` (the capacity 0: `rows`) over the raw `ids`."""
+    """A static table of `rows` rows (rows by id with `ids`) looked up by a log's indices, or
+    with `dynamic` a `loops.DynamicTable` of that capacity and `loops.AdmissionPolicy` (the
+    capacity 0: `rows`) looked up by the raw ids (`_keys`)."""
     initializer = _embedding_initializer(seed, index)
     if dynamic is None:
-        table = embedding_table(rows, width, initializer, name, table_optimizer_fn, initial_ids=ids)
-        return table, lambda indices: indices
-    if ids is None:
-        raise ValueError(f"the dynamic table {name!r} needs the log's raw ids (ids=...).")
+        return embedding_table(rows, width, initializer, name, table_optimizer_fn, initial_ids=ids)
     dynamic = {**dynamic, "capacity": dynamic["capacity"] or rows}
-    table = embedding_table(rows, width, initializer, name, table_optimizer_fn, dynamic)
-    return table, RawIds(ids, name=f"{name}_raw_ids")
+    return embedding_table(rows, width, initializer, name, table_optimizer_fn, dynamic)
+
+
+def _keys(indices, ids: Any, dynamic: Mapping[str, Any] | None, name: str):
+    """What a table of `_table` is looked up by: the indices, or a dynamic table's raw ids."""
+    if dynamic is None:
+        return indices
+    if ids is None:
+        raise ValueError(f"the dynamic tables of {name!r} need the log's raw ids (ids=...).")
+    return RawIds(ids, name=f"{name}_raw_ids")(indices)
 
 
 def history_table(users: np.ndarray, items: np.ndarray, num_users: int, num_items: int):
@@ -121,10 +126,10 @@ def id_tower(
     those raw ids.
     """
     indices = keras.Input((), dtype="int32", name=f"{name}_ids")
-    table, keyed = _table(
+    table = _table(
         num_ids, embedding_dim, seed, 0, f"{name}_table", table_optimizer_fn, ids, dynamic
     )
-    parts = [table(keyed(indices))]
+    parts = [table(_keys(indices, ids, dynamic, f"{name}_table"))]
     if features is not None:
         parts.append(FeatureLookup(features, name=f"{name}_features")(indices))
     hidden = parts[0] if len(parts) == 1 else keras.layers.Concatenate()(parts)
@@ -197,16 +202,19 @@ def rating_model(
     """
     users = keras.Input((), dtype="int32", name="users")
     items = keras.Input((), dtype="int32", name="items")
+    # Each side's raw ids made once, for its embedding and its bias.
+    user_keys = _keys(users, user_ids, dynamic, "user_table")
+    item_keys = _keys(items, item_ids, dynamic, "item_table")
     shapes = {
-        "user_table": (num_users, embedding_dim, users, user_ids),
-        "item_table": (num_items, embedding_dim, items, item_ids),
-        "user_bias": (num_users, 1, users, user_ids),
-        "item_bias": (num_items, 1, items, item_ids),
+        "user_table": (num_users, embedding_dim, user_keys, user_ids),
+        "item_table": (num_items, embedding_dim, item_keys, item_ids),
+        "user_bias": (num_users, 1, user_keys, user_ids),
+        "item_bias": (num_items, 1, item_keys, item_ids),
     }
     looked_up = []
-    for index, (name, (count, width, indices, ids)) in enumerate(shapes.items()):
-        table, keyed = _table(count, width, seed, index, name, table_optimizer_fn, ids, dynamic)
-        looked_up.append(table(keyed(indices)))
+    for index, (name, (count, width, keys, ids)) in enumerate(shapes.items()):
+        table = _table(count, width, seed, index, name, table_optimizer_fn, ids, dynamic)
+        looked_up.append(table(keys))
     user, item, user_bias, item_bias = looked_up
     if user_history is not None:
         implicit = keras.layers.Dense(

@@ -231,7 +231,7 @@ def _step_ids(table: DynamicTable, numbers: tf.Tensor) -> tuple[tf.Tensor, tf.Te
             )
         width = table_blocks.lookup_capacity(
             table.name,
-            2**62,  # no table-size bound: raw ids
+            table_blocks.UNBOUNDED_IDS,
             numbers,
             table.max_lookups,
             examples_per_replica=table._placement.examples_per_replica,

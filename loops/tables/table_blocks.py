@@ -137,6 +137,10 @@ def _replica_context(table_name: str) -> tf.distribute.ReplicaContext:
     return context
 
 
+# The table size `lookup_capacity` is given for ids of no size bound (a dynamic table's raw ids).
+UNBOUNDED_IDS = 2**62
+
+
 def lookup_capacity(
     table_name: str,
     table_rows: int,
@@ -167,8 +171,7 @@ def lookup_capacity(
         lookups = examples_per_replica * ids_each
     if lookups is not None:
         return max(min(int(lookups), table_rows), 1)
-    # A dynamic table's raw ids have no table-size bound (`dynamic_tables` passes 2**62).
-    size = "of raw ids" if table_rows >= 2**62 else f"({table_rows} rows)"
+    size = "of raw ids" if table_rows >= UNBOUNDED_IDS else f"({table_rows} rows)"
     raise ValueError(
         f"EmbeddingTable {table_name!r} {size} is split over the replicas and "
         "exchanges a step's ids between them in a shape fixed when the step is traced (a "
