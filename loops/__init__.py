@@ -74,6 +74,7 @@ _EXPORTS = {
     "make_strategy": "loops.cluster.strategies",
     "testing": "loops.testing",
     "Trainer": "loops.run.trainer",
+    "WarmStart": "loops.model_dir.warm_start",
     "RunConfig": "loops.vocabulary.run_config_tree",
 }
 

@@ -412,6 +412,27 @@ def restore_checkpoint(
         ) from error
 
 
+def checkpoint_prefix(path: str, *, setting: str, otherwise: str) -> str:
+    """The checkpoint `path` names: itself (a prefix), or the newest complete one in the
+    directory (a run's model_dir, or its checkpoints/).
+
+    Raises:
+        ValueError: `path` is neither, naming `setting`=`path` and the fix (`otherwise`: what
+            else the setting takes).
+    """
+    if tf.io.gfile.exists(path + ".index"):
+        return path
+    for directory in (os.path.join(path, "checkpoints"), path):
+        newest = newest_complete(directory)
+        if newest is not None:
+            return newest
+    raise ValueError(
+        f"{setting}={path!r} is neither a checkpoint (PREFIX, with PREFIX.index) nor a "
+        "directory holding one (a run's model_dir, or its checkpoints/); pass one of "
+        f"those, or {otherwise}."
+    )
+
+
 def newest_complete(directory: str) -> str | None:
     """The newest checkpoint in `directory` whose files are all there (not read); None if none."""
     complete = [

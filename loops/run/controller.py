@@ -89,8 +89,9 @@ class Controller:
         # exact parameter-server mode the chief alone runs the loop.
         self._one_process = self.placement.loop_run_alone
 
-    def restore(self, items: Mapping[str, Any]) -> None:
-        """Builds the actions, then restores the newest checkpoint in model_dir under its lock.
+    def restore(self, items: Mapping[str, Any]) -> str | None:
+        """Builds the actions, then restores the newest checkpoint in model_dir under its lock;
+        returns its path (None: none there, or no model_dir).
 
         The trainer calls it once, right after its `build`.
 
@@ -114,7 +115,7 @@ class Controller:
         }
         model_dir = self.options.model_dir
         if model_dir is None:
-            return
+            return None
         restored = self._checkpoints.open(
             placement=self.placement,
             items=items,
@@ -129,6 +130,7 @@ class Controller:
             step = self.state.step
             self.report.progress.line(f"restored {restored} at step {step}")
             self.report.eval_history = reporting.previous_history(model_dir, up_to_step=step)
+        return restored
 
     # ---- The run. ----
 

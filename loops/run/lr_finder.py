@@ -122,7 +122,15 @@ def find_learning_rate(
     """
     rates = _checked_rates(min_rate, max_rate, steps, stop_factor)
     _check_trainer(trainer)
-    prefix = None if from_checkpoint is None else _checkpoint_prefix(from_checkpoint)
+    prefix = (
+        None
+        if from_checkpoint is None
+        else checkpoints.checkpoint_prefix(
+            from_checkpoint,
+            setting="from_checkpoint",
+            otherwise="None to start from the initial weights",
+        )
+    )
     if output_dir is not None:
         check_output_dir(output_dir, run_path=from_checkpoint)
     curve = _range_test_keeping_state(trainer, prefix, rates, stop_factor, loss)
@@ -190,21 +198,6 @@ def _check_trainer(trainer: Trainer) -> None:
         )
     if trainer.train_data is None and trainer.definition.needs_train_data:
         raise ValueError(f"{kind} has no train_data; pass train_data= to the Trainer.")
-
-
-def _checkpoint_prefix(path: str) -> str:
-    """The checkpoint `path` names: itself (a prefix), or the newest in the directory."""
-    if tf.io.gfile.exists(path + ".index"):
-        return path
-    for directory in (os.path.join(path, "checkpoints"), path):
-        newest = checkpoints.newest_complete(directory)
-        if newest is not None:
-            return newest
-    raise ValueError(
-        f"from_checkpoint={path!r} is neither a checkpoint (PREFIX, with PREFIX.index) nor a "
-        "directory holding one (a run's model_dir, or its checkpoints/); pass one of "
-        "those, or None to start from the initial weights."
-    )
 
 
 def check_outside_run(output_dir: str, run_path: str) -> None:

@@ -20,8 +20,9 @@ from loops.definition import executors, recovery, removed_api, step_options
 from loops.definition.run_context import Definition, StepContext
 from loops.input import distributed_input
 from loops.model_dir.checkpoints import FinitenessCheck
+from loops.model_dir.warm_start import WarmStart
 from loops.placement import Placement
-from loops.run import trainer_arguments
+from loops.run import trainer_arguments, warm_starts
 from loops.run.actions import Action
 from loops.run.controller import Controller
 from loops.run.execution import loop_execution
@@ -59,7 +60,7 @@ class Trainer:
     built are plain attributes: definition, strategy, placement (where the
     variables live and the steps run, `loops.placement`), step_options,
     train_data, eval_data, coordinator, step_context, global_step,
-    data_offset, executor, controller.
+    data_offset, executor, controller, warm_start_report.
     """
 
     def __init__(
@@ -78,6 +79,8 @@ class Trainer:
         record: Mapping[str, Any] | None = None,
         # Which keras.layers.Embedding tables the definition's build makes are placed.
         table_plan: TablePlan | None = None,
+        # Where a new run's variables start: another run's checkpoint.
+        warm_start: WarmStart | None = None,
         **overrides: Any,
     ):
         """Checks the settings, builds the definition and restores the run.
@@ -93,6 +96,9 @@ class Trainer:
             table_plan: in force while the definition builds (`loops.TablePlan`): each
                 `keras.layers.Embedding` of its `min_rows` or more made there becomes a
                 table placed by the strategy; None: every Embedding stays replicated.
+            warm_start: a `loops.WarmStart`, applied when model_dir holds no checkpoint of
+                this run (a resume goes on from its own); its report is `warm_start_report`
+                and results.json's `warm_start`.
             **overrides: settings over `config`'s, by name (steps_per_loop=10,
                 model_dir=..., ...), checked as `config` was.
 
@@ -103,7 +109,8 @@ class Trainer:
         Raises:
             TypeError: an override that is no setting (naming the closest), or a setting the
                 Trainer does not read (`trainer_arguments.unread_setting`).
-            ValueError: a bad setting (checked first), a mismatched checkpoint, a used definition.
+            ValueError: a bad setting (checked first), a mismatched checkpoint, a used
+                definition, a warm start that cannot be taken (`loops.WarmStart`).
         """
         if isinstance(strategy, str):  # the binaries' setting, not the strategy itself
             raise TypeError(trainer_arguments.unread_setting("strategy", strategy))
@@ -139,7 +146,10 @@ class Trainer:
         )
         # What the run did so far, and what its actions see of it: the Controller's.
         self.state, self.run_context = self.controller.state, self.controller.run_context
-        self.controller.restore(self._saved_items)
+        restored = self.controller.restore(self._saved_items)
+        self.warm_start_report = warm_starts.start_run(
+            self.controller, warm_start, self._saved_items, restored
+        )
 
     def _build_definition(self, table_plan: TablePlan | None) -> StepContext:
         """Gives the definition its step context and runs its `build` in the strategy's scope

@@ -1,0 +1,55 @@
+"""A run's warm start: applied when model_dir holds no checkpoint of the run's own, its report
+kept in model_dir (warm_start.json) and in results.json, and left alone on a resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from loops.core import own_files
+from loops.model_dir.warm_start import WarmStart, warm_start
+from loops.run.controller import Controller
+
+REPORT_FILE = "warm_start.json"  # in MODEL_DIR: what the run's start took, remapped and left
+_REPORT_LIMIT = 64 << 20
+
+
+def start_run(
+    controller: Controller,
+    start: WarmStart | None,
+    items: Mapping[str, Any],
+    restored: str | None,
+) -> dict[str, Any] | None:
+    """The run's warm-start report: `start` applied to `items` when nothing was `restored`
+    (every process alike), else the report its first start kept; None without a start.
+
+    A resumed run goes on from its own checkpoint, which holds what the warm start set and
+    what training made of it since: the start is not applied twice.
+
+    Raises:
+        ValueError: as `loops.model_dir.warm_start.warm_start`.
+    """
+    model_dir = controller.options.model_dir
+    path = os.path.join(model_dir, REPORT_FILE) if model_dir else None
+    if restored is not None:
+        kept = own_files.read_own_file(path, _REPORT_LIMIT) if path else b""
+        report = json.loads(kept) if kept else None
+    elif start is not None:
+        report = warm_start(start, items)
+        taken = len(report["taken"]) + sum(
+            len(table["variables"]) for table in report["remapped"].values()
+        )
+        controller.report.progress.line(
+            f"warm start from {report['checkpoint']}: took {taken} variables "
+            f"({len(report['remapped'])} tables by id), left {len(report['left'])}"
+        )
+        if path and controller.run_context.is_chief:
+            own_files.write_atomic(path, json.dumps(report, indent=1).encode())
+    else:
+        return None
+    if report is not None:
+        entry = {"warm_start": report}
+        controller.report.extras = (*controller.report.extras, lambda: entry)
+    return report
