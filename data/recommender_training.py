@@ -94,6 +94,8 @@ class RecommenderTraining:
         weight_copies: the copies of every weight training holds (the weights and the
             optimizer's slots), for the check of the model's size against memory.
         clip_norm: the loop's gradient clipping; None for its default.
+        warm_start: `loops.bin.training_settings.WARM_START`'s values (warm_start_from:
+            another run's model_dir or None; warm_start_variables: a pattern of names).
     """
 
     def __init__(
@@ -106,8 +108,10 @@ class RecommenderTraining:
         optimizers: Optimizers,
         weight_copies: int = 1,
         clip_norm: float | None = None,
+        warm_start: Mapping[str, Any] | None = None,
     ):
         self.model, self.data = dict(model), dict(data)
+        self.warm_start_values = dict(warm_start or {})
         self.seed, self.global_batch_size = seed, global_batch_size
         self.optimizers, self.weight_copies = optimizers, weight_copies
         self.loop_options = {} if clip_norm is None else {"clip_norm": clip_norm}
@@ -265,6 +269,48 @@ class RecommenderTraining:
             dynamic = {"capacity": model["id_capacity"], "admit_after": model["id_admit_after"]}
         return {"user_ids": train.user_ids, "item_ids": train.item_ids, "dynamic": dynamic}
 
+    def warm_start(self) -> Any:
+        """The `loops.WarmStart` of `warm_start`: the pattern's variables of the other run's
+        newest checkpoint, each user and item table (embeddings, biases, a rating model's
+        implicit factors) remapped from that run's ids.json to this log's ids; a dynamic
+        table, keyed by raw id already, taken whole. None without warm_start_from.
+
+        Raises:
+            ValueError: the other run has no ids.json, or it does not read.
+        """
+        import loops
+        from loops.model_dir import id_vocabulary
+
+        source = self.warm_start_values.get("warm_start_from")
+        if not source:
+            return None
+        train = self.read().train
+        row_ids = {}
+        if not self.model["dynamic_ids"]:
+            try:
+                was = id_vocabulary.read_ids(source)
+            except OSError as error:
+                raise ValueError(
+                    f"--warm_start_from={source!r} holds no {id_vocabulary.ID_FILE} ({error}): "
+                    "it is not the model_dir of a loops-recommender run, whose ids it needs to "
+                    "give each user and item its row; pass such a model_dir."
+                ) from None
+            users, items = (was["users"], train.user_ids), (was["items"], train.item_ids)
+            if self.model["model"] == "retrieval":
+                row_ids = {"user_tower_table": users, "item_tower_table": items}
+            else:
+                row_ids = {
+                    "user_table": users,
+                    "user_bias": users,
+                    "item_table": items,
+                    "item_bias": items,
+                }
+                if self.model["user_history"]:
+                    row_ids["implicit_factors"] = items
+        return loops.WarmStart(
+            source, variables=self.warm_start_values["warm_start_variables"], row_ids=row_ids
+        )
+
     def _history(self, train: Interactions) -> Any:
         """The users x items table of each user's training items with user_history, else None
         (`loops_models.recommender.history_table`)."""
@@ -364,4 +410,9 @@ class RecommenderTraining:
             global_batch_size=self.global_batch_size,
             seed=self.seed,
         )
-        return loops.Trainer(definition, **data, **{**arguments, "record": record})
+        return loops.Trainer(
+            definition,
+            **data,
+            **{**arguments, "record": record},
+            warm_start=self.warm_start(),
+        )

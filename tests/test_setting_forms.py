@@ -138,7 +138,11 @@ def test_the_documented_forms_include_each_help_example():
 def test_every_setting_that_names_a_file_or_folder_expands_a_leading_tilde():
     for binary in binary_flags.BINARIES:
         for setting, _ in declared(binary):
-            names_a_path = setting.name.endswith("_dir") or setting.name in ("data", "spec")
+            names_a_path = setting.name.endswith("_dir") or setting.name in (
+                "data",
+                "spec",
+                "warm_start_from",
+            )
             assert setting.path == names_a_path, (binary.command, setting.name)
 
 

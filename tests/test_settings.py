@@ -23,7 +23,8 @@ from loops_models import settings as model_settings
 BINARIES = ("classifier", "gan", "rl", "lm", "recommender", "ctr")
 # Trainer keyword arguments that are objects, not settings a flag could carry.
 LOOP_OBJECTS = {
-    "strategy", "train_data", "eval_data", "progress", "actions", "record", "table_plan"
+    "strategy", "train_data", "eval_data", "progress", "actions", "record", "table_plan",
+    "warm_start",
 }  # fmt: skip
 # Settings whose flag default each binary gives (`define_binary_flags` keywords).
 BINARY_OWN_DEFAULTS = {
@@ -78,6 +79,7 @@ OWN_SETTINGS = {
         *model_settings.RECOMMENDER,
         *training_settings.OPTIMIZER,
         *training_settings.TABLE_OPTIMIZER,
+        *training_settings.WARM_START,
     ),
     "ctr": (
         *data_settings.CTR_DATA,

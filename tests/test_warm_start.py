@@ -132,8 +132,10 @@ def test_a_grown_vocabulary_keeps_each_old_ids_row_and_starts_each_new_id_as_bui
     assert len(report["remapped"]["user_table"]["variables"]) == 2  # rows and accumulator
     assert any(name.startswith("optimizer/") for name in report["left"])
     assert "global_step" in report["left"]
-    # Two dense layers' kernels and biases, the global bias, two scalars of each table's rule.
-    assert len(report["taken"]) == 5 + 4 * 2
+    # Two dense layers' kernels and biases, the global bias, each table's rule's step count;
+    # its learning rate is this run's.
+    assert len(report["taken"]) == 5 + 4
+    assert "model/_operations/2/optimizer/_learning_rate" in report["left"]
     assert "model/_operations/12/_kernel" in report["taken"]
     losses = trainer.train(3)["loss"]
     assert np.all(np.isfinite(losses))
@@ -224,3 +226,96 @@ def test_what_a_warm_start_cannot_take_is_refused_naming_it_and_the_fix(yesterda
         loops.WarmStart(model_dir, variables=".*", row_ids={"t": (OLD_USERS, NEW_ITEMS)})
     with pytest.raises(ValueError, match=r"row_ids\[.t.\]\[0\] holds the id 77 2 times"):
         loops.WarmStart(model_dir, variables=".*", row_ids={"t": ([77, 77], NEW_USERS)})
+
+
+def day_log(path, first_user):
+    """20 users named by strings from u{first_user}, 15 items numbered past 2**31, 6 ratings a
+    user: two days of one service, 15 users in both."""
+    lines = ["user,item,rating,timestamp"] + [
+        f"u{user},{2**35 + 11 * ((3 * user + i) % 15)},{1 + (user + i) % 5},{i}"
+        for user in range(first_user, first_user + 20)
+        for i in range(6)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_loops_recommender_warm_starts_a_new_days_log_keeping_each_old_users_row(tmp_path):
+    from conftest import checkpoint_weights, read_results, run_module
+    from loops.input import interaction_logs
+    from loops.tables import id_rows
+
+    common = (
+        *("--model=rating", "--rows_by_id", "--placed_tables", "--table_optimizer=sgd"),
+        *("--validation_fraction=0", "--global_batch_size=16"),
+    )
+    days = {day: day_log(tmp_path / f"day{day}.csv", first) for day, first in ((1, 0), (2, 5))}
+    first = run_module(
+        "loops.bin.recommender",
+        *common,
+        f"--data={days[1]}",
+        "--table_learning_rate=0.5",
+        f"--model_dir={tmp_path / 'day1'}",
+        "--train_steps=6",
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    # A rate too small to move a row: day 2's checkpoint holds the rows as it started them.
+    second = run_module(
+        "loops.bin.recommender",
+        *common,
+        f"--data={days[2]}",
+        "--table_learning_rate=1e-30",
+        f"--warm_start_from={tmp_path / 'day1'}",
+        f"--model_dir={tmp_path / 'day2'}",
+        "--train_steps=2",
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "warm start from" in second.stdout + second.stderr
+
+    def user_rows(day):
+        (rows,) = [
+            array
+            for name, array in checkpoint_weights(str(tmp_path / f"day{day}")).items()
+            if "embeddings" in name and array.shape == (20, 32)  # users; the items are 15
+        ]
+        return rows
+
+    old, new = user_rows(1), user_rows(2)
+    users = {day: interaction_logs.read_interactions(str(days[day])).user_ids for day in days}
+    old_row = {user: row for row, user in enumerate(users[1].tolist())}
+    fresh = loops.initial_rows(0, tf.constant(id_rows.row_id_numbers(users[2])), 32).numpy()
+    for row, user in enumerate(users[2].tolist()):
+        expected = old[old_row[user]] if user in old_row else fresh[row]
+        np.testing.assert_array_equal(new[row], expected, err_msg=user)
+    assert not np.array_equal(old[old_row["u7"]], fresh[list(users[2]).index("u7")])  # trained
+    report = read_results(str(tmp_path / "day2"))["warm_start"]
+    assert report["remapped"]["user_table"]["kept"] == 15
+    assert report["remapped"]["user_table"]["new"] == 5
+    assert report["remapped"]["user_table"]["dropped"] == 5
+    assert report["remapped"]["item_bias"]["kept"] == 15
+    assert report["checkpoint"].endswith("ckpt-6")
+
+
+def test_loops_recommender_refuses_a_warm_start_it_cannot_take_before_any_work(tmp_path):
+    from conftest import run_module
+
+    for flag, message in (
+        (f"--warm_start_from={tmp_path / 'none'}", "is no directory; pass the model_dir"),
+        (f"--warm_start_from={tmp_path}", "is this run's own --model_dir"),
+    ):
+        done = run_module(
+            "loops.bin.recommender", flag, f"--model_dir={tmp_path}", "--train_steps=2"
+        )
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert message in done.stderr
+        assert not (tmp_path / "checkpoints").exists()
+    (tmp_path / "other").mkdir()
+    done = run_module(
+        "loops.bin.recommender",
+        f"--warm_start_from={tmp_path / 'other'}",
+        f"--model_dir={tmp_path / 'run'}",
+        "--train_steps=2",
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "holds no ids.json" in done.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -105,6 +105,7 @@ RECOMMENDER = BinaryFlags(
         model_settings.RECOMMENDER,
         training_settings.OPTIMIZER,
         training_settings.TABLE_OPTIMIZER,
+        training_settings.WARM_START,
     ),
     export="the trained recommender on the log's own ids (serving_default: users -> their "
     "top-K items, scores and known_user; score_pairs: users, items -> scores, known_user, "

@@ -24,13 +24,15 @@ def _training() -> recommender_training.RecommenderTraining:
         global_batch_size=FLAGS.global_batch_size,
         optimizers=training_settings.flag_optimizers(),
         weight_copies=training_settings.weight_copies(optimizer),
+        warm_start=loop_flags.setting_values(training_settings.WARM_START),
         **loop_flags.clip_norm_argument(),
     )
 
 
 def _prepare() -> None:
     """Refuses --placed_tables or --dynamic_ids without a table optimizer of their own
-    (`check_dynamic_ids`); fills in --data as an
+    (`check_dynamic_ids`) and a --warm_start_from that cannot be one (`check_warm_start`);
+    fills in --data as an
     absolute path and the metric kept best (`RecommenderTraining.filled_in`)."""
     tables = loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
     training_settings.check_placed_tables(tables)
@@ -39,6 +41,9 @@ def _prepare() -> None:
         tables["table_optimizer"],
         FLAGS.strategy,
         loop_flags.num_replicas(),
+    )
+    training_settings.check_warm_start(
+        loop_flags.setting_values(training_settings.WARM_START), FLAGS.model_dir
     )
     loop_flags.set_values(_training().filled_in(FLAGS.keep_best_metric))
 

@@ -8,6 +8,7 @@ TensorFlow: a binary declares its flags from these before --help.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -141,6 +142,59 @@ TABLE_OPTIMIZER: tuple[Setting, ...] = (
         default=False,
     ),
 )
+
+
+# Where a click-through or recommender run starts (`loops.WarmStart`, docs/library.md).
+WARM_START: tuple[Setting, ...] = (
+    Setting(
+        "warm_start_from",
+        "training",
+        "Start a new run from another run's model_dir (its newest checkpoint) instead of the "
+        "initial values: the variables --warm_start_variables names are taken, each user, "
+        "item or column table's rows remapped through the two runs' ids so that an id keeps "
+        "its row (a new id starts as it would), the rest as built; results.json's warm_start "
+        "says what was taken, remapped and left. Applied once: a resume goes on from its own "
+        "checkpoints. Empty: the initial values.",
+        "string",
+        default=None,
+        path=True,
+        resumable=True,
+    ),
+    Setting(
+        "warm_start_variables",
+        "training",
+        "With --warm_start_from: a regular expression of the variable names to take, "
+        "matching each whole name (alternatives joined by |; docs/library.md, 'Warm "
+        "starts'); 'model/.*' takes the model's weights and its tables' row-rule slots, not "
+        "--optimizer's slots, the step or any learning rate (this run's flags).",
+        "string",
+        default="model/.*",
+        resumable=True,
+    ),
+)
+
+
+def check_warm_start(values: dict[str, Any], model_dir: str | None) -> None:
+    """Refuses a --warm_start_from that is no directory or is the run's own --model_dir,
+    before TensorFlow loads.
+
+    Raises:
+        ValueError: naming the value and the fix.
+    """
+    source = values["warm_start_from"]
+    if source is None:
+        return
+    if not os.path.isdir(source):
+        raise ValueError(
+            f"--warm_start_from={source!r} is no directory; pass the model_dir of the run to "
+            "start from, or leave it empty to start from the initial values."
+        )
+    if model_dir and os.path.realpath(source) == os.path.realpath(model_dir):
+        raise ValueError(
+            f"--warm_start_from={source!r} is this run's own --model_dir, which a run resumes "
+            "from as it is: drop --warm_start_from to resume, or pass a new --model_dir to "
+            "start a new run from it."
+        )
 
 
 def check_placed_tables(values: dict[str, Any]) -> None:

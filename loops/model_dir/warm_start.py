@@ -21,6 +21,8 @@ from loops.model_dir import checkpoints, id_vocabulary
 # A checkpoint key is an object's path, then this for a variable's value.
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SHOWN = 8  # names an error lists before "..."
+# An optimizer's learning rate is a variable, and the new run's setting: never taken.
+_SETTING = re.compile(r"(^|/)_learning_rate$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,15 +34,18 @@ class WarmStart:
             run's model_dir, or its checkpoints/), whose newest complete checkpoint is read.
         variables: regular expressions over variable names; a variable is taken when one
             matches its whole name and the checkpoint holds it. Each must match something.
+            An optimizer's learning rate (`.../_learning_rate`) is the new run's setting and
+            never taken.
             A variable's name is its path from the first checkpoint item that holds it (in
             the definition's `checkpoint_items()` order, then the run's: `global_step`),
             each item walked breadth first: "model/_operations/6/kernel" for a dense kernel,
             "optimizer/_variables/3" for one of its slots, "model/_operations/2/embeddings"
             for a table's rows. The report lists every name.
-        row_ids: table layer name -> (the raw id of each of its rows in the checkpoint, the
-            raw id of each of its rows here): every value of that table with a row a row (the
-            rows and their slots) is taken row by row, an id in both keeps its row, an id
-            new here keeps the row the model built for it, an id gone is dropped.
+        row_ids: table layer name (or another layer of a row an id) -> (the raw id of each
+            of its rows in the checkpoint, the raw id of each of its rows here): every value
+            of that layer with a row a row (its rows and slots) is taken row by row, an id in
+            both keeps its row, an id new here keeps the row the model built for it, an id
+            gone is dropped.
     """
 
     checkpoint: str
@@ -211,7 +216,11 @@ class _Plan:
         self.rows = {table: _RowMap(*start.row_ids[table]) for table in tables}
         self.taken: list[str] = []
         self.remapped: dict[str, str] = {}
-        chosen = [name for name in shared if any(re.fullmatch(p, name) for p in self.patterns)]
+        chosen = [
+            name
+            for name in shared
+            if any(re.fullmatch(p, name) for p in self.patterns) and not _SETTING.search(name)
+        ]
         for name in chosen:
             if saved_types[name] != built_types[name]:
                 raise ValueError(
@@ -304,8 +313,9 @@ def _variable_names(
     }
     layers: dict[str, list[str]] = collections.defaultdict(list)
     for path, found in paths.values():
-        # A table holds its rows as `embeddings`: a loops.EmbeddingTable, a keras Embedding.
-        if isinstance(found, keras.layers.Layer) and hasattr(found, "embeddings"):
+        # A layer of variables with a row an id: a table (loops.EmbeddingTable, a keras
+        # Embedding), or a Dense layer over ids (a rating model's implicit factors).
+        if _holds_rows(found):
             layers[found.name].append("/".join(path))
     tables = {}
     for table in row_ids:
@@ -314,11 +324,18 @@ def _variable_names(
             raise ValueError(
                 f"WarmStart row_ids names the table {table!r}, and "
                 + ("no table here has that name" if not where else f"{len(where)} tables have it")
-                + f" (the tables: {_listed(sorted(layers))}); name a table of this model "
-                "once."
+                + f" (the layers of variables: {_listed(sorted(layers))}); name a table of "
+                "this model once."
             )
         tables[table] = where[0]
     return names, tables
+
+
+def _holds_rows(found: Any) -> bool:
+    """Whether `row_ids` may name `found`: a layer that holds variables, not a whole model."""
+    if not isinstance(found, keras.layers.Layer) or isinstance(found, keras.Model):
+        return False
+    return hasattr(found, "embeddings") or bool(found.weights)
 
 
 def _walk(view, starts, paths: dict) -> dict[int, tuple[tuple[str, ...], Any]]:
