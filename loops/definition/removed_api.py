@@ -26,6 +26,7 @@ TRAINER_OBJECTS = (
     "actions",
     "record",
     "table_plan",
+    "warm_start",
 )
 TRAINER_KEYWORDS = frozenset(TRAINER_OBJECTS) | {s.name for s in settings.TRAINER_SETTINGS}
 # What a v2 Loop did itself and a Trainer does now.

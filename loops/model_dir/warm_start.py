@@ -16,13 +16,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from loops import keras_private
 from loops.model_dir import checkpoints, id_vocabulary
 
 # A checkpoint key is an object's path, then this for a variable's value.
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SHOWN = 8  # names an error lists before "..."
 # An optimizer's learning rate is a variable, and the new run's setting: never taken.
-_SETTING = re.compile(r"(^|/)_learning_rate$")
+_SETTING = re.compile(rf"(^|/){re.escape(keras_private.OPTIMIZER_RATE_ATTRIBUTE)}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,7 @@ class WarmStart:
             run's model_dir, or its checkpoints/), whose newest complete checkpoint is read.
         variables: regular expressions over variable names; a variable is taken when one
             matches its whole name and the checkpoint holds it. Each must match something.
-            An optimizer's learning rate (`.../_learning_rate`) is the new run's setting and
+            An optimizer's learning rate (a variable too) is the new run's setting and is
             never taken.
             A variable's name is its path from the first checkpoint item that holds it (in
             the definition's `checkpoint_items()` order, then the run's: `global_step`),
