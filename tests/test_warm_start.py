@@ -23,9 +23,12 @@ NEW_ITEMS = np.array(["item-42", "item-new", "item-0", "item-14", "item-7", "ite
 TABLES = ("user_table", "item_table", "user_bias", "item_bias")
 
 
-def rating_trainer(strategy, users, items, *, model_dir=None, warm_start=None, dynamic=None):
+def rating_trainer(
+    strategy, users, items, *, model_dir=None, warm_start=None, dynamic=None, rows=None
+):
     """A rating model over the raw ids `users` and `items`, tables by Adagrad rows started by
-    id, trained on 40 generated ratings of those indices."""
+    id, trained on `rows` (user indices, item indices, ratings) in order, else on 40
+    generated ratings of those indices."""
     definition = loops.RatingLoop(
         model_fn=lambda: recommender.rating_model(
             num_users=len(users),
@@ -42,12 +45,13 @@ def rating_trainer(strategy, users, items, *, model_dir=None, warm_start=None, d
         optimizer_fn=lambda: keras.optimizers.Adam(0.05),
         num_items=len(items),
     )
-    rng = np.random.default_rng(len(users))
-    rows = (
-        rng.integers(0, len(users), 40).astype(np.int32),
-        rng.integers(0, len(items), 40).astype(np.int32),
-        rng.uniform(1.0, 5.0, 40).astype(np.float32),
-    )
+    if rows is None:
+        rng = np.random.default_rng(len(users))
+        rows = (
+            rng.integers(0, len(users), 40).astype(np.int32),
+            rng.integers(0, len(items), 40).astype(np.int32),
+            rng.uniform(1.0, 5.0, 40).astype(np.float32),
+        )
     return loops.Trainer(
         definition,
         strategy=strategy,

@@ -41,12 +41,18 @@ class Recoveries(tf.Module):
     The JSON lives in a string variable, not in Python state: a checkpoint
     written in the background copies variables when the save begins, and
     cannot copy Python state (TensorFlow skips it with a warning).
+
+    `stream_start` is the step the run's train stream began at: 0, or the step a
+    continuation went on from (`loops.WarmStart.continuation`), whose new log's first
+    batch is its next step's; the stream of step k then starts at batch
+    (k - stream_start) * batches_per_step + `skipped_batches`.
     """
 
     def __init__(self) -> None:
         super().__init__(name=CHECKPOINT_NAME)
         with tf.init_scope():
             self.record = tf.Variable("[]", dtype=tf.string, trainable=False, name="record")
+            self.stream_start = tf.Variable(0, dtype=tf.int64, trainable=False, name="stream_start")
 
     @property
     def entries(self) -> list[Recovery]:

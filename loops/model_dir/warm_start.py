@@ -47,6 +47,11 @@ class WarmStart:
             of that layer with a row a row (its rows and slots) is taken row by row, an id in
             both keeps its row, an id new here keeps the row the model built for it, an id
             gone is dropped.
+        continues: the new run goes on from the checkpoint's run (`continuation`): every
+            variable this model holds must be taken, whole or row by row (a learning rate
+            excepted), the step counter and the optimizer's slots and count included, so
+            that training goes on where that run stopped; a model that holds anything else
+            is refused, naming it. results.json's `warm_start` then records the lineage.
     """
 
     checkpoint: str
@@ -54,6 +59,17 @@ class WarmStart:
     row_ids: Mapping[str, tuple[Sequence[Any], Sequence[Any]]] = dataclasses.field(
         default_factory=dict
     )
+    continues: bool = False
+
+    @classmethod
+    def continuation(
+        cls,
+        checkpoint: str,
+        row_ids: Mapping[str, tuple[Sequence[Any], Sequence[Any]]] | None = None,
+    ) -> WarmStart:
+        """The start of a run that goes on from another on new data: everything `checkpoint`
+        holds for this model taken, `row_ids`' tables row by row (`continues`)."""
+        return cls(checkpoint, variables=(".*",), row_ids=dict(row_ids or {}), continues=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint, str) or not self.checkpoint:
@@ -207,13 +223,7 @@ class _Plan:
             _named(names, target.get_variable_to_dtype_map()),
         )
         shared = sorted(set(saved_shapes) & set(built_shapes))
-        for pattern in self.patterns:
-            if not any(re.fullmatch(pattern, name) for name in shared):
-                raise ValueError(
-                    f"WarmStart variables pattern {pattern!r} matches no variable that both "
-                    f"{prefix} and this model hold ({_listed(shared)}); fix the pattern, "
-                    "matched against each whole name."
-                )
+        self._check_patterns(shared)
         self.rows = {table: _RowMap(*start.row_ids[table]) for table in tables}
         self.taken: list[str] = []
         self.remapped: dict[str, str] = {}
@@ -239,6 +249,34 @@ class _Plan:
                     "or drop the table from row_ids."
                 )
         self.left = sorted(set(built_shapes) - set(self.taken) - set(self.remapped))
+        self.continues = start.continues
+        if self.continues:
+            self._check_all_taken()
+        key = names.get("global_step")
+        self.step = (
+            int(source.get_tensor(key)) if key in source.get_variable_to_shape_map() else None
+        )
+
+    def _check_all_taken(self) -> None:
+        """Refuses a continuation that leaves a variable other than a learning rate."""
+        missing = [name for name in self.left if not _SETTING.search(name)]
+        if missing:
+            raise ValueError(
+                f"WarmStart.continuation takes every variable of the model, and "
+                f"{self.prefix} holds no value of this model's {_listed(missing)} (or one of "
+                "another shape): it was trained by another model. Continue a run of this "
+                "model, or take the variables the two share with a warm start's patterns."
+            )
+
+    def _check_patterns(self, shared: Sequence[str]) -> None:
+        """Refuses a pattern that matches none of the `shared` names."""
+        for pattern in self.patterns:
+            if not any(re.fullmatch(pattern, name) for name in shared):
+                raise ValueError(
+                    f"WarmStart variables pattern {pattern!r} matches no variable that both "
+                    f"{self.prefix} and this model hold ({_listed(shared)}); fix the "
+                    "pattern, matched against each whole name."
+                )
 
     def _place(self, name: str, saved: Sequence[int], built: Sequence[int], tables) -> None:
         """Takes `name` whole, or row by row when it holds a row a row of a `row_ids` table.
@@ -282,6 +320,8 @@ class _Plan:
             "taken": sorted(self.taken),
             "remapped": remapped,
             "left": self.left,
+            "continues": self.continues,
+            "step": self.step,
         }
 
 

@@ -14,8 +14,8 @@ from loops.run.input_sources import InputSources
 class TrainInput:
     """A loop's train iterator, positioned after some steps' batches so a resume continues there.
 
-    Step k's batches start at k * batches_per_step plus the batches that the
-    run's recoveries moved the stream past.
+    Step k's batches start at (k - the step the stream began at) * batches_per_step plus
+    the batches that the run's recoveries moved the stream past (`Recoveries`).
 
     Args:
         inputs: the run's train data, strategy and coordinator.
@@ -47,7 +47,8 @@ class TrainInput:
 
     def position_at(self, step: int) -> int:
         """Batches of the stream before step `step + 1`'s."""
-        return step * self._batches_per_step + self._recoveries.skipped_batches
+        steps = step - int(self._recoveries.stream_start.numpy())
+        return steps * self._batches_per_step + self._recoveries.skipped_batches
 
     def at_step(self, step: int):
         """The iterator positioned after `step` steps' batches (None without train data).

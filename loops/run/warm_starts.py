@@ -1,5 +1,6 @@
 """A run's warm start: applied when model_dir holds no checkpoint of the run's own, its report
-kept in model_dir (warm_start.json) and in results.json, and left alone on a resume."""
+kept in model_dir (warm_start.json) and in results.json, and left alone on a resume; a
+continuation's report carries the lineage of the runs it goes on from."""
 
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ def start_run(
         report = json.loads(kept) if kept else None
     elif start is not None:
         report = warm_start(start, items)
+        if start.continues:
+            # The new log's first batch is the next step's.
+            controller.recoveries.stream_start.assign(report["step"] or 0)
+            report["lineage"] = [
+                *_lineage_of(report["checkpoint"]),
+                {"checkpoint": report["checkpoint"], "step": report["step"]},
+            ]
         taken = len(report["taken"]) + sum(
             len(table["variables"]) for table in report["remapped"].values()
         )
@@ -53,3 +61,17 @@ def start_run(
         entry = {"warm_start": report}
         controller.report.extras = (*controller.report.extras, lambda: entry)
     return report
+
+
+def _lineage_of(prefix: str) -> list[dict[str, Any]]:
+    """The runs the run of checkpoint `prefix` went on from, oldest first: the lineage its
+    warm_start.json keeps (beside its checkpoints/, or beside the checkpoint), else none."""
+    directory = os.path.dirname(prefix)
+    if os.path.basename(directory) == "checkpoints":
+        directory = os.path.dirname(directory)
+    kept = own_files.read_own_file(os.path.join(directory, REPORT_FILE), _REPORT_LIMIT)
+    try:
+        lineage = json.loads(kept).get("lineage") if kept else None
+    except (ValueError, AttributeError):
+        lineage = None  # a damaged report says nothing of the runs before
+    return list(lineage) if isinstance(lineage, list) else []
