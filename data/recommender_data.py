@@ -25,13 +25,18 @@ class SplitLog:
     test: Interactions
 
 
-def read_split(data: Mapping[str, Any], *, seed: int) -> SplitLog:
+def read_split(
+    data: Mapping[str, Any], *, seed: int, grown_from: Mapping[str, Any] | None = None
+) -> SplitLog:
     """The log `data` names, split as it says: `loops_data.settings.INTERACTIONS`' values
     (data: the log's file, None for the generated log of `seed`; split; test_fraction;
-    validation_fraction, 0 for no validation rows), the split's draws of `seed`.
+    validation_fraction, 0 for no validation rows), the split's draws of `seed`; with
+    `grown_from` (another run's ids, `loops.model_dir.id_vocabulary.read_ids`), its users
+    and items numbered after that run's (`interaction_logs.grown`).
 
     Raises:
-        ValueError: a log that does not read (`interaction_logs.read_interactions`), or a
+        ValueError: a log that does not read (`interaction_logs.read_interactions`), ids
+            that cannot grow `grown_from`'s (`interaction_logs.grown`), or a
             split that leaves a part empty (`interaction_logs.split`).
     """
     from loops_data import interactions as generated
@@ -40,6 +45,10 @@ def read_split(data: Mapping[str, Any], *, seed: int) -> SplitLog:
         interactions = generated.generated_log(seed=seed)
     else:
         interactions = interaction_logs.read_interactions(data["data"])
+    if grown_from is not None:
+        interactions = interaction_logs.grown(
+            interactions, grown_from["users"], grown_from["items"]
+        )
     train, test = interaction_logs.split(
         interactions, how=data["split"], test_fraction=data["test_fraction"], seed=seed
     )

@@ -45,6 +45,24 @@ def check_top_k(top_k: int, train: Interactions) -> None:
         )
 
 
+def _ids_of(source: str, flag: str) -> dict[str, Any]:
+    """The ids.json of the run in `source` (`loops.model_dir.id_vocabulary.read_ids`).
+
+    Raises:
+        ValueError: it holds none, naming --`flag`, the value and the fix.
+    """
+    from loops.model_dir import id_vocabulary
+
+    try:
+        return id_vocabulary.read_ids(source)
+    except OSError as error:
+        raise ValueError(
+            f"--{flag}={source!r} holds no {id_vocabulary.ID_FILE} ({error}): it is not the "
+            "model_dir of a loops-recommender run, whose ids it needs to give each user and "
+            "item its row; pass such a model_dir."
+        ) from None
+
+
 def check_dynamic_ids(
     model: Mapping[str, Any], table_optimizer: str, strategy: str = "default", replicas: int = 1
 ) -> None:
@@ -95,7 +113,8 @@ class RecommenderTraining:
             optimizer's slots), for the check of the model's size against memory.
         clip_norm: the loop's gradient clipping; None for its default.
         warm_start: `loops.bin.training_settings.WARM_START`'s values (warm_start_from:
-            another run's model_dir or None; warm_start_variables: a pattern of names).
+            another run's model_dir or None; warm_start_variables: a pattern of names;
+            continue_from: the model_dir of a run of this model to go on from, or None).
     """
 
     def __init__(
@@ -149,7 +168,9 @@ class RecommenderTraining:
         if self._log is None:
             from loops_data import recommender_data
 
-            log = recommender_data.read_split(self.data, seed=self.seed)
+            log = recommender_data.read_split(
+                self.data, seed=self.seed, grown_from=self.grown_from()
+            )
             check_top_k(self.model["top_k"], log.train)
             model_settings.check_recommender_fits(
                 self.model,
@@ -269,32 +290,37 @@ class RecommenderTraining:
             dynamic = {"capacity": model["id_capacity"], "admit_after": model["id_admit_after"]}
         return {"user_ids": train.user_ids, "item_ids": train.item_ids, "dynamic": dynamic}
 
+    def grown_from(self) -> dict[str, Any] | None:
+        """The ids of the run --continue_from names (its ids.json), which this run's ids grow
+        (`loops_data.recommender_data.read_split`); None without one.
+
+        Raises:
+            ValueError: that run has no ids.json, or it does not read.
+        """
+        source = self.warm_start_values.get("continue_from")
+        return None if not source else _ids_of(source, "continue_from")
+
     def warm_start(self) -> Any:
-        """The `loops.WarmStart` of `warm_start`: the pattern's variables of the other run's
-        newest checkpoint, each user and item table (embeddings, biases, a rating model's
-        implicit factors) remapped from that run's ids.json to this log's ids; a dynamic
-        table, keyed by raw id already, taken whole. None without warm_start_from.
+        """The `loops.WarmStart` of `warm_start`: with continue_from, the other run's newest
+        checkpoint whole (`loops.WarmStart.continuation`, its ids grown by this log's);
+        with warm_start_from, the pattern's variables of it; each user and item table
+        (embeddings, biases, a rating model's implicit factors) remapped from that run's
+        ids.json to this log's ids, a dynamic table, keyed by raw id already, taken whole.
+        None without either.
 
         Raises:
             ValueError: the other run has no ids.json, or it does not read.
         """
         import loops
-        from loops.model_dir import id_vocabulary
 
-        source = self.warm_start_values.get("warm_start_from")
+        continued = self.warm_start_values.get("continue_from")
+        source = continued or self.warm_start_values.get("warm_start_from")
         if not source:
             return None
         train = self.read().train
         row_ids = {}
         if not self.model["dynamic_ids"]:
-            try:
-                was = id_vocabulary.read_ids(source)
-            except OSError as error:
-                raise ValueError(
-                    f"--warm_start_from={source!r} holds no {id_vocabulary.ID_FILE} ({error}): "
-                    "it is not the model_dir of a loops-recommender run, whose ids it needs to "
-                    "give each user and item its row; pass such a model_dir."
-                ) from None
+            was = _ids_of(source, "continue_from" if continued else "warm_start_from")
             users, items = (was["users"], train.user_ids), (was["items"], train.item_ids)
             if self.model["model"] == "retrieval":
                 row_ids = {"user_tower_table": users, "item_tower_table": items}
@@ -307,6 +333,8 @@ class RecommenderTraining:
                 }
                 if self.model["user_history"]:
                     row_ids["implicit_factors"] = items
+        if continued:
+            return loops.WarmStart.continuation(source, row_ids=row_ids)
         return loops.WarmStart(
             source, variables=self.warm_start_values["warm_start_variables"], row_ids=row_ids
         )

@@ -5,7 +5,7 @@ is refused; the lineage goes into results.json, one entry a run."""
 
 import numpy as np
 import pytest
-from test_warm_start import BATCH, rating_trainer, table_rows
+from test_warm_start import BATCH, day_log, rating_trainer, table_rows
 
 import loops
 
@@ -120,7 +120,10 @@ def test_a_continued_run_on_the_next_day_ends_as_one_run_over_both_days(
         "new": 2,
         "dropped": 0,
     }
-    assert report["lineage"] == [{"checkpoint": report["checkpoint"], "step": DAY1_STEPS}]
+    # A Python run records no log identity (a binary's config.json does).
+    assert report["lineage"] == [
+        {"checkpoint": report["checkpoint"], "step": DAY1_STEPS, "log": None}
+    ]
     # Only the learning rates are this run's own: the step, both optimizers' counts and
     # slots, the dense weights and every table came from day 1.
     assert report["left"] and all(name.endswith("_learning_rate") for name in report["left"])
@@ -131,6 +134,8 @@ def test_a_third_day_carries_the_lineage_of_both_runs_before(tmp_path):
     strategy = loops.testing.replica_strategy(1)
     days = []
     for day in range(3):
+        if days:  # what a binary reads before building a model: the step to go on from
+            assert loops.WarmStart.continuation(days[-1]).source_step() == 2 * day
         trainer = rating_trainer(
             strategy,
             DAY1_USERS,
@@ -165,3 +170,79 @@ def test_a_continuation_of_another_model_is_refused_naming_what_it_lacks(tmp_pat
             DAY1_ITEMS,
             warm_start=loops.WarmStart.continuation(str(tmp_path)),
         )
+
+
+def test_loops_recommender_continues_a_run_on_the_next_days_log(tmp_path):
+    """Day 2 goes on from day 1's step with the ids grown (day 1's first, each keeping its
+    row: a user absent on day 2 keeps day 1's row bit for bit under row-wise SGD), the
+    lineage with day 1's log in results.json; a --train_steps day 1 reached is refused."""
+    from conftest import checkpoint_weights, read_results, run_module
+    from loops.model_dir import id_vocabulary
+
+    common = (
+        *("--model=rating", "--rows_by_id", "--placed_tables", "--table_optimizer=sgd"),
+        *("--validation_fraction=0", "--global_batch_size=16", "--table_learning_rate=0.5"),
+    )
+    days = {day: day_log(tmp_path / f"day{day}.csv", first) for day, first in ((1, 0), (2, 5))}
+    first = run_module(
+        "loops.bin.recommender",
+        *common,
+        f"--data={days[1]}",
+        f"--model_dir={tmp_path / 'day1'}",
+        "--train_steps=6",
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    continued = (*common, f"--data={days[2]}", f"--continue_from={tmp_path / 'day1'}")
+    done = run_module(
+        "loops.bin.recommender",
+        *continued,
+        f"--model_dir={tmp_path / 'day2'}",
+        "--train_steps=6",
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "--train_steps=6 is a step the run" in done.stderr
+    assert "pass --train_steps=12 to train 6 steps more" in done.stderr
+    assert not (tmp_path / "day2" / "checkpoints").exists()
+    second = run_module(
+        "loops.bin.recommender",
+        *continued,
+        f"--model_dir={tmp_path / 'day2'}",
+        "--train_steps=10",
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    ids = {day: id_vocabulary.read_ids(str(tmp_path / f"day{day}")) for day in days}
+    assert ids[1]["users"].tolist() == sorted(f"u{user}" for user in range(20))
+    assert ids[2]["users"].tolist() == [
+        *ids[1]["users"].tolist(),
+        *(f"u{u}" for u in range(20, 25)),
+    ]
+    assert ids[2]["items"].tolist() == ids[1]["items"].tolist()
+    results = read_results(str(tmp_path / "day2"))
+    assert results["global_step"] == 10
+    report = results["warm_start"]
+    assert report["continues"] and report["step"] == 6
+    assert report["remapped"]["user_table"] | {"variables": None} == {
+        "variables": None,
+        "rows": 25,
+        "kept": 20,
+        "new": 5,
+        "dropped": 0,
+    }
+    (entry,) = report["lineage"]
+    assert entry["step"] == 6 and entry["checkpoint"].endswith("ckpt-6")
+    assert entry["log"]["log"]["path"] == str(days[1])
+
+    def user_rows(day):
+        (rows,) = [
+            array
+            for name, array in checkpoint_weights(str(tmp_path / f"day{day}")).items()
+            if "embeddings" in name and array.shape in ((20, 32), (25, 32))  # users, not items
+        ]
+        return rows
+
+    old, new = user_rows(1), user_rows(2)
+    absent = [row for row, user in enumerate(ids[1]["users"].tolist()) if int(user[1:]) < 5]
+    present = sorted(set(range(20)) - set(absent))
+    np.testing.assert_array_equal(new[absent], old[absent])  # no day-2 row: untouched
+    assert not np.array_equal(new[present], old[present])  # trained on

@@ -436,3 +436,20 @@ def test_splits_that_leave_a_part_empty_or_have_no_time_are_refused(tmp_path):
         "test_fraction (--test_fraction) or how='random' (--split=random): a time split "
         "rounds each user's share down, or a log with more interactions."
     )
+
+
+def test_a_grown_log_numbers_the_old_ids_first_and_its_new_ones_after(tmp_path):
+    path = tmp_path / "day2.csv"
+    path.write_text("user,item\n9,x\n3,y\n40,x\n3,z\n")
+    day2 = read_interactions(str(path))
+    grown = interaction_logs.grown(day2, np.array([40, 7, 3], np.int64), np.array(["z", "w"]))
+    assert grown.user_ids.tolist() == [40, 7, 3, 9] and grown.num_users == 4
+    assert grown.item_ids.tolist() == ["z", "w", "x", "y"] and grown.num_items == 4
+    # Each row names the same raw ids as before.
+    assert grown.user_ids[grown.users].tolist() == [9, 3, 40, 3]
+    assert grown.item_ids[grown.items].tolist() == ["x", "y", "x", "z"]
+    # Whole numbers join a vocabulary of text as their decimal text; text cannot join numbers.
+    as_text = interaction_logs.grown(day2, np.array(["3", "u1"]), np.array(["x"]))
+    assert as_text.user_ids.tolist() == ["3", "u1", "9", "40"]
+    with pytest.raises(ValueError, match=r"names items by text \(e\.g\. 'x'\).*e\.g\. 5"):
+        interaction_logs.grown(day2, np.array([1], np.int64), np.array([5], np.int64))

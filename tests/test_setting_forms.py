@@ -142,6 +142,7 @@ def test_every_setting_that_names_a_file_or_folder_expands_a_leading_tilde():
                 "data",
                 "spec",
                 "warm_start_from",
+                "continue_from",
             )
             assert setting.path == names_a_path, (binary.command, setting.name)
 

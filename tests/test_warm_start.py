@@ -303,17 +303,23 @@ def test_loops_recommender_warm_starts_a_new_days_log_keeping_each_old_users_row
 def test_loops_recommender_refuses_a_warm_start_it_cannot_take_before_any_work(tmp_path):
     from conftest import run_module
 
-    for flag, message in (
-        (f"--warm_start_from={tmp_path / 'none'}", "is no directory; pass the model_dir"),
-        (f"--warm_start_from={tmp_path}", "is this run's own --model_dir"),
+    (tmp_path / "other").mkdir()
+    for flags, message in (
+        ((f"--warm_start_from={tmp_path / 'none'}",), "is no directory; pass the model_dir"),
+        ((f"--warm_start_from={tmp_path}",), "is this run's own --model_dir"),
+        ((f"--continue_from={tmp_path / 'none'}",), "is no directory; pass the model_dir"),
+        ((f"--continue_from={tmp_path}",), "is this run's own --model_dir"),
+        (
+            (f"--continue_from={tmp_path / 'other'}", f"--warm_start_from={tmp_path / 'other'}"),
+            "are two starts of one run",
+        ),
     ):
         done = run_module(
-            "loops.bin.recommender", flag, f"--model_dir={tmp_path}", "--train_steps=2"
+            "loops.bin.recommender", *flags, f"--model_dir={tmp_path}", "--train_steps=2"
         )
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert message in done.stderr
         assert not (tmp_path / "checkpoints").exists()
-    (tmp_path / "other").mkdir()
     done = run_module(
         "loops.bin.recommender",
         f"--warm_start_from={tmp_path / 'other'}",

@@ -49,8 +49,12 @@ def _prepare() -> None:
 
 
 def build_trainer():
-    """The RetrievalLoop or RatingLoop the flags describe; ValueError for a bad combination."""
+    """The RetrievalLoop or RatingLoop the flags describe; ValueError for a bad combination
+    (`check_steps_past` a continued run's step)."""
     training = _training()
+    start = training.warm_start()
+    if start is not None and start.continues:
+        training_settings.check_steps_past(start, FLAGS.train_steps)
     # The export, ids.json and the final test read the log once training starts or ends.
     arguments = loop_flags.binary_arguments(
         "recommender", **training.outputs(FLAGS.keep_best_metric)

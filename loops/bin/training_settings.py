@@ -171,29 +171,67 @@ WARM_START: tuple[Setting, ...] = (
         default="model/.*",
         resumable=True,
     ),
+    Setting(
+        "continue_from",
+        "training",
+        "Go on from another run of this model on a new log (the next day's): its newest "
+        "checkpoint's every variable taken (weights, optimizer and row-rule slots, the step "
+        "counter: --train_steps is the step to reach, past that run's), the ids growing by "
+        "the new log's (ids.json: that run's ids first, each keeping its row, then the new "
+        "ones), the learning rate this run's flags'. results.json's warm_start keeps the "
+        "lineage of runs. Applied once: a resume goes on from its own checkpoints. Empty: "
+        "the initial values.",
+        "string",
+        default=None,
+        path=True,
+    ),
 )
 
 
 def check_warm_start(values: dict[str, Any], model_dir: str | None) -> None:
-    """Refuses a --warm_start_from that is no directory or is the run's own --model_dir,
-    before TensorFlow loads.
+    """Refuses a --warm_start_from or --continue_from that is no directory or is the run's
+    own --model_dir, and the two together, before TensorFlow loads.
 
     Raises:
         ValueError: naming the value and the fix.
     """
-    source = values["warm_start_from"]
-    if source is None:
-        return
-    if not os.path.isdir(source):
+    given = [name for name in ("warm_start_from", "continue_from") if values[name] is not None]
+    if len(given) == 2:
         raise ValueError(
-            f"--warm_start_from={source!r} is no directory; pass the model_dir of the run to "
-            "start from, or leave it empty to start from the initial values."
+            f"--warm_start_from={values['warm_start_from']!r} and "
+            f"--continue_from={values['continue_from']!r} are two starts of one run: pass "
+            "--continue_from to go on from a run of this model (every variable and its step), "
+            "or --warm_start_from to take some variables of another."
         )
-    if model_dir and os.path.realpath(source) == os.path.realpath(model_dir):
+    for name in given:
+        source = values[name]
+        if not os.path.isdir(source):
+            raise ValueError(
+                f"--{name}={source!r} is no directory; pass the model_dir of the run to "
+                "start from, or leave it empty to start from the initial values."
+            )
+        if model_dir and os.path.realpath(source) == os.path.realpath(model_dir):
+            raise ValueError(
+                f"--{name}={source!r} is this run's own --model_dir, which a run resumes "
+                f"from as it is: drop --{name} to resume, or pass a new --model_dir to "
+                "start a new run from it."
+            )
+
+
+def check_steps_past(start: Any, train_steps: int) -> None:
+    """Refuses a --train_steps that a --continue_from run (`start`, a continuation's
+    `loops.WarmStart`) has reached already: the step counter goes on from that run's.
+
+    Raises:
+        ValueError: naming both steps and the fix.
+    """
+    step = start.source_step()
+    if step is not None and train_steps <= step:
         raise ValueError(
-            f"--warm_start_from={source!r} is this run's own --model_dir, which a run resumes "
-            "from as it is: drop --warm_start_from to resume, or pass a new --model_dir to "
-            "start a new run from it."
+            f"--train_steps={train_steps} is a step the run --continue_from={start.checkpoint!r}"
+            f" reached already (step {step}): its step counter goes on, and --train_steps is "
+            f"the step to reach; pass --train_steps={step + train_steps} to train "
+            f"{train_steps} steps more."
         )
 
 

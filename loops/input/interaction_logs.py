@@ -449,6 +449,51 @@ def _feature(values: Sequence[str]) -> np.ndarray:
     return numbers if np.all(np.isfinite(numbers)) else np.asarray(values, dtype=str)
 
 
+def grown(interactions: Interactions, user_ids: np.ndarray, item_ids: np.ndarray) -> Interactions:
+    """`interactions` re-indexed over grown vocabularies: `user_ids` and `item_ids` (another
+    run's ids, e.g. its ids.json) keep their indices, and the log's ids they lack follow in
+    the order of `read_interactions` (a continued run's tables keep each old id's row, and
+    yesterday's users and items stay in the model on a day they do not appear).
+
+    A vocabulary of strings takes a log of whole numbers as their decimal text; a vocabulary
+    of whole numbers refuses a log of other ids.
+
+    Raises:
+        ValueError: a log id of text where the vocabulary holds whole numbers.
+    """
+    parts = {}
+    for role, base, log_ids, indices in (
+        ("user", user_ids, interactions.user_ids, interactions.users),
+        ("item", item_ids, interactions.item_ids, interactions.items),
+    ):
+        if base.dtype.kind == "U" and log_ids.dtype.kind != "U":
+            log_ids = log_ids.astype(str)
+        elif base.dtype.kind != "U" and log_ids.dtype.kind == "U":
+            raise ValueError(
+                f"{interactions.source} names {role}s by text (e.g. {str(log_ids[0])!r}) and the "
+                f"run it grows from by whole numbers (e.g. {int(base[0])}): an id keeps its "
+                f"row only where both name it alike; give every {role} id as a whole number, "
+                "or start a new run from the initial values."
+            )
+        known = {value: row for row, value in enumerate(base.tolist())}
+        added = [value for value in log_ids.tolist() if value not in known]
+        kind = str if base.dtype.kind == "U" else np.int64  # text of any length
+        vocabulary = np.concatenate([base, np.asarray(added, dtype=kind)])
+        rows = np.array([known.get(value, -1) for value in log_ids.tolist()], np.int64)
+        rows[rows < 0] = len(base) + np.arange(len(added))
+        parts[role] = (rows[indices].astype(np.int32), vocabulary)
+    (users, user_vocabulary), (items, item_vocabulary) = parts["user"], parts["item"]
+    return dataclasses.replace(
+        interactions,
+        users=users,
+        items=items,
+        num_users=len(user_vocabulary),
+        num_items=len(item_vocabulary),
+        user_ids=user_vocabulary,
+        item_ids=item_vocabulary,
+    )
+
+
 def split(
     interactions: Interactions, *, how: str = "random", test_fraction: float = 0.2, seed: int = 0
 ) -> tuple[Interactions, Interactions]:

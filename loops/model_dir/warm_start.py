@@ -24,6 +24,7 @@ VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _SHOWN = 8  # names an error lists before "..."
 # An optimizer's learning rate is a variable, and the new run's setting: never taken.
 _SETTING = re.compile(rf"(^|/){re.escape(keras_private.OPTIMIZER_RATE_ATTRIBUTE)}$")
+_STEP_KEY = "global_step" + VALUE_SUFFIX  # the run's step counter, a root item of its saves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +124,18 @@ class WarmStart:
             otherwise="leave warm_start out to start from the initial weights",
         )
 
+    def source_step(self) -> int | None:
+        """The step counter its checkpoint holds (`global_step`), None where it holds none:
+        the step a continuation goes on from, read before any model is built.
+
+        Raises:
+            ValueError: as `prefix`, or a checkpoint that does not read.
+        """
+        reader = _reader(self.prefix())
+        if not reader.has_tensor(_STEP_KEY):
+            return None
+        return int(reader.get_tensor(_STEP_KEY))
+
 
 def warm_start(start: WarmStart, items: Mapping[str, Any]) -> dict[str, Any]:
     """Sets the variables of `items` (what a checkpoint of the run holds) that `start` takes
@@ -140,10 +153,7 @@ def warm_start(start: WarmStart, items: Mapping[str, Any]) -> dict[str, Any]:
             table that is not there or whose rows do not fit its ids.
     """
     prefix = start.prefix()
-    try:
-        source = tf.train.load_checkpoint(prefix)
-    except (tf.errors.OpError, ValueError) as error:
-        raise ValueError(f"WarmStart cannot read the checkpoint {prefix}: {error}") from None
+    source = _reader(prefix)
     root = tf.train.Checkpoint(**items)
     names, tables = _variable_names(root, items, start.row_ids)
     with tempfile.TemporaryDirectory(prefix="loops-warm-start-") as scratch:
@@ -167,6 +177,14 @@ def warm_start(start: WarmStart, items: Mapping[str, Any]) -> dict[str, Any]:
         )
         root.restore(merged).assert_existing_objects_matched()
     return plan.report()
+
+
+def _reader(prefix: str) -> Any:
+    """A reader of the checkpoint `prefix`; ValueError naming it where it does not read."""
+    try:
+        return tf.train.load_checkpoint(prefix)
+    except (tf.errors.OpError, ValueError) as error:
+        raise ValueError(f"WarmStart cannot read the checkpoint {prefix}: {error}") from None
 
 
 class _RowMap:

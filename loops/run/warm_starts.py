@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from loops.core import own_files
+from loops.model_dir import run_config
 from loops.model_dir.warm_start import WarmStart, warm_start
 from loops.run.controller import Controller
 
@@ -42,10 +43,7 @@ def start_run(
         if start.continues:
             # The new log's first batch is the next step's.
             controller.recoveries.stream_start.assign(report["step"] or 0)
-            report["lineage"] = [
-                *_lineage_of(report["checkpoint"]),
-                {"checkpoint": report["checkpoint"], "step": report["step"]},
-            ]
+            report["lineage"] = _lineage_of(report["checkpoint"], report["step"])
         taken = len(report["taken"]) + sum(
             len(table["variables"]) for table in report["remapped"].values()
         )
@@ -63,9 +61,11 @@ def start_run(
     return report
 
 
-def _lineage_of(prefix: str) -> list[dict[str, Any]]:
-    """The runs the run of checkpoint `prefix` went on from, oldest first: the lineage its
-    warm_start.json keeps (beside its checkpoints/, or beside the checkpoint), else none."""
+def _lineage_of(prefix: str, step: int | None) -> list[dict[str, Any]]:
+    """The runs a continuation from checkpoint `prefix` (at `step`) goes on from, oldest
+    first: the lineage that run's warm_start.json keeps (beside its checkpoints/, or beside
+    the checkpoint), then that run itself with the log it trained on (its config.json's
+    resume identity; None where it records none)."""
     directory = os.path.dirname(prefix)
     if os.path.basename(directory) == "checkpoints":
         directory = os.path.dirname(directory)
@@ -74,4 +74,6 @@ def _lineage_of(prefix: str) -> list[dict[str, Any]]:
         lineage = json.loads(kept).get("lineage") if kept else None
     except (ValueError, AttributeError):
         lineage = None  # a damaged report says nothing of the runs before
-    return list(lineage) if isinstance(lineage, list) else []
+    config = run_config.read_if_intact(directory) or {}
+    run = {"checkpoint": prefix, "step": step, "log": config.get(run_config.RESUME_IDENTITY)}
+    return [*(lineage if isinstance(lineage, list) else []), run]
