@@ -285,6 +285,9 @@ SLOW_TESTS = (
     "test_dynamic_recommender.py::test_dynamic_tables_smaller_than_the_log_evict_alike_on_1_and_2_replicas",
     "test_dynamic_recommender.py::test_the_binary_with_dynamic_ids_reports_each_tables_admissions_and_evictions",
     "test_dynamic_recommender.py::test_with_room_for_every_id_dynamic_tables_equal_static_tables_started_by_id",
+    # Issue 68's binaries: two or three runs of loops-recommender each (2026-12-03).
+    "test_warm_start.py::test_loops_recommender_*",
+    "test_continuation.py::test_loops_recommender_continues_a_run_on_the_next_days_log",
     "test_dynamic_tables.py::test_a_checkpoint_at_an_evicting_step_resumes_the_same_map_on_another_layout",
     "test_dynamic_tables.py::test_maps_and_counters_are_bit_identical_on_1_2_and_4_replicas_rows_to_1e_6",
     "test_dynamic_tables.py::test_an_export_answers_admitted_evicted_waiting_and_unseen_ids_in_plain_tensorflow",

@@ -208,8 +208,10 @@ def test_loops_recommender_continues_a_run_on_the_next_days_log(tmp_path):
         *continued,
         f"--model_dir={tmp_path / 'day2'}",
         "--train_steps=10",
+        "--export_deltas",
     )
     assert second.returncode == 0, second.stderr[-3000:]
+    check_the_delta_export(tmp_path)
 
     ids = {day: id_vocabulary.read_ids(str(tmp_path / f"day{day}")) for day in days}
     assert ids[1]["users"].tolist() == sorted(f"u{user}" for user in range(20))
@@ -246,3 +248,51 @@ def test_loops_recommender_continues_a_run_on_the_next_days_log(tmp_path):
     present = sorted(set(range(20)) - set(absent))
     np.testing.assert_array_equal(new[absent], old[absent])  # no day-2 row: untouched
     assert not np.array_equal(new[present], old[present])  # trained on
+
+
+def check_the_delta_export(tmp_path):
+    """Day 1's export patched by day 2's delta (loops-apply-deltas) answers 10^4 requests as
+    day 2's export does, bit for bit, in a process that imports only TensorFlow."""
+    from conftest import run_module, run_python
+    from loops.model_dir import export_deltas
+
+    (delta,) = export_deltas.delta_paths([str(tmp_path / "day2" / "deltas")])
+    manifest = export_deltas.read_delta(delta)
+    assert manifest["follows"] == export_deltas.fingerprint(str(tmp_path / "day1" / "export"))
+    assert manifest["gives"] == export_deltas.fingerprint(str(tmp_path / "day2" / "export"))
+    # Tables this small change in most rows in 4 steps: each goes whole; the graph and
+    # ids.json hold the grown ids (tests/test_export_deltas.py sends rows of a large table).
+    assert all(entry.get("whole") for entry in manifest["variables"].values())
+    assert {"saved_model.pb", "ids.json"} <= set(manifest["files"])
+    applied = run_module(
+        "loops.cli.apply_deltas",
+        f"--export={tmp_path / 'day1' / 'export'}",
+        f"--deltas={tmp_path / 'day2' / 'deltas'}",
+        f"--output={tmp_path / 'patched'}",
+    )
+    assert applied.returncode == 0, applied.stderr[-2000:]
+    assert "applied 1 deltas" in applied.stdout
+    code = """
+import sys, numpy as np, tensorflow as tf
+rng = np.random.default_rng(3)
+users = tf.constant([f"u{u}" for u in rng.integers(0, 30, 10_000)])
+items = tf.constant(2**35 + 11 * rng.integers(0, 16, 10_000))
+answers = []
+for path in sys.argv[1:]:
+    model = tf.saved_model.load(path)
+    top = model.signatures["serving_default"](users=users)
+    pairs = model.signatures["score_pairs"](users=users, items=items)
+    answers.append(
+        {**{"top " + k: v.numpy() for k, v in top.items()},
+         **{"pairs " + k: v.numpy() for k, v in pairs.items()}}
+    )
+a, b = answers
+assert sorted(a) == sorted(b)
+for key in a:
+    assert a[key].tobytes() == b[key].tobytes(), key
+assert not [m for m in sys.modules if m.startswith("loops")]
+print("equal", sorted(a))
+"""
+    done = run_python(code, str(tmp_path / "patched"), str(tmp_path / "day2" / "export"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "equal" in done.stdout

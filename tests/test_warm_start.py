@@ -313,6 +313,10 @@ def test_loops_recommender_refuses_a_warm_start_it_cannot_take_before_any_work(t
             (f"--continue_from={tmp_path / 'other'}", f"--warm_start_from={tmp_path / 'other'}"),
             "are two starts of one run",
         ),
+        (
+            (f"--continue_from={tmp_path / 'other'}", "--export_deltas"),
+            "other/export holds no SavedModel: export that run first",
+        ),
     ):
         done = run_module(
             "loops.bin.recommender", *flags, f"--model_dir={tmp_path}", "--train_steps=2"

@@ -31,7 +31,8 @@ def _training() -> recommender_training.RecommenderTraining:
 
 def _prepare() -> None:
     """Refuses --placed_tables or --dynamic_ids without a table optimizer of their own
-    (`check_dynamic_ids`) and a --warm_start_from that cannot be one (`check_warm_start`);
+    (`check_dynamic_ids`), a --warm_start_from or --continue_from that cannot be one
+    (`check_warm_start`) and --export_deltas without the export it follows (`delta_base`);
     fills in --data as an
     absolute path and the metric kept best (`RecommenderTraining.filled_in`)."""
     tables = loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
@@ -42,9 +43,9 @@ def _prepare() -> None:
         FLAGS.strategy,
         loop_flags.num_replicas(),
     )
-    training_settings.check_warm_start(
-        loop_flags.setting_values(training_settings.WARM_START), FLAGS.model_dir
-    )
+    starts = loop_flags.setting_values(training_settings.WARM_START)
+    training_settings.check_warm_start(starts, FLAGS.model_dir)
+    training_settings.delta_base(starts)
     loop_flags.set_values(_training().filled_in(FLAGS.keep_best_metric))
 
 
@@ -57,7 +58,11 @@ def build_trainer():
         training_settings.check_steps_past(start, FLAGS.train_steps)
     # The export, ids.json and the final test read the log once training starts or ends.
     arguments = loop_flags.binary_arguments(
-        "recommender", **training.outputs(FLAGS.keep_best_metric)
+        "recommender",
+        **training.outputs(FLAGS.keep_best_metric),
+        deltas_from=training_settings.delta_base(
+            loop_flags.setting_values(training_settings.WARM_START)
+        ),
     )
     return training.trainer(arguments, model_dir=FLAGS.model_dir)
 

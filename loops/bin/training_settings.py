@@ -185,7 +185,44 @@ WARM_START: tuple[Setting, ...] = (
         default=None,
         path=True,
     ),
+    Setting(
+        "export_deltas",
+        "training",
+        "With --continue_from: after this run's export, write MODEL_DIR/deltas/NNNNNN, what "
+        "changed from the export of the run continued from (its --export_dir, else its "
+        "MODEL_DIR/export): each table's rows that differ, the dense weights, the files that "
+        "differ. loops-apply-deltas patches that export into this one bit for bit "
+        "(docs/recommenders.md, 'Delta exports'). Without --continue_from the export is a "
+        "chain's first and no delta is written.",
+        "bool",
+        default=False,
+        resumable=True,
+    ),
 )
+
+
+def delta_base(values: dict[str, Any]) -> str | None:
+    """The export a run's delta follows: with --export_deltas and --continue_from, the export
+    of the run continued from (the --export_dir its config.json records, else its
+    MODEL_DIR/export); None otherwise.
+
+    Raises:
+        ValueError: that export holds no SavedModel, naming it and the fix.
+    """
+    from loops.model_dir import run_config
+
+    source = values["continue_from"]
+    if not (values["export_deltas"] and source):
+        return None
+    recorded = (run_config.read_if_intact(source) or {}).get("export_dir")
+    base = recorded or os.path.join(source, "export")
+    if not os.path.isfile(os.path.join(base, "saved_model.pb")):
+        raise ValueError(
+            f"--export_deltas writes what changed from the export of --continue_from="
+            f"{source!r}, and {base} holds no SavedModel: export that run first (rerun its "
+            "command: it exports without training), or drop --export_deltas."
+        )
+    return base
 
 
 def check_warm_start(values: dict[str, Any], model_dir: str | None) -> None:

@@ -520,6 +520,7 @@ def binary_arguments(
     signature: str = "",
     check_batch: bool = True,
     actions: Sequence = (),
+    deltas_from: str | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments every binary gives its `loops.Trainer`, from the shared flags.
 
@@ -537,6 +538,8 @@ def binary_arguments(
         check_batch: refuse a --global_batch_size smaller than the replica count
             (`check_batch_fits_replicas`).
         actions: the binary's own actions when it trains (none in the other modes).
+        deltas_from: an earlier export of the model: after the export, what changed from it
+            is written into MODEL_DIR/deltas (`loops.model_dir.export_deltas.write_delta`).
 
     Raises:
         ValueError: the batch does not fit the replicas.
@@ -554,7 +557,15 @@ def binary_arguments(
         def export_marked(definition) -> str:
             # The marker says this model_dir wrote it: a later run may replace it unasked.
             with run_outputs.exports_of(model_dir):
-                return export(definition, export_dir)
+                path = export(definition, export_dir)
+            if deltas_from is not None:
+                from loops.model_dir import export_deltas
+
+                delta = export_deltas.write_delta(
+                    deltas_from, path, os.path.join(model_dir, "deltas")
+                )
+                print(f"delta export from {deltas_from}: {delta}", flush=True)
+            return path
 
         actions.append(
             ExportOnEnd(export_marked, description=f"signature serving_default: {signature}")

@@ -68,7 +68,7 @@ def save(
     parent = os.path.dirname(os.path.abspath(export_dir))
     os.makedirs(parent, exist_ok=True)
     prefix = staging_prefix(export_dir)
-    _remove_abandoned_staging(parent, prefix)
+    remove_abandoned_staging(parent, prefix)
     staging = tempfile.mkdtemp(dir=parent, prefix=f"{prefix}{os.getpid()}-")
     try:
         os.chmod(staging, 0o777 & ~current_umask())
@@ -113,7 +113,7 @@ def staging_prefix(export_dir: str) -> str:
     return f".export-{os.path.basename(target)[:64]}-{owner}-"
 
 
-def _remove_abandoned_staging(parent: str, prefix: str) -> None:
+def remove_abandoned_staging(parent: str, prefix: str) -> None:
     """Removes the staging folders of earlier exports to this export's directory whose
     process is gone (killed mid-export); another export's, or a live one's, stay."""
     for name in os.listdir(parent):
