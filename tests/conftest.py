@@ -288,6 +288,7 @@ SLOW_TESTS = (
     # Issue 68's binaries: two or three runs of loops-recommender each (2026-12-03).
     "test_warm_start.py::test_loops_recommender_*",
     "test_continuation.py::test_loops_recommender_continues_a_run_on_the_next_days_log",
+    "test_continuation.py::test_a_continuation_on_two_workers_ends_as_one_run_over_both_days",
     "test_dynamic_tables.py::test_a_checkpoint_at_an_evicting_step_resumes_the_same_map_on_another_layout",
     "test_dynamic_tables.py::test_maps_and_counters_are_bit_identical_on_1_2_and_4_replicas_rows_to_1e_6",
     "test_dynamic_tables.py::test_an_export_answers_admitted_evicted_waiting_and_unseen_ids_in_plain_tensorflow",

@@ -3,6 +3,8 @@ next day's rows, its vocabulary grown by the day's new ids, ends where one run o
 days in order ends (1e-6), on one replica and on two; a model that is not the checkpoint's
 is refused; the lineage goes into results.json, one entry a run."""
 
+import os
+
 import numpy as np
 import pytest
 from test_warm_start import BATCH, day_log, rating_trainer, table_rows
@@ -60,6 +62,15 @@ def by_raw_id(rows, users, items):
     }
 
 
+def grown_vocabularies():
+    """Day 2's users and items (day 1's, then the new ones) and the continuation's row_ids."""
+    users = np.concatenate([DAY1_USERS, NEW_USERS])
+    items = np.concatenate([DAY1_ITEMS, NEW_ITEMS])
+    ids = {"user_table": (DAY1_USERS, users), "user_bias": (DAY1_USERS, users)}
+    ids.update(item_table=(DAY1_ITEMS, items), item_bias=(DAY1_ITEMS, items))
+    return users, items, ids
+
+
 @pytest.fixture(scope="module")
 def concatenated():
     """One run over both days in order, on one replica, its vocabulary sorted (another order
@@ -89,10 +100,7 @@ def test_a_continued_run_on_the_next_day_ends_as_one_run_over_both_days(
     )
     first.train(DAY1_STEPS)
     first.save_checkpoint()
-    users = np.concatenate([DAY1_USERS, NEW_USERS])
-    items = np.concatenate([DAY1_ITEMS, NEW_ITEMS])
-    ids = {"user_table": (DAY1_USERS, users), "user_bias": (DAY1_USERS, users)}
-    ids.update(item_table=(DAY1_ITEMS, items), item_bias=(DAY1_ITEMS, items))
+    users, items, ids = grown_vocabularies()
     second = rating_trainer(
         strategy,
         users,
@@ -128,6 +136,44 @@ def test_a_continued_run_on_the_next_day_ends_as_one_run_over_both_days(
     # slots, the dense weights and every table came from day 1.
     assert report["left"] and all(name.endswith("_learning_rate") for name in report["left"])
     assert "global_step" in report["taken"]
+
+
+def test_a_continuation_on_two_workers_ends_as_one_run_over_both_days(concatenated, tmp_path):
+    """Day 1 by one process, day 2 gone on from its checkpoint by 2 worker processes
+    (MultiWorkerMirroredStrategy under loops-launch): one run over both days' rows, weights
+    and day-2 losses, to 1e-6, on each worker."""
+    import subprocess
+    import sys
+
+    first = rating_trainer(
+        loops.testing.replica_strategy(1),
+        DAY1_USERS,
+        DAY1_ITEMS,
+        model_dir=str(tmp_path / "day1"),
+        rows=indexed(DAY1, DAY1_USERS, DAY1_ITEMS),
+    )
+    first.train(DAY1_STEPS)
+    first.save_checkpoint()
+    first.close()
+    script = os.path.join(os.path.dirname(__file__), "continuation_workers.py")
+    launched = subprocess.run(
+        [sys.executable, "-m", "loops.cluster.launch", "--num_workers=2", "--"]
+        + [sys.executable, script, str(tmp_path), str(tmp_path / "day1")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert launched.returncode == 0, (launched.stdout + launched.stderr)[-4000:]
+    rows, dense, losses = concatenated
+    for worker in ("worker_0", "worker_1"):
+        got = np.load(tmp_path / f"{worker}.npz")
+        np.testing.assert_allclose(got["loss"], losses[DAY1_STEPS:], rtol=1e-6, atol=1e-6)
+        for (table, name, raw), value in rows.items():
+            np.testing.assert_allclose(
+                got[f"{table}|{name}|{raw}"], value, rtol=1e-6, atol=1e-6, err_msg=worker
+            )
+        for i, expected in enumerate(dense):
+            np.testing.assert_allclose(got[f"dense_{i}"], expected, rtol=1e-6, atol=1e-6)
 
 
 def test_a_third_day_carries_the_lineage_of_both_runs_before(tmp_path):
