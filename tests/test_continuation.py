@@ -71,6 +71,20 @@ def grown_vocabularies():
     return users, items, ids
 
 
+def trained_day1(strategy, model_dir):
+    """Day 1 trained on `strategy` into `model_dir`, checkpointed: its Trainer."""
+    first = rating_trainer(
+        strategy,
+        DAY1_USERS,
+        DAY1_ITEMS,
+        model_dir=str(model_dir),
+        rows=indexed(DAY1, DAY1_USERS, DAY1_ITEMS),
+    )
+    first.train(DAY1_STEPS)
+    first.save_checkpoint()
+    return first
+
+
 @pytest.fixture(scope="module")
 def concatenated():
     """One run over both days in order, on one replica, its vocabulary sorted (another order
@@ -91,15 +105,7 @@ def test_a_continued_run_on_the_next_day_ends_as_one_run_over_both_days(
     concatenated, replicas, tmp_path
 ):
     strategy = loops.testing.replica_strategy(replicas)
-    first = rating_trainer(
-        strategy,
-        DAY1_USERS,
-        DAY1_ITEMS,
-        model_dir=str(tmp_path / "day1"),
-        rows=indexed(DAY1, DAY1_USERS, DAY1_ITEMS),
-    )
-    first.train(DAY1_STEPS)
-    first.save_checkpoint()
+    trained_day1(strategy, tmp_path / "day1")
     users, items, ids = grown_vocabularies()
     second = rating_trainer(
         strategy,
@@ -145,16 +151,7 @@ def test_a_continuation_on_two_workers_ends_as_one_run_over_both_days(concatenat
     import subprocess
     import sys
 
-    first = rating_trainer(
-        loops.testing.replica_strategy(1),
-        DAY1_USERS,
-        DAY1_ITEMS,
-        model_dir=str(tmp_path / "day1"),
-        rows=indexed(DAY1, DAY1_USERS, DAY1_ITEMS),
-    )
-    first.train(DAY1_STEPS)
-    first.save_checkpoint()
-    first.close()
+    trained_day1(loops.testing.replica_strategy(1), tmp_path / "day1").close()
     script = os.path.join(os.path.dirname(__file__), "continuation_workers.py")
     launched = subprocess.run(
         [sys.executable, "-m", "loops.cluster.launch", "--num_workers=2", "--"]

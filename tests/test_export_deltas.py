@@ -157,7 +157,7 @@ def test_a_delta_killed_while_written_leaves_the_chain_before_it_valid(days, tmp
     def failing(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export_deltas, "_save_tensors", failing)
+    monkeypatch.setattr(export_deltas.checkpoints, "write_tensors", failing)
     with pytest.raises(OSError, match="No space left"):
         export_deltas.write_delta(paths[1], paths[2], chain)
     monkeypatch.undo()

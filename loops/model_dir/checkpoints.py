@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -568,3 +569,16 @@ def _remove_unfinished_saves(directory: str) -> None:
     for name in os.listdir(directory) if os.path.isdir(directory) else ():
         if _TEMPORARY.match(name):
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def write_tensors(prefix: str, tensors: Mapping[str, Any]) -> None:
+    """Writes `tensors` (checkpoint key -> value) as one checkpoint bundle at `prefix`, the
+    keys sorted: what `tf.train.load_checkpoint(prefix)` reads back, and what a restore of
+    those keys takes."""
+    keys = sorted(tensors)
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=keys,
+        shape_and_slices=[""] * len(keys),
+        tensors=[tf.constant(tensors[key]) for key in keys],
+    )

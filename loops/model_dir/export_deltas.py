@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from loops.model_dir import checkpoints
 from loops.model_dir import export as export_lib
 
 DELTA_FILE = "delta.json"  # in each delta: what it follows, gives and holds
@@ -25,8 +26,6 @@ _TENSORS = "tensors"  # the delta's tensors: a TensorFlow checkpoint bundle of t
 _FILES = "files"  # the export's files that changed, by their path in the export
 _VARIABLES = os.path.join("variables", "variables")
 _STAGING = ".delta-"  # then the writer's PID, "-" and 8 random characters
-# A variable is sent whole where more than this share of its rows changed.
-_WHOLE_ABOVE = 0.5
 
 
 def fingerprint(export_dir: str) -> str:
@@ -107,7 +106,7 @@ def _staged(before: tuple[str, str], after: tuple[str, str], staging: str) -> di
             sizes["rows"] += len(_value_bytes(value[rows]))
         entries[key] = entry
     if tensors:
-        _save_tensors(os.path.join(staging, _TENSORS), tensors)
+        checkpoints.write_tensors(os.path.join(staging, _TENSORS), tensors)
     was, now = _file_digests(base_dir), _file_digests(new_dir)
     changed = sorted(name for name, digest in now.items() if was.get(name) != digest)
     for name in changed:
@@ -194,7 +193,7 @@ def apply_deltas(export_dir: str, deltas: Sequence[str], output_dir: str) -> dic
         for name, source in files.items():
             os.makedirs(os.path.dirname(os.path.join(staging, name)), exist_ok=True)
             shutil.copyfile(source, os.path.join(staging, name))
-        _save_tensors(os.path.join(staging, _VARIABLES), variables)
+        checkpoints.write_tensors(os.path.join(staging, _VARIABLES), variables)
         got = fingerprint(staging)
         want = chain[-1][1]["gives"] if chain else fingerprint(export_dir)
         if got != want:  # a damaged delta: never left in place as if it were the export
@@ -268,9 +267,9 @@ def _resized(value: np.ndarray, shape: Sequence[int]) -> np.ndarray:
 
 
 def _changed_rows(old: np.ndarray | None, new: np.ndarray) -> np.ndarray | None:
-    """The int64 rows of `new` that differ from `old` (the added ones included); None where
-    it goes whole: no rows (a scalar), no `old` of its dtype and row shape, or most rows
-    changed."""
+    """The rows of `new` that differ from `old` (the added ones included; int32 indices
+    where they fit); None where it goes whole: no rows (a scalar), no `old` of its dtype and
+    row shape, or where the rows and their indices would take more bytes than it whole."""
     if old is None or new.ndim == 0 or old.dtype != new.dtype or old.shape[1:] != new.shape[1:]:
         return None
     kept = min(len(old), len(new))
@@ -278,8 +277,11 @@ def _changed_rows(old: np.ndarray | None, new: np.ndarray) -> np.ndarray | None:
         differs = (old[:kept] != new[:kept]).reshape(kept, -1).any(axis=1)
     else:  # compared as bytes: a NaN equals itself, and -0.0 differs from 0.0
         differs = np.any(_as_bytes(old[:kept]) != _as_bytes(new[:kept]), axis=1)
-    rows = np.concatenate([np.flatnonzero(differs), np.arange(kept, len(new))]).astype(np.int64)
-    return None if len(rows) > _WHOLE_ABOVE * max(len(new), 1) else rows
+    index = np.int32 if len(new) < 2**31 else np.int64
+    rows = np.concatenate([np.flatnonzero(differs), np.arange(kept, len(new))]).astype(index)
+    row_bytes = len(_value_bytes(new[:1])) if len(new) else 0
+    sent = len(rows) * (row_bytes + np.dtype(index).itemsize)
+    return None if sent >= len(_value_bytes(new)) else rows
 
 
 def _same(old: np.ndarray, new: np.ndarray) -> bool:
@@ -308,16 +310,6 @@ def _value_bytes(value: np.ndarray) -> bytes:
     if value.dtype == object:
         return b"".join(len(item).to_bytes(8, "little") + item for item in value.ravel())
     return np.ascontiguousarray(value).tobytes()
-
-
-def _save_tensors(prefix: str, tensors: Mapping[str, np.ndarray]) -> None:
-    keys = sorted(tensors)
-    tf.raw_ops.SaveV2(
-        prefix=prefix,
-        tensor_names=keys,
-        shape_and_slices=[""] * len(keys),
-        tensors=[tf.constant(tensors[key]) for key in keys],
-    )
 
 
 def _file_digests(export_dir: str) -> dict[str, str]:

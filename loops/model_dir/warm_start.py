@@ -168,13 +168,7 @@ def warm_start(start: WarmStart, items: Mapping[str, Any]) -> dict[str, Any]:
             key = names[name]
             values[key] = plan.rows[table].applied(source.get_tensor(key), values[key])
         merged = os.path.join(scratch, "merged")
-        keys = sorted(values)
-        tf.raw_ops.SaveV2(
-            prefix=merged,
-            tensor_names=keys,
-            shape_and_slices=[""] * len(keys),
-            tensors=[tf.constant(values[key]) for key in keys],
-        )
+        checkpoints.write_tensors(merged, values)
         root.restore(merged).assert_existing_objects_matched()
     return plan.report()
 
