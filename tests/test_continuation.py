@@ -173,6 +173,43 @@ def test_a_continuation_on_two_workers_ends_as_one_run_over_both_days(concatenat
             np.testing.assert_allclose(got[f"dense_{i}"], expected, rtol=1e-6, atol=1e-6)
 
 
+def test_a_continued_run_killed_midway_resumes_on_its_own_stream(concatenated, tmp_path):
+    """A continued run saved 2 steps into day 2 and resumed (its own checkpoint, not the
+    warm start again) reads day 2 on from its third batch (the recovery record's
+    stream_start), ending as one run over both days."""
+    strategy = loops.testing.replica_strategy(1)
+    trained_day1(strategy, tmp_path / "day1").close()
+    users, items, ids = grown_vocabularies()
+
+    def day2():
+        return rating_trainer(
+            strategy,
+            users,
+            items,
+            model_dir=str(tmp_path / "day2"),
+            rows=indexed(DAY2, users, items),
+            warm_start=loops.WarmStart.continuation(str(tmp_path / "day1"), row_ids=ids),
+        )
+
+    first = day2()
+    early = first.train(DAY1_STEPS + 2)["loss"]
+    first.save_checkpoint()
+    first.close()
+    again = day2()
+    assert int(again.global_step.numpy()) == DAY1_STEPS + 2
+    assert int(again.controller.recoveries.stream_start.numpy()) == DAY1_STEPS
+    late = again.train(DAY1_STEPS + DAY2_STEPS)["loss"]
+    rows, dense, losses = concatenated
+    np.testing.assert_allclose(
+        np.concatenate([early, late]), losses[DAY1_STEPS:], rtol=1e-6, atol=1e-6
+    )
+    got = by_raw_id(table_rows(again), users, items)
+    for key, value in got.items():
+        np.testing.assert_allclose(value, rows[key], rtol=1e-6, atol=1e-6, err_msg=str(key))
+    for weight, expected in zip(again.definition.model.weights, dense, strict=True):
+        np.testing.assert_allclose(weight.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
 def test_a_third_day_carries_the_lineage_of_both_runs_before(tmp_path):
     strategy = loops.testing.replica_strategy(1)
     days = []
