@@ -384,7 +384,8 @@ class CTRTraining:
         else:
             data = table.trainer_data(global_batch_size=self.global_batch_size, seed=self.seed)
         trainer = loops.Trainer(definition, **data, **{**arguments, "record": record})
-        if self.streamed and model_dir:
+        # The chief's, in the model_dir its Trainer made: another worker's would race it.
+        if self.streamed and model_dir and trainer.run_context.is_chief:
             from loops_data import ctr_streams
 
             spec, log, fitted = self._checked_log()
