@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import test_continuation as case  # noqa: E402
-from test_warm_start import rating_trainer, table_rows  # noqa: E402
+from test_warm_start import table_rows  # noqa: E402
 
 import loops  # noqa: E402
 from loops import topology  # noqa: E402
@@ -24,15 +24,8 @@ from loops import topology  # noqa: E402
 
 def main(out_dir, day1):
     strategy = loops.make_strategy("multi_worker_mirrored")
-    users, items, ids = case.grown_vocabularies()
-    trainer = rating_trainer(
-        strategy,
-        users,
-        items,
-        model_dir=os.path.join(out_dir, "day2"),
-        rows=case.indexed(case.DAY2, users, items),
-        warm_start=loops.WarmStart.continuation(day1, row_ids=ids),
-    )
+    users, items, _ = case.grown_vocabularies()
+    trainer = case.continued_day2(strategy, os.path.dirname(day1), os.path.join(out_dir, "day2"))
     loss = trainer.train(case.DAY1_STEPS + case.DAY2_STEPS)["loss"]
     rows = case.by_raw_id(table_rows(trainer), users, items)
     np.savez(

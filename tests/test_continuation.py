@@ -85,6 +85,32 @@ def trained_day1(strategy, model_dir):
     return first
 
 
+def continued_day2(strategy, tmp_path, model_dir=None):
+    """Day 2 going on from tmp_path/day1 on `strategy` (model_dir: tmp_path/day2)."""
+    users, items, ids = grown_vocabularies()
+    return rating_trainer(
+        strategy,
+        users,
+        items,
+        model_dir=str(model_dir or os.path.join(tmp_path, "day2")),
+        rows=indexed(DAY2, users, items),
+        warm_start=loops.WarmStart.continuation(os.path.join(tmp_path, "day1"), row_ids=ids),
+    )
+
+
+def check_ends_as_concatenated(rows, weights, loss, concatenated, err_msg=""):
+    """`rows` (by raw id), the dense `weights` and day 2's `loss` are the concatenated run's,
+    to 1e-6."""
+    expected_rows, dense, losses = concatenated
+    for key, value in rows.items():
+        np.testing.assert_allclose(
+            value, expected_rows[key], rtol=1e-6, atol=1e-6, err_msg=f"{err_msg} {key}"
+        )
+    for weight, expected in zip(weights, dense, strict=True):
+        np.testing.assert_allclose(np.asarray(weight), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(loss, losses[DAY1_STEPS:], rtol=1e-6, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def concatenated():
     """One run over both days in order, on one replica, its vocabulary sorted (another order
@@ -106,25 +132,12 @@ def test_a_continued_run_on_the_next_day_ends_as_one_run_over_both_days(
 ):
     strategy = loops.testing.replica_strategy(replicas)
     trained_day1(strategy, tmp_path / "day1")
-    users, items, ids = grown_vocabularies()
-    second = rating_trainer(
-        strategy,
-        users,
-        items,
-        model_dir=str(tmp_path / "day2"),
-        rows=indexed(DAY2, users, items),
-        warm_start=loops.WarmStart.continuation(str(tmp_path / "day1"), row_ids=ids),
-    )
+    second = continued_day2(strategy, tmp_path)
     assert int(second.global_step.numpy()) == DAY1_STEPS
     loss = second.train(DAY1_STEPS + DAY2_STEPS)["loss"]
-    rows, dense, losses = concatenated
-    got = by_raw_id(table_rows(second), users, items)
-    assert sorted(got) == sorted(rows)
-    for key, value in got.items():
-        np.testing.assert_allclose(value, rows[key], rtol=1e-6, atol=1e-6, err_msg=str(key))
-    for weight, expected in zip(second.definition.model.weights, dense, strict=True):
-        np.testing.assert_allclose(weight.numpy(), expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(loss, losses[DAY1_STEPS:], rtol=1e-6, atol=1e-6)
+    got = by_raw_id(table_rows(second), *grown_vocabularies()[:2])
+    assert sorted(got) == sorted(concatenated[0])
+    check_ends_as_concatenated(got, second.definition.model.weights, loss, concatenated)
     report = second.warm_start_report
     assert report["continues"] is True and report["step"] == DAY1_STEPS
     assert report["remapped"]["user_table"] == {
@@ -161,16 +174,11 @@ def test_a_continuation_on_two_workers_ends_as_one_run_over_both_days(concatenat
         timeout=600,
     )
     assert launched.returncode == 0, (launched.stdout + launched.stderr)[-4000:]
-    rows, dense, losses = concatenated
     for worker in ("worker_0", "worker_1"):
         got = np.load(tmp_path / f"{worker}.npz")
-        np.testing.assert_allclose(got["loss"], losses[DAY1_STEPS:], rtol=1e-6, atol=1e-6)
-        for (table, name, raw), value in rows.items():
-            np.testing.assert_allclose(
-                got[f"{table}|{name}|{raw}"], value, rtol=1e-6, atol=1e-6, err_msg=worker
-            )
-        for i, expected in enumerate(dense):
-            np.testing.assert_allclose(got[f"dense_{i}"], expected, rtol=1e-6, atol=1e-6)
+        rows = {key: got["|".join(map(str, key))] for key in concatenated[0]}
+        weights = [got[f"dense_{i}"] for i in range(len(concatenated[1]))]
+        check_ends_as_concatenated(rows, weights, got["loss"], concatenated, err_msg=worker)
 
 
 def test_a_continued_run_killed_midway_resumes_on_its_own_stream(concatenated, tmp_path):
@@ -179,35 +187,18 @@ def test_a_continued_run_killed_midway_resumes_on_its_own_stream(concatenated, t
     stream_start), ending as one run over both days."""
     strategy = loops.testing.replica_strategy(1)
     trained_day1(strategy, tmp_path / "day1").close()
-    users, items, ids = grown_vocabularies()
-
-    def day2():
-        return rating_trainer(
-            strategy,
-            users,
-            items,
-            model_dir=str(tmp_path / "day2"),
-            rows=indexed(DAY2, users, items),
-            warm_start=loops.WarmStart.continuation(str(tmp_path / "day1"), row_ids=ids),
-        )
-
-    first = day2()
+    first = continued_day2(strategy, tmp_path)
     early = first.train(DAY1_STEPS + 2)["loss"]
     first.save_checkpoint()
     first.close()
-    again = day2()
+    again = continued_day2(strategy, tmp_path)
     assert int(again.global_step.numpy()) == DAY1_STEPS + 2
     assert int(again.controller.recoveries.stream_start.numpy()) == DAY1_STEPS
     late = again.train(DAY1_STEPS + DAY2_STEPS)["loss"]
-    rows, dense, losses = concatenated
-    np.testing.assert_allclose(
-        np.concatenate([early, late]), losses[DAY1_STEPS:], rtol=1e-6, atol=1e-6
+    got = by_raw_id(table_rows(again), *grown_vocabularies()[:2])
+    check_ends_as_concatenated(
+        got, again.definition.model.weights, np.concatenate([early, late]), concatenated
     )
-    got = by_raw_id(table_rows(again), users, items)
-    for key, value in got.items():
-        np.testing.assert_allclose(value, rows[key], rtol=1e-6, atol=1e-6, err_msg=str(key))
-    for weight, expected in zip(again.definition.model.weights, dense, strict=True):
-        np.testing.assert_allclose(weight.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_a_third_day_carries_the_lineage_of_both_runs_before(tmp_path):

@@ -1,8 +1,8 @@
 """Delta exports: what changed from one export of a model to a later one (each variable's
-rows that differ, whole where most do; the files that differ), written atomically as one link
-of a chain (`write_delta`), and applied to the export it follows (`apply_deltas`) to give the
-later export's variables and files bit for bit, each link checked by the exports' content
-fingerprints (`fingerprint`)."""
+rows that differ, or the variable whole where that is smaller; the files that differ),
+written atomically as one link of a chain (`write_delta`), and applied to the export it
+follows (`apply_deltas`) to give the later export's variables and files bit for bit, each
+link checked by the exports' content fingerprints (`fingerprint`)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,22 @@ def fingerprint(export_dir: str) -> str:
     """The SHA-256 of an export's content: each variable's key, dtype, shape and values, and
     each other file's path and bytes. Two exports of one fingerprint answer alike; a patched
     export has the fingerprint of the export it stands for."""
+    return _fingerprint_of(*_content(export_dir))
+
+
+def _content(export_dir: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """An export's variables by key and its other files' digests by path, read once for its
+    fingerprint and its delta."""
+    return _variables(export_dir), _file_digests(export_dir)
+
+
+def _fingerprint_of(variables: Mapping[str, np.ndarray], files: Mapping[str, str]) -> str:
+    """`fingerprint` of an export's `_content`."""
     digest = hashlib.sha256()
-    for key, value in sorted(_variables(export_dir).items()):
+    for key, value in sorted(variables.items()):
         digest.update(f"v\0{key}\0{value.dtype.str}\0{value.shape}\0".encode())
         digest.update(_value_bytes(value))
-    for name, file_digest in sorted(_file_digests(export_dir).items()):
+    for name, file_digest in sorted(files.items()):
         digest.update(f"f\0{name}\0{file_digest}\0".encode())
     return digest.hexdigest()
 
@@ -55,7 +66,8 @@ def write_delta(base_export: str, export_dir: str, deltas_dir: str) -> str:
     """
     for directory in (base_export, export_dir):
         _check_export(directory)
-    follows, gives = fingerprint(base_export), fingerprint(export_dir)
+    before, after = _content(base_export), _content(export_dir)
+    follows, gives = _fingerprint_of(*before), _fingerprint_of(*after)
     os.makedirs(deltas_dir, exist_ok=True)
     export_lib.remove_abandoned_staging(deltas_dir, _STAGING)
     earlier = [os.path.join(deltas_dir, name) for name in _deltas_in(deltas_dir)]
@@ -68,7 +80,7 @@ def write_delta(base_export: str, export_dir: str, deltas_dir: str) -> str:
             superseded.append(path)
     staging = tempfile.mkdtemp(dir=deltas_dir, prefix=f"{_STAGING}{os.getpid()}-")
     try:
-        _staged((base_export, follows), (export_dir, gives), staging)
+        _staged((base_export, before, follows), (export_dir, after, gives), staging)
         newest = int(os.path.basename(earlier[-1])) if earlier else 0
         target = os.path.join(deltas_dir, f"{newest + 1:06d}")
         _fsync_tree(staging)
@@ -80,11 +92,10 @@ def write_delta(base_export: str, export_dir: str, deltas_dir: str) -> str:
     return target
 
 
-def _staged(before: tuple[str, str], after: tuple[str, str], staging: str) -> dict[str, Any]:
-    """Writes the delta from `before` to `after` (each an export's directory and its
+def _staged(before: tuple, after: tuple, staging: str) -> dict[str, Any]:
+    """Writes the delta from `before` to `after` (each an export's directory, `_content` and
     fingerprint) into `staging`: its tensors, the changed files and delta.json, last."""
-    (base_dir, follows), (new_dir, gives) = before, after
-    base, new = _variables(base_dir), _variables(new_dir)
+    (base_dir, (base, was), follows), (new_dir, (new, now), gives) = before, after
     entries: dict[str, Any] = {}
     tensors: dict[str, np.ndarray] = {}
     sizes = {"rows": 0, "whole": 0, "files": 0}
@@ -107,7 +118,6 @@ def _staged(before: tuple[str, str], after: tuple[str, str], staging: str) -> di
         entries[key] = entry
     if tensors:
         checkpoints.write_tensors(os.path.join(staging, _TENSORS), tensors)
-    was, now = _file_digests(base_dir), _file_digests(new_dir)
     changed = sorted(name for name, digest in now.items() if was.get(name) != digest)
     for name in changed:
         os.makedirs(os.path.dirname(os.path.join(staging, _FILES, name)), exist_ok=True)
@@ -181,9 +191,10 @@ def apply_deltas(export_dir: str, deltas: Sequence[str], output_dir: str) -> dic
             f"--output={output_dir!r} exists; pass a new directory (the patched export is "
             "written whole, never over another)."
         )
-    chain = _chained(fingerprint(export_dir), export_dir, delta_paths(deltas))
-    variables = _variables(export_dir)
-    files = {name: os.path.join(export_dir, name) for name in _file_digests(export_dir)}
+    variables, digests = _content(export_dir)
+    start = _fingerprint_of(variables, digests)
+    chain = _chained(start, export_dir, delta_paths(deltas))
+    files = {name: os.path.join(export_dir, name) for name in digests}
     for path, manifest in chain:
         _patch(variables, files, path, manifest)
     parent = os.path.dirname(os.path.abspath(output_dir))
@@ -195,7 +206,7 @@ def apply_deltas(export_dir: str, deltas: Sequence[str], output_dir: str) -> dic
             shutil.copyfile(source, os.path.join(staging, name))
         checkpoints.write_tensors(os.path.join(staging, _VARIABLES), variables)
         got = fingerprint(staging)
-        want = chain[-1][1]["gives"] if chain else fingerprint(export_dir)
+        want = chain[-1][1]["gives"] if chain else start
         if got != want:  # a damaged delta: never left in place as if it were the export
             raise ValueError(
                 f"{export_dir} patched by {chain[-1][0]} has the fingerprint {got}, and the "
