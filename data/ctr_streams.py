@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -190,33 +191,45 @@ def fitted_log(
     split: tuple[float, float],
     model_dir: str | None,
     flags: str,
+    grown_from: feature_tables.FittedFeatures | None = None,
 ) -> feature_tables.FittedFeatures:
     """The statistics of the log's training rows: those a run in `model_dir` fitted on the
     same log, spec and split (`FITTED_FILE`: a resume reads them, never recomputes them),
-    else one pass that checks every field the training rows hold (before TensorFlow starts).
+    else one pass that checks every field the training rows hold (before TensorFlow starts);
+    with `grown_from` (the statistics of the run a continuation goes on from), those grown
+    by them (`loops.input.feature_growth.grown`).
 
     Raises:
         ValueError: a field its column does not take, naming the shard, the row, the value and
             the fix, and `flags`.
     """
+    from loops.input.feature_growth import grown
     from loops.input.streaming_fit import Split, fit_log
 
-    basis = _basis(spec, log, split)
+    basis = _basis(spec, log, split, grown_from)
     saved = _saved_fit(model_dir, basis)
     if saved is not None:
         return saved
     try:
-        return fit_log(spec, log, Split(*split).bands()["train"])
+        fitted = fit_log(spec, log, Split(*split).bands()["train"])
     except ValueError as error:
         raise ValueError(f"{error} ({flags})") from None
+    return fitted if grown_from is None else grown(grown_from, fitted)
 
 
 def _basis(
-    spec: feature_tables.FeatureSpec, log: sharded_logs.ShardedLog, split: tuple[float, float]
+    spec: feature_tables.FeatureSpec,
+    log: sharded_logs.ShardedLog,
+    split: tuple[float, float],
+    grown_from: feature_tables.FittedFeatures | None,
 ) -> dict[str, Any]:
-    """What a pass's statistics were fitted on: the log's identity, the spec and the split."""
+    """What a pass's statistics were fitted on: the log's identity, the spec, the split and
+    the statistics they grew from (a hash of their JSON), if any."""
     as_json = json.loads(feature_tables.FittedFeatures(spec, {}, {}).to_json())["spec"]
-    return {"log": dict(log_record(log)), "spec": as_json, "split": split}
+    basis = {"log": dict(log_record(log)), "spec": as_json, "split": split}
+    if grown_from is not None:
+        basis["grown_from"] = hashlib.sha256(grown_from.to_json().encode()).hexdigest()
+    return basis
 
 
 def _saved_fit(model_dir: str | None, basis: dict) -> feature_tables.FittedFeatures | None:
@@ -239,11 +252,12 @@ def save_fit(
     log: sharded_logs.ShardedLog,
     fitted: feature_tables.FittedFeatures,
     split: tuple[float, float],
+    grown_from: feature_tables.FittedFeatures | None = None,
 ) -> None:
     """Writes `FITTED_FILE` in `model_dir` (atomically) for a resume to read."""
     from loops.core import reporting
 
-    basis = _basis(spec, log, split)
+    basis = _basis(spec, log, split, grown_from)
     reporting.write_json_atomic(
         os.path.join(model_dir, FITTED_FILE), {"basis": basis, "fitted": fitted.to_json()}
     )

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from loops.input import feature_tables
+from loops.input import feature_growth, feature_tables
 from loops.vocabulary.host_memory import in_units, memory_bytes
 
 # The generated log's shape when --data is not given: small enough that the default run
@@ -222,13 +222,18 @@ def from_table(
     seed: int,
     test_fraction: float,
     validation_fraction: float,
+    grown_from: feature_tables.FittedFeatures | None = None,
 ) -> SplitTable:
-    """`table` split, its vocabularies and scales fitted to the training rows alone."""
+    """`table` split, its vocabularies and scales fitted to the training rows alone; with
+    `grown_from` (the statistics of the run a continuation goes on from), those grown by
+    them (`loops.input.feature_growth.grown`)."""
     rows = len(table.columns[spec.label])
     train, validation, test = split_indices(
         rows, test_fraction=test_fraction, validation_fraction=validation_fraction, seed=seed
     )
     fitted = feature_tables.fit(spec, _table_rows(table, train))
+    if grown_from is not None:
+        fitted = feature_growth.grown(grown_from, fitted)
     columns, labels = fitted.arrays(table)
     everything = Rows(feature_tables.model_arrays(fitted, columns), labels)
     return SplitTable(

@@ -52,6 +52,10 @@ class CTRTraining:
             that training holds (the weights and their optimizer's slots), for the check of
             the model's size against memory.
         clip_norm: the loop's gradient clipping; None for its default.
+        warm_start: `loops.bin.training_settings.WARM_START`'s values (continue_from: the
+            model_dir of a run of this model to go on from on new rows, its statistics grown
+            by them (`loops.input.feature_growth`); warm_start_from: another run's model_dir,
+            warm_start_variables its variables to take; each None or absent for neither).
         checked: where `check` keeps what it read (the spec and the table of a file, and the
             identity), for a CTRTraining of the same run built later (once TensorFlow has
             started) to read again; None: its own.
@@ -70,6 +74,7 @@ class CTRTraining:
         optimizers: Optimizers,
         weight_copies: tuple[int, int] = (1, 1),
         clip_norm: float | None = None,
+        warm_start: Mapping[str, Any] | None = None,
         checked: dict[str, Any] | None = None,
     ):
         self.data, self.model = dict(data), dict(model)
@@ -86,6 +91,7 @@ class CTRTraining:
         self.optimizers, self.weight_copies = optimizers, weight_copies
         self.loop_options = {} if clip_norm is None else {"clip_norm": clip_norm}
         self.checked = {} if checked is None else checked
+        self.warm_start_values = dict(warm_start or {})
         self._table: SplitTable | StreamedTable | None = None
 
     @property
@@ -123,6 +129,7 @@ class CTRTraining:
         Raises:
             ValueError: naming the value and the fix.
         """
+        from loops.input import feature_growth
         from loops.model_dir import run_config
         from loops_data import ctr_tables
 
@@ -134,7 +141,12 @@ class CTRTraining:
             spec, _, fitted = self._checked_log()
         elif self.data["data"] is not None:
             spec, table, fitted = ctr_tables.checked_fit(self.data["data"], self.data["spec"])
-            self.checked.update(table=table)
+            self.checked.update(table=table, spec=spec)
+            grown_from = self.grown_from()
+            if grown_from is not None:  # the model's tables: the whole table's values grown
+                fitted = feature_growth.grown(grown_from, fitted)
+        else:
+            self.grown_from()  # a generated log's continuation: from one of the generated log
         if fitted is not None:
             if self.model["model"] == "dlrm" and not any(c.kind == "numeric" for c in spec.columns):
                 raise ValueError(
@@ -174,8 +186,43 @@ class CTRTraining:
                 split=self._split_fractions(),
                 model_dir=self.checked.get("model_dir"),
                 flags=f"--data={self.data['data']}, --spec={self.data['spec']}",
+                grown_from=self.grown_from(),
             )
         return spec, log, self.checked["fitted"]
+
+    def grown_from(self) -> FittedFeatures | None:
+        """With --continue_from, the statistics of the run it names, which this run's grow by
+        its training rows' (`loops.input.feature_growth.grown`), checked once to hold this
+        run's spec; None without it (or from the generated log onto it).
+
+        Raises:
+            ValueError: that run's statistics missing or of another spec or kind of data
+                (`loops_data.ctr_starts.continued_features`), naming both and the fix.
+        """
+        if "grown_from" not in self.checked:
+            from loops.input import feature_growth
+            from loops_data import ctr_starts
+
+            grown_from = ctr_starts.continued_features(
+                self.warm_start_values, self.data["data"] is not None
+            )
+            if grown_from is not None:
+                spec = self._opened_log()[0] if self.streamed else self._spec()
+                source = self.warm_start_values["continue_from"]
+                try:
+                    feature_growth.check_same_spec(grown_from, spec, repr(source))
+                except ValueError as error:
+                    raise ValueError(f"{error} (--spec={self.data['spec']})") from None
+            self.checked["grown_from"] = grown_from
+        return self.checked["grown_from"]
+
+    def _spec(self) -> FeatureSpec:
+        """A feature table's spec, as `check` read it, else read now."""
+        if "spec" not in self.checked:
+            from loops.input.feature_tables import FeatureSpec
+
+            self.checked["spec"] = FeatureSpec.read(self.data["spec"])
+        return self.checked["spec"]
 
     def _split_fractions(self) -> tuple[float, float]:
         return self.data["test_fraction"], self.data["validation_fraction"]
@@ -272,7 +319,8 @@ class CTRTraining:
                     read = ctr_tables.checked_table(self.data["data"], self.data["spec"])
                     self.checked.update(zip(("spec", "table"), read))
                 spec, table = self.checked["spec"], self.checked["table"]
-                self._table = ctr_tables.from_table(spec, table, **split)
+                grown_from = self.grown_from()
+                self._table = ctr_tables.from_table(spec, table, **split, grown_from=grown_from)
         return self._table
 
     def outputs(self, keep_best_metric: str | None) -> dict[str, Any]:
@@ -338,6 +386,16 @@ class CTRTraining:
         described = ctr.CTRFeatures(**table.features)
         model = dict(self.model)
         name = model.pop("model")
+        notes = table.notes()
+        grown_from = self.grown_from()
+        if grown_from is not None and table.fitted is not None:
+            from loops.input import feature_growth
+
+            notes["features"] = {
+                "grown_from": self.warm_start_values["continue_from"],
+                "rule": feature_growth.RULE,
+                "vocabularies": feature_growth.growth(grown_from, table.fitted),
+            }
         return loops.CTRLoop(
             model_fn=lambda: ctr.build_model(
                 name, described, **model, seed=self.seed, table_optimizer_fn=tables[1]
@@ -346,7 +404,7 @@ class CTRTraining:
             table_optimizer_fn=tables[0],
             auc_examples=max(evaluated, 1),
             eval_batch_size=self.global_batch_size,
-            data_notes=table.notes(),
+            data_notes=notes,
             **self.loop_options,
         )
 
@@ -356,7 +414,10 @@ class CTRTraining:
         Trainer is built (`loops.model_dir.run_config.refuse_other_training_data`, against
         the newest checkpoint's record, else config.json); then the rows split, the
         optimizers made and the definition built; `arguments` (the Trainer's keywords, e.g.
-        `loops.cli.flags.binary_arguments`') with the identity added to their record.
+        `loops.cli.flags.binary_arguments`') with the identity added to their record, a
+        --continue_from or --warm_start_from applied (`warm_start`), and a table's or log's
+        statistics written into the model_dir as training starts
+        (`loops_data.ctr_starts.FEATURES_FILE`, which a continuation of this run grows).
 
         Raises:
             ValueError: the refusal, as `split`, or the optimizers.
@@ -383,11 +444,40 @@ class CTRTraining:
             )
         else:
             data = table.trainer_data(global_batch_size=self.global_batch_size, seed=self.seed)
-        trainer = loops.Trainer(definition, **data, **{**arguments, "record": record})
+        actions = list(arguments.get("actions", ()))
+        if table.fitted is not None:
+            from loops.run.actions import WriteRunFile
+            from loops_data.ctr_starts import FEATURES_FILE
+
+            # The statistics the checkpoints are trained on: what a continuation grows.
+            actions.append(WriteRunFile(FEATURES_FILE, table.fitted.to_json))
+        trainer = loops.Trainer(
+            definition,
+            **data,
+            **{**arguments, "record": record, "actions": actions},
+            warm_start=self.warm_start(),
+        )
         # The chief's, in the model_dir its Trainer made: another worker's would race it.
         if self.streamed and model_dir and trainer.run_context.is_chief:
             from loops_data import ctr_streams
 
             spec, log, fitted = self._checked_log()
-            ctr_streams.save_fit(model_dir, spec, log, fitted, self._split_fractions())
+            ctr_streams.save_fit(
+                model_dir, spec, log, fitted, self._split_fractions(), self.grown_from()
+            )
         return trainer
+
+    def warm_start(self) -> Any:
+        """The `loops.WarmStart` of --continue_from or --warm_start_from, each vocabulary
+        column's tables remapped by value from that run's statistics to this run's
+        (`loops_data.ctr_starts.warm_start`); None without either.
+
+        Raises:
+            ValueError: as `loops_data.ctr_starts.source_features`.
+        """
+        from loops_data import ctr_starts
+        from loops_models import ctr
+
+        table = self.split()
+        layers = ctr.table_layers(self.model["model"], ctr.CTRFeatures(**table.features))
+        return ctr_starts.warm_start(self.warm_start_values, table.fitted, layers)

@@ -88,6 +88,13 @@ def optimizer_slot(optimizer: Any, slots: str, variable: Any) -> Any:
     return getattr(optimizer, slots)[index]
 
 
+def slot_name_start(variable: Any) -> str:
+    """How the name of each slot a Keras optimizer makes for `variable` starts: its path with
+    "/" as "_", then "_" (`add_variable_from_reference`, e.g. "city_embedding_embeddings_"
+    for Adam's "city_embedding_embeddings_momentum"); None-safe for a variable of no path."""
+    return str(getattr(variable, "path", "")).replace("/", "_") + "_"
+
+
 def nested_layers(model: Any, *, include_self: bool) -> list[Any]:
     """Every layer of `model`, those of nested models and layers included (and `model` itself
     with `include_self`); Keras 3's `Model.layers` lists the top level alone."""

@@ -233,6 +233,17 @@ def dynamic_tables_of(model: keras.Model, features: CTRFeatures) -> dict[str, An
     return found
 
 
+def table_layers(name: str, features: CTRFeatures) -> dict[str, list[str]]:
+    """The layers of model `name` that hold each categorical or multi-hot column's rows, by
+    column (`embedded`'s names: wide & deep's wide tables too), as `loops.WarmStart`'s row_ids
+    name them."""
+    prefixes = ("", "wide_") if name == "wide_and_deep" else ("",)
+    return {
+        column: [f"{prefix}{column}_embedding" for prefix in prefixes]
+        for column in features.id_columns
+    }
+
+
 def numeric_block(features: CTRFeatures, columns: Mapping[str, Any]) -> Any | None:
     """The numeric columns side by side, float32 [batch, columns]; None without any."""
     if not features.numeric:

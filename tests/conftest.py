@@ -287,6 +287,7 @@ SLOW_TESTS = (
     "test_dynamic_recommender.py::test_with_room_for_every_id_dynamic_tables_equal_static_tables_started_by_id",
     # Issue 68's binaries: two or three runs of loops-recommender each (2026-12-03).
     "test_warm_start.py::test_loops_recommender_*",
+    "test_ctr_continuation.py::test_loops_ctr_continues_day_by_day_onto_a_log_of_shards_with_delta_exports",
     "test_continuation.py::test_loops_recommender_continues_a_run_on_the_next_days_log",
     "test_continuation.py::test_a_continuation_on_two_workers_ends_as_one_run_over_both_days",
     "test_dynamic_tables.py::test_a_checkpoint_at_an_evicting_step_resumes_the_same_map_on_another_layout",

@@ -83,3 +83,24 @@ def test_adagrads_accumulators_are_the_slot_the_row_update_writes():
     optimizer.apply([keras.ops.convert_to_tensor([3.0, 4.0])], [variable])
     # Keras' own update grew it by the squared gradient: the very variable it keeps.
     assert accumulator.numpy().tolist() == [0.5 + 9.0, 0.5 + 16.0]
+
+
+def test_each_slot_an_optimizer_makes_for_a_variable_is_named_from_its_path():
+    """A warm start finds a keras Embedding's Adam moments, which the optimizer holds, by the
+    start of their names (`slot_name_start`); Adagrad's accumulator and SGD's momentum too."""
+    layer = keras.layers.Embedding(5, 3, name="city_embedding")
+    layer.build((None,))
+    other = keras.layers.Embedding(5, 3, name="city_embedding_2")
+    other.build((None,))
+    variables = [layer.embeddings, other.embeddings]
+    start = keras_private.slot_name_start(layer.embeddings)
+    assert start == "city_embedding_embeddings_"
+    for optimizer, count in (
+        (keras.optimizers.Adam(), 2),
+        (keras.optimizers.Adagrad(), 1),
+        (keras.optimizers.SGD(momentum=0.9), 1),
+    ):
+        optimizer.build(variables)
+        mine = [v for v in optimizer.variables if v.name.startswith(start)]
+        assert len(mine) == count, [v.name for v in optimizer.variables]
+        assert all(tuple(v.shape) == (5, 3) for v in mine)

@@ -121,6 +121,7 @@ CTR = BinaryFlags(
         model_settings.CTR,
         training_settings.OPTIMIZER,
         training_settings.TABLE_OPTIMIZER,
+        training_settings.WARM_START,
     ),
     export="the trained click-through model (serving_default: a table's raw columns, or a "
     "generated log's prepared columns, -> logits and probabilities; serve_prepared: a "

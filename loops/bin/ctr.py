@@ -27,6 +27,7 @@ def _training() -> ctr_training.CTRTraining:
         global_batch_size=FLAGS.global_batch_size,
         optimizers=training_settings.flag_optimizers(),
         weight_copies=(copies, training_settings.weight_copies(optimizer)),
+        warm_start=loop_flags.setting_values(training_settings.WARM_START),
         checked=_checked,
         **loop_flags.clip_norm_argument(),
     )
@@ -34,19 +35,34 @@ def _training() -> ctr_training.CTRTraining:
 
 def _prepare() -> None:
     """Refuses, before TensorFlow starts, --placed_tables without a table optimizer of their
-    own and what `CTRTraining.check` refuses; fills in `CTRTraining.filled_in`."""
+    own, a --warm_start_from or --continue_from that cannot be one (`check_warm_start`),
+    --export_deltas without the export it follows (`delta_base`) and what
+    `CTRTraining.check` refuses; fills in `CTRTraining.filled_in`."""
     training_settings.check_placed_tables(
         loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
     )
+    starts = loop_flags.setting_values(training_settings.WARM_START)
+    training_settings.check_warm_start(starts, FLAGS.model_dir)
+    training_settings.delta_base(starts)
     training = _training()
     loop_flags.set_values(training.filled_in(FLAGS.keep_best_metric))
     training.check(FLAGS.model_dir)
 
 
 def build_trainer():
-    """The CTRLoop the flags describe; ValueError for a bad combination."""
+    """The CTRLoop the flags describe; ValueError for a bad combination (`check_steps_past`
+    a continued run's step)."""
     training = _training()
-    arguments = loop_flags.binary_arguments("ctr", **training.outputs(FLAGS.keep_best_metric))
+    start = training.warm_start()
+    if start is not None and start.continues:
+        training_settings.check_steps_past(start, FLAGS.train_steps)
+    arguments = loop_flags.binary_arguments(
+        "ctr",
+        **training.outputs(FLAGS.keep_best_metric),
+        deltas_from=training_settings.delta_base(
+            loop_flags.setting_values(training_settings.WARM_START)
+        ),
+    )
     return training.trainer(arguments, model_dir=FLAGS.model_dir)
 
 

@@ -177,10 +177,11 @@ WARM_START: tuple[Setting, ...] = (
         "Go on from another run of this model on a new log (the next day's): its newest "
         "checkpoint's every variable taken (weights, optimizer and row-rule slots, the step "
         "counter: --train_steps is the step to reach, past that run's), the ids growing by "
-        "the new log's (ids.json: that run's ids first, each keeping its row, then the new "
-        "ones), the learning rate this run's flags'. results.json's warm_start keeps the "
-        "lineage of runs. Applied once: a resume goes on from its own checkpoints. Empty: "
-        "the initial values.",
+        "the new log's (a recommender's ids.json, a click model's vocabularies in "
+        "features.json: that run's first, each keeping its row, then the new ones; a click "
+        "model's scales kept), the learning rate this run's flags'. results.json's "
+        "warm_start keeps the lineage of runs. Applied once: a resume goes on from its own "
+        "checkpoints. Empty: the initial values.",
         "string",
         default=None,
         path=True,

@@ -155,12 +155,12 @@ def warm_start(start: WarmStart, items: Mapping[str, Any]) -> dict[str, Any]:
     prefix = start.prefix()
     source = _reader(prefix)
     root = tf.train.Checkpoint(**items)
-    names, tables = _variable_names(root, items, start.row_ids)
+    names, tables, slots = _variable_names(root, items, start.row_ids)
     with tempfile.TemporaryDirectory(prefix="loops-warm-start-") as scratch:
         # The model's own values, under the keys its checkpoints use.
         # `save`, not `write`: a restore expects the save counter that `save` adds.
         target = tf.train.load_checkpoint(root.save(os.path.join(scratch, "built")))
-        plan = _Plan(start, prefix, (source, target), names, tables)
+        plan = _Plan(start, prefix, (source, target), names, (tables, slots))
         values = {key: target.get_tensor(key) for key in target.get_variable_to_shape_map()}
         for name in plan.taken:
             values[names[name]] = source.get_tensor(names[name])
@@ -220,10 +220,12 @@ class _Plan:
         prefix: str,
         readers: tuple[Any, Any],
         names: Mapping[str, str],
-        tables: Mapping[str, str],
+        places: tuple[Mapping[str, str], Mapping[str, str]],
     ):
         """`readers`: of the checkpoint and of the model's own values; `names`: variable name
-        -> checkpoint key; `tables`: `row_ids` table -> its path."""
+        -> checkpoint key; `places`: (`row_ids` table -> its path, the name of a Keras
+        optimizer's slot of a table's variable -> the table)."""
+        tables, self.slots = places
         self.prefix, self.patterns = prefix, start.variables
         source, target = readers
         saved_shapes, built_shapes = (
@@ -296,7 +298,9 @@ class _Plan:
         Raises:
             ValueError: its shapes differ otherwise, naming both and the fix.
         """
-        table = next((t for t, path in tables.items() if name.startswith(path + "/")), None)
+        table = self.slots.get(name) or next(
+            (t for t, path in tables.items() if name.startswith(path + "/")), None
+        )
         if table is not None and self.rows[table].fits(saved, built):
             self.remapped[name] = table
             return
@@ -344,8 +348,9 @@ def _named(names: Mapping[str, str], by_key: Mapping[str, Any]) -> dict[str, Any
 
 def _variable_names(
     root: tf.train.Checkpoint, items: Mapping[str, Any], row_ids: Mapping[str, Any]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """(variable name -> its checkpoint key, `row_ids` table name -> its path).
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(variable name -> its checkpoint key, `row_ids` table name -> its path, a Keras
+    optimizer slot's name -> the table of its variable: `_slot_tables`).
 
     A checkpoint keys an object by the first path to it in one breadth-first walk from the
     root over every item at once (so a model's dense kernel is keyed by the optimizer's
@@ -381,7 +386,34 @@ def _variable_names(
                 "this model once."
             )
         tables[table] = where[0]
-    return names, tables
+    return names, tables, _slot_tables(paths, tables)
+
+
+def _slot_tables(
+    paths: Mapping[int, tuple[tuple[str, ...], Any]], tables: Mapping[str, str]
+) -> dict[str, str]:
+    """Each Keras optimizer slot of a `tables` table's variable, by its name: the slot's
+    path -> the table, as if it were under the table (a keras Embedding trained by the
+    model's optimizer keeps its slots in the optimizer, a row a row all the same)."""
+    owners = {}  # the name start of a table variable's slots -> (its shape, its table)
+    for path, found in paths.values():
+        joined = "/".join(path)
+        for table, where in tables.items():
+            if joined.startswith(where + "/") and _is_variable(found):
+                owners[keras_private.slot_name_start(found)] = (tuple(found.shape), table)
+    slots = {}
+    for path, found in paths.values():
+        name = getattr(found, "name", None)
+        if not (_is_variable(found) and isinstance(name, str)):
+            continue
+        for start, (shape, table) in owners.items():
+            if name.startswith(start) and tuple(found.shape) == shape:
+                slots["/".join(path)] = table
+    return slots
+
+
+def _is_variable(found: Any) -> bool:
+    return isinstance(found, (tf.Variable, keras.Variable))
 
 
 def _holds_rows(found: Any) -> bool:
