@@ -148,9 +148,12 @@ def test_a_continued_run_on_the_next_day_ends_as_one_run_over_both_days(
         "dropped": 0,
     }
     # A Python run records no log identity (a binary's config.json does).
+    # No eval data: no temporal evaluation (tests/test_ctr_continuation.py has one).
     assert report["lineage"] == [
-        {"checkpoint": report["checkpoint"], "step": DAY1_STEPS, "log": None}
-    ]
+        {"checkpoint": report["checkpoint"], "step": DAY1_STEPS, "log": None,
+         "evaluated_at_start": {}}
+    ]  # fmt: skip
+    assert report["evaluated_at_start"] == {} and report["temporal"] == []
     # Only the learning rates are this run's own: the step, both optimizers' counts and
     # slots, the dense weights and every table came from day 1.
     assert report["left"] and all(name.endswith("_learning_rate") for name in report["left"])

@@ -141,6 +141,10 @@ def test_a_continuation_grows_the_vocabularies_and_keeps_each_old_values_rows_an
     city = report["remapped"]["city_embedding"]
     assert (city["rows"], city["kept"], city["new"], city["dropped"]) == (7, 5, 2, 0)
     assert len(city["variables"]) == 3  # the rows and Adam's two moments
+    # The temporal evaluation: day 1's model, as day 2 starts, on day 2's evaluated rows.
+    start = report["evaluated_at_start"]
+    assert start.pop("step") == 5 and start == trained.evaluate()
+    assert report["temporal"] == [report["evaluated_at_start"]]
     notes = trained.definition.data_notes["features"]
     assert notes["vocabularies"]["city"] == {"was": 4, "now": 6, "added": 2}
     trained.close()
@@ -303,6 +307,15 @@ def test_loops_ctr_continues_day_by_day_onto_a_log_of_shards_with_delta_exports(
     lineage = results[3]["warm_start"]["lineage"]
     assert [entry["step"] for entry in lineage] == [10, 20]
     assert [entry["log"]["files"]["data"]["path"] for entry in lineage] == [data[1], data[2]]
+    # The temporal evaluation of each day after the first: the model of the days before.
+    temporal = results[3]["warm_start"]["temporal"]
+    assert [entry["step"] for entry in temporal] == [10, 20]
+    assert (
+        temporal[0]
+        == results[2]["warm_start"]["evaluated_at_start"]
+        == lineage[1]["evaluated_at_start"]
+    )
+    assert all(0 < entry["auc"] < 1 and entry["examples"] > 0 for entry in temporal)
     assert results[3]["data"]["source"].endswith("parquet, 2 shards, 200 rows (streamed)")
 
     applied = run_module(

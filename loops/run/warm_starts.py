@@ -5,9 +5,12 @@ continuation's report carries the lineage of the runs it goes on from."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from loops.core import own_files
 from loops.model_dir import run_config
@@ -44,6 +47,7 @@ def start_run(
             # The new log's first batch is the next step's.
             controller.recoveries.stream_start.assign(report["step"] or 0)
             report["lineage"] = _lineage_of(report["checkpoint"], report["step"])
+            _evaluate_at_start(controller, report)
         taken = len(report["taken"]) + sum(
             len(table["variables"]) for table in report["remapped"].values()
         )
@@ -61,6 +65,31 @@ def start_run(
     return report
 
 
+def _evaluate_at_start(controller: Controller, report: dict[str, Any]) -> None:
+    """Adds to a continuation's `report` the temporal evaluation: the model it goes on from,
+    as it starts, evaluated on this run's eval data (trained on the logs before, evaluated
+    on the next: `evaluated_at_start`, {} without eval data), and `temporal`, that figure of
+    each continuation of the lineage, oldest first (every process evaluates alike)."""
+    run = controller.run_context
+    with run.averaged_weights():
+        metrics = controller.definition.run_evaluation(run)
+    figures = {
+        name: float(value) if math.isfinite(float(value)) else None
+        for name, value in metrics.items()
+        if np.ndim(value) == 0
+    }
+    report["evaluated_at_start"] = {"step": report["step"], **figures} if figures else {}
+    if figures:
+        controller.report.progress.line(
+            f"the model continued from, on this run's eval data (step {report['step']}): "
+            + ", ".join(
+                f"{name} {value:.4g}" for name, value in figures.items() if value is not None
+            )
+        )
+    earlier = [entry.get("evaluated_at_start") for entry in report["lineage"]]
+    report["temporal"] = [entry for entry in (*earlier, report["evaluated_at_start"]) if entry]
+
+
 def _lineage_of(prefix: str, step: int | None) -> list[dict[str, Any]]:
     """The runs a continuation from checkpoint `prefix` (at `step`) goes on from, oldest
     first: the lineage that run's warm_start.json keeps (beside its checkpoints/, or beside
@@ -70,10 +99,18 @@ def _lineage_of(prefix: str, step: int | None) -> list[dict[str, Any]]:
     if os.path.basename(directory) == "checkpoints":
         directory = os.path.dirname(directory)
     kept = own_files.read_own_file(os.path.join(directory, REPORT_FILE), _REPORT_LIMIT)
-    try:
-        lineage = json.loads(kept).get("lineage") if kept else None
-    except (ValueError, AttributeError):
-        lineage = None  # a damaged report says nothing of the runs before
+    lineage = _kept_report(kept).get("lineage")  # a damaged report: nothing of the runs before
     config = run_config.read_if_intact(directory) or {}
     run = {"checkpoint": prefix, "step": step, "log": config.get(run_config.RESUME_IDENTITY)}
+    # That run's own temporal evaluation, when it continued one before it.
+    run["evaluated_at_start"] = _kept_report(kept).get("evaluated_at_start") or {}
     return [*(lineage if isinstance(lineage, list) else []), run]
+
+
+def _kept_report(kept: bytes) -> dict[str, Any]:
+    """A kept warm_start.json, read; {} where there is none or it is damaged."""
+    try:
+        report = json.loads(kept) if kept else {}
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
