@@ -287,7 +287,10 @@ def test_loops_ctr_continues_day_by_day_onto_a_log_of_shards_with_delta_exports(
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     assert "pass --train_steps=20 to train 10 steps more" in refused.stderr
     assert not (run[2] / "checkpoints").exists()
-    second = ctr(2, 20, f"--continue_from={run[1]}", "--export_deltas")
+    # Day 2 keeps its best validation AUC: a link at each evaluation that keeps one, then
+    # the export's (tests/test_delta_chain.py has the chain's own cases).
+    validated = ("--validation_fraction=0.25", "--eval_every=5")
+    second = ctr(2, 20, f"--continue_from={run[1]}", "--export_deltas", *validated)
     assert second.returncode == 0, second.stderr[-3000:]
     third = ctr(3, 30, f"--continue_from={run[2]}")
     assert third.returncode == 0, third.stderr[-3000:]
@@ -318,6 +321,14 @@ def test_loops_ctr_continues_day_by_day_onto_a_log_of_shards_with_delta_exports(
     assert all(0 < entry["auc"] < 1 and entry["examples"] > 0 for entry in temporal)
     assert results[3]["data"]["source"].endswith("parquet, 2 shards, 200 rows (streamed)")
 
+    from loops.model_dir import export_deltas
+
+    links = [export_deltas.read_delta(p) for p in export_deltas.delta_paths([run[2] / "deltas"])]
+    kept = second.stdout.count("(a best kept)")
+    assert kept >= 1 and len(links) == kept + 1, second.stdout[-2000:]
+    assert links[0]["follows"] == export_deltas.fingerprint(str(run[1] / "export"))
+    assert [link["follows"] for link in links[1:]] == [link["gives"] for link in links[:-1]]
+    assert links[-1]["gives"] == export_deltas.fingerprint(str(run[2] / "export"))
     applied = run_module(
         "loops.cli.apply_deltas",
         f"--export={run[1] / 'export'}",

@@ -189,10 +189,11 @@ WARM_START: tuple[Setting, ...] = (
     Setting(
         "export_deltas",
         "training",
-        "With --continue_from: after this run's export, write MODEL_DIR/deltas/NNNNNN, what "
-        "changed from the export of the run continued from (its --export_dir, else its "
+        "With --continue_from: after each evaluation that keeps a best and after this run's "
+        "export, write MODEL_DIR/deltas/NNNNNN, what changed from the export before it (the "
+        "first: the export of the run continued from, its --export_dir, else its "
         "MODEL_DIR/export): each table's rows that differ, the dense weights, the files that "
-        "differ. loops-apply-deltas patches that export into this one bit for bit "
+        "differ. loops-apply-deltas patches that export into this run's bit for bit "
         "(docs/recommenders.md, 'Delta exports'). Without --continue_from the export is a "
         "chain's first and no delta is written.",
         "bool",

@@ -538,8 +538,10 @@ def binary_arguments(
         check_batch: refuse a --global_batch_size smaller than the replica count
             (`check_batch_fits_replicas`).
         actions: the binary's own actions when it trains (none in the other modes).
-        deltas_from: an earlier export of the model: after the export, what changed from it
-            is written into MODEL_DIR/deltas (`loops.model_dir.export_deltas.write_delta`).
+        deltas_from: an earlier export of the model, the first link's base of the run's
+            delta chain (`loops.model_dir.delta_chain`): after each evaluation that keeps a
+            best (`loops.run.delta_exports.DeltasOnBest`) and after the export, what changed
+            from the chain's last export is written into MODEL_DIR/deltas.
 
     Raises:
         ValueError: the batch does not fit the replicas.
@@ -554,17 +556,22 @@ def binary_arguments(
 
         export_dir = resolve_export_dir(model_dir)
 
+        chain = None
+        if deltas_from is not None:
+            from loops.model_dir.delta_chain import DeltaChain
+            from loops.run.delta_exports import DeltasOnBest
+
+            chain = DeltaChain(model_dir, deltas_from)
+            actions.append(DeltasOnBest(export, chain))
+
         def export_marked(definition) -> str:
             # The marker says this model_dir wrote it: a later run may replace it unasked.
             with run_outputs.exports_of(model_dir):
                 path = export(definition, export_dir)
-            if deltas_from is not None:
-                from loops.model_dir import export_deltas
-
-                delta = export_deltas.write_delta(
-                    deltas_from, path, os.path.join(model_dir, "deltas")
-                )
-                print(f"delta export from {deltas_from}: {delta}", flush=True)
+            if chain is not None:
+                base = chain.tip()
+                delta = chain.extend(path)
+                print(f"delta export from {base}: {delta or 'none (nothing changed)'}", flush=True)
             return path
 
         actions.append(

@@ -55,7 +55,7 @@ class RestoreBestOnEnd(Action):
         every_worker = bool(embedding_tables.split_over_workers(items))
         if not (run.is_chief or every_worker) or run.model_dir is None:
             return
-        best = _best_record(self.directory or os.path.join(run.model_dir, "best"))
+        best = best_record(self.directory or os.path.join(run.model_dir, "best"))
         step = run.state.step
         if best is not None and int(best["step"]) != step:
             restore_trained_state(run, best["checkpoint"])
@@ -88,7 +88,7 @@ class RestoreBestOnEnd(Action):
         reporting.write_json_atomic(path, results)
 
 
-def _best_record(directory: str) -> dict[str, Any] | None:
+def best_record(directory: str) -> dict[str, Any] | None:
     """best.json of `directory`, or None where no evaluation improved (none written)."""
     path = os.path.join(directory, BEST_FILE)
     if not os.path.exists(path):
