@@ -6,6 +6,15 @@ chain (`--export_deltas`) against full exports, in one run.
 
     python -m benchmarks.day_by_day            # 10 days of 20,000 clicks (about 15 minutes)
     python -m benchmarks.day_by_day --quick    # 10 days of 4,000 clicks (about 7 minutes)
+    python -m benchmarks.day_by_day --kind=ctr # the same log, loops-ctr over its columns
+
+With --kind=ctr every run is `loops-ctr --model=wide_and_deep --placed_tables
+--table_optimizer=adagrad` over the log's user and item as categorical columns (a spec of
+their own beside the logs): its vocabularies grow day by day (`--continue_from`), an id the
+model has not seen reads row 0, and the next day is scored through the export's
+serving_default (the raw columns); the temporal evaluation each continued run records
+(results.json's `warm_start.temporal`: the day before's model on the day's own test rows) is
+reported beside it.
 
 The log (numpy, a function of --seed): --users users, each active over a window of days (a
 start uniform over [-3, days), a length log-uniform in [1, days]) so new users arrive every
@@ -65,6 +74,25 @@ RUN = (
 )
 
 
+CTR_RUN = (
+    "--model=wide_and_deep",
+    "--placed_tables",
+    "--table_optimizer=adagrad",
+    "--table_learning_rate=0.1",
+    "--validation_fraction=0",
+    "--test_fraction=0.02",
+    "--global_batch_size=256",
+    "--embedding_dim=16",
+    "--hidden_units=32",
+    "--hidden_layers=1",
+)
+CTR_SPEC = {
+    "label": "click",
+    "columns": [{"name": "user", "kind": "categorical"}, {"name": "item", "kind": "categorical"}],
+}
+BINARIES = {"recommender": "loops.bin.recommender", "ctr": "loops.bin.ctr"}
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small sizes (QUICK)")
@@ -72,6 +100,7 @@ def parse_args(argv=None):
     for name in FULL:
         parser.add_argument(f"--{name}", type=int, default=None, help=f"default {FULL[name]}")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kind", choices=sorted(BINARIES), default="recommender")
     parser.add_argument("--work_dir", default=None, help="where the logs and runs go (temp)")
     parser.add_argument("--output", default="day_by_day.json")
     args = parser.parse_args(argv)
@@ -126,20 +155,38 @@ def write_log(path: str, days: list[np.ndarray]) -> str:
     return path
 
 
-def train(work: str, name: str, log: str, steps: int, *extra: str) -> tuple[str, float]:
-    """One run of loops-recommender: (its model_dir, its seconds)."""
+def train(
+    work: str, name: str, log: str, steps: int, *extra: str, kind: str = "recommender"
+) -> tuple[str, float]:
+    """One run of loops-recommender (or loops-ctr, `kind`): (its model_dir, its seconds)."""
     model_dir = os.path.join(work, name)
-    flags = [*RUN, f"--data={log}", f"--train_steps={steps}", f"--eval_every={steps}", *extra]
-    _, seconds = movielens.run_recommender(flags, model_dir)
+    flags = [f"--data={log}", f"--train_steps={steps}", f"--eval_every={steps}", *extra]
+    if kind == "ctr":
+        spec = os.path.join(work, "spec.json")
+        if not os.path.exists(spec):
+            with open(spec, "w") as stream:
+                json.dump(CTR_SPEC, stream)
+        flags = [*CTR_RUN, f"--spec={spec}", *flags]
+    else:
+        flags = [*RUN, *flags]
+    _, seconds = movielens.run_recommender(flags, model_dir, module=BINARIES[kind])
     return model_dir, seconds
 
 
-def next_day_auc(model_dir: str, trained: list[np.ndarray], day: np.ndarray) -> float:
-    """The AUC of `day`'s clicks scored by the run's export (`score_pairs`), an unknown pair
-    scored with the `trained` days' click rate."""
+def next_day_auc(
+    model_dir: str, trained: list[np.ndarray], day: np.ndarray, kind: str = "recommender"
+) -> float:
+    """The AUC of `day`'s clicks scored by the run's export: a recommender's `score_pairs`,
+    an unknown pair scored with the `trained` days' click rate; a click model's
+    serving_default on the raw columns (an unknown id reads its column's row 0)."""
     import tensorflow as tf
 
     model = tf.saved_model.load(os.path.join(model_dir, "export"))
+    if kind == "ctr":
+        got = model.signatures["serving_default"](
+            user=tf.constant(day[:, 0].astype(str)), item=tf.constant(day[:, 1].astype(str))
+        )
+        return auc(got["logits"].numpy().astype(np.float64), day[:, 2].astype(np.float64))
     got = model.signatures["score_pairs"](
         users=tf.constant(day[:, 0]), items=tf.constant(day[:, 1])
     )
@@ -197,29 +244,34 @@ def delta_figures(work: str, runs: dict[int, str]) -> list[dict]:
 def measure(args, work: str) -> dict:
     days = day_logs(args)
     logs = [write_log(os.path.join(work, f"day{d + 1}.csv"), [days[d]]) for d in range(args.days)]
-    steps = args.steps_per_day
+    steps, kind = args.steps_per_day, args.kind
     continued, seconds = {}, {"continued": 0.0, "first_3_days": 0.0, "from_scratch": 0.0}
     for day in range(1, args.days + 1):
         extra = ()
         if day > 1:
             extra = (f"--continue_from={continued[day - 1]}", "--export_deltas")
-        continued[day], spent = train(work, f"continued{day}", logs[day - 1], steps * day, *extra)
+        continued[day], spent = train(
+            work, f"continued{day}", logs[day - 1], steps * day, *extra, kind=kind
+        )
         seconds["continued"] += spent if day < args.days else 0.0
     both = write_log(os.path.join(work, "days1-3.csv"), days[:3])
-    first3, seconds["first_3_days"] = train(work, "first3", both, 3 * steps)
+    first3, seconds["first_3_days"] = train(work, "first3", both, 3 * steps, kind=kind)
     table = []
     for k in range(3, args.days):
         log = write_log(os.path.join(work, f"days1-{k}.csv"), days[:k])
-        scratch, spent = train(work, f"scratch{k}", log, k * steps)
+        scratch, spent = train(work, f"scratch{k}", log, k * steps, kind=kind)
         seconds["from_scratch"] += spent
         table.append(
             {
                 "evaluated_day": k + 1,
-                "continued": next_day_auc(continued[k], days[:k], days[k]),
-                "first_3_days": next_day_auc(first3, days[:3], days[k]),
-                "from_scratch": next_day_auc(scratch, days[:k], days[k]),
+                "continued": next_day_auc(continued[k], days[:k], days[k], kind),
+                "first_3_days": next_day_auc(first3, days[:3], days[k], kind),
+                "from_scratch": next_day_auc(scratch, days[:k], days[k], kind),
             }
         )
+    # Each continued run's own temporal evaluation (the day before's model on its test rows).
+    with open(os.path.join(continued[args.days], "results.json")) as stream:
+        temporal = json.load(stream)["warm_start"]["temporal"]
     regimes = ("continued", "first_3_days", "from_scratch")
     mean = {name: float(np.mean([row[name] for row in table])) for name in regimes}
     compute = {
@@ -235,6 +287,7 @@ def measure(args, work: str) -> dict:
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "deltas": deltas,
         **chain,
+        "temporal_auc": [round(entry["auc"], 4) for entry in temporal if "auc" in entry],
         "clicks": int(sum(int(d[:, 2].sum()) for d in days)),
         "rows": int(sum(len(d) for d in days)),
     }
@@ -276,6 +329,11 @@ def format_figures(figures: dict) -> str:
         f"day 1's export patched by {figures['chain_deltas']} deltas equals the last day's "
         f"export (fingerprint): {figures['chain_equals_last_export']}"
     )
+    if figures.get("temporal_auc"):
+        lines.append(
+            "the last run's temporal evaluation (results.json, each day's test rows by the "
+            f"model of the days before), days 2..: {figures['temporal_auc']}"
+        )
     return "\n".join(lines)
 
 

@@ -58,14 +58,16 @@ RUNS = {
 }
 
 
-def run_recommender(flags: list[str], model_dir: str) -> tuple[dict, float]:
-    """Runs `loops-recommender` with `flags` into `model_dir`, a process of its own as a user
-    runs it: (its results.json, the seconds it took).
+def run_recommender(
+    flags: list[str], model_dir: str, *, module: str = "loops.bin.recommender"
+) -> tuple[dict, float]:
+    """Runs `loops-recommender` (or the binary `module`) with `flags` into `model_dir`, a
+    process of its own as a user runs it: (its results.json, the seconds it took).
 
     Raises:
         RuntimeError: the run failed, with the end of what it wrote to stderr.
     """
-    command = [sys.executable, "-m", "loops.bin.recommender", *flags, f"--model_dir={model_dir}"]
+    command = [sys.executable, "-m", module, *flags, f"--model_dir={model_dir}"]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started

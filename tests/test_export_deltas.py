@@ -90,6 +90,33 @@ def test_a_delta_holds_the_changed_rows_and_the_dense_weights(days):
     )
     # The tensors' bundle: the rows, their indices and the dense weights, and its index.
     assert size <= 1.1 * (7 * row_bytes) + (DIM + 1) * 4 + 7 * 8 + 1024
+    # The graph goes compressed (each export's differs, if only in its functions' names).
+    assert "saved_model.pb" in first["files"]
+    sent = os.path.getsize(os.path.join(deltas, "000001", "files", "saved_model.pb"))
+    assert sent * 3 < os.path.getsize(os.path.join(paths[1], "saved_model.pb"))
+    assert first["bytes"]["files"] == sum(
+        os.path.getsize(os.path.join(deltas, "000001", "files", name)) for name in first["files"]
+    )
+
+
+def test_a_delta_of_the_first_format_with_its_files_as_they_are_still_applies(days, tmp_path):
+    import shutil
+    import zlib
+
+    _, paths, deltas = days
+    old = str(tmp_path / "000001")
+    shutil.copytree(os.path.join(deltas, "000001"), old)
+    manifest = export_deltas.read_delta(old)
+    for name in manifest["files"]:
+        path = os.path.join(old, "files", name)
+        with open(path, "rb") as stream:
+            packed = stream.read()
+        with open(path, "wb") as stream:
+            stream.write(zlib.decompress(packed))
+    with open(os.path.join(old, export_deltas.DELTA_FILE), "w") as stream:
+        json.dump({**manifest, "format": 1}, stream)
+    done = export_deltas.apply_deltas(paths[0], [old], str(tmp_path / "patched"))
+    assert done["fingerprint"] == export_deltas.fingerprint(paths[1])
 
 
 def test_export_0_patched_by_its_deltas_answers_as_export_n_bit_for_bit(days, tmp_path):

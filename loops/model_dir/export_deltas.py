@@ -1,5 +1,6 @@
 """Delta exports: what changed from one export of a model to a later one (each variable's
-rows that differ, or the variable whole where that is smaller; the files that differ),
+rows that differ, or the variable whole where that is smaller; the files that differ,
+compressed),
 written atomically as one link of a chain (`write_delta`), and applied to the export it
 follows (`apply_deltas`) to give the later export's variables and files bit for bit, each
 link checked by the exports' content fingerprints (`fingerprint`)."""
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +23,7 @@ from loops.model_dir import checkpoints
 from loops.model_dir import export as export_lib
 
 DELTA_FILE = "delta.json"  # in each delta: what it follows, gives and holds
-FORMAT = 1
+FORMAT = 2  # 2: the changed files zlib-compressed (1: as they are, still applied)
 _TENSORS = "tensors"  # the delta's tensors: a TensorFlow checkpoint bundle of this prefix
 _FILES = "files"  # the export's files that changed, by their path in the export
 _VARIABLES = os.path.join("variables", "variables")
@@ -120,9 +122,12 @@ def _staged(before: tuple, after: tuple, staging: str) -> dict[str, Any]:
         checkpoints.write_tensors(os.path.join(staging, _TENSORS), tensors)
     changed = sorted(name for name, digest in now.items() if was.get(name) != digest)
     for name in changed:
-        os.makedirs(os.path.dirname(os.path.join(staging, _FILES, name)), exist_ok=True)
-        shutil.copyfile(os.path.join(new_dir, name), os.path.join(staging, _FILES, name))
-        sizes["files"] += os.path.getsize(os.path.join(new_dir, name))
+        # Compressed: a graph (saved_model.pb) changes with every export and shrinks 8-fold.
+        target = os.path.join(staging, _FILES, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(os.path.join(new_dir, name), "rb") as source, open(target, "xb") as sink:
+            sink.write(zlib.compress(source.read(), 9))
+        sizes["files"] += os.path.getsize(target)
     manifest = {
         "format": FORMAT,
         "follows": follows,
@@ -155,7 +160,7 @@ def read_delta(path: str) -> dict[str, Any]:
             f"{path} holds no delta export ({error}); pass a directory written by "
             "--export_deltas (MODEL_DIR/deltas/NNNNNN) or the deltas/ folder holding them."
         ) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in (1, FORMAT):
         raise ValueError(
             f"{path}/{DELTA_FILE} is not a delta of format {FORMAT}; write it again with "
             "this version of loops."
@@ -194,16 +199,21 @@ def apply_deltas(export_dir: str, deltas: Sequence[str], output_dir: str) -> dic
     variables, digests = _content(export_dir)
     start = _fingerprint_of(variables, digests)
     chain = _chained(start, export_dir, delta_paths(deltas))
-    files = {name: os.path.join(export_dir, name) for name in digests}
+    # Each file of the output: where its bytes are, and whether they are compressed.
+    files = {name: (os.path.join(export_dir, name), False) for name in digests}
     for path, manifest in chain:
         _patch(variables, files, path, manifest)
     parent = os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(dir=parent, prefix=f"{_STAGING}{os.getpid()}-")
     try:
-        for name, source in files.items():
+        for name, (source, compressed) in files.items():
             os.makedirs(os.path.dirname(os.path.join(staging, name)), exist_ok=True)
-            shutil.copyfile(source, os.path.join(staging, name))
+            if not compressed:
+                shutil.copyfile(source, os.path.join(staging, name))
+                continue
+            with open(source, "rb") as packed, open(os.path.join(staging, name), "xb") as sink:
+                sink.write(zlib.decompress(packed.read()))
         checkpoints.write_tensors(os.path.join(staging, _VARIABLES), variables)
         got = fingerprint(staging)
         want = chain[-1][1]["gives"] if chain else start
@@ -246,7 +256,7 @@ def _chained(start: str, export_dir: str, paths: Sequence[str]) -> list[tuple[st
 
 def _patch(variables: dict, files: dict, path: str, manifest: Mapping[str, Any]) -> None:
     """Applies one delta to the export's `variables` (key -> array) and `files` (name ->
-    where its bytes are now)."""
+    (where its bytes are now, whether they are zlib-compressed there))."""
     reader: Any = None
     if manifest["variables"]:
         reader = tf.train.load_checkpoint(os.path.join(path, _TENSORS))
@@ -263,7 +273,7 @@ def _patch(variables: dict, files: dict, path: str, manifest: Mapping[str, Any])
     for name in manifest["removed_files"]:
         files.pop(name, None)
     for name in manifest["files"]:
-        files[name] = os.path.join(path, _FILES, name)
+        files[name] = (os.path.join(path, _FILES, name), manifest["format"] >= 2)
 
 
 def _resized(value: np.ndarray, shape: Sequence[int]) -> np.ndarray:
