@@ -50,18 +50,16 @@ def _prepare() -> None:
 
 
 def build_trainer():
-    """The CTRLoop the flags describe; ValueError for a bad combination (`check_steps_past`
-    a continued run's step)."""
+    """The CTRLoop the flags describe; ValueError for a bad combination (`deltas_of_start`: a
+    continued run's step)."""
     training = _training()
-    start = training.warm_start()
-    if start is not None and start.continues:
-        training_settings.check_steps_past(start, FLAGS.train_steps)
+    deltas_from = training_settings.deltas_of_start(
+        training.warm_start(),
+        FLAGS.train_steps,
+        loop_flags.setting_values(training_settings.WARM_START),
+    )
     arguments = loop_flags.binary_arguments(
-        "ctr",
-        **training.outputs(FLAGS.keep_best_metric),
-        deltas_from=training_settings.delta_base(
-            loop_flags.setting_values(training_settings.WARM_START)
-        ),
+        "ctr", **training.outputs(FLAGS.keep_best_metric), deltas_from=deltas_from
     )
     return training.trainer(arguments, model_dir=FLAGS.model_dir)
 
