@@ -5,7 +5,8 @@ Usage: `python ps_exact_run.py WORKERS SERVERS STEPS MODEL_DIR`. The workers and
 servers are processes on ports of 127.0.0.1 that this one starts and kills; it is
 the chief. The references run first: a process that has connected to a cluster
 keeps its eager context remote. Then a run in MODEL_DIR stops after 4 steps and a
-new Trainer resumes it. A model with a `loops.EmbeddingTable` trains here too.
+new Trainer resumes it, and a new run goes on from that step-4 checkpoint on the rest of the
+stream as its own data (a continuation). A model with a `loops.EmbeddingTable` trains here too.
 
 Runs saved by that cluster continue on another one, of its worker_0, its servers
 and one server more (started at once), which this process connects to last (a
@@ -187,6 +188,7 @@ def restarts(strategy, model_dir, mirrored_dir, exact, steps, report):
     testing.assert_close(weights, exact["weights"], rtol=1e-5, label="resumed vs uninterrupted")
     report["resumed"] = largest_difference({"weights": weights}, exact)
     report["sigusr1"] = preempted_by_sigusr1(strategy, model_dir, exact, steps)
+    report["continued"] = continued(strategy, model_dir, exact, steps)
     # Another shape: 2 mirrored replicas saved step 4, the cluster trains on from there.
     reshaped = build(strategy, model_dir=mirrored_dir)
     report["reshaped_restored_step"] = int(reshaped.global_step.numpy())
@@ -194,6 +196,30 @@ def restarts(strategy, model_dir, mirrored_dir, exact, steps, report):
     weights = testing.loop_weights(reshaped)
     testing.assert_close(weights, exact["weights"], rtol=1e-5, label="mirrored then exact")
     report["reshaped"] = largest_difference({"weights": weights}, exact)
+
+
+def continued(strategy, model_dir, exact, steps):
+    """A new run that goes on from the step-4 checkpoint on the stream's remainder as its
+    own data (`loops.WarmStart.continuation`: its next day): the uninterrupted weights, the
+    model it starts from evaluated once on its eval data (the temporal evaluation)."""
+    stream = tiny_batches(8, 21, shuffle_seed=5)
+    run = build(
+        strategy,
+        train_data=lambda: stream().repeat().skip(4),
+        model_dir=model_dir + "_continued",
+        warm_start=loops.WarmStart.continuation(model_dir + "_at_4"),
+    )
+    start = int(run.global_step.numpy())
+    report = run.warm_start_report
+    run.train(steps)
+    weights = testing.loop_weights(run)
+    testing.assert_close(weights, exact["weights"], rtol=1e-5, label="continued vs uninterrupted")
+    return {
+        "from_step": start,
+        "evaluated_at_start": report["evaluated_at_start"],
+        "left": report["left"],
+        "difference": largest_difference({"weights": weights}, exact),
+    }
 
 
 def preempted_by_sigusr1(strategy, model_dir, exact, steps):

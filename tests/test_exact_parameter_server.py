@@ -75,6 +75,13 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
     # 2 mirrored replicas saved step 4; the cluster restored it and trained on, exactly.
     assert report["reshaped_restored_step"] == 4
     assert report["reshaped"] <= 1e-5
+    # A new run going on from step 4's checkpoint on the rest of the stream as its own data
+    # (`loops.WarmStart.continuation`): the uninterrupted weights; only the rate its own.
+    continued = report["continued"]
+    assert continued["from_step"] == 4 and continued["difference"] <= 1e-5
+    assert all(name.endswith("_learning_rate") for name in continued["left"])
+    assert continued["evaluated_at_start"]["step"] == 4
+    assert continued["evaluated_at_start"]["num_examples"] == 21
     # worker_1 killed right after step 4's closures were scheduled: its closure ran again on
     # worker_0 (by TensorFlow when it failed, by the chief when its result was lost with
     # it), which only computes, so the weights are the same.
@@ -115,7 +122,7 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
     assert other["classifier_restored_step"] == 4 and other["classifier"] <= 1e-5
     assert other["table_restored_step"] == 3 and other["table_shard_rows"] == [7, 7, 6]
     assert other["table"] <= 1e-5
-    continued_on_mirrored_replicas(model_dir)
+    continued_on_mirrored_replicas(model_dir, continued["evaluated_at_start"])
     # The asynchronous mode reads the same stream in order, each batch scheduled once, and a
     # resume after step 4 goes on with the batches of positions 4, 5, 6 (8, 5, 8 examples).
     assert report["async_first_num_examples"] == [8, 8, 5, 8]
@@ -128,16 +135,22 @@ def test_two_workers_and_two_servers_are_exact_resumable_and_survive_a_lost_work
     }
 
 
-def continued_on_mirrored_replicas(model_dir):
+def continued_on_mirrored_replicas(model_dir, evaluated_at_start):
     """The cluster's runs continue in this process: the classifier saved at step 4 on 2
-    mirrored replicas, to the uninterrupted weights; the table model saved at step 3 on 2
-    mirrored replicas (the table split over them) and on one replica, each to its own."""
+    mirrored replicas, to the uninterrupted weights (and evaluated there first, as the
+    cluster's continuation evaluated it as it started: `evaluated_at_start`); the table
+    model saved at step 3 on 2 mirrored replicas (the table split over them) and on one
+    replica, each to its own."""
     with open(model_dir + "_uninterrupted.pickle", "rb") as file:
         uninterrupted = pickle.load(file)
     classifier = ps_exact_run.build(
         loops.testing.replica_strategy(2), model_dir=model_dir + "_at_4_mirrored"
     )
     assert int(classifier.global_step.numpy()) == 4
+    figures = classifier.evaluate()
+    assert sorted(figures) == sorted(set(evaluated_at_start) - {"step"})
+    for name, value in figures.items():
+        assert value == pytest.approx(evaluated_at_start[name], rel=1e-5, abs=1e-6), name
     classifier.train(7)
     loops.testing.assert_close(
         loops.testing.loop_weights(classifier),
