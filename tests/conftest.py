@@ -289,6 +289,7 @@ SLOW_TESTS = (
     "test_warm_start.py::test_loops_recommender_*",
     "test_ctr_continuation.py::test_loops_ctr_continues_day_by_day_onto_a_log_of_shards_with_delta_exports",
     "test_continuation.py::test_loops_recommender_continues_a_run_on_the_next_days_log",
+    "test_continuation.py::test_a_dynamic_id_continuation_sends_its_maps_changes_and_patches_bit_for_bit",
     "test_continuation.py::test_a_continuation_on_two_workers_ends_as_one_run_over_both_days",
     "test_dynamic_tables.py::test_a_checkpoint_at_an_evicting_step_resumes_the_same_map_on_another_layout",
     "test_dynamic_tables.py::test_maps_and_counters_are_bit_identical_on_1_2_and_4_replicas_rows_to_1e_6",

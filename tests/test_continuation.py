@@ -374,3 +374,60 @@ print("equal", sorted(a))
     done = run_python(code, str(tmp_path / "patched"), str(tmp_path / "day2" / "export"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "equal" in done.stdout
+
+
+def test_a_dynamic_id_continuation_sends_its_maps_changes_and_patches_bit_for_bit(tmp_path):
+    """With --dynamic_ids the tables are keyed by raw id: day 2 goes on from day 1's maps,
+    and its delta carries the maps' admissions and evictions (the map variables' changed
+    entries) with the rows; day 1's export patched by it answers 10^4 requests as day 2's."""
+    from conftest import run_module, run_python
+    from loops.model_dir import export_deltas
+
+    common = (
+        *("--model=rating", "--dynamic_ids", "--id_capacity=16", "--id_admit_after=1"),
+        *("--placed_tables", "--table_optimizer=adagrad", "--validation_fraction=0"),
+        "--global_batch_size=16",
+    )
+    days = {day: day_log(tmp_path / f"day{day}.csv", first) for day, first in ((1, 0), (2, 5))}
+    first = run_module(
+        "loops.bin.recommender", *common, f"--data={days[1]}", f"--model_dir={tmp_path / 'day1'}",
+        "--train_steps=6",
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_module(
+        "loops.bin.recommender", *common, f"--data={days[2]}", f"--model_dir={tmp_path / 'day2'}",
+        "--train_steps=12", f"--continue_from={tmp_path / 'day1'}", "--export_deltas",
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    (delta,) = export_deltas.delta_paths([str(tmp_path / "day2" / "deltas")])
+    sent = export_deltas.read_delta(delta)["variables"]
+    maps = {key for key in sent if "/map_" in key}
+    # Each map's row of every id (admitted or evicted) and its scores are among what it sends.
+    assert any("/map_row_id/" in key for key in maps), sorted(sent)
+    assert any("/map_counters/" in key for key in maps), sorted(sent)
+    applied = run_module(
+        "loops.cli.apply_deltas",
+        f"--export={tmp_path / 'day1' / 'export'}",
+        f"--deltas={tmp_path / 'day2' / 'deltas'}",
+        f"--output={tmp_path / 'patched'}",
+    )
+    assert applied.returncode == 0, applied.stderr[-2000:]
+    code = """
+import sys, numpy as np, tensorflow as tf
+rng = np.random.default_rng(3)
+users = tf.constant([f"u{u}" for u in rng.integers(0, 30, 10_000)])
+items = tf.constant(2**35 + 11 * rng.integers(0, 16, 10_000))
+def answers(path):
+    model = tf.saved_model.load(path)
+    top = model.signatures["serving_default"](users=users)
+    pairs = model.signatures["score_pairs"](users=users, items=items)
+    return [v.numpy().tobytes() for _, v in sorted({**top, **pairs}.items())]
+patched, day2, day1 = map(answers, sys.argv[1:])
+assert patched == day2 and patched != day1
+assert not [m for m in sys.modules if m.startswith("loops")]
+print("equal")
+"""
+    paths = (tmp_path / "patched", tmp_path / "day2" / "export", tmp_path / "day1" / "export")
+    done = run_python(code, *map(str, paths))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "equal" in done.stdout
