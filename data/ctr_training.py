@@ -478,6 +478,8 @@ class CTRTraining:
         from loops_data import ctr_starts
         from loops_models import ctr
 
+        if ctr_starts.source_of(self.warm_start_values) is None:
+            return None
         table = self.split()
         layers = ctr.table_layers(self.model["model"], ctr.CTRFeatures(**table.features))
         return ctr_starts.warm_start(self.warm_start_values, table.fitted, layers)

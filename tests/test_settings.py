@@ -86,6 +86,7 @@ OWN_SETTINGS = {
         *model_settings.CTR,
         *training_settings.OPTIMIZER,
         *training_settings.TABLE_OPTIMIZER,
+        *training_settings.WARM_START,
     ),
 }
 # The binaries that export at the end of training: they also take --export_dir.

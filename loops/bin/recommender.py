@@ -51,18 +51,18 @@ def _prepare() -> None:
 
 def build_trainer():
     """The RetrievalLoop or RatingLoop the flags describe; ValueError for a bad combination
-    (`deltas_of_start`: a continued
-    run's step)."""
+    (a continued run's step: `check_continued_steps`)."""
     training = _training()
-    deltas_from = training_settings.deltas_of_start(
-        training.warm_start(),
-        FLAGS.train_steps,
-        loop_flags.setting_values(training_settings.WARM_START),
-    )
+    starts = loop_flags.setting_values(training_settings.WARM_START)
+    # The strategy first (`binary_arguments` makes it): it sets up the devices before any
+    # other TensorFlow work, which reading the rows for a start's remap may do.
     # The export, ids.json and the final test read the log once training starts or ends.
     arguments = loop_flags.binary_arguments(
-        "recommender", **training.outputs(FLAGS.keep_best_metric), deltas_from=deltas_from
+        "recommender",
+        **training.outputs(FLAGS.keep_best_metric),
+        deltas_from=training_settings.delta_base(starts),
     )
+    training_settings.check_continued_steps(training.warm_start(), FLAGS.train_steps)
     return training.trainer(arguments, model_dir=FLAGS.model_dir)
 
 

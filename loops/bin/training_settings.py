@@ -274,17 +274,15 @@ def check_steps_past(start: Any, train_steps: int) -> None:
         )
 
 
-def deltas_of_start(start: Any, train_steps: int, values: dict[str, Any]) -> str | None:
-    """The export a run's deltas follow (`delta_base` of the WARM_START `values`), once a
-    --train_steps that a --continue_from run (`start`, the run's `loops.WarmStart` or None)
-    reached already is refused (`check_steps_past`).
+def check_continued_steps(start: Any, train_steps: int) -> None:
+    """Refuses a --train_steps that a --continue_from run (`start`, the run's
+    `loops.WarmStart`, or None without a start) reached already (`check_steps_past`).
 
     Raises:
-        ValueError: as `check_steps_past` or `delta_base`.
+        ValueError: as `check_steps_past`.
     """
     if start is not None and start.continues:
         check_steps_past(start, train_steps)
-    return delta_base(values)
 
 
 def check_placed_tables(values: dict[str, Any]) -> None:
