@@ -214,7 +214,7 @@ def run_ctr(data: str, model_dir: str, args, *extra: str) -> dict:
         "--table_learning_rate=0.05",
         *extra,
     ]
-    measured = [sys.executable, "-c", _MEASURED, *command]
+    measured = [sys.executable, "-c", MEASURED, *command]
     started = time.perf_counter()
     with _memory_limit(args.memory_limit_gb) as enter:
         done = subprocess.run(measured, capture_output=True, text=True, preexec_fn=enter)
@@ -235,7 +235,7 @@ def run_ctr(data: str, model_dir: str, args, *extra: str) -> dict:
 
 
 # Runs a command and prints its peak resident memory (the children's ru_maxrss) as JSON.
-_MEASURED = (
+MEASURED = (
     "import json, resource, subprocess, sys\n"
     "code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=sys.stderr).returncode\n"
     "print(json.dumps({'maxrss_kb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n"

@@ -24,6 +24,35 @@ class SplitLog:
     validation: Interactions | None
     test: Interactions
 
+    @property
+    def evaluated(self) -> Interactions:
+        """The rows evaluated during training: validation, or test without one."""
+        return self.test if self.validation is None else self.validation
+
+    def mean_rating(self) -> float:
+        return float(self.train.ratings.mean())
+
+    def baselines(self, model: str, top_k: int) -> dict[str, float]:
+        """The model's baseline on the evaluated rows: popularity (retrieval) or the biases
+        (rating), fitted to the training rows."""
+        if model == "retrieval":
+            return popularity_baseline(self.train, self.evaluated, top_k)
+        return bias_baseline(self.train, self.evaluated)
+
+    def trainer_data(self, model: str, *, global_batch_size: int, seed: int) -> dict[str, Any]:
+        """The Trainer's `train_data` and `eval_data` (`trainer_data`)."""
+        return trainer_data(
+            model, self.train, self.evaluated, global_batch_size=global_batch_size, seed=seed
+        )
+
+    def test_figures(self, model: str, definition: Any, *, top_k: int) -> dict[str, Any]:
+        """`test_figures` on the test rows, each user's train and validation items known."""
+        known = self.train if self.validation is None else joined(self.train, self.validation)
+        return test_figures(model, definition, self.train, known, self.test, top_k=top_k)
+
+    def notes(self) -> dict[str, Any]:
+        return notes(self.interactions, self.train, self.test, self.validation)
+
 
 def read_split(
     data: Mapping[str, Any], *, seed: int, grown_from: Mapping[str, Any] | None = None

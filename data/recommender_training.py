@@ -103,8 +103,9 @@ class RecommenderTraining:
     Args:
         model: `loops_models.settings.RECOMMENDER`'s values (model: retrieval or rating,
             embedding_dim, top_k, user_history, ...).
-        data: `loops_data.settings.INTERACTIONS`' values (data: the log's file, None for the
-            generated log; split; test_fraction; validation_fraction).
+        data: `loops_data.settings.INTERACTIONS`' values (data: the log's file or shards,
+            None for the generated log; split; test_fraction; validation_fraction; format and
+            shuffle_window, for shards).
         seed: the generated log's, the split's, the weights' and the batches' seed.
         global_batch_size: the rows of a training batch and of an eval batch.
         optimizers: () -> the loop's optimizers (`Optimizers`), called once the log is read
@@ -115,6 +116,8 @@ class RecommenderTraining:
         warm_start: `loops.bin.training_settings.WARM_START`'s values (warm_start_from:
             another run's model_dir or None; warm_start_variables: a pattern of names;
             continue_from: the model_dir of a run of this model to go on from, or None).
+        model_dir: the run's model_dir, where a log of shards' id pass is kept for a resume
+            (`loops_data.recommender_streams.IDS_FILE`); None: none kept.
     """
 
     def __init__(
@@ -128,13 +131,22 @@ class RecommenderTraining:
         weight_copies: int = 1,
         clip_norm: float | None = None,
         warm_start: Mapping[str, Any] | None = None,
+        model_dir: str | None = None,
     ):
         self.model, self.data = dict(model), dict(data)
+        self.model_dir = model_dir
         self.warm_start_values = dict(warm_start or {})
         self.seed, self.global_batch_size = seed, global_batch_size
         self.optimizers, self.weight_copies = optimizers, weight_copies
         self.loop_options = {} if clip_norm is None else {"clip_norm": clip_norm}
-        self._log: SplitLog | None = None
+        self._log: SplitLog | Any = None
+        from loops_data.ctr_streams import names_shards
+
+        # A log of shards streams (`loops_data.recommender_streams`); a file is read whole.
+        data_path, data_format = self.data["data"], self.data.get("format")
+        self.streamed = names_shards(data_path, data_format) or str(data_path or "").endswith(
+            (".parquet", ".parq", ".pq")
+        )
 
     def filled_in(self, keep_best_metric: str | None) -> dict[str, Any]:
         """The settings loops-recommender fills in before training: a relative `data` as the
@@ -156,8 +168,9 @@ class RecommenderTraining:
             filled.update(best)
         return filled
 
-    def read(self) -> SplitLog:
-        """The log read and split (`loops_data.recommender_data.read_split`), once; a top K
+    def read(self) -> Any:
+        """The log read and split, once (a `loops_data.recommender_data.SplitLog`, or a
+        `loops_data.recommender_streams.StreamedSplit` of a log of shards); a top K
         the export cannot return (`check_top_k`) or a model whose weights cannot fit in this
         machine's memory (`loops_models.settings.check_recommender_fits`) refused, before
         any training.
@@ -168,9 +181,18 @@ class RecommenderTraining:
         if self._log is None:
             from loops_data import recommender_data
 
-            log = recommender_data.read_split(
-                self.data, seed=self.seed, grown_from=self.grown_from()
-            )
+            log: Any
+            if self.streamed:
+                from loops_data import recommender_streams
+
+                recommender_streams.check_streamable(
+                    self.data, self.model, self.warm_start_values.get("continue_from")
+                )
+                log = recommender_streams.read_streamed(self.data, model_dir=self.model_dir)
+            else:
+                log = recommender_data.read_split(
+                    self.data, seed=self.seed, grown_from=self.grown_from()
+                )
             check_top_k(self.model["top_k"], log.train)
             model_settings.check_recommender_fits(
                 self.model,
@@ -187,6 +209,8 @@ class RecommenderTraining:
         from loops.input import log_identity
 
         log = self.read()
+        if self.streamed:
+            return log.identity(self.model["model"], seed=self.seed)
         return log_identity.identity(
             self.model["model"],
             log.interactions,
@@ -215,6 +239,10 @@ class RecommenderTraining:
             return id_vocabulary.ids_json(train.user_ids, train.item_ids)
 
         actions: list = [WriteRunFile(id_vocabulary.ID_FILE, ids_json)]
+        if self.streamed:
+            from loops_data.recommender_streams import IDS_FILE
+
+            actions.append(WriteRunFile(IDS_FILE, lambda: self.read().ids_file()))
         if self.data["validation_fraction"] and keep_best_metric:
             actions.append(RestoreBestOnEnd(self.test_figures))
         return {"export": self.export, "signature": SIGNATURE, "actions": actions}
@@ -222,17 +250,7 @@ class RecommenderTraining:
     def test_figures(self, definition: Any) -> dict[str, Any]:
         """The trained `definition`'s figures on the test rows, each user's train and
         validation items known (`loops_data.recommender_data.test_figures`)."""
-        from loops_data import recommender_data
-
-        log = self.read()
-        known = (
-            log.train
-            if log.validation is None
-            else recommender_data.joined(log.train, log.validation)
-        )
-        return recommender_data.test_figures(
-            self.model["model"], definition, log.train, known, log.test, top_k=self.model["top_k"]
-        )
+        return self.read().test_figures(self.model["model"], definition, top_k=self.model["top_k"])
 
     def export(self, definition: Any, export_dir: str) -> str:
         """Exports the trained `definition`'s model to `export_dir`, serving the log's own ids
@@ -255,17 +273,13 @@ class RecommenderTraining:
         """The RetrievalLoop or RatingLoop of the settings over the log's training rows,
         evaluated on its validation rows (its test rows without), with its baseline beside;
         `tables`: (its keras tables' table_optimizer_fn, its placed tables' optimizer_fn)."""
-        from loops_data import recommender_data
-
         log = self.read()
-        evaluated = log.test if log.validation is None else log.validation
         common = dict(
             optimizer_fn=optimizer_fn,
             table_optimizer_fn=tables[0],
             num_items=log.train.num_items,
-            data_notes=recommender_data.notes(
-                log.interactions, log.train, log.test, log.validation
-            ),
+            data_notes=log.notes(),
+            baselines=log.baselines(self.model["model"], self.model["top_k"]),
             **self.loop_options,
         )
         placed = tables[1]
@@ -277,7 +291,7 @@ class RecommenderTraining:
             if placed is None:
                 check_dynamic_ids(self.model, "same")
         build = self._retrieval if self.model["model"] == "retrieval" else self._rating
-        return build(log.train, evaluated, placed, common)
+        return build(log, placed, common)
 
     def _tables(self, train: Interactions) -> dict[str, Any]:
         """The id tables' keywords of `loops_models.recommender`'s builders: the log's raw ids
@@ -348,12 +362,11 @@ class RecommenderTraining:
             return None
         return recommender.history_table(train.users, train.items, train.num_users, train.num_items)
 
-    def _retrieval(self, train: Interactions, evaluated: Interactions, placed, common) -> Any:
+    def _retrieval(self, log: Any, placed, common) -> Any:
         import loops
-        from loops_data import recommender_data
         from loops_models import recommender
 
-        model = self.model
+        model, train = self.model, log.train
 
         tables = self._tables(train)
 
@@ -380,16 +393,14 @@ class RecommenderTraining:
             negatives=model["negatives"],
             l2=0.0 if model["normalize_towers"] else model["l2"],
             top_k=(model["top_k"],),
-            baselines=recommender_data.popularity_baseline(train, evaluated, model["top_k"]),
             **common,
         )
 
-    def _rating(self, train: Interactions, evaluated: Interactions, placed, common) -> Any:
+    def _rating(self, log: Any, placed, common) -> Any:
         import loops
-        from loops_data import recommender_data
         from loops_models import recommender
 
-        model = self.model
+        model, train = self.model, log.train
         return loops.RatingLoop(
             model_fn=lambda: recommender.rating_model(
                 num_users=train.num_users,
@@ -398,12 +409,11 @@ class RecommenderTraining:
                 hidden_units=(model["hidden_units"],) if model["hidden_units"] else (),
                 l2=model["l2"],
                 user_history=self._history(train),
-                initial_bias=float(train.ratings.mean()),
+                initial_bias=log.mean_rating(),
                 seed=self.seed,
                 table_optimizer_fn=placed,
                 **self._tables(train),
             ),
-            baselines=recommender_data.bias_baseline(train, evaluated),
             **common,
         )
 
@@ -421,7 +431,6 @@ class RecommenderTraining:
         import loops
         from loops.model_dir import run_config
         from loops.run.checkpoint_keeper import recorded_settings
-        from loops_data import recommender_data
 
         log = self.read()
         optimizer_fn, tables = self.optimizers()
@@ -431,12 +440,8 @@ class RecommenderTraining:
         )
         record = {**(arguments.get("record") or {}), run_config.RESUME_IDENTITY: identity}
         definition = self.definition(optimizer_fn, tables)
-        data = recommender_data.trainer_data(
-            self.model["model"],
-            log.train,
-            log.test if log.validation is None else log.validation,
-            global_batch_size=self.global_batch_size,
-            seed=self.seed,
+        data = log.trainer_data(
+            self.model["model"], global_batch_size=self.global_batch_size, seed=self.seed
         )
         return loops.Trainer(
             definition,

@@ -201,10 +201,39 @@ PYTHON_TEXT: tuple[Setting, ...] = (
 
 
 def _check_data_file(name: str, value: str | None) -> str | None:
-    """None (the generated log), or a path to a file that exists."""
-    if value is not None and not os.path.isfile(value):
-        raise ValueError(f"{name} must name an interaction log file that exists, got {value!r}.")
-    return value
+    """None (the generated log), or a file, a directory or a glob that names a file."""
+    import glob
+
+    if value is None or os.path.isfile(value) or os.path.isdir(value) or glob.glob(value):
+        return value
+    raise ValueError(
+        f"{name} must name an interaction log that exists (a file, or a directory or glob of "
+        f"shards), got {value!r}."
+    )
+
+
+# --format and --shuffle_window: how a log of shards is read (loops-ctr, loops-recommender).
+SHARD_FORMAT = Setting(
+    "format",
+    "data",
+    "The format of --data's shards, which streams them: parquet, tfrecord "
+    "(tf.train.Example), csv, tsv, or criteo (Criteo's headerless TSV: label, I1..I13, "
+    "C1..C26). Default: by the shards' suffixes; a single CSV file (for loops-ctr also a "
+    "Parquet file) is read whole.",
+    "enum",
+    default=None,
+    choices=("parquet", "tfrecord", "csv", "tsv", "criteo"),
+)
+SHUFFLE_WINDOW = Setting(
+    "shuffle_window",
+    "data",
+    "With shards: the blocks (Parquet row groups, or 8192 records or lines) whose rows "
+    "are shuffled together each epoch, the blocks' order drawn anew each epoch; what "
+    "the stream holds at once.",
+    "integer",
+    default=8,
+    lower_bound=1,
+)
 
 
 # loops.bin.recommender: an interaction log of the user's, or the generated one, and its split.
@@ -213,9 +242,11 @@ INTERACTIONS: tuple[Setting, ...] = (
         "data",
         "data",
         "An interaction log to train on: a file of user, item, rating and timestamp "
-        "columns (MovieLens u.data, RecBole .inter, or CSV with a header). Default: a "
-        "generated log with planted user and item factors and Zipf item popularity. E.g. "
-        "--data=~/.cache/loops/movielens/ml-100k.inter.",
+        "columns (MovieLens u.data, RecBole .inter, or CSV with a header), read whole; or "
+        "a log of shards streamed in bounded memory: a directory, a glob, a Parquet, "
+        "TFRecord or TSV file, or any of them with --format (docs/recommenders.md, 'Logs "
+        "of shards'). Default: a generated log with planted user and item factors and Zipf "
+        "item popularity. E.g. --data=~/.cache/loops/movielens/ml-100k.inter.",
         "string",
         check=_check_data_file,
         path=True,
@@ -251,6 +282,8 @@ INTERACTIONS: tuple[Setting, ...] = (
         default=0.1,
         check=satisfies(lambda value: 0 <= value < 1, "{name} must lie in [0, 1), e.g. 0.1."),
     ),
+    SHARD_FORMAT,
+    SHUFFLE_WINDOW,
 )
 
 
@@ -268,27 +301,8 @@ CTR_DATA: tuple[Setting, ...] = (
         "string",
         path=True,
     ),
-    Setting(
-        "format",
-        "data",
-        "The format of --data's shards, which streams them: parquet, tfrecord "
-        "(tf.train.Example), csv, tsv, or criteo (Criteo's headerless TSV: label, I1..I13, "
-        "C1..C26). Default: by the shards' suffixes, and a single CSV or Parquet file read "
-        "whole.",
-        "enum",
-        default=None,
-        choices=("parquet", "tfrecord", "csv", "tsv", "criteo"),
-    ),
-    Setting(
-        "shuffle_window",
-        "data",
-        "With shards: the blocks (Parquet row groups, or 8192 records or lines) whose rows "
-        "are shuffled together each epoch, the blocks' order drawn anew each epoch; what "
-        "the stream holds at once.",
-        "integer",
-        default=8,
-        lower_bound=1,
-    ),
+    SHARD_FORMAT,
+    SHUFFLE_WINDOW,
     Setting(
         "spec",
         "data",

@@ -319,6 +319,20 @@ LOOP_RUNS = {
             "--table_optimizer=adagrad",
         ],
     ),
+    # An interaction log of Parquet shards streamed (`write_interaction_shards`) to the rating
+    # model: ids numbered by the pass on each worker, its validation pairs streamed.
+    "recommender_sharded": (
+        "loops.bin.recommender",
+        [
+            "--data={shards}-interactions",
+            "--model=rating",
+            "--train_steps=6",
+            "--global_batch_size=32",
+            "--shuffle_window=2",
+            "--embedding_dim=8",
+            "--table_optimizer=adagrad",
+        ],
+    ),
     # The critic takes 2 batches a step, with the gradient penalty and the EMA generator.
     "gan": (
         "loops.bin.gan",
@@ -384,6 +398,24 @@ def loop_commands(loop):
 VALIDATION_ROWS_OF_THE_SHARDS = 75
 
 
+def write_interaction_shards(folder):
+    """`recommender_sharded`'s log: 2,000 generated interactions in 2 Parquet shards of row
+    groups of 128."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loops_data import interactions
+
+    log = interactions.generated_log(num_users=80, num_items=60, num_interactions=2000, seed=2)
+    table = pa.table({"user_id": log.user_ids[log.users], "item_id": log.item_ids[log.items],
+                      "rating": log.ratings})  # fmt: skip
+    os.makedirs(folder)
+    half = -(-table.num_rows // 2)
+    for shard in range(2):
+        pq.write_table(table.slice(shard * half, half), f"{folder}/part-{shard}.parquet",
+                       row_group_size=128)  # fmt: skip
+
+
 def write_sharded_log(folder):
     """`ctr_sharded`'s log: 900 generated click rows in 3 Parquet shards of row groups of 50,
     and its spec beside it."""
@@ -434,6 +466,7 @@ def loop_runs(tmp_path_factory):
 
     def build(folder):
         write_sharded_log(os.path.join(folder, "shards"))
+        write_interaction_shards(os.path.join(folder, "shards-interactions"))
         loops = sorted(LOOP_RUNS)
         for first in range(0, len(loops), LOOPS_AT_ONCE):
             started = {}

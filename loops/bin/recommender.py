@@ -25,6 +25,7 @@ def _training() -> recommender_training.RecommenderTraining:
         optimizers=training_settings.flag_optimizers(),
         weight_copies=training_settings.weight_copies(optimizer),
         warm_start=loop_flags.setting_values(training_settings.WARM_START),
+        model_dir=FLAGS.model_dir,
         **loop_flags.clip_norm_argument(),
     )
 

@@ -13,7 +13,7 @@ lower item index ranks first (as `tf.math.top_k` ranks them).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -47,21 +47,66 @@ def fit_bias_baseline(
     rows' residuals: sum / (count + regularization)), starting from item
     biases 0; 15 rounds settle to the fourth decimal of the RMSE.
     """
+    return fit_bias_baseline_over(
+        lambda: [(train.users, train.items, train.ratings)],
+        num_users=train.num_users,
+        num_items=train.num_items,
+        regularization=regularization,
+        iterations=iterations,
+    )
+
+
+# (users, items, ratings) of some rows: a pass over a log yields them chunk by chunk.
+Chunks = Callable[[], Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]]
+
+
+def fit_bias_baseline_over(
+    chunks: Chunks,
+    *,
+    num_users: int,
+    num_items: int,
+    regularization: float = 10.0,
+    iterations: int = 15,
+) -> BiasBaseline:
+    """`fit_bias_baseline` over rows too many to hold: `chunks()` passes over them (one pass for
+    the counts and mean, then one a round); its sums add chunk by chunk in float64, so the
+    biases equal the in-memory fit's to rounding."""
     check_whole("iterations", iterations)
     if not regularization >= 0:
         raise ValueError(f"regularization must be >= 0, got {regularization!r}.")
-    ratings = train.ratings.astype(np.float64)
-    mean = float(ratings.mean())
-    user_rows = np.bincount(train.users, minlength=train.num_users) + regularization
-    item_rows = np.bincount(train.items, minlength=train.num_items) + regularization
-    item_bias = np.zeros(train.num_items)
-    user_bias = np.zeros(train.num_users)
+    user_rows, item_rows = np.zeros(num_users), np.zeros(num_items)
+    total, rows = 0.0, 0
+    for users, items, ratings in chunks():
+        user_rows += np.bincount(users, minlength=num_users)
+        item_rows += np.bincount(items, minlength=num_items)
+        total, rows = total + float(ratings.astype(np.float64).sum()), rows + len(ratings)
+    mean = total / max(rows, 1)
+    user_rows, item_rows = user_rows + regularization, item_rows + regularization
+    item_bias, user_bias = np.zeros(num_items), np.zeros(num_users)
+
+    def sums(by_users: bool) -> np.ndarray:
+        found = np.zeros(num_users if by_users else num_items)
+        for users, items, ratings in chunks():
+            ratings = ratings.astype(np.float64)
+            if by_users:
+                found += np.bincount(users, ratings - mean - item_bias[items], num_users)
+            else:
+                found += np.bincount(items, ratings - mean - user_bias[users], num_items)
+        return found
+
     for _ in range(iterations):
-        residual = ratings - mean - item_bias[train.items]
-        user_bias = np.bincount(train.users, residual, train.num_users) / np.maximum(user_rows, 1)
-        residual = ratings - mean - user_bias[train.users]
-        item_bias = np.bincount(train.items, residual, train.num_items) / np.maximum(item_rows, 1)
+        user_bias = sums(True) / np.maximum(user_rows, 1)
+        item_bias = sums(False) / np.maximum(item_rows, 1)
     return BiasBaseline(mean, user_bias, item_bias)
+
+
+def bias_rmse(baseline: BiasBaseline, chunks: Iterable[tuple]) -> float:
+    """The baseline's RMSE on rows given chunk by chunk (users, items, ratings)."""
+    squares, rows = 0.0, 0
+    for users, items, ratings in chunks:
+        error = baseline.predict(users, items) - ratings.astype(np.float64)
+        squares, rows = squares + float(np.sum(error**2)), rows + len(error)
+    return float(np.sqrt(squares / max(rows, 1)))
 
 
 def popularity_scores(train: Interactions) -> np.ndarray:

@@ -32,7 +32,7 @@ FORMATS = ("auto", "movielens", "recbole", "csv")
 SPLITS = ("random", "time")
 
 # Header names each column may have, lower case (a RecBole header's `:type` suffix removed).
-_COLUMN_NAMES = {
+COLUMN_NAMES = {
     "user": ("user", "user_id", "userid"),
     "item": ("item", "item_id", "itemid", "movie_id", "movieid"),
     "rating": ("rating", "label", "click", "score"),
@@ -42,7 +42,7 @@ _COLUMN_NAMES = {
 # blanks around it removed and compared in Unicode's composed form (NFC), except an empty one
 # and one holding a control character (a tab, a line end: `log_identity` hashes ids as lines).
 # All whole numbers (ASCII digits, a sign) are read as int64 ids.
-_WHOLE = re.compile(r"[+-]?[0-9]+")
+WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 ID_RULE = (
     "an id is any text but an empty one or one holding a control character, the blanks "
     "around it not part of it"
@@ -280,7 +280,7 @@ def _columns(
     """Each column's fields by its role (user, item, ...) or, for a feature, its own name."""
     roles: dict[str, int] = {}
     for index, name in enumerate(header):
-        role = next((r for r, names in _COLUMN_NAMES.items() if name in names), name)
+        role = next((r for r, names in COLUMN_NAMES.items() if name in names), name)
         if role in roles:
             raise ValueError(
                 f"{path}'s header names two {role} columns ({header[roles[role]]} and {name}); "
@@ -292,7 +292,7 @@ def _columns(
             raise ValueError(
                 f"{path}'s header names no {needed} column (it names {', '.join(header)}); "
                 f"name the columns user,item[,rating|label][,timestamp] in the first line "
-                f"({needed} may also be called {' or '.join(_COLUMN_NAMES[needed][1:])})."
+                f"({needed} may also be called {' or '.join(COLUMN_NAMES[needed][1:])})."
             )
     for offset, row in enumerate(rows):
         if len(row) != len(header):
@@ -353,12 +353,12 @@ def _indices(
                 f"{path} line {_line_of(lines, inverse == position)}: the {role} id {what} "
                 f"({ID_RULE}); {fix}."
             )
-    if all(_WHOLE.fullmatch(value) for value in distinct.tolist()):
+    if all(WHOLE_NUMBER.fullmatch(value) for value in distinct.tolist()):
         try:
             numbers = distinct.astype(np.int64)
         except OverflowError:
             position, value = next(
-                (i, v) for i, v in enumerate(distinct.tolist()) if not _fits_int64(v)
+                (i, v) for i, v in enumerate(distinct.tolist()) if not fits_int64(v)
             )
             raise ValueError(
                 f"{path} line {_line_of(lines, inverse == position)}: the {role} id {value!r} "
@@ -372,7 +372,7 @@ def _indices(
     return inverse.astype(np.int32), distinct
 
 
-def _fits_int64(whole_number: str) -> bool:
+def fits_int64(whole_number: str) -> bool:
     return -(2**63) <= int(whole_number) < 2**63
 
 
@@ -404,10 +404,10 @@ def _timestamps(path: str, fields: Sequence[str], lines: np.ndarray) -> np.ndarr
     except (ValueError, OverflowError):
         pass  # a fraction, a number written with an exponent, or one beyond int64
     times = _numbers(path, "timestamp", fields, lines)
-    whole = np.fromiter((_WHOLE.fullmatch(field) is not None for field in fields), bool)
+    whole = np.fromiter((WHOLE_NUMBER.fullmatch(field) is not None for field in fields), bool)
     # As a float64, 2^63 - 1 is 2^63: a whole number that large is told by its digits.
     for offset in np.flatnonzero(np.abs(times) >= 2.0**63).tolist():
-        if not (whole[offset] and _fits_int64(fields[offset])):
+        if not (whole[offset] and fits_int64(fields[offset])):
             raise ValueError(
                 f"{path} line {lines[offset]}: the timestamp {fields[offset]!r} is beyond "
                 "int64 (|timestamp| < 2^63, about 9.2e18), the numbers timestamps are kept "

@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
 
 from loops.input.random_access import SeekableBatches
-from loops.input.sharded_logs import BlockTable, LogPart, ShardedLog
+from loops.input.sharded_logs import BlockTable, ShardedLog
 from loops.vocabulary.whole_numbers import check_whole
 
 # A block's rows as the step reads them: a nest of arrays, rows first.
@@ -44,11 +44,23 @@ class StreamStats:
             self.most_rows_held = max(self.most_rows_held, rows)
 
 
+class Part(Protocol):
+    """Some rows of a log, read block by block: a `sharded_logs.LogPart` (a hash split) or
+    another rule's part (a time split's)."""
+
+    @property
+    def log(self) -> ShardedLog: ...
+
+    def counts(self) -> np.ndarray: ...
+
+    def read(self, block: int) -> BlockTable: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Rows:
     """Some rows of a log (`part`: a split) and how a block of them is prepared for the step."""
 
-    part: LogPart
+    part: Part
     prepare: Prepare
 
     @property
