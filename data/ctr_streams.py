@@ -192,12 +192,15 @@ def fitted_log(
     model_dir: str | None,
     flags: str,
     grown_from: feature_tables.FittedFeatures | None = None,
+    worker: tuple[int, int] | None = None,
 ) -> feature_tables.FittedFeatures:
     """The statistics of the log's training rows: those a run in `model_dir` fitted on the
     same log, spec and split (`FITTED_FILE`: a resume reads them, never recomputes them),
     else one pass that checks every field the training rows hold (before TensorFlow starts);
     with `grown_from` (the statistics of the run a continuation goes on from), those grown
-    by them (`loops.input.feature_growth.grown`).
+    by them (`loops.input.feature_growth.grown`). `worker`: this task's (index, count) among
+    the workers of a cluster (`loops.cluster.cluster_config.pass_worker`), which then split
+    the pass through `model_dir` (`loops.input.fit_exchange`).
 
     Raises:
         ValueError: a field its column does not take, naming the shard, the row, the value and
@@ -210,8 +213,15 @@ def fitted_log(
     saved = _saved_fit(model_dir, basis)
     if saved is not None:
         return saved
+    band = Split(*split).bands()["train"]
     try:
-        fitted = fit_log(spec, log, Split(*split).bands()["train"])
+        if worker is not None and model_dir:
+            from loops.input import fit_exchange
+
+            folder = fit_exchange.shares_folder(model_dir, basis)
+            fitted = fit_exchange.fit_split(spec, log, band, folder=folder, worker=worker)
+        else:
+            fitted = fit_log(spec, log, band)
     except ValueError as error:
         raise ValueError(f"{error} ({flags})") from None
     return fitted if grown_from is None else grown(grown_from, fitted)

@@ -59,6 +59,9 @@ class CTRTraining:
         checked: where `check` keeps what it read (the spec and the table of a file, and the
             identity), for a CTRTraining of the same run built later (once TensorFlow has
             started) to read again; None: its own.
+        pass_worker: this task's (index, count) among the workers of a cluster, which split
+            the statistics pass of a log of shards through the model_dir
+            (`loops.input.fit_exchange`); None: this process reads every block.
 
     Raises:
         ValueError: data without spec, or spec without data.
@@ -76,8 +79,10 @@ class CTRTraining:
         clip_norm: float | None = None,
         warm_start: Mapping[str, Any] | None = None,
         checked: dict[str, Any] | None = None,
+        pass_worker: tuple[int, int] | None = None,
     ):
         self.data, self.model = dict(data), dict(model)
+        self.pass_worker = pass_worker
         if (self.data["data"] is None) != (self.data["spec"] is None):
             given, missing = ("data", "spec") if self.data["spec"] is None else ("spec", "data")
             raise ValueError(
@@ -187,6 +192,7 @@ class CTRTraining:
                 model_dir=self.checked.get("model_dir"),
                 flags=f"--data={self.data['data']}, --spec={self.data['spec']}",
                 grown_from=self.grown_from(),
+                worker=self.pass_worker,
             )
         return spec, log, self.checked["fitted"]
 

@@ -294,8 +294,9 @@ LOOP_RUNS = {
             ("dlrm", ("--placed_tables", "--table_optimizer=adagrad")),
         )
     },
-    # A sharded Parquet log streamed (`SHARDED_LOG`): each worker reads every block of a
-    # window and keeps its replica's rows; the last validation batch is partial.
+    # A sharded Parquet log streamed (`write_sharded_log`): the workers split the statistics
+    # pass (a chunk each); each reads every block of a window and keeps its replica's rows;
+    # the last validation batch is partial.
     "ctr_sharded": (
         "loops.bin.ctr",
         [
@@ -417,8 +418,9 @@ def write_interaction_shards(folder):
 
 
 def write_sharded_log(folder):
-    """`ctr_sharded`'s log: 900 generated click rows in 3 Parquet shards of row groups of 50,
-    and its spec beside it."""
+    """`ctr_sharded`'s log: 900 generated click rows in 3 Parquet shards of row groups of 10
+    (90 blocks: 2 chunks of the statistics pass, one for each of 2 workers), and its spec
+    beside it."""
     import json
 
     import pyarrow as pa
@@ -438,7 +440,7 @@ def write_sharded_log(folder):
     table = pa.table(columns)
     for shard in range(3):
         pq.write_table(table.slice(shard * 300, 300), f"{folder}/part-{shard}.parquet",
-                       row_group_size=50)  # fmt: skip
+                       row_group_size=10)  # fmt: skip
     kinds = {"I": "numeric", "C": "categorical", "t": "multi_hot"}
     spec = {"label": "clicked", "columns": [
         {"name": name, "kind": kinds[name[0]]} for name in columns if name != "clicked"
@@ -546,6 +548,15 @@ def test_ctr_on_two_workers_evaluates_and_tests_every_row_as_one_process_does(lo
             assert sorted(got[figures]) == sorted(expected[figures])
             for name, value in expected[figures].items():
                 assert got[figures][name] == pytest.approx(value, rel=1e-6), (figures, name)
+    if loop == "ctr_sharded":  # the workers split the statistics pass: a share each, one fit
+        runs = os.path.join(loop_runs, loop)
+        shares = glob.glob(os.path.join(runs, "workers2", ".fit_shares", "*", "share-*-of-2.json"))
+        assert len(shares) == 2, shares
+        fitted = {}
+        for name in ("workers2", "replicas1"):
+            with open(os.path.join(runs, name, "streamed_features.json")) as stream:
+                fitted[name] = json.load(stream)["fitted"]
+        assert fitted["workers2"] == fitted["replicas1"]
     placed = {
         name: {
             table["split"]

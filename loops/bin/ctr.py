@@ -6,6 +6,7 @@ from absl import flags
 from loops.bin import binary_flags, training_settings
 from loops.cli import application
 from loops.cli import flags as loop_flags
+from loops.cluster import cluster_config
 from loops_data import ctr_training
 from loops_data import settings as data_settings
 from loops_models import settings as model_settings
@@ -29,6 +30,8 @@ def _training() -> ctr_training.CTRTraining:
         weight_copies=(copies, training_settings.weight_copies(optimizer)),
         warm_start=loop_flags.setting_values(training_settings.WARM_START),
         checked=_checked,
+        # The workers of a cluster split the statistics pass of a log of shards.
+        pass_worker=cluster_config.pass_worker(FLAGS.strategy),
         **loop_flags.clip_norm_argument(),
     )
 

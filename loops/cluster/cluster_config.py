@@ -244,3 +244,24 @@ def bind_own_port(task: str, address: str) -> socket.socket:
 def check_port_free(task: str, address: str) -> None:
     """Raises ValueError (see `bind_own_port`) unless `task`'s port is free now."""
     bind_own_port(task, address).close()
+
+
+def pass_worker(strategy: str) -> tuple[int, int] | None:
+    """This task's (index, count) among the tasks that each run the binary's data passes
+    under `strategy`: the chief and workers of a multi_worker_mirrored cluster in TF_CONFIG
+    (chief first, then workers by index); None for one process or any other strategy (a
+    parameter-server cluster's coordinator passes over the data alone).
+
+    Raises:
+        ValueError: TF_CONFIG as `read_tf_config`, `cluster_addresses` or `this_task`.
+    """
+    config = read_tf_config()
+    if strategy != "multi_worker_mirrored" or not config:
+        return None
+    addresses = cluster_addresses(config, resolve=False)
+    tasks = [
+        (kind, index) for kind in ("chief", "worker") for index in sorted(addresses.get(kind, {}))
+    ]
+    if len(tasks) < 2:
+        return None
+    return tasks.index(this_task(config, addresses)), len(tasks)

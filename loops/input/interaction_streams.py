@@ -69,9 +69,9 @@ def roles_of(log: ShardedLog) -> Roles:
     return Roles(found["user"], found["item"], found.get("rating"), found.get("timestamp"))
 
 
-def _texts(block: BlockTable, column: str, role: str) -> np.ndarray:
-    """A block's ids of `column` as text (whole numbers written as digits), a missing one
-    refused naming its shard and row."""
+def _raw_ids(block: BlockTable, column: str, role: str) -> np.ndarray:
+    """A block's ids of `column` as they are stored: int64 for an integer column, else text;
+    a missing one refused naming its shard and row."""
     values = block.arrow[column]
     missing = values.null_count
     if missing:
@@ -82,7 +82,7 @@ def _texts(block: BlockTable, column: str, role: str) -> np.ndarray:
         )
     array = values.to_numpy(zero_copy_only=False)
     if array.dtype.kind in "iu":
-        return array.astype(np.int64).astype(str)
+        return array.astype(np.int64)
     return np.asarray([str(v.decode() if isinstance(v, bytes) else v) for v in array], str)
 
 
@@ -283,9 +283,9 @@ def fit_ids(log: ShardedLog, roles: Roles, split: Split, cuts: TimeCuts | None =
         for part, keep in parts.items():
             block_rows[part][block] = int(keep.sum())
         for role, column, seen in (("user", roles.user, users), ("item", roles.item, items)):
-            distinct, inverse = np.unique(_texts(table, column, role), return_inverse=True)
+            distinct, inverse = np.unique(_raw_ids(table, column, role), return_inverse=True)
             counts = np.bincount(inverse.reshape(-1)[train], minlength=len(distinct))
-            for value, count in zip(distinct.tolist(), counts.tolist(), strict=True):
+            for value, count in zip(distinct.astype(str).tolist(), counts.tolist(), strict=True):
                 seen[value] = seen.get(value, 0) + count
         if roles.rating is not None:
             rating_sum += float(_ratings(table, roles.rating)[train].astype(np.float64).sum())
@@ -302,8 +302,16 @@ def fit_ids(log: ShardedLog, roles: Roles, split: Split, cuts: TimeCuts | None =
 def _numbers(block: BlockTable, column: str, role: str) -> np.ndarray:
     """A block's `column` as finite float64 numbers (text read as numbers); a missing one or
     one that is not a number refused naming its shard and row."""
-    values = block.arrow[column].to_numpy(zero_copy_only=False)
-    numbers = np.asarray([_number_or_nan(v) for v in values.tolist()], np.float64)
+    import pyarrow
+
+    stored = block.arrow[column]
+    values = stored.to_numpy(zero_copy_only=False)
+    if stored.null_count == 0 and (
+        pyarrow.types.is_floating(stored.type) or pyarrow.types.is_integer(stored.type)
+    ):
+        numbers = values.astype(np.float64)
+    else:
+        numbers = np.asarray([_number_or_nan(v) for v in values.tolist()], np.float64)
     bad = np.flatnonzero(~np.isfinite(numbers))
     if len(bad):
         row = _row_in(block, int(bad[0]))
@@ -409,12 +417,16 @@ class InteractionLog:
         return self.roles.rating is None
 
     def _indices(self, block: BlockTable, column: str, ids: np.ndarray, role: str) -> np.ndarray:
-        texts = _texts(block, column, role)
-        distinct, inverse = np.unique(texts, return_inverse=True)
-        keys: np.ndarray = np.asarray([_composed(t) for t in distinct.tolist()] or [""], str)
-        keys = keys[: len(distinct)]
-        if ids.dtype.kind == "i":
-            keys = keys.astype(np.int64)
+        raw = _raw_ids(block, column, role)
+        if raw.dtype.kind == "i" and ids.dtype.kind == "i":
+            # Integers on both sides: searched as they are, no text made of them.
+            keys, inverse = raw, np.arange(len(raw))
+        else:
+            distinct, inverse = np.unique(raw.astype(str), return_inverse=True)
+            keys = np.asarray([_composed(t) for t in distinct.tolist()] or [""], str)
+            keys = keys[: len(distinct)]
+            if ids.dtype.kind == "i":
+                keys = keys.astype(np.int64)
         found = np.searchsorted(ids, keys)
         inside = np.minimum(found, len(ids) - 1)
         if len(keys) and (np.any(found >= len(ids)) or np.any(ids[inside] != keys)):
