@@ -272,6 +272,46 @@ def streamed_click_through(strategy, **settings):
     )
 
 
+def streamed_rating(strategy, **settings):
+    """The rating model on an interaction log of 3 Parquet shards streamed
+    (`loops.input.interaction_streams`): shuffled full batches of its training rows (every
+    user and item among its 90 rows), its test rows evaluated (a partial last batch)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loops.input import interaction_streams, sharded_logs, streaming_fit
+
+    folder = os.path.abspath("streamed_interactions")
+    if not os.path.isdir(folder):
+        rng = np.random.default_rng(6)
+        columns = {
+            "user": np.concatenate([np.arange(USERS), rng.integers(0, USERS, 90 - USERS)]),
+            "item": np.concatenate([np.arange(ITEMS), rng.integers(0, ITEMS, 90 - ITEMS)]),
+            "rating": rng.integers(1, 6, 90).astype(np.float32),
+        }
+        os.makedirs(folder)
+        for shard in range(3):
+            part = pa.table(columns).slice(shard * 30, 30)
+            pq.write_table(part, f"{folder}/part-{shard}.parquet", row_group_size=10)
+    log = sharded_logs.ShardedLog.open(folder)
+    rows = interaction_streams.InteractionLog(log, streaming_fit.Split(0.3))
+    assert (rows.fitted.num_users, rows.fitted.num_items) == (USERS, ITEMS)
+    own = strategy.num_replicas_in_sync == 1
+    return make_trainer(
+        loops.RatingLoop,
+        model_fn=lambda: rating_model(own),
+        optimizer_fn=adam,
+        table_optimizer_fn=None if own else lambda: keras.optimizers.Adagrad(RATE),
+        strategy=strategy,
+        train_data=rows.train_batches(
+            with_ratings=True, global_batch_size=BATCH, seed=4, window_blocks=2
+        ),
+        eval_data=rows.eval_batches("test", global_batch_size=BATCH),
+        progress=testing.quiet_progress(),
+        **settings,
+    )
+
+
 CTR_MODELS = tuple(f"ctr {builder}" for builder in ctr_models.MODELS)
 KINDS = {
     "rating": rating,
@@ -280,6 +320,7 @@ KINDS = {
     "gan": gan,
     **{kind: click_through(kind.removeprefix("ctr ")) for kind in CTR_MODELS},
     "ctr streamed": streamed_click_through,
+    "rating streamed": streamed_rating,
 }
 COUNTED = {
     "rating": "pairs",
@@ -288,6 +329,7 @@ COUNTED = {
     "gan": "num_examples",
     **dict.fromkeys(CTR_MODELS, "examples"),
     "ctr streamed": "examples",
+    "rating streamed": "pairs",
 }
 ASYNCHRONOUS = ("rating", "retrieval", "lm")
 

@@ -58,6 +58,9 @@ def test_the_recommenders_lm_gan_and_ctr_train_exactly_on_two_workers_and_two_se
     assert report["ctr streamed"]["counted"] == [8, 8, 8]
     assert report["ctr streamed"]["table_shards"] == [2]
     assert 0 < report["ctr streamed"]["eval"]["examples"] % 8
+    # The rating model on 3 streamed Parquet shards of interactions: full batches of 8.
+    assert report["rating streamed"]["counted"] == [8, 8, 8]
+    assert report["rating streamed"]["table_shards"] == [2]
     for kind in ("ctr wide_and_deep", "ctr dcn_v2", "ctr dlrm"):
         assert report[kind]["counted"] == [8, 8, 5]
         assert report[kind]["eval"]["examples"] == 21 and 0 < report[kind]["eval"]["auc"] < 1
