@@ -214,15 +214,10 @@ def run_ctr(data: str, model_dir: str, args, *extra: str) -> dict:
         "--table_learning_rate=0.05",
         *extra,
     ]
-    measured = [sys.executable, "-c", MEASURED, *command]
-    started = time.perf_counter()
     with _memory_limit(args.memory_limit_gb) as enter:
-        done = subprocess.run(measured, capture_output=True, text=True, preexec_fn=enter)
-    figures = {"exit_code": done.returncode, "wall_s": round(time.perf_counter() - started, 1)}
-    if done.returncode:
-        figures["error"] = (done.stderr or done.stdout)[-800:]
+        figures, child = measured_run(command, preexec_fn=enter)
+    if child is None:
         return figures
-    child = json.loads(done.stdout.strip().splitlines()[-1])
     with open(os.path.join(model_dir, "results.json")) as stream:
         results = json.load(stream)
     figures.update(
@@ -241,6 +236,26 @@ MEASURED = (
     "print(json.dumps({'maxrss_kb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n"
     "sys.exit(code)\n"
 )
+
+
+def measured_run(command: list, *, preexec_fn=None) -> tuple[dict, dict | None]:
+    """Runs `command` in a child that reports its peak memory (`MEASURED`): (exit_code and
+    wall_s, with the error's last lines where it failed; the child's report, None then)."""
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURED, *command],
+        capture_output=True,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
+    figures: dict = {
+        "exit_code": done.returncode,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    if done.returncode:
+        figures["error"] = (done.stderr or done.stdout)[-800:]
+        return figures, None
+    return figures, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 class _memory_limit:

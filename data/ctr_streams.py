@@ -242,8 +242,11 @@ def _basis(
     return basis
 
 
-def _saved_fit(model_dir: str | None, basis: dict) -> feature_tables.FittedFeatures | None:
-    path = os.path.join(model_dir or "", FITTED_FILE)
+def saved_pass(model_dir: str | None, name: str, basis: Any, read: Any) -> Any:
+    """`read(saved)` of the JSON file `name` in `model_dir` that a run's pass wrote for the
+    same `basis` (what it was fitted on); None where there is none, it was fitted on another
+    basis, or it does not read (the pass then runs again, and its file is written anew)."""
+    path = os.path.join(model_dir or "", name)
     if not model_dir or not os.path.isfile(path):
         return None
     try:
@@ -251,9 +254,18 @@ def _saved_fit(model_dir: str | None, basis: dict) -> feature_tables.FittedFeatu
             saved = json.load(stream)
         if saved.get("basis") != json.loads(json.dumps(basis)):
             return None
-        return feature_tables.FittedFeatures.from_json(saved["fitted"])
+        return read(saved)
     except (OSError, ValueError, KeyError, TypeError):
-        return None  # unreadable: fitted again, and written anew
+        return None
+
+
+def _saved_fit(model_dir: str | None, basis: dict) -> feature_tables.FittedFeatures | None:
+    return saved_pass(
+        model_dir,
+        FITTED_FILE,
+        basis,
+        lambda saved: feature_tables.FittedFeatures.from_json(saved["fitted"]),
+    )
 
 
 def save_fit(

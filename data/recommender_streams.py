@@ -2,8 +2,8 @@
 --format, or a Parquet, TFRecord or TSV file): an interaction log streamed in bounded memory
 (`loops.input.interaction_streams`), split by a hash of each row's shard name and row number
 (--split=random) or by a cut in time (--split=time), its ids numbered by one pass before
-TensorFlow starts; the batches, baselines, test figures,
-notes and identity a `SplitLog` gives of a log in memory, from passes over the shards.
+training (kept in the model_dir for a resume: `IDS_FILE`); the batches, baselines, test
+figures, notes and identity a `SplitLog` gives of a log in memory, from passes over the shards.
 
 What grows with the rows: nothing for the rating model (its baseline takes one pass a round);
 the retrieval model's ranking evaluation holds the (user, item) pairs of the training and
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 
 from loops.input import interaction_baselines, sharded_logs
 from loops.input.interaction_streams import FittedIds, InteractionLog
-from loops_data.ctr_streams import SPLIT_WORDS, log_record
+from loops_data.ctr_streams import SPLIT_WORDS, log_record, saved_pass
 
 # A time split of a stream in words (results.json's "data": "split").
 TIME_WORDS = (
@@ -242,18 +241,11 @@ def _saved(model_dir: str | None, basis: dict[str, Any]) -> Any:
     """The ids and cuts `IDS_FILE` in `model_dir` holds for `basis`, else None."""
     from loops.input.interaction_streams import TimeCuts
 
-    path = os.path.join(model_dir or "", IDS_FILE)
-    if not model_dir or not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as stream:
-            saved = json.load(stream)
-        if saved.get("basis") != basis:
-            return None
+    def read(saved: dict[str, Any]) -> Any:
         cuts = None if saved["cuts"] is None else TimeCuts(**saved["cuts"])
         return FittedIds.from_json(saved["fitted"]), cuts
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # unreadable: fitted again, and written anew
+
+    return saved_pass(model_dir, IDS_FILE, basis, read)
 
 
 def read_streamed(data: Mapping[str, Any], *, model_dir: str | None = None) -> StreamedSplit:

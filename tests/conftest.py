@@ -502,6 +502,48 @@ def logged_run(log_prefix):
     return subprocess.CompletedProcess([], int(texts[0]), texts[1], texts[2])
 
 
+# A binary run in this process (`python -c KILLED_AT_LOOP module flags...`) that SIGKILLs
+# itself as its KILL_AT_LOOP-th inner loop starts (after the checkpoint before it was written).
+KILLED_AT_LOOP = """
+import importlib, os, signal, sys
+from loops.definition import executors
+calls = {"n": 0}
+run = executors.Executor.run
+def killing(self, *args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == int(os.environ["KILL_AT_LOOP"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return run(self, *args, **kwargs)
+executors.Executor.run = killing
+module, sys.argv = sys.argv[1], sys.argv[1:]
+importlib.import_module(module).run()
+"""
+
+
+def binary_run(module, flags, *, kill_at=None, timeout=600):
+    """`python -m module flags...` from the repository root, or with `kill_at` the same run
+    SIGKILLed as its kill_at-th inner loop starts; the CompletedProcess."""
+    env = dict(SUBPROCESS_ENV)
+    command = [sys.executable, "-m", module, *flags]
+    if kill_at is not None:
+        env["KILL_AT_LOOP"] = str(kill_at)
+        command = [sys.executable, "-c", KILLED_AT_LOOP, module, *flags]
+    return subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
+    )
+
+
+def final_weights(model_dir):
+    """The model's and optimizer's variables in the newest checkpoint of a run's model_dir."""
+    path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    reader = tf.train.load_checkpoint(path)
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if "model" in name or "optimizer" in name
+    }
+
+
 def read_results(model_dir):
     """The results.json a run wrote into model_dir."""
     with open(os.path.join(model_dir, "results.json")) as stream:

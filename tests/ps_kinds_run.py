@@ -118,8 +118,11 @@ def adam():
     return keras.optimizers.Adam(RATE, epsilon=1e-3)
 
 
-def rating(strategy, **settings):
-    users, items, ratings = interactions()
+def rating(strategy, data=None, **settings):
+    """The rating model on `interactions()`, or on `data` (its train_data and eval_data)."""
+    if data is None:
+        rows = batches(interactions())
+        data = {"train_data": rows, "eval_data": rows}
     own = strategy.num_replicas_in_sync == 1
     return make_trainer(
         loops.RatingLoop,
@@ -127,9 +130,8 @@ def rating(strategy, **settings):
         optimizer_fn=adam,
         table_optimizer_fn=None if own else lambda: keras.optimizers.Adagrad(RATE),
         strategy=strategy,
-        train_data=batches((users, items, ratings)),
-        eval_data=batches((users, items, ratings)),
         progress=testing.quiet_progress(),
+        **data,
         **settings,
     )
 
@@ -296,20 +298,13 @@ def streamed_rating(strategy, **settings):
     log = sharded_logs.ShardedLog.open(folder)
     rows = interaction_streams.InteractionLog(log, streaming_fit.Split(0.3))
     assert (rows.fitted.num_users, rows.fitted.num_items) == (USERS, ITEMS)
-    own = strategy.num_replicas_in_sync == 1
-    return make_trainer(
-        loops.RatingLoop,
-        model_fn=lambda: rating_model(own),
-        optimizer_fn=adam,
-        table_optimizer_fn=None if own else lambda: keras.optimizers.Adagrad(RATE),
-        strategy=strategy,
-        train_data=rows.train_batches(
+    data = {
+        "train_data": rows.train_batches(
             with_ratings=True, global_batch_size=BATCH, seed=4, window_blocks=2
         ),
-        eval_data=rows.eval_batches("test", global_batch_size=BATCH),
-        progress=testing.quiet_progress(),
-        **settings,
-    )
+        "eval_data": rows.eval_batches("test", global_batch_size=BATCH),
+    }
+    return rating(strategy, data, **settings)
 
 
 CTR_MODELS = tuple(f"ctr {builder}" for builder in ctr_models.MODELS)

@@ -6,8 +6,6 @@ run's weights on the same layout and on another."""
 import os
 import shutil
 import signal
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import ROOT, SUBPROCESS_ENV
+from conftest import binary_run, final_weights
 from loops.input import feature_streams, feature_tables, sharded_logs, streaming_fit
 from loops_data import ctr_data
 from loops_data.ctr_tables import features_of
@@ -145,22 +143,6 @@ def test_streamed_shuffled_batches_give_the_same_numbers_on_1_2_and_4_replicas(s
 
 # ---- loops-ctr on shards, killed mid-epoch (SIGKILL) and resumed. ----
 
-KILL_RUN = """
-import os, signal, sys
-from loops.definition import executors
-calls = {"n": 0}
-run = executors.Executor.run
-def killing(self, *args, **kwargs):
-    calls["n"] += 1
-    if calls["n"] == int(os.environ["KILL_AT_LOOP"]):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return run(self, *args, **kwargs)
-executors.Executor.run = killing
-sys.argv = ["loops-ctr", *sys.argv[1:]]
-from loops.bin import ctr
-ctr.run()
-"""
-
 
 def ctr_run(model_dir, shards, spec, *extra, kill_at=None):
     flags = [
@@ -178,23 +160,7 @@ def ctr_run(model_dir, shards, spec, *extra, kill_at=None):
         "--seed=1",
         *extra,
     ]
-    env = dict(SUBPROCESS_ENV)
-    if kill_at is not None:
-        env["KILL_AT_LOOP"] = str(kill_at)
-        command = [sys.executable, "-c", KILL_RUN, *flags]
-    else:
-        command = [sys.executable, "-m", "loops.bin.ctr", *flags]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-
-
-def final_weights(model_dir):
-    path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-    reader = tf.train.load_checkpoint(path)
-    return {
-        name: reader.get_tensor(name)
-        for name in reader.get_variable_to_shape_map()
-        if "model" in name or "optimizer" in name
-    }
+    return binary_run("loops.bin.ctr", flags, kill_at=kill_at)
 
 
 def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_another_layout(

@@ -8,8 +8,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -19,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import ROOT, SUBPROCESS_ENV
+from conftest import binary_run, final_weights
 from loops.input import interaction_baselines, interaction_logs, interaction_streams
 from loops.input.sharded_logs import ShardedLog
 from loops.input.streaming_fit import Split
@@ -302,22 +300,6 @@ def test_a_streamed_log_refuses_what_it_cannot_do_and_names_the_fix(shards, tmp_
 
 # ---- loops-recommender on shards, killed mid-epoch (SIGKILL) and resumed. ----
 
-KILL_RUN = """
-import os, signal, sys
-from loops.definition import executors
-calls = {"n": 0}
-run = executors.Executor.run
-def killing(self, *args, **kwargs):
-    calls["n"] += 1
-    if calls["n"] == int(os.environ["KILL_AT_LOOP"]):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return run(self, *args, **kwargs)
-executors.Executor.run = killing
-sys.argv = ["loops-recommender", *sys.argv[1:]]
-from loops.bin import recommender
-recommender.run()
-"""
-
 
 def recommender_run(model_dir, shards, *extra, kill_at=None):
     flags = [
@@ -335,23 +317,7 @@ def recommender_run(model_dir, shards, *extra, kill_at=None):
         "--seed=1",
         *extra,
     ]
-    env = dict(SUBPROCESS_ENV)
-    if kill_at is not None:
-        env["KILL_AT_LOOP"] = str(kill_at)
-        command = [sys.executable, "-c", KILL_RUN, *flags]
-    else:
-        command = [sys.executable, "-m", "loops.bin.recommender", *flags]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-
-
-def final_weights(model_dir):
-    path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-    reader = tf.train.load_checkpoint(path)
-    return {
-        name: reader.get_tensor(name)
-        for name in reader.get_variable_to_shape_map()
-        if "model" in name or "optimizer" in name
-    }
+    return binary_run("loops.bin.recommender", flags, kill_at=kill_at)
 
 
 def test_loops_recommender_on_shards_killed_mid_epoch_resumes_bit_identical_here_and_moved(
