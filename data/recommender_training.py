@@ -168,6 +168,16 @@ class RecommenderTraining:
             filled.update(best)
         return filled
 
+    def check_streamable(self) -> None:
+        """Refuses, before any work, what a log of shards cannot do
+        (`loops_data.recommender_streams.check_streamable`); a file read whole passes."""
+        if self.streamed:
+            from loops_data import recommender_streams
+
+            recommender_streams.check_streamable(
+                self.data, self.model, self.warm_start_values.get("continue_from")
+            )
+
     def read(self) -> Any:
         """The log read and split, once (a `loops_data.recommender_data.SplitLog`, or a
         `loops_data.recommender_streams.StreamedSplit` of a log of shards); a top K
@@ -185,9 +195,7 @@ class RecommenderTraining:
             if self.streamed:
                 from loops_data import recommender_streams
 
-                recommender_streams.check_streamable(
-                    self.data, self.model, self.warm_start_values.get("continue_from")
-                )
+                self.check_streamable()
                 log = recommender_streams.read_streamed(self.data, model_dir=self.model_dir)
             else:
                 log = recommender_data.read_split(

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import loops
-from conftest import binary_run, final_weights
+from conftest import binary_run, final_weights, run_module
 from loops.input import interaction_baselines, interaction_logs, interaction_streams
 from loops.input.sharded_logs import ShardedLog
 from loops.input.streaming_fit import Split
@@ -274,6 +274,14 @@ def test_a_streamed_log_refuses_what_it_cannot_do_and_names_the_fix(shards, tmp_
         recommender_streams.check_streamable(data, {"user_history": True})
     with pytest.raises(ValueError, match="--continue_from=old grows"):
         recommender_streams.check_streamable(data, {}, "old")
+    # The binary refuses it before any work: no model_dir made, no traceback.
+    done = run_module(
+        "loops.bin.recommender", f"--data={shards}", "--model=rating", "--user_history",
+        f"--model_dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "--user_history holds every user's training items" in done.stderr
+    assert not (tmp_path / "run").exists()
     no_user = tmp_path / "no_user"
     no_user.mkdir()
     pq.write_table(pa.table({"item": [1, 2], "rating": [1.0, 2.0]}), no_user / "a.parquet")

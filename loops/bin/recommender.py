@@ -33,9 +33,9 @@ def _training() -> recommender_training.RecommenderTraining:
 def _prepare() -> None:
     """Refuses --placed_tables or --dynamic_ids without a table optimizer of their own
     (`check_dynamic_ids`), a --warm_start_from or --continue_from that cannot be one
-    (`check_warm_start`) and --export_deltas without the export it follows (`delta_base`);
-    fills in --data as an
-    absolute path and the metric kept best (`RecommenderTraining.filled_in`)."""
+    (`check_warm_start`), --export_deltas without the export it follows (`delta_base`) and
+    what a log of shards cannot do (`RecommenderTraining.check_streamable`); fills in --data
+    as an absolute path and the metric kept best (`RecommenderTraining.filled_in`)."""
     tables = loop_flags.setting_values(training_settings.TABLE_OPTIMIZER)
     training_settings.check_placed_tables(tables)
     recommender_training.check_dynamic_ids(
@@ -47,7 +47,9 @@ def _prepare() -> None:
     starts = loop_flags.setting_values(training_settings.WARM_START)
     training_settings.check_warm_start(starts, FLAGS.model_dir)
     training_settings.delta_base(starts)
-    loop_flags.set_values(_training().filled_in(FLAGS.keep_best_metric))
+    training = _training()
+    training.check_streamable()
+    loop_flags.set_values(training.filled_in(FLAGS.keep_best_metric))
 
 
 def build_trainer():
