@@ -64,24 +64,35 @@ def _ids_of(source: str, flag: str) -> dict[str, Any]:
 
 
 def check_dynamic_ids(
-    model: Mapping[str, Any], table_optimizer: str, strategy: str = "default", replicas: int = 1
+    model: Mapping[str, Any],
+    table_optimizer: str,
+    strategy: str = "default",
+    replicas: int = 1,
+    parameter_server_mode: str = "exact",
 ) -> None:
     """Refuses --dynamic_ids whose tables would have no row rule, or a strategy a
     `loops.DynamicTable` cannot train under (`loops.tables.dynamic_tables`), before
     TensorFlow loads.
 
     Raises:
-        ValueError: --dynamic_ids with --table_optimizer=same, --strategy=parameter_server,
-            or --strategy=central_storage on several replicas.
+        ValueError: --dynamic_ids with --table_optimizer=same, the asynchronous
+            parameter-server mode, or --strategy=central_storage on several replicas.
     """
     if not model["dynamic_ids"]:
         return
-    if strategy == "parameter_server" or (strategy == "central_storage" and replicas > 1):
+    if strategy == "parameter_server" and parameter_server_mode == "async":
+        raise ValueError(
+            "--dynamic_ids cannot train under --parameter_server_mode=async: a dynamic table "
+            "decides each step's admissions from the whole step's ids, and the asynchronous "
+            "workers take their steps apart; pass --parameter_server_mode=exact (the chief "
+            "decides each step before its workers compute it: the same numbers as one "
+            "process), or drop --dynamic_ids."
+        )
+    if strategy == "central_storage" and replicas > 1:
         raise ValueError(
             f"--dynamic_ids cannot train under --strategy={strategy}: a dynamic table decides "
             "each step's admissions from the whole step's ids on every replica, which "
-            "parameter servers' workers (computing a step's slices apart) and central "
-            "storage's one copy of several replicas' tables cannot do; pass "
+            "central storage's one copy of several replicas' tables cannot do; pass "
             "--strategy=mirrored or multi_worker_mirrored (the same numbers), or drop "
             "--dynamic_ids."
         )

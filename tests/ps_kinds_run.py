@@ -307,6 +307,42 @@ def streamed_rating(strategy, **settings):
     return rating(strategy, data, **settings)
 
 
+# Raw ids of the users and items: whole numbers of any size, and strings.
+RAW_USERS = np.array([5, 2**40, -3, 77, 1_000_003, 8, 12], np.int64)
+RAW_ITEMS = np.array([f"item-{index * 7}" for index in range(ITEMS)])
+
+
+def dynamic_rating(strategy, **settings):
+    """The rating model over 4 `loops.DynamicTable`s of 4 rows (7 users and 9 items compete
+    for them: the steps admit, evict and refuse), each trained by its Adagrad rows."""
+    from loops_models import recommender
+
+    rows = batches(interactions())
+    return make_trainer(
+        loops.RatingLoop,
+        model_fn=lambda: recommender.rating_model(
+            num_users=USERS,
+            num_items=ITEMS,
+            embedding_dim=DIM,
+            hidden_units=(6,),
+            l2=0.01,
+            seed=3,
+            table_optimizer_fn=lambda: keras.optimizers.Adagrad(RATE),
+            user_ids=RAW_USERS,
+            item_ids=RAW_ITEMS,
+            dynamic={"capacity": 4, "admit_after": 1},
+        ),
+        optimizer_fn=adam,
+        num_items=ITEMS,
+        strategy=strategy,
+        train_data=rows,
+        eval_data=rows,
+        global_batch_size=BATCH,  # bounds the ids a mirrored replica exchanges
+        progress=testing.quiet_progress(),
+        **settings,
+    )
+
+
 CTR_MODELS = tuple(f"ctr {builder}" for builder in ctr_models.MODELS)
 KINDS = {
     "rating": rating,
@@ -316,6 +352,7 @@ KINDS = {
     **{kind: click_through(kind.removeprefix("ctr ")) for kind in CTR_MODELS},
     "ctr streamed": streamed_click_through,
     "rating streamed": streamed_rating,
+    "rating dynamic": dynamic_rating,
 }
 COUNTED = {
     "rating": "pairs",
@@ -325,6 +362,7 @@ COUNTED = {
     **dict.fromkeys(CTR_MODELS, "examples"),
     "ctr streamed": "examples",
     "rating streamed": "pairs",
+    "rating dynamic": "pairs",
 }
 ASYNCHRONOUS = ("rating", "retrieval", "lm")
 
@@ -333,6 +371,21 @@ def weights(trainer):
     """The model's weights in layer order, each table whole (whatever its shards); a GAN's
     checkpointed variables (both networks, their optimizers, the moving average), as a
     click-through model's (its tables whole, their slots too)."""
+    model = getattr(trainer.definition, "model", None)
+    dynamic = model is not None and any(
+        isinstance(table, loops.DynamicTable) for table in embedding_tables.tables_in(model)
+    )
+    if dynamic:  # and each dynamic table's map (its ids, rows, counts, counters, step)
+        from loops.tables import id_map
+
+        return {
+            **testing.loop_weights(trainer),
+            **{
+                f"map_{table.name}_{field}": np.asarray(getattr(table, f"map_{field}"))
+                for table in embedding_tables.tables_in(model)
+                for field in id_map.FIELDS
+            },
+        }
     if isinstance(trainer.definition, loops.GANLoop | loops.CTRLoop):
         return testing.loop_weights(trainer)
     found = []
@@ -398,11 +451,22 @@ def main(workers, servers, steps):
                 name: float(exact["eval"][name]) for name in ("examples", "auc")
             }
         for name, reference in references[kind].items():
+            for key in (key for key in reference["weights"] if "map_" in key):
+                # A dynamic table's map (ids, rows, counts, counters): equal to the last bit.
+                np.testing.assert_array_equal(
+                    exact["weights"][key], reference["weights"][key], err_msg=f"{name} {key}"
+                )
             testing.assert_close(exact["weights"], reference["weights"], rtol=1e-5, label=name)
             testing.assert_close(exact["logs"], reference["logs"], rtol=1e-5, label=name)
             testing.assert_close(exact["eval"], reference["eval"], rtol=1e-5, label=name)
             report[kind][name] = largest_difference(exact, reference)
         report[kind]["loss"] = exact["logs"]["d_loss" if kind == "gan" else "loss"].tolist()
+        if "ids_evicted" in exact["logs"]:
+            report[kind]["ids"] = {
+                name: exact["logs"][name].tolist()
+                for name in ("ids_resident", "ids_evicted", "ids_refused")
+            }
+            report[kind]["map_keys"] = sum("map_" in key for key in exact["weights"])
         if kind in ASYNCHRONOUS:
             asynchronous = train_run(build, strategy, steps, parameter_server_mode="async")
             report[kind]["async_loss"] = asynchronous["logs"]["loss"].tolist()

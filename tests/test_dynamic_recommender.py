@@ -122,8 +122,12 @@ def test_the_binary_refuses_dynamic_ids_without_a_row_rule_or_on_servers_before_
     with pytest.raises(ValueError, match="--table_optimizer=adagrad, rowwise_adagrad or sgd"):
         recommender_training.check_dynamic_ids({"dynamic_ids": True}, "same")
     recommender_training.check_dynamic_ids({"dynamic_ids": False}, "same")
-    with pytest.raises(ValueError, match="cannot train under --strategy=parameter_server"):
-        recommender_training.check_dynamic_ids({"dynamic_ids": True}, "adagrad", "parameter_server")
+    with pytest.raises(ValueError, match="cannot train under --parameter_server_mode=async"):
+        recommender_training.check_dynamic_ids(
+            {"dynamic_ids": True}, "adagrad", "parameter_server", 1, "async"
+        )
+    # The exact parameter-server mode trains them (tests/ps_kinds_run.py "rating dynamic").
+    recommender_training.check_dynamic_ids({"dynamic_ids": True}, "adagrad", "parameter_server")
     with pytest.raises(ValueError, match="--strategy=central_storage"):
         recommender_training.check_dynamic_ids({"dynamic_ids": True}, "sgd", "central_storage", 2)
     recommender_training.check_dynamic_ids({"dynamic_ids": True}, "sgd", "multi_worker_mirrored")

@@ -58,6 +58,14 @@ def test_the_recommenders_lm_gan_and_ctr_train_exactly_on_two_workers_and_two_se
     assert report["ctr streamed"]["counted"] == [8, 8, 8]
     assert report["ctr streamed"]["table_shards"] == [2]
     assert 0 < report["ctr streamed"]["eval"]["examples"] % 8
+    # The rating model over 4 loops.DynamicTables of 4 rows: the chief decides each step's
+    # admissions from the whole batch before the workers compute their slices, and every
+    # map (ids, rows, counts, counters: 11 arrays a table) equals 1 replica's and 2 mirrored
+    # replicas' to the last bit (asserted by the runner); rows are evicted and refused.
+    dynamic = report["rating dynamic"]
+    assert dynamic["counted"] == [8, 8, 5] and dynamic["map_keys"] == 44
+    assert dynamic["ids"]["ids_resident"][-1] == 16
+    assert dynamic["ids"]["ids_evicted"][-1] > 0 and dynamic["ids"]["ids_refused"][-1] > 0
     # The rating model on 3 streamed Parquet shards of interactions: full batches of 8.
     assert report["rating streamed"]["counted"] == [8, 8, 8]
     assert report["rating streamed"]["table_shards"] == [2]

@@ -43,6 +43,7 @@ def _prepare() -> None:
         tables["table_optimizer"],
         FLAGS.strategy,
         loop_flags.num_replicas(),
+        FLAGS.parameter_server_mode,
     )
     starts = loop_flags.setting_values(training_settings.WARM_START)
     training_settings.check_warm_start(starts, FLAGS.model_dir)

@@ -34,7 +34,7 @@ from loops.core.replica_gradients import ReplicaGradients, ReplicaLoss
 from loops.core.table_updates import update_tables
 from loops.core.update_context import UpdateContext
 from loops.core.weight_average import WeightAverage
-from loops.tables import table_rows
+from loops.tables import dynamic_tables, table_rows
 
 
 class UpdateResult(NamedTuple):
@@ -282,6 +282,7 @@ class Update:
         self.average = _weight_average(context, self.variables()) if averaged else None
         # One bound method for good: the traced function it is given keys its traces on it.
         self._apply_summed = self._apply_sums
+        self._chief_decisions = dynamic_tables.ChiefDecisions(context.strategy)
 
     def variables(self) -> list[tf.Variable]:
         if isinstance(self._trained, keras.Model):
@@ -294,17 +295,17 @@ class Update:
         if self.context.slice_gradients is None:
             replica_loss = tf_private.converted_as_the_caller_is(replica_loss)
             return self._applied(functools.partial(self._replica_gradients, replica_loss), args)
-        # Computed on the parameter-server workers and summed, applied once here, on the
-        # chief (issue 44), the sum and the apply traced as one function. A loss over the
-        # whole batch needs every row in one place: one slice, one worker. The slices'
-        # function is kept by the loss as given (its conversion, made once, is a new
-        # object each time: a new function the workers would trace again every step).
-        return self.context.slice_gradients(
-            self.gradients.slice_function(replica_loss, tf_private.converted_as_the_caller_is),
-            tuple(args),
-            slices=1 if self.whole_batch_loss else None,
-            then=self._apply_summed,
-        )
+        # On the parameter-server workers, summed and applied once here, on the chief (issue
+        # 44), as one traced function; a loss over the whole batch is one slice. The slice
+        # function is kept by the loss as given: a new one would be traced again each step.
+        compute = self.gradients.slice_function(replica_loss, tf_private.converted_as_the_caller_is)
+        with self._chief_decisions.taken(self.tables.own_tables, compute, tuple(args)):
+            return self.context.slice_gradients(
+                compute,
+                tuple(args),
+                slices=1 if self.whole_batch_loss else None,
+                then=self._apply_summed,
+            )
 
     def _apply_sums(self, loss, logs, gradients) -> UpdateResult:
         """Applies the slices' summed loss, logs and gradients as one replica's; traced,

@@ -20,11 +20,18 @@ does. Evaluation and serving (`training` not True) change nothing.
 
 The map lives in variables that every replica writes alone (synchronized on read, the first
 replica's saved), so a checkpoint holds the map, the rows, the slots, the counters and the
-step count, and restores into any other layout. ParameterServerStrategy is refused: its
-workers compute one step's slices apart, and the map's decisions need the whole step.
+step count, and restores into any other layout. Under the exact parameter-server mode the map
+lives on the servers with the rows: the chief makes the step's decisions from the whole
+global batch before the workers compute their slices (`decided_elsewhere`: the slices only
+look up), so the decisions are the synchronous strategies'. The asynchronous mode is refused:
+its workers take steps apart, and the map's decisions need the whole step.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
@@ -35,6 +42,58 @@ from loops.tables.embedding_tables import EmbeddingTable, _whole_argument
 from loops.tables.id_rows import initial_rows
 
 ID_KINDS = ("ints", "strings")
+
+# Whether a DynamicTable traced now only looks up: its step's decisions made elsewhere (the
+# exact parameter-server chief's, before the workers' slices), set while a slice is traced.
+# Process-wide, not a thread's: a strategy may trace a replica's function in a thread of its
+# own.
+_DECISIONS = {"elsewhere": 0}
+_DECISIONS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def decided_elsewhere() -> Iterator[None]:
+    """Within it, a DynamicTable's training call only looks up (traces no decision): the
+    exact parameter-server mode's slices, whose step the chief decided beforehand."""
+    with _DECISIONS_LOCK:
+        _DECISIONS["elsewhere"] += 1
+    try:
+        yield
+    finally:
+        with _DECISIONS_LOCK:
+            _DECISIONS["elsewhere"] -= 1
+
+
+class ChiefDecisions:
+    """Takes a step's dynamic-table decisions on the exact parameter-server chief, from the
+    whole global batch, before the workers compute their slices: the step's slice function
+    (`compute(step_rows, first_row, *batch)`) on the whole batch in a `tf.function` whose
+    outputs are dropped, so only its writes run (the maps and the admitted rows' starts,
+    and what feeds them; the rest of the step is pruned)."""
+
+    def __init__(self, strategy: tf.distribute.Strategy):
+        self._strategy = strategy
+        self._deciders: dict = {}  # by slice function: each traced once
+
+    @contextlib.contextmanager
+    def taken(self, tables, compute, args: tuple) -> Iterator[None]:
+        """Takes the step's decisions here where `tables` hold a DynamicTable; within it the
+        slices only look up (`decided_elsewhere`)."""
+        if any(isinstance(table, DynamicTable) for table in tables):
+            self(compute, args)
+        with decided_elsewhere():
+            yield
+
+    def __call__(self, compute, args: tuple) -> None:
+        decide = self._deciders.get(compute)
+        if decide is None:
+            strategy = self._strategy
+
+            def decided(rows, *batch):
+                strategy.run(compute, args=(rows, tf.constant(0, tf.int32), *batch))
+
+            decide = self._deciders[compute] = tf.function(decided, reduce_retracing=True)
+        decide(tf.shape(tf.nest.flatten(args)[0], out_type=tf.int32)[0], *args)
 
 
 class DynamicTable(EmbeddingTable):
@@ -85,15 +144,20 @@ class DynamicTable(EmbeddingTable):
         _check_strategy(self, tf.distribute.get_strategy())
         super().build(input_shape)
         empty = id_map.empty_state(self.capacity, self.waiting_places)
+        strategy = tf.distribute.get_strategy()
+        on_servers = placement.current(strategy, placement.EXACT).variables_on_servers
+        # Every replica writes its own copy, the same values; the first one's saves. On the
+        # servers, one copy the chief writes.
+        copies = (
+            {}
+            if on_servers
+            else {
+                "synchronization": tf.VariableSynchronization.ON_READ,
+                "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            }
+        )
         for name, value in zip(id_map.FIELDS, empty.values(), strict=True):
-            variable = tf.Variable(
-                value,
-                trainable=False,
-                name=f"map_{name}",
-                # Every replica writes its own copy, the same values; the first one's saves.
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
+            variable = tf.Variable(value, trainable=False, name=f"map_{name}", **copies)
             setattr(self, f"map_{name}", variable)
 
     def _initial_rows(self, partition_shape=None, partition_offset=None) -> tf.Tensor:
@@ -128,7 +192,7 @@ class DynamicTable(EmbeddingTable):
 
     def call(self, ids, training=None) -> tf.Tensor:
         numbers = self.id_numbers(ids)
-        if training:
+        if training and not _DECISIONS["elsewhere"]:
             self._take_step(numbers)
         rows, known = id_map.lookup(self.map_state(), numbers, self.capacity)
         vectors = embedding_tables.rows_of(self, rows)
@@ -203,12 +267,12 @@ def summed_counters(tables) -> dict[str, tf.Tensor]:
 
 def _check_strategy(table: DynamicTable, strategy: tf.distribute.Strategy) -> None:
     where = placement.current(strategy, placement.EXACT)
-    if where.variables_on_servers:
+    if where.variables_on_servers and not where.exact_parameter_server:
         raise ValueError(
-            f"DynamicTable {table.name!r} cannot live on parameter servers: their workers "
-            "compute a step's slices apart, and the map's admissions need the whole step's "
-            "ids. Train it under MirroredStrategy or MultiWorkerMirroredStrategy (the same "
-            "numbers), or use a loops.EmbeddingTable on the servers."
+            f"DynamicTable {table.name!r} cannot train under the asynchronous "
+            "parameter-server mode: its workers take steps apart, and the map's admissions "
+            "need the whole step's ids. Use parameter_server_mode='exact' (the default), "
+            "MirroredStrategy or MultiWorkerMirroredStrategy (the same numbers)."
         )
     if where.num_replicas_in_sync > 1 and not where.tables_split_over_replicas:
         raise ValueError(
