@@ -57,7 +57,8 @@ class StreamedSplit:
     validation_fraction: float
     window_blocks: int
     basis: dict[str, Any] = dataclasses.field(default_factory=dict)
-    _pairs: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    # What is read once and kept: each part's pairs, by part, and the bias baseline.
+    _kept: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def train(self) -> FittedIds:
@@ -84,9 +85,9 @@ class StreamedSplit:
 
     def pairs(self, part: str) -> Any:
         """The (user, item) pairs of `part` in memory (read once, then kept)."""
-        if part not in self._pairs:
-            self._pairs[part] = self.rows.pairs(part)
-        return self._pairs[part]
+        if part not in self._kept:
+            self._kept[part] = self.rows.pairs(part)
+        return self._kept[part]
 
     def known(self) -> Any:
         """The pairs a user's ranked test excludes: the training and validation rows'."""
@@ -100,10 +101,14 @@ class StreamedSplit:
         return lambda: self.rows.blocks(part)
 
     def bias(self) -> interaction_baselines.BiasBaseline:
-        fitted = self.rows.fitted
-        return interaction_baselines.fit_bias_baseline_over(
-            self.chunks("train"), num_users=fitted.num_users, num_items=fitted.num_items
-        )
+        """The bias baseline fitted to the training rows (16 passes over them), once: the
+        evaluation's baseline and the test's share it."""
+        if "bias" not in self._kept:
+            fitted = self.rows.fitted
+            self._kept["bias"] = interaction_baselines.fit_bias_baseline_over(
+                self.chunks("train"), num_users=fitted.num_users, num_items=fitted.num_items
+            )
+        return self._kept["bias"]
 
     def baselines(self, model: str, top_k: int) -> dict[str, float]:
         """The model's baseline on the evaluated rows (`SplitLog.baselines`)."""

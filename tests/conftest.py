@@ -283,6 +283,7 @@ SLOW_TESTS = (
     "test_streamed_ctr.py::test_streamed_shuffled_batches_give_the_same_numbers_on_1_2_and_4_replicas",
     "test_streamed_recommender.py::test_loops_recommender_on_shards_killed_mid_epoch_resumes_bit_identical_here_and_moved",
     "test_streamed_recommender.py::test_streamed_shuffled_batches_give_the_same_numbers_on_1_2_and_4_replicas",
+    "test_streamed_recommender.py::test_format_and_a_time_split_are_taken_as_documented_by_the_binary",
     "test_streamed_ctr.py::test_streamed_rows_train_as_the_same_rows_held_in_memory",
     "test_dynamic_recommender.py::test_dynamic_tables_smaller_than_the_log_evict_alike_on_1_and_2_replicas",
     "test_dynamic_recommender.py::test_the_binary_with_dynamic_ids_reports_each_tables_admissions_and_evictions",

@@ -363,3 +363,22 @@ def test_loops_recommender_on_shards_killed_mid_epoch_resumes_bit_identical_here
     assert results["test"]["rmse"] < results["test"]["bias_baseline_rmse"] + 0.5
     ids = json.loads((tmp_path / "whole" / "ids.json").read_text())
     assert len(ids["users"]) == 60 and ids["items"][0] == "film 0"
+
+
+def test_format_and_a_time_split_are_taken_as_documented_by_the_binary(tmp_path):
+    # One TSV shard named by --format (without it a single .tsv streams too), cut in time.
+    write_shards(tmp_path / "tsv", log_table(), shards=1, file_format="tsv")
+    done = run_module(
+        "loops.bin.recommender", f"--data={tmp_path / 'tsv' / 'day-0.tsv'}", "--format=tsv",
+        "--split=time", "--model=rating", "--train_steps=2", "--eval_every=2",
+        "--global_batch_size=32", "--embedding_dim=4", "--table_optimizer=adagrad",
+        "--validation_fraction=0", f"--model_dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["global_step"] == 2
+    assert results["data"]["source"].endswith(", tsv, 1 shards, 1198 rows (streamed)")
+    assert results["data"]["split"].startswith("by a cut in time: test the rows whose timestamp")
+    assert results["data"]["test_interactions"] == round(0.2 * 1198)
+    kept = json.loads((tmp_path / "run" / "streamed_ids.json").read_text())
+    assert kept["cuts"]["column"] == "timestamp"

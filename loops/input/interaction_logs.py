@@ -213,7 +213,7 @@ def read_interactions(
     if chosen == "movielens":
         header = ["user", "item", "rating", "timestamp"]
     else:
-        header, rows, lines = [_column_name(n) for n in rows[0]], rows[1:], lines[1:]
+        header, rows, lines = [column_name(n) for n in rows[0]], rows[1:], lines[1:]
     if not rows:
         raise ValueError(
             f"{path} holds a header and no interactions; pass a log with one interaction a "
@@ -269,7 +269,7 @@ def _format_of(path: str, format: str) -> str:
     )
 
 
-def _column_name(field: str) -> str:
+def column_name(field: str) -> str:
     """A header field's plain name: lower case, a RecBole `:type` suffix removed."""
     return field.strip().split(":", 1)[0].strip().lower()
 

@@ -51,7 +51,7 @@ def roles_of(log: ShardedLog) -> Roles:
     """
     found: dict[str, str] = {}
     for column in log.columns:
-        plain = column.strip().split(":", 1)[0].strip().lower()
+        plain = interaction_logs.column_name(column)
         role = next((r for r, names in COLUMN_NAMES.items() if plain in names), None)
         if role is None:
             continue
