@@ -503,16 +503,19 @@ def logged_run(log_prefix):
     return subprocess.CompletedProcess([], int(texts[0]), texts[1], texts[2])
 
 
-# A binary run in this process (`python -c KILLED_AT_LOOP module flags...`) that SIGKILLs
-# itself as its KILL_AT_LOOP-th inner loop starts (after the checkpoint before it was written).
-KILLED_AT_LOOP = """
+# A binary run in this process (`python -c KILLED_AFTER_CHECKPOINT module flags...`) that
+# SIGKILLs itself as the first executor call after its checkpoint of step KILL_AFTER_STEP (or a
+# later one) starts. Counted in checkpoints, not calls: how many calls a run makes depends on
+# its speed (a call ends early for a progress line every --progress_every_seconds).
+KILLED_AFTER_CHECKPOINT = """
 import importlib, os, signal, sys
+import tensorflow as tf
 from loops.definition import executors
-calls = {"n": 0}
+model_dir = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--model_dir=")][-1]
 run = executors.Executor.run
 def killing(self, *args, **kwargs):
-    calls["n"] += 1
-    if calls["n"] == int(os.environ["KILL_AT_LOOP"]):
+    newest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    if newest and int(newest.rsplit("-", 1)[-1]) >= int(os.environ["KILL_AFTER_STEP"]):
         os.kill(os.getpid(), signal.SIGKILL)
     return run(self, *args, **kwargs)
 executors.Executor.run = killing
@@ -521,14 +524,15 @@ importlib.import_module(module).run()
 """
 
 
-def binary_run(module, flags, *, kill_at=None, timeout=600):
-    """`python -m module flags...` from the repository root, or with `kill_at` the same run
-    SIGKILLed as its kill_at-th inner loop starts; the CompletedProcess."""
+def binary_run(module, flags, *, kill_after=None, timeout=600):
+    """`python -m module flags...` from the repository root, or with `kill_after` the same
+    run SIGKILLed as its first executor call after the checkpoint of that step starts (the
+    flags name a fresh --model_dir); the CompletedProcess."""
     env = dict(SUBPROCESS_ENV)
     command = [sys.executable, "-m", module, *flags]
-    if kill_at is not None:
-        env["KILL_AT_LOOP"] = str(kill_at)
-        command = [sys.executable, "-c", KILLED_AT_LOOP, module, *flags]
+    if kill_after is not None:
+        env["KILL_AFTER_STEP"] = str(kill_after)
+        command = [sys.executable, "-c", KILLED_AFTER_CHECKPOINT, module, *flags]
     return subprocess.run(
         command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
     )

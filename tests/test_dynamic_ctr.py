@@ -151,9 +151,9 @@ def test_loops_ctr_with_dynamic_columns_killed_mid_run_resumes_the_same_map_on_a
     spec_file, optimizer = tmp_path / "spec.json", "--table_optimizer=adagrad"
     whole = ctr_run(tmp_path / "whole", shards, spec_file, optimizer)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    # Killed as the 4th inner loop starts (after step 15), resumed on another layout; a resume
-    # on the same layout is tests/test_dynamic_tables.py's, in one process.
-    killed = ctr_run(tmp_path / "moved", shards, spec_file, optimizer, kill_at=4)
+    # Killed as its first call after the checkpoint of step 15 starts, resumed on another
+    # layout; a resume on the same layout is tests/test_dynamic_tables.py's, in one process.
+    killed = ctr_run(tmp_path / "moved", shards, spec_file, optimizer, kill_after=15)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     moved = ctr_run(tmp_path / "moved", shards, spec_file, optimizer, "--num_replicas=2")
     assert moved.returncode == 0, moved.stderr[-3000:]

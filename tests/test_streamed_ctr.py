@@ -144,7 +144,7 @@ def test_streamed_shuffled_batches_give_the_same_numbers_on_1_2_and_4_replicas(s
 # ---- loops-ctr on shards, killed mid-epoch (SIGKILL) and resumed. ----
 
 
-def ctr_run(model_dir, shards, spec, *extra, kill_at=None):
+def ctr_run(model_dir, shards, spec, *extra, kill_after=None):
     flags = [
         f"--data={shards}",
         f"--spec={spec}",
@@ -160,7 +160,7 @@ def ctr_run(model_dir, shards, spec, *extra, kill_at=None):
         "--seed=1",
         *extra,
     ]
-    return binary_run("loops.bin.ctr", flags, kill_at=kill_at)
+    return binary_run("loops.bin.ctr", flags, kill_after=kill_after)
 
 
 def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_another_layout(
@@ -173,10 +173,10 @@ def test_loops_ctr_on_shards_killed_mid_epoch_resumes_bit_identical_on_this_and_
     shards = shutil.copytree(shards, tmp_path / "log")
     runs = {
         "whole": ctr_run(tmp_path / "whole", shards, spec),
-        # Killed as its 4th inner loop starts (the checkpoint of step 15 written): 560 training
+        # Killed as its first call after the checkpoint of step 15 starts: 560 training
         # rows are 17.5 batches, so the kill is mid-epoch and the resume starts mid-window.
-        "killed": ctr_run(tmp_path / "same", shards, spec, kill_at=4),
-        "moved": ctr_run(tmp_path / "moved", shards, spec, kill_at=4),
+        "killed": ctr_run(tmp_path / "same", shards, spec, kill_after=15),
+        "moved": ctr_run(tmp_path / "moved", shards, spec, kill_after=15),
     }
     assert runs["whole"].returncode == 0, runs["whole"].stderr[-3000:]
     for name in ("killed", "moved"):

@@ -309,7 +309,7 @@ def test_a_streamed_log_refuses_what_it_cannot_do_and_names_the_fix(shards, tmp_
 # ---- loops-recommender on shards, killed mid-epoch (SIGKILL) and resumed. ----
 
 
-def recommender_run(model_dir, shards, *extra, kill_at=None):
+def recommender_run(model_dir, shards, *extra, kill_after=None):
     flags = [
         f"--data={shards}",
         f"--model_dir={model_dir}",
@@ -325,7 +325,7 @@ def recommender_run(model_dir, shards, *extra, kill_at=None):
         "--seed=1",
         *extra,
     ]
-    return binary_run("loops.bin.recommender", flags, kill_at=kill_at)
+    return binary_run("loops.bin.recommender", flags, kill_after=kill_after)
 
 
 def test_loops_recommender_on_shards_killed_mid_epoch_resumes_bit_identical_here_and_moved(
@@ -333,10 +333,10 @@ def test_loops_recommender_on_shards_killed_mid_epoch_resumes_bit_identical_here
 ):
     runs = {
         "whole": recommender_run(tmp_path / "whole", shards),
-        # Killed as its 4th inner loop starts (the checkpoint of step 15 written): about 1,080
+        # Killed as its first call after the checkpoint of step 15 starts: about 1,080
         # training rows are 34 batches, so the kill is mid-epoch and the resume mid-window.
-        "killed": recommender_run(tmp_path / "same", shards, kill_at=4),
-        "moved": recommender_run(tmp_path / "moved", shards, kill_at=4),
+        "killed": recommender_run(tmp_path / "same", shards, kill_after=15),
+        "moved": recommender_run(tmp_path / "moved", shards, kill_after=15),
     }
     assert runs["whole"].returncode == 0, runs["whole"].stderr[-3000:]
     for name in ("killed", "moved"):
