@@ -22,9 +22,9 @@ rows (+1: the dynamic table's row of zeros, the vocabulary's out-of-vocabulary r
 - dynamic: `loops.DynamicTable(C)` for each --dynamic policy `admit_after:decay`;
 - hashed: `loops.EmbeddingTable(C, ids="hashes")` (fingerprint64 buckets: collisions), and
   for each other multiple m of --hashed_sizes one of m x C rows: a dynamic table's map
-  takes 41 bytes a row and 24 a waiting place beside a row's 8 x --dim bytes (its floats
-  and Adagrad's accumulator): at --dim 8 a dynamic table holds the bytes of 1.64 x C
-  hashed rows (admit_after 1), of 2.02 x C with a waiting list of C places (admit_after 2);
+  takes 42 bytes a row and 24 a waiting place beside a row's 8 x --dim bytes (its floats
+  and Adagrad's accumulator): at --dim 8 a dynamic table holds the bytes of 1.66 x C
+  hashed rows (admit_after 1), of 2.03 x C with a waiting list of C places (admit_after 2);
 - vocabulary: the C most frequent ids of the stream's first 10% each a row, every other id
   the one out-of-vocabulary row (`EmbeddingTable(C + 1)`, ids mapped by numpy beforehand).
 With the dynamic tables' counters, the hashed table's collisions and the vocabulary's

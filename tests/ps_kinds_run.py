@@ -422,6 +422,32 @@ def largest_difference(run, reference):
     )
 
 
+MIRRORED_DYNAMIC = "dynamic_saved_by_2_mirrored"
+
+
+def dynamic_resumed(build, strategy, exact, steps) -> dict:
+    """The dynamic tables' run stopped one step before the end and continued on the cluster,
+    from its own checkpoint and from 2 mirrored replicas' (`MIRRORED_DYNAMIC`): each to the
+    uninterrupted `exact` run, its maps to the last bit; the largest differences."""
+    build(strategy, model_dir="dynamic_on_servers").train(steps - 1)
+    found = {}
+    for name, model_dir in (("servers", "dynamic_on_servers"), ("mirrored", MIRRORED_DYNAMIC)):
+        resumed = build(strategy, model_dir=model_dir)
+        restored = int(resumed.global_step.numpy())
+        resumed.train(steps)
+        got = weights(resumed)
+        for key in (key for key in exact["weights"] if "map_" in key):
+            np.testing.assert_array_equal(got[key], exact["weights"][key], err_msg=f"{name} {key}")
+        testing.assert_close(got, exact["weights"], rtol=1e-5, label=f"resumed from {name}")
+        found[name] = {
+            "restored_step": restored,
+            "difference": largest_difference(
+                {"weights": got, "logs": {}}, {"weights": exact["weights"], "logs": {}}
+            ),
+        }
+    return found
+
+
 def main(workers, servers, steps):
     spec, processes = testing.local_parameter_server(workers, servers)
     references = {
@@ -433,6 +459,10 @@ def main(workers, servers, steps):
         }
         for kind, build in KINDS.items()
     }
+    # Saved by 2 mirrored replicas one step before the end, for the cluster to continue.
+    KINDS["rating dynamic"](testing.replica_strategy(2), model_dir=MIRRORED_DYNAMIC).train(
+        steps - 1
+    )
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc"
     )
@@ -467,6 +497,7 @@ def main(workers, servers, steps):
                 for name in ("ids_resident", "ids_evicted", "ids_refused")
             }
             report[kind]["map_keys"] = sum("map_" in key for key in exact["weights"])
+            report[kind]["resumed"] = dynamic_resumed(build, strategy, exact, steps)
         if kind in ASYNCHRONOUS:
             asynchronous = train_run(build, strategy, steps, parameter_server_mode="async")
             report[kind]["async_loss"] = asynchronous["logs"]["loss"].tolist()

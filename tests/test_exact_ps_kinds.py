@@ -60,12 +60,20 @@ def test_the_recommenders_lm_gan_and_ctr_train_exactly_on_two_workers_and_two_se
     assert 0 < report["ctr streamed"]["eval"]["examples"] % 8
     # The rating model over 4 loops.DynamicTables of 4 rows: the chief decides each step's
     # admissions from the whole batch before the workers compute their slices, and every
-    # map (ids, rows, counts, counters: 11 arrays a table) equals 1 replica's and 2 mirrored
+    # map (ids, rows, counts, counters: 13 arrays a table) equals 1 replica's and 2 mirrored
     # replicas' to the last bit (asserted by the runner); rows are evicted and refused.
     dynamic = report["rating dynamic"]
-    assert dynamic["counted"] == [8, 8, 5] and dynamic["map_keys"] == 44
+    assert dynamic["counted"] == [8, 8, 5] and dynamic["map_keys"] == 52
     assert dynamic["ids"]["ids_resident"][-1] == 16
     assert dynamic["ids"]["ids_evicted"][-1] > 0 and dynamic["ids"]["ids_refused"][-1] > 0
+    # Stopped after step 2 and continued on the cluster, from its own checkpoint and from one
+    # that 2 mirrored replicas saved: step 3 evicts, and the maps equal the uninterrupted
+    # run's to the last bit (asserted by the runner), the weights to 1e-5.
+    evicted = dynamic["ids"]["ids_evicted"]
+    assert evicted[2] > evicted[1], evicted
+    for saved_by in ("servers", "mirrored"):
+        resumed = dynamic["resumed"][saved_by]
+        assert resumed["restored_step"] == 2 and resumed["difference"] <= 1e-5, resumed
     # The rating model on 3 streamed Parquet shards of interactions: full batches of 8.
     assert report["rating streamed"]["counted"] == [8, 8, 8]
     assert report["rating streamed"]["table_shards"] == [2]

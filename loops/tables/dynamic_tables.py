@@ -8,8 +8,8 @@ ids and their counts from every replica, in one all-reduce of 2 x 8 x N x L byte
 replicas, L the most distinct ids a replica looks up, `table_blocks.lookup_capacity`),
 and every replica, of every worker, takes the same decisions from them on its own copy of
 the map (`id_map.decide`); then it looks the ids up through the new map. Each replica so
-holds the whole map, C x 41 bytes (C the capacity) and 24 bytes a waiting place, and no
-step moves it.
+holds the whole map, about C x 42 bytes (C the capacity: 41 a row, 16 each of the C / 16
+places of the index's recent part) and 24 bytes a waiting place, and no step moves it.
 
 An id without a row (never seen, not yet admitted, evicted or refused) reads zeros and gets
 no update: its lookups read the table's last row, held at zeros, through a mask whose

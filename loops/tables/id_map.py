@@ -8,8 +8,13 @@ run that sees the same stream of steps therefore holds the same map, bit for bit
 
 What the map holds, for a table of C rows and a waiting list of P ids:
 - per row: the id it holds, whether it is in use, its score and the step it was last seen;
-- the resident ids sorted ascending with the row of each (-1 past the last): a lookup is a
-  binary search (`tf.searchsorted`), O(log C) an id, and needs no hash table;
+- an index of the resident ids in two sorted parts, each id with its row: the ids admitted
+  since the last compaction (at most R = `recent_places(C)`) and the older ones (C places).
+  A lookup is a binary search of each part (`tf.searchsorted`, O(log C) an id, no hash
+  table), and an entry holds only while its row still holds its id (`row_id`, `row_used`):
+  an evicted id's entry goes stale in place, so a step rewrites R places, not C. When the
+  recent part would overflow, both parts are merged into the older one (O(C), about once
+  in R / (admissions a step) steps);
 - the waiting list (ids seen fewer than `admit_after` times): sorted ids, each with its
   count and the step it was last seen;
 - the step count and the counters (`COUNTERS`).
@@ -96,8 +101,10 @@ class MapState:
     row_used: tf.Tensor  # bool [C]
     row_score: tf.Tensor  # float64 [C]
     row_seen: tf.Tensor  # int64 [C]
-    sorted_ids: tf.Tensor  # int64 [C], EMPTY past the last
+    sorted_ids: tf.Tensor  # int64 [C], the older index part, EMPTY past the last
     sorted_rows: tf.Tensor  # int64 [C], -1 past the last
+    recent_ids: tf.Tensor  # int64 [R], the ids admitted since the last compaction, sorted
+    recent_rows: tf.Tensor  # int64 [R], -1 past the last
     waiting_ids: tf.Tensor  # int64 [P], sorted, EMPTY past the last
     waiting_counts: tf.Tensor  # int64 [P]
     waiting_seen: tf.Tensor  # int64 [P]
@@ -110,6 +117,13 @@ class MapState:
 
 
 FIELDS = tuple(field.name for field in dataclasses.fields(MapState))
+
+
+def recent_places(capacity: int) -> int:
+    """R, the places of the index's recent part for a map of `capacity` rows: a 16th of
+    them (at least 8), so a step rewrites about C / 16 places and a compaction comes once in
+    about C / 16 admissions."""
+    return min(capacity, max(8, capacity // 16))
 
 
 def empty_state(capacity: int, waiting: int) -> MapState:
@@ -125,6 +139,8 @@ def empty_state(capacity: int, waiting: int) -> MapState:
         row_seen=filled(capacity, 0, tf.int64),
         sorted_ids=filled(capacity, EMPTY, tf.int64),
         sorted_rows=filled(capacity, -1, tf.int64),
+        recent_ids=filled(recent_places(capacity), EMPTY, tf.int64),
+        recent_rows=filled(recent_places(capacity), -1, tf.int64),
         waiting_ids=filled(waiting, EMPTY, tf.int64),
         waiting_counts=filled(waiting, 0, tf.int64),
         waiting_seen=filled(waiting, 0, tf.int64),
@@ -142,13 +158,30 @@ def _found(sorted_ids: tf.Tensor, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]
     return tf.gather(sorted_ids, position) == ids, position
 
 
+def _among(sorted_ids: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """Whether each of `ids` is among `sorted_ids` (ascending, any length, none at all too)."""
+    ended = tf.concat([sorted_ids, tf.constant([EMPTY], tf.int64)], 0)
+    return tf.gather(ended, tf.searchsorted(ended, ids, out_type=tf.int64)) == ids
+
+
 def lookup(state: MapState, ids: tf.Tensor, absent_row: int) -> tuple[tf.Tensor, tf.Tensor]:
     """(the row of each of `ids` (int64, any shape), `absent_row` for an id without one;
     whether each has one)."""
     flat = tf.reshape(ids, [-1])
-    known, position = _found(state.sorted_ids, flat)
-    rows = tf.where(known, tf.gather(state.sorted_rows, position), absent_row)
+    older, in_older = _held(state, state.sorted_ids, state.sorted_rows, flat)
+    recent, in_recent = _held(state, state.recent_ids, state.recent_rows, flat)
+    # An id re-admitted into the row it had held is in both parts, with the same row.
+    rows = tf.where(in_recent, recent, tf.where(in_older, older, absent_row))
+    known = in_older | in_recent
     return tf.reshape(rows, tf.shape(ids)), tf.reshape(known, tf.shape(ids))
+
+
+def _held(state: MapState, sorted_ids, sorted_rows, ids) -> tuple[tf.Tensor, tf.Tensor]:
+    """(the row that an index part gives each of `ids`, whether that row holds it now)."""
+    found, position = _found(sorted_ids, ids)
+    rows = tf.maximum(tf.gather(sorted_rows, position), 0)
+    holds = tf.gather(state.row_used, rows) & (tf.gather(state.row_id, rows) == ids)
+    return rows, found & holds
 
 
 def decayed(state: MapState, step: tf.Tensor, decay: float, rows=None) -> tf.Tensor:
@@ -157,20 +190,27 @@ def decayed(state: MapState, step: tf.Tensor, decay: float, rows=None) -> tf.Ten
     seen = state.row_seen if rows is None else tf.gather(state.row_seen, rows)
     if decay == 1.0:
         return score
-    return score * tf.pow(tf.constant(decay, tf.float64), tf.cast(step - seen, tf.float64))
+    age = step - seen
+    base = tf.constant(decay, tf.float64)
+    oldest = tf.reduce_max(tf.concat([age, [0]], 0))
+
+    def by_ages() -> tf.Tensor:
+        # The factor of each age up to the oldest, gathered: the same pow of the same
+        # arguments, for far fewer calls where the rows' ages repeat (every row of a step).
+        factors = tf.pow(base, tf.cast(tf.range(oldest + 1), tf.float64))
+        return tf.gather(factors, age)
+
+    factor = tf.cond(
+        oldest < tf.size(age, out_type=tf.int64),
+        by_ages,
+        lambda: tf.pow(base, tf.cast(age, tf.float64)),
+    )
+    return score * factor
 
 
 def _scatter(values: tf.Tensor, rows: tf.Tensor, updates) -> tf.Tensor:
     updates = tf.broadcast_to(tf.cast(updates, values.dtype), tf.shape(rows))
     return tf.tensor_scatter_nd_update(values, rows[:, None], updates)
-
-
-def _lexical_order(*keys: tf.Tensor) -> tf.Tensor:
-    """The permutation sorting by `keys[0]`, ties by `keys[1]`, ...: stable sorts from the last."""
-    order = tf.range(tf.shape(keys[0])[0], dtype=tf.int64)
-    for key in reversed(keys):
-        order = tf.gather(order, tf.argsort(tf.gather(key, order), stable=True))
-    return order
 
 
 class Decision(NamedTuple):
@@ -186,8 +226,8 @@ def decide(state: MapState, ids: tf.Tensor, counts: tf.Tensor, policy: Admission
     (int64 [n]) times in the step (the module docstring states the rules)."""
     step = state.step + 1
     counters = dict.fromkeys(COUNTERS, tf.constant(0, tf.int64))
-    hit, position = _found(state.sorted_ids, ids)
-    hit_rows = tf.boolean_mask(tf.gather(state.sorted_rows, position), hit)
+    rows_now, hit = lookup(state, ids, 0)
+    hit_rows = tf.boolean_mask(rows_now, hit)
     score = decayed(state, step, policy.decay, hit_rows)
     score += tf.cast(tf.boolean_mask(counts, hit), tf.float64)
     state = dataclasses.replace(
@@ -216,11 +256,9 @@ def decide(state: MapState, ids: tf.Tensor, counts: tf.Tensor, policy: Admission
     counters["unadmitted_lookups"] += unadmitted
     still = tf.boolean_mask(new_ids, ~ready), tf.boolean_mask(totals, ~ready)
     state = _rewaited(state, waiting, still, refused, step, policy, counters)
-    sorted_ids, sorted_rows = _merged(state, admitted, rows)
+    state = _indexed(state, admitted, rows)
     total = state.counters + tf.stack([counters[name] for name in COUNTERS])
-    state = dataclasses.replace(
-        state, sorted_ids=sorted_ids, sorted_rows=sorted_rows, step=step, counters=total
-    )
+    state = dataclasses.replace(state, step=step, counters=total)
     return Decision(state, admitted, rows)
 
 
@@ -292,9 +330,11 @@ def _victims(state: MapState, step, policy: AdmissionPolicy, evictable, count) -
         threshold = -lowest[-1]
         below = tf.where(score < threshold)[:, 0]
         tied = tf.where(evictable & (score == threshold))[:, 0]
-        order = _lexical_order(tf.gather(state.row_seen, tied), tf.gather(state.row_id, tied))
         rest = count - tf.shape(below, out_type=tf.int64)[0]
-        return tf.concat([below, tf.gather(tied, order[:rest])], 0)
+        # Of the tied rows, the least recently seen, then the smallest ids (the highest by the
+        # ids' bitwise complement, which no id overflows): a top-k at each key.
+        keys = [-tf.gather(state.row_seen, tied), tf.bitwise.invert(tf.gather(state.row_id, tied))]
+        return tf.concat([below, tf.gather(tied, _top(keys, rest))], 0)
 
     return tf.cond(count > 0, chosen, lambda: tf.zeros([0], tf.int64))
 
@@ -322,19 +362,8 @@ def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> 
     # Both parts stay ascending: merged, they are the new list in id order.
     parts = [(chosen[:old], kept), (chosen[old:], fresh)]
     held = [[tf.boolean_mask(c, mask) for c in part] for mask, part in parts]
-    at = _merge_positions(held[0][0], held[1][0])[:, None]
-
-    def placed(index: int, value: int) -> tf.Tensor:
-        empty = tf.fill([places], tf.constant(value, tf.int64))
-        values = tf.concat([held[0][index], held[1][index]], 0)
-        return tf.tensor_scatter_nd_update(empty, at, values)
-
-    return dataclasses.replace(
-        state,
-        waiting_ids=placed(0, EMPTY),
-        waiting_counts=placed(1, 0),
-        waiting_seen=placed(2, 0),
-    )
+    ids, counts, seen = _merge(held[0], held[1], [EMPTY, 0, 0], places)
+    return dataclasses.replace(state, waiting_ids=ids, waiting_counts=counts, waiting_seen=seen)
 
 
 def _top(keys: list[tf.Tensor], count) -> tf.Tensor:
@@ -372,23 +401,65 @@ def _merge_positions(first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
     return tf.concat([places(first, second), places(second, first)], 0)
 
 
-def _merged(state: MapState, new_ids: tf.Tensor, new_rows: tf.Tensor):
-    """The resident ids ascending with the row of each (EMPTY and -1 past the last): the ids
-    still in their rows, in the order they were, merged with the `new_ids` (ascending) in
-    `new_rows`; O(C) and no sort of the whole map."""
-    capacity = tf.shape(state.row_id, out_type=tf.int64)[0]
-    rows = tf.maximum(state.sorted_rows, 0)
-    # An id left its row if the row was freed, or freed and taken by another id.
-    kept = (state.sorted_rows >= 0) & tf.gather(state.row_used, rows)
-    kept &= tf.gather(state.row_id, rows) == state.sorted_ids
-    kept_ids = tf.boolean_mask(state.sorted_ids, kept)
-    kept_rows = tf.boolean_mask(state.sorted_rows, kept)
+def _holding(state: MapState, sorted_ids, sorted_rows, but) -> tuple[tf.Tensor, tf.Tensor]:
+    """An index part's entries whose row still holds their id, less the ids among `but`
+    (ascending): (ids, rows), ascending."""
+    rows = tf.maximum(sorted_rows, 0)
+    holds = (sorted_rows >= 0) & tf.gather(state.row_used, rows)
+    holds &= tf.gather(state.row_id, rows) == sorted_ids
+    holds &= ~_among(but, sorted_ids)
+    return tf.boolean_mask(sorted_ids, holds), tf.boolean_mask(sorted_rows, holds)
 
-    at = _merge_positions(kept_ids, new_ids)[:, None]
-    merged_ids = tf.tensor_scatter_nd_update(
-        tf.fill([capacity], tf.constant(EMPTY, tf.int64)), at, tf.concat([kept_ids, new_ids], 0)
+
+def _merge(first: list, second: list, fills: list, places=None) -> list[tf.Tensor]:
+    """Two lists of columns, each led by ascending distinct ids, merged in id order (no
+    sort: each entry's place, then one gather a column), padded with `fills` to `places`
+    (None: as many as they are)."""
+    order = tf.math.invert_permutation(_merge_positions(first[0], second[0]))
+    merged = [tf.gather(tf.concat([a, b], 0), order) for a, b in zip(first, second, strict=True)]
+    if places is None:
+        return merged
+    fill = places - tf.shape(order, out_type=tf.int64)[0]
+    return [
+        tf.pad(column, [[0, fill]], constant_values=value)
+        for column, value in zip(merged, fills, strict=True)
+    ]
+
+
+def _merged(first: tuple, second: tuple, places=None) -> tuple[tf.Tensor, tf.Tensor]:
+    """Two ascending (ids, rows) of distinct ids merged, ascending, in `places` places
+    (EMPTY and -1 past the last; None: as many as they are)."""
+    ids, rows = _merge(list(first), list(second), [EMPTY, -1], places)
+    return ids, rows
+
+
+def _indexed(state: MapState, new_ids: tf.Tensor, new_rows: tf.Tensor) -> MapState:
+    """The index after the step: the `new_ids` (ascending) in `new_rows` joined to the recent
+    part, less its stale entries; where they would overflow it, both parts merged into the
+    older one (a compaction) and the recent part emptied."""
+    capacity, places = int(state.sorted_ids.shape[0]), int(state.recent_ids.shape[0])
+    # An id re-admitted into a row it held before has a stale entry that holds again.
+    recent = _merged(
+        _holding(state, state.recent_ids, state.recent_rows, new_ids), (new_ids, new_rows)
     )
-    merged_rows = tf.tensor_scatter_nd_update(
-        tf.fill([capacity], tf.constant(-1, tf.int64)), at, tf.concat([kept_rows, new_rows], 0)
-    )
-    return merged_ids, merged_rows
+
+    def compacted():
+        older = _holding(state, state.sorted_ids, state.sorted_rows, recent[0])
+        empty = tf.fill([places], tf.constant(EMPTY, tf.int64))
+        return (
+            *_merged(older, recent, capacity),
+            empty,
+            tf.fill([places], tf.constant(-1, tf.int64)),
+        )
+
+    def kept():
+        fill = places - tf.shape(recent[0])[0]
+        padded = [
+            tf.pad(part, [[0, fill]], constant_values=value)
+            for part, value in zip(recent, (EMPTY, -1), strict=True)
+        ]
+        return state.sorted_ids, state.sorted_rows, *padded
+
+    parts = tf.cond(tf.shape(recent[0])[0] > places, compacted, kept)
+    names = ("sorted_ids", "sorted_rows", "recent_ids", "recent_rows")
+    return dataclasses.replace(state, **dict(zip(names, parts, strict=True)))
