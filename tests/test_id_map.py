@@ -69,3 +69,28 @@ def test_lookups_through_both_index_parts_equal_the_rows_at_every_step():
         recent_used,
         returns,
     )
+
+
+def test_the_kth_highest_by_a_sampled_bound_equals_a_full_sort():
+    """Each way `_kth_highest` settles the k-th value: among the values above the sampled
+    bound (distinct values), at the bound (ties), and by a top-k over every value where the
+    sample misleads (every 16th value high, the rest low)."""
+    rng = np.random.default_rng(3)
+    size = 5000
+    misleading = np.zeros(size)
+    misleading[:: id_map.SAMPLE_STRIDE] = np.arange(len(misleading[:: id_map.SAMPLE_STRIDE])) + 1
+    cases = {
+        "distinct": rng.normal(size=size),
+        "ties": np.where(rng.random(size) < 0.9, 1.0, rng.integers(2, 9, size)).astype(float),
+        "misleading": misleading,
+        "int64 keys": rng.integers(-(2**62), 2**62, size),
+    }
+    kth = tf.function(id_map._kth_highest)
+    for name, values in cases.items():
+        ordered = np.sort(values)[::-1]
+        for k in (1, 2, 17, 300, 1000, size):
+            got = kth(tf.constant(values), tf.constant(k, tf.int64)).numpy()
+            assert got == ordered[k - 1], (name, k, got, ordered[k - 1])
+    # The misleading sample's bound (its 140th highest at k = 1000) has 139 values above it.
+    bound = np.sort(misleading[:: id_map.SAMPLE_STRIDE])[::-1][2 * (1000 // 16) + 16 - 1]
+    assert (misleading > bound).sum() == 139

@@ -321,22 +321,59 @@ def _admit(state: MapState, ready, totals, step, policy: AdmissionPolicy, counte
 
 def _victims(state: MapState, step, policy: AdmissionPolicy, evictable, count) -> tf.Tensor:
     """The `count` `evictable` rows that go first: the lowest decayed score, then the least
-    recently seen, then the smallest id. A partial top-k finds the count-th score; only the
-    rows tied at it are sorted (by last step, then id), not every row."""
+    recently seen, then the smallest id. The count-th lowest score is found by `_kth_highest`;
+    only the rows tied at it are ranked further (by last step, then id), not every row."""
 
     def chosen() -> tf.Tensor:
         score = tf.where(evictable, decayed(state, step, policy.decay), float("inf"))
-        lowest = tf.math.top_k(-score, k=tf.cast(count, tf.int32), sorted=True).values
-        threshold = -lowest[-1]
+        threshold = -_kth_highest(-score, count)
         below = tf.where(score < threshold)[:, 0]
         tied = tf.where(evictable & (score == threshold))[:, 0]
         rest = count - tf.shape(below, out_type=tf.int64)[0]
         # Of the tied rows, the least recently seen, then the smallest ids (the highest by the
-        # ids' bitwise complement, which no id overflows): a top-k at each key.
-        keys = [-tf.gather(state.row_seen, tied), tf.bitwise.invert(tf.gather(state.row_id, tied))]
-        return tf.concat([below, tf.gather(tied, _top(keys, rest))], 0)
+        # ids' bitwise complement, which no id overflows).
+        keys = [
+            lambda at: -tf.gather(state.row_seen, tf.gather(tied, at)),
+            lambda at: tf.bitwise.invert(tf.gather(state.row_id, tf.gather(tied, at))),
+        ]
+        return tf.concat([below, tf.gather(tied, _top(keys, tf.size(tied, tf.int64), rest))], 0)
 
     return tf.cond(count > 0, chosen, lambda: tf.zeros([0], tf.int64))
+
+
+# `_kth_highest` bounds the k-th value by every SAMPLE_STRIDE-th value first: a top-k over C
+# values costs several passes, a count of the values above a bound one.
+SAMPLE_STRIDE = 16
+
+
+def _kth_highest(values: tf.Tensor, k) -> tf.Tensor:
+    """The `k`-th highest of `values` (1 <= k <= their number), exactly. A bound b from a
+    strided sample (about 2 k values above it) settles it where the values above b are at
+    least k (the k-th highest of those alone) or fewer than k with b's ties reaching k (b
+    itself); otherwise a top-k over every value."""
+    k = tf.cast(k, tf.int64)
+    size = tf.size(values, tf.int64)
+
+    def whole() -> tf.Tensor:
+        return tf.math.top_k(values, k=tf.cast(k, tf.int32)).values[-1]
+
+    def bounded() -> tf.Tensor:
+        sample = values[::SAMPLE_STRIDE]
+        rank = tf.minimum(tf.size(sample, tf.int64), 2 * (k // SAMPLE_STRIDE) + 16)
+        bound = tf.math.top_k(sample, k=tf.cast(rank, tf.int32)).values[-1]
+        above = values > bound
+        above_count = tf.cast(tf.reduce_sum(tf.cast(above, tf.int32)), tf.int64)
+
+        def among_above() -> tf.Tensor:
+            return tf.math.top_k(tf.boolean_mask(values, above), k=tf.cast(k, tf.int32)).values[-1]
+
+        def at_bound() -> tf.Tensor:
+            reached = above_count + tf.reduce_sum(tf.cast(values == bound, tf.int64)) >= k
+            return tf.cond(reached, lambda: bound, whole)
+
+        return tf.cond(above_count >= k, among_above, at_bound)
+
+    return tf.cond(size > 16 * SAMPLE_STRIDE, bounded, whole)
 
 
 def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> MapState:
@@ -356,7 +393,12 @@ def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> 
     counters["waiting_dropped"] += tf.maximum(size - places, 0)
     # The few to drop, not the many to keep: the lowest counts, the least recently seen, the
     # largest ids.
-    dropped = _top([-columns[1], -columns[2], columns[0]], tf.maximum(size - places, 0))
+    keys = [
+        lambda at: -tf.gather(columns[1], at),
+        lambda at: -tf.gather(columns[2], at),
+        lambda at: tf.gather(columns[0], at),
+    ]
+    dropped = _top(keys, size, tf.maximum(size - places, 0))
     chosen = ~tf.scatter_nd(dropped[:, None], tf.ones_like(dropped, tf.bool), [size])
     old = tf.shape(kept[0], out_type=tf.int64)[0]
     # Both parts stay ascending: merged, they are the new list in id order.
@@ -366,13 +408,14 @@ def _rewaited(state: MapState, kept, still, refused, step, policy, counters) -> 
     return dataclasses.replace(state, waiting_ids=ids, waiting_counts=counts, waiting_seen=seen)
 
 
-def _top(keys: list[tf.Tensor], count) -> tf.Tensor:
-    """The indices of the `count` entries highest by `keys` (the first, ties by the next, ...;
-    the last unique): a top-k at each key over the entries tied at the one before."""
-    candidates = tf.range(tf.shape(keys[0], out_type=tf.int64)[0])
+def _top(keys: list, size, count) -> tf.Tensor:
+    """The indices (of `size` entries) of the `count` entries highest by `keys`, each a
+    function from entry indices to their values (the first key, ties by the next, ...; the
+    last unique): the count-th value at each key, over the entries tied at the one before."""
+    candidates = tf.range(size)
     chosen = []
     for index, key in enumerate(keys):
-        values = tf.gather(key, candidates)
+        values = key(candidates)
         k = tf.cast(count, tf.int32)
         if index == len(keys) - 1:
             chosen.append(tf.gather(candidates, tf.math.top_k(values, k=k).indices))
@@ -380,7 +423,7 @@ def _top(keys: list[tf.Tensor], count) -> tf.Tensor:
         # The count-th highest value; with none left to choose, one above every value.
         kth = tf.cond(
             k > 0,
-            lambda values=values, k=k: tf.math.top_k(values, k=k).values[-1],
+            lambda values=values, k=k: _kth_highest(values, k),
             lambda values=values: tf.reduce_max(tf.concat([values, [0]], 0)) + 1,
         )
         above = tf.boolean_mask(candidates, values > kth)
