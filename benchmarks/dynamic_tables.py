@@ -27,10 +27,12 @@ rows (+1: the dynamic table's row of zeros, the vocabulary's out-of-vocabulary r
   hashed rows (admit_after 1), of 2.03 x C with a waiting list of C places (admit_after 2);
 - vocabulary: the C most frequent ids of the stream's first 10% each a row, every other id
   the one out-of-vocabulary row (`EmbeddingTable(C + 1)`, ids mapped by numpy beforehand).
-With the dynamic tables' counters, the hashed table's collisions and the vocabulary's
-coverage. `equal_to_static`: a DynamicTable with room for every id of a small stream
-(nothing evicted) against a full-vocabulary EmbeddingTable started from the same rows
-(`dynamic_tables.initial_rows`), trained alike: the largest difference of their weights.
+With the dynamic tables' counters and a digest of each map after training (`map_digest`:
+a change meant only to be faster must leave every digest as it was), the hashed table's
+collisions and the vocabulary's coverage. `equal_to_static`: a DynamicTable with room for
+every id of a small stream (nothing evicted) against a full-vocabulary EmbeddingTable
+started from the same rows (`dynamic_tables.initial_rows`), trained alike: the largest
+difference of their weights.
 
 Speed: after the test, each table's training step (the same tf.function as above: lookup,
 admission for a dynamic table, the row and dense updates) on the same batches of the last
@@ -45,6 +47,7 @@ breakdown of each dynamic step, timed alike on its table: the step without admis
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import sys
@@ -448,9 +451,27 @@ def measure(args) -> dict:
     figures["dynamic_counters"] = {
         learner.name: learner.table.counters() for learner in learners if learner.dynamic
     }
+    figures["map_digests"] = {
+        learner.name: map_digest(learner.table) for learner in learners if learner.dynamic
+    }
     figures["speed"] = speed(learners, stream, train_events, args)
     figures["wall_s"] = round(time.perf_counter() - started, 1)
     return figures
+
+
+def map_digest(table) -> str:
+    """The first 16 hex digits of the SHA-256 of a dynamic table's map (every `MapState`
+    field's name, dtype, shape and bytes, in `id_map.FIELDS` order): equal digests after the
+    training pass mean the same admissions, evictions, scores and counters, bit for bit, so
+    a change meant to be only faster can be checked against the run before it."""
+    from loops.tables import id_map
+
+    digest = hashlib.sha256()
+    for name, value in zip(id_map.FIELDS, table.map_state().values(), strict=True):
+        array = np.ascontiguousarray(value.numpy())
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _unseen(ids: np.ndarray, train_events: int) -> float:
@@ -472,7 +493,7 @@ def format_quality(rows: list[dict]) -> str:
 def format_figures(figures: dict) -> str:
     lines = [format_quality(figures["quality"]), ""]
     for name, counters in figures["dynamic_counters"].items():
-        lines.append(f"{name}: {counters}")
+        lines.append(f"{name}: {counters}, map digest {figures['map_digests'][name]}")
     lines.append(f"hashed collisions: {figures['hashed_collisions']}")
     lines.append(f"vocabulary: {figures['vocabulary']}")
     lines.append(f"equal to a static table: {figures['equal_to_static']}")

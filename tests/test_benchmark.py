@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -435,4 +436,9 @@ def test_tiny_dynamic_tables_benchmark_reports_each_tables_auc_counters_and_step
     capacity = report["config"]["capacity"]
     for counters in report["dynamic_counters"].values():
         assert 0 < counters["resident"] <= capacity and counters["admissions"] > 0, counters
+    # A digest of each policy's map: each policy decides otherwise, so each digest differs.
+    digests = report["map_digests"]
+    assert sorted(digests) == sorted(report["dynamic_counters"]), digests
+    assert all(re.fullmatch("[0-9a-f]{16}", digest) for digest in digests.values()), digests
+    assert len(set(digests.values())) == len(digests), digests
     assert report["speed"] and "dynamic" in done.stdout
